@@ -1,0 +1,86 @@
+"""Shared pieces of the llmfleet API: the base model, conditions and resource requests.
+
+Every model uses camelCase aliases on the wire (as Kubernetes does) and snake_case in Python.
+Unknown fields are rejected so a typo in a manifest is an error, not a silently ignored field.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+GROUP = "llmfleet.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+
+class ApiModel(BaseModel):
+    """Base for every spec/status model: camelCase aliases, no unknown fields."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        validate_assignment=True,
+    )
+
+    def to_wire(self) -> dict[str, Any]:
+        """The camelCase dict as it appears in a manifest (unset optional fields omitted)."""
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+class StatusModel(ApiModel):
+    """Status written by controllers: tolerate fields added by newer versions."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+ConditionStatus = Literal["True", "False", "Unknown"]
+
+
+class Condition(StatusModel):
+    """A Kubernetes-style condition (Ready, Progressing, Degraded, ...)."""
+
+    type: str = Field(description="Condition type, e.g. Ready, Progressing, Degraded.")
+    status: ConditionStatus = Field(description="True, False or Unknown.")
+    reason: str = Field(default="", description="CamelCase machine-readable reason, e.g. InvalidSpec.")
+    message: str = Field(default="", description="Human-readable explanation, including the field path for spec errors.")
+    last_transition_time: datetime | None = Field(
+        default=None, description="When the status last changed (RFC 3339)."
+    )
+    observed_generation: int | None = Field(
+        default=None, description="The metadata.generation this condition was computed from."
+    )
+
+
+class Resources(ApiModel):
+    """Compute requested per replica or per worker."""
+
+    gpus: int = Field(default=0, ge=0, le=64, description="GPUs per pod (nvidia.com/gpu). 0 runs on CPU.")
+    gpu_type: str | None = Field(
+        default=None,
+        description="GPU model (H100, H200, A100, L40S); becomes a node selector and sets the peak FLOP/s used for MFU.",
+    )
+    cpu: str = Field(default="2", pattern=r"^[0-9]+(\.[0-9]+)?m?$", description="CPU request, Kubernetes quantity (e.g. '8' or '500m').")
+    memory: str = Field(
+        default="8Gi", pattern=r"^[0-9]+(\.[0-9]+)?([KMGTPE]i?)?$", description="Memory request, Kubernetes quantity (e.g. '64Gi')."
+    )
+
+
+class ObjectMeta(StatusModel):
+    """The subset of Kubernetes ObjectMeta llmfleet reads; other keys are kept as they are."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=63,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        description="Object name (DNS-1123 label: children's names are derived from it).",
+    )
+    namespace: str | None = Field(default=None, description="Namespace; the default namespace when omitted.")
+    labels: dict[str, str] = Field(default_factory=dict, description="Labels.")
+    annotations: dict[str, str] = Field(default_factory=dict, description="Annotations.")
+    generation: int | None = Field(default=None, description="Set by the API server.")
+    uid: str | None = Field(default=None, description="Set by the API server.")

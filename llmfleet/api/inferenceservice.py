@@ -1,0 +1,290 @@
+"""InferenceService: pools of vLLM (or Ray Serve) replicas behind the llmfleet router."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal
+
+from pydantic import ConfigDict, Field, model_validator
+
+from llmfleet.api.common import API_VERSION, ApiModel, Condition, ObjectMeta, Resources, StatusModel
+
+PRIMARY_POOL = "primary"
+
+
+class ServedModel(ApiModel):
+    """The model a pool serves."""
+
+    path: str = Field(min_length=1, description="Model folder or URI (HF format: config.json, safetensors, tokenizer).")
+    served_name: str | None = Field(
+        default=None, description="Name clients use in the OpenAI API `model` field; defaults to the InferenceService name."
+    )
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(default="auto", description="Weight/activation dtype.")
+    quantization: Literal["awq", "gptq", "fp8", "bitsandbytes", "compressed-tensors"] | None = Field(
+        default=None, description="Weight quantization method passed to the engine."
+    )
+    max_model_len: int | None = Field(default=None, ge=16, description="Maximum context length (prompt + output) in tokens.")
+
+
+class VLLMSpec(ApiModel):
+    """vLLM engine arguments (rendered to `vllm serve` flags)."""
+
+    block_size: int = Field(default=16, description="Paged-attention KV block size in tokens.")
+    enable_prefix_caching: bool = Field(default=True, description="Reuse KV blocks of shared prompt prefixes.")
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = Field(
+        default="auto", description="KV-cache dtype; fp8 halves KV memory (twice the tokens per GPU)."
+    )
+    max_num_seqs: int | None = Field(default=None, ge=1, description="Maximum concurrently running sequences.")
+    max_num_batched_tokens: int | None = Field(default=None, ge=1, description="Token budget per engine step.")
+    enable_chunked_prefill: bool | None = Field(default=None, description="Split long prefills across steps; engine default when unset.")
+    tensor_parallel_size: int = Field(default=1, ge=1, le=64, description="GPUs per replica for tensor parallelism.")
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1, description="Fraction of GPU memory vLLM may use.")
+    enforce_eager: bool = Field(default=False, description="Disable CUDA graphs (faster start, slower decode).")
+    extra_args: list[str] = Field(default_factory=list, description="Extra command-line arguments appended verbatim.")
+
+    @model_validator(mode="after")
+    def _check(self) -> VLLMSpec:
+        if self.block_size not in (1, 8, 16, 32, 64, 128, 256):
+            raise ValueError("blockSize must be one of 1, 8, 16, 32, 64, 128, 256")
+        return self
+
+
+class SLOSpec(ApiModel):
+    """Service-level objectives the router and autoscaler work towards."""
+
+    ttft_p95_ms: float = Field(default=1000.0, gt=0, description="Time to first token, 95th percentile, milliseconds.")
+    tpot_p95_ms: float = Field(default=100.0, gt=0, description="Time per output token, 95th percentile, milliseconds.")
+    e2e_p99_ms: float | None = Field(default=None, gt=0, description="End-to-end latency, 99th percentile, milliseconds.")
+
+
+class RouterSpec(ApiModel):
+    """The llmfleet router in front of the pools."""
+
+    replicas: int = Field(default=1, ge=1, le=100, description="Router pods.")
+    scorers: dict[str, float] = Field(
+        default_factory=lambda: {"prefix-cache": 2.0, "queue-depth": 1.0, "kv-cache": 1.0},
+        description="Scorer plugin name -> weight (prefix-cache, queue-depth, running-requests, kv-cache, session-affinity).",
+    )
+    session_affinity_header: str | None = Field(
+        default="x-session-id", description="Header whose value pins a session to a replica (session-affinity scorer)."
+    )
+    feature_store_lookup: bool = Field(default=False, description="Look up precomputed responses in the feature store before routing.")
+    block_size_tokens: int = Field(default=16, ge=1, description="Prefix-index block size; match the engine's blockSize.")
+    request_timeout_seconds: float = Field(default=120.0, gt=0, description="Upper bound on one request's time at the router.")
+    max_request_bytes: int = Field(default=4 * 1024 * 1024, ge=1024, description="Reject larger request bodies with 413.")
+    api_keys_secret: str | None = Field(default=None, description="Secret holding per-tenant API keys and rate limits.")
+
+    @model_validator(mode="after")
+    def _check(self) -> RouterSpec:
+        for name, weight in self.scorers.items():
+            if weight < 0:
+                raise ValueError(f"scorers.{name}: weight must be >= 0")
+        return self
+
+
+class StudentPool(ApiModel):
+    """A lightweight (e.g. distilled) pool that takes overflow when the primary burns its SLO."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {"rule": "self.minReplicas <= self.maxReplicas", "message": "minReplicas must be <= maxReplicas"},
+            ]
+        }
+    )
+
+    name: str = Field(min_length=1, max_length=40, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", description="Pool name (DNS label).")
+    model: ServedModel = Field(description="The student model.")
+    replicas: int = Field(default=1, ge=0, description="Desired replicas (written by the autoscaler).")
+    min_replicas: int = Field(default=0, ge=0, description="Lower bound for the autoscaler.")
+    max_replicas: int = Field(default=4, ge=0, description="Upper bound for the autoscaler.")
+    resources: Resources = Field(default_factory=Resources, description="Per-replica resources.")
+    vllm: VLLMSpec | None = Field(default=None, description="Engine arguments; the primary's when omitted.")
+
+    @model_validator(mode="after")
+    def _check(self) -> StudentPool:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError("minReplicas must be <= maxReplicas")
+        return self
+
+
+class FallbackSpec(ApiModel):
+    """When requests go to a student pool instead of the primary."""
+
+    pools: list[StudentPool] = Field(default_factory=list, description="Student pools, in order of preference.")
+    slo_burn_rate: float = Field(default=2.0, gt=0, description="Fall back while the primary burns its SLO error budget faster than this.")
+    max_queue_delay_ms: float | None = Field(default=None, gt=0, description="Fall back when the predicted primary queueing delay exceeds this.")
+    long_context_tokens: int | None = Field(default=None, ge=1, description="Send prompts longer than this to a student pool.")
+    sheddable_classes: list[str] = Field(default_factory=list, description="Request classes (x-llmfleet-class header) that may always be degraded.")
+    max_degraded_fraction: float = Field(default=0.2, ge=0, le=1, description="Cap on the fraction of a tenant's requests served degraded.")
+
+    @model_validator(mode="after")
+    def _check(self) -> FallbackSpec:
+        names = [p.name for p in self.pools]
+        if len(set(names)) != len(names):
+            raise ValueError("fallback.pools names must be unique")
+        if PRIMARY_POOL in names:
+            raise ValueError(f"fallback pool name '{PRIMARY_POOL}' is reserved for the primary pool")
+        return self
+
+
+class AutoscalingSpec(ApiModel):
+    """How llmfleet's autoscaler sizes the pools."""
+
+    policy: Literal["slo", "queue", "static"] = Field(default="slo", description="slo (default), queue (KEDA-style baseline) or static.")
+    interval_seconds: float = Field(default=15.0, gt=0, description="Seconds between scaling decisions.")
+    scale_up_stabilization_seconds: float = Field(default=0.0, ge=0, description="Window over which the highest recommendation is taken before scaling up.")
+    scale_down_stabilization_seconds: float = Field(default=300.0, ge=0, description="Window over which the highest recommendation is taken before scaling down.")
+    cooldown_seconds: float = Field(default=60.0, ge=0, description="Minimum time between two scaling actions of a pool.")
+    max_scale_up_step: int = Field(default=4, ge=1, description="Most replicas added in one action.")
+    max_scale_down_step: int = Field(default=1, ge=1, description="Most replicas removed in one action.")
+    target_queue_depth: float = Field(default=4.0, gt=0, description="Waiting requests per replica (queue policy).")
+    cold_start_seconds: float | None = Field(default=None, gt=0, description="Replica start time; measured and remembered when omitted.")
+    gpu_budget: int | None = Field(default=None, ge=0, description="GPUs this service may use; beyond it lower-priority TrainingJobs may be suspended.")
+
+
+class FeatureStoreSpec(ApiModel):
+    """Online lookups and offline generation of precomputed responses."""
+
+    url: str | None = Field(default=None, description="SQLAlchemy URL (postgresql+psycopg://... ); SQLite in the run folder when omitted.")
+    semantic_threshold: float = Field(default=0.92, gt=0, le=1, description="Cosine similarity needed for a semantic hit.")
+    lookup_timeout_ms: float = Field(default=20.0, gt=0, description="Lookup deadline; on timeout the request goes to the model.")
+    generation_schedule: str | None = Field(default=None, description="Cron schedule of the offline generation Job (unset: none).")
+    min_frequency: int = Field(default=3, ge=1, description="Precompute responses for prompts seen at least this often.")
+
+
+class InferenceServiceSpec(ApiModel):
+    """Desired state of an InferenceService."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {"rule": "self.minReplicas <= self.maxReplicas", "message": "minReplicas must be <= maxReplicas"},
+            ]
+        }
+    )
+
+    model: ServedModel = Field(description="The primary pool's model.")
+    engine: Literal["vllm", "ray-serve"] = Field(default="vllm", description="Serving engine: vllm, or ray-serve (Ray Serve LLM over vLLM).")
+    vllm: VLLMSpec = Field(default_factory=VLLMSpec, description="Engine arguments.")
+    replicas: int = Field(default=1, ge=0, description="Primary pool replicas (the scale subresource; written by the autoscaler).")
+    min_replicas: int = Field(default=1, ge=0, description="Lower bound for the autoscaler.")
+    max_replicas: int = Field(default=4, ge=0, description="Upper bound for the autoscaler.")
+    resources: Resources = Field(default_factory=Resources, description="Per-replica resources of the primary pool.")
+    image: str | None = Field(default=None, description="Serving image; the operator's default when omitted.")
+    slo: SLOSpec = Field(default_factory=SLOSpec, description="Latency objectives.")
+    router: RouterSpec = Field(default_factory=RouterSpec, description="Router settings.")
+    fallback: FallbackSpec = Field(default_factory=FallbackSpec, description="Student pools and when to use them.")
+    autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec, description="Autoscaler settings.")
+    feature_store: FeatureStoreSpec | None = Field(default=None, description="Feature store for lookups and offline generation.")
+    drain_seconds: int = Field(default=60, ge=0, le=3600, description="Grace period for in-flight requests when a replica stops.")
+
+    @model_validator(mode="after")
+    def _check(self) -> InferenceServiceSpec:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError("minReplicas must be <= maxReplicas")
+        tp = self.vllm.tensor_parallel_size
+        if self.resources.gpus and self.resources.gpus % tp:
+            raise ValueError(f"resources.gpus ({self.resources.gpus}) must be a multiple of vllm.tensorParallelSize ({tp})")
+        return self
+
+
+@dataclass(frozen=True)
+class PoolView:
+    """One pool with the defaults of the primary filled in: what builders and runtimes consume."""
+
+    name: str
+    role: Literal["primary", "student"]
+    model: ServedModel
+    served_name: str
+    replicas: int
+    min_replicas: int
+    max_replicas: int
+    resources: Resources
+    vllm: VLLMSpec
+
+
+class PoolStatus(StatusModel):
+    """Observed state of one pool."""
+
+    name: str = Field(description="Pool name.")
+    replicas: int = Field(default=0, description="Current replicas.")
+    ready_replicas: int = Field(default=0, description="Replicas passing readiness.")
+    desired_replicas: int = Field(default=0, description="Replicas the spec (or autoscaler) asks for.")
+    model: str | None = Field(default=None, description="Model path currently rolled out.")
+
+
+class LiveMetrics(StatusModel):
+    """Recent serving metrics, as seen by the autoscaler."""
+
+    ttft_p95_ms: float | None = Field(default=None, description="Time to first token, p95.")
+    tpot_p95_ms: float | None = Field(default=None, description="Time per output token, p95.")
+    prefix_cache_hit_rate: float | None = Field(default=None, description="Prefix-cache hit rate, 0-1.")
+    kv_cache_utilization: float | None = Field(default=None, description="KV-cache usage, 0-1.")
+    qps: float | None = Field(default=None, description="Requests per second.")
+    degraded_fraction: float | None = Field(default=None, description="Fraction of requests served by student pools.")
+    stale: bool = Field(default=True, description="True when the metrics are older than two scrape intervals.")
+    updated_at: datetime | None = Field(default=None, description="When these were computed.")
+
+
+ServicePhase = Literal["Pending", "Progressing", "Ready", "Degraded", "Invalid"]
+
+
+class InferenceServiceStatus(StatusModel):
+    """Observed state of an InferenceService."""
+
+    phase: ServicePhase | None = Field(default=None, description="Lifecycle phase.")
+    conditions: list[Condition] = Field(default_factory=list, description="Ready, Progressing, Degraded.")
+    observed_generation: int | None = Field(default=None, description="Generation last reconciled.")
+    url: str | None = Field(default=None, description="OpenAI-compatible base URL of the router.")
+    replicas: int | None = Field(default=None, description="Primary pool replicas (scale subresource).")
+    selector: str | None = Field(default=None, description="Label selector of the primary pool's pods (scale subresource).")
+    pools: list[PoolStatus] = Field(default_factory=list, description="Per-pool replicas.")
+    metrics: LiveMetrics | None = Field(default=None, description="Live serving metrics.")
+
+
+class InferenceService(ApiModel):
+    """An InferenceService resource (llmfleet.io/v1alpha1)."""
+
+    api_version: Literal["llmfleet.io/v1alpha1"] = Field(default=API_VERSION, description="API version.")
+    kind: Literal["InferenceService"] = Field(default="InferenceService", description="Kind.")
+    metadata: ObjectMeta = Field(description="Standard object metadata.")
+    spec: InferenceServiceSpec = Field(description="Desired state.")
+    status: InferenceServiceStatus | None = Field(default=None, description="Observed state.")
+
+    def pools(self) -> list[PoolView]:
+        """The primary pool then each student pool, with inherited defaults resolved."""
+        spec = self.spec
+        primary = PoolView(
+            name=PRIMARY_POOL,
+            role="primary",
+            model=spec.model,
+            served_name=spec.model.served_name or self.metadata.name,
+            replicas=spec.replicas,
+            min_replicas=spec.min_replicas,
+            max_replicas=spec.max_replicas,
+            resources=spec.resources,
+            vllm=spec.vllm,
+        )
+        students = [
+            PoolView(
+                name=p.name,
+                role="student",
+                model=p.model,
+                served_name=p.model.served_name or f"{self.metadata.name}-{p.name}",
+                replicas=p.replicas,
+                min_replicas=p.min_replicas,
+                max_replicas=p.max_replicas,
+                resources=p.resources,
+                vllm=p.vllm or spec.vllm,
+            )
+            for p in spec.fallback.pools
+        ]
+        return [primary, *students]
+
+    def pool(self, name: str) -> PoolView:
+        for p in self.pools():
+            if p.name == name:
+                return p
+        raise KeyError(f"InferenceService {self.metadata.name} has no pool {name!r}")

@@ -1,0 +1,1 @@
+"""Command-line entry point (see llmfleet.cli.main)."""
