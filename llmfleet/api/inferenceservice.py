@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from llmfleet.api.common import API_VERSION, ApiModel, Condition, ObjectMeta, Resources, StatusModel
+from llmfleet.api.common import ApiModel, Condition, ObjectMeta, Resources, StatusModel
 
 PRIMARY_POOL = "primary"
 
@@ -55,7 +55,7 @@ class SLOSpec(ApiModel):
 
     ttft_p95_ms: float = Field(default=1000.0, gt=0, description="Time to first token, 95th percentile, milliseconds.")
     tpot_p95_ms: float = Field(default=100.0, gt=0, description="Time per output token, 95th percentile, milliseconds.")
-    e2e_p99_ms: float | None = Field(default=None, gt=0, description="End-to-end latency, 99th percentile, milliseconds.")
+    e2e_p99_ms: float | None = Field(default=None, gt=0, alias="e2eP99Ms", description="End-to-end latency, 99th percentile, milliseconds.")
 
 
 class RouterSpec(ApiModel):
@@ -247,7 +247,7 @@ class InferenceServiceStatus(StatusModel):
 class InferenceService(ApiModel):
     """An InferenceService resource (llmfleet.io/v1alpha1)."""
 
-    api_version: Literal["llmfleet.io/v1alpha1"] = Field(default=API_VERSION, description="API version.")
+    api_version: Literal["llmfleet.io/v1alpha1"] = Field(default="llmfleet.io/v1alpha1", description="API version.")
     kind: Literal["InferenceService"] = Field(default="InferenceService", description="Kind.")
     metadata: ObjectMeta = Field(description="Standard object metadata.")
     spec: InferenceServiceSpec = Field(description="Desired state.")

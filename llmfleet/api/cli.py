@@ -1,0 +1,80 @@
+"""`llmfleet crds generate` and `llmfleet validate`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+# Copies kept byte-identical with crds/ (the Helm chart ships the same CRDs).
+CHART_CRD_DIR = Path("charts/llmfleet/crds")
+
+
+def register(app: typer.Typer) -> None:
+    crds = typer.Typer(help="CustomResourceDefinitions generated from the pydantic models.", no_args_is_help=True)
+    app.add_typer(crds, name="crds")
+
+    @crds.command("generate")
+    def generate(
+        out: Path = typer.Option(Path("crds"), "--out", "-o", help="Folder for the CRD YAML files."),
+        docs: Path = typer.Option(Path("docs/api-reference.md"), "--docs", help="Markdown API reference to keep in sync."),
+        check: bool = typer.Option(False, "--check", help="Write nothing; exit 1 if any file is stale."),
+        chart: bool = typer.Option(
+            True, "--chart/--no-chart", help=f"Also keep {CHART_CRD_DIR} identical when that folder's chart exists."
+        ),
+    ) -> None:
+        """Write crds/*.yaml (and the chart's copies) from llmfleet.api."""
+        from llmfleet.api.crdgen import all_crds, api_reference, render
+
+        targets = [out]
+        if chart and CHART_CRD_DIR.parent.is_dir():
+            targets.append(CHART_CRD_DIR)
+        stale: list[Path] = []
+        for folder in targets:
+            for name, crd in all_crds().items():
+                path = folder / name
+                text = render(crd)
+                if path.exists() and path.read_text() == text:
+                    continue
+                if check:
+                    stale.append(path)
+                    continue
+                folder.mkdir(parents=True, exist_ok=True)
+                path.write_text(text)
+                typer.echo(f"wrote {path}")
+        reference = docs
+        text = api_reference() + "\n"
+        if not (reference.exists() and reference.read_text() == text):
+            if check:
+                stale.append(reference)
+            else:
+                reference.parent.mkdir(parents=True, exist_ok=True)
+                reference.write_text(text)
+                typer.echo(f"wrote {reference}")
+        if stale:
+            typer.echo(f"stale CRDs (run `make crds`): {', '.join(map(str, stale))}", err=True)
+            raise typer.Exit(1)
+
+    @app.command("validate")
+    def validate(
+        files: list[Path] = typer.Argument(..., help="Manifest files (YAML, may hold several documents)."),
+    ) -> None:
+        """Validate llmfleet manifests; print each problem with its field path; exit 1 on any."""
+        from llmfleet.api.loader import ManifestError, load_file
+
+        console = Console(stderr=True, soft_wrap=True)
+        failed = 0
+        for f in files:
+            try:
+                resources = load_file(f)
+            except ManifestError as err:
+                failed += 1
+                for path, msg in err.problems:
+                    console.print(f"[red]✗[/red] {escape(err.source)}: [bold]{escape(path)}[/bold]: {escape(msg)}", highlight=False)
+                continue
+            for r in resources:
+                console.print(f"[green]✓[/green] {escape(str(f))}: {r.kind}/{r.metadata.name}", highlight=False)
+        if failed:
+            raise typer.Exit(1)

@@ -1,0 +1,212 @@
+"""Actuation: turning a Decision into replicas.
+
+`Actuator` is the one interface the autoscaler loop talks to. Two implementations:
+- `KubernetesActuator` (here): writes `spec.replicas` (primary) and `spec.fallback.pools[i].replicas`
+  (students) of the InferenceService with a JSON patch guarded by `test` ops, and the policy memory
+  (last action time = cooldown, learned capacity, measured cold start) into the annotation
+  `llmfleet.io/autoscaler-state`. The operator turns spec replicas into pods; the scale subresource
+  (`spec.replicas`/`status.replicas`) stays the primary's. Scale-in of a chosen pod: label it
+  draining (the router stops sending it new requests), wait until its in-flight requests finish
+  (its `/metrics`), give it the lowest `controller.kubernetes.io/pod-deletion-cost`, then decrement
+  replicas so the ReplicaSet deletes exactly that pod.
+- the local runtime's actuator (llmfleet/local), which starts/stops replica processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from llmfleet.api.common import GROUP, VERSION
+from llmfleet.api.inferenceservice import PRIMARY_POOL
+
+STATE_ANNOTATION = "llmfleet.io/autoscaler-state"
+DRAINING_LABEL = "llmfleet.io/draining"
+DELETION_COST_ANNOTATION = "controller.kubernetes.io/pod-deletion-cost"
+PLURAL = "inferenceservices"
+
+
+@dataclass(frozen=True)
+class Replica:
+    """One serving replica as the autoscaler sees it."""
+
+    pool: str
+    name: str  # pod name, or the local runtime's replica id
+    url: str | None = None  # OpenAI base URL, e.g. http://10.0.0.5:8000
+    ready: bool = True
+
+
+@dataclass(frozen=True)
+class DrainResult:
+    """How a drain-then-remove went."""
+
+    replica: Replica
+    drained: bool  # in-flight reached 0 before the timeout
+    removed: bool
+    waited_s: float
+    in_flight_at_removal: float | None = None
+
+
+@runtime_checkable
+class Actuator(Protocol):
+    """What the autoscaler needs from a runtime (Kubernetes, local processes, the simulator)."""
+
+    async def list_replicas(self, pool: str) -> list[Replica]:
+        """Current replicas of `pool`."""
+        ...
+
+    async def set_replicas(self, desired: Mapping[str, int], *, reason: str, state_json: str | None = None) -> None:
+        """Ask for `desired[pool]` replicas (scale-up, or scale-in of unspecified replicas).
+
+        `state_json` is the policy memory to persist with it (Kubernetes: an annotation).
+        """
+        ...
+
+    async def drain_and_remove(self, replica: Replica, *, timeout_s: float) -> DrainResult:
+        """Stop new requests to `replica`, wait for its in-flight requests (<= timeout_s), then remove it
+        and lower its pool's desired replicas by one."""
+        ...
+
+
+InFlightProbe = Callable[[Replica], Awaitable[float | None]]
+
+
+async def wait_drained(
+    replica: Replica, probe: InFlightProbe, *, timeout_s: float, poll_s: float = 0.5
+) -> tuple[bool, float, float | None]:
+    """Poll `probe` until the replica has no request in flight; returns (drained, waited_s, last_value).
+
+    A probe that cannot answer (None) counts as "not drained yet": we never remove a replica on a guess.
+    """
+    start = time.monotonic()
+    last: float | None = None
+    while True:
+        last = await probe(replica)
+        waited = time.monotonic() - start
+        if last is not None and last <= 0:
+            return True, waited, last
+        if waited >= timeout_s:
+            return False, waited, last
+        await asyncio.sleep(min(poll_s, max(timeout_s - waited, 0.01)))
+
+
+async def scrape_in_flight(replica: Replica, *, timeout_s: float = 2.0) -> float | None:
+    """Running + waiting requests of a vLLM-compatible replica, from its Prometheus /metrics."""
+    if not replica.url:
+        return None
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        async with httpx.AsyncClient(timeout=timeout_s) as client:
+            resp = await client.get(replica.url.rstrip("/") + "/metrics")
+    except httpx.HTTPError:
+        return None
+    if resp.status_code != 200:
+        return None
+    total, seen = 0.0, False
+    for family in text_string_to_metric_families(resp.text):
+        if family.name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
+            for sample in family.samples:
+                total += sample.value
+                seen = True
+    return total if seen else None
+
+
+def replicas_patch(spec: Mapping[str, Any], desired: Mapping[str, int]) -> list[dict[str, Any]]:
+    """JSON patch that sets the replicas of the named pools, with `test` ops pinning each student's index."""
+    ops: list[dict[str, Any]] = []
+    for pool, n in sorted(desired.items()):
+        if pool == PRIMARY_POOL:
+            ops.append({"op": "replace" if "replicas" in spec else "add", "path": "/spec/replicas", "value": int(n)})
+            continue
+        students = (spec.get("fallback") or {}).get("pools") or []
+        index = next((i for i, p in enumerate(students) if p.get("name") == pool), None)
+        if index is None:
+            raise KeyError(f"no pool {pool!r} in spec.fallback.pools")
+        ops.append({"op": "test", "path": f"/spec/fallback/pools/{index}/name", "value": pool})
+        op = "replace" if "replicas" in students[index] else "add"
+        ops.append({"op": op, "path": f"/spec/fallback/pools/{index}/replicas", "value": int(n)})
+    return ops
+
+
+class KubernetesActuator:
+    """Scales one InferenceService through the Kubernetes API (kubernetes client, calls run in a thread)."""
+
+    def __init__(
+        self,
+        name: str,
+        namespace: str,
+        api_client: Any = None,
+        *,
+        probe: InFlightProbe | None = None,
+        request_timeout_s: float = 10.0,
+    ) -> None:
+        from kubernetes import client
+
+        self.name, self.namespace = name, namespace
+        self._api_client = api_client or client.ApiClient()
+        self._custom = client.CustomObjectsApi(self._api_client)
+        self._core = client.CoreV1Api(self._api_client)
+        self._probe = probe or scrape_in_flight
+        self._timeout = request_timeout_s
+
+    async def _get(self) -> dict[str, Any]:
+        obj = await asyncio.to_thread(
+            self._custom.get_namespaced_custom_object, GROUP, VERSION, self.namespace, PLURAL, self.name,
+            _request_timeout=self._timeout,
+        )
+        return dict(obj)
+
+    async def list_replicas(self, pool: str) -> list[Replica]:
+        selector = f"llmfleet.io/inferenceservice={self.name},llmfleet.io/pool={pool}"
+        pods = await asyncio.to_thread(
+            self._core.list_namespaced_pod, self.namespace, label_selector=selector, _request_timeout=self._timeout
+        )
+        out = []
+        for pod in pods.items:
+            if pod.metadata.deletion_timestamp is not None:
+                continue
+            conditions = (pod.status.conditions if pod.status else None) or []
+            ready = any(c.type == "Ready" and c.status == "True" for c in conditions)
+            ip = pod.status.pod_ip if pod.status else None
+            out.append(Replica(pool=pool, name=pod.metadata.name, url=f"http://{ip}:8000" if ip else None, ready=ready))
+        return sorted(out, key=lambda r: r.name)
+
+    async def set_replicas(self, desired: Mapping[str, int], *, reason: str, state_json: str | None = None) -> None:
+        obj = await self._get()
+        ops = replicas_patch(obj.get("spec") or {}, desired)
+        if state_json is not None:
+            annotations = (obj.get("metadata") or {}).get("annotations")
+            if annotations is None:
+                ops.append({"op": "add", "path": "/metadata/annotations", "value": {STATE_ANNOTATION: state_json}})
+            else:
+                ops.append({"op": "add", "path": "/metadata/annotations/" + STATE_ANNOTATION.replace("/", "~1"),
+                            "value": state_json})
+        if not ops:
+            return
+        await asyncio.to_thread(
+            self._custom.patch_namespaced_custom_object, GROUP, VERSION, self.namespace, PLURAL, self.name, ops,
+            _request_timeout=self._timeout,
+        )
+
+    async def _patch_pod(self, pod: str, body: dict[str, Any]) -> None:
+        await asyncio.to_thread(self._core.patch_namespaced_pod, pod, self.namespace, body, _request_timeout=self._timeout)
+
+    async def drain_and_remove(self, replica: Replica, *, timeout_s: float) -> DrainResult:
+        await self._patch_pod(replica.name, {"metadata": {"labels": {DRAINING_LABEL: "true"}}})
+        drained, waited, last = await wait_drained(replica, self._probe, timeout_s=timeout_s)
+        await self._patch_pod(replica.name, {"metadata": {"annotations": {DELETION_COST_ANNOTATION: "-2147483647"}}})
+        obj = await self._get()
+        spec = obj.get("spec") or {}
+        if replica.pool == PRIMARY_POOL:
+            current = int(spec.get("replicas", 1))
+        else:
+            pools = (spec.get("fallback") or {}).get("pools") or []
+            current = int(next((p.get("replicas", 1) for p in pools if p.get("name") == replica.pool), 0))
+        if current > 0:
+            await self.set_replicas({replica.pool: current - 1}, reason=f"scale-in of {replica.name}")
+        return DrainResult(replica=replica, drained=drained, removed=current > 0, waited_s=waited, in_flight_at_removal=last)

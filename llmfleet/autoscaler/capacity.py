@@ -1,0 +1,151 @@
+"""Capacity and queueing math of the scaling policy: pure functions, no I/O.
+
+A replica is modelled by two throughputs, measured in the tokens the engine actually computes:
+prefill tokens/s (prompt tokens not served from the prefix cache) and decode tokens/s (summed over
+the running batch). A request of `i` input and `o` output tokens with prefix hit rate `h` costs
+`i*(1-h)/P + o/D` replica-seconds, so one replica completes `mu = 1 / that` requests per second at
+the observed mix. The seed comes from the planner's roofline estimate; `learn_efficiency` corrects
+it online from what the replicas really did while they were saturated.
+
+The TTFT estimate is M/M/c (Erlang C) over the pool's replicas with a per-replica "slot" count: a
+replica with k slots is treated as k servers of rate mu/k (continuous batching admits several
+requests at once). The 95th percentile of the waiting time of M/M/c is
+`ln(C / 0.05) / (c*mu - lambda)` when the probability of waiting C exceeds 5 %, else 0.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class CapacitySeed:
+    """Per-replica throughput before anything is learned (from the planner's roofline, or configured)."""
+
+    prefill_tokens_per_s: float
+    decode_tokens_per_s: float
+    # Requests one replica really runs concurrently at full throughput (continuous batching).
+    slots: int = 4
+
+
+DEFAULT_SEED = CapacitySeed(prefill_tokens_per_s=8000.0, decode_tokens_per_s=1500.0, slots=4)
+
+
+def service_seconds(seed: CapacitySeed, efficiency: float, mean_in: float, mean_out: float, hit_rate: float) -> float:
+    """Replica-seconds one request of the observed mix costs (at full batch)."""
+    uncached = max(mean_in, 0.0) * (1.0 - min(max(hit_rate, 0.0), 1.0))
+    eff = max(efficiency, 1e-3)
+    return uncached / (seed.prefill_tokens_per_s * eff) + max(mean_out, 0.0) / (seed.decode_tokens_per_s * eff)
+
+
+def prefill_seconds(seed: CapacitySeed, efficiency: float, tokens: float, hit_rate: float) -> float:
+    """Time to compute one prompt's uncached tokens on an otherwise idle replica."""
+    uncached = max(tokens, 0.0) * (1.0 - min(max(hit_rate, 0.0), 1.0))
+    return uncached / (seed.prefill_tokens_per_s * max(efficiency, 1e-3))
+
+
+def erlang_c(servers: int, offered: float) -> float:
+    """Probability that an arrival waits in M/M/c with `servers` servers and offered load `offered` Erlang."""
+    if servers <= 0:
+        return 1.0
+    if offered <= 0:
+        return 0.0
+    if offered >= servers:
+        return 1.0
+    # Erlang B by the stable recurrence, then C from B.
+    b = 1.0
+    for k in range(1, servers + 1):
+        b = offered * b / (k + offered * b)
+    return servers * b / (servers - offered * (1.0 - b))
+
+
+def wait_p95_seconds(replicas: int, slots: int, rate: float, mu_replica: float) -> float:
+    """95th percentile of queueing delay (seconds) for `rate` req/s on `replicas` replicas; inf if overloaded."""
+    if rate <= 0:
+        return 0.0
+    if replicas <= 0 or mu_replica <= 0:
+        return math.inf
+    servers = replicas * max(slots, 1)
+    mu_server = mu_replica / max(slots, 1)
+    offered = rate / mu_server
+    if offered >= servers:
+        return math.inf
+    c = erlang_c(servers, offered)
+    if c <= 0.05:
+        return 0.0
+    return math.log(c / 0.05) / (servers * mu_server - rate)
+
+
+def replicas_for_ttft(
+    rate: float,
+    mu_replica: float,
+    slots: int,
+    wait_budget_s: float,
+    max_utilization: float,
+    upper: int,
+) -> int:
+    """Fewest replicas (<= upper) whose p95 queueing delay fits `wait_budget_s` at utilization <= max_utilization."""
+    if rate <= 0:
+        return 0
+    if mu_replica <= 0:
+        return upper
+    start = max(1, math.ceil(rate / (mu_replica * max_utilization)))
+    for n in range(start, max(upper, start) + 1):
+        if wait_p95_seconds(n, slots, rate, mu_replica) <= wait_budget_s:
+            return n
+    return max(upper, start)
+
+
+def learn_efficiency(
+    current: float,
+    prefill_tps: float | None,
+    decode_tps: float | None,
+    ready: int,
+    seed: CapacitySeed,
+    saturated: bool,
+    alpha: float = 0.3,
+) -> float:
+    """Update the capacity correction factor from observed per-pool token throughput.
+
+    Work done per replica in seed-capacity units is `prefill/P + decode/D` (1.0 = exactly the seed).
+    While saturated (requests waiting) that work IS the capacity: move towards it (EWMA). When not
+    saturated it is only a lower bound: raise the estimate if the replicas did more than we thought.
+    """
+    if ready <= 0 or prefill_tps is None or decode_tps is None:
+        return current
+    used = (prefill_tps / seed.prefill_tokens_per_s + decode_tps / seed.decode_tokens_per_s) / ready
+    if used <= 0:
+        return current
+    if saturated:
+        updated = (1 - alpha) * current + alpha * used
+    elif used > current:
+        updated = used
+    else:
+        return current
+    # Bounds: a seed more than 10x off is a configuration error, not something to follow.
+    return min(max(updated, 0.1), 10.0)
+
+
+@dataclass
+class Holt:
+    """Holt's linear (level + trend) smoothing of the arrival rate, for a short-horizon forecast."""
+
+    level: float | None = None
+    trend: float = 0.0
+    last_t: float | None = None
+
+    def update(self, t: float, value: float, alpha: float = 0.5, beta: float = 0.3) -> None:
+        if self.level is None or self.last_t is None:
+            self.level, self.trend, self.last_t = value, 0.0, t
+            return
+        dt = max(t - self.last_t, 1e-6)
+        predicted = self.level + self.trend * dt
+        level = alpha * value + (1 - alpha) * predicted
+        self.trend = beta * (level - self.level) / dt + (1 - beta) * self.trend
+        self.level, self.last_t = level, t
+
+    def forecast(self, horizon_s: float) -> float | None:
+        if self.level is None:
+            return None
+        return max(self.level + self.trend * max(horizon_s, 0.0), 0.0)

@@ -1,0 +1,476 @@
+"""The scaling policy: signals + state in, desired replicas per pool (with reasons) + new state out.
+
+Pure and deterministic (no clock, no I/O, the input state is never mutated), so the operator, the
+local runtime and the simulator run the same code. Policies, selected by `spec.autoscaling.policy`:
+
+- `slo` (default): per-replica capacity (seeded by the planner's roofline, learned online) and an
+  Erlang-C estimate of TTFT p95 at the arrival rate forecast one cold start ahead; feedback from the
+  observed TTFT/TPOT p95 when the model is too optimistic. Student pools are sized for the overflow
+  the primary cannot absorb while it scales (cold start) or when it is at maxReplicas.
+- `queue`: KEDA/HPA-style, `ceil(waiting / targetQueueDepth)` with a 10 % tolerance (the baseline).
+- `static`: the replicas written in the spec.
+
+Then, for `slo` and `queue`, the HPA's behaviour: scale up to the lowest recommendation of the
+up-window at most `maxScaleUpStep` at once (no cooldown: spec replicas already count replicas that
+are still starting), scale down to the highest recommendation of the down-window, at most
+`maxScaleDownStep` at once, not within `cooldownSeconds` of the last action. Missing or stale
+signals hold the current size and block scale-down for a whole down-window.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+from llmfleet.autoscaler.capacity import (
+    DEFAULT_SEED,
+    CapacitySeed,
+    Holt,
+    learn_efficiency,
+    prefill_seconds,
+    replicas_for_ttft,
+    service_seconds,
+    wait_p95_seconds,
+)
+
+if TYPE_CHECKING:
+    from llmfleet.api.inferenceservice import InferenceService
+
+Role = Literal["primary", "student"]
+PolicyName = Literal["slo", "queue", "static"]
+Action = Literal["up", "down", "hold"]
+
+DEFAULT_COLD_START_S = 60.0
+# Fraction of the TTFT SLO the model plans for; the rest is headroom for noise and model error.
+TTFT_TARGET_FRACTION = 0.7
+MAX_UTILIZATION = 0.85
+STATE_ANNOTATION = "llmfleet.io/autoscaler-state"
+
+
+@dataclass(frozen=True)
+class PoolSignals:
+    """What the autoscaler knows about one pool at `now` (None = not measured).
+
+    `arrival_rate` of the primary is the demand of the whole service (requests/s reaching the router,
+    degraded ones included: they are load the primary should have served); a student pool's is the
+    traffic it actually receives.
+    """
+
+    pool: str
+    role: Role
+    now: float
+    replicas: int
+    ready_replicas: int
+    arrival_rate: float | None = None
+    mean_input_tokens: float | None = None
+    mean_output_tokens: float | None = None
+    ttft_p95_ms: float | None = None
+    tpot_p95_ms: float | None = None
+    queue_depth: float | None = None
+    running: float | None = None
+    kv_utilization: float | None = None
+    prefix_hit_rate: float | None = None
+    degraded_fraction: float | None = None
+    prefill_tokens_per_s: float | None = None
+    decode_tokens_per_s: float | None = None
+    ttft_slo_miss_fraction: float | None = None
+    stale: bool = False
+
+    @property
+    def usable(self) -> bool:
+        return not self.stale and self.arrival_rate is not None
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    """One pool's bounds and capacity seed."""
+
+    name: str
+    role: Role
+    min_replicas: int
+    max_replicas: int
+    static_replicas: int
+    gpus_per_replica: int = 1
+    seed: CapacitySeed = DEFAULT_SEED
+    cold_start_s: float | None = None
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """Policy parameters, normally from an InferenceService's spec.autoscaling and spec.slo."""
+
+    policy: PolicyName
+    pools: tuple[PoolConfig, ...]
+    ttft_slo_ms: float = 1000.0
+    tpot_slo_ms: float = 100.0
+    interval_s: float = 15.0
+    up_window_s: float = 0.0
+    down_window_s: float = 300.0
+    cooldown_s: float = 60.0
+    max_up_step: int = 4
+    max_down_step: int = 1
+    target_queue_depth: float = 4.0
+    cold_start_s: float | None = None
+    ttft_target_fraction: float = TTFT_TARGET_FRACTION
+    max_utilization: float = MAX_UTILIZATION
+
+    def pool(self, name: str) -> PoolConfig:
+        for p in self.pools:
+            if p.name == name:
+                return p
+        raise KeyError(name)
+
+    @classmethod
+    def from_service(
+        cls, isvc: InferenceService, seeds: Mapping[str, CapacitySeed] | None = None, **overrides: object
+    ) -> PolicyConfig:
+        """Build the config of `isvc`; `seeds` maps pool name to its capacity seed (planner estimate)."""
+        spec, auto = isvc.spec, isvc.spec.autoscaling
+        pools = tuple(
+            PoolConfig(
+                name=p.name,
+                role=p.role,
+                min_replicas=p.min_replicas,
+                max_replicas=p.max_replicas,
+                static_replicas=p.replicas,
+                gpus_per_replica=max(p.resources.gpus, 1),
+                seed=(seeds or {}).get(p.name, DEFAULT_SEED),
+            )
+            for p in isvc.pools()
+        )
+        values: dict[str, object] = dict(
+            policy=auto.policy,
+            pools=pools,
+            ttft_slo_ms=spec.slo.ttft_p95_ms,
+            tpot_slo_ms=spec.slo.tpot_p95_ms,
+            interval_s=auto.interval_seconds,
+            up_window_s=auto.scale_up_stabilization_seconds,
+            down_window_s=auto.scale_down_stabilization_seconds,
+            cooldown_s=auto.cooldown_seconds,
+            max_up_step=auto.max_scale_up_step,
+            max_down_step=auto.max_scale_down_step,
+            target_queue_depth=auto.target_queue_depth,
+            cold_start_s=auto.cold_start_seconds,
+        )
+        values.update(overrides)
+        return cls(**values)  # type: ignore[arg-type]
+
+
+@dataclass
+class PoolState:
+    """Memory of one pool across decisions."""
+
+    history: list[tuple[float, int]] = field(default_factory=list)  # (time, raw recommendation)
+    last_action_at: float | None = None
+    last_action: Action = "hold"
+    efficiency: float = 1.0  # learned capacity / seeded capacity
+    arrival: Holt = field(default_factory=Holt)
+    cold_start_s: float | None = None  # measured
+    pending: tuple[float, int] | None = None  # (since, target) of a scale-up not ready yet
+    first_seen: float | None = None
+
+
+@dataclass
+class PolicyState:
+    """Memory of all pools. `to_json`/`from_json` persist what must survive a restart (annotation)."""
+
+    pools: dict[str, PoolState] = field(default_factory=dict)
+
+    def pool(self, name: str) -> PoolState:
+        return self.pools.setdefault(name, PoolState())
+
+    def to_json(self) -> str:
+        out = {
+            name: {
+                "lastActionAt": s.last_action_at,
+                "lastAction": s.last_action,
+                "efficiency": round(s.efficiency, 4),
+                "coldStartSeconds": s.cold_start_s,
+            }
+            for name, s in sorted(self.pools.items())
+        }
+        return json.dumps(out, sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str | None) -> PolicyState:
+        """Restore from an annotation; anything unreadable starts fresh (which never scales down early)."""
+        state = cls()
+        if not text:
+            return state
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError:
+            return state
+        if not isinstance(data, dict):
+            return state
+        for name, item in data.items():
+            if not isinstance(item, dict):
+                continue
+            s = state.pool(str(name))
+            if isinstance(item.get("lastActionAt"), int | float):
+                s.last_action_at = float(item["lastActionAt"])
+            if item.get("lastAction") in ("up", "down", "hold"):
+                s.last_action = item["lastAction"]
+            if isinstance(item.get("efficiency"), int | float) and item["efficiency"] > 0:
+                s.efficiency = float(item["efficiency"])
+            if isinstance(item.get("coldStartSeconds"), int | float) and item["coldStartSeconds"] > 0:
+                s.cold_start_s = float(item["coldStartSeconds"])
+        return state
+
+
+@dataclass(frozen=True)
+class PoolDecision:
+    """The outcome for one pool."""
+
+    pool: str
+    current: int
+    desired: int
+    recommended: int  # raw recommendation before stabilization/steps/cooldown
+    action: Action
+    reasons: tuple[str, ...]
+    predicted_ttft_ms: float | None = None
+    capacity_rps: float | None = None  # per replica, at the observed mix
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Desired replicas for every pool, why, and the state for the next call."""
+
+    now: float
+    policy: PolicyName
+    pools: dict[str, PoolDecision]
+    state: PolicyState
+
+    def desired(self) -> dict[str, int]:
+        return {name: d.desired for name, d in self.pools.items()}
+
+    def changed(self) -> dict[str, int]:
+        return {name: d.desired for name, d in self.pools.items() if d.desired != d.current}
+
+
+def _clamp(n: int, cfg: PoolConfig) -> int:
+    return min(max(n, cfg.min_replicas), cfg.max_replicas)
+
+
+def cold_start_seconds(cfg: PolicyConfig, pool: PoolConfig, st: PoolState) -> float:
+    """Configured cold start, else the measured one, else a default."""
+    return pool.cold_start_s or cfg.cold_start_s or st.cold_start_s or DEFAULT_COLD_START_S
+
+
+def _track_cold_start(st: PoolState, sig: PoolSignals) -> None:
+    """Measure how long a scale-up takes to become ready (EWMA over scale-ups)."""
+    if st.pending is None:
+        return
+    since, target = st.pending
+    if sig.ready_replicas >= min(target, sig.replicas):
+        sample = sig.now - since
+        if sample > 0:
+            st.cold_start_s = sample if st.cold_start_s is None else 0.5 * st.cold_start_s + 0.5 * sample
+        st.pending = None
+
+
+def _mu(pool: PoolConfig, st: PoolState, sig: PoolSignals) -> float:
+    mean_in = sig.mean_input_tokens if sig.mean_input_tokens is not None else 512.0
+    mean_out = sig.mean_output_tokens if sig.mean_output_tokens is not None else 128.0
+    cost = service_seconds(pool.seed, st.efficiency, mean_in, mean_out, sig.prefix_hit_rate or 0.0)
+    return 1.0 / cost if cost > 0 else math.inf
+
+
+def _slo_primary(cfg: PolicyConfig, pool: PoolConfig, st: PoolState, sig: PoolSignals) -> tuple[int, list[str], float]:
+    """Raw recommendation of the slo policy for a primary pool; returns (replicas, reasons, forecast rate)."""
+    reasons: list[str] = []
+    rate = float(sig.arrival_rate or 0.0)
+    saturated = sig.queue_depth is not None and sig.queue_depth >= max(1, sig.ready_replicas)
+    st.efficiency = learn_efficiency(
+        st.efficiency, sig.prefill_tokens_per_s, sig.decode_tokens_per_s, sig.ready_replicas, pool.seed, saturated
+    )
+    cold = cold_start_seconds(cfg, pool, st)
+    st.arrival.update(sig.now, rate)
+    forecast = st.arrival.forecast(cold + cfg.interval_s) or rate
+    # A trend extrapolated over a cold start overshoots after a step: plan for at most +50 % of today.
+    planned = max(rate, min(forecast, 1.5 * max(rate, st.arrival.level or 0.0)))
+    backlog = max(sig.queue_depth or 0.0, 0.0) / max(cold, 2 * cfg.interval_s)
+    mu = _mu(pool, st, sig)
+    prefill = prefill_seconds(pool.seed, st.efficiency, sig.mean_input_tokens or 512.0, sig.prefix_hit_rate or 0.0)
+    slo_s = cfg.ttft_slo_ms / 1000.0
+    budget = max(cfg.ttft_target_fraction * slo_s - prefill, 0.05 * slo_s)
+    n = replicas_for_ttft(planned + backlog, mu, pool.seed.slots, budget, cfg.max_utilization, pool.max_replicas)
+    reasons.append(
+        f"rate {rate:.2f}/s forecast {planned:.2f}/s backlog {backlog:.2f}/s, {mu:.2f} req/s per replica "
+        f"(efficiency {st.efficiency:.2f}), TTFT budget {budget * 1000:.0f} ms -> {n}"
+    )
+    # Feedback: the SLO is violated with every requested replica ready and the model says "enough".
+    violated = []
+    if sig.ttft_p95_ms is not None and sig.ttft_p95_ms > cfg.ttft_slo_ms:
+        violated.append(f"TTFT p95 {sig.ttft_p95_ms:.0f} ms > {cfg.ttft_slo_ms:.0f}")
+    if sig.tpot_p95_ms is not None and sig.tpot_p95_ms > cfg.tpot_slo_ms:
+        violated.append(f"TPOT p95 {sig.tpot_p95_ms:.0f} ms > {cfg.tpot_slo_ms:.0f}")
+    if violated and sig.ready_replicas >= sig.replicas and n <= sig.ready_replicas and rate > 0:
+        st.efficiency = max(st.efficiency * 0.9, 0.1)
+        n = sig.ready_replicas + 1
+        reasons.append("; ".join(violated) + " with all replicas ready: +1, capacity estimate lowered")
+    return n, reasons, planned
+
+
+def _slo_students(
+    cfg: PolicyConfig,
+    students: Sequence[PoolConfig],
+    signals: Mapping[str, PoolSignals],
+    state: PolicyState,
+    overflow: float,
+) -> dict[str, tuple[int, list[str]]]:
+    """Size student pools for the overflow, in order of preference, and for the traffic they already get."""
+    out: dict[str, tuple[int, list[str]]] = {}
+    remaining = overflow
+    for pool in students:
+        sig = signals[pool.name]
+        st = state.pool(pool.name)
+        if not sig.usable:
+            out[pool.name] = (sig.replicas, ["metrics stale or missing: hold"])
+            continue
+        mu = _mu(pool, st, sig)
+        own = float(sig.arrival_rate or 0.0)
+        slo_s = cfg.ttft_slo_ms / 1000.0
+        prefill = prefill_seconds(pool.seed, st.efficiency, sig.mean_input_tokens or 512.0, sig.prefix_hit_rate or 0.0)
+        budget = max(cfg.ttft_target_fraction * slo_s - prefill, 0.05 * slo_s)
+        need_overflow = replicas_for_ttft(remaining, mu, pool.seed.slots, budget, cfg.max_utilization, pool.max_replicas)
+        need_own = replicas_for_ttft(own, mu, pool.seed.slots, budget, cfg.max_utilization, pool.max_replicas)
+        n = min(max(need_overflow, need_own), pool.max_replicas)
+        absorbed = n * mu * cfg.max_utilization
+        remaining = max(remaining - absorbed, 0.0)
+        out[pool.name] = (n, [f"overflow {overflow:.2f}/s, own traffic {own:.2f}/s, {mu:.2f} req/s per replica -> {n}"])
+    return out
+
+
+def _queue_rec(cfg: PolicyConfig, sig: PoolSignals) -> tuple[int, list[str]]:
+    if sig.stale or sig.queue_depth is None:
+        return sig.replicas, ["metrics stale or missing: hold"]
+    current = max(sig.ready_replicas, 1)
+    ratio = sig.queue_depth / (current * cfg.target_queue_depth)
+    if abs(ratio - 1.0) <= 0.1:
+        return sig.replicas, [f"queue {sig.queue_depth:.1f} within 10% of target"]
+    n = math.ceil(sig.queue_depth / cfg.target_queue_depth)
+    return n, [f"queue {sig.queue_depth:.1f} / target {cfg.target_queue_depth:g} per replica -> {n}"]
+
+
+def _stabilize(
+    cfg: PolicyConfig, pool: PoolConfig, st: PoolState, sig: PoolSignals, rec: int, reasons: list[str]
+) -> tuple[int, Action]:
+    """HPA-style windows, steps and cooldown; returns (desired, action)."""
+    now, current = sig.now, sig.replicas
+    if st.first_seen is None:
+        st.first_seen = now
+    st.history.append((now, rec))
+    keep = max(cfg.up_window_s, cfg.down_window_s)
+    st.history = [(t, r) for t, r in st.history if t >= now - keep]
+    up = min(r for t, r in st.history if t >= now - cfg.up_window_s)
+    down = max(r for t, r in st.history if t >= now - cfg.down_window_s)
+    if current < pool.min_replicas or current > pool.max_replicas:
+        reasons.append(f"outside [{pool.min_replicas}, {pool.max_replicas}]")
+        return _clamp(current, pool), ("up" if current < pool.min_replicas else "down")
+    if up > current:
+        desired = min(up, current + cfg.max_up_step)
+        if desired < up:
+            reasons.append(f"step limited to +{cfg.max_up_step}")
+        return desired, "up"
+    if down < current:
+        if sig.stale:
+            reasons.append("stale metrics never scale down")
+            return current, "hold"
+        if now - st.first_seen < cfg.down_window_s:
+            reasons.append(f"scale-down waits for a full {cfg.down_window_s:g} s window of history")
+            return current, "hold"
+        if st.last_action_at is not None and now - st.last_action_at < cfg.cooldown_s:
+            reasons.append(f"cooldown: last action {now - st.last_action_at:.0f} s ago")
+            return current, "hold"
+        desired = max(down, current - cfg.max_down_step)
+        reasons.append(f"highest recommendation over {cfg.down_window_s:g} s is {down}")
+        return desired, "down"
+    return current, "hold"
+
+
+def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState) -> Decision:
+    """Desired replicas for every configured pool. `state` is not modified; use `Decision.state` next time."""
+    state = copy.deepcopy(state)
+    by_name = {s.pool: s for s in signals}
+    missing = [p.name for p in cfg.pools if p.name not in by_name]
+    if missing:
+        raise ValueError(f"no signals for pool(s) {', '.join(missing)}")
+    now = max(s.now for s in signals)
+    raw: dict[str, tuple[int, list[str]]] = {}
+    predicted: dict[str, float | None] = {}
+    capacity: dict[str, float | None] = {}
+
+    primary = next((p for p in cfg.pools if p.role == "primary"), None)
+    students = [p for p in cfg.pools if p.role == "student"]
+    for pool in cfg.pools:
+        _track_cold_start(state.pool(pool.name), by_name[pool.name])
+
+    if cfg.policy == "static":
+        for pool in cfg.pools:
+            raw[pool.name] = (pool.static_replicas, ["static policy"])
+    elif cfg.policy == "queue":
+        for pool in cfg.pools:
+            raw[pool.name] = _queue_rec(cfg, by_name[pool.name])
+    else:
+        overflow = 0.0
+        if primary is not None:
+            sig, st = by_name[primary.name], state.pool(primary.name)
+            if sig.usable:
+                n, reasons, planned = _slo_primary(cfg, primary, st, sig)
+                raw[primary.name] = (n, reasons)
+                mu = _mu(primary, st, sig)
+                capacity[primary.name] = mu
+                # Overflow the ready primary replicas cannot absorb until new ones are up (or ever, at max).
+                ready_cap = sig.ready_replicas * mu * cfg.max_utilization
+                reachable = min(n, primary.max_replicas)
+                if sig.ready_replicas < reachable or n > primary.max_replicas or sig.replicas > sig.ready_replicas:
+                    overflow = max(planned - ready_cap, 0.0)
+                elif (sig.degraded_fraction or 0.0) > 0:
+                    overflow = max(planned - ready_cap, 0.0)
+            else:
+                raw[primary.name] = (sig.replicas, ["metrics stale or missing: hold"])
+        for name, item in _slo_students(cfg, students, by_name, state, overflow).items():
+            raw[name] = item
+
+    decisions: dict[str, PoolDecision] = {}
+    for pool in cfg.pools:
+        sig, st = by_name[pool.name], state.pool(pool.name)
+        rec, reasons = raw[pool.name]
+        rec = _clamp(rec, pool)
+        if cfg.policy == "static":
+            desired, action = rec, ("up" if rec > sig.replicas else "down" if rec < sig.replicas else "hold")
+        else:
+            desired, action = _stabilize(cfg, pool, st, sig, rec, reasons)
+        if desired == sig.replicas:
+            action = "hold"
+        if action != "hold":
+            st.last_action_at, st.last_action = sig.now, action
+        if action == "up":
+            st.pending = (st.pending[0] if st.pending else sig.now, desired)
+        elif action == "down" and st.pending is not None:
+            st.pending = (st.pending[0], desired) if desired > sig.ready_replicas else None
+        pred: float | None = None
+        mu = capacity.get(pool.name)
+        if mu is None and sig.usable:
+            mu = _mu(pool, st, sig)
+        if mu is not None and sig.arrival_rate is not None:
+            wait = wait_p95_seconds(desired, pool.seed.slots, sig.arrival_rate, mu)
+            pre = prefill_seconds(pool.seed, st.efficiency, sig.mean_input_tokens or 512.0, sig.prefix_hit_rate or 0.0)
+            pred = (wait + pre) * 1000.0 if math.isfinite(wait) else None
+        predicted[pool.name] = pred
+        decisions[pool.name] = PoolDecision(
+            pool=pool.name,
+            current=sig.replicas,
+            desired=desired,
+            recommended=rec,
+            action=action,
+            reasons=tuple(reasons),
+            predicted_ttft_ms=pred,
+            capacity_rps=mu,
+        )
+    return Decision(now=now, policy=cfg.policy, pools=decisions, state=state)

@@ -1,0 +1,295 @@
+"""InferenceService -> Kubernetes objects: per pool a Deployment, Service and PDB; the router; monitoring.
+
+Pure: the same CR, config and promotion state always give the same manifests (no API calls, no clock).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+from typing import Any
+
+from llmfleet.api import InferenceService, PoolView
+from llmfleet.operator.builders.common import (
+    Manifest,
+    child_name,
+    gpu_node_selector,
+    gpu_tolerations,
+    metadata,
+    resource_requests,
+)
+from llmfleet.operator.config import OperatorConfig
+
+REPLICA_PORT = 8000
+ROUTER_PORT = 8080
+ROUTER_CONFIG_KEY = "router.yaml"
+ROUTER_CONFIG_DIR = "/etc/llmfleet"
+TENANTS_DIR = "/etc/llmfleet/tenants"
+# Pool names that would collide with the router's children.
+RESERVED_POOL_NAMES = frozenset({"router"})
+
+
+class ServiceSpecError(ValueError):
+    """The spec passes the schema and pydantic but cannot be rendered; `path` names the field."""
+
+    def __init__(self, path: str, message: str) -> None:
+        self.path = path
+        super().__init__(f"{path}: {message}")
+
+
+def isvc_labels(isvc: InferenceService) -> dict[str, str]:
+    return {"llmfleet.io/inferenceservice": isvc.metadata.name}
+
+
+def pool_labels(isvc: InferenceService, pool: str) -> dict[str, str]:
+    return {**isvc_labels(isvc), "llmfleet.io/pool": pool, "llmfleet.io/component": "replica"}
+
+
+def router_labels(isvc: InferenceService) -> dict[str, str]:
+    return {**isvc_labels(isvc), "llmfleet.io/component": "router"}
+
+
+def pool_name(isvc: InferenceService, pool: str) -> str:
+    return child_name(isvc.metadata.name, pool)
+
+
+def router_name(isvc: InferenceService) -> str:
+    return child_name(isvc.metadata.name, "router")
+
+
+def pool_selector(isvc: InferenceService, pool: str) -> str:
+    """Label selector of a pool's pods (status.selector for the scale subresource)."""
+    return ",".join(f"{k}={v}" for k, v in pool_labels(isvc, pool).items())
+
+
+def _serve_command(isvc: InferenceService, pool: PoolView) -> list[str]:
+    from llmfleet.workers.serve.vllm_args import InvalidServeSpec, serve_command
+
+    try:
+        return serve_command(isvc, pool, port=REPLICA_PORT)
+    except InvalidServeSpec as err:
+        raise ServiceSpecError(_pool_path(isvc, pool), str(err)) from None
+
+
+def _pool_path(isvc: InferenceService, pool: PoolView) -> str:
+    if pool.role == "primary":
+        return "spec"
+    index = [p.name for p in isvc.spec.fallback.pools].index(pool.name)
+    return f"spec.fallback.pools[{index}]"
+
+
+def _probe(path: str, port: str, period: int, failures: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": path, "port": port},
+        "periodSeconds": period,
+        "timeoutSeconds": 3,
+        "failureThreshold": failures,
+    }
+
+
+def build_pool_deployment(isvc: InferenceService, pool: PoolView, config: OperatorConfig) -> Manifest:
+    labels = pool_labels(isvc, pool.name)
+    gpus = pool.resources.gpus
+    volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}}]
+    mounts = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    container: dict[str, Any] = {
+        "name": "engine",
+        "image": isvc.spec.image or config.serve_image,
+        "command": _serve_command(isvc, pool),
+        "ports": [{"name": "http", "containerPort": REPLICA_PORT, "protocol": "TCP"}],
+        "env": [
+            {"name": "LLMFLEET_INFERENCESERVICE", "value": isvc.metadata.name},
+            {"name": "LLMFLEET_POOL", "value": pool.name},
+            {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
+            {"name": "NCCL_NVLS_ENABLE", "value": "0"},
+        ],
+        "resources": resource_requests(pool.resources.cpu, pool.resources.memory, gpus),
+        # Model loading can take minutes: the startup probe holds liveness off until /health answers.
+        "startupProbe": _probe("/health", "http", 10, 180),
+        "readinessProbe": _probe("/health", "http", 5, 3),
+        "livenessProbe": _probe("/health", "http", 15, 4),
+        "volumeMounts": mounts,
+    }
+    pod_spec: dict[str, Any] = {
+        "containers": [container],
+        "volumes": volumes,
+        # The serving wrapper drains in-flight requests for drainSeconds after SIGTERM.
+        "terminationGracePeriodSeconds": isvc.spec.drain_seconds + 15,
+        "enableServiceLinks": False,
+    }
+    if selector := gpu_node_selector(pool.resources.gpu_type):
+        pod_spec["nodeSelector"] = selector
+    if tolerations := gpu_tolerations(gpus):
+        pod_spec["tolerations"] = tolerations
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": metadata(isvc, pool_name(isvc, pool.name), labels, {"llmfleet.io/model": pool.model.path}),
+        "spec": {
+            "replicas": pool.replicas,
+            "selector": {"matchLabels": labels},
+            # One replica at a time, never below the desired count: model rollouts are gradual.
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "template": {
+                "metadata": {"labels": labels, "annotations": {"llmfleet.io/model": pool.model.path}},
+                "spec": pod_spec,
+            },
+        },
+    }
+
+
+def build_pool_service(isvc: InferenceService, pool: PoolView) -> Manifest:
+    labels = pool_labels(isvc, pool.name)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(isvc, pool_name(isvc, pool.name), labels),
+        "spec": {
+            "selector": labels,
+            "ports": [{"name": "http", "port": REPLICA_PORT, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def build_pool_pdb(isvc: InferenceService, pool: PoolView) -> Manifest:
+    labels = pool_labels(isvc, pool.name)
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": metadata(isvc, pool_name(isvc, pool.name), labels),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": labels}},
+    }
+
+
+def router_config_yaml(isvc: InferenceService) -> str:
+    from llmfleet.router.config import router_config_from_service
+
+    return router_config_from_service(isvc).to_yaml()
+
+
+def build_router(isvc: InferenceService, config: OperatorConfig) -> list[Manifest]:
+    """ConfigMap, ServiceAccount + Role for EndpointSlice discovery, Deployment and Service of the router."""
+    name = router_name(isvc)
+    labels = router_labels(isvc)
+    config_yaml = router_config_yaml(isvc)
+    digest = hashlib.sha256(config_yaml.encode()).hexdigest()[:16]
+    configmap = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": metadata(isvc, name, labels),
+        "data": {ROUTER_CONFIG_KEY: config_yaml},
+    }
+    account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": metadata(isvc, name, labels)}
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": metadata(isvc, name, labels),
+        "rules": [{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]}],
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": metadata(isvc, name, labels),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": isvc.metadata.namespace or "default"}],
+    }
+    volumes: list[dict[str, Any]] = [{"name": "config", "configMap": {"name": name}}]
+    mounts: list[dict[str, Any]] = [{"name": "config", "mountPath": ROUTER_CONFIG_DIR, "readOnly": True}]
+    if secret := isvc.spec.router.api_keys_secret:
+        volumes.append({"name": "tenants", "secret": {"secretName": secret}})
+        mounts.append({"name": "tenants", "mountPath": TENANTS_DIR, "readOnly": True})
+    container = {
+        "name": "router",
+        "image": config.router_image,
+        "command": [
+            "llmfleet", "router", "--config", f"{ROUTER_CONFIG_DIR}/{ROUTER_CONFIG_KEY}", "--port", str(ROUTER_PORT),
+        ],
+        "ports": [{"name": "http", "containerPort": ROUTER_PORT, "protocol": "TCP"}],
+        "resources": resource_requests("1", "1Gi", 0),
+        "readinessProbe": _probe("/health", "http", 5, 3),
+        "livenessProbe": _probe("/health", "http", 10, 3),
+        "volumeMounts": mounts,
+    }
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": metadata(isvc, name, labels),
+        "spec": {
+            "replicas": isvc.spec.router.replicas,
+            "selector": {"matchLabels": labels},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "template": {
+                # The config hash restarts the router when its ConfigMap changes.
+                "metadata": {"labels": labels, "annotations": {"llmfleet.io/config-hash": digest}},
+                "spec": {
+                    "serviceAccountName": name,
+                    "containers": [container],
+                    "volumes": volumes,
+                    "terminationGracePeriodSeconds": int(isvc.spec.router.request_timeout_seconds) + 5,
+                    "enableServiceLinks": False,
+                },
+            },
+        },
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(isvc, isvc.metadata.name, labels),
+        "spec": {
+            "selector": labels,
+            "ports": [{"name": "http", "port": ROUTER_PORT, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+    return [configmap, account, role, binding, deployment, service]
+
+
+def build_pod_monitor(isvc: InferenceService) -> Manifest:
+    labels = isvc_labels(isvc)
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PodMonitor",
+        "metadata": metadata(isvc, isvc.metadata.name, labels),
+        "spec": {
+            "selector": {"matchLabels": labels},
+            "podMetricsEndpoints": [{"port": "http", "path": "/metrics", "interval": "15s"}],
+        },
+    }
+
+
+def build_feature_store_job(isvc: InferenceService, config: OperatorConfig) -> Manifest | None:
+    """The store's offline generation CronJob, when the store package provides its builder."""
+    try:
+        module = importlib.import_module("llmfleet.store.manifests")
+    except ModuleNotFoundError:
+        return None
+    build = getattr(module, "build_generation_cronjob", None)
+    if build is None:
+        return None
+    manifest: Manifest | None = build(isvc, config.router_image)
+    if manifest is None:
+        return None
+    meta = manifest.setdefault("metadata", {})
+    meta.setdefault("namespace", isvc.metadata.namespace or "default")
+    meta["labels"] = {**meta.get("labels", {}), **isvc_labels(isvc), "llmfleet.io/component": "featurestore"}
+    meta["ownerReferences"] = metadata(isvc, "x", {})["ownerReferences"]
+    return manifest
+
+
+def check_names(isvc: InferenceService) -> None:
+    for i, pool in enumerate(isvc.spec.fallback.pools):
+        if pool.name in RESERVED_POOL_NAMES:
+            raise ServiceSpecError(f"spec.fallback.pools[{i}].name", f"{pool.name!r} is reserved for the router")
+
+
+def build_inferenceservice(isvc: InferenceService, config: OperatorConfig) -> list[Manifest]:
+    """Every child of `isvc`, in apply order (config before the pods that read it)."""
+    check_names(isvc)
+    out: list[Manifest] = []
+    for pool in isvc.pools():
+        out += [build_pool_deployment(isvc, pool, config), build_pool_service(isvc, pool), build_pool_pdb(isvc, pool)]
+    out += build_router(isvc, config)
+    if config.capabilities.pod_monitor:
+        out.append(build_pod_monitor(isvc))
+    if (job := build_feature_store_job(isvc, config)) is not None:
+        out.append(job)
+    return out

@@ -1,0 +1,64 @@
+"""Operator settings: images and endpoints from the environment, fixed names shared by builders and handlers."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+FIELD_MANAGER = "llmfleet-operator"
+LABEL_PREFIX = "llmfleet.io"
+# Annotation on an InferenceService that records a model promotion in progress (written by the
+# TrainingJob reconcile, advanced by the InferenceService reconcile).
+PROMOTION_ANNOTATION = "llmfleet.io/promotion"
+
+DEFAULT_ROUTER_IMAGE = "ghcr.io/llmfleet/llmfleet:0.1.0"
+DEFAULT_SERVE_IMAGE = "ghcr.io/llmfleet/llmfleet-serve:0.1.0"
+DEFAULT_TRAIN_IMAGE = "ghcr.io/llmfleet/llmfleet-train:0.1.0"
+# How the operator reaches rank 0's /status: {pod} {service} {namespace} {port} {name} are filled in.
+DEFAULT_STATUS_URL = "http://{pod}.{service}.{namespace}.svc:{port}/status"
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a number, got {raw!r}") from None
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """Optional APIs found in the cluster at start-up; builders emit their objects only when present."""
+
+    pod_group: bool = False  # scheduling.x-k8s.io/v1alpha1 PodGroup (scheduler-plugins coscheduling)
+    pod_monitor: bool = False  # monitoring.coreos.com/v1 PodMonitor (Prometheus Operator)
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    """Everything builders and handlers read besides the CR itself."""
+
+    router_image: str = DEFAULT_ROUTER_IMAGE
+    serve_image: str = DEFAULT_SERVE_IMAGE
+    train_image: str = DEFAULT_TRAIN_IMAGE
+    status_url_template: str = DEFAULT_STATUS_URL
+    status_timeout_seconds: float = 2.0
+    timer_interval_seconds: float = 30.0
+    gang_scheduler_name: str = "scheduler-plugins-scheduler"
+    capabilities: Capabilities = field(default_factory=Capabilities)
+
+    @classmethod
+    def from_env(cls, capabilities: Capabilities | None = None) -> OperatorConfig:
+        env = os.environ
+        return cls(
+            router_image=env.get("LLMFLEET_ROUTER_IMAGE") or DEFAULT_ROUTER_IMAGE,
+            serve_image=env.get("LLMFLEET_SERVE_IMAGE") or DEFAULT_SERVE_IMAGE,
+            train_image=env.get("LLMFLEET_TRAIN_IMAGE") or DEFAULT_TRAIN_IMAGE,
+            status_url_template=env.get("LLMFLEET_TRAIN_STATUS_URL") or DEFAULT_STATUS_URL,
+            status_timeout_seconds=_env_float("LLMFLEET_TRAIN_STATUS_TIMEOUT", 2.0),
+            timer_interval_seconds=_env_float("LLMFLEET_RECONCILE_INTERVAL", 30.0),
+            gang_scheduler_name=env.get("LLMFLEET_GANG_SCHEDULER") or "scheduler-plugins-scheduler",
+            capabilities=capabilities or Capabilities(),
+        )

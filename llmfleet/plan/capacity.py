@@ -1,0 +1,110 @@
+"""Per-replica capacity and replicas needed at an SLO, with the reasoning spelled out.
+
+`replica_capacity` is the function the autoscaler uses to seed its per-replica throughput; the simulator
+uses the same StepCostModel for every engine step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from llmfleet.api.trainingjob import ModelShape
+from llmfleet.plan.hardware import GPUProfile
+from llmfleet.plan.roofline import StepCostModel, kv_capacity
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Mean request shape and arrival rate."""
+
+    input_tokens: int = 2048
+    output_tokens: int = 256
+    rate_rps: float = 10.0
+    prefix_hit_rate: float = 0.0  # fraction of prompt tokens served from the prefix cache
+    ttft_slo_s: float = 1.0  # p95 target
+    tpot_slo_s: float = 0.1  # p95 target
+
+
+@dataclass(frozen=True)
+class ReplicaCapacity:
+    max_batch: int  # decode batch that meets the TPOT SLO and fits the KV cache
+    batch_limited_by: str
+    prefill_s: float  # one request's (uncached) prefill time
+    decode_step_s: float  # step time at max_batch
+    requests_per_s: float  # sustained throughput at full utilization
+    max_utilization: float  # utilization that keeps queueing within the TTFT SLO
+    slo_requests_per_s: float  # requests_per_s * max_utilization
+    kv_tokens: int
+    reasoning: list[str] = field(default_factory=list)
+
+
+def replica_capacity(m: ModelShape, gpu: GPUProfile, w: Workload, *, weight_dtype: str = "bf16",
+                     kv_dtype: str = "bf16", tensor_parallel: int = 1, max_num_seqs: int = 256,
+                     cost: StepCostModel | None = None) -> ReplicaCapacity:
+    """Throughput of one replica for this workload, and the utilization at which it still meets the TTFT SLO.
+
+    1. Decode batch B: the largest B <= max_num_seqs with step_time(B, ctx) <= TPOT SLO whose KV fits.
+    2. Per request the replica spends prefill((1-h)·I) once and O decode steps shared by B sequences:
+       throughput = 1 / (prefill + O · step(B) / B).
+    3. Prefill waits in an M/D/1-like queue: p95 wait ~ 3 x mean = 3·rho·P/(2(1-rho)); the largest rho with
+       P + wait <= TTFT SLO (capped at 0.85) is the usable utilization.
+    """
+    cost = cost or StepCostModel.build(m, gpu, kv_dtype=kv_dtype, weight_dtype=weight_dtype,
+                                       tensor_parallel=tensor_parallel)
+    ctx_tokens = w.input_tokens + w.output_tokens
+    cap = kv_capacity(m, gpu, weight_dtype=weight_dtype, kv_dtype=kv_dtype, tensor_parallel=tensor_parallel,
+                      tokens_per_sequence=max(1, ctx_tokens))
+    mean_ctx = w.input_tokens + w.output_tokens / 2
+    why: list[str] = []
+    kv_batch = max(1, cap.tokens // max(1, ctx_tokens))
+    limit, limited_by = min(max_num_seqs, kv_batch), ("KV cache" if kv_batch < max_num_seqs else "max_num_seqs")
+    batch = 1
+    lo, hi = 1, limit
+    while lo <= hi:  # step time grows with B: binary search the largest B within the TPOT SLO
+        mid = (lo + hi) // 2
+        if cost.decode_step_time(mid, mean_ctx) <= w.tpot_slo_s:
+            batch, lo = mid, mid + 1
+        else:
+            hi = mid - 1
+    if batch < limit:
+        limited_by = "TPOT SLO"
+    step = cost.decode_step_time(batch, mean_ctx)
+    why.append(f"KV cache holds {cap.tokens:,} tokens = {kv_batch} sequences of {ctx_tokens} tokens; "
+               f"decode batch {batch} (limited by {limited_by}), step {step * 1e3:.1f} ms at {mean_ctx:.0f} context")
+    new_tokens = max(1, round(w.input_tokens * (1 - w.prefix_hit_rate)))
+    cached = w.input_tokens - new_tokens
+    prefill = cost.prefill_time(new_tokens, cached)
+    why.append(f"prefill of {new_tokens} uncached tokens ({w.prefix_hit_rate:.0%} prefix hits) takes "
+               f"{prefill * 1e3:.1f} ms")
+    per_req = prefill + w.output_tokens * step / batch
+    rps = 1.0 / per_req
+    why.append(f"GPU time per request = prefill + {w.output_tokens} x step/B = {per_req * 1e3:.1f} ms "
+               f"-> {rps:.2f} req/s per replica at 100% busy")
+    slack = w.ttft_slo_s - prefill
+    if slack <= 0:
+        rho = 0.05
+        why.append(f"prefill alone ({prefill:.2f} s) exceeds the TTFT SLO ({w.ttft_slo_s} s): no utilization "
+                   "meets it; planning at 5% (use more tensor parallelism or a shorter prompt)")
+    else:
+        x = 2.0 * slack / (3.0 * prefill)
+        rho = min(0.85, x / (1.0 + x))
+        why.append(f"TTFT budget {w.ttft_slo_s * 1e3:.0f} ms - prefill leaves {slack * 1e3:.0f} ms of queueing; "
+                   f"p95 wait 3·rho·P/(2(1-rho)) fits up to rho = {rho:.2f}")
+    return ReplicaCapacity(batch, limited_by, prefill, step, rps, rho, rps * rho, cap.tokens, why)
+
+
+@dataclass(frozen=True)
+class ReplicaPlan:
+    replicas: int
+    capacity: ReplicaCapacity
+    reasoning: list[str]
+
+
+def replicas_needed(m: ModelShape, gpu: GPUProfile, w: Workload, **kwargs: object) -> ReplicaPlan:
+    cap = replica_capacity(m, gpu, w, **kwargs)  # type: ignore[arg-type]
+    n = max(1, math.ceil(w.rate_rps / cap.slo_requests_per_s))
+    why = [*cap.reasoning,
+           f"{w.rate_rps:g} req/s / ({cap.requests_per_s:.2f} x {cap.max_utilization:.2f}) per replica "
+           f"= {w.rate_rps / cap.slo_requests_per_s:.2f} -> {n} replicas"]
+    return ReplicaPlan(n, cap, why)

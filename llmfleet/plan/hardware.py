@@ -1,0 +1,84 @@
+"""GPU profiles for the roofline: peak dense FLOP/s, HBM bandwidth and capacity, interconnect.
+
+Numbers are the vendors' published dense (no 2:4 sparsity) figures for the SXM parts (PCIe for L40S).
+Every field can be overridden from the CLI (`--gpu-override hbmBandwidthTBs=4.0`) or a JSON file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+
+@dataclass(frozen=True)
+class GPUProfile:
+    """One accelerator as the roofline sees it."""
+
+    name: str
+    bf16_tflops: float  # dense bf16/fp16 tensor-core peak, TFLOP/s
+    fp8_tflops: float | None  # dense fp8 peak; None when the part has no fp8 tensor cores
+    hbm_bandwidth_tbs: float  # HBM bandwidth, TB/s (1e12 bytes/s)
+    hbm_gib: float  # HBM capacity, GiB as reported by the driver (decimal GB on the datasheet)
+    interconnect_gbs: float  # per-GPU NVLink (or PCIe) bandwidth, GB/s, one direction
+    sram_kib_per_sm: float  # shared memory + L1 per SM, KiB (FlashAttention tile budget)
+    sms: int
+
+    @property
+    def peak_flops(self) -> float:
+        return self.bf16_tflops * 1e12
+
+    def peak_flops_for(self, dtype: str) -> float:
+        if dtype in ("fp8", "int8", "int4") and self.fp8_tflops:
+            return self.fp8_tflops * 1e12
+        return self.peak_flops
+
+    @property
+    def bandwidth(self) -> float:
+        """HBM bytes/s."""
+        return self.hbm_bandwidth_tbs * 1e12
+
+    @property
+    def hbm_bytes(self) -> float:
+        return self.hbm_gib * 2**30
+
+    @property
+    def ridge_point(self) -> float:
+        """FLOP per byte where the bf16 roofline turns from memory-bound to compute-bound."""
+        return self.peak_flops / self.bandwidth
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["ridgePointFlopPerByte"] = round(self.ridge_point, 1)
+        return d
+
+
+# H100 SXM5 80GB, H200 SXM 141GB, A100 SXM4 80GB, L40S 48GB (PCIe Gen4 x16).
+GPUS: dict[str, GPUProfile] = {
+    "H100": GPUProfile("H100", 989.0, 1979.0, 3.35, 79.6, 450.0, 228.0, 132),
+    "H200": GPUProfile("H200", 989.0, 1979.0, 4.8, 139.8, 450.0, 228.0, 132),
+    "A100": GPUProfile("A100", 312.0, None, 2.039, 79.2, 300.0, 192.0, 108),
+    "L40S": GPUProfile("L40S", 362.0, 733.0, 0.864, 44.4, 32.0, 128.0, 142),
+}
+
+_FIELD_ALIASES = {
+    "bf16Tflops": "bf16_tflops", "fp8Tflops": "fp8_tflops", "hbmBandwidthTBs": "hbm_bandwidth_tbs",
+    "hbmGiB": "hbm_gib", "interconnectGBs": "interconnect_gbs", "sramKiBPerSM": "sram_kib_per_sm", "sms": "sms",
+}
+
+
+def get_gpu(name: str, overrides: dict[str, Any] | None = None) -> GPUProfile:
+    """A profile by (case-insensitive) name, with fields replaced by `overrides` (snake or camelCase keys)."""
+    key = name.upper()
+    if key not in GPUS:
+        raise ValueError(f"unknown GPU {name!r}; known: {', '.join(GPUS)} (override fields to describe others)")
+    gpu = GPUS[key]
+    if overrides:
+        valid = {f.name for f in fields(GPUProfile)}
+        clean: dict[str, Any] = {}
+        for k, v in overrides.items():
+            field = _FIELD_ALIASES.get(k, k)
+            if field not in valid or field == "name":
+                raise ValueError(f"unknown GPU field {k!r}; known: {', '.join(sorted(_FIELD_ALIASES))}")
+            clean[field] = int(v) if field == "sms" else (None if v is None else float(v))
+        gpu = replace(gpu, **clean)
+    return gpu

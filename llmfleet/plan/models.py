@@ -1,0 +1,75 @@
+"""Model shapes (the API's ModelShape) with presets, parameter counts and per-token byte sizes."""
+
+from __future__ import annotations
+
+from llmfleet.api.trainingjob import ModelShape
+
+PRESETS: dict[str, ModelShape] = {
+    "llama-3-8b": ModelShape(layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336, vocab=128256, seq_len=8192,
+                             rope_theta=500000.0),
+    "llama-3-70b": ModelShape(layers=80, hidden=8192, heads=64, kv_heads=8, ffn=28672, vocab=128256, seq_len=8192,
+                              rope_theta=500000.0),
+    "llama-2-7b": ModelShape(layers=32, hidden=4096, heads=32, kv_heads=32, ffn=11008, vocab=32000, seq_len=4096),
+    "llama-3.2-1b": ModelShape(layers=16, hidden=2048, heads=32, kv_heads=8, ffn=8192, vocab=128256, seq_len=8192,
+                               rope_theta=500000.0, tie_embeddings=True),
+}
+
+# Bytes per element of weights / KV-cache dtypes. int4 ignores the (small) per-group scales.
+DTYPE_BYTES: dict[str, float] = {
+    "fp32": 4.0, "float32": 4.0, "bf16": 2.0, "bfloat16": 2.0, "fp16": 2.0, "float16": 2.0, "auto": 2.0,
+    "fp8": 1.0, "fp8_e4m3": 1.0, "fp8_e5m2": 1.0, "int8": 1.0, "int4": 0.5,
+}
+
+
+def dtype_bytes(dtype: str) -> float:
+    try:
+        return DTYPE_BYTES[dtype.lower()]
+    except KeyError:
+        raise ValueError(f"unknown dtype {dtype!r}; known: {', '.join(sorted(DTYPE_BYTES))}") from None
+
+
+def get_model(name: str) -> ModelShape:
+    key = name.lower()
+    if key not in PRESETS:
+        raise ValueError(f"unknown model preset {name!r}; known: {', '.join(PRESETS)}")
+    return PRESETS[key]
+
+
+def attention_params_per_layer(m: ModelShape) -> int:
+    kv_dim = m.n_kv_heads * m.head_dim
+    return 2 * m.hidden * m.hidden + 2 * m.hidden * kv_dim  # q, o + k, v
+
+
+def mlp_params_per_layer(m: ModelShape) -> int:
+    return 3 * m.hidden * m.ffn_dim  # SwiGLU: gate, up, down
+
+
+def layer_params(m: ModelShape) -> int:
+    return attention_params_per_layer(m) + mlp_params_per_layer(m) + 2 * m.hidden  # + two RMSNorms
+
+
+def embedding_params(m: ModelShape) -> int:
+    return m.vocab * m.hidden
+
+
+def total_params(m: ModelShape) -> int:
+    head = 0 if m.tie_embeddings else m.vocab * m.hidden
+    return m.layers * layer_params(m) + embedding_params(m) + head + m.hidden
+
+
+def matmul_params(m: ModelShape) -> int:
+    """Parameters that take part in a matmul per token: all but the input embedding lookup (and norms)."""
+    return m.layers * (attention_params_per_layer(m) + mlp_params_per_layer(m)) + m.vocab * m.hidden
+
+
+def kv_bytes_per_token(m: ModelShape, kv_dtype: str = "bf16") -> float:
+    """K and V for every layer: 2 · layers · kvHeads · headDim · bytes."""
+    return 2 * m.layers * m.n_kv_heads * m.head_dim * dtype_bytes(kv_dtype)
+
+
+def attention_kind(m: ModelShape) -> str:
+    if m.n_kv_heads == m.heads:
+        return "MHA"
+    if m.n_kv_heads == 1:
+        return "MQA"
+    return f"GQA (groups of {m.heads // m.n_kv_heads})"

@@ -1,0 +1,96 @@
+"""Training math: FLOPs per token (PaLM appendix B), MFU/HFU, FSDP memory per GPU."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llmfleet.api.trainingjob import ModelShape
+from llmfleet.plan.models import embedding_params, total_params
+
+
+def model_flops_per_token(m: ModelShape, seq_len: int | None = None) -> float:
+    """6·N + 12·L·H·Q·T: forward + backward of the dense weights and of attention (PaLM, Chowdhery et al.).
+
+    N excludes the input embedding (a lookup, no FLOPs); the untied LM head is a matmul and counts.
+    """
+    t = seq_len or m.seq_len
+    n = total_params(m) - embedding_params(m)
+    return 6.0 * n + 12.0 * m.layers * m.heads * m.head_dim * t
+
+
+def hardware_flops_per_token(m: ModelShape, seq_len: int | None = None, activation_checkpointing: str = "none") -> float:
+    """FLOPs the hardware really executes: recomputed forwards add 2·N + 4·L·H·Q·T per recomputed block."""
+    base = model_flops_per_token(m, seq_len)
+    fwd = base / 3.0
+    share = {"none": 0.0, "selective": 0.5, "full": 1.0}.get(activation_checkpointing)
+    if share is None:
+        raise ValueError("activation_checkpointing must be none, selective or full")
+    return base + share * fwd
+
+
+@dataclass(frozen=True)
+class Utilization:
+    tokens_per_s: float
+    model_flops_per_token: float
+    hardware_flops_per_token: float
+    achieved_tflops_per_gpu: float
+    mfu: float
+    hfu: float
+
+
+def utilization(m: ModelShape, tokens_per_s: float, n_gpus: int, peak_flops_per_gpu: float, *,
+                seq_len: int | None = None, activation_checkpointing: str = "none") -> Utilization:
+    """MFU = model FLOPs/s ÷ peak; HFU counts the recomputation as well (so HFU >= MFU)."""
+    if tokens_per_s < 0 or n_gpus < 1 or peak_flops_per_gpu <= 0:
+        raise ValueError("tokens_per_s >= 0, n_gpus >= 1 and peak > 0 are required")
+    mf = model_flops_per_token(m, seq_len)
+    hf = hardware_flops_per_token(m, seq_len, activation_checkpointing)
+    per_gpu = tokens_per_s * mf / n_gpus
+    return Utilization(tokens_per_s, mf, hf, per_gpu / 1e12, per_gpu / peak_flops_per_gpu,
+                       tokens_per_s * hf / n_gpus / peak_flops_per_gpu)
+
+
+@dataclass(frozen=True)
+class FSDPMemory:
+    shard_size: int
+    params_bytes: float
+    grads_bytes: float
+    optimizer_bytes: float
+    gathered_bytes: float
+    activation_bytes: float
+
+    @property
+    def total_bytes(self) -> float:
+        return self.params_bytes + self.grads_bytes + self.optimizer_bytes + self.gathered_bytes + self.activation_bytes
+
+
+def fsdp_memory_per_gpu(m: ModelShape, world_size: int, *, replicate_groups: int = 1, micro_batch: int = 1,
+                        seq_len: int | None = None, activation_checkpointing: str = "none",
+                        reshard_after_forward: bool = True) -> FSDPMemory:
+    """Memory per GPU for FSDP2 with bf16 compute and fp32 master weights, AdamW.
+
+    Sharded across world_size / replicate_groups ranks (HSDP replicates across groups): fp32 params (4 B),
+    fp32 grads (4 B), Adam m and v (8 B). Gathered bf16 weights: two blocks in flight (current + prefetch),
+    or all of them when reshard_after_forward is false. Activations with FlashAttention: ~34·s·b·h bytes
+    per layer (Korthikanti et al. 2022, without the 5·a·s²·b term that fused attention removes); full
+    checkpointing keeps only each block's input (2·s·b·h) plus one block's worth.
+    """
+    if world_size < 1 or replicate_groups < 1 or world_size % replicate_groups:
+        raise ValueError("world_size must be a positive multiple of replicate_groups")
+    shard = world_size // replicate_groups
+    n = total_params(m)
+    layer = (total_params(m) - 2 * m.vocab * m.hidden) / m.layers
+    gathered = (n * 2.0) if not reshard_after_forward else 2 * layer * 2.0
+    s = seq_len or m.seq_len
+    sbh = s * micro_batch * m.hidden
+    per_layer = 34.0 * sbh
+    if activation_checkpointing == "full":
+        act = m.layers * 2.0 * sbh + per_layer
+    elif activation_checkpointing == "selective":
+        act = (m.layers / 2) * per_layer + (m.layers / 2) * 2.0 * sbh
+    elif activation_checkpointing == "none":
+        act = m.layers * per_layer
+    else:
+        raise ValueError("activation_checkpointing must be none, selective or full")
+    act += 4.0 * s * micro_batch * m.vocab  # fp32 logits for the loss
+    return FSDPMemory(shard, 4.0 * n / shard, 4.0 * n / shard, 8.0 * n / shard, gathered, act)

@@ -1,0 +1,261 @@
+"""Router configuration: what one `llmfleet router` process needs to serve one InferenceService.
+
+Pure pydantic + yaml (no aiohttp, kubernetes, torch): the operator imports this to render ConfigMap
+`<isvc>-router` key `router.yaml`; the local runtime writes the same YAML to a file.
+
+`router_config_from_service(isvc, endpoints)` is the only place that maps the InferenceService spec to router
+settings. `endpoints` given (pool name -> base URLs) means a static list (local runtime); `None` means the
+router discovers replicas from Kubernetes EndpointSlices with the contract labels.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+from llmfleet.api.inferenceservice import InferenceService
+
+ROUTER_CONFIG_KEY = "router.yaml"
+REPLICA_PORT = 8000
+ROUTER_PORT = 8080
+TENANTS_MOUNT_PATH = "/etc/llmfleet/tenants/tenants.yaml"
+KNOWN_SCORERS = ("prefix-cache", "queue-depth", "running-requests", "kv-cache", "session-affinity")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+class KubernetesDiscovery(_Model):
+    """Find a pool's replicas from EndpointSlices of its headless Service (in cluster)."""
+
+    namespace: str = Field(default="default", description="Namespace of the replicas' EndpointSlices.")
+    selector: str = Field(description="Label selector, e.g. llmfleet.io/inferenceservice=chat,llmfleet.io/pool=primary.")
+    port: int = Field(default=REPLICA_PORT, ge=1, le=65535, description="Replica OpenAI port.")
+    interval_seconds: float = Field(default=5.0, gt=0, description="Seconds between EndpointSlice lists.")
+    timeout_seconds: float = Field(default=3.0, gt=0, description="Timeout of one Kubernetes API call.")
+
+
+class PoolConfig(_Model):
+    """One pool of replicas serving one model."""
+
+    name: str = Field(min_length=1, description="Pool name: 'primary' or a student pool name.")
+    role: Literal["primary", "student"] = Field(description="primary, or student (fallback target).")
+    served_names: list[str] = Field(min_length=1, description="Model names clients may ask for; the first is sent upstream.")
+    model_path: str | None = Field(default=None, description="Model folder; its tokenizer.json feeds the prefix index.")
+    tokenizer_path: str | None = Field(
+        default=None, description="tokenizer.json path or folder; model_path when unset; text blocks when unreachable."
+    )
+    block_size: int = Field(default=16, ge=1, description="Prefix-index block size in tokens (match the engine).")
+    max_model_len: int | None = Field(default=None, ge=1, description="Context length of the pool's model.")
+    cache_capacity_blocks: int | None = Field(
+        default=None, ge=1, description="KV blocks per replica; read from vllm:cache_config_info when unset."
+    )
+    endpoints: list[str] | None = Field(default=None, description="Static replica base URLs (http://host:port).")
+    discovery: KubernetesDiscovery | None = Field(default=None, description="EndpointSlice discovery (in cluster).")
+
+    @model_validator(mode="after")
+    def _check(self) -> PoolConfig:
+        if self.endpoints is None and self.discovery is None:
+            raise ValueError(f"pool {self.name}: set endpoints or discovery")
+        return self
+
+
+class SLOConfig(_Model):
+    """The primary pool's latency objectives (burn rate, deadlines)."""
+
+    ttft_p95_ms: float = Field(default=1000.0, gt=0, description="Time to first token objective, p95, ms.")
+    tpot_p95_ms: float = Field(default=100.0, gt=0, description="Time per output token objective, p95, ms.")
+    e2e_p99_ms: float | None = Field(default=None, gt=0, description="End-to-end objective, p99, ms.")
+    window_seconds: float = Field(default=60.0, gt=0, description="Sliding window over which burn rate is measured.")
+
+
+class FallbackConfig(_Model):
+    """When a request goes to a student pool (see llmfleet.router.fallback)."""
+
+    enabled: bool = Field(default=True, description="Consider student pools at all.")
+    slo_burn_rate: float = Field(default=2.0, gt=0, description="Degrade while the primary's burn rate exceeds this.")
+    max_queue_delay_ms: float | None = Field(default=None, gt=0, description="Degrade when predicted primary queueing exceeds this.")
+    long_context_tokens: int | None = Field(default=None, ge=1, description="Prompts longer than this go to a student pool.")
+    sheddable_classes: list[str] = Field(default_factory=list, description="Classes (class header) that may always be degraded.")
+    class_header: str = Field(default="x-llmfleet-class", description="Header carrying the request class.")
+    max_degraded_fraction: float = Field(default=0.2, ge=0, le=1, description="Cap on a tenant's degraded fraction.")
+    min_requests_for_burn: int = Field(default=20, ge=1, description="Requests in the window before burn rate counts.")
+
+
+class FeatureStoreConfig(_Model):
+    """Online response lookups before routing (llmfleet.store.lookup)."""
+
+    enabled: bool = Field(default=False, description="Look up responses before routing.")
+    url: str | None = Field(default=None, description="SQLAlchemy URL of the store.")
+    semantic_threshold: float = Field(default=0.92, gt=0, le=1, description="Cosine similarity for a semantic hit.")
+    lookup_timeout_ms: float = Field(default=20.0, gt=0, description="Lookup deadline; fail open.")
+    opt_out_header: str = Field(default="x-llmfleet-no-lookup", description="Header that skips the lookup when present.")
+
+
+class LimitsConfig(_Model):
+    """Timeouts, sizes and retries."""
+
+    max_request_bytes: int = Field(default=4 * 1024 * 1024, ge=1024, description="Larger bodies get 413.")
+    request_timeout_seconds: float = Field(default=120.0, gt=0, description="Upper bound on one request at the router.")
+    connect_timeout_seconds: float = Field(default=2.0, gt=0, description="TCP connect timeout to a replica.")
+    first_byte_timeout_seconds: float | None = Field(
+        default=None, gt=0, description="Deadline for the first upstream byte; SLO-derived (4x TTFT p95, >= 10 s) when unset."
+    )
+    max_retries: int = Field(default=2, ge=0, description="Other replicas tried when one fails before the first byte.")
+    scrape_interval_seconds: float = Field(default=1.0, gt=0, description="Seconds between /metrics scrapes.")
+    scrape_timeout_seconds: float = Field(default=0.5, gt=0, description="Timeout of one scrape or health check.")
+    stale_after_seconds: float = Field(default=3.0, gt=0, description="Scraped load older than this is stale.")
+    health_failures_to_down: int = Field(default=2, ge=1, description="Consecutive failed checks that mark a replica down.")
+
+
+class TenantConfig(_Model):
+    """One tenant: API keys and a token-bucket rate limit."""
+
+    name: str = Field(min_length=1, description="Tenant name (request log, metrics).")
+    api_keys: list[str] = Field(default_factory=list, description="Bearer keys of this tenant.")
+    requests_per_second: float | None = Field(default=None, gt=0, description="Token-bucket refill rate; unlimited when unset.")
+    burst: float | None = Field(default=None, gt=0, description="Bucket size; max(1, rate) when unset.")
+    max_degraded_fraction: float | None = Field(default=None, ge=0, le=1, description="Overrides fallback.maxDegradedFraction.")
+
+
+class TenantsConfig(_Model):
+    """API keys: inline (local) or a mounted Secret file (`tenants.yaml`: {tenants: [TenantConfig...]})."""
+
+    secret_name: str | None = Field(default=None, description="Secret the operator mounts at `file`.")
+    file: str | None = Field(default=None, description="YAML file with {tenants: [...]} (re-read when it changes).")
+    tenants: list[TenantConfig] = Field(default_factory=list, description="Inline tenants.")
+    require_api_key: bool = Field(default=False, description="Reject requests without a known key (401).")
+    default_tenant: str = Field(default="default", description="Tenant of requests without a key when keys are optional.")
+
+
+class RouterConfig(_Model):
+    """Everything one router process needs."""
+
+    service: str = Field(description="InferenceService name.")
+    namespace: str = Field(default="default", description="InferenceService namespace.")
+    host: str = Field(default="0.0.0.0", description="Listen address.")
+    port: int = Field(default=ROUTER_PORT, ge=0, le=65535, description="Listen port (API and /metrics).")
+    pools: list[PoolConfig] = Field(min_length=1, description="Primary pool first, then student pools in preference order.")
+    scorers: dict[str, float] = Field(
+        default_factory=lambda: {"prefix-cache": 2.0, "queue-depth": 1.0, "kv-cache": 1.0},
+        description="Scorer name -> weight.",
+    )
+    session_affinity_header: str | None = Field(default="x-session-id", description="Header pinning a session.")
+    block_size: int = Field(default=16, ge=1, description="Default prefix-index block size.")
+    max_index_blocks: int = Field(default=1_000_000, ge=1, description="Bound on prefix-index entries (memory).")
+    slo: SLOConfig = Field(default_factory=SLOConfig, description="Primary SLOs.")
+    fallback: FallbackConfig = Field(default_factory=FallbackConfig, description="Student-pool fallback.")
+    feature_store: FeatureStoreConfig = Field(default_factory=FeatureStoreConfig, description="Online lookups.")
+    limits: LimitsConfig = Field(default_factory=LimitsConfig, description="Timeouts and sizes.")
+    tenants: TenantsConfig = Field(default_factory=TenantsConfig, description="API keys and rate limits.")
+    request_log: str | None = Field(default=None, description="JSONL request log path (DEVELOPERS.md format).")
+    log_prompts: bool = Field(default=True, description="Include prompt text in the request log.")
+    seed: int = Field(default=0, description="Picker RNG seed (deterministic tie breaks).")
+
+    @model_validator(mode="after")
+    def _check(self) -> RouterConfig:
+        names = [p.name for p in self.pools]
+        if len(set(names)) != len(names):
+            raise ValueError("pool names must be unique")
+        if self.pools[0].role != "primary" or sum(p.role == "primary" for p in self.pools) != 1:
+            raise ValueError("exactly one primary pool, listed first")
+        for name, weight in self.scorers.items():
+            if name not in KNOWN_SCORERS:
+                raise ValueError(f"unknown scorer {name!r} (known: {', '.join(KNOWN_SCORERS)})")
+            if weight < 0:
+                raise ValueError(f"scorer {name}: weight must be >= 0")
+        return self
+
+    def primary(self) -> PoolConfig:
+        return self.pools[0]
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(by_alias=True, mode="json", exclude_none=True), sort_keys=False)
+
+    @classmethod
+    def from_yaml(cls, text: str) -> RouterConfig:
+        data: Any = yaml.safe_load(text)
+        if not isinstance(data, dict):
+            raise ValueError("router config must be a YAML mapping")
+        return cls.model_validate(data)
+
+
+def load_router_config(path: str | Path) -> RouterConfig:
+    """Read router.yaml; raises ValueError (pydantic ValidationError is one) on bad content."""
+    return RouterConfig.from_yaml(Path(path).read_text())
+
+
+def pool_selector(service: str, pool: str) -> str:
+    return f"llmfleet.io/inferenceservice={service},llmfleet.io/pool={pool}"
+
+
+def _tokenizer_path(model_path: str) -> str | None:
+    # Only local folders can be read by the router; URIs (s3://, hf://) fall back to text blocks.
+    return None if "://" in model_path else model_path
+
+
+def router_config_from_service(
+    isvc: InferenceService, endpoints: dict[str, list[str]] | None = None
+) -> RouterConfig:
+    """The router config for `isvc`. `endpoints` (pool -> base URLs) = static; None = EndpointSlice discovery."""
+    spec = isvc.spec
+    namespace = isvc.metadata.namespace or "default"
+    pools = []
+    for view in isvc.pools():
+        static = None if endpoints is None else list(endpoints.get(view.name, []))
+        discovery = (
+            None if endpoints is not None
+            else KubernetesDiscovery(namespace=namespace, selector=pool_selector(isvc.metadata.name, view.name))
+        )
+        pools.append(
+            PoolConfig(
+                name=view.name,
+                role=view.role,
+                served_names=[view.served_name],
+                model_path=view.model.path,
+                tokenizer_path=_tokenizer_path(view.model.path),
+                block_size=spec.router.block_size_tokens,
+                max_model_len=view.model.max_model_len,
+                endpoints=static,
+                discovery=discovery,
+            )
+        )
+    fb = spec.fallback
+    store = spec.feature_store
+    return RouterConfig(
+        service=isvc.metadata.name,
+        namespace=namespace,
+        pools=pools,
+        scorers={k: v for k, v in spec.router.scorers.items() if k in KNOWN_SCORERS},
+        session_affinity_header=spec.router.session_affinity_header,
+        block_size=spec.router.block_size_tokens,
+        slo=SLOConfig(ttft_p95_ms=spec.slo.ttft_p95_ms, tpot_p95_ms=spec.slo.tpot_p95_ms, e2e_p99_ms=spec.slo.e2e_p99_ms),
+        fallback=FallbackConfig(
+            enabled=bool(fb.pools),
+            slo_burn_rate=fb.slo_burn_rate,
+            max_queue_delay_ms=fb.max_queue_delay_ms,
+            long_context_tokens=fb.long_context_tokens,
+            sheddable_classes=list(fb.sheddable_classes),
+            max_degraded_fraction=fb.max_degraded_fraction,
+        ),
+        feature_store=FeatureStoreConfig(
+            enabled=spec.router.feature_store_lookup,
+            url=store.url if store else None,
+            semantic_threshold=store.semantic_threshold if store else 0.92,
+            lookup_timeout_ms=store.lookup_timeout_ms if store else 20.0,
+        ),
+        limits=LimitsConfig(
+            max_request_bytes=spec.router.max_request_bytes,
+            request_timeout_seconds=spec.router.request_timeout_seconds,
+        ),
+        tenants=TenantsConfig(
+            secret_name=spec.router.api_keys_secret,
+            file=TENANTS_MOUNT_PATH if spec.router.api_keys_secret else None,
+            require_api_key=spec.router.api_keys_secret is not None,
+        ),
+    )

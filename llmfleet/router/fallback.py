@@ -1,0 +1,167 @@
+"""Student-pool fallback: a pure, deterministic policy (time is passed in) shared with the simulator.
+
+Per request `FallbackPolicy.decide` picks the primary pool or a student pool from:
+  * availability: no routable primary replica -> a student pool (not capped: better than a 503);
+  * explicit model: a client asking for a student's served name simply gets that pool (not degraded);
+  * request class in `sheddable_classes` -> a student (not capped);
+  * prompt longer than `long_context_tokens` -> a student (capped);
+  * SLO burn rate of the primary above `slo_burn_rate` (capped);
+  * predicted primary queueing delay above `max_queue_delay_ms` (capped).
+"Capped": only while the tenant's degraded fraction over the window stays below its cap.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from llmfleet.router.config import FallbackConfig, SLOConfig
+
+P95_BUDGET = 0.05  # a p95 objective allows 5% of requests over target
+
+
+@dataclass
+class PoolSignals:
+    """What the policy needs to know about one pool right now."""
+
+    name: str
+    routable_replicas: int
+    waiting: float = 0.0  # requests queued at the pool's replicas (sum)
+    running: float = 0.0  # requests running at the pool's replicas (sum)
+    mean_e2e_ms: float | None = None  # recent mean end-to-end latency of the pool
+
+
+@dataclass
+class FallbackDecision:
+    pool: str
+    degraded: bool
+    reason: str  # primary | requested | unavailable | sheddable | long-context | slo-burn | queue-delay | capped:<why>
+
+
+class SLOTracker:
+    """Sliding window of (t, ttft_ms, tpot_ms, e2e_ms) per pool; burn rate against p95 objectives."""
+
+    def __init__(self, slo: SLOConfig) -> None:
+        self.slo = slo
+        self.samples: deque[tuple[float, bool, float]] = deque()  # (t, violated, e2e_ms)
+
+    def observe(self, now: float, ttft_ms: float | None, tpot_ms: float | None, e2e_ms: float) -> None:
+        bad = (ttft_ms is not None and ttft_ms > self.slo.ttft_p95_ms) or (
+            tpot_ms is not None and tpot_ms > self.slo.tpot_p95_ms
+        )
+        if self.slo.e2e_p99_ms is not None and e2e_ms > self.slo.e2e_p99_ms:
+            bad = True
+        self.samples.append((now, bad, e2e_ms))
+        self._trim(now)
+
+    def _trim(self, now: float) -> None:
+        cutoff = now - self.slo.window_seconds
+        while self.samples and self.samples[0][0] < cutoff:
+            self.samples.popleft()
+
+    def count(self, now: float) -> int:
+        self._trim(now)
+        return len(self.samples)
+
+    def burn_rate(self, now: float) -> float:
+        """Fraction of requests over objective divided by the 5% budget (1.0 = exactly on budget)."""
+        self._trim(now)
+        if not self.samples:
+            return 0.0
+        bad = sum(1 for _, b, _ in self.samples if b)
+        return bad / len(self.samples) / P95_BUDGET
+
+    def mean_e2e_ms(self, now: float) -> float | None:
+        self._trim(now)
+        if not self.samples:
+            return None
+        return sum(e for _, _, e in self.samples) / len(self.samples)
+
+
+@dataclass
+class TenantWindow:
+    """Per tenant: sliding window of (t, degraded) to enforce the degraded-fraction cap."""
+
+    window_seconds: float = 60.0
+    events: dict[str, deque[tuple[float, bool]]] = field(default_factory=dict)
+
+    def record(self, tenant: str, now: float, degraded: bool) -> None:
+        self.events.setdefault(tenant, deque()).append((now, degraded))
+        self._trim(tenant, now)
+
+    def _trim(self, tenant: str, now: float) -> deque[tuple[float, bool]]:
+        q = self.events.setdefault(tenant, deque())
+        while q and q[0][0] < now - self.window_seconds:
+            q.popleft()
+        return q
+
+    def fraction(self, tenant: str, now: float, pending_degraded: bool = True) -> float:
+        """Degraded fraction including one more request (degraded if `pending_degraded`)."""
+        q = self._trim(tenant, now)
+        degraded = sum(1 for _, d in q if d) + (1 if pending_degraded else 0)
+        return degraded / (len(q) + 1)
+
+
+def predicted_queue_delay_ms(p: PoolSignals) -> float:
+    """Little's-law estimate: queued requests drain at `running / mean_e2e` per ms across the pool."""
+    if p.routable_replicas == 0:
+        return float("inf")
+    if p.waiting <= 0 or p.mean_e2e_ms is None:
+        return 0.0
+    return p.waiting * p.mean_e2e_ms / max(p.running, float(p.routable_replicas))
+
+
+class FallbackPolicy:
+    def __init__(self, cfg: FallbackConfig, slo: SLOConfig, tenant_caps: dict[str, float] | None = None) -> None:
+        self.cfg = cfg
+        self.slo_tracker = SLOTracker(slo)
+        self.tenants = TenantWindow(slo.window_seconds)
+        self.tenant_caps = tenant_caps or {}
+
+    def decide(
+        self,
+        now: float,
+        primary: PoolSignals,
+        students: list[PoolSignals],
+        tenant: str = "default",
+        input_tokens: int = 0,
+        request_class: str | None = None,
+        requested_pool: str | None = None,
+    ) -> FallbackDecision:
+        """Pure given the tracker state; call `record` with the outcome so the caps see it."""
+        if requested_pool is not None and requested_pool != primary.name:
+            return FallbackDecision(requested_pool, False, "requested")
+        student = next((s for s in students if s.routable_replicas > 0), None)
+        if not self.cfg.enabled or student is None:
+            return FallbackDecision(primary.name, False, "primary")
+        if primary.routable_replicas == 0:
+            return FallbackDecision(student.name, True, "unavailable")
+        if request_class is not None and request_class in self.cfg.sheddable_classes:
+            return FallbackDecision(student.name, True, "sheddable")
+        why = self._capped_reason(now, primary, input_tokens)
+        if why is None:
+            return FallbackDecision(primary.name, False, "primary")
+        cap = self.tenant_caps.get(tenant, self.cfg.max_degraded_fraction)
+        if self.tenants.fraction(tenant, now) > cap:
+            return FallbackDecision(primary.name, False, f"capped:{why}")
+        return FallbackDecision(student.name, True, why)
+
+    def _capped_reason(self, now: float, primary: PoolSignals, input_tokens: int) -> str | None:
+        if self.cfg.long_context_tokens is not None and input_tokens > self.cfg.long_context_tokens:
+            return "long-context"
+        if (
+            self.slo_tracker.count(now) >= self.cfg.min_requests_for_burn
+            and self.slo_tracker.burn_rate(now) > self.cfg.slo_burn_rate
+        ):
+            return "slo-burn"
+        if self.cfg.max_queue_delay_ms is not None:
+            p = PoolSignals(**{**primary.__dict__, "mean_e2e_ms": primary.mean_e2e_ms or self.slo_tracker.mean_e2e_ms(now)})
+            if predicted_queue_delay_ms(p) > self.cfg.max_queue_delay_ms:
+                return "queue-delay"
+        return None
+
+    def record(self, now: float, tenant: str, decision: FallbackDecision) -> None:
+        self.tenants.record(tenant, now, decision.degraded)
+
+    def observe_primary(self, now: float, ttft_ms: float | None, tpot_ms: float | None, e2e_ms: float) -> None:
+        self.slo_tracker.observe(now, ttft_ms, tpot_ms, e2e_ms)

@@ -1,0 +1,183 @@
+"""Render an InferenceService pool into vLLM's OpenAI-server arguments, and the replica's full command.
+
+Pure functions, no torch/vllm import: the operator renders the same argv into a Deployment that the
+local runtime starts as a process, so one spec means the same engine everywhere.
+
+`render_vllm_args` returns what follows `python -m vllm.entrypoints.openai.api_server`.
+`serve_command` returns the replica's container command: it goes through llmfleet's serving wrapper
+(`python -m llmfleet.workers.serve`), which starts the engine (vLLM's OpenAI server, or a Ray Serve LLM
+application for `engine: ray-serve`) from that same argv and owns graceful drain on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+
+from llmfleet.api.inferenceservice import InferenceService, PoolView
+
+VLLM_ENTRYPOINT = "vllm.entrypoints.openai.api_server"
+WRAPPER_MODULE = "llmfleet.workers.serve"
+DEFAULT_PORT = 8000
+# Quantization methods whose kernels have no float32 path in vLLM (activations must be fp16/bf16).
+_NO_FP32_QUANT = {"awq", "gptq", "fp8", "compressed-tensors"}
+# The CPU attention kernel splits KV blocks into kernel blocks of a multiple of 32 tokens.
+_CPU_BLOCK_MULTIPLE = 32
+
+
+class InvalidServeSpec(ValueError):
+    """A pool spec vLLM cannot run; the message names the manifest field(s) (camelCase) to fix."""
+
+
+def _pool_prefix(pool: PoolView) -> str:
+    """Where the pool's fields live in the manifest, for error messages."""
+    return "spec" if pool.role == "primary" else f"spec.fallback.pools[name={pool.name}]"
+
+
+def _flags_in(extra: Sequence[str]) -> set[str]:
+    """Long option names in a list of extra args (`--x=1` and `--x 1` both give `--x`)."""
+    return {a.split("=", 1)[0] for a in extra if a.startswith("-")}
+
+
+def validate_pool(isvc: InferenceService, pool: PoolView) -> None:
+    """Raise InvalidServeSpec for combinations the engine would reject at start (or silently misuse)."""
+    v, m, where = pool.vllm, pool.model, _pool_prefix(pool)
+    # A student without its own `vllm` inherits the primary's: point at the field the user must edit.
+    vp = "spec.vllm" if v is isvc.spec.vllm else f"{where}.vllm"
+    cpu = pool.resources.gpus == 0
+    if v.max_num_batched_tokens is not None and v.max_num_seqs is not None:
+        if v.max_num_batched_tokens < v.max_num_seqs:
+            raise InvalidServeSpec(
+                f"{vp}.maxNumBatchedTokens ({v.max_num_batched_tokens}) must be >= {vp}.maxNumSeqs "
+                f"({v.max_num_seqs}): every running sequence needs at least one token per step"
+            )
+    if v.enable_chunked_prefill is False and v.max_num_batched_tokens is not None and m.max_model_len is not None:
+        if v.max_num_batched_tokens < m.max_model_len:
+            raise InvalidServeSpec(
+                f"{vp}.maxNumBatchedTokens ({v.max_num_batched_tokens}) is smaller than {where}.model.maxModelLen "
+                f"({m.max_model_len}) with enableChunkedPrefill: false, so a long prompt could never be scheduled; "
+                "enable chunked prefill or raise maxNumBatchedTokens"
+            )
+    if m.quantization in _NO_FP32_QUANT and m.dtype == "float32":
+        raise InvalidServeSpec(
+            f"{where}.model.quantization {m.quantization!r} has no float32 kernels; use dtype auto, float16 or bfloat16"
+        )
+    if cpu:
+        if v.block_size % _CPU_BLOCK_MULTIPLE:
+            raise InvalidServeSpec(
+                f"{vp}.blockSize {v.block_size} cannot run on CPU (resources.gpus: 0): the CPU attention kernel "
+                f"needs a multiple of {_CPU_BLOCK_MULTIPLE} (32, 64, 128 or 256)"
+            )
+        if m.quantization in ("fp8", "bitsandbytes"):
+            raise InvalidServeSpec(
+                f"{where}.model.quantization {m.quantization!r} needs a GPU; vLLM's CPU backend cannot run it "
+                "(use awq, gptq or compressed-tensors, or request GPUs)"
+            )
+    else:
+        tp = v.tensor_parallel_size
+        if pool.resources.gpus % tp:
+            raise InvalidServeSpec(
+                f"{where}.resources.gpus ({pool.resources.gpus}) must be a multiple of {vp}.tensorParallelSize ({tp})"
+            )
+    clashes = sorted(_flags_in(v.extra_args) & _RENDERED_FLAGS)
+    if clashes:
+        raise InvalidServeSpec(
+            f"{vp}.extraArgs sets {', '.join(clashes)}, which llmfleet renders from the spec; set the field instead"
+        )
+
+
+# Every flag render_vllm_args may emit; extraArgs may not repeat them (two values would silently conflict).
+_RENDERED_FLAGS = {
+    "--model", "--served-model-name", "--host", "--port", "--dtype", "--quantization", "--max-model-len",
+    "--block-size", "--enable-prefix-caching", "--no-enable-prefix-caching", "--kv-cache-dtype",
+    "--max-num-seqs", "--max-num-batched-tokens", "--enable-chunked-prefill", "--no-enable-chunked-prefill",
+    "--tensor-parallel-size", "-tp", "--gpu-memory-utilization", "--enforce-eager", "--kv-events-config",
+    "--shutdown-timeout",
+}
+
+
+def _model_path(path: str) -> str:
+    # vLLM takes a local folder or a Hugging Face repo id; accept file:// URIs for local folders.
+    return path.removeprefix("file://")
+
+
+def render_vllm_args(
+    isvc: InferenceService,
+    pool: PoolView,
+    *,
+    port: int = DEFAULT_PORT,
+    host: str = "0.0.0.0",
+    kv_events_port: int | None = None,
+) -> list[str]:
+    """The argv after `python -m vllm.entrypoints.openai.api_server` for one replica of `pool`.
+
+    Every spec knob is rendered explicitly (also when it equals vLLM's default) so the engine never
+    drifts from the spec when vLLM changes a default. `kv_events_port` turns on vLLM's KV-cache event
+    stream (ZMQ PUB on that port), which a router can consume for exact prefix-cache routing.
+    Raises InvalidServeSpec naming the field for combinations the engine cannot run.
+    """
+    validate_pool(isvc, pool)
+    v, m = pool.vllm, pool.model
+    args = [
+        "--model", _model_path(m.path),
+        "--served-model-name", pool.served_name,
+        "--host", host,
+        "--port", str(port),
+        "--dtype", m.dtype,
+        "--block-size", str(v.block_size),
+        "--enable-prefix-caching" if v.enable_prefix_caching else "--no-enable-prefix-caching",
+        "--kv-cache-dtype", v.kv_cache_dtype,
+        "--tensor-parallel-size", str(v.tensor_parallel_size),
+        "--gpu-memory-utilization", f"{v.gpu_memory_utilization:g}",
+    ]
+    if m.quantization is not None:
+        args += ["--quantization", m.quantization]
+    if m.max_model_len is not None:
+        args += ["--max-model-len", str(m.max_model_len)]
+    if v.max_num_seqs is not None:
+        args += ["--max-num-seqs", str(v.max_num_seqs)]
+    if v.max_num_batched_tokens is not None:
+        args += ["--max-num-batched-tokens", str(v.max_num_batched_tokens)]
+    if v.enable_chunked_prefill is not None:
+        args.append("--enable-chunked-prefill" if v.enable_chunked_prefill else "--no-enable-chunked-prefill")
+    if v.enforce_eager:
+        args.append("--enforce-eager")
+    if kv_events_port is not None:
+        cfg = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{kv_events_port}"}
+        args += ["--kv-events-config", json.dumps(cfg, separators=(",", ":"))]
+    args += list(v.extra_args)
+    return args
+
+
+def serve_command(
+    isvc: InferenceService,
+    pool: PoolView,
+    *,
+    port: int = DEFAULT_PORT,
+    host: str = "0.0.0.0",
+    python: str = "python",
+    kv_events_port: int | None = None,
+) -> list[str]:
+    """The full command of one replica: llmfleet's serving wrapper around the engine.
+
+        python -m llmfleet.workers.serve --engine vllm|ray-serve --drain-seconds N -- <render_vllm_args>
+
+    The wrapper starts the engine from the argv after `--` (vLLM's OpenAI server; or, for ray-serve, a
+    Ray Serve LLM app with the same engine kwargs and Ray's autoscaling off, one engine per pod because
+    llmfleet's autoscaler sizes the Deployment). On SIGTERM it stops taking new requests, lets in-flight ones
+    finish for up to `spec.drainSeconds`, then exits. Give the pod terminationGracePeriodSeconds of at
+    least drainSeconds + 15.
+    """
+    return [
+        python, "-m", WRAPPER_MODULE,
+        "--engine", isvc.spec.engine,
+        "--drain-seconds", str(isvc.spec.drain_seconds),
+        "--",
+        *render_vllm_args(isvc, pool, port=port, host=host, kv_events_port=kv_events_port),
+    ]
+
+
+def vllm_command(argv: Sequence[str], python: str | None = None) -> list[str]:
+    """`python -m vllm.entrypoints.openai.api_server <argv>` (vLLM's `vllm` script fails on CPU builds)."""
+    return [python or sys.executable, "-m", VLLM_ENTRYPOINT, *argv]

@@ -1,0 +1,81 @@
+"""Parallelize the model, always in this order (each step wraps what the previous one produced):
+
+1. activation checkpointing  - per block, so recompute happens inside a block's backward;
+2. torch.compile             - per block (and the loss head), after AC so the compiler sees the
+                               checkpoint region and can pick what to save; before FSDP so the
+                               compiled code never traces FSDP's hooks;
+3. FSDP2 fully_shard         - per block, then the root; bf16 params with fp32 gradient reduction;
+                               HSDP when the mesh is 2-D (replicate x shard).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from llmfleet.workers.train.model import Transformer, cross_entropy
+
+
+def build_mesh(device_type: str, world_size: int, replicate_groups: int) -> DeviceMesh:
+    """1-D mesh for FSDP, 2-D (replicate, shard) for HSDP."""
+    if world_size % replicate_groups:
+        raise ValueError(f"replicate groups ({replicate_groups}) must divide the world size ({world_size})")
+    if replicate_groups == 1:
+        return init_device_mesh(device_type, (world_size,), mesh_dim_names=("shard",))
+    return init_device_mesh(
+        device_type, (replicate_groups, world_size // replicate_groups), mesh_dim_names=("replicate", "shard")
+    )
+
+
+def apply_activation_checkpointing(model: Transformer, mode: str) -> None:
+    """none | selective (every other block) | full (every block)."""
+    if mode == "none":
+        return
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    for i, block in enumerate(model.layers):
+        if mode == "full" or i % 2 == 0:
+            model.layers[i] = checkpoint_wrapper(block, preserve_rng_state=False)
+
+
+def apply_compile(model: Transformer, mode: str | None = None) -> None:
+    """Compile each block on its own (one graph reused L times: short compile, no recompiles) and the
+    output projection + cross-entropy as one fused region."""
+    for i, block in enumerate(model.layers):
+        model.layers[i] = torch.compile(block, fullgraph=True, mode=mode)
+    model.loss_fn = torch.compile(cross_entropy, fullgraph=True, mode=mode)
+
+
+def apply_fsdp(
+    model: nn.Module, mesh: DeviceMesh, param_dtype: torch.dtype, reshard_after_forward: bool
+) -> None:
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    layers: Any = model.layers
+    for i, block in enumerate(layers):
+        # The last block's parameters are needed again at the start of backward: keep them.
+        last = i == len(layers) - 1
+        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward and not last)
+    # Root: embeddings, final norm and output projection in one group.
+    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
+
+
+def parallelize(
+    model: Transformer,
+    mesh: DeviceMesh,
+    *,
+    activation_checkpointing: str,
+    compile: bool,
+    param_dtype: torch.dtype,
+    reshard_after_forward: bool,
+) -> Transformer:
+    apply_activation_checkpointing(model, activation_checkpointing)  # 1
+    if compile:
+        apply_compile(model, os.environ.get("LLMFLEET_COMPILE_MODE") or None)  # 2
+    apply_fsdp(model, mesh, param_dtype, reshard_after_forward)  # 3
+    return model

