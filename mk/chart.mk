@@ -13,13 +13,13 @@ IMAGE_REGISTRY ?= ghcr.io/llmfleet
 IMAGE_TAG ?= $(shell $(PYTHON) -c "import tomllib;print(tomllib.load(open('pyproject.toml','rb'))['project']['version'])" 2>/dev/null || echo dev)
 DOCKER ?= docker
 # Images in build order: name=Dockerfile. The CPU serving variant is what kind loads.
-IMAGES := operator=docker/operator.Dockerfile router=docker/router.Dockerfile \
-	serve=docker/serve.Dockerfile serve-cpu=docker/serve-cpu.Dockerfile train=docker/train.Dockerfile
+IMAGES := llmfleet-operator=docker/operator.Dockerfile llmfleet=docker/router.Dockerfile \
+	llmfleet-serve=docker/serve.Dockerfile llmfleet-serve-cpu=docker/serve-cpu.Dockerfile llmfleet-train=docker/train.Dockerfile
 
 # The chart checks run in `make test` (tests/unit/test_chart_*.py need helm).
 TEST_DEPS += $(HELM)
 
-.PHONY: tools images e2e chart-lint chart-docs chart-crds
+.PHONY: tools images image-constraints e2e chart-lint chart-docs chart-crds
 
 tools: $(HELM) $(KUBECTL)  ## fetch helm and kubectl into .tools/bin
 
@@ -40,7 +40,7 @@ $(HELM):
 
 chart-lint: install $(HELM)  ## helm lint + template every ci/ values file through kubernetes-validate
 	$(HELM) lint --strict $(CHART)
-	$(VENV)/bin/pytest -q -ra -p no:randomly tests/unit/test_chart_render.py tests/unit/test_chart_values.py
+	$(VENV)/bin/pytest -q -ra tests/unit/test_chart_render.py tests/unit/test_chart_values.py tests/unit/test_chart_rbac.py
 
 chart-docs: install  ## regenerate charts/llmfleet/README.md from the `# --` comments in values.yaml
 	$(PY) $(CHART)/hack/gen_readme.py
@@ -57,3 +57,9 @@ images:  ## build every image (needs Docker): operator, router, serve (CUDA), se
 
 e2e: $(HELM) $(KUBECTL)  ## kind cluster, images, helm install, serving + training end to end (needs Docker and kind)
 	IMAGE_REGISTRY=$(IMAGE_REGISTRY) IMAGE_TAG=$(IMAGE_TAG) e2e/run.sh
+
+image-constraints: install  ## pin the images' Python packages to the dev venv's versions (docker/constraints.txt)
+	{ echo "# Versions the images install (pip -c): the versions the test suite ran against, from the dev venv."; \
+	  echo "# Regenerate: make image-constraints"; \
+	  $(PIP) freeze | grep -v -iE '^(-e|llmfleet|nvidia-|triton)' | grep -v ' @ ' | sed -E 's/\+[a-z0-9.]+$$//'; \
+	} > docker/constraints.txt

@@ -6,7 +6,7 @@
   (last action time = cooldown, learned capacity, measured cold start) into the annotation
   `llmfleet.io/autoscaler-state`. The operator turns spec replicas into pods; the scale subresource
   (`spec.replicas`/`status.replicas`) stays the primary's. Scale-in of a chosen pod: label it
-  draining (the router stops sending it new requests), wait until its in-flight requests finish
+  `llmfleet.io/serving=false` (out of the Service's endpoints: the router stops sending it new requests), wait until its in-flight requests finish
   (its `/metrics`), give it the lowest `controller.kubernetes.io/pod-deletion-cost`, then decrement
   replicas so the ReplicaSet deletes exactly that pod.
 - the local runtime's actuator (llmfleet/local), which starts/stops replica processes.
@@ -25,6 +25,10 @@ from llmfleet.api.inferenceservice import PRIMARY_POOL
 
 STATE_ANNOTATION = "llmfleet.io/autoscaler-state"
 DRAINING_LABEL = "llmfleet.io/draining"
+# Pods carry `llmfleet.io/serving: "true"`; the pool's Service selects on it and the Deployment's selector
+# does not, so flipping it to "false" takes the pod out of the EndpointSlices (routers stop sending new
+# requests) while the ReplicaSet keeps it running until its in-flight requests are done.
+SERVING_LABEL = "llmfleet.io/serving"
 DELETION_COST_ANNOTATION = "controller.kubernetes.io/pod-deletion-cost"
 PLURAL = "inferenceservices"
 
@@ -155,11 +159,13 @@ class KubernetesActuator:
         self._timeout = request_timeout_s
 
     async def _get(self) -> dict[str, Any]:
-        obj = await asyncio.to_thread(
+        obj: Any = await asyncio.to_thread(
             self._custom.get_namespaced_custom_object, GROUP, VERSION, self.namespace, PLURAL, self.name,
             _request_timeout=self._timeout,
         )
-        return dict(obj)
+        if not isinstance(obj, dict):
+            raise TypeError(f"unexpected response for InferenceService {self.name}: {type(obj).__name__}")
+        return obj
 
     async def list_replicas(self, pool: str) -> list[Replica]:
         selector = f"llmfleet.io/inferenceservice={self.name},llmfleet.io/pool={pool}"
@@ -168,7 +174,7 @@ class KubernetesActuator:
         )
         out = []
         for pod in pods.items:
-            if pod.metadata.deletion_timestamp is not None:
+            if pod.metadata is None or pod.metadata.deletion_timestamp is not None or not pod.metadata.name:
                 continue
             conditions = (pod.status.conditions if pod.status else None) or []
             ready = any(c.type == "Ready" and c.status == "True" for c in conditions)
@@ -197,7 +203,7 @@ class KubernetesActuator:
         await asyncio.to_thread(self._core.patch_namespaced_pod, pod, self.namespace, body, _request_timeout=self._timeout)
 
     async def drain_and_remove(self, replica: Replica, *, timeout_s: float) -> DrainResult:
-        await self._patch_pod(replica.name, {"metadata": {"labels": {DRAINING_LABEL: "true"}}})
+        await self._patch_pod(replica.name, {"metadata": {"labels": {DRAINING_LABEL: "true", SERVING_LABEL: "false"}}})
         drained, waited, last = await wait_drained(replica, self._probe, timeout_s=timeout_s)
         await self._patch_pod(replica.name, {"metadata": {"annotations": {DELETION_COST_ANNOTATION: "-2147483647"}}})
         obj = await self._get()

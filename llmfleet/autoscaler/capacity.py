@@ -135,7 +135,7 @@ class Holt:
     trend: float = 0.0
     last_t: float | None = None
 
-    def update(self, t: float, value: float, alpha: float = 0.5, beta: float = 0.3) -> None:
+    def update(self, t: float, value: float, alpha: float = 0.4, beta: float = 0.1) -> None:
         if self.level is None or self.last_t is None:
             self.level, self.trend, self.last_t = value, 0.0, t
             return

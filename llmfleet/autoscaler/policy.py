@@ -290,9 +290,12 @@ def _slo_primary(cfg: PolicyConfig, pool: PoolConfig, st: PoolState, sig: PoolSi
     )
     cold = cold_start_seconds(cfg, pool, st)
     st.arrival.update(sig.now, rate)
-    forecast = st.arrival.forecast(cold + cfg.interval_s) or rate
-    # A trend extrapolated over a cold start overshoots after a step: plan for at most +50 % of today.
-    planned = max(rate, min(forecast, 1.5 * max(rate, st.arrival.level or 0.0)))
+    level = st.arrival.level if st.arrival.level is not None else rate
+    # Smoothed level (noise), except a jump well above it is a burst: take it at once.
+    base = rate if rate > 1.5 * level else level
+    forecast = st.arrival.forecast(cold + cfg.interval_s) or base
+    # A trend extrapolated over a cold start overshoots after a step: plan for at most +25 % of the base.
+    planned = max(base, min(forecast, 1.25 * base))
     backlog = max(sig.queue_depth or 0.0, 0.0) / max(cold, 2 * cfg.interval_s)
     mu = _mu(pool, st, sig)
     prefill = prefill_seconds(pool.seed, st.efficiency, sig.mean_input_tokens or 512.0, sig.prefix_hit_rate or 0.0)
@@ -442,24 +445,27 @@ def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState
         sig, st = by_name[pool.name], state.pool(pool.name)
         rec, reasons = raw[pool.name]
         rec = _clamp(rec, pool)
+        action: Action
         if cfg.policy == "static":
-            desired, action = rec, ("up" if rec > sig.replicas else "down" if rec < sig.replicas else "hold")
+            desired = rec
+            action = "up" if rec > sig.replicas else "down" if rec < sig.replicas else "hold"
         else:
             desired, action = _stabilize(cfg, pool, st, sig, rec, reasons)
         if desired == sig.replicas:
             action = "hold"
         if action != "hold":
             st.last_action_at, st.last_action = sig.now, action
-        if action == "up":
-            st.pending = (st.pending[0] if st.pending else sig.now, desired)
+        if action == "up" and st.pending is None:
+            # Measure from this scale-up until its replicas are ready (later steps wait for the next sample).
+            st.pending = (sig.now, desired)
         elif action == "down" and st.pending is not None:
             st.pending = (st.pending[0], desired) if desired > sig.ready_replicas else None
         pred: float | None = None
-        mu = capacity.get(pool.name)
-        if mu is None and sig.usable:
-            mu = _mu(pool, st, sig)
-        if mu is not None and sig.arrival_rate is not None:
-            wait = wait_p95_seconds(desired, pool.seed.slots, sig.arrival_rate, mu)
+        cap = capacity.get(pool.name)
+        if cap is None and sig.usable:
+            cap = _mu(pool, st, sig)
+        if cap is not None and sig.arrival_rate is not None:
+            wait = wait_p95_seconds(desired, pool.seed.slots, sig.arrival_rate, cap)
             pre = prefill_seconds(pool.seed, st.efficiency, sig.mean_input_tokens or 512.0, sig.prefix_hit_rate or 0.0)
             pred = (wait + pre) * 1000.0 if math.isfinite(wait) else None
         predicted[pool.name] = pred
@@ -471,6 +477,6 @@ def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState
             action=action,
             reasons=tuple(reasons),
             predicted_ttft_ms=pred,
-            capacity_rps=mu,
+            capacity_rps=cap,
         )
     return Decision(now=now, policy=cfg.policy, pools=decisions, state=state)

@@ -1,12 +1,179 @@
-"""CLI commands of this component (placeholder until its issue lands)."""
+"""`llmfleet up | down | status` (the local runtime) and `llmfleet model build-tiny`."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import TYPE_CHECKING
+
 import typer
+
+if TYPE_CHECKING:
+    from llmfleet.api import InferenceService
+
+TINY_SCHEME = "tiny://"
+
+
+def _fail(msg: str, code: int = 2) -> typer.Exit:
+    typer.echo(msg, err=True)
+    return typer.Exit(code)
+
+
+def _run_dir(name: str | None, run_dir: Path | None) -> Path:
+    if run_dir is not None:
+        return run_dir
+    base = Path.cwd() / ".run"
+    if name:
+        return base / name
+    found = sorted(p.parent for p in base.glob("*/state.json")) if base.exists() else []
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise _fail(f"no run folder under {base}: nothing was started here (or pass --run-dir)")
+    raise _fail(f"several run folders under {base} ({', '.join(p.name for p in found)}): name one")
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("up", help="(not built yet)")
-    def _placeholder() -> None:
-        typer.echo("llmfleet up: not built yet", err=True)
-        raise typer.Exit(2)
+    @app.command("up", help="Run an InferenceService on this machine: replicas, router, dashboard (Ctrl-C drains).")
+    def up(
+        file: Path = typer.Option(..., "--file", "-f", help="InferenceService manifest (YAML)."),
+        run_dir: Path | None = typer.Option(None, "--run-dir", help="State folder; .run/<name> by default."),
+        port: int = typer.Option(0, "--port", "-p", help="Router port (0 = any free port)."),
+        detach: bool = typer.Option(False, "--detach", "-d", help="Start in the background, wait until ready, return."),
+        dashboard: bool = typer.Option(True, "--dashboard/--no-dashboard", help="Live rich dashboard (foreground)."),
+        ready_timeout: float = typer.Option(900.0, "--ready-timeout", help="Seconds --detach waits for readiness."),
+    ) -> None:
+        from llmfleet.api import InferenceService, ManifestError, load_manifest
+        from llmfleet.local.runtime import pid_alive, read_state, run_dir_for
+        from llmfleet.workers.serve.vllm_args import InvalidServeSpec, render_vllm_args
+
+        try:
+            res = load_manifest(file)
+        except ManifestError as err:
+            raise _fail(f"llmfleet up: {err}") from None
+        if not isinstance(res, InferenceService):
+            raise _fail(f"llmfleet up: {file} is a {res.kind}; `llmfleet up` runs an InferenceService "
+                        "(use `llmfleet train` for a TrainingJob)")
+        isvc = resolve_tiny_paths(res)
+        try:
+            for pool in isvc.pools():
+                render_vllm_args(isvc, pool)
+        except InvalidServeSpec as err:
+            raise _fail(f"llmfleet up: {file}: {err}") from None
+        rdir = (run_dir or run_dir_for(isvc.metadata.name)).resolve()
+        old = read_state(rdir)
+        if old and pid_alive(old.get("supervisorPid")):
+            raise _fail(f"llmfleet up: {isvc.metadata.name} is already running (pid {old['supervisorPid']}, "
+                        f"{old.get('url')}); run `llmfleet down {isvc.metadata.name}` first", 1)
+        rdir.mkdir(parents=True, exist_ok=True)
+        if detach:
+            raise typer.Exit(_detach(file, rdir, port, ready_timeout))
+        from llmfleet.local.foreground import run_foreground
+
+        raise typer.Exit(run_foreground(isvc, rdir, port or None, dashboard))
+
+    @app.command("down", help="Stop a local InferenceService started by `llmfleet up` (drains first).")
+    def down(
+        name: str | None = typer.Argument(None, help="InferenceService name (the only one running when omitted)."),
+        run_dir: Path | None = typer.Option(None, "--run-dir", help="State folder of the run."),
+        timeout: float = typer.Option(180.0, "--timeout", help="Seconds to wait for the drain before killing."),
+    ) -> None:
+        from llmfleet.local.runtime import down as stop
+
+        rdir = _run_dir(name, run_dir)
+        try:
+            killed = stop(rdir, timeout_s=timeout)
+        except FileNotFoundError as err:
+            raise _fail(f"llmfleet down: {err}", 1) from None
+        typer.echo(f"stopped {rdir.name}" + (f" (killed leftover pids {killed})" if killed else ""))
+
+    @app.command("status", help="Show a local InferenceService: replicas, ports, restarts, live metrics.")
+    def status(
+        name: str | None = typer.Argument(None, help="InferenceService name (the only one running when omitted)."),
+        run_dir: Path | None = typer.Option(None, "--run-dir", help="State folder of the run."),
+    ) -> None:
+        import asyncio
+
+        from rich.console import Console
+
+        from llmfleet.local.dashboard import Collector, render, scrape_texts
+        from llmfleet.local.runtime import pid_alive, read_state
+
+        rdir = _run_dir(name, run_dir)
+        state = read_state(rdir)
+        if state is None:
+            raise _fail(f"llmfleet status: no state in {rdir}", 1)
+        if not pid_alive(state.get("supervisorPid")):
+            raise _fail(f"llmfleet status: {state.get('name')} is not running (last state in {rdir})", 1)
+        urls = [r["url"] for r in state.get("replicas", []) if r.get("running")]
+        col = Collector()
+
+        async def two() -> None:
+            col.update(await scrape_texts(urls), (await scrape_texts([state["url"]]) or [None])[0])
+            await asyncio.sleep(2.0)
+            col.update(await scrape_texts(urls), (await scrape_texts([state["url"]]) or [None])[0])
+
+        asyncio.run(two())
+        Console().print(render(state, col.history[-1][1]))
+
+    model = typer.Typer(help="Model utilities.", no_args_is_help=True)
+    app.add_typer(model, name="model")
+
+    @model.command("build-tiny", help="Build the tiny primary and student Llama models (cached; never downloaded).")
+    def build_tiny(
+        out: Path | None = typer.Option(None, "--out", help="Cache folder; $LLMFLEET_CACHE/models or ~/.cache/llmfleet/models."),
+        force: bool = typer.Option(False, "--force", help="Rebuild even when cached."),
+    ) -> None:
+        from llmfleet.local.tinymodel import SPECS, build_tiny, param_count
+
+        for name, spec in SPECS.items():
+            path = build_tiny(spec, out, force)
+            typer.echo(f"{name}: {path}  ({param_count(spec) / 1e6:.1f}M params, random weights)")
+
+
+def resolve_tiny_paths(isvc: InferenceService) -> InferenceService:
+    """Replace `tiny://<name>` model paths by the built tiny model folders (building them on first use)."""
+    from llmfleet.api import InferenceService
+    from llmfleet.local.tinymodel import SPECS, build_tiny
+
+    data = isvc.model_dump(by_alias=True, exclude_none=True, mode="json")
+    models = [data["spec"]["model"]] + [p["model"] for p in data["spec"].get("fallback", {}).get("pools", [])]
+    for m in models:
+        if m["path"].startswith(TINY_SCHEME):
+            name = m["path"][len(TINY_SCHEME):]
+            if name not in SPECS:
+                raise _fail(f"llmfleet up: unknown tiny model {m['path']!r}; known: "
+                            f"{', '.join(TINY_SCHEME + n for n in SPECS)}")
+            m["path"] = str(build_tiny(SPECS[name]))
+    return InferenceService.model_validate(data)
+
+
+def _detach(file: Path, rdir: Path, port: int, ready_timeout: float) -> int:
+    import subprocess
+    import sys
+    import time
+
+    from llmfleet.local.runtime import pid_alive, read_state
+
+    (rdir / "logs").mkdir(parents=True, exist_ok=True)
+    (rdir / "state.json").unlink(missing_ok=True)
+    log_path = rdir / "logs" / "supervisor.log"
+    with open(log_path, "ab") as fh:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "llmfleet.cli", "up", "-f", str(file), "--run-dir", str(rdir), "--port", str(port),
+             "--no-dashboard"],
+            stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+        )
+    typer.echo(f"started supervisor pid {proc.pid}; logs in {rdir / 'logs'}; waiting for readiness...")
+    deadline = time.monotonic() + ready_timeout
+    while time.monotonic() < deadline:
+        state = read_state(rdir)
+        if state and state.get("ready"):
+            typer.echo(f"ready: {state['url']}/v1  (llmfleet down --run-dir {rdir})")
+            return 0
+        if proc.poll() is not None or (state and not pid_alive(state.get("supervisorPid"))):
+            tail = log_path.read_text(errors="replace").splitlines()[-15:]
+            typer.echo("llmfleet up: the supervisor exited before becoming ready:\n" + "\n".join(tail), err=True)
+            return 1
+        time.sleep(1.0)
+    typer.echo(f"llmfleet up: not ready after {ready_timeout:.0f}s; still starting (see {rdir / 'logs'})", err=True)
+    return 1

@@ -1,4 +1,4 @@
-"""CLI commands of this component (placeholder until its issue lands)."""
+"""`llmfleet operator`: run the kopf operator for TrainingJob and InferenceService (imports kopf lazily)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,43 @@ import typer
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("operator", help="(not built yet)")
-    def _placeholder() -> None:
-        typer.echo("llmfleet operator: not built yet", err=True)
-        raise typer.Exit(2)
+    @app.command(
+        "operator",
+        help="Run the operator: reconcile TrainingJobs and InferenceServices (cluster-wide unless --namespace).",
+    )
+    def operator(
+        namespace: list[str] = typer.Option([], "--namespace", "-n", help="Namespace to watch (repeat; globs allowed)."),
+        all_namespaces: bool = typer.Option(False, "--all-namespaces", "-A", help="Watch every namespace (the default without --namespace)."),
+        metrics_port: int = typer.Option(8080, "--metrics-port", help="Port of /metrics (Prometheus); 0 disables."),
+        liveness_port: int = typer.Option(8081, "--liveness-port", help="Port of /healthz (liveness probe); 0 disables."),
+        peering: str = typer.Option("llmfleet", "--peering", help="kopf peering object name (leader election between replicas)."),
+        standalone: bool = typer.Option(False, "--standalone", help="Run without peering (a single replica)."),
+        priority: int = typer.Option(0, "--priority", help="Peering priority; the highest live replica acts."),
+        verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logs."),
+        log_format: str = typer.Option("json", "--log-format", help="json (structured) or text."),
+    ) -> None:
+        if all_namespaces and namespace:
+            typer.echo("llmfleet operator: --namespace and --all-namespaces are mutually exclusive", err=True)
+            raise typer.Exit(2)
+        if log_format not in ("json", "text"):
+            typer.echo(f"llmfleet operator: --log-format must be json or text, got {log_format!r}", err=True)
+            raise typer.Exit(2)
+        from llmfleet.operator.config import OperatorConfig
+        from llmfleet.operator.run import RunOptions, run
+
+        try:
+            config = OperatorConfig.from_env()
+        except ValueError as err:
+            typer.echo(f"llmfleet operator: {err}", err=True)
+            raise typer.Exit(2) from None
+        opts = RunOptions(
+            namespaces=namespace,
+            all_namespaces=all_namespaces,
+            metrics_port=metrics_port or None,
+            liveness_port=liveness_port or None,
+            peering=peering,
+            standalone=standalone,
+            priority=priority,
+            config=config,
+        )
+        run(opts, verbose=verbose, log_format=log_format)

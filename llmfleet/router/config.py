@@ -51,6 +51,10 @@ class PoolConfig(_Model):
         default=None, description="tokenizer.json path or folder; model_path when unset; text blocks when unreachable."
     )
     block_size: int = Field(default=16, ge=1, description="Prefix-index block size in tokens (match the engine).")
+    prefix_mode: Literal["auto", "tokens", "text"] = Field(
+        default="auto",
+        description="Prefix blocks from the tokenizer (tokens), UTF-8 text (text, cheapest), or tokens when readable (auto).",
+    )
     max_model_len: int | None = Field(default=None, ge=1, description="Context length of the pool's model.")
     cache_capacity_blocks: int | None = Field(
         default=None, ge=1, description="KV blocks per replica; read from vllm:cache_config_info when unset."

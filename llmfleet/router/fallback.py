@@ -7,7 +7,7 @@ Per request `FallbackPolicy.decide` picks the primary pool or a student pool fro
   * prompt longer than `long_context_tokens` -> a student (capped);
   * SLO burn rate of the primary above `slo_burn_rate` (capped);
   * predicted primary queueing delay above `max_queue_delay_ms` (capped).
-"Capped": only while the tenant's degraded fraction over the window stays below its cap.
+"Capped": only while the tenant's degraded fraction over the window is below its cap (0 disables).
 """
 
 from __future__ import annotations
@@ -95,11 +95,10 @@ class TenantWindow:
             q.popleft()
         return q
 
-    def fraction(self, tenant: str, now: float, pending_degraded: bool = True) -> float:
-        """Degraded fraction including one more request (degraded if `pending_degraded`)."""
+    def fraction(self, tenant: str, now: float) -> float:
+        """Degraded fraction of the tenant's requests in the window (0 when none)."""
         q = self._trim(tenant, now)
-        degraded = sum(1 for _, d in q if d) + (1 if pending_degraded else 0)
-        return degraded / (len(q) + 1)
+        return sum(1 for _, d in q if d) / len(q) if q else 0.0
 
 
 def predicted_queue_delay_ms(p: PoolSignals) -> float:
@@ -142,7 +141,7 @@ class FallbackPolicy:
         if why is None:
             return FallbackDecision(primary.name, False, "primary")
         cap = self.tenant_caps.get(tenant, self.cfg.max_degraded_fraction)
-        if self.tenants.fraction(tenant, now) > cap:
+        if self.tenants.fraction(tenant, now) >= cap:
             return FallbackDecision(primary.name, False, f"capped:{why}")
         return FallbackDecision(student.name, True, why)
 

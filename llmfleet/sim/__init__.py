@@ -1,0 +1,20 @@
+"""Fleet simulator: vLLM-like replicas behind a router, driven by traces or synthetic workloads."""
+
+from llmfleet.sim.engine import Fleet, PoolSpec, Router, SimConfig, SimPoolSignals, SimResult, simulate
+from llmfleet.sim.report import oracle_hit_rate, plot
+from llmfleet.sim.routers import ROUTERS, make_router
+from llmfleet.sim.workload import (
+    Request,
+    SyntheticSpec,
+    Workload,
+    WorkloadError,
+    load_azure,
+    load_mooncake,
+    synthetic,
+)
+
+__all__ = [
+    "ROUTERS", "Fleet", "PoolSpec", "Request", "Router", "SimConfig", "SimPoolSignals", "SimResult",
+    "SyntheticSpec", "Workload", "WorkloadError", "load_azure", "load_mooncake", "make_router",
+    "oracle_hit_rate", "plot", "simulate", "synthetic",
+]

@@ -46,6 +46,11 @@ def normalize_url(url: str | None) -> str:
     return parsed.render_as_string(hide_password=False)
 
 
+def redacted(url: str) -> str:
+    """The URL with its password hidden (for messages)."""
+    return make_url(url).render_as_string(hide_password=True)
+
+
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur = dbapi_conn.cursor()
     # WAL: readers never block the writer and vice versa; NORMAL sync is durable across process crashes.
@@ -68,9 +73,7 @@ def make_engine(
     url = normalize_url(url)
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
-        db = parsed.database
-        if db and db != ":memory:":
-            Path(db).parent.mkdir(parents=True, exist_ok=True)
+        _ensure_dir(url)
         engine = create_engine(
             url,
             connect_args={"timeout": 30, "check_same_thread": False},
@@ -102,9 +105,17 @@ def _begin_immediate(engine: Engine) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
+def _ensure_dir(url: str) -> None:
+    db = make_url(url).database
+    if db and db != ":memory:" and not db.startswith("file:"):
+        Path(db).parent.mkdir(parents=True, exist_ok=True)
+
+
 def make_nullpool_engine(url: str | None) -> Engine:
     """For alembic: one connection, closed afterwards."""
     url = normalize_url(url)
+    if make_url(url).get_backend_name() == "sqlite":
+        _ensure_dir(url)
     engine = create_engine(url, poolclass=NullPool)
     if make_url(url).get_backend_name() == "sqlite":
         event.listen(engine, "connect", _sqlite_pragmas)

@@ -5,6 +5,8 @@ Times are UNIX seconds (double precision): cheap to compare in both backends and
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import (
     JSON,
     BigInteger,
@@ -65,9 +67,9 @@ class PromptFeature(Base):
     prompt_hash: Mapped[str] = mapped_column(String(64))
     endpoint: Mapped[str] = mapped_column(String(16))
     text: Mapped[str] = mapped_column(Text)  # normalized prompt (what gets embedded)
-    request: Mapped[dict] = mapped_column(JSON)  # {"prompt"|"messages", "params"}: replayed to precompute
+    request: Mapped[dict[str, Any]] = mapped_column(JSON)  # {"prompt"|"messages", "params"}: replayed to precompute
     token_count: Mapped[int] = mapped_column(Integer)
-    prefix_blocks: Mapped[list] = mapped_column(JSON)  # chained prefix-block hashes (normalize.py)
+    prefix_blocks: Mapped[list[str]] = mapped_column(JSON)  # chained prefix-block hashes (normalize.py)
     first_seen: Mapped[float] = mapped_column(Float)
     last_seen: Mapped[float] = mapped_column(Float)
     frequency: Mapped[int] = mapped_column(BigInteger)
@@ -98,7 +100,7 @@ class Response(Base):
     prompt_hash: Mapped[str] = mapped_column(String(64))
     model_version_id: Mapped[int] = mapped_column(BigId, ForeignKey("model_versions.id", ondelete="CASCADE"))
     params_hash: Mapped[str] = mapped_column(String(32))
-    params: Mapped[dict] = mapped_column(JSON)
+    params: Mapped[dict[str, Any]] = mapped_column(JSON)
     response: Mapped[str] = mapped_column(Text)  # the OpenAI response body, JSON text
     created_at: Mapped[float] = mapped_column(Float)
     ttl_seconds: Mapped[float | None] = mapped_column(Float, nullable=True)
@@ -128,7 +130,7 @@ class LogProgress(Base):
 
     __tablename__ = "log_progress"
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    source: Mapped[str] = mapped_column(String(64), unique=True)  # sha256 of the log's first line
+    source: Mapped[str] = mapped_column(String(64), unique=True)  # sha256 of the log's path and first line
     path: Mapped[str] = mapped_column(Text)
     offset: Mapped[int] = mapped_column(BigInteger)
     lines: Mapped[int] = mapped_column(BigInteger)

@@ -5,19 +5,19 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import Connection, Engine, and_, func, or_, select, update
+from sqlalchemy import Connection, Engine, Table, and_, func, or_, select, update
 
 from llmfleet.store.db import dialect_insert
 from llmfleet.store.models import Embedding, LogProgress, Model, ModelVersion, PromptFeature, Response
 
-features_t = PromptFeature.__table__
-embeddings_t = Embedding.__table__
-responses_t = Response.__table__
-models_t = Model.__table__
-versions_t = ModelVersion.__table__
-progress_t = LogProgress.__table__
+features_t = cast(Table, PromptFeature.__table__)
+embeddings_t = cast(Table, Embedding.__table__)
+responses_t = cast(Table, Response.__table__)
+models_t = cast(Table, Model.__table__)
+versions_t = cast(Table, ModelVersion.__table__)
+progress_t = cast(Table, LogProgress.__table__)
 
 
 class ProgressConflictError(RuntimeError):
@@ -119,6 +119,13 @@ def ingest_batch(
     now = time.time()
     with engine.begin() as conn:
         name = conn.dialect.name
+        # Make sure the row exists so that the lock below has something to lock (a concurrent first insert
+        # of the same source waits here for the other transaction, then does nothing).
+        conn.execute(
+            dialect_insert(name, progress_t)
+            .values(source=source, path=path, offset=0, lines=0, updated_at=now)
+            .on_conflict_do_nothing(index_elements=["source"])
+        )
         q = select(progress_t.c.offset, progress_t.c.lines).where(progress_t.c.source == source)
         row = conn.execute(q.with_for_update() if name == "postgresql" else q).first()
         done = int(row[0]) if row else 0
@@ -146,15 +153,11 @@ def ingest_batch(
                 rows,
             )
         total = (int(row[1]) if row else 0) + lines
-        if row is None:
-            ins = dialect_insert(name, progress_t)
-            conn.execute(ins.values(source=source, path=path, offset=end_offset, lines=total, updated_at=now))
-        else:
-            conn.execute(
-                update(progress_t)
-                .where(progress_t.c.source == source)
-                .values(offset=end_offset, lines=total, path=path, updated_at=now)
-            )
+        conn.execute(
+            update(progress_t)
+            .where(progress_t.c.source == source)
+            .values(offset=end_offset, lines=total, path=path, updated_at=now)
+        )
 
 
 def features_without_embedding(

@@ -30,11 +30,7 @@ RESERVED_POOL_NAMES = frozenset({"router"})
 
 
 class ServiceSpecError(ValueError):
-    """The spec passes the schema and pydantic but cannot be rendered; `path` names the field."""
-
-    def __init__(self, path: str, message: str) -> None:
-        self.path = path
-        super().__init__(f"{path}: {message}")
+    """The spec passes the schema and pydantic but cannot be rendered; the message starts with the field path."""
 
 
 def isvc_labels(isvc: InferenceService) -> dict[str, str]:
@@ -68,14 +64,7 @@ def _serve_command(isvc: InferenceService, pool: PoolView) -> list[str]:
     try:
         return serve_command(isvc, pool, port=REPLICA_PORT)
     except InvalidServeSpec as err:
-        raise ServiceSpecError(_pool_path(isvc, pool), str(err)) from None
-
-
-def _pool_path(isvc: InferenceService, pool: PoolView) -> str:
-    if pool.role == "primary":
-        return "spec"
-    index = [p.name for p in isvc.spec.fallback.pools].index(pool.name)
-    return f"spec.fallback.pools[{index}]"
+        raise ServiceSpecError(str(err)) from None
 
 
 def _probe(path: str, port: str, period: int, failures: int) -> dict[str, Any]:
@@ -278,7 +267,7 @@ def build_feature_store_job(isvc: InferenceService, config: OperatorConfig) -> M
 def check_names(isvc: InferenceService) -> None:
     for i, pool in enumerate(isvc.spec.fallback.pools):
         if pool.name in RESERVED_POOL_NAMES:
-            raise ServiceSpecError(f"spec.fallback.pools[{i}].name", f"{pool.name!r} is reserved for the router")
+            raise ServiceSpecError(f"spec.fallback.pools[{i}].name: {pool.name!r} is reserved for the router")
 
 
 def build_inferenceservice(isvc: InferenceService, config: OperatorConfig) -> list[Manifest]:

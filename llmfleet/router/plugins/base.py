@@ -110,7 +110,8 @@ class Pipeline:
         self.scorers = [(s, float(w)) for s, w in scorers if w > 0]
         self.rng = rng or random.Random(0)
 
-    def pick(self, req: RequestInfo, replicas: Sequence[ReplicaState]) -> Decision:
+    def pick(self, req: RequestInfo, replicas: Sequence[ReplicaState], commit: bool = True) -> Decision:
+        """Choose a replica. `commit=False` skips the plugins' on_routed updates: call `commit` later."""
         timings: dict[str, int] = {}
         cands = list(replicas)
         for f in self.filters:
@@ -133,12 +134,17 @@ class Pipeline:
                 for i, v in enumerate(vals):
                     totals[i] += w * v
         chosen = self._pick(cands, totals)
-        for plugin in (*self.filters, *(s for s, _ in self.scorers)):
-            plugin.on_routed(req, chosen)
+        if commit:
+            self.commit(req, chosen)
         d = Decision(chosen, len(cands), all_scores, totals, timings)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("route model=%s -> %s totals=%s scores=%s ns=%s", req.model, chosen.id, totals, all_scores, timings)
         return d
+
+    def commit(self, req: RequestInfo, chosen: ReplicaState) -> None:
+        """Tell every plugin where the request went (prefix index insert, session pin)."""
+        for plugin in (*self.filters, *(s for s, _ in self.scorers)):
+            plugin.on_routed(req, chosen)
 
     def _pick(self, cands: list[ReplicaState], totals: list[float]) -> ReplicaState:
         best = max(totals) if totals else 0.0

@@ -1,0 +1,247 @@
+"""Autoscaling policies in the fleet simulator: slo vs queue vs static-at-peak.
+
+    python benchmarks/autoscale_eval.py [--trace PATH] [--quick]
+
+Workloads: the Mooncake synthetic trace (../shared/data/traces/) and a synthetic multi-tenant workload with a
+10x spike. Policies run through the production code: the InferenceService below -> PolicyConfig.from_service
+-> llmfleet.autoscaler.policy.decide every 15 s of simulated time (the simulator's autoscaler hook), with the
+production router (prefix-aware pipeline + fallback to the student pool) in front.
+
+- TTFT SLO per workload, by a rule fixed before any policy ran: max(1 s, 1.5 x the p99 TTFT of a
+  64-replica static fleet), i.e. what the model/GPU can meet at all on that workload.
+- static-at-peak: the fewest static replicas that meet the SLO for >= 99 % of requests (bisection).
+- Attainment = requests with TTFT <= SLO / all requests. GPU-seconds include the student pool's replicas.
+Prints a table, writes benchmarks/results/autoscale_eval.json and docs/img/autoscale_eval_<workload>.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import sys
+import time
+from dataclasses import fields
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from llmfleet.api import InferenceService, parse_resource
+from llmfleet.autoscaler.policy import PolicyConfig, PolicyState, PoolSignals, decide
+from llmfleet.autoscaler.seeds import seeds_for_service
+from llmfleet.router.config import FallbackConfig
+from llmfleet.sim.engine import PoolSpec, SimConfig, SimPoolSignals, SimResult, simulate
+from llmfleet.sim.routers import LlmfleetRouter
+from llmfleet.sim.workload import SyntheticSpec, Workload, load_mooncake, synthetic
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACE = ROOT.parent / "shared" / "data" / "traces" / "mooncake_synthetic_trace.jsonl"
+PRIMARY_MODEL, STUDENT_MODEL, GPU = "llama-3-8b", "llama-3.2-1b", "H200"
+PRIMARY_COLD_S, STUDENT_COLD_S, MAX_REPLICAS = 60.0, 20.0, 64
+_SIGNAL_FIELDS = {f.name for f in fields(PoolSignals)}
+
+
+def service(policy: str, ttft_slo_s: float, replicas: int) -> InferenceService:
+    """The InferenceService the autoscaler reads its configuration from (spec defaults for autoscaling)."""
+    doc = {
+        "apiVersion": "llmfleet.io/v1alpha1", "kind": "InferenceService",
+        "metadata": {"name": "bench", "annotations": {"llmfleet.io/model-preset": PRIMARY_MODEL,
+                                                      "llmfleet.io/model-preset.small": STUDENT_MODEL}},
+        "spec": {
+            "model": {"path": "/models/primary"}, "replicas": replicas, "minReplicas": 1, "maxReplicas": MAX_REPLICAS,
+            "resources": {"gpus": 1, "gpuType": GPU},
+            "slo": {"ttftP95Ms": ttft_slo_s * 1000.0, "tpotP95Ms": 100.0},
+            "autoscaling": {"policy": policy},
+            "fallback": {"pools": [{"name": "small", "model": {"path": "/models/small"}, "replicas": 0,
+                                    "minReplicas": 0, "maxReplicas": 8, "resources": {"gpus": 1, "gpuType": GPU}}]},
+        },
+    }
+    isvc = parse_resource(doc)
+    if not isinstance(isvc, InferenceService):
+        raise TypeError("expected an InferenceService")
+    return isvc
+
+
+class PolicyHook:
+    """Adapter from the simulator's autoscaler hook to the pure policy; records every decision."""
+
+    def __init__(self, cfg: PolicyConfig) -> None:
+        self.cfg, self.state = cfg, PolicyState()
+        self.timeline: list[dict[str, Any]] = []
+        self.actions = 0
+
+    def __call__(self, now: float, sigs: list[SimPoolSignals]) -> dict[str, int]:
+        signals = [PoolSignals(**{k: v for k, v in s.__dict__.items() if k in _SIGNAL_FIELDS}) for s in sigs]
+        d = decide(self.cfg, signals, self.state)
+        self.state = d.state
+        self.actions += sum(1 for p in d.pools.values() if p.desired != p.current)
+        self.timeline.append({"t": now, **{n: p.desired for n, p in d.pools.items()}})
+        return d.desired()
+
+
+def pools(primary_replicas: int, with_student: bool) -> list[PoolSpec]:
+    out = [PoolSpec(name="primary", role="primary", model=PRIMARY_MODEL, gpu=GPU, replicas=primary_replicas,
+                    min_replicas=1, max_replicas=MAX_REPLICAS, cold_start_s=PRIMARY_COLD_S)]
+    if with_student:
+        out.append(PoolSpec(name="small", role="student", model=STUDENT_MODEL, gpu=GPU, replicas=0, min_replicas=0,
+                            max_replicas=8, cold_start_s=STUDENT_COLD_S))
+    return out
+
+
+def ttft_attainment(res: SimResult, slo_s: float) -> float:
+    ok = sum(1 for r in res.records if r["ttft"] is not None and r["ttft"] <= slo_s)
+    return ok / max(len(res.records), 1)
+
+
+def run_static(w: Workload, n: int, slo_s: float) -> SimResult:
+    cfg = SimConfig(pools=pools(n, with_student=False), ttft_slo_s=slo_s)
+    return simulate(w, cfg, router=LlmfleetRouter())
+
+
+def run_policy(w: Workload, policy: str, slo_s: float, initial: int) -> tuple[SimResult, PolicyHook]:
+    isvc = service(policy, slo_s, initial)
+    hook = PolicyHook(PolicyConfig.from_service(isvc, seeds=seeds_for_service(isvc)))
+    cfg = SimConfig(pools=pools(initial, with_student=True), ttft_slo_s=slo_s,
+                    autoscale_interval_s=isvc.spec.autoscaling.interval_seconds)
+    fb = FallbackConfig(slo_burn_rate=isvc.spec.fallback.slo_burn_rate,
+                        max_degraded_fraction=isvc.spec.fallback.max_degraded_fraction)
+    return simulate(w, cfg, router=LlmfleetRouter(fallback=fb), autoscaler=hook), hook
+
+
+def static_at_peak(w: Workload, slo_s: float) -> tuple[int, SimResult]:
+    """Fewest static replicas with >= 99 % TTFT attainment (bisection; attainment grows with replicas)."""
+    lo, hi = 1, MAX_REPLICAS
+    best = run_static(w, hi, slo_s)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        res = run_static(w, mid, slo_s)
+        if ttft_attainment(res, slo_s) >= 0.99:
+            hi, best = mid, res
+        else:
+            lo = mid + 1
+    return hi, best
+
+
+def ttft_series(res: SimResult, bucket_s: float = 30.0) -> tuple[list[float], list[float]]:
+    rows = sorted((r["arrival"], r["ttft"]) for r in res.records if r["ttft"] is not None)
+    if not rows:
+        return [], []
+    t0 = rows[0][0]
+    buckets: dict[int, list[float]] = {}
+    for a, ttft in rows:
+        buckets.setdefault(int((a - t0) // bucket_s), []).append(ttft)
+    keys = sorted(buckets)
+    return [k * bucket_s for k in keys], [float(np.percentile(buckets[k], 95)) for k in keys]
+
+
+def plot(name: str, slo_s: float, runs: dict[str, SimResult], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(10, 7), sharex=True)
+    for label, res in runs.items():
+        t0 = res.series[0]["t"] if res.series else 0.0
+        ts = [s["t"] - t0 for s in res.series]
+        line = ax1.plot(ts, [s["primary"]["replicas"] for s in res.series], label=f"{label} primary")[0]
+        if "small" in res.series[0]:
+            ax1.plot(ts, [s["small"]["replicas"] for s in res.series], "--", color=line.get_color(),
+                     label=f"{label} student")
+        xs, ys = ttft_series(res)
+        ax2.plot(xs, ys, label=label)
+    ax1.set_ylabel("replicas")
+    ax1.legend(fontsize=8, ncol=2)
+    ax2.axhline(slo_s, color="k", ls=":", label="TTFT SLO")
+    ax2.set_yscale("log")
+    ax2.set_ylabel("TTFT p95 per 30 s (s)")
+    ax2.set_xlabel("time (s)")
+    ax2.legend(fontsize=8)
+    fig.suptitle(f"autoscale_eval: {name}")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+
+
+def evaluate(name: str, w: Workload) -> dict[str, Any]:
+    ref = run_static(w, MAX_REPLICAS, 1e9)
+    p99 = float(np.percentile([r["ttft"] for r in ref.records if r["ttft"] is not None], 99))
+    slo_s = max(1.0, 1.5 * p99)
+    n_peak, static = static_at_peak(w, slo_s)
+    initial = max(1, math.ceil(n_peak / 4))
+    rows: dict[str, dict[str, Any]] = {}
+    runs: dict[str, SimResult] = {f"static-at-peak ({n_peak})": static}
+    rows["static-at-peak"] = summary_row(static, slo_s, actions=0, replicas=n_peak)
+    for policy in ("slo", "queue"):
+        res, hook = run_policy(w, policy, slo_s, initial)
+        runs[policy] = res
+        rows[policy] = summary_row(res, slo_s, actions=hook.actions,
+                                   replicas=max((x["primary"] for x in hook.timeline), default=initial))
+    img = ROOT / "docs" / "img" / f"autoscale_eval_{name}.png"
+    plot(name, slo_s, runs, img)
+    s, q, st = rows["slo"], rows["queue"], rows["static-at-peak"]
+    targets = {
+        "sloAttainmentAtLeast99": s["attainment"] >= 0.99,
+        "gpuSecondsAtLeast30PctBelowStatic": s["gpuSeconds"] <= 0.7 * st["gpuSeconds"],
+        "fewerMissesThanQueueAtEqualOrFewerGpuSeconds": s["misses"] < q["misses"] and s["gpuSeconds"] <= q["gpuSeconds"],
+    }
+    return {"workload": name, "requests": len(w.requests), "durationS": w.duration, "ttftSloS": slo_s,
+            "referenceP99TtftS": p99, "staticAtPeakReplicas": n_peak, "initialReplicas": initial,
+            "policies": rows, "targets": targets, "plot": str(img.relative_to(ROOT))}
+
+
+def summary_row(res: SimResult, slo_s: float, *, actions: int, replicas: int) -> dict[str, Any]:
+    att = ttft_attainment(res, slo_s)
+    return {"attainment": round(att, 5), "misses": sum(1 for r in res.records if r["ttft"] is None or r["ttft"] > slo_s),
+            "gpuSeconds": round(res.summary["gpuSeconds"], 1),
+            "degradedFraction": round(res.summary["degradedFraction"], 4), "scalingActions": actions,
+            "peakPrimaryReplicas": replicas, "ttftP95S": res.summary["ttft"]["p95"],
+            "ttftP99S": res.summary["ttft"]["p99"]}
+
+
+def workloads(trace: Path, quick: bool) -> dict[str, Workload]:
+    spike = SyntheticSpec(duration_s=1200.0 if quick else 2400.0, rate_rps=12.0, diurnal_amplitude=0.0,
+                          bursts=[(600.0, 300.0, 10.0)], seed=1)
+    out = {"bursty-10x": synthetic(spike)}
+    if trace.exists():
+        out = {"mooncake": load_mooncake(trace), **out}
+    else:
+        print(f"trace {trace} not found: skipping it", file=sys.stderr)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trace", type=Path, default=TRACE)
+    ap.add_argument("--quick", action="store_true", help="shorter synthetic workload")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "autoscale_eval.json")
+    args = ap.parse_args()
+    started = time.time()
+    results = [evaluate(name, w) for name, w in workloads(args.trace, args.quick).items()]
+    print(f"{'workload':12} {'policy':15} {'attain':>7} {'misses':>6} {'GPU-s':>9} {'degraded':>8} {'actions':>7} "
+          f"{'peak':>4} {'p99 TTFT':>8}")
+    for r in results:
+        for policy, row in r["policies"].items():
+            print(f"{r['workload']:12} {policy:15} {row['attainment']:7.4f} {row['misses']:6d} {row['gpuSeconds']:9.0f} "
+                  f"{row['degradedFraction']:8.4f} {row['scalingActions']:7d} {row['peakPrimaryReplicas']:4d} "
+                  f"{row['ttftP99S']:8.2f}")
+        print(f"  SLO {r['ttftSloS']:.2f} s; targets: " + ", ".join(f"{k}={'PASS' if v else 'FAIL'}"
+                                                                     for k, v in r["targets"].items()))
+    doc = {"benchmark": "autoscale_eval", "command": " ".join(["python", *sys.argv]),
+           "date": datetime.now(UTC).isoformat(timespec="seconds"),
+           "machine": {"platform": platform.platform(), "python": platform.python_version(),
+                       "processor": platform.processor() or platform.machine()},
+           "simulated": {"primary": f"{PRIMARY_MODEL} on {GPU}", "student": f"{STUDENT_MODEL} on {GPU}",
+                         "coldStartS": {"primary": PRIMARY_COLD_S, "student": STUDENT_COLD_S}},
+           "wallSeconds": round(time.time() - started, 1), "results": results}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

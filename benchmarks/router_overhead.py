@@ -1,0 +1,383 @@
+"""Router overhead: llmfleet router vs sglang-router vs vllm-router in front of the same fast fake backend.
+
+    python benchmarks/router_overhead.py [--duration 5] [--rate 1000] [--compare-python /tmp/rbv/bin/python]
+
+For each router (and "direct", no router) and for streaming and non-streaming completions:
+  * open loop at --rate req/s: latency percentiles; added latency = router percentile - direct percentile;
+  * closed loop with --concurrency workers: max sustained req/s.
+Routers are pinned to CPU 1 (`taskset`), the two fake backends and this load generator to CPU 0, so "one
+core" means one core for the router. sglang-router and vllm-router (PyPI, Rust) run from --compare-python's
+environment (a separate venv: `python -m venv /tmp/rbv && /tmp/rbv/bin/pip install sglang-router vllm-router`);
+they are skipped, and the table says so, when not installed.
+Also: the route decision time (prefix hashing + match + scorers + picker) for an 8k-token prompt with 100k
+blocks indexed, in process.
+Writes benchmarks/results/router_overhead.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from llmfleet.router.config import PoolConfig, RouterConfig  # noqa: E402
+from llmfleet.router.plugins import PrefixIndex, ReplicaState, RequestInfo, build_pipeline  # noqa: E402
+from llmfleet.router.prefix_index import BlockHasher  # noqa: E402
+
+ROUTER_CPU, LOAD_CPU = "1", "0"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def pin(cpu: str) -> list[str]:
+    return ["taskset", "-c", cpu] if shutil.which("taskset") and (os.cpu_count() or 1) > 1 else []
+
+
+def quantile(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def prompts(n: int = 64) -> list[str]:
+    rng = random.Random(0)
+    systems = [f"System prompt {i}: you answer questions about topic {i}. " * 4 for i in range(8)]
+    return [rng.choice(systems) + f"User question number {j}?" for j in range(n)]
+
+
+async def wait_ready(url: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession() as s:
+        while time.monotonic() < deadline:
+            try:
+                async with s.post(url + "/v1/completions", json={"model": "m", "prompt": "x", "max_tokens": 1},
+                                  timeout=aiohttp.ClientTimeout(total=2)) as r:
+                    if r.status == 200:
+                        await r.read()
+                        return
+            except (aiohttp.ClientError, TimeoutError, OSError):
+                pass
+            await asyncio.sleep(0.3)
+    raise RuntimeError(f"{url} not ready in {timeout:.0f} s")
+
+
+async def one(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> bool:
+    async with session.post(url, json=body) as r:
+        await r.read()
+        return r.status == 200
+
+
+async def open_loop(base: str, rate: float, duration: float, stream: bool) -> dict[str, float]:
+    ps = prompts()
+    n = int(rate * duration)
+    lat: list[float] = []
+    errors = 0
+    conn = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=conn) as s:
+        url = base + "/v1/completions"
+        await asyncio.gather(*(one(s, url, {"model": "m", "prompt": "warm", "max_tokens": 8}) for _ in range(50)))
+        loop = asyncio.get_running_loop()
+        t0 = loop.time() + 0.05
+
+        async def fire(i: int) -> None:
+            nonlocal errors
+            sched = t0 + i / rate
+            await asyncio.sleep(max(0.0, sched - loop.time()))
+            try:
+                ok = await one(s, url, {"model": "m", "prompt": ps[i % len(ps)], "max_tokens": 8, "stream": stream})
+            except (aiohttp.ClientError, OSError):
+                ok = False
+            if ok:
+                lat.append(loop.time() - sched)  # from the scheduled time: no coordinated omission
+            else:
+                errors += 1
+
+        await asyncio.gather(*(fire(i) for i in range(n)))
+        elapsed = loop.time() - t0
+    return {"offered_rps": rate, "achieved_rps": len(lat) / elapsed, "errors": errors,
+            "p50_ms": quantile(lat, 0.5) * 1e3, "p90_ms": quantile(lat, 0.9) * 1e3, "p99_ms": quantile(lat, 0.99) * 1e3}
+
+
+async def closed_loop(base: str, concurrency: int, duration: float, stream: bool) -> dict[str, float]:
+    ps = prompts()
+    done = errors = 0
+    conn = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=conn) as s:
+        url = base + "/v1/completions"
+        end = time.monotonic() + duration
+
+        async def worker(w: int) -> None:
+            nonlocal done, errors
+            i = w
+            while time.monotonic() < end:
+                try:
+                    ok = await one(s, url, {"model": "m", "prompt": ps[i % len(ps)], "max_tokens": 8, "stream": stream})
+                except (aiohttp.ClientError, OSError):
+                    ok = False
+                done += ok
+                errors += not ok
+                i += concurrency
+
+        t0 = time.monotonic()
+        await asyncio.gather(*(worker(w) for w in range(concurrency)))
+        elapsed = time.monotonic() - t0
+    return {"max_rps": done / elapsed, "errors": errors}
+
+
+def start(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
+    f = open(log, "wb")  # noqa: SIM115 - inherited by the child
+    return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
+
+
+def stop(p: subprocess.Popen[bytes]) -> None:
+    if p.poll() is None:
+        p.terminate()
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=10)
+
+
+def router_commands(backends: list[str], tmp: Path, compare_python: str | None) -> dict[str, list[str] | str]:
+    """name -> command, or a string saying why it cannot run."""
+    out: dict[str, list[str] | str] = {}
+    port = free_port()
+    cfg = RouterConfig(service="bench", host="127.0.0.1", port=port,
+                       pools=[PoolConfig(name="primary", role="primary", served_names=["m"], endpoints=backends)])
+    (tmp / "router.yaml").write_text(cfg.to_yaml())
+    out["llmfleet"] = [*pin(ROUTER_CPU), sys.executable, "-m", "llmfleet.router", "--config", str(tmp / "router.yaml"),
+                       "--log-level", "warning"]
+    if compare_python is None or not Path(compare_python).exists():
+        out["sglang-router"] = out["vllm-router"] = "not installed (pass --compare-python of a venv that has them)"
+        return out
+    bindir = Path(compare_python).parent
+    probe = subprocess.run([compare_python, "-c", "import sglang_router"], capture_output=True)
+    if probe.returncode == 0:
+        out["sglang-router"] = [*pin(ROUTER_CPU), compare_python, "-m", "sglang_router.launch_router", "--host",
+                                "127.0.0.1", "--port", "{port}", "--worker-urls", *backends, "--policy", "cache_aware",
+                                "--prometheus-port", "{pport}", "--log-level", "warn"]
+    else:
+        out["sglang-router"] = "sglang-router not importable from --compare-python"
+    if (bindir / "vllm-router").exists():
+        out["vllm-router"] = [*pin(ROUTER_CPU), str(bindir / "vllm-router"), "--host", "127.0.0.1", "--port", "{port}",
+                              "--worker-urls", *backends, "--policy", "cache_aware", "--prometheus-port", "{pport}",
+                              "--log-level", "warning"]
+    else:
+        out["vllm-router"] = "vllm-router executable not found next to --compare-python"
+    return out
+
+
+def route_decision_bench(n_blocks: int = 100_000, prompt_tokens: int = 8192, replicas: int = 8,
+                         iters: int = 2000) -> dict[str, float]:
+    bs = 16
+    hasher = BlockHasher(bs)
+    rng = np.random.default_rng(0)
+    index = PrefixIndex(max_blocks=2 * n_blocks, default_capacity=2 * n_blocks)
+    reps = [ReplicaState(id=f"r{i}", pool="p", models=("m",), stale=False, running=i % 3, waiting=i % 2,
+                         kv_usage=0.1 * i) for i in range(replicas)]
+    per_prompt = prompt_tokens // bs
+    shared = rng.integers(0, 32000, prompt_tokens // 2, dtype=np.uint64)
+    i = 0
+    while len(index) < n_blocks:
+        toks = rng.integers(0, 32000, prompt_tokens, dtype=np.uint64)
+        if i % 10 == 0:
+            toks[: len(shared)] = shared
+        index.insert(reps[i % replicas].id, hasher.keys(toks)[: min(per_prompt, n_blocks - len(index))])
+        i += 1
+    pipe = build_pipeline({"prefix-cache": 2.0, "queue-depth": 1.0, "kv-cache": 1.0}, index, seed=0)
+    prompt = rng.integers(0, 32000, prompt_tokens, dtype=np.uint64)
+    prompt[: len(shared)] = shared
+    hash_t, decide_t, update_t = [], [], []
+    for _ in range(iters):
+        t0 = time.perf_counter_ns()
+        keys = hasher.keys(prompt)
+        t1 = time.perf_counter_ns()
+        # The decision proper: filters, scorers (prefix match), picker; the index update is timed apart.
+        req = RequestInfo(model="m", block_hashes=keys, input_tokens=prompt_tokens)
+        d = pipe.pick(req, reps, commit=False)
+        t2 = time.perf_counter_ns()
+        pipe.commit(req, d.replica)  # type: ignore[arg-type]
+        t3 = time.perf_counter_ns()
+        hash_t.append((t1 - t0) / 1e3)
+        decide_t.append((t2 - t1) / 1e3)
+        update_t.append((t3 - t2) / 1e3)
+    total = [a + b for a, b in zip(hash_t, decide_t, strict=True)]
+    tok_us = None
+    try:
+        from llmfleet.local.tinymodel import cache_root
+
+        tj = next(cache_root().glob("tokenizer-bpe*/tokenizer.json"), None)
+        if tj is not None:
+            from tokenizers import Tokenizer
+
+            tok = Tokenizer.from_file(str(tj))
+            text = Path(statistics.__file__).read_text()[:40000]
+            ids = tok.encode(text).ids
+            text = tok.decode(ids[:prompt_tokens])
+            t0 = time.perf_counter_ns()
+            for _ in range(20):
+                tok.encode(text, add_special_tokens=False)
+            tok_us = (time.perf_counter_ns() - t0) / 20 / 1e3
+    except (ImportError, OSError):
+        tok_us = None
+    return {"indexed_blocks": len(index), "prompt_tokens": prompt_tokens, "replicas": replicas,
+            "hash_p50_us": quantile(hash_t, 0.5), "match_and_pick_p50_us": quantile(decide_t, 0.5),
+            "decision_p50_us": quantile(total, 0.5), "decision_p99_us": quantile(total, 0.99),
+            "index_update_p50_us": quantile(update_t, 0.5), "tokenize_8k_us": tok_us if tok_us is not None else float("nan")}
+
+
+async def bench(args: argparse.Namespace) -> dict[str, Any]:
+    tmp = Path(tempfile.mkdtemp(prefix="router-bench-"))
+    procs: list[subprocess.Popen[bytes]] = []
+    backends = []
+    results: dict[str, Any] = {"routers": {}, "skipped": {}}
+    try:
+        for i in range(2):
+            p = free_port()
+            procs.append(start([*pin(LOAD_CPU), sys.executable, "-m", "llmfleet.router.fake_backend", "--port", str(p),
+                                "--tokens", "8", "--name", f"b{i}"], tmp / f"backend{i}.log"))
+            backends.append(f"http://127.0.0.1:{p}")
+        for b in backends:
+            await wait_ready(b)
+        targets: dict[str, list[str] | str] = {"direct": "direct"}
+        targets.update(router_commands(backends, tmp, args.compare_python))
+        for name, cmd in targets.items():
+            if name not in args.only and args.only:
+                continue
+            proc = None
+            if name == "direct":
+                url = backends[0]
+            elif isinstance(cmd, str):
+                results["skipped"][name] = cmd
+                print(f"{name}: skipped: {cmd}")
+                continue
+            else:
+                port = free_port()
+                if name == "llmfleet":
+                    cmd = [*cmd, "--port", str(port)]
+                else:
+                    cmd = [c.replace("{port}", str(port)).replace("{pport}", str(free_port())) for c in cmd]
+                proc = start(cmd, tmp / f"{name}.log")
+                url = f"http://127.0.0.1:{port}"
+                try:
+                    await wait_ready(url)
+                except RuntimeError as e:
+                    results["skipped"][name] = f"did not start: {e}; log {tmp / (name + '.log')}"
+                    stop(proc)
+                    continue
+            row: dict[str, Any] = {}
+            for stream in (False, True):
+                mode = "stream" if stream else "nonstream"
+                row[mode] = {"open": await open_loop(url, args.rate, args.duration, stream),
+                             "closed": await closed_loop(url, args.concurrency, args.duration, stream)}
+                print(name, mode, row[mode], flush=True)
+            results["routers"][name] = row
+            if proc is not None:
+                stop(proc)
+    finally:
+        for p in procs:
+            stop(p)
+    direct = results["routers"].get("direct")
+    for name, row in results["routers"].items():
+        for mode, r in row.items():
+            if direct and name != "direct":
+                d = direct[mode]["open"]
+                r["added_p50_ms"] = r["open"]["p50_ms"] - d["p50_ms"]
+                r["added_p99_ms"] = r["open"]["p99_ms"] - d["p99_ms"]
+    return results
+
+
+def table(res: dict[str, Any]) -> str:
+    rate = res["args"]["rate"]
+    lines = [f"| router | mode | p50 ms @ {rate:g} req/s | p99 ms | added p50 ms | added p99 ms | achieved req/s | "
+             f"max req/s (c={res['args']['concurrency']}) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name, row in res["routers"].items():
+        for mode, r in row.items():
+            o = r["open"]
+            lines.append(f"| {name} | {mode} | {o['p50_ms']:.2f} | {o['p99_ms']:.2f} | "
+                         f"{r.get('added_p50_ms', float('nan')):.2f} | {r.get('added_p99_ms', float('nan')):.2f} | "
+                         f"{o['achieved_rps']:.0f} | {r['closed']['max_rps']:.0f} |")
+    for name, why in res["skipped"].items():
+        lines.append(f"| {name} | - | skipped: {why} | | | | | |")
+    rd = res.get("route_decision")
+    if rd:
+        lines += ["", "| route decision (8k-token prompt, 100k blocks indexed, 8 replicas) | µs |", "|---|---|",
+                  f"| hash 512 blocks (p50) | {rd['hash_p50_us']:.1f} |",
+                  f"| match + scorers + pick (p50) | {rd['match_and_pick_p50_us']:.1f} |",
+                  f"| decision total p50 / p99 | {rd['decision_p50_us']:.1f} / {rd['decision_p99_us']:.1f} |",
+                  f"| index update after routing (p50, off the decision) | {rd['index_update_p50_us']:.1f} |",
+                  f"| tokenize 8k tokens (tiny BPE, before the decision) | {rd['tokenize_8k_us']:.0f} |"]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--duration", type=float, default=5.0)
+    ap.add_argument("--rate", type=float, default=1000.0)
+    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--compare-python", default=os.environ.get("ROUTER_BENCH_PYTHON", "/tmp/rbv/bin/python"))
+    ap.add_argument("--only", nargs="*", default=[], help="subset of direct llmfleet sglang-router vllm-router")
+    ap.add_argument("--skip-http", action="store_true", help="only the route-decision micro-benchmark")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "router_overhead.json"))
+    args = ap.parse_args()
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    res: dict[str, Any] = {"routers": {}, "skipped": {}}
+    if not args.skip_http:
+        res = asyncio.run(bench(args))
+    res["route_decision"] = route_decision_bench()
+    res["args"] = {k: v for k, v in vars(args).items() if k != "out"}
+    res["command"] = " ".join(["python", "benchmarks/router_overhead.py", *sys.argv[1:]])
+    res["date"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    load1 = os.getloadavg()[0]
+    res["machine"] = {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
+                      "processor": platform.processor() or platform.machine(), "loadavg_1m_at_end": load1,
+                      "note": "shared 2-core dev machine (other work running); routers pinned to CPU 1, "
+                              "backends + load generator to CPU 0"}
+    targets = {"added_p50_le_0.5ms": None, "added_p99_le_2ms": None, "ge_2000_rps": None, "decision_le_50us": None}
+    ll = res["routers"].get("llmfleet")
+    if ll:
+        targets["added_p50_le_0.5ms"] = all(r["added_p50_ms"] <= 0.5 for r in ll.values())
+        targets["added_p99_le_2ms"] = all(r["added_p99_ms"] <= 2.0 for r in ll.values())
+        targets["ge_2000_rps"] = all(r["closed"]["max_rps"] >= 2000 for r in ll.values())
+    targets["decision_le_50us"] = res["route_decision"]["decision_p50_us"] <= 50
+    res["targets_met"] = targets
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=2) + "\n")
+    print(table(res))
+    print("targets met:", targets)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

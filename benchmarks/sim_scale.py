@@ -1,0 +1,75 @@
+"""How fast the simulator runs: wall-clock seconds for a 1-hour 12k-request workload on 16 replicas and for
+1M requests on 1,000 replicas (issue 9 targets: < 60 s and < 10 min on a 2-core machine).
+
+    python benchmarks/sim_scale.py                      # both cases
+    python benchmarks/sim_scale.py --big-requests 100000  # a smaller big case (extrapolate linearly)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from llmfleet.sim import PoolSpec, SimConfig, SyntheticSpec, simulate, synthetic
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def case(name: str, requests: int, replicas: int, router: str, seconds: float = 3600.0) -> dict[str, object]:
+    t0 = time.time()
+    spec = SyntheticSpec(duration_s=seconds, rate_rps=requests / seconds, tenants=max(8, replicas // 4), seed=5)
+    w = synthetic(spec)
+    gen = time.time() - t0
+    cfg = SimConfig(pools=[PoolSpec(replicas=replicas)], keep_records=requests <= 100_000, series_interval_s=60.0)
+    t1 = time.time()
+    res = simulate(w, cfg, router=router)
+    sim = time.time() - t1
+    s = res.summary
+    return {"case": name, "requests": len(w.requests), "replicas": replicas, "router": router,
+            "simulatedSeconds": round(s["durationS"], 1), "generateS": round(gen, 1), "simulateS": round(sim, 1),
+            "requestsPerWallS": round(len(w.requests) / sim), "engineSteps": sum(int(r["steps"]) for r in res.replicas),
+            "ttftP99S": s["ttft"]["p99"], "prefixHitRate": s["prefixHitRate"],
+            "maxRssMiB": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--big-requests", type=int, default=1_000_000)
+    ap.add_argument("--big-replicas", type=int, default=1000)
+    ap.add_argument("--skip-big", action="store_true")
+    args = ap.parse_args()
+    rows = [case("1 h, 12k requests, 16 replicas", 12_000, 16, "llmfleet"),
+            case("1 h, 12k requests, 16 replicas", 12_000, 16, "least-request")]
+    if not args.skip_big:
+        rows.append(case(f"1 h, {args.big_requests:,} requests, {args.big_replicas} replicas", args.big_requests,
+                         args.big_replicas, "power-of-two"))
+    t = Table(title="simulator speed (synthetic workload, Llama-3-8B on H200)")
+    for c in ("case", "router", "requests", "engine steps", "generate (s)", "simulate (s)", "req/s wall", "max RSS"):
+        t.add_column(c)
+    for r in rows:
+        t.add_row(str(r["case"]), str(r["router"]), f"{r['requests']:,}", f"{r['engineSteps']:,}", str(r["generateS"]),
+                  str(r["simulateS"]), f"{r['requestsPerWallS']:,}", f"{r['maxRssMiB']} MiB")
+    Console(width=160).print(t)
+    out = {"benchmark": "sim_scale", "command": "python " + " ".join(sys.argv),
+           "date": datetime.now(UTC).isoformat(timespec="seconds"),
+           "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
+                       "note": "2 cores shared with other jobs while measuring"},
+           "results": rows}
+    p = ROOT / "benchmarks/results/sim_scale.json"
+    p.write_text(json.dumps(out, indent=1))
+    print(f"wrote {p}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,69 @@
+"""Capacity seeds from the planner's roofline (llmfleet.plan.capacity.replica_capacity).
+
+The planner answers "how fast is one replica of model M on GPU G for this request shape": prefill
+time of the uncached prompt, and the decode step time at the largest batch meeting the TPOT SLO.
+The policy wants tokens/s, so prefill tokens/s = uncached tokens / prefill time and decode tokens/s
+= batch / step time. Anything the planner cannot resolve (unknown model or GPU, CPU replicas) falls
+back to the default seed; the online learning corrects the rest.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from llmfleet.autoscaler.capacity import DEFAULT_SEED, CapacitySeed
+
+if TYPE_CHECKING:
+    from llmfleet.api.inferenceservice import InferenceService, PoolView
+    from llmfleet.plan.capacity import ReplicaCapacity, Workload
+
+
+def seed_from_capacity(cap: ReplicaCapacity, w: Workload) -> CapacitySeed:
+    """Convert the planner's per-replica numbers into a CapacitySeed. Pure."""
+    new_tokens = max(1.0, w.input_tokens * (1.0 - w.prefix_hit_rate))
+    prefill_tps = new_tokens / cap.prefill_s if cap.prefill_s > 0 else DEFAULT_SEED.prefill_tokens_per_s
+    decode_tps = cap.max_batch / cap.decode_step_s if cap.decode_step_s > 0 else DEFAULT_SEED.decode_tokens_per_s
+    # Prefills run one at a time per replica (they own the step's token budget): one queueing slot.
+    return CapacitySeed(prefill_tokens_per_s=prefill_tps, decode_tokens_per_s=decode_tps, slots=1)
+
+
+def seed_for_pool(
+    pool: PoolView, model_preset: str | None, *, input_tokens: int = 2048, output_tokens: int = 256,
+    ttft_slo_s: float = 1.0, tpot_slo_s: float = 0.1,
+) -> CapacitySeed:
+    """Planner seed for `pool` (model preset name as the planner knows it, GPU from resources.gpuType)."""
+    gpu_type = pool.resources.gpu_type
+    if not model_preset or not gpu_type or pool.resources.gpus <= 0:
+        return DEFAULT_SEED
+    try:
+        from llmfleet.plan.capacity import Workload, replica_capacity
+        from llmfleet.plan.hardware import get_gpu
+        from llmfleet.plan.models import get_model
+    except ImportError:
+        return DEFAULT_SEED
+    try:
+        model, gpu = get_model(model_preset), get_gpu(gpu_type)
+    except ValueError:
+        return DEFAULT_SEED
+    w = Workload(input_tokens=input_tokens, output_tokens=output_tokens, ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s)
+    kv = "fp8" if pool.vllm.kv_cache_dtype.startswith("fp8") else "bf16"
+    cap = replica_capacity(model, gpu, w, kv_dtype=kv, tensor_parallel=pool.vllm.tensor_parallel_size,
+                           max_num_seqs=pool.vllm.max_num_seqs or 256)
+    return seed_from_capacity(cap, w)
+
+
+MODEL_PRESET_ANNOTATION = "llmfleet.io/model-preset"
+
+
+def seeds_for_service(isvc: InferenceService) -> dict[str, CapacitySeed]:
+    """Seeds for every pool; the planner preset comes from annotation `llmfleet.io/model-preset[.<pool>]`."""
+    ann = isvc.metadata.annotations
+    out = {}
+    for pool in isvc.pools():
+        preset = ann.get(f"{MODEL_PRESET_ANNOTATION}.{pool.name}") or (
+            ann.get(MODEL_PRESET_ANNOTATION) if pool.role == "primary" else None
+        )
+        out[pool.name] = seed_for_pool(
+            pool, preset, ttft_slo_s=isvc.spec.slo.ttft_p95_ms / 1000.0, tpot_slo_s=isvc.spec.slo.tpot_p95_ms / 1000.0
+        )
+    return out

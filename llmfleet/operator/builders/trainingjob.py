@@ -1,0 +1,244 @@
+"""TrainingJob -> Kubernetes objects: spec ConfigMap, headless rendezvous Service, Indexed Job, gang scheduling.
+
+Pure: the same CR, config and attempt number always give the same manifests.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from llmfleet.api import TrainingJob
+from llmfleet.operator.builders.common import (
+    Manifest,
+    child_name,
+    gpu_node_selector,
+    gpu_tolerations,
+    metadata,
+    resource_requests,
+)
+from llmfleet.operator.config import OperatorConfig
+
+RDZV_PORT = 29400
+SPEC_DIR = "/etc/llmfleet"
+SPEC_KEY = "job.yaml"
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+POD_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
+
+
+def tj_labels(tj: TrainingJob) -> dict[str, str]:
+    return {"llmfleet.io/trainingjob": tj.metadata.name, "llmfleet.io/component": "worker"}
+
+
+def service_name(tj: TrainingJob) -> str:
+    return child_name(tj.metadata.name, "", limit=50)
+
+
+def spec_configmap_name(tj: TrainingJob) -> str:
+    return child_name(tj.metadata.name, "spec")
+
+
+def job_name(tj: TrainingJob, attempt: int) -> str:
+    # Pod hostnames are `<job>-<index>` and must stay a DNS label: keep room for the index.
+    return child_name(tj.metadata.name, f"r{attempt}", limit=52)
+
+
+def rank0_host(tj: TrainingJob, attempt: int) -> str:
+    """Stable DNS name of rank 0 (Indexed Job pod hostname under the headless Service's subdomain)."""
+    return f"{job_name(tj, attempt)}-0.{service_name(tj)}"
+
+
+def uses_kueue(tj: TrainingJob) -> bool:
+    return tj.spec.scheduling.queue is not None
+
+
+def uses_pod_group(tj: TrainingJob, config: OperatorConfig) -> bool:
+    s = tj.spec.scheduling
+    return s.gang and s.queue is None and tj.spec.workers.count > 1 and config.capabilities.pod_group
+
+
+def build_spec_configmap(tj: TrainingJob) -> Manifest:
+    doc = {
+        "apiVersion": tj.api_version,
+        "kind": tj.kind,
+        "metadata": {"name": tj.metadata.name, "namespace": tj.metadata.namespace or "default"},
+        "spec": tj.spec.to_wire(),
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": metadata(tj, spec_configmap_name(tj), tj_labels(tj)),
+        "data": {SPEC_KEY: yaml.safe_dump(doc, sort_keys=False)},
+    }
+
+
+def build_headless_service(tj: TrainingJob) -> Manifest:
+    labels = tj_labels(tj)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(tj, service_name(tj), labels),
+        "spec": {
+            "clusterIP": "None",
+            # Rendezvous needs DNS for pods before they are ready.
+            "publishNotReadyAddresses": True,
+            "selector": labels,
+            "ports": [
+                {"name": "rdzv", "port": RDZV_PORT, "targetPort": RDZV_PORT, "protocol": "TCP"},
+                {"name": "metrics", "port": tj.spec.metrics.port, "targetPort": tj.spec.metrics.port, "protocol": "TCP"},
+            ],
+        },
+    }
+
+
+def worker_command(tj: TrainingJob, attempt: int) -> list[str]:
+    w = tj.spec.workers
+    return [
+        "torchrun",
+        f"--nnodes={w.count}",
+        f"--nproc-per-node={max(1, w.gpus_per_worker)}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={rank0_host(tj, attempt)}:{RDZV_PORT}",
+        f"--rdzv-id={job_name(tj, attempt)}",
+        # The operator restarts the whole gang from the last checkpoint; torchrun must not restart alone.
+        "--max-restarts=0",
+        "-m", "llmfleet.workers.train",
+        "--spec", f"{SPEC_DIR}/{SPEC_KEY}",
+    ]
+
+
+def worker_env(tj: TrainingJob, attempt: int, resume_from: str | None) -> list[dict[str, Any]]:
+    env: list[dict[str, Any]] = [
+        {"name": "LLMFLEET_TRAININGJOB", "value": tj.metadata.name},
+        {"name": "LLMFLEET_ATTEMPT", "value": str(attempt)},
+        {"name": "LLMFLEET_RESUME", "value": "auto"},
+        {"name": "NCCL_NVLS_ENABLE", "value": "0"},
+        {"name": "NCCL_ASYNC_ERROR_HANDLING", "value": "1"},
+        {"name": "TORCH_NCCL_ASYNC_ERROR_HANDLING", "value": "1"},
+        {"name": "NCCL_DEBUG", "value": "WARN"},
+        {"name": "NCCL_SOCKET_IFNAME", "value": "eth0"},
+        {"name": "OMP_NUM_THREADS", "value": "1"},
+    ]
+    if resume_from:
+        env.append({"name": "LLMFLEET_RESUME_FROM", "value": resume_from})
+    return env
+
+
+def build_job(
+    tj: TrainingJob, config: OperatorConfig, attempt: int, resume_from: str | None = None, created: bool = False
+) -> Manifest:
+    """The Indexed Job of one attempt. `created`: the Job exists already (Kueue now owns `suspend`)."""
+    w = tj.spec.workers
+    labels = tj_labels(tj)
+    gpus = w.gpus_per_worker
+    ckpt = tj.spec.checkpoint
+    ckpt_volume: dict[str, Any] = (
+        {"name": "checkpoints", "persistentVolumeClaim": {"claimName": ckpt.pvc}}
+        if ckpt.pvc
+        else {"name": "checkpoints", "emptyDir": {}}
+    )
+    container: dict[str, Any] = {
+        "name": "worker",
+        "image": w.image or config.train_image,
+        "command": worker_command(tj, attempt),
+        "env": worker_env(tj, attempt, resume_from),
+        "ports": [
+            {"name": "rdzv", "containerPort": RDZV_PORT, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": tj.spec.metrics.port, "protocol": "TCP"},
+        ],
+        "resources": resource_requests(w.cpu, w.memory, gpus),
+        "volumeMounts": [
+            {"name": "spec", "mountPath": SPEC_DIR, "readOnly": True},
+            {"name": "checkpoints", "mountPath": ckpt.uri},
+            {"name": "dshm", "mountPath": "/dev/shm"},
+        ],
+    }
+    pod_labels = dict(labels)
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "subdomain": service_name(tj),
+        "containers": [container],
+        "volumes": [
+            {"name": "spec", "configMap": {"name": spec_configmap_name(tj)}},
+            ckpt_volume,
+            {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+        ],
+        # Time for an in-flight asynchronous checkpoint to finish when suspended.
+        "terminationGracePeriodSeconds": 120,
+        "enableServiceLinks": False,
+    }
+    if tj.spec.scheduling.priority_class_name:
+        pod_spec["priorityClassName"] = tj.spec.scheduling.priority_class_name
+    if selector := gpu_node_selector(w.gpu_type):
+        pod_spec["nodeSelector"] = selector
+    if tolerations := gpu_tolerations(gpus):
+        pod_spec["tolerations"] = tolerations
+    if uses_pod_group(tj, config):
+        pod_labels[POD_GROUP_LABEL] = service_name(tj)
+        pod_spec["schedulerName"] = config.gang_scheduler_name
+    meta_labels = dict(labels)
+    job_spec: dict[str, Any] = {
+        "completionMode": "Indexed",
+        "completions": w.count,
+        "parallelism": w.count,
+        # Any worker failure fails the attempt; the operator recreates the gang (maxRestarts).
+        "backoffLimit": 0,
+        "template": {"metadata": {"labels": pod_labels}, "spec": pod_spec},
+    }
+    if uses_kueue(tj):
+        queue = tj.spec.scheduling.queue
+        if queue is not None:
+            meta_labels[KUEUE_QUEUE_LABEL] = queue
+        # Created suspended; Kueue unsuspends on admission. Once it exists, leave `suspend` to Kueue
+        # unless the user suspends (then we own it again and Kueue keeps it suspended).
+        if tj.spec.suspend or not created:
+            job_spec["suspend"] = True
+    else:
+        job_spec["suspend"] = tj.spec.suspend
+    manifest: Manifest = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": metadata(tj, job_name(tj, attempt), meta_labels, {"llmfleet.io/attempt": str(attempt)}),
+        "spec": job_spec,
+    }
+    return manifest
+
+
+def build_pod_group(tj: TrainingJob) -> Manifest:
+    return {
+        "apiVersion": "scheduling.x-k8s.io/v1alpha1",
+        "kind": "PodGroup",
+        "metadata": metadata(tj, service_name(tj), tj_labels(tj)),
+        "spec": {"minMember": tj.spec.workers.count, "scheduleTimeoutSeconds": 600},
+    }
+
+
+def build_worker_pod_monitor(tj: TrainingJob) -> Manifest:
+    labels = tj_labels(tj)
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PodMonitor",
+        "metadata": metadata(tj, service_name(tj), labels),
+        "spec": {
+            "selector": {"matchLabels": labels},
+            "podMetricsEndpoints": [{"port": "metrics", "path": "/metrics", "interval": "15s"}],
+        },
+    }
+
+
+def build_trainingjob(
+    tj: TrainingJob,
+    config: OperatorConfig,
+    attempt: int = 0,
+    resume_from: str | None = None,
+    job_created: bool = False,
+) -> list[Manifest]:
+    """Every child of `tj` for the given attempt, in apply order."""
+    out = [build_spec_configmap(tj), build_headless_service(tj)]
+    if uses_pod_group(tj, config):
+        out.append(build_pod_group(tj))
+    if config.capabilities.pod_monitor:
+        out.append(build_worker_pod_monitor(tj))
+    out.append(build_job(tj, config, attempt, resume_from, created=job_created))
+    return out

@@ -1,0 +1,321 @@
+"""kopf registration: create/update/resume handlers and a timer per kind, all calling the same reconcile.
+
+Importing this module registers the handlers on kopf's default registry (and the autoscaler's timers,
+when that package provides them). `llmfleet.operator.run` starts kopf with them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import importlib
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+
+from llmfleet.operator.config import Capabilities, OperatorConfig
+from llmfleet.operator.kube import ApiError, KubeClient, start_api_timer
+from llmfleet.operator.metrics import ERRORS, observe
+from llmfleet.operator.reconcile_isvc import ReconcileError, reconcile_inferenceservice
+from llmfleet.operator.reconcile_tj import reconcile_trainingjob
+from llmfleet.operator.status import Outcome, now_iso
+from llmfleet.operator.worker_status import HttpStatusReader, StatusReader
+
+GROUP, VERSION = "llmfleet.io", "v1alpha1"
+ISVC = (GROUP, VERSION, "inferenceservices")
+TJ = (GROUP, VERSION, "trainingjobs")
+# Read once at import: kopf fixes a timer's interval when it is registered.
+TIMER_INTERVAL = float(os.environ.get("LLMFLEET_RECONCILE_INTERVAL") or 30.0)
+RETRY_DELAY = float(os.environ.get("LLMFLEET_RETRY_DELAY") or 10.0)
+
+log = logging.getLogger("llmfleet.operator")
+
+
+@dataclass
+class Runtime:
+    """Per-operator state kept in kopf's memo: config, API client, per-object locks and written status."""
+
+    config: OperatorConfig
+    connection: kopf.ConnectionInfo | None = None
+    client: KubeClient | None = None
+    status_reader: StatusReader | None = None
+    capabilities_known: bool = False
+    locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+    # Owners with a child-triggered reconcile already queued (coalesces bursts of child events).
+    pending: set[str] = field(default_factory=set)
+    # resourceVersion of each child as our last apply returned it: watch events of our own writes are skipped.
+    applied_rv: dict[tuple[str, str, str], str] = field(default_factory=dict)
+    # Status this operator wrote last, per object uid: the next reconcile must not act on a body that
+    # the watch stream has not refreshed yet (e.g. count a restart twice).
+    written: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def kube(self) -> KubeClient:
+        if self.client is None:
+            if self.connection is None:
+                raise kopf.TemporaryError("not logged in to the API server yet", delay=1)
+            self.client = KubeClient.from_connection_info(self.connection)
+        return self.client
+
+    def reader(self) -> StatusReader:
+        if self.status_reader is None:
+            self.status_reader = HttpStatusReader(self.config.status_timeout_seconds)
+        return self.status_reader
+
+    async def discover(self) -> None:
+        """Find optional APIs once (PodGroup, PodMonitor); builders emit those objects only when served."""
+        if self.capabilities_known:
+            return
+        client = self.kube()
+        caps = Capabilities(
+            pod_group=await client.has_kind("scheduling.x-k8s.io/v1alpha1", "podgroups"),
+            pod_monitor=await client.has_kind("monitoring.coreos.com/v1", "podmonitors"),
+        )
+        self.config = OperatorConfig(**{**self.config.__dict__, "capabilities": caps})
+        self.capabilities_known = True
+        log.info("optional APIs: PodGroup=%s PodMonitor=%s", caps.pod_group, caps.pod_monitor)
+
+
+def runtime(memo: Any) -> Runtime:
+    rt = getattr(memo, "llmfleet", None)
+    if not isinstance(rt, Runtime):
+        rt = Runtime(config=OperatorConfig.from_env())
+        memo.llmfleet = rt
+    return rt
+
+
+def configure(settings: kopf.OperatorSettings) -> None:
+    """kopf settings shared by the CLI and tests."""
+    # Progress and the last-handled spec live in llmfleet.io annotations, keeping status for llmfleet.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="llmfleet.io")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="llmfleet.io", key="last-handled-configuration"
+    )
+    # Only our explicit Events and warnings become Kubernetes Events, not every handler log line.
+    settings.posting.level = logging.WARNING
+    settings.networking.request_timeout = 30
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+
+
+@kopf.on.startup()
+async def _startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    configure(settings)
+    runtime(memo)
+
+
+@kopf.on.login()
+def _login(memo: kopf.Memo, settings: kopf.OperatorSettings, **kwargs: Any) -> kopf.ConnectionInfo | None:
+    rt = runtime(memo)
+    if rt.connection is None:
+        rt.connection = kopf.login_with_service_account(settings=settings, **kwargs) or kopf.login_with_kubeconfig(
+            settings=settings, **kwargs
+        )
+    return rt.connection
+
+
+@kopf.on.cleanup()
+async def _cleanup(memo: kopf.Memo, **_: Any) -> None:
+    rt = runtime(memo)
+    if rt.client is not None:
+        await rt.client.close()
+    if isinstance(rt.status_reader, HttpStatusReader):
+        await rt.status_reader.close()
+
+
+Reconciler = Callable[[Mapping[str, Any], Runtime], Awaitable[Outcome]]
+
+
+def _post(body: Mapping[str, Any], outcome: Outcome) -> None:
+    for ev in outcome.events:
+        kopf.event(body, type=ev.type, reason=ev.reason, message=ev.message[:1000])  # type: ignore[arg-type]
+    for obj, ev in outcome.other_events:
+        kopf.event(obj, type=ev.type, reason=ev.reason, message=ev.message[:1000])  # type: ignore[arg-type]
+
+
+async def run_reconcile(
+    kind: str, trigger: str, body: Mapping[str, Any], patch: dict[str, Any], memo: Any, reconcile: Reconciler
+) -> None:
+    """Lock per object, time it (API waits excluded), record status and Events, classify errors."""
+    rt = runtime(memo)
+    uid = str(body.get("metadata", {}).get("uid", ""))
+    lock = rt.locks.setdefault(uid, asyncio.Lock())
+    async with lock:
+        await rt.discover()
+        old = dict(body.get("status") or {})
+        merged = {**body, "status": {**old, **rt.written.get(uid, {})}}
+        api = start_api_timer()
+        started = time.perf_counter()
+        result: str = "ok"
+        error: ReconcileError | ApiError | None = None
+        try:
+            outcome = await reconcile(merged, rt)
+        except ReconcileError as err:
+            outcome, result, error = err.outcome, "error", err
+        except ApiError as err:
+            outcome, result, error = Outcome(), "error", err
+            outcome.event("Warning", "ApiError", str(err)[:500])
+        total = time.perf_counter() - started
+        observe(kind, trigger, result, total, max(0.0, total - api[0]), outcome.applied)
+        rt.applied_rv.update(outcome.applied_rv)
+        current = merged["status"]
+        changed = {k: v for k, v in outcome.status.items() if current.get(k) != v}
+        if changed:
+            patch.setdefault("status", {}).update(changed)
+            rt.written[uid] = {**rt.written.get(uid, {}), **changed}
+        _post(body, outcome)
+        if error is not None:
+            transient = getattr(error, "transient", True)
+            ERRORS.labels(kind, type(error).__name__).inc()
+            if transient:
+                raise kopf.TemporaryError(str(error)[:500], delay=RETRY_DELAY)
+            raise kopf.PermanentError(str(error)[:500])
+
+
+async def _isvc(body: Mapping[str, Any], rt: Runtime) -> Outcome:
+    return await reconcile_inferenceservice(body, rt.kube(), rt.config, now_iso())
+
+
+def _tj(read: bool) -> Reconciler:
+    async def _run(body: Mapping[str, Any], rt: Runtime) -> Outcome:
+        return await reconcile_trainingjob(body, rt.kube(), rt.config, now_iso(), rt.reader() if read else None)
+
+    return _run
+
+
+@kopf.on.resume(*ISVC)
+@kopf.on.create(*ISVC)
+@kopf.on.update(*ISVC)
+async def reconcile_inferenceservice_handler(
+    body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, reason: str, **_: Any
+) -> None:
+    await run_reconcile("InferenceService", str(reason), body, patch, memo, _isvc)
+
+
+@kopf.timer(*ISVC, interval=TIMER_INTERVAL, initial_delay=TIMER_INTERVAL)
+async def inferenceservice_timer(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
+    await run_reconcile("InferenceService", "timer", body, patch, memo, _isvc)
+
+
+@kopf.on.resume(*TJ)
+@kopf.on.create(*TJ)
+@kopf.on.update(*TJ)
+async def reconcile_trainingjob_handler(
+    body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, reason: str, **_: Any
+) -> None:
+    await run_reconcile("TrainingJob", str(reason), body, patch, memo, _tj(read=False))
+
+
+@kopf.timer(*TJ, interval=TIMER_INTERVAL, initial_delay=TIMER_INTERVAL)
+async def trainingjob_timer(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
+    await run_reconcile("TrainingJob", "timer", body, patch, memo, _tj(read=True))
+
+
+# ---- children: a change made by someone else (a controller's status, a hand edit or deletion) reconciles
+# the owner right away instead of at the next timer tick.
+OWNER_KINDS = {"InferenceService": _isvc, "TrainingJob": _tj(read=False)}
+MANAGED = {"app.kubernetes.io/managed-by": "llmfleet"}
+
+
+async def on_child_event(event: Mapping[str, Any], memo: Any) -> None:
+    rt = runtime(memo)
+    obj = event.get("object") or {}
+    meta = obj.get("metadata") or {}
+    owner = next(
+        (r for r in meta.get("ownerReferences") or [] if r.get("controller") and r.get("kind") in OWNER_KINDS), None
+    )
+    if owner is None or event.get("type") is None:
+        return
+    key = (str(obj.get("kind")), str(meta.get("namespace") or ""), str(meta.get("name")))
+    if event.get("type") != "DELETED" and rt.applied_rv.get(key) == meta.get("resourceVersion"):
+        return  # our own write
+    if event.get("type") == "DELETED":
+        rt.applied_rv.pop(key, None)
+    uid = str(owner.get("uid"))
+    if uid in rt.pending:
+        return
+    rt.pending.add(uid)
+    try:
+        async with rt.locks.setdefault(uid, asyncio.Lock()):
+            pass  # wait for a running reconcile of the owner to finish before reading it
+        rt.pending.discard(uid)
+        kind = str(owner["kind"])
+        ns = meta.get("namespace")
+        try:
+            body = await rt.kube().get(str(owner["apiVersion"]), kind, ns, str(owner["name"]))
+        except ApiError as err:
+            log.warning("cannot read owner %s/%s of %s: %s", kind, owner.get("name"), key, err)
+            return
+        if body is None or (body.get("metadata") or {}).get("uid") != uid:
+            return
+        patch: dict[str, Any] = {}
+        try:
+            await run_reconcile(kind, "child", body, patch, memo, OWNER_KINDS[kind])
+        except (kopf.TemporaryError, kopf.PermanentError) as err:
+            log.warning("reconcile of %s/%s after a child change failed: %s", kind, owner.get("name"), err)
+        if patch.get("status"):
+            try:
+                await rt.kube().merge_patch(
+                    str(owner["apiVersion"]), kind, ns, str(owner["name"]), {"status": patch["status"]}, "status"
+                )
+            except ApiError as err:
+                log.warning("status of %s/%s not written: %s", kind, owner.get("name"), err)
+    finally:
+        rt.pending.discard(uid)
+
+
+@kopf.on.event("apps", "v1", "deployments", labels=MANAGED)
+@kopf.on.event("batch", "v1", "jobs", labels=MANAGED)
+@kopf.on.event("", "v1", "services", labels=MANAGED)
+@kopf.on.event("", "v1", "configmaps", labels=MANAGED)
+async def child_changed(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    await on_child_event(event, memo)
+
+
+def _deleted(type: str | None, **_: Any) -> bool:
+    return type == "DELETED"
+
+
+@kopf.on.event(*ISVC, when=_deleted)
+@kopf.on.event(*TJ, when=_deleted)
+async def _forget(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """Drop per-object state. Children go by owner references: no finalizer is needed."""
+    rt = runtime(memo)
+    uid = str(body.get("metadata", {}).get("uid", ""))
+    rt.locks.pop(uid, None)
+    rt.written.pop(uid, None)
+
+
+def configure_timers(interval: float, registry: kopf.OperatorRegistry | None = None) -> None:
+    """Set our timers' interval, and let them run without a finalizer.
+
+    kopf gives every timer a finalizer so it can stop it before the object goes; ours only reconcile, so a
+    deleted CR needs no cleanup and must not hang on a stopped operator. kopf handlers are frozen
+    dataclasses: replace them in the registry (a private list; checked by the integration tests).
+    """
+    reg = registry or kopf.get_default_registry()
+    ours = {inferenceservice_timer, trainingjob_timer}
+    handlers: list[Any] = reg._spawning._handlers
+    for i, handler in enumerate(handlers):
+        if getattr(handler, "fn", None) in ours:
+            handlers[i] = dataclasses.replace(
+                handler, requires_finalizer=False, interval=interval, initial_delay=interval
+            )
+
+
+configure_timers(TIMER_INTERVAL)
+
+
+def load_autoscaler() -> bool:
+    """Register the autoscaler's kopf timers when that package provides them."""
+    try:
+        importlib.import_module("llmfleet.autoscaler.kopf_handlers")
+    except ModuleNotFoundError as err:
+        if err.name != "llmfleet.autoscaler.kopf_handlers":
+            raise
+        return False
+    return True

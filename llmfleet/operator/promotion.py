@@ -1,0 +1,110 @@
+"""Training -> serving promotion: the state recorded on the InferenceService and the rollback rule.
+
+The TrainingJob reconcile starts a promotion: it writes the exported model into the target pool's spec and
+an annotation with the previous model and a metrics baseline. The InferenceService reconcile renders the new
+model (the Deployment rolls one replica at a time: maxSurge 1, maxUnavailable 0) and calls `evaluate` each
+pass; on degradation it writes the previous model back (rollback). Both sides emit Events.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from llmfleet.operator.config import PROMOTION_ANNOTATION
+
+PromotionState = Literal["Pending", "RollingOut", "Succeeded", "RolledBack"]
+# A rollout is rolled back when errors rise this much over the baseline (absolute fraction of requests).
+ERROR_RATE_MARGIN = 0.05
+
+
+@dataclass
+class Promotion:
+    training_job: str
+    pool: str
+    model: str
+    previous: str
+    state: PromotionState = "RollingOut"
+    started_at: str = ""
+    baseline_ttft_ms: float | None = None
+    baseline_error_rate: float | None = None
+    message: str = ""
+
+    def to_annotation(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"), sort_keys=True)
+
+
+def from_annotations(annotations: dict[str, Any] | None) -> Promotion | None:
+    raw = (annotations or {}).get(PROMOTION_ANNOTATION)
+    if not raw:
+        return None
+    try:
+        data = json.loads(raw)
+        return Promotion(**data)
+    except (ValueError, TypeError):
+        return None
+
+
+def _num(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def evaluate(
+    promo: Promotion, slo_ttft_ms: float, metrics: dict[str, Any] | None, deployment: dict[str, Any] | None
+) -> tuple[PromotionState, str]:
+    """Next state of a rollout from live metrics (status.metrics) and the pool Deployment's status."""
+    if promo.state != "RollingOut":
+        return promo.state, promo.message
+    if metrics and not metrics.get("stale", True):
+        ttft = _num(metrics.get("ttftP95Ms"))
+        errors = _num(metrics.get("errorRate"))
+        base_ttft = promo.baseline_ttft_ms
+        if ttft is not None and ttft > slo_ttft_ms and (base_ttft is None or base_ttft <= slo_ttft_ms):
+            return "RolledBack", f"TTFT p95 {ttft:.0f} ms exceeds the SLO {slo_ttft_ms:.0f} ms during the rollout"
+        if errors is not None and errors > (promo.baseline_error_rate or 0.0) + ERROR_RATE_MARGIN:
+            return "RolledBack", f"error rate {errors:.1%} rose above the baseline {promo.baseline_error_rate or 0:.1%}"
+    if deployment is None:
+        return "RollingOut", "waiting for the pool Deployment"
+    status = deployment.get("status") or {}
+    spec_replicas = int((deployment.get("spec") or {}).get("replicas") or 0)
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == "Progressing" and cond.get("reason") == "ProgressDeadlineExceeded":
+            return "RolledBack", "the new model's replicas did not become ready in time"
+    rolled = (deployment.get("metadata") or {}).get("annotations", {}).get("llmfleet.io/model") == promo.model
+    generation_seen = int(status.get("observedGeneration") or 0) >= int(deployment["metadata"].get("generation") or 0)
+    updated = int(status.get("updatedReplicas") or 0)
+    ready = int(status.get("readyReplicas") or 0)
+    total = int(status.get("replicas") or 0)
+    if rolled and generation_seen and updated >= spec_replicas and ready >= spec_replicas and total == updated:
+        return "Succeeded", f"{promo.model} serves on all {spec_replicas} replicas of pool {promo.pool}"
+    return "RollingOut", f"{updated}/{spec_replicas} replicas updated, {ready} ready"
+
+
+def pool_model_patch(body: dict[str, Any], pool: str, model_path: str) -> dict[str, Any] | None:
+    """Merge patch setting `pool`'s model path (None when the pool does not exist)."""
+    spec = body.get("spec") or {}
+    if pool == "primary":
+        return {"spec": {"model": {"path": model_path}}}
+    pools = [dict(p) for p in (spec.get("fallback") or {}).get("pools") or []]
+    for p in pools:
+        if p.get("name") == pool:
+            p["model"] = {**(p.get("model") or {}), "path": model_path}
+            # resourceVersion makes the list replacement fail on a concurrent change instead of losing it.
+            return {
+                "metadata": {"resourceVersion": body["metadata"].get("resourceVersion")},
+                "spec": {"fallback": {"pools": pools}},
+            }
+    return None
+
+
+def pool_model(body: dict[str, Any], pool: str) -> str | None:
+    spec = body.get("spec") or {}
+    if pool == "primary":
+        path = (spec.get("model") or {}).get("path")
+        return str(path) if path else None
+    for p in (spec.get("fallback") or {}).get("pools") or []:
+        if p.get("name") == pool:
+            path = (p.get("model") or {}).get("path")
+            return str(path) if path else None
+    return None

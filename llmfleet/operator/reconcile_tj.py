@@ -1,0 +1,220 @@
+"""The TrainingJob reconcile: the Indexed Job of the current attempt, restarts, suspend, status, promotion."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import ValidationError
+
+from llmfleet.api import TrainingJob
+from llmfleet.operator.builders import build_trainingjob
+from llmfleet.operator.builders.trainingjob import job_name, service_name
+from llmfleet.operator.config import PROMOTION_ANNOTATION, OperatorConfig
+from llmfleet.operator.kube import ApiError, KubeClient
+from llmfleet.operator.promotion import Promotion, from_annotations, pool_model, pool_model_patch
+from llmfleet.operator.reconcile_isvc import ReconcileError, apply_all
+from llmfleet.operator.status import (
+    Event,
+    Outcome,
+    cr_dict,
+    invalid_spec_message,
+    invalid_spec_outcome,
+    set_conditions,
+)
+from llmfleet.operator.worker_status import StatusReader, WorkerStatusError, status_fields
+
+TERMINAL = ("Succeeded", "Failed")
+
+
+def job_failed(job: Mapping[str, Any]) -> bool:
+    st = job.get("status") or {}
+    if any(c.get("type") == "Failed" and c.get("status") == "True" for c in st.get("conditions") or []):
+        return True
+    return int(st.get("failed") or 0) > 0
+
+
+def job_succeeded(job: Mapping[str, Any]) -> bool:
+    st = job.get("status") or {}
+    if any(c.get("type") == "Complete" and c.get("status") == "True" for c in st.get("conditions") or []):
+        return True
+    completions = int((job.get("spec") or {}).get("completions") or 1)
+    return int(st.get("succeeded") or 0) >= completions
+
+
+def status_url(config: OperatorConfig, tj: TrainingJob, attempt: int) -> str:
+    return config.status_url_template.format(
+        pod=f"{job_name(tj, attempt)}-0",
+        service=service_name(tj),
+        namespace=tj.metadata.namespace or "default",
+        port=tj.spec.metrics.port,
+        name=tj.metadata.name,
+    )
+
+
+def _conditions(old: dict[str, Any], generation: int | None, now: str, phase: str, message: str,
+                degraded: tuple[bool, str, str] | None = None) -> list[dict[str, Any]]:
+    ready = phase in ("Running", "Succeeded")
+    progressing = phase in ("Pending", "Running", "Restarting")
+    updates = {
+        "Ready": (ready, phase, message),
+        "Progressing": (progressing, phase, message),
+        "Degraded": degraded or (phase == "Failed", phase if phase == "Failed" else "AsExpected",
+                                 message if phase == "Failed" else ""),
+    }
+    return set_conditions(old.get("conditions"), updates, generation, now)
+
+
+async def _promote(
+    tj: TrainingJob, old: dict[str, Any], client: KubeClient, out: Outcome, now: str
+) -> dict[str, Any] | None:
+    """Start or follow the promotion of the exported model; the new status.promotion (None: not configured)."""
+    output = tj.spec.output
+    if output is None or output.promote_to is None:
+        return None
+    target = output.promote_to
+    ns = tj.metadata.namespace
+    prev: dict[str, Any] = dict(old.get("promotion") or {})
+    state = prev.get("state", "Pending")
+    if state in ("Succeeded", "RolledBack"):
+        return prev
+    base = {"inferenceService": target.inference_service, "pool": target.pool}
+    isvc = await client.get("llmfleet.io/v1alpha1", "InferenceService", ns, target.inference_service)
+    if isvc is None:
+        return {**base, "state": "Pending", "message": f"InferenceService {target.inference_service} not found"}
+    ann = from_annotations((isvc.get("metadata") or {}).get("annotations"))
+    if ann is not None and ann.training_job == tj.metadata.name:
+        if ann.state != state:
+            out.event(
+                "Warning" if ann.state == "RolledBack" else "Normal", f"Promotion{ann.state}", ann.message or ann.state
+            )
+        return {**base, "state": ann.state, "message": ann.message}
+    previous = pool_model(isvc, target.pool)
+    if previous is None:
+        return {**base, "state": "Pending", "message": f"InferenceService has no pool {target.pool!r}"}
+    metrics = (isvc.get("status") or {}).get("metrics") or {}
+    fresh = not metrics.get("stale", True)
+    promo = Promotion(
+        training_job=tj.metadata.name,
+        pool=target.pool,
+        model=output.path,
+        previous=previous,
+        started_at=now,
+        baseline_ttft_ms=metrics.get("ttftP95Ms") if fresh else None,
+        baseline_error_rate=metrics.get("errorRate") if fresh else None,
+        message=f"rolling {output.path} out to pool {target.pool} one replica at a time",
+    )
+    patch = pool_model_patch(isvc, target.pool, output.path) or {}
+    patch.setdefault("metadata", {})["annotations"] = {PROMOTION_ANNOTATION: promo.to_annotation()}
+    await client.merge_patch("llmfleet.io/v1alpha1", "InferenceService", ns, target.inference_service, patch)
+    message = f"promoting {output.path} to {target.inference_service}/{target.pool} (was {previous})"
+    out.event("Normal", "PromotionStarted", message)
+    out.other_events.append(
+        (isvc, Event("Normal", "PromotionStarted", f"{message}, from TrainingJob {tj.metadata.name}"))
+    )
+    return {**base, "state": "RollingOut", "message": promo.message}
+
+
+async def reconcile_trainingjob(
+    body: Mapping[str, Any],
+    client: KubeClient,
+    config: OperatorConfig,
+    now: str,
+    read_status: StatusReader | None = None,
+) -> Outcome:
+    """Level-triggered. `read_status` (timer only) reads rank 0's /status while the job runs."""
+    old: dict[str, Any] = dict(body.get("status") or {})
+    generation = (body.get("metadata") or {}).get("generation")
+    try:
+        tj = TrainingJob.model_validate(cr_dict(body))
+    except ValidationError as err:
+        return invalid_spec_outcome(old, invalid_spec_message(err), generation, now, "TrainingJob")
+
+    out = Outcome()
+    ns = tj.metadata.namespace
+    attempt = int(old.get("restarts") or 0)
+    status: dict[str, Any] = {"observedGeneration": generation, "restarts": attempt}
+
+    if old.get("phase") in TERMINAL:
+        phase = str(old["phase"])
+        if phase == "Succeeded" and (promotion := await _promote(tj, old, client, out, now)) is not None:
+            status["promotion"] = promotion
+        out.status = {**status, "phase": phase}
+        return out
+
+    job = await client.get("batch/v1", "Job", ns, job_name(tj, attempt))
+    if job is not None and job_failed(job):
+        if attempt < tj.spec.max_restarts:
+            await client.delete("batch/v1", "Job", ns, job_name(tj, attempt))
+            attempt += 1
+            job = None
+            status["restarts"] = attempt
+            resume = old.get("lastCheckpoint")
+            out.event(
+                "Warning", "Restarting",
+                f"worker failure; restart {attempt}/{tj.spec.max_restarts}, resuming from {resume or 'the start'}",
+            )
+        else:
+            message = f"workers failed and maxRestarts ({tj.spec.max_restarts}) is used up"
+            out.event("Warning", "Failed", message)
+            out.status = {**status, "phase": "Failed", "completionTime": now,
+                          "conditions": _conditions(old, generation, now, "Failed", message)}
+            return out
+    if job is not None and job_succeeded(job):
+        message = "all workers completed"
+        out.event("Normal", "Succeeded", message)
+        status.update({"phase": "Succeeded", "completionTime": now,
+                       "conditions": _conditions(old, generation, now, "Succeeded", message)})
+        if (promotion := await _promote(tj, {**old, **status}, client, out, now)) is not None:
+            status["promotion"] = promotion
+        out.status = status
+        return out
+
+    manifests = build_trainingjob(tj, config, attempt, old.get("lastCheckpoint"), job_created=job is not None)
+    results, errors = await apply_all(client, manifests)
+    out.record_applied(results)
+    # A changed pod template cannot be applied to a running Job (immutable): it takes effect on the next attempt.
+    deferred = [e for e in errors if e.startswith("Job/") and "HTTP 422" in e]
+    errors = [e for e in errors if e not in deferred]
+    out.applied = len(manifests) - len(errors) - len(deferred)
+    if deferred:
+        out.event("Normal", "SpecChangeDeferred", "the running workers keep their spec until the next restart")
+    if errors:
+        message = "; ".join(errors)
+        out.status = {"conditions": set_conditions(old.get("conditions"), {"Degraded": (True, "ApplyFailed", message)},
+                                                   generation, now)}
+        out.event("Warning", "ApplyFailed", message)
+        raise ReconcileError(out, transient=True, message=message)
+
+    job_now = results[-1] or job or {}
+    jst = job_now.get("status") or {}
+    active = int(jst.get("active") or 0)
+    degraded: tuple[bool, str, str] | None = None
+    if tj.spec.suspend:
+        phase, message = "Suspended", "suspended; resumes from the last checkpoint"
+    elif status["restarts"] != int(old.get("restarts") or 0):
+        phase, message = "Restarting", f"attempt {attempt} created"
+    elif (job_now.get("spec") or {}).get("suspend"):
+        phase, message = "Pending", "waiting for admission (Kueue)"
+    elif active > 0:
+        phase, message = "Running", f"{active}/{tj.spec.workers.count} workers active"
+        if old.get("startTime") is None:
+            status["startTime"] = now
+        if read_status is not None:
+            url = status_url(config, tj, attempt)
+            try:
+                status.update(status_fields(await read_status(url)))
+                degraded = (False, "AsExpected", "")
+            except WorkerStatusError as err:
+                degraded = (True, "WorkerStatusStale", f"rank 0 status unreachable, last values kept: {err}")
+    else:
+        phase, message = "Pending", "waiting for worker pods"
+    status["phase"] = phase
+    status["conditions"] = _conditions(old, generation, now, phase, message, degraded)
+    if old.get("phase") != phase:
+        out.event("Normal", phase, message)
+    out.status = status
+    return out
+
+
+__all__ = ["ApiError", "reconcile_trainingjob"]

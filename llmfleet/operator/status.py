@@ -1,0 +1,124 @@
+"""Conditions and the outcome of one reconcile (status patch + Events), shared by both kinds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from llmfleet.api.loader import problems_from
+
+EventType = Literal["Normal", "Warning"]
+CONDITION_TYPES = ("Ready", "Progressing", "Degraded")
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+@dataclass(frozen=True)
+class Event:
+    type: EventType
+    reason: str
+    message: str
+
+
+@dataclass
+class Outcome:
+    """What one reconcile decided: a status patch (camelCase) and Events to post."""
+
+    status: dict[str, Any] = field(default_factory=dict)
+    events: list[Event] = field(default_factory=list)
+    applied: int = 0
+    # Events about other objects (e.g. the InferenceService a model is promoted to): (object, event).
+    other_events: list[tuple[dict[str, Any], Event]] = field(default_factory=list)
+
+    # (kind, namespace, name) -> resourceVersion of each child as the apply returned it.
+    applied_rv: dict[tuple[str, str, str], str] = field(default_factory=dict)
+
+    def event(self, type: EventType, reason: str, message: str) -> None:
+        self.events.append(Event(type, reason, message))
+
+    def record_applied(self, results: list[dict[str, Any]]) -> None:
+        for obj in results:
+            meta = obj.get("metadata") or {}
+            if obj.get("kind") and meta.get("name") and meta.get("resourceVersion"):
+                key = (str(obj["kind"]), str(meta.get("namespace") or ""), str(meta["name"]))
+                self.applied_rv[key] = str(meta["resourceVersion"])
+
+
+def set_conditions(
+    old: list[dict[str, Any]] | None,
+    updates: dict[str, tuple[bool, str, str]],
+    generation: int | None,
+    now: str,
+) -> list[dict[str, Any]]:
+    """New condition list: `updates` maps type -> (status, reason, message); transition time kept when unchanged."""
+    by_type = {c.get("type"): c for c in (old or []) if isinstance(c, dict)}
+    out = []
+    for ctype in CONDITION_TYPES:
+        if ctype not in updates:
+            if ctype in by_type:
+                out.append(by_type[ctype])
+            continue
+        flag, reason, message = updates[ctype]
+        status = "True" if flag else "False"
+        prev = by_type.get(ctype)
+        changed = prev is None or prev.get("status") != status
+        out.append({
+            "type": ctype,
+            "status": status,
+            "reason": reason,
+            "message": message,
+            "lastTransitionTime": now if changed or prev is None else prev.get("lastTransitionTime", now),
+            "observedGeneration": generation,
+        })
+    return out
+
+
+def condition(conditions: list[dict[str, Any]] | None, ctype: str) -> dict[str, Any] | None:
+    for c in conditions or []:
+        if isinstance(c, dict) and c.get("type") == ctype:
+            return c
+    return None
+
+
+def invalid_spec_message(err: ValidationError | ValueError) -> str:
+    """'path: message; ...' for a pydantic error, or the message of a builder's spec error."""
+    if isinstance(err, ValidationError):
+        return "; ".join(f"{path}: {msg}" for path, msg in problems_from(err))
+    return str(err)
+
+
+def invalid_spec_outcome(
+    old_status: dict[str, Any], message: str, generation: int | None, now: str, kind: str
+) -> Outcome:
+    """Ready=False/InvalidSpec with the field path; children stay as they were."""
+    out = Outcome()
+    old_ready = condition(old_status.get("conditions"), "Ready")
+    out.status = {
+        "phase": "Invalid",
+        "observedGeneration": generation,
+        "conditions": set_conditions(
+            old_status.get("conditions"),
+            {
+                "Ready": (False, "InvalidSpec", message),
+                "Progressing": (False, "InvalidSpec", "waiting for a valid spec"),
+                "Degraded": (True, "InvalidSpec", message),
+            },
+            generation,
+            now,
+        ),
+    }
+    if not old_ready or old_ready.get("reason") != "InvalidSpec" or old_ready.get("message") != message:
+        out.event("Warning", "InvalidSpec", f"{kind} spec is invalid: {message}")
+    return out
+
+
+def cr_dict(body: Any) -> dict[str, Any]:
+    """The parts of a kopf body the API models read (metadata trimmed of server-managed noise)."""
+    meta = body.get("metadata", {})
+    keep = {k: meta[k] for k in ("name", "namespace", "labels", "annotations", "generation", "uid") if k in meta}
+    return {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"), "metadata": keep, "spec": body.get("spec")}

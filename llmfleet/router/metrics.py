@@ -1,0 +1,54 @@
+"""Prometheus metrics of the router (prefix llmfleet_router_), one registry per router instance."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_LAT = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+_TPOT = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2)
+_OVERHEAD = (25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2e-3, 5e-3, 10e-3, 50e-3)
+
+
+class RouterMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        pm = ["pool", "model"]
+        self.requests = Counter("llmfleet_router_requests", "Requests by outcome.",
+                                ["pool", "model", "endpoint", "status"], registry=r)
+        self.ttft = Histogram("llmfleet_router_ttft_seconds", "Time to first token (streaming).", pm,
+                              buckets=_LAT, registry=r)
+        self.tpot = Histogram("llmfleet_router_tpot_seconds", "Time per output token (inter-chunk, streaming).", pm,
+                              buckets=_TPOT, registry=r)
+        self.e2e = Histogram("llmfleet_router_e2e_seconds", "End-to-end latency.", pm, buckets=_LAT, registry=r)
+        self.overhead = Histogram("llmfleet_router_overhead_seconds",
+                                  "Router time before the upstream request is sent (parse, auth, route).",
+                                  buckets=_OVERHEAD, registry=r)
+        self.route_decision = Histogram("llmfleet_router_route_decision_seconds",
+                                        "Prefix hashing plus the plugin pipeline.", buckets=_OVERHEAD, registry=r)
+        self.affinity_hits = Counter("llmfleet_router_prefix_affinity_hits",
+                                     "Requests sent to a replica believed to hold some of their prefix.", ["pool"],
+                                     registry=r)
+        self.prefix_blocks = Counter("llmfleet_router_prefix_blocks", "Prompt blocks routed (matched or not).",
+                                     ["pool", "matched"], registry=r)
+        self.session_hits = Counter("llmfleet_router_session_affinity_hits", "Requests kept on their session's replica.",
+                                    ["pool"], registry=r)
+        self.fallbacks = Counter("llmfleet_router_fallbacks", "Requests sent to a student pool.", ["pool", "reason"],
+                                 registry=r)
+        self.degraded = Counter("llmfleet_router_degraded_requests", "Requests served degraded.", ["tenant"], registry=r)
+        self.retries = Counter("llmfleet_router_retries", "Retries on another replica before the first byte.",
+                               ["pool"], registry=r)
+        self.lookups = Counter("llmfleet_router_lookups", "Feature-store lookups.", ["result"], registry=r)
+        self.rejected = Counter("llmfleet_router_rejected", "Requests rejected at the router.", ["reason"], registry=r)
+        self.client_disconnects = Counter("llmfleet_router_client_disconnects", "Clients gone before the end.",
+                                          ["pool"], registry=r)
+        self.in_flight = Gauge("llmfleet_router_in_flight", "Open upstream requests.", ["pool", "replica"], registry=r)
+        self.replica_up = Gauge("llmfleet_router_replica_up", "1 healthy, 0 not.", ["pool", "replica"], registry=r)
+        self.replica_draining = Gauge("llmfleet_router_replica_draining", "1 while draining.", ["pool", "replica"],
+                                      registry=r)
+        self.replica_stale = Gauge("llmfleet_router_replica_stale", "1 when scraped load is stale.",
+                                   ["pool", "replica"], registry=r)
+        self.exclusive_blocks = Gauge("llmfleet_router_replica_exclusive_blocks",
+                                      "Indexed prefix blocks only this replica holds (lost if it scales in).",
+                                      ["pool", "replica"], registry=r)
+        self.index_blocks = Gauge("llmfleet_router_prefix_index_blocks", "Entries in the prefix index.", ["pool"],
+                                  registry=r)

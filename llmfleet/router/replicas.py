@@ -1,0 +1,201 @@
+"""Replica discovery (static list or Kubernetes EndpointSlices), health checks and /metrics scraping.
+
+Every network call has a timeout. A replica whose scrape is older than `stale_after_seconds` is marked stale
+(its load scores are damped by the pipeline); a replica failing `health_failures_to_down` checks in a row,
+or refusing a proxied connection, is marked unhealthy until a check passes. EndpointSlice endpoints that are
+terminating or not ready are marked draining: they finish what they have and get nothing new.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+from llmfleet.router.config import LimitsConfig, PoolConfig
+from llmfleet.router.plugins.base import ReplicaState
+
+log = logging.getLogger("llmfleet.router.replicas")
+
+_GAUGES = {
+    "vllm:num_requests_running": "running",
+    "vllm:num_requests_waiting": "waiting",
+    "vllm:kv_cache_usage_perc": "kv_usage",
+    "vllm:gpu_cache_usage_perc": "kv_usage",  # older vLLM name
+}
+_COUNTERS = {"vllm:prefix_cache_hits": "prefix_hits", "vllm:prefix_cache_queries": "prefix_queries"}
+
+
+def parse_vllm_metrics(text: str) -> dict[str, float]:
+    """Sum vLLM's load series over label sets (one replica may report several engines)."""
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            name = s.name
+            if not name.startswith("vllm:") or name.endswith("_created"):
+                continue
+            attr = _GAUGES.get(name) or _COUNTERS.get(name.removesuffix("_total"))
+            if attr is not None:
+                out[attr] = out.get(attr, 0.0) + s.value
+            elif name == "vllm:cache_config_info":
+                blocks = s.labels.get("num_gpu_blocks")
+                if blocks and blocks.isdigit():
+                    out["cache_capacity_blocks"] = float(blocks)
+    return out
+
+
+class PoolReplicas:
+    """The replicas of one pool and the background tasks that keep them current."""
+
+    def __init__(self, pool: PoolConfig, limits: LimitsConfig, on_removed: Callable[[str], None] | None = None,
+                 on_capacity: Callable[[str, int], None] | None = None) -> None:
+        self.pool = pool
+        self.limits = limits
+        self.replicas: dict[str, ReplicaState] = {}
+        self.on_removed = on_removed
+        self.on_capacity = on_capacity
+        self._failures: dict[str, int] = {}
+        self._scraped_at: dict[str, float] = {}
+        self.discovery_error: str | None = None
+        if pool.endpoints is not None:
+            self.set_endpoints({u.rstrip("/"): False for u in pool.endpoints})
+
+    # -- membership ---------------------------------------------------------------------------------------
+    def set_endpoints(self, endpoints: dict[str, bool]) -> None:
+        """url -> draining. New URLs join (healthy until a check fails), missing ones leave."""
+        for url, draining in endpoints.items():
+            r = self.replicas.get(url)
+            if r is None:
+                r = self.replicas[url] = ReplicaState(
+                    id=url, pool=self.pool.name, models=tuple(self.pool.served_names),
+                    cache_capacity_blocks=self.pool.cache_capacity_blocks,
+                )
+                if self.pool.cache_capacity_blocks and self.on_capacity:
+                    self.on_capacity(url, self.pool.cache_capacity_blocks)
+            r.draining = draining
+        for url in [u for u in self.replicas if u not in endpoints]:
+            del self.replicas[url]
+            self._failures.pop(url, None)
+            if self.on_removed:
+                self.on_removed(url)
+
+    def set_draining(self, url: str, draining: bool) -> bool:
+        r = self.replicas.get(url.rstrip("/"))
+        if r is None:
+            return False
+        r.draining = draining
+        return True
+
+    def routable(self) -> list[ReplicaState]:
+        return [r for r in self.replicas.values() if r.healthy and not r.draining]
+
+    def mark_failed(self, url: str) -> None:
+        """A proxied request could not reach the replica: out of rotation until a health check passes."""
+        r = self.replicas.get(url)
+        if r is not None:
+            r.healthy = False
+            self._failures[url] = max(self._failures.get(url, 0), self.limits.health_failures_to_down)
+
+    # -- health + scrape ------------------------------------------------------------------------------------
+    async def check(self, session: aiohttp.ClientSession, r: ReplicaState) -> None:
+        timeout = aiohttp.ClientTimeout(total=self.limits.scrape_timeout_seconds)
+        ok = False
+        try:
+            async with session.get(f"{r.id}/health", timeout=timeout) as resp:
+                ok = resp.status == 200
+                await resp.read()
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            ok = False
+        if ok:
+            self._failures[r.id] = 0
+            r.healthy = True
+        else:
+            n = self._failures[r.id] = self._failures.get(r.id, 0) + 1
+            if n >= self.limits.health_failures_to_down:
+                r.healthy = False
+        if not ok:
+            return
+        try:
+            async with session.get(f"{r.id}/metrics", timeout=timeout) as resp:
+                if resp.status != 200:
+                    return
+                text = await resp.text()
+        except (aiohttp.ClientError, TimeoutError, OSError, UnicodeDecodeError):
+            return
+        try:
+            values = parse_vllm_metrics(text)
+        except ValueError as e:
+            log.debug("unparseable /metrics from %s: %s", r.id, e)
+            return
+        self.apply_scrape(r, values, time.monotonic())
+
+    def apply_scrape(self, r: ReplicaState, values: dict[str, float], now: float) -> None:
+        if not any(k in values for k in ("running", "waiting", "kv_usage")):
+            return  # not a vLLM /metrics: keep the data stale
+        r.running = values.get("running", 0.0)
+        r.waiting = values.get("waiting", 0.0)
+        r.kv_usage = min(1.0, max(0.0, values.get("kv_usage", 0.0)))
+        r.prefix_hits = values.get("prefix_hits", r.prefix_hits)
+        r.prefix_queries = values.get("prefix_queries", r.prefix_queries)
+        cap = values.get("cache_capacity_blocks")
+        if cap and not self.pool.cache_capacity_blocks and r.cache_capacity_blocks != int(cap):
+            r.cache_capacity_blocks = int(cap)
+            if self.on_capacity:
+                self.on_capacity(r.id, int(cap))
+        self._scraped_at[r.id] = now
+        r.stale = False
+
+    def mark_stale(self, now: float) -> None:
+        for r in self.replicas.values():
+            if now - self._scraped_at.get(r.id, -1e18) > self.limits.stale_after_seconds:
+                r.stale = True
+
+    async def check_all(self, session: aiohttp.ClientSession) -> None:
+        await asyncio.gather(*(self.check(session, r) for r in list(self.replicas.values())))
+        self.mark_stale(time.monotonic())
+
+    # -- Kubernetes -----------------------------------------------------------------------------------------
+    async def discover_once(self, api: Any) -> None:
+        """List the pool's EndpointSlices (kubernetes DiscoveryV1Api) in a thread, with a timeout."""
+        d = self.pool.discovery
+        if d is None:
+            return
+        import urllib3
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            slices = await asyncio.wait_for(
+                asyncio.to_thread(api.list_namespaced_endpoint_slice, d.namespace, label_selector=d.selector,
+                                  _request_timeout=d.timeout_seconds),
+                timeout=d.timeout_seconds + 1,
+            )
+        except (TimeoutError, OSError, ApiException, urllib3.exceptions.HTTPError) as e:
+            self.discovery_error = f"EndpointSlice list failed: {e}"
+            log.warning("pool %s: %s (keeping the last known replicas)", self.pool.name, self.discovery_error)
+            return
+        self.discovery_error = None
+        self.set_endpoints(endpoints_from_slices(slices.items, d.port))
+
+
+def endpoints_from_slices(items: list[Any], default_port: int) -> dict[str, bool]:
+    """EndpointSlice objects -> {url: draining}. Not ready or terminating = draining."""
+    out: dict[str, bool] = {}
+    for s in items:
+        port = default_port
+        for p in s.ports or []:
+            if p.port and (p.name in (None, "", "http") or len(s.ports) == 1):
+                port = p.port
+        for ep in s.endpoints or []:
+            cond = ep.conditions
+            ready = cond is None or cond.ready is None or cond.ready
+            terminating = bool(cond is not None and cond.terminating)
+            for addr in ep.addresses or []:
+                host = f"[{addr}]" if ":" in addr else addr
+                url = f"http://{host}:{port}"
+                out[url] = out.get(url, False) or terminating or not ready
+    return out

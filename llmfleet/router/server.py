@@ -1,0 +1,379 @@
+"""The router's HTTP server (aiohttp): OpenAI API in, the chosen replica out, metrics and a request log.
+
+Per request: size limit -> API key + token bucket -> parse -> model -> pool (feature-store lookup, fallback
+policy) -> prefix keys -> plugin pipeline -> upstream, retried on another replica while nothing has been sent
+to the client. The handler is cancelled when the client goes away (handler_cancellation), which closes the
+upstream connection, so vLLM aborts the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from llmfleet.router.config import RouterConfig
+from llmfleet.router.fallback import FallbackPolicy, PoolSignals
+from llmfleet.router.metrics import RouterMetrics
+from llmfleet.router.plugins import build_pipeline
+from llmfleet.router.plugins.base import Pipeline, ReplicaState, RequestInfo
+from llmfleet.router.prefix_index import PrefixIndex, PromptBlocks, load_tokenizer
+from llmfleet.router.replicas import PoolReplicas
+from llmfleet.router.requests import Endpoint, ParsedRequest, RequestError, parse_request
+from llmfleet.router.tenants import AuthError, Tenants
+from llmfleet.router.upstream import RequestLog, Upstream, UpstreamFailed, lookup_response
+
+log = logging.getLogger("llmfleet.router")
+LONG_PROMPT_CHARS = 4096
+
+
+@dataclass
+class PoolRuntime:
+    name: str
+    role: str
+    served_name: str
+    max_model_len: int | None
+    replicas: PoolReplicas
+    index: PrefixIndex
+    blocks: PromptBlocks
+    pipeline: Pipeline
+
+
+def error_response(status: int, message: str, type_: str = "invalid_request_error", code: str | None = None,
+                   headers: dict[str, str] | None = None) -> web.Response:
+    body = {"error": {"message": message, "type": type_, "param": None, "code": code}}
+    return web.json_response(body, status=status, headers=headers)
+
+
+class Router:
+    def __init__(self, cfg: RouterConfig, lookup: Any | None = None) -> None:
+        self.cfg = cfg
+        self.metrics = RouterMetrics()
+        self.tenants = Tenants(cfg.tenants)
+        self.policy = FallbackPolicy(cfg.fallback, cfg.slo, self.tenants.caps())
+        self.lookup = lookup
+        self.pools: dict[str, PoolRuntime] = {}
+        self.model_to_pool: dict[str, str] = {}
+        use_prefix = cfg.scorers.get("prefix-cache", 0) > 0
+        for i, p in enumerate(cfg.pools):
+            index = PrefixIndex(max_blocks=cfg.max_index_blocks)
+            tok = load_tokenizer(p.tokenizer_path or p.model_path) if use_prefix and p.prefix_mode != "text" else None
+            if p.prefix_mode == "tokens" and tok is None:
+                raise ValueError(f"pool {p.name}: prefixMode tokens but no tokenizer.json at "
+                                 f"{p.tokenizer_path or p.model_path}")
+            self.pools[p.name] = PoolRuntime(
+                name=p.name, role=p.role, served_name=p.served_names[0], max_model_len=p.max_model_len,
+                replicas=PoolReplicas(p, cfg.limits, on_removed=index.remove_replica, on_capacity=index.set_capacity),
+                index=index, blocks=PromptBlocks(p.block_size, tok),
+                pipeline=build_pipeline(cfg.scorers, index, seed=cfg.seed + i),
+            )
+            for name in p.served_names:
+                self.model_to_pool.setdefault(name, p.name)
+        self.use_prefix = use_prefix
+        self.request_log = RequestLog(cfg.request_log, cfg.log_prompts) if cfg.request_log else None
+        self.upstream: Upstream | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self.app = self._build_app()
+
+    # -- lifecycle ----------------------------------------------------------------------------------------
+    def _build_app(self) -> web.Application:
+        app = web.Application(client_max_size=self.cfg.limits.max_request_bytes)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/debug/replicas", self._debug_replicas)
+        app.router.add_post("/admin/drain", self._admin_drain)
+        app.router.add_route("*", "/{tail:.*}", self._not_found)
+        app.on_startup.append(self._on_startup)
+        app.on_cleanup.append(self._on_cleanup)
+        return app
+
+    async def _on_startup(self, app: web.Application) -> None:
+        lim = self.cfg.limits
+        self.upstream = Upstream(lim, self.cfg.slo)
+        self._tasks.append(asyncio.create_task(self._health_loop()))
+        if any(p.replicas.pool.discovery for p in self.pools.values()):
+            self._tasks.append(asyncio.create_task(self._discovery_loop()))
+
+    async def _on_cleanup(self, app: web.Application) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.upstream is not None:
+            await self.upstream.close()
+        if self.lookup is not None and hasattr(self.lookup, "close"):
+            await self.lookup.close()
+        if self.request_log is not None:
+            self.request_log.close()
+
+    async def _health_loop(self) -> None:
+        upstream = self.upstream
+        if upstream is None:
+            return
+        while True:
+            for pool in self.pools.values():
+                await pool.replicas.check_all(upstream.session)
+                self._update_gauges(pool)
+            await asyncio.sleep(self.cfg.limits.scrape_interval_seconds)
+
+    async def _discovery_loop(self) -> None:
+        from kubernetes import client, config
+
+        try:
+            config.load_incluster_config()  # type: ignore[no-untyped-call]
+        except config.ConfigException:
+            await asyncio.to_thread(config.load_kube_config)
+        api = client.DiscoveryV1Api()
+        while True:
+            intervals = []
+            for pool in self.pools.values():
+                d = pool.replicas.pool.discovery
+                if d is not None:
+                    await pool.replicas.discover_once(api)
+                    intervals.append(d.interval_seconds)
+            await asyncio.sleep(min(intervals or [5.0]))
+
+    def _update_gauges(self, pool: PoolRuntime) -> None:
+        m = self.metrics
+        for r in pool.replicas.replicas.values():
+            m.replica_up.labels(pool.name, r.id).set(1 if r.healthy else 0)
+            m.replica_draining.labels(pool.name, r.id).set(1 if r.draining else 0)
+            m.replica_stale.labels(pool.name, r.id).set(1 if r.stale else 0)
+        m.index_blocks.labels(pool.name).set(len(pool.index))
+
+    # -- small endpoints ------------------------------------------------------------------------------------
+    async def _models(self, request: web.Request) -> web.Response:
+        data = [{"id": name, "object": "model", "created": 0, "owned_by": "llmfleet", "root": name,
+                 "pool": pool} for name, pool in self.model_to_pool.items()]
+        return web.json_response({"object": "list", "data": data})
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        for pool in self.pools.values():
+            for r in pool.replicas.replicas.values():
+                self.metrics.exclusive_blocks.labels(pool.name, r.id).set(pool.index.hot_blocks_lost_if_removed(r.id))
+        return web.Response(body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def _health(self, request: web.Request) -> web.Response:
+        primary = self.pools[self.cfg.pools[0].name]
+        ok = bool(primary.replicas.routable()) or any(p.replicas.routable() for p in self.pools.values())
+        return web.json_response({"status": "ok" if ok else "no routable replica"}, status=200 if ok else 503)
+
+    async def _debug_replicas(self, request: web.Request) -> web.Response:
+        out = []
+        for pool in self.pools.values():
+            for r in pool.replicas.replicas.values():
+                out.append({"pool": pool.name, "replica": r.id, "healthy": r.healthy, "draining": r.draining,
+                            "stale": r.stale, "running": r.running, "waiting": r.waiting, "kvUsage": r.kv_usage,
+                            "inFlight": r.in_flight, "indexedBlocks": pool.index.blocks_of(r.id),
+                            "exclusiveBlocks": pool.index.hot_blocks_lost_if_removed(r.id)})
+        return web.json_response({"replicas": out})
+
+    async def _admin_drain(self, request: web.Request) -> web.Response:
+        token = os.environ.get("LLMFLEET_ROUTER_ADMIN_TOKEN")
+        if token is not None:
+            if request.headers.get("x-llmfleet-admin-token") != token:
+                return error_response(403, "admin token required", "permission_error")
+        elif request.remote not in ("127.0.0.1", "::1"):
+            return error_response(403, "admin endpoints are loopback-only without LLMFLEET_ROUTER_ADMIN_TOKEN",
+                                  "permission_error")
+        try:
+            body = await request.json()
+            url, draining = str(body["replica"]), bool(body.get("draining", True))
+        except (ValueError, KeyError, TypeError):
+            return error_response(400, 'body must be {"replica": "<url>", "draining": true|false}')
+        if not any(p.replicas.set_draining(url, draining) for p in self.pools.values()):
+            return error_response(404, f"no replica {url}", code="replica_not_found")
+        return web.json_response({"replica": url, "draining": draining})
+
+    async def _not_found(self, request: web.Request) -> web.Response:
+        known = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/metrics", "/health"}
+        if request.path in known:
+            return error_response(405, f"method {request.method} not allowed on {request.path}")
+        return error_response(404, f"no route {request.method} {request.path}", code="not_found")
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, "chat")
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, "completions")
+
+    # -- the proxy -------------------------------------------------------------------------------------------
+    async def _serve(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
+        t0 = time.perf_counter()
+        m = self.metrics
+        try:
+            tenant = self.tenants.authenticate(request.headers.get("Authorization"))
+        except AuthError as e:
+            m.rejected.labels("auth" if e.status == 401 else "rate-limit").inc()
+            hdr = {"Retry-After": f"{max(1, round(e.retry_after or 1))}"} if e.status == 429 else None
+            return error_response(e.status, e.message, "authentication_error" if e.status == 401 else "rate_limit_error",
+                                  headers=hdr)
+        try:
+            if request.content_length is not None and request.content_length > self.cfg.limits.max_request_bytes:
+                raise RequestError(413, f"request body larger than {self.cfg.limits.max_request_bytes} bytes")
+            try:
+                raw = await request.read()
+            except web.HTTPRequestEntityTooLarge:
+                raise RequestError(413, f"request body larger than {self.cfg.limits.max_request_bytes} bytes") from None
+            parsed = parse_request(endpoint, raw)
+            pool_name = self.model_to_pool.get(parsed.model)
+            if pool_name is None:
+                raise RequestError(404, f"The model `{parsed.model}` does not exist. Known: {sorted(self.model_to_pool)}",
+                                   code="model_not_found", param="model")
+        except RequestError as e:
+            m.rejected.labels(f"http-{e.status}").inc()
+            return web.json_response(e.body(), status=e.status)
+
+        if self.lookup is not None and self.cfg.feature_store.enabled:
+            if self.cfg.feature_store.opt_out_header in request.headers:
+                m.lookups.labels("skipped").inc()
+            else:
+                hit = await self._lookup(tenant, parsed)
+                if hit is not None:
+                    return await lookup_response(request, parsed, hit, t0, self, tenant)
+
+        return await self._route_and_proxy(request, parsed, raw, tenant, pool_name, t0)
+
+    async def _lookup(self, tenant: str, parsed: ParsedRequest) -> Any:
+        lookup = self.lookup
+        if lookup is None:
+            return None
+        try:
+            hit = await asyncio.wait_for(lookup.lookup(tenant, parsed.endpoint, parsed.body),
+                                         timeout=self.cfg.feature_store.lookup_timeout_ms / 1000 * 2)
+        except (TimeoutError, OSError, RuntimeError, ValueError) as e:  # fail open
+            log.debug("feature-store lookup failed open: %s", e)
+            self.metrics.lookups.labels("error").inc()
+            return None
+        self.metrics.lookups.labels("hit" if hit is not None else "miss").inc()
+        return hit
+
+    def _signals(self, pool: PoolRuntime) -> PoolSignals:
+        routable = pool.replicas.routable()
+        return PoolSignals(pool.name, len(routable), waiting=sum(r.waiting for r in routable),
+                           running=sum(r.running for r in routable))
+
+    async def _route_and_proxy(self, request: web.Request, parsed: ParsedRequest, raw: bytes, tenant: str,
+                               pool_name: str, t0: float) -> web.StreamResponse:
+        m = self.metrics
+        t_route = time.perf_counter()
+        pool = self.pools[pool_name]
+        keys, n_tokens = await self._keys(pool, parsed)
+        degraded, reason = False, "primary"
+        if pool.role == "primary" and len(self.pools) > 1:
+            now = time.monotonic()
+            students = [self._signals(p) for p in self.pools.values() if p.role == "student"]
+            dec = self.policy.decide(now, self._signals(pool), students, tenant=tenant, input_tokens=n_tokens,
+                                     request_class=request.headers.get(self.cfg.fallback.class_header))
+            self.policy.record(now, tenant, dec)
+            if dec.pool != pool.name:
+                pool, degraded, reason = self.pools[dec.pool], dec.degraded, dec.reason
+                keys, n_tokens = await self._keys(pool, parsed)
+                m.fallbacks.labels(pool.name, reason).inc()
+                m.degraded.labels(tenant).inc()
+        sh = self.cfg.session_affinity_header
+        info = RequestInfo(model=pool.served_name, block_hashes=keys, input_tokens=n_tokens,
+                           session_id=request.headers.get(sh) if sh else None, tenant=tenant, stream=parsed.stream)
+        body = raw
+        if parsed.model != pool.served_name:
+            body = json.dumps({**parsed.body, "model": pool.served_name}).encode()
+        headers = {"x-llmfleet-pool": pool.name, "x-llmfleet-degraded": "true" if degraded else "false"}
+        if degraded:
+            headers["x-llmfleet-fallback-reason"] = reason
+        tried: set[str] = set()
+        last_error = "no routable replica"
+        upstream = self.upstream
+        if upstream is None:
+            return error_response(503, "router is starting", "service_unavailable")
+        for attempt in range(self.cfg.limits.max_retries + 1):
+            cands = [r for r in pool.replicas.replicas.values() if r.id not in tried]
+            decision = pool.pipeline.pick(info, cands)
+            replica = decision.replica
+            if replica is None:
+                last_error = decision.reason if not tried else last_error
+                break
+            tried.add(replica.id)
+            self._count_affinity(pool, decision, replica, keys)
+            m.route_decision.observe(time.perf_counter() - t_route)
+            if attempt:
+                m.retries.labels(pool.name).inc()
+            try:
+                return await upstream.proxy(request, parsed, body, replica, pool.name, headers, self, tenant,
+                                            degraded, n_tokens, t0)
+            except UpstreamFailed as e:
+                last_error = f"replica {replica.id}: {e}"
+                if e.mark_down:
+                    pool.replicas.mark_failed(replica.id)
+                log.warning("retrying after %s", last_error)
+            t_route = time.perf_counter()
+        m.requests.labels(pool.name, parsed.model, parsed.endpoint, "503").inc()
+        return error_response(503, f"no replica could serve the request ({last_error})", "service_unavailable",
+                              headers=headers)
+
+    async def _keys(self, pool: PoolRuntime, parsed: ParsedRequest) -> tuple[list[int], int]:
+        if not self.use_prefix:
+            return [], max(1, len(parsed.prompt_text) // 4)
+        if pool.blocks.tokenizer is not None and len(parsed.prompt_text) > LONG_PROMPT_CHARS:
+            # Tokenizing 8k tokens takes milliseconds: keep the event loop serving other requests meanwhile.
+            return await asyncio.to_thread(pool.blocks, parsed.prompt_text)
+        return pool.blocks(parsed.prompt_text)
+
+    def _count_affinity(self, pool: PoolRuntime, decision: Any, replica: ReplicaState, keys: list[int]) -> None:
+        if not keys:
+            return
+        scorer = next((s for s, _ in pool.pipeline.scorers if s.name == "prefix-cache"), None)
+        matched = getattr(scorer, "last_match", {}).get(replica.id, 0) if scorer is not None else 0
+        if matched:
+            self.metrics.affinity_hits.labels(pool.name).inc()
+        self.metrics.prefix_blocks.labels(pool.name, "true").inc(matched)
+        self.metrics.prefix_blocks.labels(pool.name, "false").inc(len(keys) - matched)
+
+    def observe(self, pool: str, model: str, endpoint: str, status: int, tenant: str, degraded: bool,
+                parsed: ParsedRequest, input_tokens: int, output_tokens: int, ttft: float | None,
+                tpot: float | None, e2e: float) -> None:
+        """Called by the proxy at the end of every request that reached a replica or the store."""
+        m = self.metrics
+        m.requests.labels(pool, model, endpoint, str(status)).inc()
+        if status < 400:
+            m.e2e.labels(pool, model).observe(e2e)
+            if ttft is not None:
+                m.ttft.labels(pool, model).observe(ttft)
+            if tpot is not None:
+                m.tpot.labels(pool, model).observe(tpot)
+            if pool in self.pools and self.pools[pool].role == "primary":
+                self.policy.observe_primary(time.monotonic(), None if ttft is None else ttft * 1000,
+                                            None if tpot is None else tpot * 1000, e2e * 1000)
+        if self.request_log is not None:
+            self.request_log.write(tenant=tenant, model=model, parsed=parsed, input_tokens=input_tokens,
+                                   output_tokens=output_tokens, pool=pool, degraded=degraded, ttft=ttft, e2e=e2e,
+                                   status=status)
+
+
+async def run_router(cfg: RouterConfig, lookup: Any | None = None, ready: asyncio.Event | None = None) -> None:
+    """Serve until cancelled."""
+    router = Router(cfg, lookup)
+    runner = web.AppRunner(router.app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, cfg.host, cfg.port, backlog=1024)
+    await site.start()
+    server = site._server
+    port = server.sockets[0].getsockname()[1] if server is not None else cfg.port  # type: ignore[attr-defined]
+    log.info("llmfleet router for %s listening on %s:%s", cfg.service, cfg.host, port)
+    if ready is not None:
+        ready.set()
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()
+
+
+__all__ = ["Router", "error_response", "run_router"]

@@ -1,0 +1,222 @@
+"""Talking to replicas: one proxied request (streaming or not), the request log, feature-store responses."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import time
+from typing import IO, TYPE_CHECKING, Any
+
+import aiohttp
+from aiohttp import web
+
+from llmfleet.router.config import LimitsConfig, SLOConfig
+from llmfleet.router.plugins.base import ReplicaState
+from llmfleet.router.requests import ParsedRequest
+
+if TYPE_CHECKING:
+    from llmfleet.router.server import Router
+
+log = logging.getLogger("llmfleet.router.upstream")
+_USAGE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+_HOP_HEADERS = ("content-type",)
+
+
+class UpstreamFailed(Exception):
+    """The replica failed before anything reached the client: safe to retry elsewhere."""
+
+    def __init__(self, message: str, mark_down: bool) -> None:
+        super().__init__(message)
+        self.mark_down = mark_down
+
+
+def first_byte_timeout(limits: LimitsConfig, slo: SLOConfig) -> float:
+    """Deadline for the upstream's response headers: configured, else 4x the TTFT objective (at least 10 s)."""
+    if limits.first_byte_timeout_seconds is not None:
+        return limits.first_byte_timeout_seconds
+    return max(10.0, 4 * slo.ttft_p95_ms / 1000)
+
+
+class Upstream:
+    def __init__(self, limits: LimitsConfig, slo: SLOConfig) -> None:
+        self.limits = limits
+        self.first_byte = min(first_byte_timeout(limits, slo), limits.request_timeout_seconds)
+        conn = aiohttp.TCPConnector(limit=0, ttl_dns_cache=60, keepalive_timeout=30)
+        self.session = aiohttp.ClientSession(connector=conn, auto_decompress=False)
+        self.timeout = aiohttp.ClientTimeout(total=limits.request_timeout_seconds,
+                                             sock_connect=limits.connect_timeout_seconds)
+
+    async def close(self) -> None:
+        await self.session.close()
+
+    async def proxy(self, request: web.Request, parsed: ParsedRequest, body: bytes, replica: ReplicaState,
+                    pool: str, headers: dict[str, str], router: Router, tenant: str, degraded: bool,
+                    input_tokens: int, t0: float) -> web.StreamResponse:
+        path = "/v1/chat/completions" if parsed.endpoint == "chat" else "/v1/completions"
+        up_headers = {"Content-Type": "application/json"}
+        rid = request.headers.get("x-request-id")
+        if rid:
+            up_headers["x-request-id"] = rid
+        replica.in_flight += 1
+        gauge = router.metrics.in_flight.labels(pool, replica.id)
+        gauge.inc()
+        router.metrics.overhead.observe(time.perf_counter() - t0)
+        resp: aiohttp.ClientResponse | None = None
+        try:
+            try:
+                resp = await asyncio.wait_for(
+                    self.session.post(replica.id + path, data=body, headers=up_headers, timeout=self.timeout),
+                    timeout=self.first_byte,
+                )
+            except TimeoutError:
+                raise UpstreamFailed(f"no response within {self.first_byte:.1f} s", mark_down=False) from None
+            except (aiohttp.ClientConnectionError, OSError) as e:
+                raise UpstreamFailed(f"connection failed: {e}", mark_down=True) from None
+            if resp.status >= 500 or resp.status == 429:
+                text = (await resp.read())[:300].decode(errors="replace")
+                raise UpstreamFailed(f"HTTP {resp.status}: {text}", mark_down=False)
+            out_headers = {**headers, "x-llmfleet-replica": replica.id}
+            ctype = resp.headers.get("Content-Type", "application/json")
+            if parsed.stream and resp.status == 200:
+                return await self._stream(request, parsed, resp, out_headers, ctype, router, pool, tenant, degraded,
+                                          input_tokens, t0)
+            try:
+                data = await resp.read()
+            except (aiohttp.ClientError, TimeoutError) as e:
+                raise UpstreamFailed(f"response body failed: {e}", mark_down=False) from None
+            e2e = time.perf_counter() - t0
+            out_tokens, in_tokens = _usage(data, input_tokens)
+            router.observe(pool, parsed.model, parsed.endpoint, resp.status, tenant, degraded, parsed, in_tokens,
+                           out_tokens, None, None, e2e)
+            return web.Response(body=data, status=resp.status, headers={**out_headers, "Content-Type": ctype})
+        except asyncio.CancelledError:
+            router.metrics.client_disconnects.labels(pool).inc()
+            raise
+        finally:
+            if resp is not None:
+                resp.close()  # unread data (client gone, error) closes the connection: vLLM aborts the request
+            replica.in_flight -= 1
+            gauge.dec()
+
+    async def _stream(self, request: web.Request, parsed: ParsedRequest, resp: aiohttp.ClientResponse,
+                      out_headers: dict[str, str], ctype: str, router: Router, pool: str, tenant: str,
+                      degraded: bool, input_tokens: int, t0: float) -> web.StreamResponse:
+        out = web.StreamResponse(status=200, headers={**out_headers, "Content-Type": ctype, "Cache-Control": "no-cache"})
+        first: float | None = None
+        last = 0.0
+        events = 0
+        usage_tokens: int | None = None
+        prepared = False
+        status = 200
+        try:
+            async for chunk in resp.content.iter_any():
+                now = time.perf_counter()
+                if first is None:
+                    first = now
+                last = now
+                events += chunk.count(b"data: ")
+                if b"completion_tokens" in chunk:
+                    mt = _USAGE.search(chunk)
+                    if mt:
+                        usage_tokens = int(mt.group(1))
+                if not prepared:
+                    await out.prepare(request)
+                    prepared = True
+                await out.write(chunk)
+            if not prepared:
+                await out.prepare(request)
+            await out.write_eof()
+        except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+            router.metrics.client_disconnects.labels(pool).inc()
+            status = 499
+        except (aiohttp.ClientError, TimeoutError) as e:
+            if not prepared:
+                raise UpstreamFailed(f"stream failed before the first byte: {e}", mark_down=False) from None
+            log.warning("upstream stream from %s broke mid-response: %s", resp.url, e)
+            status = 502
+        e2e = time.perf_counter() - t0
+        tokens = usage_tokens if usage_tokens is not None else max(0, events - 2)  # minus role chunk and [DONE]
+        ttft = None if first is None else first - t0
+        tpot = (last - first) / (tokens - 1) if first is not None and tokens > 1 else None
+        router.observe(pool, parsed.model, parsed.endpoint, status, tenant, degraded, parsed, input_tokens, tokens,
+                       ttft, tpot, e2e)
+        return out
+
+
+def _usage(data: bytes, input_tokens: int) -> tuple[int, int]:
+    try:
+        doc = json.loads(data)
+        usage = doc.get("usage") or {}
+        return int(usage.get("completion_tokens") or 0), int(usage.get("prompt_tokens") or input_tokens)
+    except (ValueError, AttributeError, TypeError):
+        return 0, input_tokens
+
+
+class RequestLog:
+    """JSON lines in the DEVELOPERS.md format; line-buffered appends (one write per request)."""
+
+    def __init__(self, path: str, log_prompts: bool = True) -> None:
+        self.path = path
+        self.log_prompts = log_prompts
+        self._f: IO[str] | None = open(path, "a", buffering=1)  # noqa: SIM115 - kept open for the process
+
+    def write(self, *, tenant: str, model: str, parsed: ParsedRequest, input_tokens: int, output_tokens: int,
+              pool: str, degraded: bool, ttft: float | None, e2e: float, status: int) -> None:
+        if self._f is None:
+            return
+        params = {k: v for k, v in parsed.body.items() if k not in ("model", "messages", "prompt")}
+        rec = {
+            "ts": time.time(), "tenant": tenant, "model": model, "endpoint": parsed.endpoint,
+            "prompt": (parsed.prompt if parsed.prompt is not None else parsed.prompt_text) if self.log_prompts else "",
+            "messages": parsed.messages if self.log_prompts else None, "params": params,
+            "input_tokens": input_tokens, "output_tokens": output_tokens, "pool": pool, "degraded": degraded,
+            "ttft_ms": None if ttft is None else round(ttft * 1000, 3), "e2e_ms": round(e2e * 1000, 3),
+            "status": status,
+        }
+        try:
+            self._f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+        except OSError as e:
+            log.error("request log write failed: %s", e)
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+
+
+def _as_sse(resp: dict[str, Any], endpoint: str) -> bytes:
+    """One complete response as an OpenAI-style stream (one content chunk, then [DONE])."""
+    choices = []
+    for c in resp.get("choices") or []:
+        if endpoint == "chat":
+            msg = c.get("message") or {}
+            choices.append({"index": c.get("index", 0), "delta": {"role": "assistant", "content": msg.get("content")},
+                            "finish_reason": c.get("finish_reason")})
+        else:
+            choices.append({"index": c.get("index", 0), "text": c.get("text"), "finish_reason": c.get("finish_reason")})
+    obj = "chat.completion.chunk" if endpoint == "chat" else "text_completion"
+    chunk = {**{k: v for k, v in resp.items() if k not in ("choices", "object")}, "object": obj, "choices": choices}
+    return b"data: " + json.dumps(chunk).encode() + b"\n\ndata: [DONE]\n\n"
+
+
+async def lookup_response(request: web.Request, parsed: ParsedRequest, hit: Any, t0: float, router: Router,
+                          tenant: str) -> web.StreamResponse:
+    """Answer from the feature store (pool `feature-store`, never degraded)."""
+    headers = {"x-llmfleet-pool": "feature-store", "x-llmfleet-degraded": "false",
+               "x-llmfleet-lookup": str(getattr(hit, "kind", "exact"))}
+    resp: dict[str, Any] = dict(hit.response)
+    usage = resp.get("usage") or {}
+    out_tokens = int(usage.get("completion_tokens") or 0)
+    if parsed.stream:
+        out = web.StreamResponse(status=200, headers={**headers, "Content-Type": "text/event-stream"})
+        await out.prepare(request)
+        await out.write(_as_sse(resp, parsed.endpoint))
+        await out.write_eof()
+    else:
+        out = web.json_response(resp, headers=headers)
+    e2e = time.perf_counter() - t0
+    router.observe("feature-store", parsed.model, parsed.endpoint, 200, tenant, False, parsed,
+                   int(usage.get("prompt_tokens") or 0), out_tokens, e2e if parsed.stream else None, None, e2e)
+    return out

@@ -1,0 +1,344 @@
+"""One vLLM-like replica: continuous batching, chunked prefill, paged KV blocks with an LRU prefix cache.
+
+Blocks: `free` never-used or released blocks; `cache` maps a block key to its reference count; `lru` holds
+the cached blocks nobody references (evictable, least recently used first). Invariant (checked by tests):
+free + len(lru) + referenced cached blocks + private blocks == total.
+
+A step is planned when the previous one ends (vLLM V1 scheduler order): running requests first (one token
+per decode, a chunk per unfinished prefill, within the token budget), preempting the newest running request
+(recompute) when blocks run out; then waiting requests in arrival order, each looked up in the prefix cache.
+When a step holds only decodes and nothing can be admitted, the replica plans a *decode run*: all the steps
+until the first sequence finishes, costed in closed form; an arrival truncates the run at the step in
+progress. That keeps the event count per request small without changing the schedule.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict, deque
+from collections.abc import Callable
+
+from llmfleet.plan.roofline import StepCostModel
+from llmfleet.sim.workload import Request
+
+
+class Replica:
+    def __init__(self, rid: int, pool: str, blocks: int, block_size: int, cost: StepCostModel, *,
+                 max_num_seqs: int = 256, max_batched_tokens: int = 8192, chunked_prefill: bool = True,
+                 ready_at: float = 0.0) -> None:
+        self.id = rid
+        self.pool = pool
+        self.total = blocks
+        self.bs = block_size
+        self.cost = cost
+        self.max_seqs = max_num_seqs
+        self.budget = max_batched_tokens
+        self.chunked = chunked_prefill
+        self.free = blocks
+        self.cache: dict[int, int] = {}
+        self.lru: OrderedDict[int, None] = OrderedDict()
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.ready_at = ready_at
+        self.started_at = ready_at
+        self.stopped_at: float | None = None
+        self.draining = False
+        self.version = 0  # bumps invalidate scheduled step events
+        self.busy_until = -1.0  # end of the planned step/run; < now when idle
+        self.plan: list[tuple[Request, int]] = []
+        self.run: tuple[float, int, float, float, float, float] | None = None  # start, k, and the cost lines
+        self.step_start = 0.0
+        # counters
+        self.prompt_tokens = 0
+        self.hit_tokens = 0
+        self.busy_s = 0.0
+        self.steps = 0
+        self.preemptions = 0
+        self.served = 0
+        self.on_evict: Callable[[int, int], None] | None = None
+        self.on_store: Callable[[int, int], None] | None = None
+
+    # -- blocks --------------------------------------------------------------------------------------------
+    @property
+    def available(self) -> int:
+        return self.free + len(self.lru)
+
+    @property
+    def used_blocks(self) -> int:
+        return self.total - self.available
+
+    def kv_usage(self) -> float:
+        return self.used_blocks / self.total if self.total else 1.0
+
+    def _take(self, n: int) -> None:
+        """Allocate n private blocks (caller checked availability): free blocks first, then evict LRU."""
+        f = min(n, self.free)
+        self.free -= f
+        n -= f
+        lru, cache = self.lru, self.cache
+        while n:
+            k, _ = lru.popitem(last=False)
+            del cache[k]
+            if self.on_evict is not None:
+                self.on_evict(self.id, k)
+            n -= 1
+
+    def _release(self, r: Request) -> None:
+        cache, lru = self.cache, self.lru
+        for k in reversed(r.shared):  # chain tails go first in the LRU, so prefixes outlive their suffixes
+            c = cache[k] - 1
+            cache[k] = c
+            if c == 0:
+                lru[k] = None
+        self.free += r.held - len(r.shared)
+        r.held = 0
+        r.shared = []
+        r.registered = 0
+
+    def _lookup(self, r: Request) -> int:
+        """Reference the cached leading blocks of r's prompt; returns the hit tokens."""
+        keys, cache, lru = r.keys, self.cache, self.lru
+        limit = min(len(keys), (r.target - 1) // self.bs)  # at least one token is computed
+        n = 0
+        while n < limit and keys[n] in cache:
+            k = keys[n]
+            c = cache[k]
+            if c == 0:
+                del lru[k]
+            cache[k] = c + 1
+            n += 1
+        if n:
+            r.shared = list(keys[:n])
+            r.held = n
+            r.registered = n
+        return n * self.bs
+
+    def _register(self, r: Request) -> None:
+        """Prompt blocks the request has fully computed become cached (shared) blocks."""
+        full = min(r.tokens, r.prompt_len) // self.bs
+        upto = min(full, len(r.keys))
+        cache = self.cache
+        while r.registered < upto:
+            k = r.keys[r.registered]
+            c = cache.get(k)
+            if c is None:
+                cache[k] = 1
+                if self.on_store is not None:
+                    self.on_store(self.id, k)
+            else:  # computed concurrently by another request: share theirs, free our copy
+                if c == 0:
+                    del self.lru[k]
+                cache[k] = c + 1
+                self.free += 1
+            r.shared.append(k)  # a private block became a shared one: held is unchanged
+            r.registered += 1
+
+    def _blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.bs)
+
+    def _preempt(self, r: Request) -> None:
+        self._release(r)
+        self.running.remove(r)
+        r.preemptions += 1
+        self.preemptions += 1
+        # recompute: prompt plus the tokens generated so far (their KV) before the next token is sampled
+        r.target = r.prompt_len + max(0, r.generated - 1)
+        r.tokens = 0
+        self.waiting.appendleft(r)
+
+    def check_blocks(self) -> None:
+        """Raise if block accounting is broken (tests and --check)."""
+        referenced = sum(1 for c in self.cache.values() if c > 0)
+        private = sum(r.held - len(r.shared) for r in self.running)
+        if self.free + len(self.lru) + referenced + private != self.total or self.free < 0:
+            raise RuntimeError(f"replica {self.id}: block accounting broken: free {self.free} lru {len(self.lru)} "
+                               f"referenced {referenced} private {private} total {self.total}")
+        refs: dict[int, int] = {}
+        for r in self.running:
+            for k in r.shared:
+                refs[k] = refs.get(k, 0) + 1
+        for k, c in self.cache.items():
+            if c != refs.get(k, 0):
+                raise RuntimeError(f"replica {self.id}: block {k} refcount {c} != {refs.get(k, 0)}")
+
+    # -- scheduling ----------------------------------------------------------------------------------------
+    def schedule(self, now: float) -> float | None:
+        """Plan the next step (or decode run) starting at `now`; returns its end time, None when idle."""
+        budget = self.budget
+        plan: list[tuple[Request, int]] = []
+        tokens = 0
+        attended = 0.0
+        read = 0.0
+        all_decode = True
+        i = 0
+        running = self.running
+        while i < len(running) and budget > 0:
+            r = running[i]
+            n = 1 if r.tokens >= r.target else min(r.target - r.tokens, budget)
+            need = self._blocks_for(r.tokens + n) - r.held
+            while need > self.available:
+                victim = running[-1]
+                self._preempt(victim)
+                if victim is r:
+                    break
+            else:
+                if need > 0:
+                    self._take(need)
+                    r.held += need
+                plan.append((r, n))
+                if n > 1 or r.tokens < r.target:
+                    all_decode = False
+                attended += n * r.tokens + n * (n + 1) / 2
+                read += r.tokens
+                tokens += n
+                budget -= n
+                i += 1
+                continue
+            # r itself was preempted: running[i] is now the next request (or the list ended)
+        admit_blocked = False
+        while self.waiting:
+            if budget <= 0 or len(running) >= self.max_seqs:
+                admit_blocked = True
+                break
+            r = self.waiting[0]
+            fresh = r.tokens == 0 and r.held == 0
+            hit = self._lookup(r) if fresh else 0
+            start = hit
+            n = min(r.target - start, budget)
+            if not self.chunked and n < r.target - start:
+                self._undo_lookup(r)
+                admit_blocked = True
+                break
+            need = self._blocks_for(start + n) - r.held
+            if need > self.available:
+                self._undo_lookup(r)
+                admit_blocked = True  # only finishes free blocks, and a decode run ends at the first finish
+                break
+            self.waiting.popleft()
+            self._take(need)
+            r.held += need
+            r.tokens = start
+            if not r.admitted:
+                r.admitted = True
+                r.hit_tokens = hit
+                self.prompt_tokens += r.prompt_len
+                self.hit_tokens += hit
+            running.append(r)
+            plan.append((r, n))
+            all_decode = False
+            attended += n * start + n * (n + 1) / 2
+            read += start
+            tokens += n
+            budget -= n
+        if not plan:
+            self.plan = []
+            self.run = None
+            return None
+        self.plan = plan
+        self.step_start = now
+        c = self.cost
+        if all_decode and len(plan) == len(running) and (not self.waiting or admit_blocked):
+            k = min(r.output_len - r.generated for r in running)
+            k = self._fit_run(k)
+            if k > 1:
+                b = len(running)
+                ctx = read
+                # per-step time j: overhead + max(fa + fb·j, ma + mb·j)
+                fa = (c.flops_per_token * b + c.attn_flops_per_ctx * (ctx + b)) / (c.peak_flops * c.compute_eff)
+                fb = c.attn_flops_per_ctx * b / (c.peak_flops * c.compute_eff)
+                ma = (c.weight_bytes + c.kv_bytes * (ctx + b)) / (c.bandwidth * c.bandwidth_eff)
+                mb = c.kv_bytes * b / (c.bandwidth * c.bandwidth_eff)
+                self.run = (now, k, fa, fb, ma, mb)
+                self.busy_until = now + self.run_time(k)
+                return self.busy_until
+        self.run = None
+        self.busy_until = now + c.step_time(tokens, attended, read)
+        return self.busy_until
+
+    def _undo_lookup(self, r: Request) -> None:
+        if r.shared and r.tokens == 0:
+            self._release(r)
+
+    def _fit_run(self, k: int) -> int:
+        """Largest run length <= k whose block growth fits the free blocks (1 if even two steps don't)."""
+        avail = self.available
+        while k > 1:
+            need = sum(self._blocks_for(r.tokens + k) - r.held for r in self.running)
+            if need <= avail:
+                return k
+            k //= 2
+        return 1
+
+    def run_time(self, j: int) -> float:
+        """Seconds for the first j steps of the current decode run (exact sum of the roofline maxima)."""
+        if self.run is None:
+            raise RuntimeError("no decode run")
+        _, _, fa, fb, ma, mb = self.run
+
+        def series(a: float, b: float, lo: int, hi: int) -> float:  # sum_{i=lo}^{hi-1} (a + b·i)
+            n = hi - lo
+            return n * a + b * (lo + hi - 1) * n / 2 if n > 0 else 0.0
+
+        d0, dd = fa - ma, fb - mb  # compute minus memory time: linear in i, changes sign at most once
+        if dd == 0:
+            body = series(fa, fb, 0, j) if d0 >= 0 else series(ma, mb, 0, j)
+        else:
+            split = min(j, max(0, math.ceil(-d0 / dd)))
+            if dd > 0:  # memory-bound first, compute-bound from `split`
+                body = series(ma, mb, 0, split) + series(fa, fb, split, j)
+            else:  # compute-bound first, memory-bound from `split`
+                body = series(fa, fb, 0, split) + series(ma, mb, split, j)
+        return j * self.cost.overhead_s + body
+
+    def truncate(self, now: float) -> float | None:
+        """An arrival during a decode run: end the run after the step in progress; returns the new end."""
+        if self.run is None or now >= self.busy_until:
+            return None
+        start, k = self.run[0], self.run[1]
+        lo, hi = 1, k  # smallest j with start + run_time(j) > now
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if start + self.run_time(mid) > now:
+                hi = mid
+            else:
+                lo = mid + 1
+        if lo >= k:
+            return None
+        self.run = (start, lo, *self.run[2:])
+        self.busy_until = start + self.run_time(lo)
+        return self.busy_until
+
+    def complete(self, now: float) -> list[Request]:
+        """Apply the planned step (or run) that ends at `now`; returns the requests that finished."""
+        steps = self.run[1] if self.run is not None else 1
+        self.busy_s += now - self.step_start
+        self.steps += steps
+        done: list[Request] = []
+        for r, n in self.plan:
+            if r.replica != self.id or r.held == 0:
+                continue  # preempted since planning (cannot happen within a step, kept for safety)
+            if r.tokens < r.target:  # prefill chunk
+                r.tokens += n
+                if r.tokens >= r.target:
+                    if r.registered < len(r.keys):
+                        self._register(r)
+                    r.generated += 1
+                    if r.first_token < 0:
+                        r.first_token = now
+            else:
+                r.tokens += steps
+                r.generated += steps
+            if r.tokens < r.target:
+                self._register(r)
+            if r.generated >= r.output_len:
+                r.finish = now
+                done.append(r)
+        if done:
+            for r in done:
+                self._release(r)
+            gone = set(id(r) for r in done)
+            self.running = [r for r in self.running if id(r) not in gone]
+            self.served += len(done)
+        self.plan = []
+        self.run = None
+        return done

@@ -1,0 +1,116 @@
+"""Metrics of a simulation run (JSON-able summary) and PNG plots."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from llmfleet.sim.workload import Request, Workload
+
+if TYPE_CHECKING:
+    from llmfleet.sim.engine import Fleet, SimConfig, SimResult
+
+
+def _pct(a: np.ndarray) -> dict[str, float | None]:
+    if a.size == 0:
+        return {"p50": None, "p90": None, "p95": None, "p99": None, "mean": None}
+    p = np.percentile(a, [50, 90, 95, 99])
+    return {"p50": float(p[0]), "p90": float(p[1]), "p95": float(p[2]), "p99": float(p[3]), "mean": float(a.mean())}
+
+
+def summarize(reqs: Sequence[Request], fleet: Fleet, cfg: SimConfig, t0: float, end: float,
+              rejected: Sequence[Request], pending: Sequence[Request]) -> dict[str, Any]:
+    done = [r for r in reqs if r.finish >= 0]
+    ttft = np.array([r.first_token - r.arrival for r in done])
+    e2e = np.array([r.finish - r.arrival for r in done])
+    tpot = np.array([(r.finish - r.first_token) / (r.output_len - 1) for r in done if r.output_len > 1])
+    ok = [r for r in done if r.first_token - r.arrival <= cfg.ttft_slo_s and
+          (r.output_len <= 1 or (r.finish - r.first_token) / (r.output_len - 1) <= cfg.tpot_slo_s)]
+    duration = max(1e-9, end - t0)
+    prompt = sum(r.prompt_len for r in done)
+    hits = sum(r.hit_tokens for r in done)
+    primary = [r for r in fleet.replicas if r.pool == fleet.primary]
+    served = np.array([r.served for r in primary], dtype=float)
+    busy = np.array([r.busy_s for r in primary], dtype=float)
+    gpu_s = sum(((r.stopped_at if r.stopped_at is not None else end) - r.started_at) *
+                fleet.specs[r.pool].tensor_parallel for r in fleet.replicas)
+    return {
+        "requests": len(reqs), "completed": len(done), "rejected": len(rejected), "pending": len(pending),
+        "durationS": duration,
+        "ttft": _pct(ttft), "tpot": _pct(tpot), "e2e": _pct(e2e),
+        "sloAttainment": len(ok) / len(reqs) if reqs else 0.0,
+        "goodputRps": len(ok) / duration,
+        "throughputRps": len(done) / duration,
+        "prefixHitRate": hits / prompt if prompt else 0.0,
+        "gpuSeconds": gpu_s,
+        "degradedFraction": sum(1 for r in done if r.degraded) / len(done) if done else 0.0,
+        "preemptions": sum(r.preemptions for r in reqs),
+        "balance": {
+            "servedCv": float(served.std() / served.mean()) if served.size and served.mean() > 0 else 0.0,
+            "busyMaxOverMean": float(busy.max() / busy.mean()) if busy.size and busy.mean() > 0 else 0.0,
+        },
+        "replicasPeak": max(1, len(fleet.replicas)),
+    }
+
+
+def oracle_hit_rate(w: Workload) -> float:
+    """Perfect affinity and an infinite cache: every block any earlier request computed is a hit."""
+    seen: set[int] = set()
+    hit = total = 0
+    bs = w.block_size
+    for r in w.requests:
+        limit = min(len(r.keys), (r.prompt_len - 1) // bs)
+        n = 0
+        while n < limit and r.keys[n] in seen:
+            n += 1
+        hit += n * bs
+        total += r.prompt_len
+        seen.update(r.keys)
+    return hit / total if total else 0.0
+
+
+def plot(results: Sequence[SimResult], out: Path, title: str = "") -> list[Path]:
+    """TTFT CDF per router and replicas/queue over time; returns the PNG paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for res in results:
+        t = np.sort([r["ttft"] for r in res.records if r["ttft"] is not None])
+        if t.size:
+            ax.plot(t, np.arange(1, t.size + 1) / t.size, label=res.router)
+    ax.set_xscale("log")
+    ax.set_xlabel("TTFT (s)")
+    ax.set_ylabel("fraction of requests")
+    ax.set_title(title or "TTFT CDF")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    p = out / "ttft_cdf.png"
+    fig.tight_layout()
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    paths.append(p)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for res in results:
+        pools = [k for k in (res.series[0] if res.series else {}) if k not in ("t", "pending")]
+        for pool in pools:
+            ts = [s["t"] for s in res.series]
+            ax.plot(ts, [s[pool]["waiting"] for s in res.series], label=f"{res.router} {pool} waiting")
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("waiting requests")
+    ax.set_title(title or "queue over time")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    p = out / "queue.png"
+    fig.tight_layout()
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    paths.append(p)
+    return paths

@@ -1,0 +1,269 @@
+"""Routing policies for the simulator: baselines, and llmfleet's own router code run as is.
+
+Baselines (re-implemented from the projects' documented algorithms):
+  round-robin, least-request (fewest running + waiting), power-of-two (least loaded of two random),
+  sglang (SGLang router cache-aware: approximate radix tree of routed prompts; if loads are imbalanced
+  (max - min > 32 and max > 1.0001·min) go to the least loaded, else to the longest prefix match when it
+  covers > 50% of the prompt, else to the replica with the smallest tree),
+  llm-d (llm-d inference scheduler: weighted queue 2 + kv-cache-utilization 2 + prefix-cache 3, max score).
+llmfleet: `llmfleet.router.plugins.build_pipeline` with the RouterSpec's default scorer weights and
+`llmfleet.router.fallback.FallbackPolicy` when the fleet has student pools.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from typing import Any
+
+from llmfleet.sim.engine import Fleet, Router
+from llmfleet.sim.replica import Replica
+from llmfleet.sim.workload import Request
+
+ROUTERS = ("round-robin", "least-request", "power-of-two", "sglang", "llm-d", "llmfleet")
+
+
+def _load(r: Replica) -> int:
+    return len(r.running) + len(r.waiting)
+
+
+class PrimaryOnly(Router):
+    """Baselines route within the primary pool only (they have no notion of fallback)."""
+
+    def candidates(self, fleet: Fleet) -> list[Replica]:
+        return fleet.routable[fleet.primary]
+
+
+class RoundRobin(PrimaryOnly):
+    name = "round-robin"
+
+    def __init__(self) -> None:
+        self.i = 0
+
+    def route(self, req: Request, fleet: Fleet, now: float) -> Replica | None:
+        c = self.candidates(fleet)
+        if not c:
+            return None
+        self.i += 1
+        return c[self.i % len(c)]
+
+
+class LeastRequest(PrimaryOnly):
+    name = "least-request"
+
+    def __init__(self) -> None:
+        self.i = 0
+
+    def route(self, req: Request, fleet: Fleet, now: float) -> Replica | None:
+        c = self.candidates(fleet)
+        if not c:
+            return None
+        self.i += 1
+        k = self.i % len(c)  # rotate the start so ties spread
+        best, best_load = None, 1 << 60
+        for r in c[k:] + c[:k]:
+            ld = len(r.running) + len(r.waiting)
+            if ld < best_load:
+                best, best_load = r, ld
+        return best
+
+
+class PowerOfTwo(PrimaryOnly):
+    name = "power-of-two"
+
+    def __init__(self, seed: int = 0) -> None:
+        self.rng = random.Random(seed)
+
+    def route(self, req: Request, fleet: Fleet, now: float) -> Replica | None:
+        c = self.candidates(fleet)
+        if not c:
+            return None
+        if len(c) == 1:
+            return c[0]
+        n = len(c)
+        i = self.rng.randrange(n)
+        j = self.rng.randrange(n - 1)
+        a, b = c[i], c[j + 1 if j >= i else j]  # two distinct replicas
+        return a if _load(a) <= _load(b) else b
+
+
+class _ApproxTree(PrimaryOnly):
+    """Router-side memory of which prompts went where (no KV events): llmfleet.router's PrefixIndex."""
+
+    def attach(self, fleet: Fleet) -> None:
+        from llmfleet.router.prefix_index import PrefixIndex
+
+        super().attach(fleet)
+        self.index = PrefixIndex(max_blocks=10_000_000)
+        for rep in fleet.routable[fleet.primary]:
+            self.index.set_capacity(str(rep.id), rep.total)
+        fleet.listeners.append(self._on_fleet)
+
+    def _on_fleet(self, what: str, rep: Replica) -> None:
+        if what == "add":
+            self.index.set_capacity(str(rep.id), rep.total)
+        else:
+            self.index.remove_replica(str(rep.id))
+
+
+class SGLangCacheAware(_ApproxTree):
+    name = "sglang"
+
+    def __init__(self, cache_threshold: float = 0.5, balance_abs: int = 32, balance_rel: float = 1.0001) -> None:
+        self.cache_threshold = cache_threshold
+        self.balance_abs = balance_abs
+        self.balance_rel = balance_rel
+
+    def route(self, req: Request, fleet: Fleet, now: float) -> Replica | None:
+        c = self.candidates(fleet)
+        if not c:
+            return None
+        loads = [_load(r) for r in c]
+        hi, lo = max(loads), min(loads)
+        if hi - lo > self.balance_abs and hi > lo * self.balance_rel:
+            pick = c[loads.index(lo)]
+        else:
+            match = self.index.match(req.keys) if req.keys else {}
+            by_id = {str(r.id): r for r in c}
+            best_id, best_n = None, 0
+            for rid, nb in match.items():
+                if rid in by_id and nb > best_n:
+                    best_id, best_n = rid, nb
+            rate = best_n * fleet.block_size / req.prompt_len
+            if best_id is not None and rate > self.cache_threshold:
+                pick = by_id[best_id]
+            else:  # the replica with the smallest tree (most room for new prefixes)
+                pick = min(c, key=lambda r: self.index.blocks_of(str(r.id)))
+        if req.keys:
+            self.index.insert(str(pick.id), req.keys)
+        return pick
+
+
+class LlmdWeighted(_ApproxTree):
+    name = "llm-d"
+
+    def __init__(self, weights: Mapping[str, float] | None = None, seed: int = 0) -> None:
+        self.w = dict(weights or {"queue": 2.0, "kv-cache": 2.0, "prefix-cache": 3.0})
+        self.rng = random.Random(seed)
+
+    def route(self, req: Request, fleet: Fleet, now: float) -> Replica | None:
+        c = self.candidates(fleet)
+        if not c:
+            return None
+        q = [len(r.waiting) for r in c]
+        qlo, qhi = min(q), max(q)
+        match = self.index.match(req.keys) if req.keys else {}
+        nkeys = len(req.keys) or 1
+        best: list[Replica] = []
+        best_s = -1.0
+        for r, qr in zip(c, q, strict=True):
+            s = self.w["queue"] * ((qhi - qr) / (qhi - qlo) if qhi > qlo else 1.0)
+            s += self.w["kv-cache"] * (1.0 - r.kv_usage())
+            s += self.w["prefix-cache"] * match.get(str(r.id), 0) / nkeys
+            if s > best_s + 1e-12:
+                best, best_s = [r], s
+            elif abs(s - best_s) <= 1e-12:
+                best.append(r)
+        pick = best[0] if len(best) == 1 else self.rng.choice(best)
+        if req.keys:
+            self.index.insert(str(pick.id), req.keys)
+        return pick
+
+
+class LlmfleetRouter(Router):
+    """The production router's plugin pipeline and fallback policy, fed with the simulated replicas' state."""
+
+    name = "llmfleet"
+
+    def __init__(self, weights: Mapping[str, float] | None = None, seed: int = 0,
+                 fallback: Any = None, slo: Any = None) -> None:
+        from llmfleet.api.inferenceservice import RouterSpec
+
+        self.weights = dict(weights or RouterSpec().scorers)
+        self.seed = seed
+        self.fallback_cfg = fallback
+        self.slo_cfg = slo
+
+    def attach(self, fleet: Fleet) -> None:
+        from llmfleet.router.config import FallbackConfig, SLOConfig
+        from llmfleet.router.fallback import FallbackPolicy
+        from llmfleet.router.plugins import PrefixIndex, ReplicaState, RequestInfo, build_pipeline
+
+        super().attach(fleet)
+        self._RequestInfo = RequestInfo
+        self.index = PrefixIndex(max_blocks=10_000_000)
+        self.pipeline = build_pipeline(self.weights, self.index, seed=self.seed)
+        self.states: dict[int, Any] = {}
+        self._ReplicaState = ReplicaState
+        slo = self.slo_cfg or SLOConfig(ttft_p95_ms=fleet.cfg.ttft_slo_s * 1e3, tpot_p95_ms=fleet.cfg.tpot_slo_s * 1e3)
+        self.students = [p.name for p in fleet.cfg.pools if p.role == "student"]
+        self.policy = FallbackPolicy(self.fallback_cfg or FallbackConfig(), slo) if self.students else None
+        for pool in fleet.routable.values():
+            for rep in pool:
+                self._on_fleet("add", rep)
+        fleet.listeners.append(self._on_fleet)
+
+    def _on_fleet(self, what: str, rep: Replica) -> None:
+        if what == "add":
+            self.states[rep.id] = self._ReplicaState(id=str(rep.id), pool=rep.pool, stale=False,
+                                                     cache_capacity_blocks=rep.total)
+            self.index.set_capacity(str(rep.id), rep.total)
+        else:
+            st = self.states.pop(rep.id, None)
+            if st is not None:
+                self.index.remove_replica(st.id)
+
+    def _signals(self, fleet: Fleet, pool: str) -> Any:
+        from llmfleet.router.fallback import PoolSignals
+
+        reps = fleet.routable[pool]
+        return PoolSignals(pool, len(reps), float(sum(len(r.waiting) for r in reps)),
+                           float(sum(len(r.running) for r in reps)))
+
+    def route(self, req: Request, fleet: Fleet, now: float) -> Replica | None:
+        pool = fleet.primary
+        if self.policy is not None:
+            d = self.policy.decide(now, self._signals(fleet, fleet.primary),
+                                   [self._signals(fleet, s) for s in self.students], tenant=req.tenant,
+                                   input_tokens=req.prompt_len, request_class=req.cls)
+            self.policy.record(now, req.tenant, d)
+            pool = d.pool
+        reps = fleet.routable[pool]
+        if not reps:
+            return None
+        cands = []
+        for r in reps:
+            st = self.states[r.id]
+            st.running = float(len(r.running))
+            st.waiting = float(len(r.waiting))
+            st.in_flight = len(r.running) + len(r.waiting)
+            st.kv_usage = r.kv_usage()
+            cands.append(st)
+        info = self._RequestInfo(model="model", block_hashes=req.keys, input_tokens=req.prompt_len,
+                                 session_id=req.session, tenant=req.tenant, request_class=req.cls)
+        dec = self.pipeline.pick(info, cands)
+        if dec.replica is None:
+            return None
+        return fleet.replicas[int(dec.replica.id)]
+
+    def on_complete(self, req: Request, now: float) -> None:
+        if self.policy is not None and req.pool == self.fleet.primary:
+            tpot = (req.finish - req.first_token) * 1e3 / (req.output_len - 1) if req.output_len > 1 else None
+            self.policy.observe_primary(now, (req.first_token - req.arrival) * 1e3, tpot,
+                                        (req.finish - req.arrival) * 1e3)
+
+
+def make_router(name: str, seed: int = 0) -> Router:
+    if name == "round-robin":
+        return RoundRobin()
+    if name == "least-request":
+        return LeastRequest()
+    if name == "power-of-two":
+        return PowerOfTwo(seed)
+    if name == "sglang":
+        return SGLangCacheAware()
+    if name == "llm-d":
+        return LlmdWeighted(seed=seed)
+    if name == "llmfleet":
+        return LlmfleetRouter(seed=seed)
+    raise ValueError(f"unknown router {name!r}; known: {', '.join(ROUTERS)}")

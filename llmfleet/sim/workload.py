@@ -1,0 +1,251 @@
+"""Workloads for the simulator: Mooncake JSONL traces, Azure LLM-inference CSVs, a synthetic generator.
+
+A request's prompt is described by the keys of its full KV blocks (`keys`): key i identifies the whole
+prefix up to and including block i (a hash chain), so two requests share cache exactly where their keys
+are equal. Mooncake's `hash_ids` (512-token blocks) become such chains; Azure CSVs carry no content, so
+their requests share nothing; the synthetic generator builds chains from tenants' system prompts and
+multi-turn sessions.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+
+MOONCAKE_BLOCK = 512
+
+
+class WorkloadError(ValueError):
+    """A trace file that cannot be read; the message names the file and line."""
+
+
+class Request:
+    """One request. Static fields come from the workload; the rest is filled by the simulation."""
+
+    __slots__ = (
+        "rid", "arrival", "prompt_len", "output_len", "keys", "tenant", "session", "cls",
+        # simulation state
+        "replica", "pool", "degraded", "tokens", "target", "generated", "held", "shared", "registered",
+        "hit_tokens", "first_token", "finish", "preemptions", "admitted",
+    )
+
+    def __init__(self, rid: int, arrival: float, prompt_len: int, output_len: int, keys: tuple[int, ...] = (),
+                 tenant: str = "default", session: str | None = None, cls: str | None = None) -> None:
+        self.rid = rid
+        self.arrival = arrival
+        self.prompt_len = max(1, int(prompt_len))
+        self.output_len = max(1, int(output_len))
+        self.keys = keys
+        self.tenant = tenant
+        self.session = session
+        self.cls = cls
+        self.reset()
+
+    def reset(self) -> None:
+        self.replica = -1
+        self.pool = ""
+        self.degraded = False
+        self.tokens = 0  # tokens whose KV is in the replica's cache
+        self.target = self.prompt_len  # tokens to (re)compute before the next token is sampled
+        self.generated = 0
+        self.held = 0  # blocks this request references (shared + private)
+        self.shared: list[int] = []  # cached block keys it references
+        self.registered = 0  # prompt blocks registered in the prefix cache
+        self.hit_tokens = 0  # prompt tokens served from the prefix cache (first admission)
+        self.first_token = -1.0
+        self.finish = -1.0
+        self.preemptions = 0
+        self.admitted = False
+
+
+@dataclass
+class Workload:
+    name: str
+    requests: list[Request]
+    block_size: int
+
+    @property
+    def duration(self) -> float:
+        return self.requests[-1].arrival - self.requests[0].arrival if self.requests else 0.0
+
+    def scaled(self, k: float) -> Workload:
+        """Replay at k x the rate (arrival times divided by k)."""
+        if k <= 0:
+            raise ValueError("time scale must be > 0")
+        reqs = [Request(r.rid, r.arrival / k, r.prompt_len, r.output_len, r.keys, r.tenant, r.session, r.cls)
+                for r in self.requests]
+        return Workload(f"{self.name}x{k:g}", reqs, self.block_size)
+
+    def head(self, n: int | None = None, seconds: float | None = None) -> Workload:
+        reqs = self.requests
+        if seconds is not None:
+            t0 = reqs[0].arrival if reqs else 0.0
+            reqs = [r for r in reqs if r.arrival - t0 <= seconds]
+        if n is not None:
+            reqs = reqs[:n]
+        return Workload(self.name, [Request(r.rid, r.arrival, r.prompt_len, r.output_len, r.keys, r.tenant,
+                                            r.session, r.cls) for r in reqs], self.block_size)
+
+    def fresh(self) -> Workload:
+        """A copy with simulation state cleared (workloads are reused across runs)."""
+        return self.head()
+
+
+def chain(ids: list[int] | tuple[int, ...]) -> tuple[int, ...]:
+    """Prefix-chain keys: key_i = hash(key_{i-1}, id_i)."""
+    out = []
+    h = 0
+    for i in ids:
+        h = hash((h, i))
+        out.append(h)
+    return tuple(out)
+
+
+def load_mooncake(path: str | Path, block_size: int = MOONCAKE_BLOCK) -> Workload:
+    """Mooncake JSONL: timestamp (ms), input_length, output_length, hash_ids (512-token blocks)."""
+    p = Path(path)
+    reqs: list[Request] = []
+    try:
+        with p.open() as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    d = json.loads(line)
+                    inp = int(d["input_length"])
+                    ids = list(d.get("hash_ids") or [])
+                    reqs.append(Request(len(reqs), float(d["timestamp"]) / 1000.0, inp, int(d["output_length"]),
+                                        chain(ids[: inp // block_size])))
+                except (KeyError, TypeError, ValueError) as e:
+                    raise WorkloadError(f"{p}:{n}: not a Mooncake record ({e})") from None
+    except OSError as e:
+        raise WorkloadError(f"{p}: {e.strerror or e}") from None
+    if not reqs:
+        raise WorkloadError(f"{p}: no requests")
+    reqs.sort(key=lambda r: r.arrival)
+    for i, r in enumerate(reqs):
+        r.rid = i
+    return Workload(p.stem, reqs, block_size)
+
+
+def _parse_ts(s: str) -> float:
+    s = s.strip()
+    if "." in s:  # Azure writes 7 fractional digits; datetime takes 6
+        head, frac = s.split(".", 1)
+        s = f"{head}.{frac[:6]}"
+    return datetime.fromisoformat(s).timestamp()
+
+
+def load_azure(path: str | Path, block_size: int = 16) -> Workload:
+    """Azure LLM inference trace CSV: TIMESTAMP, ContextTokens, GeneratedTokens (no content: no sharing)."""
+    p = Path(path)
+    reqs: list[Request] = []
+    try:
+        with p.open(newline="") as f:
+            rd = csv.DictReader(f)
+            missing = {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} - set(rd.fieldnames or [])
+            if missing:
+                raise WorkloadError(f"{p}: missing columns {', '.join(sorted(missing))}")
+            for n, row in enumerate(rd, 2):
+                try:
+                    reqs.append(Request(0, _parse_ts(row["TIMESTAMP"]), int(row["ContextTokens"]),
+                                        int(row["GeneratedTokens"])))
+                except (TypeError, ValueError) as e:
+                    raise WorkloadError(f"{p}:{n}: bad row ({e})") from None
+    except OSError as e:
+        raise WorkloadError(f"{p}: {e.strerror or e}") from None
+    if not reqs:
+        raise WorkloadError(f"{p}: no requests")
+    reqs.sort(key=lambda r: r.arrival)
+    t0 = reqs[0].arrival
+    for i, r in enumerate(reqs):
+        r.rid, r.arrival = i, r.arrival - t0
+    return Workload(p.stem, reqs, block_size)
+
+
+@dataclass
+class SyntheticSpec:
+    """Tenants with shared system prompts, multi-turn sessions, bursts and a diurnal rate."""
+
+    duration_s: float = 600.0
+    rate_rps: float = 10.0  # mean request rate (all turns)
+    tenants: int = 8
+    system_prompt_tokens: tuple[int, int] = (512, 4096)  # per tenant, uniform range
+    user_tokens_mean: float = 300.0  # new user tokens per turn (lognormal)
+    output_tokens_mean: float = 250.0  # lognormal
+    turns_mean: float = 4.0  # geometric
+    think_time_s: float = 20.0  # exponential gap between turns of a session
+    diurnal_amplitude: float = 0.3  # rate x (1 + a·sin(2πt/period))
+    diurnal_period_s: float = 86400.0
+    bursts: list[tuple[float, float, float]] = field(default_factory=list)  # (start_s, length_s, rate factor)
+    tenant_skew: float = 1.1  # Zipf exponent of tenant popularity
+    block_size: int = 64
+    seed: int = 0
+    warmup_s: float = 0.0  # start sessions this long before t=0 and drop earlier turns (steady state at t=0)
+
+
+def synthetic(spec: SyntheticSpec) -> Workload:
+    rng = np.random.default_rng(spec.seed)
+    bs = spec.block_size
+    sys_len = rng.integers(spec.system_prompt_tokens[0], spec.system_prompt_tokens[1] + 1, spec.tenants)
+    sys_len = (sys_len // bs) * bs  # system prompts fill whole blocks
+    pop = 1.0 / np.arange(1, spec.tenants + 1) ** spec.tenant_skew
+    pop /= pop.sum()
+    session_rate = spec.rate_rps / spec.turns_mean
+    peak = 1.0 + abs(spec.diurnal_amplitude) + 0.0
+    peak *= max([1.0] + [b[2] for b in spec.bursts])
+
+    def rate_factor(t: float) -> float:
+        f = 1.0 + spec.diurnal_amplitude * math.sin(2 * math.pi * t / spec.diurnal_period_s)
+        for start, length, k in spec.bursts:
+            if start <= t < start + length:
+                f *= k
+        return max(0.0, f)
+
+    reqs: list[Request] = []
+    sys_chains = [list(chain([hash(("sys", t_, j)) for j in range(int(sys_len[t_]) // bs)]))
+                  for t_ in range(spec.tenants)]
+    t = -spec.warmup_s
+    sid = 0
+    while True:  # sessions arrive by thinning a Poisson process at the peak rate
+        t += rng.exponential(1.0 / (session_rate * peak))
+        if t >= spec.duration_s:
+            break
+        if rng.random() > rate_factor(max(0.0, t)) / peak:
+            continue
+        sid += 1
+        tenant = int(rng.choice(spec.tenants, p=pop))
+        keys = list(sys_chains[tenant])  # grows with the conversation; key objects are shared across turns
+        n_sys = len(keys)
+        turns = int(rng.geometric(1.0 / spec.turns_mean))
+        history = 0  # tokens after the system prompt
+        at = t
+        for _turn in range(turns):
+            if at >= spec.duration_s:
+                break
+            user = max(1, int(rng.lognormal(math.log(spec.user_tokens_mean), 0.6)))
+            out = max(1, int(rng.lognormal(math.log(spec.output_tokens_mean), 0.7)))
+            prompt = int(sys_len[tenant]) + history + user
+            n_blocks = prompt // bs
+            while len(keys) < n_blocks:  # extend the chain: the same keys chain(ids) would give
+                keys.append(hash((keys[-1] if keys else 0, hash(("s", sid, len(keys) - n_sys)))))
+            if at >= 0:
+                reqs.append(Request(0, at, prompt, out, tuple(keys[:n_blocks]), f"tenant-{tenant}", f"s{sid}"))
+            history += user + out
+            at += rng.exponential(spec.think_time_s)
+    reqs.sort(key=lambda r: r.arrival)
+    for i, r in enumerate(reqs):
+        r.rid = i
+    return Workload(f"synthetic-{spec.seed}", reqs, bs)
+
+
+def with_block_size(w: Workload, block_size: int) -> Workload:
+    if block_size != w.block_size:
+        raise ValueError(f"workload {w.name} has {w.block_size}-token blocks; the simulator must use the same")
+    return replace(w)

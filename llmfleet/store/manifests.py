@@ -1,0 +1,107 @@
+"""The offline generation CronJob of an InferenceService (a pure builder: CR -> manifest dict).
+
+The operator adds namespace, labels and the owner reference (llmfleet.operator.builders.inferenceservice).
+The Job reads the router's request log from the `<isvc>-requests` PersistentVolumeClaim (the router writes
+`requests.jsonl` there), and asks the primary pool's Service directly (not the router, whose log would count
+the generation's own requests). With no `featureStore.url`, the SQLite default lives on the same volume.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from llmfleet.api.inferenceservice import InferenceService
+
+SERVING_PORT = 8000
+LOG_MOUNT = "/var/lib/llmfleet"
+LOG_FILE = "requests.jsonl"
+
+
+def _child_name(owner: str, suffix: str) -> str:
+    name = f"{owner}-{suffix}"
+    if len(name) <= 52:  # CronJob names are limited to 52 characters (the Job suffix takes the rest)
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+    return f"{name[: 52 - 9].rstrip('-')}-{digest}"
+
+
+def request_log_claim(isvc: InferenceService) -> str:
+    return f"{isvc.metadata.name}-requests"
+
+
+def build_generation_cronjob(isvc: InferenceService, image: str) -> dict[str, Any] | None:
+    """A batch/v1 CronJob running `llmfleet features generate`, or None without a generationSchedule."""
+    store = isvc.spec.feature_store
+    if store is None or not store.generation_schedule:
+        return None
+    name = isvc.metadata.name
+    namespace = isvc.metadata.namespace or "default"
+    primary = isvc.pools()[0]
+    endpoint = f"http://{name}-{primary.name}.{namespace}.svc:{SERVING_PORT}/v1"
+    args = [
+        "llmfleet", "features", "generate",
+        "--log", f"{LOG_MOUNT}/{LOG_FILE}",
+        "--model", primary.served_name,
+        "--model-version", primary.model.path,
+        "--endpoint", endpoint,
+        "--min-frequency", str(store.min_frequency),
+        "--no-progress",
+    ]
+    env: list[dict[str, Any]] = [
+        {"name": "LLMFLEET_RUN_DIR", "value": LOG_MOUNT},
+        {"name": "HF_HUB_OFFLINE", "value": "1"},
+    ]
+    if store.url:
+        env.append({"name": "LLMFLEET_STORE_URL", "value": store.url})
+    labels = {"llmfleet.io/inferenceservice": name, "llmfleet.io/component": "featurestore"}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "CronJob",
+        "metadata": {
+            "name": _child_name(name, "features"),
+            "namespace": namespace,
+            "labels": {
+                "app.kubernetes.io/managed-by": "llmfleet",
+                "app.kubernetes.io/part-of": "llmfleet",
+                **labels,
+            },
+        },
+        "spec": {
+            "schedule": store.generation_schedule,
+            # Generation is resumable; two at once would only race for the same rows.
+            "concurrencyPolicy": "Forbid",
+            "startingDeadlineSeconds": 600,
+            "successfulJobsHistoryLimit": 1,
+            "failedJobsHistoryLimit": 3,
+            "jobTemplate": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "backoffLimit": 2,
+                    "template": {
+                        "metadata": {"labels": labels},
+                        "spec": {
+                            "restartPolicy": "OnFailure",
+                            "containers": [
+                                {
+                                    "name": "generate",
+                                    "image": image,
+                                    "command": args,
+                                    "env": env,
+                                    "resources": {
+                                        "requests": {"cpu": "1", "memory": "2Gi"},
+                                        "limits": {"memory": "4Gi"},
+                                    },
+                                    "volumeMounts": [{"name": "requests", "mountPath": LOG_MOUNT}],
+                                }
+                            ],
+                            "volumes": [
+                                {"name": "requests",
+                                 "persistentVolumeClaim": {"claimName": request_log_claim(isvc)}}
+                            ],
+                        },
+                    },
+                },
+            },
+        },
+    }

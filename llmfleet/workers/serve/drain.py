@@ -1,0 +1,122 @@
+"""The replica's front door: a thin streaming proxy that owns graceful drain.
+
+vLLM's own SIGTERM handling (`--shutdown-timeout N`, "drain" mode) stops the engine's output handler
+before in-flight HTTP streams are flushed: measured on vLLM 0.32, a stream in flight at SIGTERM ends
+with "EngineCore encountered an issue" and a new request gets a 500. So the wrapper listens on the
+replica port and runs the engine on a private loopback port; on SIGTERM it
+
+1. answers new requests (and /health, so Kubernetes readiness and the router drop the replica) with 503,
+2. lets in-flight requests, streams included, finish for up to `drain_seconds`,
+3. then stops the engine and exits 0.
+
+Everything else is a byte-for-byte pass-through: `/metrics` carries vLLM's `vllm:` series unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
+
+log = logging.getLogger("llmfleet.serve")
+
+# Hop-by-hop headers (RFC 9110 7.6.1) plus the ones aiohttp recomputes for a streamed body.
+_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
+        "transfer-encoding", "upgrade", "content-length", "content-encoding", "host"}
+# Paths that stay open during drain: probes and scrapes must see the replica until it exits.
+_ALWAYS_OPEN = {"/metrics", "/ping", "/version"}
+
+
+def _err(status: int, message: str, kind: str) -> web.Response:
+    return web.json_response({"error": {"message": message, "type": kind, "code": status}}, status=status)
+
+
+class DrainProxy:
+    """Forward every request to `upstream`; track in-flight ones; refuse new ones once draining."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream.rstrip("/")
+        self.inflight = 0
+        self.draining = False
+        self.engine_ready = False
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._session: ClientSession | None = None
+
+    async def start(self, _app: web.Application | None = None) -> None:
+        # No total timeout: a long generation is legitimate; the router bounds request time.
+        self._session = ClientSession(
+            timeout=ClientTimeout(total=None, connect=10, sock_connect=10),
+            connector=TCPConnector(limit=0), auto_decompress=False,
+        )
+
+    async def close(self, _app: web.Application | None = None) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.on_startup.append(self.start)
+        app.on_cleanup.append(self.close)
+        app.router.add_route("*", "/{tail:.*}", self.handle)
+        return app
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        path = request.path
+        if path == "/health":
+            if self.draining:
+                return _err(503, "replica is draining", "draining")
+            if not self.engine_ready:
+                return _err(503, "engine is starting", "starting")
+        elif path not in _ALWAYS_OPEN and self.draining:
+            return _err(503, "replica is draining; retry on another replica", "draining")
+        tracked = path not in _ALWAYS_OPEN and path != "/health"
+        if tracked:
+            self.inflight += 1
+            self._idle.clear()
+        try:
+            return await self._forward(request)
+        finally:
+            if tracked:
+                self.inflight -= 1
+                if self.inflight == 0:
+                    self._idle.set()
+
+    async def _forward(self, request: web.Request) -> web.StreamResponse:
+        if self._session is None:
+            raise RuntimeError("DrainProxy.start() was not awaited")
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
+        body = await request.read()
+        url = self.upstream + str(request.rel_url)
+        try:
+            upstream = await self._session.request(request.method, url, headers=headers, data=body or None)
+        except (ClientError, OSError) as err:
+            return _err(503, f"engine unavailable: {err}", "engine_unavailable")
+        async with upstream:
+            out = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+            for k, v in upstream.headers.items():
+                if k.lower() not in _HOP:
+                    out.headers.add(k, v)
+            await out.prepare(request)
+            try:
+                async for chunk in upstream.content.iter_any():
+                    await out.write(chunk)
+            except (ClientError, asyncio.TimeoutError) as err:
+                log.warning("upstream stream broke on %s: %s", request.path, err)
+            await out.write_eof()
+            return out
+
+    async def drain(self, deadline_s: float) -> bool:
+        """Refuse new work and wait for in-flight requests; True when all finished before the deadline."""
+        self.draining = True
+        start = time.monotonic()
+        log.info("draining: %d request(s) in flight, deadline %.0fs", self.inflight, deadline_s)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), timeout=deadline_s)
+        done = self.inflight == 0
+        log.info("drain %s after %.1fs (%d left)", "complete" if done else "deadline hit", time.monotonic() - start,
+                 self.inflight)
+        return done

@@ -1,0 +1,165 @@
+"""`python -m llmfleet.workers.serve`: one serving replica (engine process + drain proxy).
+
+    python -m llmfleet.workers.serve --engine vllm --drain-seconds 60 -- <render_vllm_args(...)>
+
+The engine (vLLM's OpenAI server, or the Ray Serve LLM app for `--engine ray-serve`) gets the rendered
+argv with --host/--port moved to a private loopback port; the wrapper's DrainProxy listens on the
+replica's --host/--port. `/health` is 200 only once the engine answers its own /health and until drain
+starts. The wrapper exits with the engine's code if the engine dies (so a supervisor restarts it), and
+with 0 after a SIGTERM/SIGINT drain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Sequence
+
+import aiohttp
+from aiohttp import web
+
+from llmfleet.workers.serve.drain import DrainProxy
+from llmfleet.workers.serve.vllm_args import VLLM_ENTRYPOINT
+
+log = logging.getLogger("llmfleet.serve")
+RAY_ENTRYPOINT = "llmfleet.workers.serve.ray_app"
+ENGINE_STOP_GRACE_S = 20.0
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def split_listen(argv: Sequence[str]) -> tuple[list[str], str, int]:
+    """Remove --host/--port (both `--x v` and `--x=v`) from an engine argv; return (rest, host, port)."""
+    rest: list[str] = []
+    host, port = "0.0.0.0", 8000
+    it = iter(range(len(argv)))
+    for i in it:
+        a = argv[i]
+        name, eq, val = a.partition("=")
+        if name in ("--host", "--port"):
+            if not eq:
+                if i + 1 >= len(argv):
+                    raise ValueError(f"{name} needs a value")
+                val = argv[i + 1]
+                next(it, None)
+            if name == "--host":
+                host = val
+            else:
+                try:
+                    port = int(val)
+                except ValueError:
+                    raise ValueError(f"--port must be an integer, got {val!r}") from None
+        else:
+            rest.append(a)
+    return rest, host, port
+
+
+def engine_command(engine: str, argv: Sequence[str], port: int) -> list[str]:
+    module = VLLM_ENTRYPOINT if engine == "vllm" else RAY_ENTRYPOINT
+    return [sys.executable, "-m", module, *argv, "--host", "127.0.0.1", "--port", str(port)]
+
+
+def _die_with_parent() -> None:
+    """Linux: the engine gets SIGTERM if the wrapper is killed outright, so no engine is orphaned."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def start_engine(cmd: list[str]) -> subprocess.Popen[bytes]:
+    log.info("starting engine: %s", " ".join(cmd))
+    # Own session: a terminal's Ctrl-C reaches the wrapper, which drains before stopping the engine.
+    return subprocess.Popen(cmd, start_new_session=True, preexec_fn=_die_with_parent)  # noqa: PLW1509
+
+
+def stop_engine(proc: subprocess.Popen[bytes], grace_s: float = ENGINE_STOP_GRACE_S) -> int:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            log.warning("engine ignored SIGTERM for %.0fs; killing its process group", grace_s)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+    return proc.returncode if proc.returncode is not None else 0
+
+
+async def _watch_ready(proxy: DrainProxy, upstream: str, proc: subprocess.Popen[bytes]) -> None:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as s:
+        while proc.poll() is None and not proxy.engine_ready:
+            with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError, OSError):
+                async with s.get(upstream + "/health") as r:
+                    if r.status == 200:
+                        proxy.engine_ready = True
+                        log.info("engine ready")
+                        return
+            await asyncio.sleep(0.5)
+
+
+async def serve(engine: str, engine_argv: Sequence[str], drain_seconds: float) -> int:
+    argv, host, port = split_listen(engine_argv)
+    inner = free_port()
+    upstream = f"http://127.0.0.1:{inner}"
+    proxy = DrainProxy(upstream)
+    runner = web.AppRunner(proxy.app(), access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, reuse_address=True)
+    await site.start()
+    log.info("replica listening on %s:%d (engine %s on %s)", host, port, engine, upstream)
+    proc = start_engine(engine_command(engine, argv, inner))
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    ready_task = asyncio.create_task(_watch_ready(proxy, upstream, proc))
+    code = 0
+    try:
+        while not stop.is_set():
+            if proc.poll() is not None:
+                code = proc.returncode or 1
+                log.error("engine exited with code %s; replica exits", proc.returncode)
+                return code
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=0.5)
+        await proxy.drain(drain_seconds)
+        return 0
+    finally:
+        ready_task.cancel()
+        await loop.run_in_executor(None, stop_engine, proc)
+        await runner.cleanup()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m llmfleet.workers.serve", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--engine", choices=["vllm", "ray-serve"], default="vllm")
+    p.add_argument("--drain-seconds", type=float, default=60.0, help="Deadline for in-flight requests on SIGTERM.")
+    p.add_argument("engine_args", nargs=argparse.REMAINDER, help="-- then the engine's arguments (render_vllm_args).")
+    ns = p.parse_args(argv)
+    rest = list(ns.engine_args)
+    if rest and rest[0] == "--":
+        rest = rest[1:]
+    if "--model" not in {a.split("=", 1)[0] for a in rest}:
+        p.error("engine arguments must include --model (pass them after --)")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s llmfleet.serve %(levelname)s %(message)s")
+    try:
+        return asyncio.run(serve(ns.engine, rest, ns.drain_seconds))
+    except ValueError as err:
+        print(f"llmfleet.workers.serve: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:
+        print(f"llmfleet.workers.serve: cannot listen: {err}", file=sys.stderr)
+        return 1

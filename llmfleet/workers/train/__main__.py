@@ -1,0 +1,56 @@
+"""Entry point: `torchrun ... -m llmfleet.workers.train --spec job.yaml` (one process per GPU, or one CPU
+process with gloo). The spec is a TrainingJob manifest or just its spec."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+import yaml
+
+from llmfleet.api.trainingjob import TrainingJobSpec
+
+
+def load_spec(path: str) -> TrainingJobSpec:
+    from llmfleet.api.loader import load_manifest
+    from llmfleet.api.trainingjob import TrainingJob
+
+    doc = yaml.safe_load(Path(path).read_text())
+    if isinstance(doc, dict) and doc.get("kind") == "TrainingJob":
+        job = load_manifest(path)
+        if not isinstance(job, TrainingJob):
+            raise ValueError(f"{path}: expected a TrainingJob")
+        return job.spec
+    return TrainingJobSpec.model_validate(doc.get("spec", doc) if isinstance(doc, dict) else doc)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m llmfleet.workers.train")
+    parser.add_argument("--spec", required=True, help="TrainingJob manifest or spec (YAML)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from pydantic import ValidationError
+
+    try:
+        spec = load_spec(args.spec)
+    except (OSError, ValueError, ValidationError) as err:
+        print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
+        return 2
+    from llmfleet.workers.train.trainer import Trainer
+
+    trainer = Trainer(spec)
+    done = False
+    try:
+        trainer.resume()
+        trainer.train()
+        trainer.export()
+        done = True
+    finally:
+        trainer.close(done)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,350 @@
+"""The Trainer: builds the parallelized model, runs the loop, reports metrics, checkpoints and exports."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import resource
+import socket
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from llmfleet.api.trainingjob import TrainingJobSpec
+from llmfleet.workers.train import metrics as fl
+from llmfleet.workers.train.checkpoint import Checkpointer
+from llmfleet.workers.train.data import TokenData
+from llmfleet.workers.train.model import ModelArgs, Transformer
+from llmfleet.workers.train.parallelize import build_mesh, parallelize
+
+log = logging.getLogger("llmfleet.train")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def init_distributed() -> tuple[int, int, int, torch.device]:
+    """Rank, world size, local rank and device; a lone process (no torchrun) becomes a world of one."""
+    if "RANK" not in os.environ:
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=str(_free_port()))
+    rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
+    use_cuda = torch.cuda.is_available() and os.environ.get("LLMFLEET_DEVICE", "") != "cpu"
+    if use_cuda:
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
+        # NCCL for the collectives of training, gloo for DCP's CPU-side coordination (async save).
+        backend = "cuda:nccl,cpu:gloo"
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend, device_id=device if use_cuda else None)
+    return rank, world, local, device
+
+
+def lr_lambda(spec: TrainingJobSpec) -> Any:
+    lr = spec.optimization.lr
+    total, warm = spec.optimization.steps, lr.warmup_steps
+    floor = lr.min / lr.peak
+
+    def f(step: int) -> float:
+        if step < warm:
+            return (step + 1) / warm
+        if lr.decay == "constant" or total <= warm:
+            return 1.0
+        progress = min(1.0, (step - warm) / max(1, total - warm))
+        shape = 0.5 * (1 + math.cos(math.pi * progress)) if lr.decay == "cosine" else 1 - progress
+        return floor + (1 - floor) * shape
+
+    return f
+
+
+class Trainer:
+    def __init__(self, spec: TrainingJobSpec) -> None:
+        self.spec = spec
+        self.rank, self.world, self.local_rank, self.device = init_distributed()
+        opt = spec.optimization
+        per_step_seqs = opt.global_batch_tokens // spec.model.seq_len
+        if opt.global_batch_tokens % (opt.micro_batch * spec.model.seq_len * self.world):
+            raise ValueError(f"globalBatchTokens ({opt.global_batch_tokens}) is not a multiple of microBatch x "
+                             f"seqLen x world size ({opt.micro_batch} x {spec.model.seq_len} x {self.world})")
+        self.accum = per_step_seqs // (opt.micro_batch * self.world)
+        if opt.deterministic:
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+            torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.manual_seed(opt.seed)
+        self.args = ModelArgs.from_shape(spec.model)
+        self.data = TokenData.open(spec.data.path, spec.model.seq_len, opt.seed)
+        if self.data.vocab > self.args.vocab:
+            raise ValueError(f"data vocabulary ({self.data.vocab}) exceeds model.vocab ({self.args.vocab})")
+
+        self.mesh = build_mesh(self.device.type, self.world, spec.fsdp.replicate_groups)
+        with torch.device("meta"):
+            model = Transformer(self.args)
+        param_dtype = torch.bfloat16 if opt.precision == "bf16" else torch.float32
+        self.model = parallelize(
+            model, self.mesh, activation_checkpointing=opt.activation_checkpointing, compile=opt.compile,
+            param_dtype=param_dtype, reshard_after_forward=spec.fsdp.reshard_after_forward,
+        )
+        self.model.to_empty(device=self.device)
+        self.model.init_weights(opt.seed)
+
+        decay = [p for p in self.model.parameters() if p.ndim >= 2]
+        no_decay = [p for p in self.model.parameters() if p.ndim < 2]
+        groups = [{"params": decay, "weight_decay": opt.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        fused = self.device.type == "cuda"
+        self.optimizer = torch.optim.AdamW(groups, lr=opt.lr.peak, betas=(0.9, 0.95), eps=1e-8,
+                                           fused=fused, foreach=None if fused else True)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(spec))
+
+        self.teacher: Transformer | None = None
+        if spec.distillation:
+            from llmfleet.workers.train.export import load_hf
+
+            self.teacher = load_hf(spec.distillation.teacher, dtype=param_dtype, device=self.device).eval()
+            self.teacher.requires_grad_(False)
+            if self.teacher.args.vocab != self.args.vocab:
+                raise ValueError(f"teacher vocabulary ({self.teacher.args.vocab}) differs from the student's "
+                                 f"({self.args.vocab})")
+
+        self.ckpt_root = Path(spec.checkpoint.uri)
+        if self.rank == 0:
+            self.ckpt_root.mkdir(parents=True, exist_ok=True)
+        self.checkpointer = Checkpointer(self.ckpt_root, spec.checkpoint.keep, spec.checkpoint.async_save, self.rank)
+        self.step = 0
+        self.peak = fl.peak_tflops(
+            torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None, spec.metrics.peak_tflops
+        )
+        self.flops_token = fl.model_flops_per_token(self.args)
+        self.hw_flops_token = fl.hardware_flops_per_token(self.args, opt.activation_checkpointing)
+        self.metrics = fl.TrainMetrics(self.rank)
+        self.status: dict[str, Any] = {
+            "step": 0, "totalSteps": opt.steps, "loss": None, "tokensPerSecond": None, "mfu": None, "hfu": None,
+            "lastCheckpoint": None, "stragglers": [], "done": False, "worldSize": self.world,
+        }
+        self.history: list[dict[str, Any]] = []
+        self.server: fl.MetricsServer | None = None
+        port_env = os.environ.get("LLMFLEET_METRICS_PORT")
+        port = int(port_env) if port_env is not None else spec.metrics.port + self.local_rank
+        if port >= 0:
+            self.server = fl.MetricsServer(self.metrics, port if port == 0 else port,
+                                           status=(lambda: dict(self.status)) if self.rank == 0 else None)
+
+    # ------------------------------------------------------------------ state
+    def resume(self) -> bool:
+        state = self.checkpointer.load_latest(self.model, self.optimizer)
+        if state is None:
+            return False
+        self.step = int(state["step"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.status.update(step=self.step, lastCheckpoint=self.checkpointer.last)
+        if self.rank == 0:
+            log.info("resumed from %s at step %d (saved by %s ranks, now %d)", self.checkpointer.last, self.step,
+                     state.get("world_size"), self.world)
+        return True
+
+    def save(self) -> None:
+        state = {"step": self.step, "scheduler": self.scheduler.state_dict(), "world_size": self.world,
+                 "samples": self.step * self.spec.optimization.global_batch_tokens // self.spec.model.seq_len}
+        self.checkpointer.save(self.step, self.model, self.optimizer, state)
+        self.metrics.checkpoints.inc()
+        self.status["lastCheckpoint"] = self.checkpointer.last
+
+    def _publish(self) -> None:
+        if self.rank != 0:
+            return
+        self.status["updatedAt"] = datetime.now(UTC).isoformat()
+        fl.write_status(self.ckpt_root, self.status)
+
+    # ------------------------------------------------------------------ loop
+    def _loss(self, tokens: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.teacher is None or self.spec.distillation is None:
+            return self.model(tokens, targets), None
+        d = self.spec.distillation
+        logits = self.model(tokens).float()
+        ce = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1))
+        with torch.no_grad():
+            t_logits = self.teacher(tokens).float()
+        t_logp = F.log_softmax(t_logits / d.temperature, dim=-1).view(-1, logits.shape[-1])
+        s_logp = F.log_softmax(logits / d.temperature, dim=-1).view(-1, logits.shape[-1])
+        kl = F.kl_div(s_logp, t_logp, log_target=True, reduction="batchmean")  # KL(teacher || student) per token
+        loss = d.alpha * kl * d.temperature**2 + (1 - d.alpha) * ce
+        return loss, kl.detach()
+
+    def train_step(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        opt = self.spec.optimization
+        loss_sum = torch.zeros((), device=self.device)
+        kl_sum: torch.Tensor | None = None
+        for micro in range(self.accum):
+            with torch.profiler.record_function("llmfleet.data"):
+                x, y = self.data.batch(self.step, micro, micro_batch=opt.micro_batch, accum=self.accum,
+                                       rank=self.rank, world=self.world)
+                x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+            if self.accum > 1 and hasattr(self.model, "set_requires_gradient_sync"):
+                # Reduce-scatter gradients once per step, on the last micro-batch.
+                self.model.set_requires_gradient_sync(micro == self.accum - 1)
+            loss, kl = self._loss(x, y)
+            (loss / self.accum).backward()
+            loss_sum += loss.detach() / self.accum
+            if kl is not None:
+                kl_sum = (kl / self.accum) if kl_sum is None else kl_sum + kl / self.accum
+        max_norm = opt.grad_clip if opt.grad_clip > 0 else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss_sum, norm, kl_sum
+
+    def train(self, save_checkpoints: bool = True) -> list[dict[str, Any]]:
+        """Run to spec.optimization.steps; returns one history entry per step (rank 0 also appends them to
+        <checkpoint uri>/train_log.jsonl). save_checkpoints=False is for benchmarks."""
+        spec, opt = self.spec, self.spec.optimization
+        prof_spec = spec.profiling
+        prof: Any = None
+        fail_at = int(os.environ.get("LLMFLEET_FAIL_AT_STEP", "-1"))  # fault injection for resume tests
+        tokens_per_step = opt.global_batch_tokens
+        pending: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
+        window_start, window_steps = time.perf_counter(), 0
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        while self.step < opt.steps:
+            if prof_spec and self.step == prof_spec.start_step:
+                prof = self._start_profiler()
+            loss, norm, kl = self.train_step()
+            self.step += 1
+            window_steps += 1
+            pending.append((self.step, loss, norm, kl))
+            if prof is not None and prof_spec and self.step >= prof_spec.start_step + prof_spec.steps:
+                self._stop_profiler(prof)
+                prof = None
+            last = self.step == opt.steps
+            if self.step % spec.metrics.log_every == 0 or last or self.step == fail_at:
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
+                elapsed = time.perf_counter() - window_start
+                self._report(pending, elapsed / window_steps, tokens_per_step)
+                pending, window_start, window_steps = [], time.perf_counter(), 0
+            if save_checkpoints and (self.step % spec.checkpoint.interval == 0 or last):
+                self.save()
+                window_start = time.perf_counter()  # keep checkpoint time out of step time
+            self._publish()
+            if self.step == fail_at:
+                self.checkpointer.wait()
+                log.warning("LLMFLEET_FAIL_AT_STEP=%d: exiting without cleanup", fail_at)
+                os._exit(17)
+        if prof is not None:
+            self._stop_profiler(prof)
+        self.checkpointer.wait()
+        return self.history
+
+    def _report(self, pending: list, step_time: float, tokens_per_step: int) -> None:
+        # One collective for the window: losses, norms, KLs (summed) and every rank's step time (gathered).
+        vals = torch.stack([torch.stack([p[1], p[2].to(p[1].dtype),
+                                         p[3] if p[3] is not None else torch.zeros((), device=self.device)])
+                            for p in pending]).float()
+        dist.all_reduce(vals, op=dist.ReduceOp.SUM)
+        vals = (vals / self.world).cpu()
+        times = [torch.zeros(1, device=self.device) for _ in range(self.world)]
+        dist.all_gather(times, torch.tensor([step_time], device=self.device))
+        step_times = [float(t.item()) for t in times]
+        slow = fl.stragglers(step_times, self.spec.metrics.straggler_factor)
+        slowest = max(step_times)
+        tps = tokens_per_step / slowest
+        per_device = tps / self.world
+        mfu = fl.utilization(self.flops_token, per_device, self.peak)
+        hfu = fl.utilization(self.hw_flops_token, per_device, self.peak)
+        if self.device.type == "cuda":
+            mem = float(torch.cuda.max_memory_allocated(self.device))
+        else:
+            mem = float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+        lr = self.scheduler.get_last_lr()[0]
+        for (step, *_), row in zip(pending, vals.tolist(), strict=True):
+            entry = {"step": step, "loss": row[0], "gradNorm": row[1], "lr": lr, "stepTime": step_time,
+                     "tokensPerSecond": tps, "mfu": mfu, "hfu": hfu, "memoryPeakBytes": mem, "stepTimes": step_times}
+            if self.teacher is not None:
+                entry["kl"] = row[2]
+            self.history.append(entry)
+        m = self.metrics
+        m.step.set(self.step)
+        m.loss.set(vals[-1, 0].item())
+        m.grad_norm.set(vals[-1, 1].item())
+        m.tokens_per_second.set(tps)
+        m.step_seconds.set(step_time)
+        m.mfu.set(mfu or 0.0)
+        m.hfu.set(hfu or 0.0)
+        m.memory_bytes.set(mem)
+        m.lr.set(lr)
+        m.stragglers.set(len(slow))
+        m.tokens.inc(tokens_per_step // self.world * len(pending))
+        if self.teacher is not None:
+            m.kl.set(vals[-1, 2].item())
+        self.status.update(step=self.step, loss=vals[-1, 0].item(), tokensPerSecond=tps, mfu=mfu, hfu=hfu,
+                           stragglers=slow, stepTime=step_time, gradNorm=vals[-1, 1].item(), memoryPeakBytes=mem)
+        if self.rank == 0:
+            with (self.ckpt_root / "train_log.jsonl").open("a") as f:
+                for e in self.history[-len(pending):]:
+                    f.write(json.dumps(e) + "\n")
+            log.info("step %d loss %.4f tok/s %.0f step %.3fs mfu %s%s", self.step, vals[-1, 0].item(), tps,
+                     step_time, f"{mfu:.3f}" if mfu is not None else "n/a",
+                     f" stragglers {slow}" if slow else "")
+
+    # ------------------------------------------------------------------ profiling
+    def _trace_dir(self) -> Path:
+        p = self.spec.profiling
+        return Path(p.path) if p and p.path else self.ckpt_root / "traces"
+
+    def _start_profiler(self) -> Any:
+        from torch.profiler import ProfilerActivity, profile
+
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
+        prof = profile(activities=acts, record_shapes=False, with_stack=False)
+        prof.start()
+        return prof
+
+    def _stop_profiler(self, prof: Any) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        prof.stop()
+        out = self._trace_dir()
+        out.mkdir(parents=True, exist_ok=True)
+        prof.export_chrome_trace(str(out / f"trace-rank{self.rank}.json"))
+
+    # ------------------------------------------------------------------ finish
+    def export(self) -> Path | None:
+        """Gather the full model and write the HF folder of spec.output (rank 0 writes)."""
+        if self.spec.output is None:
+            return None
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        from llmfleet.workers.train.export import export_hf
+
+        sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        out = Path(self.spec.output.path)
+        if self.rank == 0:
+            tok = self.spec.data.tokenizer
+            if tok is None and (Path(self.spec.data.path) / "tokenizer.json").is_file():
+                tok = str(Path(self.spec.data.path) / "tokenizer.json")
+            export_hf(sd, self.args, out, tokenizer=tok)
+            self.status["exported"] = str(out)
+        dist.barrier()
+        return out
+
+    def close(self, done: bool) -> None:
+        self.status["done"] = done
+        self._publish()
+        if self.server is not None:
+            self.server.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()

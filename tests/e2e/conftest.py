@@ -1,0 +1,114 @@
+"""Fixtures of the kind-based e2e suite (driven by e2e/run.sh).
+
+The suite runs only when LLMFLEET_E2E=1 (run.sh sets it) *and* a cluster with the llmfleet CRDs answers:
+it never touches whatever cluster the current kube context points at by accident. Everywhere else
+(`make test` on a dev machine or CI without Docker) every test skips with the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+T = TypeVar("T")
+
+
+def _cluster_skip_reason() -> str | None:
+    if os.environ.get("LLMFLEET_E2E") != "1":
+        return "e2e needs a kind cluster: run `make e2e` (e2e/run.sh sets LLMFLEET_E2E=1)"
+    try:
+        import urllib3
+        from kubernetes import client, config
+        from kubernetes.config.config_exception import ConfigException
+    except ImportError:
+        return "the kubernetes Python client is not installed"
+    try:
+        config.load_kube_config()
+    except (ConfigException, OSError) as err:
+        return f"no Kubernetes cluster configured: {err}"
+    try:
+        client.VersionApi().get_code(_request_timeout=5)
+        client.ApiextensionsV1Api().read_custom_resource_definition(
+            "inferenceservices.llmfleet.io", _request_timeout=5
+        )
+    except client.ApiException as err:
+        return f"cluster reachable but llmfleet is not installed (CRD lookup: {err.status}); run e2e/run.sh"
+    except (OSError, ValueError, urllib3.exceptions.HTTPError) as err:
+        return f"no Kubernetes cluster reachable: {type(err).__name__}"
+    return None
+
+
+_SKIP = _cluster_skip_reason()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _SKIP is None:
+        return
+    marker = pytest.mark.skip(reason=_SKIP)
+    for item in items:
+        if "tests/e2e/" in str(item.path).replace(os.sep, "/"):
+            item.add_marker(marker)
+
+
+def poll(what: str, fn: Callable[[], T | None], timeout: float, interval: float = 2.0) -> T:
+    """Call fn until it returns something truthy; fail with `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        last = fn()
+        if last:
+            return last
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+        time.sleep(interval)
+
+
+@pytest.fixture(scope="session")
+def run_id() -> str:
+    """Shared by the separate pytest calls of one e2e/run.sh run, so phases find each other's namespace."""
+    return os.environ.get("LLMFLEET_E2E_RUN_ID") or uuid.uuid4().hex[:6]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture()
+def port_forward() -> Iterator[Callable[[str, str, int], str]]:
+    """port_forward(namespace, service, port) -> base URL on localhost; the kubectl processes end with the test."""
+    procs: list[subprocess.Popen[str]] = []
+
+    def start(namespace: str, service: str, port: int) -> str:
+        local = free_port()
+        proc = subprocess.Popen(
+            ["kubectl", "-n", namespace, "port-forward", f"svc/{service}", f"{local}:{port}"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        procs.append(proc)
+
+        def listening() -> bool:
+            with socket.socket() as s:
+                s.settimeout(1)
+                return s.connect_ex(("127.0.0.1", local)) == 0
+
+        poll(f"port-forward to {namespace}/{service}", listening, timeout=30, interval=0.5)
+        return f"http://127.0.0.1:{local}"
+
+    yield start
+    for proc in procs:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()

@@ -1,0 +1,177 @@
+"""Fixtures: the extended kmock emulator (tests/kubeemu.py) and the real kopf operator in the test's loop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import os
+import pathlib
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+
+# Fast timers for tests; read when llmfleet.operator.handlers is first imported (kopf fixes timer intervals).
+os.environ.setdefault("LLMFLEET_RECONCILE_INTERVAL", "1")
+os.environ.setdefault("LLMFLEET_RETRY_DELAY", "0.5")
+
+ROOT = pathlib.Path(__file__).resolve().parents[3]
+CRDS = ROOT / "crds"
+
+
+def _load_kubeemu() -> Any:
+    if "kubeemu" in sys.modules:
+        return sys.modules["kubeemu"]
+    spec = importlib.util.spec_from_file_location("kubeemu", ROOT / "tests" / "kubeemu.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["kubeemu"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+kubeemu = _load_kubeemu()
+
+KOPF_PEERING_CRDS = [
+    {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.kopf.dev"},
+        "spec": {
+            "group": "kopf.dev",
+            "scope": scope,
+            "names": {"kind": kind, "plural": plural, "singular": kind.lower()},
+            "versions": [{"name": "v1", "served": True, "storage": True}],
+        },
+    }
+    for kind, plural, scope in (
+        ("ClusterKopfPeering", "clusterkopfpeerings", "Cluster"),
+        ("KopfPeering", "kopfpeerings", "Namespaced"),
+    )
+]
+
+
+async def eventually(check: Callable[[], Any], timeout: float = 10.0, interval: float = 0.05) -> Any:
+    """Poll `check` (sync or async) until it returns a truthy value; fail with its last value/error."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        try:
+            last = check()
+            if asyncio.iscoroutine(last):
+                last = await last
+            if last:
+                return last
+        except (AssertionError, KeyError, IndexError, TypeError) as err:
+            last = err
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s; last: {last!r}")
+        await asyncio.sleep(interval)
+
+
+class Operator:
+    """One kopf operator running as a task in the test's event loop."""
+
+    def __init__(self, url: str, **options: Any) -> None:
+        import kopf
+
+        from llmfleet.operator.config import OperatorConfig
+        from llmfleet.operator.handlers import Runtime
+        from llmfleet.operator.run import RunOptions
+
+        config = options.pop("config", None) or OperatorConfig()
+        self.runtime = Runtime(config=config, connection=kopf.ConnectionInfo(server=url))
+        defaults: dict[str, Any] = {"metrics_port": None, "liveness_port": None, "standalone": True, "autoscaler": False}
+        self.options = RunOptions(runtime=self.runtime, **{**defaults, **options})
+        self.stop_flag = asyncio.Event()
+        self.ready_flag = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
+
+    async def start(self) -> Operator:
+        from llmfleet.operator.run import run_async
+
+        self.task = asyncio.create_task(run_async(self.options, stop_flag=self.stop_flag, ready_flag=self.ready_flag))
+        await asyncio.wait_for(self.ready_flag.wait(), 20)
+        return self
+
+    async def stop(self) -> None:
+        if self.task is None:
+            return
+        self.stop_flag.set()
+        try:
+            await asyncio.wait_for(self.task, 20)
+        except asyncio.CancelledError:
+            # kopf ends its root task by cancellation when the stop flag is set; re-raise only our own.
+            if not self.task.cancelled():
+                raise
+        except TimeoutError:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+        self.task = None
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[tuple[Any, str]]:
+    async with kubeemu.serve(CRDS) as (emu, url):
+        for crd in KOPF_PEERING_CRDS:
+            emu.add_crd(crd)
+        yield emu, url
+
+
+@pytest.fixture
+async def operators(cluster: tuple[Any, str]) -> AsyncIterator[Callable[..., Awaitable[Operator]]]:
+    """Factory: `op = await operators(**RunOptions fields)`; every operator is stopped at teardown."""
+    _, url = cluster
+    started: list[Operator] = []
+
+    async def start(**options: Any) -> Operator:
+        op = Operator(url, **options)
+        started.append(op)
+        return await op.start()
+
+    yield start
+    for op in reversed(started):
+        await op.stop()
+
+
+def isvc_manifest(name: str = "chat", namespace: str = "ml", **spec: Any) -> dict[str, Any]:
+    """An InferenceService on GPUs (valid vLLM arguments) with one student pool."""
+    base: dict[str, Any] = {
+        "model": {"path": "/models/llama", "servedName": "llama"},
+        "replicas": 2,
+        "minReplicas": 1,
+        "maxReplicas": 4,
+        "resources": {"gpus": 1, "gpuType": "H200", "cpu": "4", "memory": "32Gi"},
+        "vllm": {"maxNumSeqs": 128},
+        "fallback": {"pools": [{"name": "student", "model": {"path": "/models/small"}, "replicas": 1,
+                                "resources": {"gpus": 1, "cpu": "2", "memory": "16Gi"}}]},
+    }
+    base.update(spec)
+    return {"apiVersion": "llmfleet.io/v1alpha1", "kind": "InferenceService",
+            "metadata": {"name": name, "namespace": namespace}, "spec": base}
+
+
+def tj_manifest(name: str = "train", namespace: str = "ml", **spec: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "model": {"layers": 2, "hidden": 64, "heads": 4},
+        "data": {"path": "/data/tokens"},
+        "optimization": {"globalBatchTokens": 512, "microBatch": 1, "steps": 10},
+        "model_seq": None,
+        "workers": {"count": 2, "gpusPerWorker": 0},
+        "checkpoint": {"uri": "/ckpt", "interval": 5},
+        "maxRestarts": 2,
+    }
+    base.pop("model_seq")
+    base["model"]["seqLen"] = 256
+    base.update(spec)
+    return {"apiVersion": "llmfleet.io/v1alpha1", "kind": "TrainingJob",
+            "metadata": {"name": name, "namespace": namespace}, "spec": base}
+
+
+# Test modules import the helpers above as `from operator_testkit import ...` (pytest runs with
+# --import-mode=importlib, where `conftest` itself is not importable by name).
+sys.modules.setdefault("operator_testkit", sys.modules[__name__])

@@ -1,0 +1,89 @@
+"""Fake OpenAI replicas and an in-process router, all on free ports in the test's event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from llmfleet.router.config import LimitsConfig, PoolConfig, RouterConfig
+from llmfleet.router.fake_backend import FakeBackend
+from llmfleet.router.server import Router
+
+
+class RouterUnderTest:
+    def __init__(self, router: Router, runner: web.AppRunner, url: str) -> None:
+        self.router = router
+        self.runner = runner
+        self.url = url
+
+
+async def start_router(cfg: RouterConfig, lookup: Any = None) -> RouterUnderTest:
+    router = Router(cfg, lookup)
+    runner = web.AppRunner(router.app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return RouterUnderTest(router, runner, f"http://127.0.0.1:{port}")
+
+
+def config(pools: dict[str, tuple[str, list[str]]], **kw: Any) -> RouterConfig:
+    """pools: name -> (served model, endpoints); the first is the primary."""
+    limits = kw.pop("limits", {})
+    return RouterConfig(
+        service="svc",
+        pools=[PoolConfig(name=n, role="primary" if i == 0 else "student", served_names=[model], endpoints=eps)
+               for i, (n, (model, eps)) in enumerate(pools.items())],
+        limits=LimitsConfig(**{"scrape_interval_seconds": 0.05, "scrape_timeout_seconds": 0.5,
+                               "health_failures_to_down": 1, **limits}),
+        **kw,
+    )
+
+
+async def wait_for(pred: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.02)
+
+
+@pytest.fixture
+async def fakes() -> AsyncIterator[Callable[..., Awaitable[FakeBackend]]]:
+    started: list[FakeBackend] = []
+
+    async def make(**kw: Any) -> FakeBackend:
+        fb = FakeBackend(**kw)
+        await fb.start()
+        started.append(fb)
+        return fb
+
+    yield make
+    for fb in started:
+        await fb.stop()
+
+
+@pytest.fixture
+async def routers() -> AsyncIterator[Callable[..., Awaitable[RouterUnderTest]]]:
+    started: list[RouterUnderTest] = []
+
+    async def make(cfg: RouterConfig, lookup: Any = None) -> RouterUnderTest:
+        r = await start_router(cfg, lookup)
+        started.append(r)
+        return r
+
+    yield make
+    for r in started:
+        await r.runner.cleanup()
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as s:
+        yield s

@@ -1,0 +1,125 @@
+"""The chart's RBAC is exactly what the operator declares it needs (llmfleet/operator/rbac.py OPERATOR_RULES):
+no more (least privilege, no wildcards), no less; namespaced Roles when watchNamespaces is set."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "llmfleet"
+RBAC_KINDS = ("ClusterRole", "Role", "ClusterRoleBinding", "RoleBinding")
+
+Triple = tuple[str, str, str]  # (apiGroup, resource, verb)
+
+
+def _generator() -> Any:
+    spec = importlib.util.spec_from_file_location("llmfleet_chart_generate_rbac", CHART / "hack" / "generate.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+gen = _generator()
+
+
+def operator_rules() -> list[dict[str, list[str]]]:
+    from llmfleet.operator.rbac import OPERATOR_RULES
+
+    return [gen._normalize_rule(r) for r in OPERATOR_RULES]
+
+
+def triples(rules: list[dict[str, list[str]]]) -> set[Triple]:
+    out: set[Triple] = set()
+    for r in rules:
+        names = tuple(r.get("resourceNames", []))
+        assert not names, f"resourceNames are not supported by the chart's split: {r}"
+        for g in r.get("apiGroups", [""]):
+            for res in r.get("resources", []):
+                for v in r.get("verbs", []):
+                    out.add((g, res, v))
+    return out
+
+
+def render(*sets: str) -> list[dict[str, Any]]:
+    helm = ROOT / ".tools" / "bin" / "helm"
+    binary = str(helm) if helm.exists() else shutil.which("helm")
+    if not binary:
+        pytest.skip("helm not found: run `make tools` (make test does)")
+    args = [binary, "template", "rel", str(CHART), "--namespace", "llmfleet-system"]
+    for s in sets:
+        args += ["--set", s]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return [d for d in yaml.safe_load_all(proc.stdout) if d and d["kind"] in RBAC_KINDS]
+
+
+def test_rbac_file_is_fresh() -> None:
+    text = (CHART / "files" / "operator-rbac.yaml").read_text()
+    assert text == gen.render_rbac(), "charts/llmfleet/files/operator-rbac.yaml is stale: run `make chart-docs`"
+
+
+def test_operator_rules_have_no_wildcards() -> None:
+    for rule in operator_rules():
+        for key in ("apiGroups", "resources", "verbs"):
+            assert "*" not in rule.get(key, []), f"wildcard {key} in {rule}"
+
+
+def test_cluster_wide_rbac_equals_operator_rules() -> None:
+    docs = render()
+    roles = [d for d in docs if d["kind"] == "ClusterRole"]
+    assert len(roles) == 1 and not [d for d in docs if d["kind"] == "Role"]
+    assert triples(roles[0]["rules"]) == triples(operator_rules())
+    (binding,) = [d for d in docs if d["kind"] == "ClusterRoleBinding"]
+    assert binding["roleRef"]["name"] == roles[0]["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "rel-llmfleet", "namespace": "llmfleet-system"}]
+
+
+def test_watch_namespaces_gives_namespaced_roles() -> None:
+    docs = render("operator.watchNamespaces={team-a,team-b}")
+    roles = {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "Role"}
+    bindings = {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "RoleBinding"}
+    assert set(roles) == set(bindings) == {"team-a", "team-b"}
+    split = gen.split_rules(operator_rules())
+    for role in roles.values():
+        assert triples(role["rules"]) == triples(split["namespaced"])
+    # Only cluster-scoped resources stay in a ClusterRole: no cluster-wide access to workloads.
+    cluster = [d for d in docs if d["kind"] == "ClusterRole"]
+    cluster_triples = set().union(*(triples(c["rules"]) for c in cluster)) if cluster else set()
+    assert cluster_triples == triples(split["cluster"])
+    assert all((g, r) in gen.CLUSTER_SCOPED for g, r, _ in cluster_triples)
+    assert cluster_triples | triples(split["namespaced"]) == triples(operator_rules())
+    for b in bindings.values():
+        assert b["subjects"][0]["namespace"] == "llmfleet-system"
+
+
+def test_split_sends_cluster_scoped_resources_to_the_cluster_role() -> None:
+    split = gen.split_rules([
+        {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["pods", "namespaces"], "verbs": ["list"]},
+    ])
+    assert triples(split["cluster"]) == {("apiextensions.k8s.io", "customresourcedefinitions", "get"),
+                                         ("", "namespaces", "list")}
+    assert triples(split["namespaced"]) == {("", "pods", "list")}
+
+
+def test_peering_permissions_match_the_mode() -> None:
+    """kopf peering needs its peering objects: cluster-wide ClusterKopfPeering, or KopfPeering per namespace."""
+    wanted = triples(operator_rules())
+    cluster_peering = {t for t in wanted if t[1] == "clusterkopfpeerings"}
+    ns_peering = {t for t in wanted if t[1] == "kopfpeerings"}
+    assert {v for _, _, v in cluster_peering} >= {"get", "list", "watch", "patch"}, "OPERATOR_RULES lacks clusterkopfpeerings"
+    assert {v for _, _, v in ns_peering} >= {"get", "list", "watch", "patch"}, "OPERATOR_RULES lacks kopfpeerings"
+
+
+def test_rbac_can_be_turned_off() -> None:
+    assert render("rbac.create=false") == []

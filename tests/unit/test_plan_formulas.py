@@ -1,0 +1,126 @@
+"""Planner formulas against hand-computed cases (Llama-3-8B on H200 unless stated)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from typer.testing import CliRunner
+
+from llmfleet.cli.main import app
+from llmfleet.plan.capacity import Workload, replica_capacity, replicas_needed
+from llmfleet.plan.hardware import get_gpu
+from llmfleet.plan.models import get_model, kv_bytes_per_token, matmul_params, total_params
+from llmfleet.plan.roofline import (
+    StepCostModel,
+    attention_traffic,
+    calibrate,
+    decode_compute_bound_batch,
+    decode_roofline,
+    kv_capacity,
+    prefill_roofline,
+)
+from llmfleet.plan.training import fsdp_memory_per_gpu, model_flops_per_token, utilization
+
+L3 = get_model("llama-3-8b")
+H200 = get_gpu("H200")
+
+
+def test_params_llama3_8b() -> None:
+    layer = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096
+    assert total_params(L3) == 32 * layer + 2 * 128256 * 4096 + 4096 == 8_030_261_248
+
+
+@pytest.mark.parametrize(("kv_heads", "dtype", "expected"), [
+    (8, "bf16", 2 * 32 * 8 * 128 * 2),  # 131,072: GQA
+    (8, "fp8", 65_536),
+    (8, "int4", 32_768),
+    (32, "bf16", 524_288),  # MHA
+    (1, "bf16", 16_384),  # MQA
+])
+def test_kv_bytes_per_token(kv_heads: int, dtype: str, expected: int) -> None:
+    assert kv_bytes_per_token(L3.model_copy(update={"kv_heads": kv_heads}), dtype) == expected
+
+
+def test_roofline_verdicts() -> None:
+    assert H200.ridge_point == pytest.approx(989 / 4.8, rel=1e-9)
+    pre = prefill_roofline(L3, H200, 2048)
+    assert pre.bound == "compute" and pre.intensity > 1000
+    dec = decode_roofline(L3, H200, 1, 2048)
+    assert dec.bound == "memory" and dec.intensity == pytest.approx(1.0, abs=0.05)
+    # hand: B = ridge·W / (2·N_mm - ridge·kv) at context 0
+    ridge = 989e12 / 4.8e12
+    w = 8_030_261_248 * 2
+    b = ridge * w / (2 * matmul_params(L3) - ridge * 131_072)
+    assert decode_compute_bound_batch(L3, H200, 0) == pytest.approx(b) == pytest.approx(220.87, abs=0.01)
+    assert decode_compute_bound_batch(L3, H200, 2048) is None  # KV reads keep long-context decode memory-bound
+
+
+def test_kv_capacity_by_hand() -> None:
+    cap = kv_capacity(L3, H200, block_size=16, tokens_per_sequence=4096)
+    pool = 139.8 * 2**30 * 0.9 - 8_030_261_248 * 2 - 2 * 2**30
+    blocks = int(pool // (131_072 * 16))
+    assert cap.blocks == blocks and cap.tokens == blocks * 16 and cap.sequences == blocks // 256
+    fp8 = kv_capacity(L3, H200, kv_dtype="fp8")
+    assert fp8.tokens == pytest.approx(2 * cap.tokens, abs=16)
+    with pytest.raises(ValueError, match="do not fit"):
+        kv_capacity(get_model("llama-3-70b"), get_gpu("L40S"))
+
+
+def test_attention_traffic_by_hand() -> None:
+    a = attention_traffic(L3, H200, 1024)
+    assert a.materialized_bytes == 32 * (4 * 1024 * 128 + 4 * 1024 * 1024) * 2
+    assert a.block_rows == 128  # min(ceil(228 KiB / 2 B / (4·128)), 128)
+    assert a.fused_bytes == 32 * (2 * 1024 * 128 + 8 * 2 * 1024 * 128) * 2
+    assert a.materialized_memory == 32 * 1024 * 1024 * 2
+
+
+def test_training_flops_mfu_fsdp() -> None:
+    n = 8_030_261_248 - 128256 * 4096
+    assert model_flops_per_token(L3) == 6 * n + 12 * 32 * 32 * 128 * 8192 == 57_914_449_920
+    u = utilization(L3, 24_000, 8, 989e12)
+    assert u.mfu == pytest.approx(24_000 * 57_914_449_920 / 8 / 989e12)
+    full = utilization(L3, 24_000, 8, 989e12, activation_checkpointing="full")
+    assert full.hfu == pytest.approx(u.mfu * 4 / 3) and full.mfu == u.mfu
+    m = fsdp_memory_per_gpu(L3, 8)
+    assert m.params_bytes + m.grads_bytes + m.optimizer_bytes == pytest.approx(16 * 8_030_261_248 / 8)
+    assert fsdp_memory_per_gpu(L3, 16, replicate_groups=2).params_bytes == m.params_bytes
+    assert fsdp_memory_per_gpu(L3, 8, activation_checkpointing="full").activation_bytes < m.activation_bytes
+    with pytest.raises(ValueError):
+        fsdp_memory_per_gpu(L3, 6, replicate_groups=4)
+
+
+def test_step_cost_and_calibration() -> None:
+    c = StepCostModel.build(L3, H200)
+    w = 8_030_261_248 * 2
+    assert c.decode_step_time(1, 0) == pytest.approx(0.003 + (w + 131_072) / (4.8e12 * 0.8))
+    assert c.prefill_time(8192) > c.prefill_time(4096, cached_prefix=4096) > c.decode_step_time(64, 2048)
+    truth = StepCostModel(**{**c.__dict__, "compute_eff": 0.3, "bandwidth_eff": 0.4, "overhead_s": 0.005})
+    pts = [{"tokens": t, "attendedContext": t * t / 2, "readContext": 0, "seconds": truth.step_time(t, t * t / 2, 0)}
+           for t in (1, 64, 512, 2048, 8192)]
+    fit = calibrate(c, pts)
+    assert fit.overhead_s == pytest.approx(0.005, rel=1e-6)
+    assert fit.step_time(1024, 1024 * 512, 0) == pytest.approx(truth.step_time(1024, 1024 * 512, 0), rel=1e-6)
+    with pytest.raises(ValueError):
+        calibrate(c, pts[:1])
+
+
+def test_replicas_needed_scales_with_rate() -> None:
+    w = Workload(input_tokens=2048, output_tokens=256, rate_rps=50, prefix_hit_rate=0.5)
+    cap = replica_capacity(L3, H200, w)
+    plan = replicas_needed(L3, H200, w)
+    assert plan.replicas == math.ceil(50 / cap.slo_requests_per_s)
+    assert replicas_needed(L3, H200, Workload(rate_rps=200)).replicas > replicas_needed(L3, H200, Workload(rate_rps=20)).replicas
+    assert cap.decode_step_s <= w.tpot_slo_s and any("replicas" in line for line in plan.reasoning)
+
+
+def test_cli_json_and_errors() -> None:
+    r = CliRunner().invoke(app, ["plan", "--json", "-"])
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.output)
+    assert rep["kvCache"]["bytesPerToken"] == 131_072 and rep["replicas"]["needed"] >= 1
+    r = CliRunner().invoke(app, ["plan", "--gpu", "B999"])
+    assert r.exit_code == 2 and "unknown GPU" in r.output
+    r = CliRunner().invoke(app, ["plan", "--gpu-override", "hbmBandwidthTBs=9.6", "--json", "-"])
+    assert json.loads(r.output)["gpu"]["hbm_bandwidth_tbs"] == 9.6

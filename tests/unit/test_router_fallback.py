@@ -1,0 +1,94 @@
+"""Student-pool fallback policy (table-driven)."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmfleet.router.config import FallbackConfig, SLOConfig
+from llmfleet.router.fallback import FallbackPolicy, PoolSignals, predicted_queue_delay_ms
+
+P_OK = PoolSignals("primary", routable_replicas=2, waiting=0, running=4, mean_e2e_ms=500)
+P_QUEUED = PoolSignals("primary", routable_replicas=2, waiting=40, running=8, mean_e2e_ms=500)
+P_DOWN = PoolSignals("primary", routable_replicas=0)
+S_OK = PoolSignals("small", routable_replicas=1)
+S_DOWN = PoolSignals("small", routable_replicas=0)
+CFG = FallbackConfig(max_queue_delay_ms=1000, long_context_tokens=2000, sheddable_classes=["batch"],
+                     max_degraded_fraction=0.5)
+
+
+@pytest.mark.parametrize(
+    "primary, students, kw, expected",
+    [
+        (P_OK, [S_OK], {}, ("primary", False, "primary")),
+        (P_DOWN, [S_OK], {}, ("small", True, "unavailable")),
+        (P_DOWN, [S_DOWN], {}, ("primary", False, "primary")),  # nothing better: primary answers 503 itself
+        (P_OK, [S_OK], {"request_class": "batch"}, ("small", True, "sheddable")),
+        (P_OK, [S_OK], {"request_class": "interactive"}, ("primary", False, "primary")),
+        (P_OK, [S_OK], {"input_tokens": 5000}, ("small", True, "long-context")),
+        (P_OK, [S_DOWN], {"input_tokens": 5000}, ("primary", False, "primary")),
+        (P_QUEUED, [S_OK], {}, ("small", True, "queue-delay")),
+        (P_OK, [S_OK], {"requested_pool": "small"}, ("small", False, "requested")),
+    ],
+)
+def test_decide_table(primary: PoolSignals, students: list[PoolSignals], kw: dict, expected: tuple) -> None:
+    d = FallbackPolicy(CFG, SLOConfig()).decide(100.0, primary, students, **kw)
+    assert (d.pool, d.degraded, d.reason) == expected
+
+
+def test_disabled() -> None:
+    d = FallbackPolicy(FallbackConfig(enabled=False), SLOConfig()).decide(0, P_DOWN, [S_OK])
+    assert (d.pool, d.degraded) == ("primary", False)
+
+
+def test_slo_burn_rate_needs_enough_samples_and_expires() -> None:
+    pol = FallbackPolicy(FallbackConfig(slo_burn_rate=2.0, min_requests_for_burn=10, max_degraded_fraction=1.0),
+                         SLOConfig(ttft_p95_ms=100, window_seconds=60))
+    for i in range(9):
+        pol.observe_primary(float(i), ttft_ms=500, tpot_ms=10, e2e_ms=600)
+    assert pol.decide(9.0, P_OK, [S_OK]).reason == "primary"  # 9 < min samples
+    pol.observe_primary(9.0, ttft_ms=50, tpot_ms=10, e2e_ms=60)
+    assert pol.slo_tracker.burn_rate(9.0) == pytest.approx(0.9 / 0.05)
+    assert pol.decide(9.5, P_OK, [S_OK]).reason == "slo-burn"
+    assert pol.decide(200.0, P_OK, [S_OK]).reason == "primary"  # window expired
+
+
+def test_tpot_and_e2e_violations_count() -> None:
+    pol = FallbackPolicy(FallbackConfig(min_requests_for_burn=1), SLOConfig(tpot_p95_ms=10, e2e_p99_ms=100))
+    pol.observe_primary(0, None, 20, 50)
+    pol.observe_primary(0, None, 5, 500)
+    pol.observe_primary(0, None, 5, 50)
+    assert pol.slo_tracker.burn_rate(0) == pytest.approx(2 / 3 / 0.05)
+
+
+def test_degraded_fraction_cap_per_tenant() -> None:
+    pol = FallbackPolicy(FallbackConfig(long_context_tokens=10, max_degraded_fraction=0.25), SLOConfig(),
+                         tenant_caps={"vip": 0.0})
+    outcomes = []
+    for i in range(8):
+        d = pol.decide(float(i), P_OK, [S_OK], tenant="t", input_tokens=100)
+        pol.record(float(i), "t", d)
+        outcomes.append(d.degraded)
+    assert outcomes == [True, False, False, False, False, True, False, False]  # stays near 25%
+    d = pol.decide(9.0, P_OK, [S_OK], tenant="vip", input_tokens=100)
+    assert (d.pool, d.reason) == ("primary", "capped:long-context")
+    d = pol.decide(9.0, P_OK, [S_OK], tenant="vip", request_class=None, input_tokens=1)
+    assert d.reason == "primary"
+
+
+def test_sheddable_not_capped() -> None:
+    pol = FallbackPolicy(FallbackConfig(sheddable_classes=["bg"], max_degraded_fraction=0.0), SLOConfig())
+    assert pol.decide(0, P_OK, [S_OK], request_class="bg").degraded
+
+
+@pytest.mark.parametrize(
+    "pool, ms",
+    [
+        (PoolSignals("p", 2, waiting=0, running=4, mean_e2e_ms=100), 0.0),
+        (PoolSignals("p", 2, waiting=10, running=5, mean_e2e_ms=100), 200.0),
+        (PoolSignals("p", 2, waiting=10, running=0, mean_e2e_ms=100), 500.0),
+        (PoolSignals("p", 0), float("inf")),
+        (PoolSignals("p", 1, waiting=3), 0.0),
+    ],
+)
+def test_predicted_queue_delay(pool: PoolSignals, ms: float) -> None:
+    assert predicted_queue_delay_ms(pool) == ms

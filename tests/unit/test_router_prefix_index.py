@@ -1,0 +1,87 @@
+"""Prefix index: hash chains, matching, aging, bounds, KV events, scale-in cost."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from llmfleet.router.prefix_index import BlockHasher, PrefixIndex, PromptBlocks, load_tokenizer
+
+
+def test_chain_equals_sequential_and_prefix_property() -> None:
+    h = BlockHasher(4)
+    toks = list(range(100, 140))
+    k = h.keys(toks)
+    assert len(k) == 10 and len(set(k)) == 10
+    assert h.keys(toks[:22]) == k[:5]  # partial last block ignored; prefixes share keys
+    other = toks.copy()
+    other[9] = 7  # change inside block 2: blocks 0,1 equal, all later differ
+    k2 = h.keys(other)
+    assert k2[:2] == k[:2] and all(x != y for x, y in zip(k2[2:], k[2:], strict=True))
+    raw = h.raw_chain(toks)
+    assert h.raw_chain(toks[8:], parent=int(raw[1])).tolist() == raw[2:].tolist()
+    assert h.keys([]) == []
+    long = np.arange(5000, dtype=np.uint64)
+    assert len(h.keys(long)) == 1250  # grows its power tables
+
+
+def test_text_blocks_without_tokenizer(tmp_path) -> None:
+    assert load_tokenizer(None) is None and load_tokenizer(str(tmp_path)) is None
+    pb = PromptBlocks(4)
+    a, n = pb("x" * 64 + "tail one")
+    b, _ = pb("x" * 64 + "tail two")
+    assert n == 18 and len(a) == 4 and a == b[: len(a)]
+
+
+def test_match_per_replica() -> None:
+    idx = PrefixIndex()
+    keys = list(range(1, 101))
+    idx.insert("a", keys)
+    idx.insert("b", keys[:37])
+    idx.insert("c", [999])
+    assert idx.match(keys) == {"a": 100, "b": 37}
+    assert idx.match(keys[:10]) == {"a": 10, "b": 10}
+    assert idx.match([500, 6]) == {} and idx.match([]) == {}
+
+
+def test_aging_by_capacity_and_global_bound() -> None:
+    idx = PrefixIndex(max_blocks=50)
+    idx.set_capacity("a", 10)
+    idx.insert("a", list(range(1, 8)))
+    idx.insert("a", list(range(100, 106)))  # 13 > 10: oldest (1,2,3) evicted
+    assert idx.blocks_of("a") == 10 and idx.match(list(range(1, 8))) == {}
+    assert idx.match(list(range(100, 106))) == {"a": 6}
+    for r in "bcdefg":
+        idx.insert(r, list(range(1000, 1020)))
+    assert len(idx) <= 50
+    idx.remove_replica("b")
+    assert "b" not in idx.replicas()
+
+
+def test_hot_blocks_lost_if_removed() -> None:
+    idx = PrefixIndex()
+    idx.insert("a", [1, 2, 3, 4])
+    idx.insert("b", [1, 2])
+    idx.insert("a", [10, 11])
+    assert idx.hot_blocks_lost_if_removed("a") == 4  # 3, 4, 10, 11
+    assert idx.hot_blocks_lost_if_removed("a", hot=2) == 2
+    assert idx.hot_blocks_lost_if_removed("b") == 0
+    assert idx.hot_blocks_lost_if_removed("zz") == 0
+
+
+def test_kv_events() -> None:
+    bs = 4
+    h = BlockHasher(bs)
+    toks = list(range(1, 13))
+    ours = h.keys(toks)
+    idx = PrefixIndex()
+    idx.apply_kv_event("r", {"type": "BlockStored", "block_hashes": [11, 12], "parent_block_hash": None,
+                             "token_ids": toks[:8]}, bs)
+    idx.apply_kv_event("r", {"type": "BlockStored", "block_hashes": [13], "parent_block_hash": 12,
+                             "token_ids": toks[8:]}, bs)
+    assert idx.match(ours) == {"r": 3}
+    idx.apply_kv_event("r", {"type": "BlockStored", "block_hashes": [99], "parent_block_hash": 4242,
+                             "token_ids": [5, 5, 5, 5]}, bs)  # unknown parent: ignored
+    idx.apply_kv_event("r", {"type": "BlockRemoved", "block_hashes": [13]}, bs)
+    assert idx.match(ours) == {"r": 2}
+    idx.apply_kv_event("r", {"type": "AllBlocksCleared"}, bs)
+    assert idx.match(ours) == {} and len(idx) == 0

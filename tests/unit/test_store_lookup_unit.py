@@ -1,0 +1,54 @@
+"""Lookup client behaviour that needs no database server: cheap construction, fail open, LRU."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from llmfleet.store.lookup import FeatureStoreLookup
+
+
+def test_import_and_construction_are_cheap() -> None:
+    code = (
+        "import sys, time; t=time.perf_counter();"
+        "from llmfleet.store.lookup import FeatureStoreLookup;"
+        "FeatureStoreLookup(None, 'm'); FeatureStoreLookup('postgresql://nobody@127.0.0.1:1/x', 'm');"
+        "assert 'torch' not in sys.modules and 'sentence_transformers' not in sys.modules, 'heavy import';"
+        "print('ok')"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+
+
+async def test_unreachable_database_fails_open(tmp_path: Path) -> None:
+    # Port 1 on localhost: connection refused at once.
+    store = FeatureStoreLookup("postgresql://nobody@127.0.0.1:1/x", "m", timeout_ms=2000, semantic=False)
+    body = {"messages": [{"role": "user", "content": "hi"}]}
+    assert await store.lookup("t", "chat", body) is None
+    assert await store.lookup("t", "chat", body) is None  # within the backoff: not even tried
+    await store.close()
+
+
+async def test_unkeyable_request_is_a_miss() -> None:
+    store = FeatureStoreLookup(None, "m")
+    assert await store.lookup("t", "chat", {"messages": []}) is None
+    assert await store.lookup("t", "embeddings", {"input": "x"}) is None
+    await store.close()
+
+
+async def test_missing_schema_fails_open(tmp_path: Path) -> None:
+    store = FeatureStoreLookup(f"sqlite:///{tmp_path / 'empty.db'}", "m", timeout_ms=2000)
+    assert await store.lookup("t", "completions", {"prompt": "hello"}) is None
+    await store.close()
+
+
+def test_from_spec() -> None:
+    from llmfleet.api.inferenceservice import FeatureStoreSpec
+
+    spec = FeatureStoreSpec(url="postgresql://u@h/db", semantic_threshold=0.8, lookup_timeout_ms=15)
+    store = FeatureStoreLookup.from_spec(spec, "m")
+    assert store.url == "postgresql+psycopg://u@h/db" and store.semantic_threshold == 0.8
+    assert abs(store.timeout_s - 0.015) < 1e-9
+    default = FeatureStoreLookup.from_spec(None, "m", run_dir="/tmp/run")
+    assert default.url == "sqlite:////tmp/run/featurestore.db"
