@@ -63,6 +63,7 @@ def main() -> int:
     out = {"benchmark": "sim_scale", "command": "python " + " ".join(sys.argv),
            "date": datetime.now(UTC).isoformat(timespec="seconds"),
            "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
+                       "loadavgAtEnd": os.getloadavg(),
                        "note": "2 cores shared with other jobs while measuring"},
            "results": rows}
     p = ROOT / "benchmarks/results/sim_scale.json"

@@ -306,7 +306,8 @@ def machine() -> dict[str, Any]:
         pass
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     return {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
-            "cpu": cpu, "memory_gib": round(mem, 1), "sqlite": sqlite3.sqlite_version}
+            "cpu": cpu, "memory_gib": round(mem, 1), "sqlite": sqlite3.sqlite_version,
+            "load_average_1m_at_end": round(os.getloadavg()[0], 1)}
 
 
 def main() -> None:
@@ -318,13 +319,16 @@ def main() -> None:
     ap.add_argument("--gen-lines", type=int, default=50_000)
     ap.add_argument("--gen-distinct", type=int, default=20_000)
     ap.add_argument("--minilm-prompts", type=int, default=1000)
-    ap.add_argument("--quick", action="store_true", help="100k prompts, 20k embeddings, 1k queries")
+    ap.add_argument("--quick", action="store_true", help="100k prompts, 10k embeddings, 1k queries")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "store_lookup.json"))
     args = ap.parse_args()
     if args.quick:
-        args.prompts, args.embeddings, args.queries = 100_000, 20_000, 1000
+        args.prompts, args.embeddings, args.queries = 100_000, 10_000, 1000
         args.gen_lines, args.gen_distinct, args.minilm_prompts = 10_000, 5000, 200
+    if args.embeddings * N_TENANTS > args.prompts:
+        ap.error(f"--embeddings must be <= --prompts / {N_TENANTS} (they are the prompts of one tenant)")
     vecs = synthetic_vectors(args.embeddings)
+    load_start = round(os.getloadavg()[0], 1)
     results: dict[str, Any] = {"brute_force": bench_brute_force(vecs)}
     if args.minilm_prompts:
         results["minilm"] = bench_minilm(args.minilm_prompts)
@@ -357,7 +361,7 @@ def main() -> None:
         "benchmark": "store_lookup",
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "machine": machine(),
+        "machine": {**machine(), "load_average_1m_at_start": load_start},
         "sizes": {"prompt_rows": args.prompts, "response_rows": args.prompts, "embeddings": args.embeddings,
                   "queries": args.queries, "gen_log_lines": args.gen_lines, "gen_distinct_max": args.gen_distinct},
         "targets": {"exact_p99_ms": 1.0, "semantic_p99_ms": 10.0},
@@ -387,7 +391,9 @@ def print_table(doc: dict[str, Any]) -> None:
         ("responses stored (prompts/s)", "responses_per_s", "{:.0f}"),
     ]
     sizes = doc["sizes"]
-    print(f"\nfeature store: {sizes['prompt_rows']:,} prompt rows, {sizes['response_rows']:,} responses, "
+    m = doc["machine"]
+    print(f"\n{m['cpus']} x {m['cpu']}, load average {m['load_average_1m_at_start']} -> {m['load_average_1m_at_end']}")
+    print(f"feature store: {sizes['prompt_rows']:,} prompt rows, {sizes['response_rows']:,} responses, "
           f"{sizes['embeddings']:,} embeddings, {sizes['queries']:,} queries")
     print(f"{'':44}" + "".join(f"{b:>14}" for b in backends))
     for label, key, fmt in rows:

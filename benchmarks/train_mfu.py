@@ -243,9 +243,14 @@ def run_case(name: str, case: dict, steps: int, warmup: int, work: Path, timeout
     return row
 
 
+def baselines(rows: list[dict]) -> dict[str, dict]:
+    """The one-GPU llmfleet case with default settings, per config: the denominator of scaling efficiency."""
+    return {r["config"]: r for r in rows if r.get("mode") == "llmfleet" and r["nproc"] == 1 and "error" not in r
+            and r.get("accum", 1) == 1 and r.get("compile", True) and r.get("raf", True)}
+
+
 def print_table(rows: list[dict]) -> None:
-    base = {r["config"]: r for r in rows if r.get("mode") == "llmfleet" and r["nproc"] == 1
-            and r.get("accum", 1) == 1 and r.get("compile", True) and "error" not in r}
+    base = baselines(rows)
     hdr = f"{'case':22} {'GPUs':>4} {'mesh':>7} {'step s':>7} {'tok/s':>9} {'tok/s/GPU':>9} {'MFU':>6} {'HFU':>6} " \
           f"{'mem GiB':>7} {'scaling':>7}"
     print(hdr)

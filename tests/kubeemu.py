@@ -17,6 +17,7 @@ are served here; LIST/WATCH/discovery stay kmock's):
   (GET/PATCH `.../scale` maps to spec.replicas / status.replicas / status.selector);
 - deletion: finalizers delay it (deletionTimestamp), and owner references cascade (background GC);
 - no-op writes do not bump resourceVersion nor emit watch events (like a real API server);
+- `GET /_kubeemu/counts`: live object counts per resource (cheap progress polling for benchmarks);
 - `faults`: callables `(request) -> KubernetesError | None` consulted first, to inject API errors.
 
 Use it from pytest (async):
@@ -190,6 +191,15 @@ class KubeEmulator(kmock.KubernetesEmulator):
             if r == res and not obj.deleted and (namespace is None or ns == namespace)
         ]
 
+    def counts(self) -> dict[str, int]:
+        """Live objects per resource, keyed `group/version/plural` (`v1/plural` for the core group)."""
+        out: dict[str, int] = {}
+        for (r, _, _), obj in self.objects.items():
+            if not obj.deleted:
+                key = f"{r.group}/{r.version}/{r.plural}" if r.group else f"{r.version}/{r.plural}"
+                out[key] = out.get(key, 0) + 1
+        return out
+
     async def put(self, resource: str, body: dict[str, Any]) -> dict[str, Any]:
         """Create an object directly (as `kubectl create` would), with metadata filled in and a watch event."""
         res = kmock.resource(resource)
@@ -220,8 +230,12 @@ class KubeEmulator(kmock.KubernetesEmulator):
         for fault in self.faults:
             if (err := fault(request)) is not None:
                 raise err
+        if request.url.path == "/_kubeemu/counts":  # live object counts per resource (benchmarks poll this)
+            return aiohttp.web.json_response(self.counts())
         res = request.resource
         action = request.action
+        if res is not None and action == enums.action.LIST and request.name is None and res in self.resources:
+            return aiohttp.web.json_response(self._list(res, request.namespace, request.params.get("labelSelector")))
         if res is None or action not in (enums.action.FETCH, enums.action.CREATE, enums.action.UPDATE,
                                          enums.action.DELETE):
             return await super()._handle(request)
@@ -248,6 +262,31 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 obj, events = self._delete(res, ns, str(request.name))
         await self._publish(events)
         return aiohttp.web.json_response(obj, status=status)
+
+    def _list(self, res: Any, ns: str | None, selector: str | None) -> dict[str, Any]:
+        """LIST with equality-based label selectors (`a=b,c=d`, `a!=b`, `a`), as kubectl and clients send."""
+        wanted: list[tuple[str, str | None, bool]] = []
+        for term in (selector or "").split(","):
+            term = term.strip()
+            if not term:
+                continue
+            if "!=" in term:
+                k, v = term.split("!=", 1)
+                wanted.append((k.strip(), v.strip(), False))
+            elif "=" in term:
+                k, v = term.replace("==", "=").split("=", 1)
+                wanted.append((k.strip(), v.strip(), True))
+            else:
+                wanted.append((term, None, True))
+        items = []
+        for (r, n_s, _), obj in self.objects.items():
+            if r != res or obj.deleted or (ns is not None and n_s != ns):
+                continue
+            raw = obj.raw
+            labels = (raw.get("metadata") or {}).get("labels") or {}
+            if all((labels.get(k) == v if v is not None else k in labels) == eq for k, v, eq in wanted):
+                items.append(raw)
+        return {"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": str(self._rv)}, "items": items}
 
     def _body(self, request: rendering.Request) -> Any:
         if request.data is not None and not isinstance(request.data, Mapping | list):

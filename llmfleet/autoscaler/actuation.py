@@ -196,7 +196,7 @@ class KubernetesActuator:
             return
         await asyncio.to_thread(
             self._custom.patch_namespaced_custom_object, GROUP, VERSION, self.namespace, PLURAL, self.name, ops,
-            _request_timeout=self._timeout,
+            _request_timeout=self._timeout, _content_type="application/json-patch+json",
         )
 
     async def _patch_pod(self, pod: str, body: dict[str, Any]) -> None:

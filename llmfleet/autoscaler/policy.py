@@ -312,7 +312,10 @@ def _slo_primary(cfg: PolicyConfig, pool: PoolConfig, st: PoolState, sig: PoolSi
         violated.append(f"TTFT p95 {sig.ttft_p95_ms:.0f} ms > {cfg.ttft_slo_ms:.0f}")
     if sig.tpot_p95_ms is not None and sig.tpot_p95_ms > cfg.tpot_slo_ms:
         violated.append(f"TPOT p95 {sig.tpot_p95_ms:.0f} ms > {cfg.tpot_slo_ms:.0f}")
-    if violated and sig.ready_replicas >= sig.replicas and n <= sig.ready_replicas and rate > 0:
+    # Only once the last action has had time to show (a cold start and two intervals): right after a
+    # scale-up the old replicas still drain the backlog that caused it, which is not a capacity error.
+    settled = st.last_action_at is None or sig.now - st.last_action_at >= cold + 2 * cfg.interval_s
+    if violated and settled and sig.ready_replicas >= sig.replicas and n <= sig.ready_replicas and rate > 0:
         st.efficiency = max(st.efficiency * 0.9, 0.1)
         n = sig.ready_replicas + 1
         reasons.append("; ".join(violated) + " with all replicas ready: +1, capacity estimate lowered")

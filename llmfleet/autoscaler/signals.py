@@ -61,8 +61,14 @@ def build_queries(service: str, namespace: str, pool: str, role: Role, sel: Sele
     # The primary is sized for the whole service's demand; a student for what it receives.
     arrival = total if role == "primary" else f"sum(rate(llmfleet_router_requests_total{{{rp}}}[{window}]))"
 
+    def vs(name: str) -> str:
+        """Selector of a vLLM series: its names contain ':', which some scrapers store escaped to '_'."""
+        return "{" + f'__name__=~"vllm[:_]{name}",{v}' + "}"
+
     def q95(metric: str, sel_: str) -> str:
-        return f"histogram_quantile(0.95, sum by (le) (rate({metric}_bucket{{{sel_}}}[{window}]))) * 1000"
+        # vLLM's names contain ':'; some scrapers store them escaped to '_': match both.
+        name = f'__name__=~"{metric.replace("vllm:", "vllm[:_]")}_bucket"'
+        return f"histogram_quantile(0.95, sum by (le) (rate({{{name},{sel_}}}[{window}]))) * 1000"
 
     def mean(metric: str) -> str:
         return f"sum(rate({metric}_sum{{{rp}}}[{window}])) / sum(rate({metric}_count{{{rp}}}[{window}]))"
@@ -76,17 +82,17 @@ def build_queries(service: str, namespace: str, pool: str, role: Role, sel: Sele
         "tpot_p95_ms_engine": q95("vllm:time_per_output_token_seconds", v),
         "mean_input_tokens": mean("llmfleet_router_input_tokens"),
         "mean_output_tokens": mean("llmfleet_router_output_tokens"),
-        "queue_depth": f"sum(vllm:num_requests_waiting{{{v}}})",
-        "running": f"sum(vllm:num_requests_running{{{v}}})",
-        "kv_utilization": f"avg(vllm:kv_cache_usage_perc{{{v}}}) or avg(vllm:gpu_cache_usage_perc{{{v}}})",
+        "queue_depth": f"sum({vs('num_requests_waiting')})",
+        "running": f"sum({vs('num_requests_running')})",
+        "kv_utilization": f"avg({vs('kv_cache_usage_perc')}) or avg({vs('gpu_cache_usage_perc')})",
         "prefix_hit_rate": (
-            f"sum(rate(vllm:prefix_cache_hits_total{{{v}}}[{window}])) / "
-            f"sum(rate(vllm:prefix_cache_queries_total{{{v}}}[{window}]))"
+            f"sum(rate({vs('prefix_cache_hits_total')}[{window}])) / "
+            f"sum(rate({vs('prefix_cache_queries_total')}[{window}]))"
         ),
-        "prompt_tokens_per_s": f"sum(rate(vllm:prompt_tokens_total{{{v}}}[{window}]))",
-        "decode_tokens_per_s": f"sum(rate(vllm:generation_tokens_total{{{v}}}[{window}]))",
+        "prompt_tokens_per_s": f"sum(rate({vs('prompt_tokens_total')}[{window}]))",
+        "decode_tokens_per_s": f"sum(rate({vs('generation_tokens_total')}[{window}]))",
         "router_age_s": f"time() - max(timestamp(llmfleet_router_requests_total{{{r}}}))",
-        "replica_age_s": f"time() - max(timestamp(vllm:num_requests_running{{{v}}}))",
+        "replica_age_s": f"time() - max(timestamp({vs('num_requests_running')}))",
     }
 
 

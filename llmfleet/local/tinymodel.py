@@ -159,6 +159,7 @@ def _tokenizer_dir(root: Path) -> Path:
 
 def _publish(tmp: Path, final: Path) -> None:
     """Atomic rename; a concurrent builder that won the race leaves its (identical) result."""
+    tmp.chmod(0o755)  # mkdtemp makes 0700; the folder is shared with engine processes and other users
     try:
         tmp.rename(final)
     except OSError:

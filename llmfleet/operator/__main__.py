@@ -8,14 +8,10 @@ from llmfleet.operator.cli import register
 
 
 def main() -> None:
+    # A Typer app with a single command runs it directly (no subcommand name needed).
     app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
     register(app)
-
-    @app.callback()
-    def _root() -> None:
-        """llmfleet operator."""
-
-    app(args=["operator", *__import__("sys").argv[1:]], prog_name="python -m llmfleet.operator")
+    app(prog_name="python -m llmfleet.operator")
 
 
 if __name__ == "__main__":

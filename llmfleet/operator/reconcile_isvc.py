@@ -119,7 +119,8 @@ async def reconcile_inferenceservice(
         raise ReconcileError(out, transient=True, message=message)
 
     spec_changed = old_status.get("observedGeneration") != generation
-    if spec_changed:
+    # Nothing to prune before the first successful reconcile (no observedGeneration yet).
+    if spec_changed and old_status.get("observedGeneration") is not None:
         desired = {(m["kind"], m["metadata"]["name"]) for m in manifests}
         if deleted := await prune(client, isvc, desired):
             out.event("Normal", "Pruned", f"deleted {', '.join(deleted)}")

@@ -52,6 +52,9 @@ def _render(rep: dict[str, Any]) -> None:
               f"{_gib(f['grads_bytes'])}, Adam {_gib(f['optimizer_bytes'])}, gathered {_gib(f['gathered_bytes'])}, "
               f"activations {_gib(f['activation_bytes'])} = {_gib(f['totalBytes'])} "
               f"({'fits' if f['fitsInHBM'] else 'does NOT fit'})")
+    c = tr["fsdpCommPerStep"]
+    con.print(f"FSDP traffic/GPU/step: {_gib(c['bytes_per_gpu'])} = {c['comm_s'] * 1e3:.1f} ms on the interconnect vs "
+              f"{c['compute_s'] * 1e3:.1f} ms of compute at 50% MFU (ratio {c['ratio']:.2f})")
     if "utilization" in tr:
         u = tr["utilization"]
         con.print(f"training: {u['model_flops_per_token'] / 1e9:.2f} GFLOP/token, {u['achieved_tflops_per_gpu']:.1f} "

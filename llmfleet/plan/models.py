@@ -9,6 +9,8 @@ PRESETS: dict[str, ModelShape] = {
                              rope_theta=500000.0),
     "llama-3-70b": ModelShape(layers=80, hidden=8192, heads=64, kv_heads=8, ffn=28672, vocab=128256, seq_len=8192,
                               rope_theta=500000.0),
+    # the ~0.9B reference config of the training benchmark (benchmarks/train_mfu.py, config "0.9b")
+    "ref-0.9b": ModelShape(layers=16, hidden=2048, heads=16, kv_heads=8, ffn=5632, vocab=32768, seq_len=4096),
     "llama-2-7b": ModelShape(layers=32, hidden=4096, heads=32, kv_heads=32, ffn=11008, vocab=32000, seq_len=4096),
     "llama-3.2-1b": ModelShape(layers=16, hidden=2048, heads=32, kv_heads=8, ffn=8192, vocab=128256, seq_len=8192,
                                rope_theta=500000.0, tie_embeddings=True),

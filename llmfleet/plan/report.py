@@ -16,7 +16,7 @@ from llmfleet.plan.roofline import (
     kv_capacity,
     prefill_roofline,
 )
-from llmfleet.plan.training import fsdp_memory_per_gpu, utilization
+from llmfleet.plan.training import fsdp_comm_per_step, fsdp_memory_per_gpu, utilization
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,7 @@ class PlanInputs:
     replicate_groups: int = 1
     micro_batch: int = 1
     activation_checkpointing: str = "none"
+    train_tokens_per_gpu_step: int | None = None  # tokens per GPU per optimizer step (seqLen x microBatch)
 
 
 def build_report(m: ModelShape, gpu: GPUProfile, w: Workload, p: PlanInputs) -> dict[str, Any]:
@@ -73,6 +74,10 @@ def build_report(m: ModelShape, gpu: GPUProfile, w: Workload, p: PlanInputs) -> 
                                              micro_batch=p.micro_batch, seq_len=ts,
                                              activation_checkpointing=p.activation_checkpointing)),
         "totalBytes": fsdp.total_bytes, "fitsInHBM": fsdp.total_bytes <= gpu.hbm_bytes}}
+    shard = max(1, p.train_gpus // p.replicate_groups)
+    train["fsdpCommPerStep"] = asdict(fsdp_comm_per_step(
+        m, shard, p.train_tokens_per_gpu_step or ts * p.micro_batch, gpu.interconnect_gbs, gpu.peak_flops,
+        seq_len=ts))
     if p.train_tokens_per_s is not None:
         train["utilization"] = asdict(utilization(m, p.train_tokens_per_s, p.train_gpus, gpu.peak_flops,
                                                   seq_len=ts, activation_checkpointing=p.activation_checkpointing))

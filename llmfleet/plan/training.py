@@ -94,3 +94,26 @@ def fsdp_memory_per_gpu(m: ModelShape, world_size: int, *, replicate_groups: int
         raise ValueError("activation_checkpointing must be none, selective or full")
     act += 4.0 * s * micro_batch * m.vocab  # fp32 logits for the loss
     return FSDPMemory(shard, 4.0 * n / shard, 4.0 * n / shard, 8.0 * n / shard, gathered, act)
+
+
+@dataclass(frozen=True)
+class FSDPComm:
+    bytes_per_gpu: float  # received by each rank per optimizer step
+    comm_s: float  # at the interconnect's one-direction bandwidth
+    compute_s: float  # model FLOPs of the rank's tokens at the given MFU
+    ratio: float  # comm / compute: above ~1 the collectives cannot hide behind compute
+
+
+def fsdp_comm_per_step(m: ModelShape, world_size: int, tokens_per_gpu: int, interconnect_gbs: float,
+                       peak_flops: float, *, mfu: float = 0.5, reshard_after_forward: bool = True,
+                       reduce_bytes: float = 4.0, seq_len: int | None = None) -> FSDPComm:
+    """FSDP2 traffic per step: all-gather bf16 weights in forward (and again in backward when resharded),
+    reduce-scatter gradients in `reduce_bytes` (fp32 by default); each moves (n-1)/n of the tensor per rank."""
+    if world_size < 1 or tokens_per_gpu < 1:
+        raise ValueError("world_size and tokens_per_gpu must be >= 1")
+    n = total_params(m)
+    share = (world_size - 1) / world_size
+    nbytes = n * share * (2.0 + (2.0 if reshard_after_forward else 0.0) + reduce_bytes)
+    comm = nbytes / (interconnect_gbs * 1e9)
+    compute = tokens_per_gpu * model_flops_per_token(m, seq_len) / (peak_flops * mfu)
+    return FSDPComm(nbytes, comm, compute, comm / compute if compute else float("inf"))

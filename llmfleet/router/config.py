@@ -59,6 +59,13 @@ class PoolConfig(_Model):
     cache_capacity_blocks: int | None = Field(
         default=None, ge=1, description="KV blocks per replica; read from vllm:cache_config_info when unset."
     )
+    kv_events_port: int | None = Field(
+        default=None, ge=1, le=65535,
+        description="vLLM KV-event ZMQ PUB port on each replica (--kv-events-config); corrects the prefix index.",
+    )
+    kv_events_endpoints: dict[str, str] | None = Field(
+        default=None, description="Replica base URL -> its KV-event ZMQ endpoint (static setups on one host)."
+    )
     endpoints: list[str] | None = Field(default=None, description="Static replica base URLs (http://host:port).")
     discovery: KubernetesDiscovery | None = Field(default=None, description="EndpointSlice discovery (in cluster).")
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 _LAT = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -11,10 +13,15 @@ _OVERHEAD = (25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2e-3, 5e-3, 10e-3, 50e-
 
 class RouterMetrics:
     def __init__(self) -> None:
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         r = self.registry = CollectorRegistry()
         pm = ["pool", "model"]
-        self.requests = Counter("llmfleet_router_requests", "Requests by outcome.",
-                                ["pool", "model", "endpoint", "status"], registry=r)
+        self.requests = Counter("llmfleet_router_requests", "Requests by outcome (pool that served, degraded or not).",
+                                ["pool", "model", "endpoint", "status", "degraded"], registry=r)
+        self.input_tokens = Histogram("llmfleet_router_input_tokens", "Prompt tokens per request.", pm,
+                                      buckets=(16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 131072), registry=r)
+        self.output_tokens = Histogram("llmfleet_router_output_tokens", "Output tokens per request.", pm,
+                                       buckets=(1, 4, 16, 64, 128, 256, 512, 1024, 4096), registry=r)
         self.ttft = Histogram("llmfleet_router_ttft_seconds", "Time to first token (streaming).", pm,
                               buckets=_LAT, registry=r)
         self.tpot = Histogram("llmfleet_router_tpot_seconds", "Time per output token (inter-chunk, streaming).", pm,
@@ -50,5 +57,15 @@ class RouterMetrics:
         self.exclusive_blocks = Gauge("llmfleet_router_replica_exclusive_blocks",
                                       "Indexed prefix blocks only this replica holds (lost if it scales in).",
                                       ["pool", "replica"], registry=r)
+        self.kv_events = Counter("llmfleet_router_kv_events", "vLLM KV-cache events applied to the prefix index.",
+                                 ["pool"], registry=r)
         self.index_blocks = Gauge("llmfleet_router_prefix_index_blocks", "Entries in the prefix index.", ["pool"],
                                   registry=r)
+
+    def child(self, metric: Any, *labels: str) -> Any:
+        """metric.labels(*labels), memoized: the hot path calls this several times per request."""
+        key = (id(metric), labels)
+        c = self._children.get(key)
+        if c is None:
+            c = self._children[key] = metric.labels(*labels)
+        return c

@@ -112,7 +112,8 @@ class PromptBlocks:
 
     def tokens(self, text: str) -> np.ndarray:
         if self.tokenizer is not None:
-            return np.asarray(self.tokenizer.encode(text, add_special_tokens=False).ids, dtype=np.uint64)
+            # Special tokens as the engine adds them (BOS), so keys line up with vLLM's KV events.
+            return np.asarray(self.tokenizer.encode(text, add_special_tokens=True).ids, dtype=np.uint64)
         return np.frombuffer(text.encode("utf-8", "surrogatepass"), dtype=np.uint8)
 
     def __call__(self, text: str) -> tuple[list[int], int]:

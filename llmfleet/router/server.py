@@ -21,6 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from llmfleet.router.config import RouterConfig
 from llmfleet.router.fallback import FallbackPolicy, PoolSignals
+from llmfleet.router.kv_events import KVEventSubscribers
 from llmfleet.router.metrics import RouterMetrics
 from llmfleet.router.plugins import build_pipeline
 from llmfleet.router.plugins.base import Pipeline, ReplicaState, RequestInfo
@@ -44,6 +45,7 @@ class PoolRuntime:
     index: PrefixIndex
     blocks: PromptBlocks
     pipeline: Pipeline
+    kv_events: KVEventSubscribers | None = None
 
 
 def error_response(status: int, message: str, type_: str = "invalid_request_error", code: str | None = None,
@@ -74,6 +76,10 @@ class Router:
                 index=index, blocks=PromptBlocks(p.block_size, tok),
                 pipeline=build_pipeline(cfg.scorers, index, seed=cfg.seed + i),
             )
+            if (p.kv_events_port is not None or p.kv_events_endpoints) and use_prefix:
+                self.pools[p.name].kv_events = KVEventSubscribers(
+                    index, p.kv_events_port, p.block_size,
+                    on_events=self.metrics.child(self.metrics.kv_events, p.name).inc, endpoints=p.kv_events_endpoints)
             for name in p.served_names:
                 self.model_to_pool.setdefault(name, p.name)
         self.use_prefix = use_prefix
@@ -108,6 +114,9 @@ class Router:
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        for pool in self.pools.values():
+            if pool.kv_events is not None:
+                await pool.kv_events.close()
         if self.upstream is not None:
             await self.upstream.close()
         if self.lookup is not None and hasattr(self.lookup, "close"):
@@ -123,6 +132,8 @@ class Router:
             for pool in self.pools.values():
                 await pool.replicas.check_all(upstream.session)
                 self._update_gauges(pool)
+                if pool.kv_events is not None:
+                    pool.kv_events.reconcile(list(pool.replicas.replicas))
             await asyncio.sleep(self.cfg.limits.scrape_interval_seconds)
 
     async def _discovery_loop(self) -> None:
@@ -145,10 +156,10 @@ class Router:
     def _update_gauges(self, pool: PoolRuntime) -> None:
         m = self.metrics
         for r in pool.replicas.replicas.values():
-            m.replica_up.labels(pool.name, r.id).set(1 if r.healthy else 0)
-            m.replica_draining.labels(pool.name, r.id).set(1 if r.draining else 0)
-            m.replica_stale.labels(pool.name, r.id).set(1 if r.stale else 0)
-        m.index_blocks.labels(pool.name).set(len(pool.index))
+            m.child(m.replica_up, pool.name, r.id).set(1 if r.healthy else 0)
+            m.child(m.replica_draining, pool.name, r.id).set(1 if r.draining else 0)
+            m.child(m.replica_stale, pool.name, r.id).set(1 if r.stale else 0)
+        m.child(m.index_blocks, pool.name).set(len(pool.index))
 
     # -- small endpoints ------------------------------------------------------------------------------------
     async def _models(self, request: web.Request) -> web.Response:
@@ -159,7 +170,7 @@ class Router:
     async def _metrics(self, request: web.Request) -> web.Response:
         for pool in self.pools.values():
             for r in pool.replicas.replicas.values():
-                self.metrics.exclusive_blocks.labels(pool.name, r.id).set(pool.index.hot_blocks_lost_if_removed(r.id))
+                self.metrics.child(self.metrics.exclusive_blocks, pool.name, r.id).set(pool.index.hot_blocks_lost_if_removed(r.id))
         return web.Response(body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _health(self, request: web.Request) -> web.Response:
@@ -213,7 +224,7 @@ class Router:
         try:
             tenant = self.tenants.authenticate(request.headers.get("Authorization"))
         except AuthError as e:
-            m.rejected.labels("auth" if e.status == 401 else "rate-limit").inc()
+            m.child(m.rejected, "auth" if e.status == 401 else "rate-limit").inc()
             hdr = {"Retry-After": f"{max(1, round(e.retry_after or 1))}"} if e.status == 429 else None
             return error_response(e.status, e.message, "authentication_error" if e.status == 401 else "rate_limit_error",
                                   headers=hdr)
@@ -230,12 +241,12 @@ class Router:
                 raise RequestError(404, f"The model `{parsed.model}` does not exist. Known: {sorted(self.model_to_pool)}",
                                    code="model_not_found", param="model")
         except RequestError as e:
-            m.rejected.labels(f"http-{e.status}").inc()
+            m.child(m.rejected, f"http-{e.status}").inc()
             return web.json_response(e.body(), status=e.status)
 
         if self.lookup is not None and self.cfg.feature_store.enabled:
             if self.cfg.feature_store.opt_out_header in request.headers:
-                m.lookups.labels("skipped").inc()
+                m.child(m.lookups, "skipped").inc()
             else:
                 hit = await self._lookup(tenant, parsed)
                 if hit is not None:
@@ -252,9 +263,9 @@ class Router:
                                          timeout=self.cfg.feature_store.lookup_timeout_ms / 1000 * 2)
         except (TimeoutError, OSError, RuntimeError, ValueError) as e:  # fail open
             log.debug("feature-store lookup failed open: %s", e)
-            self.metrics.lookups.labels("error").inc()
+            self.metrics.child(self.metrics.lookups, "error").inc()
             return None
-        self.metrics.lookups.labels("hit" if hit is not None else "miss").inc()
+        self.metrics.child(self.metrics.lookups, "hit" if hit is not None else "miss").inc()
         return hit
 
     def _signals(self, pool: PoolRuntime) -> PoolSignals:
@@ -278,8 +289,8 @@ class Router:
             if dec.pool != pool.name:
                 pool, degraded, reason = self.pools[dec.pool], dec.degraded, dec.reason
                 keys, n_tokens = await self._keys(pool, parsed)
-                m.fallbacks.labels(pool.name, reason).inc()
-                m.degraded.labels(tenant).inc()
+                m.child(m.fallbacks, pool.name, reason).inc()
+                m.child(m.degraded, tenant).inc()
         sh = self.cfg.session_affinity_header
         info = RequestInfo(model=pool.served_name, block_hashes=keys, input_tokens=n_tokens,
                            session_id=request.headers.get(sh) if sh else None, tenant=tenant, stream=parsed.stream)
@@ -305,7 +316,7 @@ class Router:
             self._count_affinity(pool, decision, replica, keys)
             m.route_decision.observe(time.perf_counter() - t_route)
             if attempt:
-                m.retries.labels(pool.name).inc()
+                m.child(m.retries, pool.name).inc()
             try:
                 return await upstream.proxy(request, parsed, body, replica, pool.name, headers, self, tenant,
                                             degraded, n_tokens, t0)
@@ -315,7 +326,7 @@ class Router:
                     pool.replicas.mark_failed(replica.id)
                 log.warning("retrying after %s", last_error)
             t_route = time.perf_counter()
-        m.requests.labels(pool.name, parsed.model, parsed.endpoint, "503").inc()
+        m.child(m.requests, pool.name, parsed.model, parsed.endpoint, "503", "true" if degraded else "false").inc()
         return error_response(503, f"no replica could serve the request ({last_error})", "service_unavailable",
                               headers=headers)
 
@@ -333,22 +344,24 @@ class Router:
         scorer = next((s for s, _ in pool.pipeline.scorers if s.name == "prefix-cache"), None)
         matched = getattr(scorer, "last_match", {}).get(replica.id, 0) if scorer is not None else 0
         if matched:
-            self.metrics.affinity_hits.labels(pool.name).inc()
-        self.metrics.prefix_blocks.labels(pool.name, "true").inc(matched)
-        self.metrics.prefix_blocks.labels(pool.name, "false").inc(len(keys) - matched)
+            self.metrics.child(self.metrics.affinity_hits, pool.name).inc()
+        self.metrics.child(self.metrics.prefix_blocks, pool.name, "true").inc(matched)
+        self.metrics.child(self.metrics.prefix_blocks, pool.name, "false").inc(len(keys) - matched)
 
     def observe(self, pool: str, model: str, endpoint: str, status: int, tenant: str, degraded: bool,
                 parsed: ParsedRequest, input_tokens: int, output_tokens: int, ttft: float | None,
                 tpot: float | None, e2e: float) -> None:
         """Called by the proxy at the end of every request that reached a replica or the store."""
         m = self.metrics
-        m.requests.labels(pool, model, endpoint, str(status)).inc()
+        m.child(m.requests, pool, model, endpoint, str(status), "true" if degraded else "false").inc()
         if status < 400:
-            m.e2e.labels(pool, model).observe(e2e)
+            m.child(m.e2e, pool, model).observe(e2e)
+            m.child(m.input_tokens, pool, model).observe(input_tokens)
+            m.child(m.output_tokens, pool, model).observe(output_tokens)
             if ttft is not None:
-                m.ttft.labels(pool, model).observe(ttft)
+                m.child(m.ttft, pool, model).observe(ttft)
             if tpot is not None:
-                m.tpot.labels(pool, model).observe(tpot)
+                m.child(m.tpot, pool, model).observe(tpot)
             if pool in self.pools and self.pools[pool].role == "primary":
                 self.policy.observe_primary(time.monotonic(), None if ttft is None else ttft * 1000,
                                             None if tpot is None else tpot * 1000, e2e * 1000)

@@ -45,8 +45,9 @@ class Upstream:
         self.first_byte = min(first_byte_timeout(limits, slo), limits.request_timeout_seconds)
         conn = aiohttp.TCPConnector(limit=0, ttl_dns_cache=60, keepalive_timeout=30)
         self.session = aiohttp.ClientSession(connector=conn, auto_decompress=False)
+        # sock_read bounds the wait for the first byte (and any later gap): no extra task/timer per request.
         self.timeout = aiohttp.ClientTimeout(total=limits.request_timeout_seconds,
-                                             sock_connect=limits.connect_timeout_seconds)
+                                             sock_connect=limits.connect_timeout_seconds, sock_read=self.first_byte)
 
     async def close(self) -> None:
         await self.session.close()
@@ -60,16 +61,13 @@ class Upstream:
         if rid:
             up_headers["x-request-id"] = rid
         replica.in_flight += 1
-        gauge = router.metrics.in_flight.labels(pool, replica.id)
+        gauge = router.metrics.child(router.metrics.in_flight, pool, replica.id)
         gauge.inc()
         router.metrics.overhead.observe(time.perf_counter() - t0)
         resp: aiohttp.ClientResponse | None = None
         try:
             try:
-                resp = await asyncio.wait_for(
-                    self.session.post(replica.id + path, data=body, headers=up_headers, timeout=self.timeout),
-                    timeout=self.first_byte,
-                )
+                resp = await self.session.post(replica.id + path, data=body, headers=up_headers, timeout=self.timeout)
             except TimeoutError:
                 raise UpstreamFailed(f"no response within {self.first_byte:.1f} s", mark_down=False) from None
             except (aiohttp.ClientConnectionError, OSError) as e:
@@ -92,7 +90,7 @@ class Upstream:
                            out_tokens, None, None, e2e)
             return web.Response(body=data, status=resp.status, headers={**out_headers, "Content-Type": ctype})
         except asyncio.CancelledError:
-            router.metrics.client_disconnects.labels(pool).inc()
+            router.metrics.child(router.metrics.client_disconnects, pool).inc()
             raise
         finally:
             if resp is not None:
@@ -129,7 +127,7 @@ class Upstream:
                 await out.prepare(request)
             await out.write_eof()
         except (ConnectionResetError, aiohttp.ClientConnectionResetError):
-            router.metrics.client_disconnects.labels(pool).inc()
+            router.metrics.child(router.metrics.client_disconnects, pool).inc()
             status = 499
         except (aiohttp.ClientError, TimeoutError) as e:
             if not prepared:

@@ -141,8 +141,8 @@ class Replica:
         self.running.remove(r)
         r.preemptions += 1
         self.preemptions += 1
-        # recompute: prompt plus the tokens generated so far (their KV) before the next token is sampled
-        r.target = r.prompt_len + max(0, r.generated - 1)
+        # recompute: prompt plus every token generated so far, then the next token is sampled
+        r.target = r.prompt_len + r.generated
         r.tokens = 0
         self.waiting.appendleft(r)
 
@@ -165,6 +165,7 @@ class Replica:
     def schedule(self, now: float) -> float | None:
         """Plan the next step (or decode run) starting at `now`; returns its end time, None when idle."""
         budget = self.budget
+        preempted_before = self.preemptions
         plan: list[tuple[Request, int]] = []
         tokens = 0
         attended = 0.0
@@ -195,8 +196,8 @@ class Replica:
                 i += 1
                 continue
             # r itself was preempted: running[i] is now the next request (or the list ended)
-        admit_blocked = False
-        while self.waiting:
+        admit_blocked = self.preemptions != preempted_before  # vLLM admits nothing in a step that preempted
+        while self.waiting and not admit_blocked:
             if budget <= 0 or len(running) >= self.max_seqs:
                 admit_blocked = True
                 break
@@ -241,6 +242,11 @@ class Replica:
             k = min(r.output_len - r.generated for r in running)
             k = self._fit_run(k)
             if k > 1:
+                for r in running:  # the run's blocks are taken now (_fit_run checked they exist)
+                    extra = self._blocks_for(r.tokens + k) - r.held
+                    if extra > 0:
+                        self._take(extra)
+                        r.held += extra
                 b = len(running)
                 ctx = read
                 # per-step time j: overhead + max(fa + fb·j, ma + mb·j)

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from llmfleet.plan.roofline import StepCostModel
 from llmfleet.sim.workload import Request, Workload
 
 if TYPE_CHECKING:
@@ -70,6 +71,27 @@ def oracle_hit_rate(w: Workload) -> float:
         total += r.prompt_len
         seen.update(r.keys)
     return hit / total if total else 0.0
+
+
+def ttft_lower_bound(w: Workload, cost: StepCostModel, max_batched_tokens: int = 8192) -> list[float]:
+    """Per request: its prefill alone on an idle replica with oracle cache hits (no queueing, no co-batched
+    decodes), in chunks of `max_batched_tokens`. No router can beat these TTFTs."""
+    seen: set[int] = set()
+    out = []
+    bs = w.block_size
+    for r in w.requests:
+        limit = min(len(r.keys), (r.prompt_len - 1) // bs)
+        n = 0
+        while n < limit and r.keys[n] in seen:
+            n += 1
+        seen.update(r.keys)
+        start, t = n * bs, 0.0
+        while start < r.prompt_len:
+            c = min(max_batched_tokens, r.prompt_len - start)
+            t += cost.prefill_time(c, start)
+            start += c
+        out.append(t)
+    return out
 
 
 def plot(results: Sequence[SimResult], out: Path, title: str = "") -> list[Path]:

@@ -205,6 +205,7 @@ def lookup_cmd(
     threshold: float = typer.Option(0.92, min=0.0, max=1.0, help="Cosine similarity needed."),
     embedder: str = typer.Option("minilm", help="Embedder used at generation time."),
     timeout_ms: float = typer.Option(30_000.0, help="Deadline (generous here: includes loading the model)."),
+    params: str = typer.Option("{}", help='Sampling parameters as JSON, e.g. \'{"max_tokens": 16}\' (part of the key).'),
 ) -> None:
     """Look a prompt up the way the router does; prints the hit as JSON (exit 1 on a miss)."""
     import asyncio
@@ -214,9 +215,16 @@ def lookup_cmd(
 
     if endpoint not in ("chat", "completions"):
         _fail("--endpoint must be chat or completions")
+    try:
+        extra = json.loads(params)
+    except ValueError as e:
+        _fail(f"--params is not JSON: {e}")
+    if not isinstance(extra, dict):
+        _fail("--params must be a JSON object")
     body: dict[str, Any] = (
         {"messages": [{"role": "user", "content": prompt}]} if endpoint == "chat" else {"prompt": prompt}
     )
+    body.update(extra)
 
     async def go() -> Any:
         store = FeatureStoreLookup(_url(url), model, semantic_threshold=threshold, timeout_ms=timeout_ms,

@@ -219,10 +219,25 @@ class FeatureStoreLookup:
             m.lookup_seconds.observe(time.perf_counter() - t0)
             self._count(tenant, kind, result)
 
-    async def warmup(self) -> None:
-        """Connect, resolve the model version, load the embedder and build the vector index (no deadline)."""
+    async def warmup(self) -> bool:
+        """Connect, resolve the model version, load the embedder and build the vector index (no deadline).
+
+        Returns False (and counts the reason) instead of raising when the store is not usable yet; lookups
+        then keep failing open until it is.
+        """
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._pool(), self._warmup_sync)
+        try:
+            await loop.run_in_executor(self._pool(), self._warmup_sync)
+        except _Outcome as o:
+            self._metrics.errors.labels(o.reason).inc()
+            return False
+        except SQLAlchemyError:
+            self._metrics.errors.labels("db_error").inc()
+            return False
+        except (ImportError, OSError, ValueError):
+            self._metrics.errors.labels("embedder").inc()
+            return False
+        return True
 
     async def close(self) -> None:
         if self._closed:

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "llmfleet"
 RBAC_KINDS = ("ClusterRole", "Role", "ClusterRoleBinding", "RoleBinding")
 
-Triple = tuple[str, str, str]  # (apiGroup, resource, verb)
+Triple = tuple[str, str, str, str]  # (apiGroup, resource, verb, resourceName or "")
 
 
 def _generator() -> Any:
@@ -41,12 +41,11 @@ def operator_rules() -> list[dict[str, list[str]]]:
 def triples(rules: list[dict[str, list[str]]]) -> set[Triple]:
     out: set[Triple] = set()
     for r in rules:
-        names = tuple(r.get("resourceNames", []))
-        assert not names, f"resourceNames are not supported by the chart's split: {r}"
         for g in r.get("apiGroups", [""]):
             for res in r.get("resources", []):
                 for v in r.get("verbs", []):
-                    out.add((g, res, v))
+                    for name in r.get("resourceNames") or [""]:
+                        out.add((g, res, v, name))
     return out
 
 
@@ -96,7 +95,7 @@ def test_watch_namespaces_gives_namespaced_roles() -> None:
     cluster = [d for d in docs if d["kind"] == "ClusterRole"]
     cluster_triples = set().union(*(triples(c["rules"]) for c in cluster)) if cluster else set()
     assert cluster_triples == triples(split["cluster"])
-    assert all((g, r) in gen.CLUSTER_SCOPED for g, r, _ in cluster_triples)
+    assert all((g, r.split("/")[0]) in gen.CLUSTER_SCOPED for g, r, _, _ in cluster_triples)
     assert cluster_triples | triples(split["namespaced"]) == triples(operator_rules())
     for b in bindings.values():
         assert b["subjects"][0]["namespace"] == "llmfleet-system"
@@ -107,9 +106,9 @@ def test_split_sends_cluster_scoped_resources_to_the_cluster_role() -> None:
         {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["get"]},
         {"apiGroups": [""], "resources": ["pods", "namespaces"], "verbs": ["list"]},
     ])
-    assert triples(split["cluster"]) == {("apiextensions.k8s.io", "customresourcedefinitions", "get"),
-                                         ("", "namespaces", "list")}
-    assert triples(split["namespaced"]) == {("", "pods", "list")}
+    assert triples(split["cluster"]) == {("apiextensions.k8s.io", "customresourcedefinitions", "get", ""),
+                                         ("", "namespaces", "list", "")}
+    assert triples(split["namespaced"]) == {("", "pods", "list", "")}
 
 
 def test_peering_permissions_match_the_mode() -> None:
@@ -117,8 +116,8 @@ def test_peering_permissions_match_the_mode() -> None:
     wanted = triples(operator_rules())
     cluster_peering = {t for t in wanted if t[1] == "clusterkopfpeerings"}
     ns_peering = {t for t in wanted if t[1] == "kopfpeerings"}
-    assert {v for _, _, v in cluster_peering} >= {"get", "list", "watch", "patch"}, "OPERATOR_RULES lacks clusterkopfpeerings"
-    assert {v for _, _, v in ns_peering} >= {"get", "list", "watch", "patch"}, "OPERATOR_RULES lacks kopfpeerings"
+    assert {v for _, _, v, _ in cluster_peering} >= {"get", "list", "watch", "patch"}, "OPERATOR_RULES lacks clusterkopfpeerings"
+    assert {v for _, _, v, _ in ns_peering} >= {"get", "list", "watch", "patch"}, "OPERATOR_RULES lacks kopfpeerings"
 
 
 def test_rbac_can_be_turned_off() -> None:

@@ -21,7 +21,7 @@ from llmfleet.plan.roofline import (
     kv_capacity,
     prefill_roofline,
 )
-from llmfleet.plan.training import fsdp_memory_per_gpu, model_flops_per_token, utilization
+from llmfleet.plan.training import fsdp_comm_per_step, fsdp_memory_per_gpu, model_flops_per_token, utilization
 
 L3 = get_model("llama-3-8b")
 H200 = get_gpu("H200")
@@ -89,6 +89,10 @@ def test_training_flops_mfu_fsdp() -> None:
     assert fsdp_memory_per_gpu(L3, 8, activation_checkpointing="full").activation_bytes < m.activation_bytes
     with pytest.raises(ValueError):
         fsdp_memory_per_gpu(L3, 6, replicate_groups=4)
+    c = fsdp_comm_per_step(L3, 8, 8192, 450.0, 989e12, mfu=0.5)
+    assert c.bytes_per_gpu == pytest.approx(8_030_261_248 * 7 / 8 * (2 + 2 + 4))
+    assert c.comm_s == pytest.approx(c.bytes_per_gpu / 450e9)
+    assert c.compute_s == pytest.approx(8192 * 57_914_449_920 / (989e12 * 0.5))
 
 
 def test_step_cost_and_calibration() -> None:

@@ -86,3 +86,30 @@ def test_pool_membership_and_scrape() -> None:
     assert pool.routable() == []
     pool.set_endpoints({"http://b": False})
     assert removed == ["http://a"] and [r.id for r in pool.routable()] == ["http://b"]
+
+
+async def test_discover_once_from_fake_api() -> None:
+    from kubernetes.client.exceptions import ApiException
+
+    from llmfleet.router.config import KubernetesDiscovery
+
+    class Api:
+        fail = False
+        calls: list[tuple[str, str]] = []
+
+        def list_namespaced_endpoint_slice(self, namespace, label_selector, _request_timeout):  # type: ignore[no-untyped-def]
+            self.calls.append((namespace, label_selector))
+            if self.fail:
+                raise ApiException(status=500, reason="boom")
+            return NS(items=[_slice(["10.0.0.1", "10.0.0.2"]), _slice(["10.0.0.3"], terminating=True)])
+
+    d = KubernetesDiscovery(namespace="ml", selector="llmfleet.io/inferenceservice=s,llmfleet.io/pool=primary")
+    pool = PoolReplicas(PoolConfig(name="primary", role="primary", served_names=["m"], discovery=d), LimitsConfig())
+    api = Api()
+    await pool.discover_once(api)
+    assert api.calls == [("ml", d.selector)]
+    assert sorted(r.id for r in pool.routable()) == ["http://10.0.0.1:8000", "http://10.0.0.2:8000"]
+    assert pool.replicas["http://10.0.0.3:8000"].draining
+    api.fail = True
+    await pool.discover_once(api)  # keeps the last known replicas
+    assert len(pool.replicas) == 3 and pool.discovery_error is not None and "boom" in pool.discovery_error

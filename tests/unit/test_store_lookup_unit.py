@@ -27,6 +27,7 @@ async def test_unreachable_database_fails_open(tmp_path: Path) -> None:
     body = {"messages": [{"role": "user", "content": "hi"}]}
     assert await store.lookup("t", "chat", body) is None
     assert await store.lookup("t", "chat", body) is None  # within the backoff: not even tried
+    assert await store.warmup() is False
     await store.close()
 
 

@@ -80,8 +80,14 @@ class TraceSummary:
 
 
 def _events(path: str | Path) -> list[dict]:
-    text = Path(path).read_text()
-    doc = json.loads(text)
+    p = Path(path)
+    if p.suffix == ".gz":
+        import gzip
+
+        with gzip.open(p, "rt") as f:
+            doc = json.load(f)
+    else:
+        doc = json.loads(p.read_text())
     events = doc.get("traceEvents", doc) if isinstance(doc, dict) else doc
     return [e for e in events if isinstance(e, dict) and e.get("ph") == "X" and "dur" in e]
 

@@ -112,7 +112,9 @@ class Attention(nn.Module):
             rep = self.heads // self.kv_heads
             k = k.repeat_interleave(rep, dim=1)
             v = v.repeat_interleave(rep, dim=1)
-        if block_mask is not None:
+        if isinstance(block_mask, torch.Tensor):  # CPU fallback (FlexAttention has no CPU backward)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=block_mask)
+        elif block_mask is not None:
             from torch.nn.attention.flex_attention import flex_attention
 
             o = cast(torch.Tensor, flex_attention(q, k, v, block_mask=block_mask))
@@ -190,8 +192,14 @@ class Transformer(nn.Module):
         h = self.embed_tokens(tokens)
         mask = None
         if self.args.sliding_window and self.args.sliding_window < tokens.shape[1]:
-            if self._block_mask is None or self._block_mask.shape[-1] != tokens.shape[1]:
-                self._block_mask = sliding_window_mask(self.args.sliding_window, tokens.shape[1], tokens.device)
+            s = tokens.shape[1]
+            if self._block_mask is None or self._block_mask.shape[-1] != s:
+                if tokens.device.type == "cuda":
+                    self._block_mask = sliding_window_mask(self.args.sliding_window, s, tokens.device)
+                else:  # a dense boolean band: only for CPU tests and tiny models
+                    i = torch.arange(s, device=tokens.device)
+                    diff = i[:, None] - i[None, :]
+                    self._block_mask = (diff >= 0) & (diff < self.args.sliding_window)
             mask = self._block_mask
         for layer in self.layers:
             h = layer(h, self.rope_cos, self.rope_sin, mask)

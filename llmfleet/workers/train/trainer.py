@@ -92,6 +92,8 @@ class Trainer:
         with torch.device("meta"):
             model = Transformer(self.args)
         param_dtype = torch.bfloat16 if opt.precision == "bf16" else torch.float32
+        # Without FSDP (a world of one) mixed precision comes from autocast: fp32 weights, bf16 matmuls.
+        self.autocast = self.world == 1 and param_dtype == torch.bfloat16
         self.model = parallelize(
             model, self.mesh, activation_checkpointing=opt.activation_checkpointing, compile=opt.compile,
             param_dtype=param_dtype, reshard_after_forward=spec.fsdp.reshard_after_forward,
@@ -168,6 +170,10 @@ class Trainer:
 
     # ------------------------------------------------------------------ loop
     def _loss(self, tokens: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+            return self._loss_inner(tokens, targets)
+
+    def _loss_inner(self, tokens: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.teacher is None or self.spec.distillation is None:
             return self.model(tokens, targets), None
         d = self.spec.distillation

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib.util
 import os
 import pathlib
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -73,7 +73,8 @@ async def eventually(check: Callable[[], Any], timeout: float = 10.0, interval: 
 
 
 class Operator:
-    """One kopf operator running as a task in the test's event loop."""
+    """One kopf operator in its own thread and event loop (as in production: kopf stops every task that
+    started after it, so two operators must not share a loop with each other or with the emulator)."""
 
     def __init__(self, url: str, **options: Any) -> None:
         import kopf
@@ -82,36 +83,40 @@ class Operator:
         from llmfleet.operator.handlers import Runtime
         from llmfleet.operator.run import RunOptions
 
-        config = options.pop("config", None) or OperatorConfig()
+        config = options.pop("config", None) or OperatorConfig(timer_interval_seconds=1.0)
         self.runtime = Runtime(config=config, connection=kopf.ConnectionInfo(server=url))
         defaults: dict[str, Any] = {"metrics_port": None, "liveness_port": None, "standalone": True, "autoscaler": False}
         self.options = RunOptions(runtime=self.runtime, **{**defaults, **options})
-        self.stop_flag = asyncio.Event()
-        self.ready_flag = asyncio.Event()
-        self.task: asyncio.Task[None] | None = None
+        self.stop_flag = threading.Event()
+        self.ready_flag = threading.Event()
+        self.thread: threading.Thread | None = None
+        self.error: BaseException | None = None
 
-    async def start(self) -> Operator:
+    def _main(self) -> None:
         from llmfleet.operator.run import run_async
 
-        self.task = asyncio.create_task(run_async(self.options, stop_flag=self.stop_flag, ready_flag=self.ready_flag))
-        await asyncio.wait_for(self.ready_flag.wait(), 20)
+        try:
+            asyncio.run(run_async(self.options, stop_flag=self.stop_flag, ready_flag=self.ready_flag))
+        except (asyncio.CancelledError, Exception) as err:  # noqa: BLE001 - reported to the test
+            self.error = err
+
+    async def start(self) -> Operator:
+        self.thread = threading.Thread(target=self._main, name="operator", daemon=True)
+        self.thread.start()
+        ready = await asyncio.to_thread(self.ready_flag.wait, 20)
+        if not ready:
+            raise AssertionError(f"operator did not start: {self.error!r}")
         return self
 
     async def stop(self) -> None:
-        if self.task is None:
+        if self.thread is None:
             return
         self.stop_flag.set()
-        try:
-            await asyncio.wait_for(self.task, 20)
-        except asyncio.CancelledError:
-            # kopf ends its root task by cancellation when the stop flag is set; re-raise only our own.
-            if not self.task.cancelled():
-                raise
-        except TimeoutError:
-            self.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.task
-        self.task = None
+        await asyncio.to_thread(self.thread.join, 20)
+        alive = self.thread.is_alive()
+        self.thread = None
+        if alive:
+            raise AssertionError("operator did not stop within 20 s")
 
 
 @pytest.fixture

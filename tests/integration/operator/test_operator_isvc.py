@@ -62,7 +62,8 @@ async def test_create_update_prune_delete(cluster: Any, operators: Any) -> None:
     # Removing the student pool prunes its children.
     await emu.patch(ISVC, "ml", "chat", {"spec": {"fallback": {"pools": []}}})
     await eventually(lambda: emu.get("apps/v1/deployments", "ml", "chat-student") is None)
-    assert emu.get("v1/services", "ml", "chat-student") is None
+    await eventually(lambda: emu.get("v1/services", "ml", "chat-student") is None)
+    await eventually(lambda: emu.get("policy/v1/poddisruptionbudgets", "ml", "chat-student") is None)
     assert emu.get("apps/v1/deployments", "ml", "chat-primary") is not None
 
     # Deleting the CR removes every child (owner references; no finalizer was added).

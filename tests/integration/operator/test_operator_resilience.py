@@ -61,7 +61,6 @@ async def test_two_replicas_only_the_leader_acts(cluster: Any, operators: Any) -
     assert leader.runtime.applied_rv and not standby.runtime.applied_rv
 
     await leader.stop()  # the standby takes over
-    print("PEERING", emu.get("kopf.dev/v1/clusterkopfpeerings", None, "llmfleet"))
     await emu.put(ISVC, isvc_manifest(name="two"))
     await eventually(lambda: emu.get(DEPLOY, "ml", "two-router"), timeout=20)
     assert standby.runtime.applied_rv

@@ -289,3 +289,43 @@ async def test_concurrent_streams(fakes, routers, http) -> None:
     counts = await asyncio.gather(*(one(i) for i in range(40)))
     assert counts == [21] * 40
     assert len(a.requests) > 5 and len(b.requests) > 5
+
+
+async def test_kv_events_over_zmq_correct_the_index(fakes, routers) -> None:
+    """A fake vLLM publishes KV events (ZMQ PUB, msgpack like vLLM's KVEventBatch); the index follows them."""
+    import msgspec
+    import zmq
+    import zmq.asyncio
+
+    from llmfleet.router.prefix_index import BlockHasher
+
+    a = await fakes(name="a")
+    ctx = zmq.asyncio.Context.instance()
+    pub = ctx.socket(zmq.PUB)
+    port = pub.bind_to_random_port("tcp://127.0.0.1")
+    cfg = config({"primary": ("m", [a.url])}, limits={"scrape_interval_seconds": 0.05})
+    cfg.pools[0].kv_events_port = port
+    cfg.pools[0].block_size = 4
+    r = await routers(cfg)
+    index = r.router.pools["primary"].index
+    toks = list(range(1, 13))
+    stored = {"type": "BlockStored", "block_hashes": [b"h1", b"h2", b"h3"], "parent_block_hash": None,
+              "token_ids": toks, "block_size": 4, "lora_id": None, "medium": "GPU"}
+    keys = BlockHasher(4).keys(toks)
+    try:
+        async def publish_until(pred) -> None:  # type: ignore[no-untyped-def]
+            for _ in range(100):  # a SUB socket drops what was sent before it connected: resend
+                await pub.send_multipart([b"", (0).to_bytes(8, "big"), msgspec.msgpack.encode([1.0, events])])
+                await asyncio.sleep(0.05)
+                if pred():
+                    return
+            raise AssertionError("KV events not applied")
+
+        events = [stored]
+        await publish_until(lambda: index.match(keys).get(a.url) == 3)
+        events = [{"type": "BlockRemoved", "block_hashes": [b"h3"], "medium": "GPU"}]
+        await publish_until(lambda: index.match(keys).get(a.url) == 2)
+        events = [{"type": "AllBlocksCleared"}]
+        await publish_until(lambda: index.match(keys) == {})
+    finally:
+        pub.close(linger=0)

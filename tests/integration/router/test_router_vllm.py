@@ -7,6 +7,7 @@ so every prefix misses twice; the router keeps each prefix on one replica, so it
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json as jsonlib
 import os
@@ -35,24 +36,26 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, list[str]]]:
+def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, list[str], dict[str, str]]]:
     pytest.importorskip("vllm")
     from llmfleet.local.tinymodel import PRIMARY, build_tiny
 
     model = build_tiny(PRIMARY)
     logs = tmp_path_factory.mktemp("vllm")
-    procs, urls = [], []
+    procs, urls, events = [], [], {}
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1", "OMP_NUM_THREADS": "1"}
     try:
         for i in range(2):
-            port = _free_port()
+            port, ev_port = _free_port(), _free_port()
+            kv_cfg = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{ev_port}"}
             argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
                     "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port), "--enforce-eager",
                     "--block-size", str(BLOCK), "--enable-prefix-caching", "--max-model-len", "2048",
-                    "--dtype", "bfloat16"]
+                    "--dtype", "bfloat16", "--kv-events-config", jsonlib.dumps(kv_cfg)]
             log = open(logs / f"replica{i}.log", "w")  # noqa: SIM115 - closed with the process
             procs.append((subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env), log))
             urls.append(f"http://127.0.0.1:{port}")
+            events[urls[-1]] = f"tcp://127.0.0.1:{ev_port}"
         deadline = time.monotonic() + 400
         for (p, _), url in zip(procs, urls, strict=True):
             while True:
@@ -66,9 +69,9 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, li
                 if time.monotonic() > deadline:
                     pytest.fail(f"vLLM replica {url} not ready in time; see {logs}")
                 time.sleep(1)
-        yield str(model), urls
+        yield str(model), urls, events
     finally:
-        for p, log in procs:
+        for p, _log in procs:
             p.terminate()
         for p, log in procs:
             try:
@@ -100,8 +103,8 @@ def _hit_rate(before: tuple[float, float], after: tuple[float, float]) -> float:
     return (after[0] - before[0]) / q
 
 
-async def test_affinity_beats_round_robin_on_vllm_prefix_hits(replicas: tuple[str, list[str]]) -> None:
-    model, urls = replicas
+async def test_affinity_beats_round_robin_on_vllm_prefix_hits(replicas: tuple[str, list[str], dict[str, str]]) -> None:
+    model, urls, _ = replicas
     # Round-robin straight to the replicas.
     before = _prefix_counters(urls)
     async with httpx.AsyncClient(timeout=60) as client:
@@ -131,3 +134,30 @@ async def test_affinity_beats_round_robin_on_vllm_prefix_hits(replicas: tuple[st
     print(f"vLLM prefix-cache hit rate: affinity {aff:.3f} vs round-robin {rr:.3f}; placement {chosen}")
     assert all(len(v) == 1 for v in chosen.values())  # each prefix stayed on one replica
     assert aff > rr + 0.1
+
+
+async def test_vllm_kv_events_feed_the_index(replicas: tuple[str, list[str], dict[str, str]]) -> None:
+    """A prompt sent straight to replica 1 (not through the router) shows up in the router's index."""
+    model, urls, events = replicas
+    cfg = RouterConfig(service="tiny", block_size=BLOCK, scorers={"prefix-cache": 2.0},
+                       pools=[PoolConfig(name="primary", role="primary", served_names=["tiny"], endpoints=urls,
+                                         tokenizer_path=model, block_size=BLOCK, kv_events_endpoints=events)])
+    rut = await start_router(cfg)
+    try:
+        pool = rut.router.pools["primary"]
+        deadline = time.monotonic() + 20
+        while len(pool.kv_events.tasks if pool.kv_events else ()) < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(1.0)  # ZMQ slow joiner: let the SUB sockets connect
+        prompt = "[kv-events] " + inspect.getsource(jsonlib.scanner)[:1500]
+        keys, _ = pool.blocks(prompt)
+        async with httpx.AsyncClient(timeout=60) as client:
+            r = await client.post(urls[1] + "/v1/completions", json={"model": "tiny", "prompt": prompt, "max_tokens": 1})
+            assert r.status_code == 200
+        while pool.index.match(keys).get(urls[1], 0) < len(keys) - 1 and time.monotonic() < deadline + 20:
+            await asyncio.sleep(0.1)
+        held = pool.index.match(keys)
+    finally:
+        await rut.runner.cleanup()
+    print(f"blocks of the prompt: {len(keys)}; index after KV events: {held}")
+    assert held.get(urls[1], 0) >= len(keys) - 1 and urls[0] not in held

@@ -12,6 +12,7 @@ from llmfleet.store import db, generation, repo
 from llmfleet.store.embeddings import HashingEmbedder
 from llmfleet.store.fake_openai import FakeOpenAI, chat_body, log_record, write_log
 from llmfleet.store.lookup import FeatureStoreLookup
+from llmfleet.store.models import LookupStat
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -173,4 +174,8 @@ async def test_semantic_neighbour_and_threshold(migrated_url: str, tmp_path: Pat
     hit = await strict.lookup("acme", "chat", chat_body("name the largest ocean on earth!"))
     assert hit is not None and "largest ocean" in hit.response["choices"][0]["message"]["content"]
     await strict.close()
+    # close() flushed the lookup statistics (additively, per hour bucket).
+    with engine.connect() as conn:
+        stats = {(r.kind, r.result): r.count for r in conn.execute(select(LookupStat.__table__))}
+    assert stats[("semantic", "hit")] >= 1 and stats[("exact", "miss")] >= 1
     engine.dispose()

@@ -1,0 +1,85 @@
+"""One autoscaling step: signals -> decide -> actuate (scale-out directly, scale-in by drain-then-remove).
+
+Shared by the kopf timer (llmfleet.autoscaler.kopf_handlers), the standalone `llmfleet autoscaler` command
+and the local runtime. Only the wiring lives here; every decision is in policy.py / scalein.py.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from llmfleet.api.inferenceservice import InferenceService
+from llmfleet.autoscaler.actuation import Actuator, DrainResult
+from llmfleet.autoscaler.capacity import CapacitySeed
+from llmfleet.autoscaler.policy import Decision, PolicyConfig, PolicyState, PoolSignals, decide
+from llmfleet.autoscaler.scalein import choose_victims
+from llmfleet.autoscaler.seeds import seeds_for_service
+from llmfleet.autoscaler.signals import PoolRef
+
+log = logging.getLogger("llmfleet.autoscaler")
+
+
+class SignalSource(Protocol):
+    async def collect(self, pools: Sequence[PoolRef], now: float | None = None) -> list[PoolSignals]: ...
+
+
+LostBlocks = Mapping[str, int]
+
+
+@dataclass
+class StepResult:
+    decision: Decision
+    signals: list[PoolSignals] = field(default_factory=list)
+    scaled_out: dict[str, int] = field(default_factory=dict)
+    drained: list[DrainResult] = field(default_factory=list)
+
+
+async def autoscale_step(
+    isvc: InferenceService,
+    actuator: Actuator,
+    signals: SignalSource,
+    state: PolicyState,
+    now: float,
+    *,
+    seeds: Mapping[str, CapacitySeed] | None = None,
+    lost_blocks: LostBlocks | None = None,
+    drain_timeout_s: float | None = None,
+    replicas_from_spec: bool = True,
+) -> StepResult:
+    """Run the policy once for `isvc` and apply its decision through `actuator`.
+
+    The current size of a pool is its spec replicas (Kubernetes: the body is fresh each tick), or with
+    `replicas_from_spec=False` the replicas the actuator lists (local runtime: the spec is never rewritten).
+    """
+    cfg = PolicyConfig.from_service(isvc, seeds=seeds if seeds is not None else seeds_for_service(isvc))
+    refs = []
+    replicas_by_pool = {}
+    for view in isvc.pools():
+        reps = await actuator.list_replicas(view.name)
+        replicas_by_pool[view.name] = reps
+        current = view.replicas if replicas_from_spec else len(reps)
+        refs.append(PoolRef(view.name, view.role, replicas=current, ready_replicas=sum(r.ready for r in reps)))
+    sigs = await signals.collect(refs, now)
+    decision = decide(cfg, sigs, state)
+    result = StepResult(decision=decision, signals=sigs)
+    ups = {n: d.desired for n, d in decision.pools.items() if d.desired > d.current}
+    if ups:
+        await actuator.set_replicas(ups, reason="scale out", state_json=decision.state.to_json())
+        result.scaled_out = ups
+    timeout = float(drain_timeout_s if drain_timeout_s is not None else isvc.spec.drain_seconds)
+    for name, d in decision.pools.items():
+        if d.desired >= d.current:
+            continue
+        victims = choose_victims(replicas_by_pool.get(name, []), d.current - d.desired, lost_blocks)
+        for victim in victims:
+            log.info("scale-in of %s/%s: %s", name, victim.name, "; ".join(d.reasons))
+            result.drained.append(await actuator.drain_and_remove(victim, timeout_s=timeout))
+        missing = d.current - d.desired - len(victims)
+        if missing > 0:  # replicas the runtime has not created yet: lower the count directly
+            await actuator.set_replicas({name: d.current - missing - len(victims)}, reason="scale in")
+    if not ups and any(d.action != "hold" for d in decision.pools.values()):
+        await actuator.set_replicas({}, reason="state", state_json=decision.state.to_json())
+    return result

@@ -1,0 +1,197 @@
+"""kopf timer per InferenceService: the autoscaler inside the operator. Registered on import.
+
+The operator imports this module from its entry point (`llmfleet.operator.handlers.load_autoscaler`).
+The handler is thin: it keeps per-service memory in kopf's memo, builds the signal source, the
+Kubernetes actuator and the arbitration client, and calls `controller.autoscale_step` (pure policy
+inside). Configuration by environment:
+
+- `LLMFLEET_PROMETHEUS_URL`: query Prometheus; otherwise scrape the router (`http://<isvc>-router.<ns>:8080`)
+  and the replicas directly.
+- `LLMFLEET_AUTOSCALER_TICK`: seconds between timer calls (default 5); each service is decided every
+  `spec.autoscaling.intervalSeconds`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+
+from llmfleet.api.common import GROUP, VERSION
+from llmfleet.api.inferenceservice import InferenceService
+from llmfleet.api.loader import ManifestError, parse_resource
+from llmfleet.autoscaler.actuation import Actuator, KubernetesActuator
+from llmfleet.autoscaler.arbitration import SERVING_PRIORITY_ANNOTATION, serving_need
+from llmfleet.autoscaler.controller import autoscale_step
+from llmfleet.autoscaler.policy import PolicyState, PoolSignals
+from llmfleet.autoscaler.signals import PoolRef, PrometheusSignals, ScrapeSignals, parse_metrics
+
+TICK = float(os.environ.get("LLMFLEET_AUTOSCALER_TICK") or 5.0)
+ROUTER_PORT = 8080
+log = logging.getLogger("llmfleet.autoscaler")
+
+
+@dataclass
+class _Memory:
+    state: PolicyState
+    last_run: float = 0.0
+    scrape: ScrapeSignals | None = None
+
+
+@dataclass
+class _Memo:
+    services: dict[str, _Memory] = field(default_factory=dict)
+    api_client: Any = None
+
+
+class _ScrapeSource:
+    """ScrapeSignals with replica URLs from the actuator (no Prometheus configured)."""
+
+    def __init__(self, scrape: ScrapeSignals, actuator: Actuator) -> None:
+        self.scrape, self.actuator = scrape, actuator
+
+    async def collect(self, pools: Sequence[PoolRef], now: float | None = None) -> list[PoolSignals]:
+        urls = {}
+        for p in pools:
+            urls[p.name] = [r.url for r in await self.actuator.list_replicas(p.name) if r.url and r.ready]
+        return await self.scrape.collect(pools, urls, now)
+
+
+def _memo(memo: Any) -> _Memo:
+    got = getattr(memo, "llmfleet_autoscaler", None)
+    if not isinstance(got, _Memo):
+        got = _Memo()
+        memo.llmfleet_autoscaler = got
+    return got
+
+
+def _api_client(m: _Memo) -> Any:
+    if m.api_client is None:
+        from kubernetes import client, config
+
+        try:
+            config.load_incluster_config()  # type: ignore[no-untyped-call]
+        except config.ConfigException:
+            config.load_kube_config()  # type: ignore[no-untyped-call]
+        m.api_client = client.ApiClient()
+    return m.api_client
+
+
+async def _lost_blocks(router_url: str, pool_names: Sequence[str]) -> dict[str, int] | None:
+    """Exclusive prefix blocks per replica from the router's /metrics (None when unreachable)."""
+    import httpx
+
+    from llmfleet.autoscaler.scalein import lost_blocks_from_metrics
+
+    try:
+        async with httpx.AsyncClient(timeout=2.0) as client:
+            resp = await client.get(router_url + "/metrics")
+    except httpx.HTTPError:
+        return None
+    if resp.status_code != 200:
+        return None
+    samples = parse_metrics(resp.text)
+    out: dict[str, int] = {}
+    for pool in pool_names:
+        out.update(lost_blocks_from_metrics(samples, pool))
+    return out
+
+
+async def _pending_gpus(actuator: KubernetesActuator, isvc: InferenceService) -> int:
+    """GPUs of this service's pods that are Pending because the scheduler found no room."""
+    import asyncio
+
+    pods = await asyncio.to_thread(
+        actuator._core.list_namespaced_pod, actuator.namespace,
+        label_selector=f"llmfleet.io/inferenceservice={isvc.metadata.name}", _request_timeout=10,
+    )
+    gpus_by_pool = {p.name: max(p.resources.gpus, 0) for p in isvc.pools()}
+    total = 0
+    for pod in pods.items:
+        if pod.status is None or pod.status.phase != "Pending":
+            continue
+        unschedulable = any(c.type == "PodScheduled" and c.reason == "Unschedulable" for c in pod.status.conditions or [])
+        pool = ((pod.metadata.labels if pod.metadata else None) or {}).get("llmfleet.io/pool", "")
+        if unschedulable:
+            total += gpus_by_pool.get(pool, 0)
+    return total
+
+
+@kopf.timer(GROUP, VERSION, "inferenceservices", interval=TICK, initial_delay=TICK)
+async def autoscale_inferenceservice(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    try:
+        isvc = parse_resource(dict(body))
+    except ManifestError:
+        return  # the operator reports invalid specs
+    if not isinstance(isvc, InferenceService) or isvc.spec.autoscaling.policy == "static":
+        return
+    m = _memo(memo)
+    uid = isvc.metadata.uid or isvc.metadata.name
+    now = time.monotonic()
+    mem = m.services.get(uid)
+    if mem is None:
+        mem = m.services[uid] = _Memory(PolicyState.from_json(isvc.metadata.annotations.get("llmfleet.io/autoscaler-state")))
+    if now - mem.last_run < isvc.spec.autoscaling.interval_seconds:
+        return
+    mem.last_run = now
+    ns = isvc.metadata.namespace or "default"
+    actuator = KubernetesActuator(isvc.metadata.name, ns, _api_client(m))
+    router_url = f"http://{isvc.metadata.name}-router.{ns}:{ROUTER_PORT}"
+    prom = os.environ.get("LLMFLEET_PROMETHEUS_URL")
+    if prom:
+        source: Any = PrometheusSignals(prom, isvc.metadata.name, ns)
+    else:
+        mem.scrape = mem.scrape or ScrapeSignals(router_url)
+        source = _ScrapeSource(mem.scrape, actuator)
+    lost = await _lost_blocks(router_url, [p.name for p in isvc.pools()])
+    result = await autoscale_step(isvc, actuator, source, mem.state, now, lost_blocks=lost)
+    mem.state = result.decision.state
+    for name, d in result.decision.pools.items():
+        if d.action != "hold":
+            kopf.info(body, reason="Scaled", message=f"{name}: {d.current} -> {d.desired}: {'; '.join(d.reasons)}"[:1000])
+    await _arbitrate(isvc, dict(body), actuator, result)
+
+
+def _burning(isvc: InferenceService, signals: Sequence[PoolSignals]) -> bool:
+    """The primary misses its latency SLO on fresh data (p95 over the objective)."""
+    slo = isvc.spec.slo
+    for s in signals:
+        if s.role == "primary" and not s.stale:
+            return (s.ttft_p95_ms or 0.0) > slo.ttft_p95_ms or (s.tpot_p95_ms or 0.0) > slo.tpot_p95_ms
+    return False
+
+
+async def _arbitrate(isvc: InferenceService, body: dict[str, Any], actuator: KubernetesActuator, result: Any) -> None:
+    import ssl
+
+    from llmfleet.autoscaler.kube import apply_arbitration
+    from llmfleet.operator.kube import ApiError, KubeClient
+
+    decision = result.decision
+    primary = decision.pools.get("primary")
+    desired_gpus = sum(
+        decision.pools[p.name].desired * max(p.resources.gpus, 0) for p in isvc.pools() if p.name in decision.pools
+    )
+    pending = await _pending_gpus(actuator, isvc)
+    need = serving_need(
+        isvc.metadata.name, int(isvc.metadata.annotations.get(SERVING_PRIORITY_ANNOTATION, "0") or 0),
+        gpu_budget=isvc.spec.autoscaling.gpu_budget, desired_gpus=desired_gpus, pending_gpus=pending,
+        burning=_burning(isvc, result.signals) or (primary is not None and primary.desired > primary.current and pending > 0),
+    )
+    cfg = actuator._api_client.configuration
+    headers = {"Authorization": cfg.api_key["authorization"]} if cfg.api_key.get("authorization") else {}
+    tls: ssl.SSLContext | bool = False
+    if cfg.verify_ssl and cfg.host.startswith("https"):
+        tls = ssl.create_default_context(cafile=cfg.ssl_ca_cert)
+    client = KubeClient(server=cfg.host, headers=headers, ssl_context=tls)
+    try:
+        await apply_arbitration(client, body, need)
+    except ApiError as err:
+        log.warning("GPU arbitration for %s failed: %s", isvc.metadata.name, err)
+    finally:
+        await client.close()

@@ -1,0 +1,1 @@
+"""alembic migrations of the feature store (a package so that wheels ship them)."""

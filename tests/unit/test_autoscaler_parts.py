@@ -1,0 +1,239 @@
+"""Unit tests of the autoscaler's pure parts: scale-in choice, arbitration, signals math, actuation patches,
+planner seeds and the `llmfleet autoscaler decide` command."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from llmfleet.api import InferenceService, parse_resource
+from llmfleet.autoscaler.actuation import Replica, replicas_patch, wait_drained
+from llmfleet.autoscaler.arbitration import (
+    SUSPENDED_BY_ANNOTATION,
+    UNBOUNDED,
+    ServingNeed,
+    TrainingJobInfo,
+    arbitrate,
+    job_info,
+    job_patch,
+    serving_need,
+)
+from llmfleet.autoscaler.policy import PolicyConfig
+from llmfleet.autoscaler.scalein import choose_victims, lost_blocks_from_index, lost_blocks_from_metrics
+from llmfleet.autoscaler.seeds import seed_from_capacity, seeds_for_service
+from llmfleet.autoscaler.signals import (
+    PoolRef,
+    Selectors,
+    assemble,
+    build_queries,
+    histogram_quantile,
+    parse_metrics,
+    values_from_scrapes,
+)
+from llmfleet.cli.main import app
+
+ISVC_DOC = {
+    "apiVersion": "llmfleet.io/v1alpha1", "kind": "InferenceService",
+    "metadata": {"name": "chat", "annotations": {"llmfleet.io/model-preset": "llama-3-8b"}},
+    "spec": {"model": {"path": "/m"}, "replicas": 2, "maxReplicas": 10, "resources": {"gpus": 1, "gpuType": "H200"},
+             "slo": {"ttftP95Ms": 1000},
+             "fallback": {"pools": [{"name": "small", "model": {"path": "/s"}, "replicas": 0, "maxReplicas": 2}]}},
+}
+
+
+def isvc() -> InferenceService:
+    obj = parse_resource(ISVC_DOC)
+    assert isinstance(obj, InferenceService)
+    return obj
+
+
+# --- cache-aware scale-in ---------------------------------------------------------------------------------------
+
+def test_choose_victims_prefers_not_ready_then_fewest_exclusive_blocks_then_idle() -> None:
+    reps = [Replica("primary", "a", "http://a:8000"), Replica("primary", "b", "http://b:8000"),
+            Replica("primary", "c", "http://c:8000"), Replica("primary", "d", "http://d:8000", ready=False)]
+    lost = {"http://a:8000": 500, "http://b:8000": 20, "http://c:8000": 20}
+    flight = {"http://b:8000": 5.0, "http://c:8000": 1.0}
+    assert [r.name for r in choose_victims(reps, 3, lost, flight)] == ["d", "c", "b"]
+    # a replica the index does not know is never chosen on a guess while others are known
+    assert [r.name for r in choose_victims(reps[:2] + [Replica("primary", "x", "http://x:8000")], 1, lost)] == ["b"]
+    assert choose_victims(reps, 0, lost) == []
+
+
+def test_lost_blocks_from_the_router_prefix_index() -> None:
+    from llmfleet.router.prefix_index import BlockHasher, PrefixIndex
+
+    index = PrefixIndex()
+    shared = BlockHasher(1).keys(list(range(10)))
+    only_a = BlockHasher(1).keys(list(range(100, 140)))
+    index.insert("http://a:8000", shared + only_a)
+    index.insert("http://b:8000", shared)
+    reps = [Replica("primary", "a", "http://a:8000"), Replica("primary", "b", "http://b:8000")]
+    lost = lost_blocks_from_index(index, reps)
+    assert lost["http://a:8000"] > lost["http://b:8000"]
+    assert choose_victims(reps, 1, lost)[0].name == "b"
+
+
+def test_lost_blocks_from_router_metrics() -> None:
+    text = ('# TYPE llmfleet_router_replica_exclusive_blocks gauge\n'
+            'llmfleet_router_replica_exclusive_blocks{pool="primary",replica="http://a:8000"} 12\n'
+            'llmfleet_router_replica_exclusive_blocks{pool="small",replica="http://s:8000"} 3\n')
+    assert lost_blocks_from_metrics(parse_metrics(text), "primary") == {"http://a:8000": 12}
+
+
+# --- arbitration -------------------------------------------------------------------------------------------------
+
+JOBS = [TrainingJobInfo("low", -5, 4, False), TrainingJobInfo("lower", -10, 2, False),
+        TrainingJobInfo("high", 10, 8, False), TrainingJobInfo("done", -20, 8, False, finished=True)]
+
+
+@pytest.mark.parametrize("missing,expected", [(1, ["lower"]), (2, ["lower"]), (3, ["lower", "low"]), (100, ["lower", "low"])])
+def test_arbitrate_suspends_lowest_priority_until_covered(missing: int, expected: list[str]) -> None:
+    acts = arbitrate(ServingNeed("chat", 0, burning=True, gpus_missing=missing, gpus_surplus=0), JOBS)
+    assert [a.job for a in acts] == expected and all(a.action == "suspend" for a in acts)
+
+
+def test_arbitrate_needs_burning_and_missing_gpus_and_resumes_only_its_own() -> None:
+    assert arbitrate(ServingNeed("chat", 0, burning=False, gpus_missing=4, gpus_surplus=0), JOBS) == []
+    assert arbitrate(ServingNeed("chat", 0, burning=True, gpus_missing=0, gpus_surplus=0), JOBS) == []
+    jobs = [TrainingJobInfo("mine", -5, 4, True, suspended_by="chat"), TrainingJobInfo("other", -5, 4, True)]
+    acts = arbitrate(ServingNeed("chat", 0, burning=False, gpus_missing=0, gpus_surplus=UNBOUNDED), jobs)
+    assert [(a.job, a.action) for a in acts] == [("mine", "resume")]
+    assert arbitrate(ServingNeed("chat", 0, burning=True, gpus_missing=0, gpus_surplus=UNBOUNDED), jobs) == []
+
+
+def test_serving_need_budget_and_pending() -> None:
+    n = serving_need("chat", 0, gpu_budget=4, desired_gpus=6, pending_gpus=0, burning=True)
+    assert n.gpus_missing == 2 and n.gpus_surplus == 0
+    n = serving_need("chat", 0, gpu_budget=None, desired_gpus=6, pending_gpus=2, burning=True)
+    assert n.gpus_missing == 2
+    n = serving_need("chat", 0, gpu_budget=8, desired_gpus=6, pending_gpus=0, burning=False)
+    assert n.gpus_missing == 0 and n.gpus_surplus == UNBOUNDED
+
+
+def test_job_info_and_patch() -> None:
+    obj = {"metadata": {"name": "j", "annotations": {SUSPENDED_BY_ANNOTATION: "chat"}},
+           "spec": {"workers": {"count": 2, "gpusPerWorker": 4}, "scheduling": {"priority": -3}, "suspend": True},
+           "status": {"phase": "Suspended"}}
+    assert job_info(obj) == TrainingJobInfo("j", -3, 8, True, "chat", False)
+    acts = arbitrate(ServingNeed("chat", 0, True, 1, 0), [TrainingJobInfo("j", -3, 8, False)])
+    assert job_patch(acts[0], "chat") == {"metadata": {"annotations": {SUSPENDED_BY_ANNOTATION: "chat"}},
+                                          "spec": {"suspend": True}}
+
+
+# --- signals -----------------------------------------------------------------------------------------------------
+
+def test_histogram_quantile_matches_prometheus_interpolation() -> None:
+    buckets = {0.1: 10.0, 0.5: 60.0, 1.0: 90.0, float("inf"): 100.0}
+    assert histogram_quantile(0.5, buckets) == pytest.approx(0.1 + 0.4 * (50 - 10) / 50)
+    assert histogram_quantile(0.95, buckets) == 1.0  # falls in +Inf: the highest finite bound
+    assert histogram_quantile(0.95, {}) is None
+
+
+def test_build_queries_select_pool_and_service() -> None:
+    q = build_queries("chat", "ml", "small", "student", Selectors(), "1m")
+    assert 'pool="small"' in q["arrival_rate"] and 'llmfleet_io_inferenceservice="chat"' in q["arrival_rate"]
+    assert 'vllm[:_]num_requests_waiting' in q["queue_depth"] and 'llmfleet_io_pool="small"' in q["queue_depth"]
+    primary = build_queries("chat", "ml", "primary", "primary", Selectors(), "1m")
+    assert 'pool="primary"' not in primary["arrival_rate"]  # the primary is sized for the whole service
+
+
+def test_values_from_two_scrapes_and_staleness() -> None:
+    def router(n: float, slow: float) -> str:
+        return ('# TYPE llmfleet_router_requests counter\n'
+                f'llmfleet_router_requests_total{{pool="primary",degraded="false"}} {n}\n'
+                f'llmfleet_router_requests_total{{pool="small",degraded="true"}} {n / 10}\n'
+                '# TYPE llmfleet_router_ttft_seconds histogram\n'
+                f'llmfleet_router_ttft_seconds_bucket{{pool="primary",le="0.5"}} {n - slow}\n'
+                f'llmfleet_router_ttft_seconds_bucket{{pool="primary",le="2.0"}} {n}\n'
+                f'llmfleet_router_ttft_seconds_bucket{{pool="primary",le="+Inf"}} {n}\n'
+                f'llmfleet_router_ttft_seconds_count{{pool="primary"}} {n}\n'
+                f'llmfleet_router_ttft_seconds_sum{{pool="primary"}} {n * 0.3}\n')
+    replica = ('# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 4\n'
+               '# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 2\n')
+    pool = PoolRef("primary", "primary", 2, 2)
+    v = values_from_scrapes(pool, parse_metrics(router(100, 0)), parse_metrics(router(200, 10)),
+                            {}, parse_metrics(replica), 10.0)
+    assert v["arrival_rate"] == pytest.approx(11.0)  # (100 + 10) / 10 s, the service's whole demand
+    assert v["degraded_fraction"] == pytest.approx(10 / 110)
+    assert 500 < v["ttft_p95_ms"] <= 2000  # type: ignore[operator]
+    assert v["queue_depth"] == 4 and v["running"] == 2
+    fresh = assemble(pool, 0.0, {**v, "router_age_s": 1.0, "replica_age_s": 1.0}, stale_after_s=30)
+    assert not fresh.stale and fresh.arrival_rate == pytest.approx(11.0)
+    old = assemble(pool, 0.0, {**v, "router_age_s": 100.0, "replica_age_s": 1.0}, stale_after_s=30)
+    assert old.stale
+    assert assemble(pool, 0.0, {}, stale_after_s=30).stale
+
+
+# --- actuation ----------------------------------------------------------------------------------------------------
+
+def test_replicas_patch_targets_primary_and_students() -> None:
+    spec = {"replicas": 2, "fallback": {"pools": [{"name": "a"}, {"name": "b", "replicas": 1}]}}
+    ops = replicas_patch(spec, {"primary": 3, "b": 0})
+    assert {"op": "test", "path": "/spec/fallback/pools/1/name", "value": "b"} in ops
+    assert {"op": "replace", "path": "/spec/fallback/pools/1/replicas", "value": 0} in ops
+    assert {"op": "replace", "path": "/spec/replicas", "value": 3} in ops
+    assert {"op": "add", "path": "/spec/fallback/pools/0/replicas", "value": 1} in replicas_patch(spec, {"a": 1})
+    with pytest.raises(KeyError):
+        replicas_patch(spec, {"zzz": 1})
+
+
+def test_wait_drained_polls_until_idle_and_never_guesses() -> None:
+    values = iter([3.0, None, 1.0, 0.0])
+
+    async def probe(_: Replica) -> float | None:
+        return next(values)
+
+    drained, _, last = asyncio.run(wait_drained(Replica("p", "r"), probe, timeout_s=5, poll_s=0.01))
+    assert drained and last == 0.0
+
+    async def unknown(_: Replica) -> float | None:
+        return None
+
+    drained, waited, last = asyncio.run(wait_drained(Replica("p", "r"), unknown, timeout_s=0.05, poll_s=0.01))
+    assert not drained and last is None and waited >= 0.05
+
+
+# --- planner seeds ------------------------------------------------------------------------------------------------
+
+def test_seeds_come_from_the_planner_roofline() -> None:
+    from llmfleet.plan.capacity import Workload, replica_capacity
+    from llmfleet.plan.hardware import get_gpu
+    from llmfleet.plan.models import get_model
+
+    w = Workload(input_tokens=2048, output_tokens=256)
+    cap = replica_capacity(get_model("llama-3-8b"), get_gpu("H200"), w)
+    seed = seed_from_capacity(cap, w)
+    assert seed.prefill_tokens_per_s == pytest.approx(2048 / cap.prefill_s)
+    seeds = seeds_for_service(isvc())
+    assert seeds["primary"].prefill_tokens_per_s > 1000 and seeds["primary"].slots == 1
+    assert seeds["small"].prefill_tokens_per_s == 8000.0  # no preset/GPU for the student: default seed
+    cfg = PolicyConfig.from_service(isvc(), seeds=seeds)
+    assert cfg.pool("primary").seed == seeds["primary"]
+
+
+# --- CLI ----------------------------------------------------------------------------------------------------------
+
+def test_cli_decide_prints_decision_and_rejects_bad_input(tmp_path: Path) -> None:
+    import yaml
+
+    svc = tmp_path / "svc.yaml"
+    svc.write_text(yaml.safe_dump(ISVC_DOC))
+    sigs = tmp_path / "sigs.json"
+    sigs.write_text(json.dumps([
+        {"pool": "primary", "role": "primary", "now": 0.0, "replicas": 2, "ready_replicas": 2, "arrival_rate": 40.0,
+         "mean_input_tokens": 2000, "mean_output_tokens": 200, "queue_depth": 20},
+        {"pool": "small", "role": "student", "now": 0.0, "replicas": 0, "ready_replicas": 0, "arrival_rate": 0.0},
+    ]))
+    runner = CliRunner()
+    res = runner.invoke(app, ["autoscaler", "decide", str(svc), "--signals", str(sigs)])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert out["pools"]["primary"]["action"] == "up" and out["pools"]["primary"]["desired"] > 2
+    sigs.write_text(json.dumps([{"pool": "primary"}]))
+    res = runner.invoke(app, ["autoscaler", "decide", str(svc), "--signals", str(sigs)])
+    assert res.exit_code == 2 and "error:" in res.output

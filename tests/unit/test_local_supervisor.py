@@ -1,0 +1,102 @@
+"""Supervisor + LocalActuator with stand-in processes (no vLLM): restart on crash, scaling, drain, stop."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from llmfleet.api import InferenceService
+from llmfleet.autoscaler.actuation import Actuator, Replica
+from llmfleet.local.actuator import LocalActuator
+from llmfleet.local.runtime import Supervisor, pid_alive, read_state
+
+SLEEPER = [sys.executable, "-c", "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(0)); "
+           "time.sleep(120)"]
+
+
+def isvc() -> InferenceService:
+    return InferenceService.model_validate({
+        "apiVersion": "llmfleet.io/v1alpha1", "kind": "InferenceService", "metadata": {"name": "sup"},
+        "spec": {"model": {"path": "/m"}, "vllm": {"blockSize": 32}, "replicas": 1, "minReplicas": 1,
+                 "maxReplicas": 3, "drainSeconds": 1,
+                 "fallback": {"pools": [{"name": "student", "model": {"path": "/s"}, "replicas": 0, "maxReplicas": 1}]}},
+    })
+
+
+class FakeSupervisor(Supervisor):
+    def replica_command(self, r: Any) -> list[str]:
+        return SLEEPER
+
+    def start_router(self) -> None:
+        self.router = self._spawn(SLEEPER, str(self.run_dir / "logs" / "router.log"))
+
+
+def wait_for(pred: Any, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.05)
+    raise TimeoutError
+
+
+@pytest.mark.timeout(60)
+async def test_restart_scale_drain_stop(tmp_path: Path) -> None:
+    sup = FakeSupervisor(isvc(), tmp_path)
+    assert [len(sup.slots[p]) for p in ("primary", "student")] == [3, 1]
+    ports = {r.port for r in sup.replicas()} | {sup.router_port}
+    assert len(ports) == 5  # every slot has its own port, fixed for the run
+    sup.start()
+    try:
+        running = [r for r in sup.replicas() if r.proc is not None]
+        assert [r.name for r in running] == ["primary-0"]
+        state = read_state(tmp_path)
+        assert state is not None and state["desired"] == {"primary": 1, "student": 0}
+
+        # A crash is noticed, reported and restarted.
+        victim = running[0]
+        old = victim.pid
+        os.kill(victim.pid or 0, signal.SIGKILL)
+        wait_for(lambda: victim.proc is not None and victim.proc.poll() is not None)
+        sup.reconcile()
+        assert victim.restarts == 1 and victim.pid not in (None, old)
+        assert any("primary-0 crashed" in m for _, m in sup.events)
+
+        act = LocalActuator(sup, probe=_zero_in_flight)
+        assert isinstance(act, Actuator)
+        await act.set_replicas({"primary": 3, "student": 1}, reason="test")
+        assert sorted(r.name for r in await act.list_replicas("primary")) == ["primary-0", "primary-1", "primary-2"]
+        assert len(await act.list_replicas("student")) == 1
+        with pytest.raises(KeyError):
+            await act.set_replicas({"nope": 1}, reason="test")
+
+        # Drain-and-remove stops exactly the chosen slot, not the last one.
+        mid = next(r for r in sup.replicas("primary") if r.slot == 1)
+        mid_proc = mid.proc
+        res = await act.drain_and_remove(Replica(pool="primary", name="primary-1", url=mid.url), timeout_s=2)
+        assert res.removed and res.drained and sup.desired["primary"] == 2
+        assert mid_proc is not None and mid_proc.wait(timeout=10) == 0
+        sup.reconcile()
+        assert sorted(r.name for r in await act.list_replicas("primary")) == ["primary-0", "primary-2"]
+        assert mid.restarts == 0  # a drained replica is not a crash
+        await act.set_replicas({"primary": 1}, reason="test")
+        alive = [r for r in sup.replicas("primary") if r.proc is not None and not r.stopping]
+        assert len(alive) == 1
+    finally:
+        pids = [r.pid for r in sup.replicas() if r.pid] + [sup.router.pid if sup.router else 0]
+        await sup.stop(grace_s=5)
+    await asyncio.sleep(0.1)
+    assert not [p for p in pids if pid_alive(p)]
+    final = read_state(tmp_path)
+    assert final is not None and all(not r["running"] for r in final["replicas"])
+
+
+async def _zero_in_flight(replica: Replica) -> float | None:
+    return 0.0

@@ -1,0 +1,162 @@
+"""Pure parts of the operator: conditions, promotion rollback rule, worker status parsing, RBAC coverage."""
+
+from __future__ import annotations
+
+import kubernetes_validate
+import pytest
+from typer.testing import CliRunner
+
+from llmfleet.operator import rbac
+from llmfleet.operator.builders import build_inferenceservice, build_trainingjob
+from llmfleet.operator.config import PROMOTION_ANNOTATION, Capabilities, OperatorConfig
+from llmfleet.operator.kube import RESOURCES, path_for
+from llmfleet.operator.promotion import Promotion, evaluate, from_annotations, pool_model, pool_model_patch
+from llmfleet.operator.reconcile_tj import job_failed, job_succeeded
+from llmfleet.operator.status import invalid_spec_outcome, set_conditions
+from llmfleet.operator.worker_status import status_fields
+
+
+def test_conditions_keep_transition_time_until_status_changes() -> None:
+    first = set_conditions(None, {"Ready": (False, "ReplicasNotReady", "0/2")}, 1, "t1")
+    same = set_conditions(first, {"Ready": (False, "ReplicasNotReady", "1/2")}, 2, "t2")
+    assert same[0]["lastTransitionTime"] == "t1" and same[0]["message"] == "1/2" and same[0]["observedGeneration"] == 2
+    flipped = set_conditions(same, {"Ready": (True, "AllReplicasReady", "")}, 2, "t3")
+    assert flipped[0]["status"] == "True" and flipped[0]["lastTransitionTime"] == "t3"
+    both = set_conditions(flipped, {"Degraded": (False, "AsExpected", "")}, 2, "t4")
+    assert [c["type"] for c in both] == ["Ready", "Degraded"] and both[0] == flipped[0]
+
+
+def test_invalid_spec_event_only_on_change() -> None:
+    out = invalid_spec_outcome({}, "spec.vllm: blockSize must be one of ...", 3, "t", "InferenceService")
+    ready = out.status["conditions"][0]
+    assert (ready["type"], ready["status"], ready["reason"]) == ("Ready", "False", "InvalidSpec")
+    assert out.status["phase"] == "Invalid" and out.status["observedGeneration"] == 3
+    assert [e.reason for e in out.events] == ["InvalidSpec"]
+    again = invalid_spec_outcome(out.status, "spec.vllm: blockSize must be one of ...", 3, "t2", "InferenceService")
+    assert again.events == []
+
+
+def _promo(**kw: object) -> Promotion:
+    return Promotion(training_job="t", pool="student", model="/new", previous="/old", **kw)  # type: ignore[arg-type]
+
+
+def _dep(model: str, gen: int, seen: int, replicas: int, updated: int, ready: int) -> dict[str, object]:
+    return {
+        "metadata": {"generation": gen, "annotations": {"llmfleet.io/model": model}},
+        "spec": {"replicas": replicas},
+        "status": {"observedGeneration": seen, "replicas": replicas, "updatedReplicas": updated, "readyReplicas": ready},
+    }
+
+
+def test_promotion_rollout_and_rollback_rules() -> None:
+    p = _promo(baseline_ttft_ms=300.0, baseline_error_rate=0.01)
+    assert evaluate(p, 500, None, _dep("/new", 2, 2, 3, 1, 3))[0] == "RollingOut"
+    assert evaluate(p, 500, None, _dep("/new", 2, 1, 3, 3, 3))[0] == "RollingOut"  # not observed yet
+    assert evaluate(p, 500, None, _dep("/old", 2, 2, 3, 3, 3))[0] == "RollingOut"  # old template
+    assert evaluate(p, 500, None, _dep("/new", 2, 2, 3, 3, 3))[0] == "Succeeded"
+    fresh_bad = {"ttftP95Ms": 900.0, "stale": False}
+    assert evaluate(p, 500, fresh_bad, _dep("/new", 2, 2, 3, 1, 3))[0] == "RolledBack"
+    assert evaluate(p, 500, {**fresh_bad, "stale": True}, _dep("/new", 2, 2, 3, 1, 3))[0] == "RollingOut"
+    # Already violating before the rollout: latency alone does not blame the new model.
+    assert evaluate(_promo(baseline_ttft_ms=800.0), 500, fresh_bad, None)[0] == "RollingOut"
+    errors = {"errorRate": 0.2, "stale": False}
+    assert evaluate(p, 500, errors, None)[0] == "RolledBack"
+    stuck = _dep("/new", 2, 2, 3, 1, 2)
+    stuck["status"]["conditions"] = [{"type": "Progressing", "reason": "ProgressDeadlineExceeded"}]  # type: ignore[index]
+    assert evaluate(p, 500, None, stuck)[0] == "RolledBack"
+    assert evaluate(_promo(state="Succeeded"), 500, fresh_bad, None)[0] == "Succeeded"
+
+
+def test_promotion_annotation_and_pool_patches() -> None:
+    p = _promo(started_at="now")
+    assert from_annotations({PROMOTION_ANNOTATION: p.to_annotation()}) == p
+    assert from_annotations({PROMOTION_ANNOTATION: "{not json"}) is None
+    body = {"metadata": {"resourceVersion": "7"},
+            "spec": {"model": {"path": "/p"}, "fallback": {"pools": [{"name": "student", "model": {"path": "/s"}}]}}}
+    assert pool_model(body, "primary") == "/p" and pool_model(body, "student") == "/s"
+    assert pool_model(body, "nope") is None
+    patch = pool_model_patch(body, "student", "/new")
+    assert patch == {"metadata": {"resourceVersion": "7"},
+                     "spec": {"fallback": {"pools": [{"name": "student", "model": {"path": "/new"}}]}}}
+    assert body["spec"]["fallback"]["pools"][0]["model"]["path"] == "/s"  # not mutated
+    assert pool_model_patch(body, "primary", "/x") == {"spec": {"model": {"path": "/x"}}}
+
+
+def test_worker_status_fields() -> None:
+    doc = {"step": 12, "loss": 2, "tokensPerSecond": 1e5, "mfu": 0.4, "hfu": 0.5, "lastCheckpoint": "/c/12",
+           "stragglers": [3], "done": False, "extra": "ignored"}
+    assert status_fields(doc) == {"step": 12, "loss": 2.0, "tokensPerSecond": 1e5, "mfu": 0.4, "hfu": 0.5,
+                                  "lastCheckpoint": "/c/12", "stragglers": [3]}
+    assert status_fields({"step": "12", "loss": None, "mfu": True, "stragglers": ["x"]}) == {}
+
+
+def test_job_outcome() -> None:
+    assert job_failed({"status": {"failed": 1}})
+    assert job_failed({"status": {"conditions": [{"type": "Failed", "status": "True"}]}})
+    assert not job_failed({"status": {"active": 2}})
+    assert job_succeeded({"spec": {"completions": 2}, "status": {"succeeded": 2}})
+    assert not job_succeeded({"spec": {"completions": 2}, "status": {"succeeded": 1}})
+
+
+def test_rbac_covers_every_child_and_has_no_wildcards() -> None:
+    for rule in rbac.OPERATOR_RULES:
+        for key in ("apiGroups", "resources", "verbs"):
+            assert "*" not in rule[key]
+    kubernetes_validate.validate(rbac.cluster_role(), "1.33.0", strict=True)
+    from llmfleet.api import InferenceService, TrainingJob
+
+    isvc = InferenceService.model_validate({
+        "apiVersion": "llmfleet.io/v1alpha1", "kind": "InferenceService",
+        "metadata": {"name": "a", "uid": "u"},
+        "spec": {"model": {"path": "/m"}, "resources": {"gpus": 1}, "featureStore": {"generationSchedule": "@daily"}},
+    })
+    tj = TrainingJob.model_validate({
+        "apiVersion": "llmfleet.io/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "b", "uid": "u"},
+        "spec": {"model": {}, "data": {"path": "/d"}, "workers": {"count": 2}},
+    })
+    full = OperatorConfig(capabilities=Capabilities(True, True))
+    children = build_inferenceservice(isvc, full) + build_trainingjob(tj, full)
+    for m in children:
+        group = m["apiVersion"].rpartition("/")[0]
+        plural, _ = RESOURCES[(m["apiVersion"], m["kind"])]
+        for verb in ("get", "create", "patch", "delete", "list"):
+            assert rbac.allows(group, plural, verb), (m["kind"], verb)
+    # The router Role may only be granted if the operator holds it (escalation prevention).
+    role = next(m for m in children if m["kind"] == "Role")
+    for rule in role["rules"]:
+        for verb in rule["verbs"]:
+            assert rbac.allows(rule["apiGroups"][0], rule["resources"][0], verb)
+    for verb in ("get", "list", "watch", "patch"):
+        assert rbac.allows("llmfleet.io", "inferenceservices", verb)
+    assert rbac.allows("llmfleet.io", "trainingjobs/status", "patch")
+    assert rbac.allows("kopf.dev", "clusterkopfpeerings", "patch")
+    assert not rbac.allows("", "pods", "get")  # worker status comes over HTTP, not the API
+
+
+def test_paths() -> None:
+    assert path_for("apps/v1", "Deployment", "ml", "x") == "/apis/apps/v1/namespaces/ml/deployments/x"
+    assert path_for("v1", "ConfigMap", None) == "/api/v1/namespaces/default/configmaps"
+    assert path_for("v1", "Namespace", "ignored", "ml") == "/api/v1/namespaces/ml"
+    with pytest.raises(ValueError, match="unknown kind"):
+        path_for("v9", "Nope", "ml")
+
+
+def test_kubernetes_validate_catches_bad_manifests() -> None:
+    """Guard for the builder tests: the validator really rejects an invalid object."""
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(
+            {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "x"}, "spec": {"replicas": "two"}},
+            "1.33.0", strict=True,
+        )
+
+
+def test_cli_help_and_bad_flags() -> None:
+    from llmfleet.cli.main import app
+
+    runner = CliRunner()
+    result = runner.invoke(app, ["operator", "--help"])
+    assert result.exit_code == 0
+    for flag in ("--namespace", "--all-namespaces", "--metrics-port", "--liveness-port", "--peering", "--standalone"):
+        assert flag in result.output
+    bad = runner.invoke(app, ["operator", "-n", "ml", "--all-namespaces"])
+    assert bad.exit_code == 2 and "mutually exclusive" in bad.output
