@@ -37,8 +37,9 @@ lint: install  ## ruff
 typecheck: install  ## mypy (strict on llmfleet/api and llmfleet/operator)
 	$(VENV)/bin/mypy llmfleet
 
-crds: install  ## regenerate crds/ from the pydantic models
+crds: install  ## regenerate crds/, the chart's copies, docs/api-reference.md and the chart's RBAC/README
 	$(VENV)/bin/llmfleet crds generate --out crds
+	$(PY) charts/llmfleet/hack/generate.py
 
 crds-check: install  ## fail when crds/ is stale
 	$(VENV)/bin/llmfleet crds generate --out crds --check

@@ -76,6 +76,12 @@ def rss_mb() -> tuple[float, float]:
     return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
 
 
+def emulator_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of the emulator process so far."""
+    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def percentile(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -191,8 +197,11 @@ def main() -> None:
         result = asyncio.run(drive(url, args.count, args.namespaces, args.timeout))
         rss_now, rss_peak = rss_mb()
         samples = list(metrics.SAMPLES)
-        local = [s[1] for s in samples]
-        total = [s[2] for s in samples]
+        compute = [s[1] for s in samples]
+        local = [s[2] for s in samples]
+        total = [s[3] for s in samples]
+        cpu_operator = time.process_time()
+        cpu_emulator = emulator_cpu_seconds(emu.pid)
         errors = sum(
             m.value for fam in metrics.RECONCILES.collect() for m in fam.samples
             if m.name.endswith("_total") and m.labels.get("result") == "error"
@@ -208,24 +217,29 @@ def main() -> None:
         "count_each": args.count,
         "reconciles": len(samples),
         "reconcile_errors": int(errors),
-        "reconcile_local_p50_ms": percentile(local, 0.50) * 1000,
-        "reconcile_local_p99_ms": percentile(local, 0.99) * 1000,
+        "reconcile_compute_p50_ms": percentile(compute, 0.50) * 1000,
+        "reconcile_compute_p99_ms": percentile(compute, 0.99) * 1000,
+        "reconcile_no_api_p50_ms": percentile(local, 0.50) * 1000,
+        "reconcile_no_api_p99_ms": percentile(local, 0.99) * 1000,
         "reconcile_total_p50_ms": percentile(total, 0.50) * 1000,
         "reconcile_total_p99_ms": percentile(total, 0.99) * 1000,
         "rss_start_mb": rss_before,
         "rss_end_mb": rss_now,
         "rss_peak_mb": rss_peak,
+        "operator_cpu_s": cpu_operator,
+        "emulator_cpu_s": cpu_emulator,
     }
     targets = {
         "all_children_s <= 60": result["all_children_s"] is not None and result["all_children_s"] <= 60,
         "reconcile_errors == 0": row["reconcile_errors"] == 0,
         "rss_peak_mb < 300": rss_peak < 300,
-        "reconcile_local_p99_ms < 50": row["reconcile_local_p99_ms"] < 50,
+        "reconcile_compute_p99_ms < 50": row["reconcile_compute_p99_ms"] < 50,
     }
     print(f"{'metric':<28} {'value':>12}")
     for key in ("count_each", "children_expected", "children_found", "created_s", "all_children_s", "all_status_s",
-                "reconciles", "reconcile_errors", "reconcile_local_p50_ms", "reconcile_local_p99_ms",
-                "reconcile_total_p50_ms", "reconcile_total_p99_ms", "rss_start_mb", "rss_peak_mb"):
+                "reconciles", "reconcile_errors", "reconcile_compute_p50_ms", "reconcile_compute_p99_ms",
+                "reconcile_no_api_p50_ms", "reconcile_no_api_p99_ms", "reconcile_total_p50_ms",
+                "reconcile_total_p99_ms", "rss_start_mb", "rss_peak_mb", "operator_cpu_s", "emulator_cpu_s"):
         value = row[key]
         print(f"{key:<28} {value:>12.2f}" if isinstance(value, float) else f"{key:<28} {value!s:>12}")
     for name, ok in targets.items():

@@ -129,6 +129,7 @@ def populate(url: str, n: int, vecs: np.ndarray) -> dict[str, float]:
         conn = sqlite3.connect(url.removeprefix("sqlite:///"))
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("PRAGMA cache_size=-1000000")  # 1 GB page cache: random-order index inserts stay in memory
         with conn:
             conn.executemany(f"INSERT INTO prompt_features ({','.join(F_COLS)}) VALUES ({','.join('?' * len(F_COLS))})",
                              feature_rows(n, now))
@@ -186,13 +187,22 @@ async def bench_exact(url: str, n: int, queries: int) -> dict[str, float]:
         hit = await store.lookup(tenant_of(i), "chat", body(i))
         lat.append(time.perf_counter() - t0)
         hits += hit is not None
+    # The database part alone (what runs in the worker thread), without the event-loop/thread handoff.
+    sync_lat = []
+    for i in (rng.randrange(n) for _ in range(queries)):
+        text = f"user: {text_of(i)}"
+        t0 = time.perf_counter()
+        store._lookup_db(tenant_of(i), text, prompt_hash("chat", text), PK)
+        sync_lat.append(time.perf_counter() - t0)
     miss_lat = []
     for j in range(queries // 4):
         t0 = time.perf_counter()
         await store.lookup("t1", "chat", {"messages": [{"role": "user", "content": f"unknown prompt {j}"}], **PARAMS})
         miss_lat.append(time.perf_counter() - t0)
     await store.close()
-    return {"exact_p50_ms": pct(lat, 50) * 1e3, "exact_p99_ms": pct(lat, 99) * 1e3, "exact_hit_rate": hits / queries,
+    return {"exact_p50_ms": pct(lat, 50) * 1e3, "exact_p90_ms": pct(lat, 90) * 1e3, "exact_p99_ms": pct(lat, 99) * 1e3, "exact_hit_rate": hits / queries,
+            "exact_db_p50_ms": pct(sync_lat, 50) * 1e3, "exact_db_p90_ms": pct(sync_lat, 90) * 1e3,
+            "exact_db_p99_ms": pct(sync_lat, 99) * 1e3,
             "exact_absent_p99_ms": pct(miss_lat, 99) * 1e3}
 
 
@@ -224,7 +234,8 @@ async def bench_semantic(url: str, vecs: np.ndarray, queries: int) -> dict[str, 
         index.search(qv[k], k=8, threshold=0.9)
         search.append(time.perf_counter() - t0)
     await store.close()
-    return {"semantic_p50_ms": pct(lat, 50) * 1e3, "semantic_p99_ms": pct(lat, 99) * 1e3,
+    return {"semantic_p50_ms": pct(lat, 50) * 1e3, "semantic_p90_ms": pct(lat, 90) * 1e3,
+            "semantic_p99_ms": pct(lat, 99) * 1e3, "index_search_p50_ms": pct(search, 50) * 1e3,
             "semantic_hit_rate": hits / queries, "semantic_recall_at_1": correct / queries,
             "index_search_p99_ms": pct(search, 99) * 1e3, "index_build_s": build_s, "index_ivf": float(index.is_ivf)}
 
@@ -378,10 +389,16 @@ def print_table(doc: dict[str, Any]) -> None:
     rows = [
         ("populate (s)", "populate_s", "{:.0f}"),
         ("exact lookup p50 (ms)", "exact_p50_ms", "{:.3f}"),
+        ("exact lookup p90 (ms)", "exact_p90_ms", "{:.3f}"),
         ("exact lookup p99 (ms) [target <= 1]", "exact_p99_ms", "{:.3f}"),
+        ("  database part only p50 (ms)", "exact_db_p50_ms", "{:.3f}"),
+        ("  database part only p90 (ms)", "exact_db_p90_ms", "{:.3f}"),
+        ("  database part only p99 (ms)", "exact_db_p99_ms", "{:.3f}"),
         ("exact lookup, absent key p99 (ms)", "exact_absent_p99_ms", "{:.3f}"),
         ("semantic lookup p50 (ms)", "semantic_p50_ms", "{:.3f}"),
+        ("semantic lookup p90 (ms)", "semantic_p90_ms", "{:.3f}"),
         ("semantic lookup p99 (ms) [target <= 10]", "semantic_p99_ms", "{:.3f}"),
+        ("  index search p50 (ms)", "index_search_p50_ms", "{:.3f}"),
         ("  index search p99 (ms)", "index_search_p99_ms", "{:.3f}"),
         ("  semantic recall@1", "semantic_recall_at_1", "{:.3f}"),
         ("  index build from DB (s)", "index_build_s", "{:.1f}"),

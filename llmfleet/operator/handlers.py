@@ -59,7 +59,14 @@ class Runtime:
             if self.connection is None:
                 raise kopf.TemporaryError("not logged in to the API server yet", delay=1)
             self.client = KubeClient.from_connection_info(self.connection)
+            self.client.on_applied = self.remember_applied
         return self.client
+
+    def remember_applied(self, obj: dict[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        if obj.get("kind") and meta.get("name") and meta.get("resourceVersion"):
+            key = (str(obj["kind"]), str(meta.get("namespace") or ""), str(meta["name"]))
+            self.applied_rv[key] = str(meta["resourceVersion"])
 
     def reader(self) -> StatusReader:
         if self.status_reader is None:
@@ -102,10 +109,19 @@ def configure(settings: kopf.OperatorSettings) -> None:
     settings.watching.client_timeout = 330
 
 
+# Modules the builders import lazily: loaded at start-up so the first reconciles do not pay for it.
+WARM_MODULES = ("llmfleet.router.config", "llmfleet.workers.serve.vllm_args", "llmfleet.store.manifests")
+
+
 @kopf.on.startup()
 async def _startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     configure(settings)
     runtime(memo)
+    for name in WARM_MODULES:
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as err:
+            log.info("optional builder module %s not available: %s", name, err)
 
 
 @kopf.on.login()
@@ -160,8 +176,7 @@ async def run_reconcile(
             outcome, result, error = Outcome(), "error", err
             outcome.event("Warning", "ApiError", str(err)[:500])
         total = time.perf_counter() - started
-        observe(kind, trigger, result, total, max(0.0, total - api[0]), outcome.applied)
-        rt.applied_rv.update(outcome.applied_rv)
+        observe(kind, trigger, result, total, max(0.0, total - api.seconds), outcome.compute_seconds, outcome.applied)
         current = merged["status"]
         changed = {k: v for k, v in outcome.status.items() if current.get(k) != v}
         if changed:
@@ -243,6 +258,8 @@ async def on_child_event(event: Mapping[str, Any], memo: Any) -> None:
         async with rt.locks.setdefault(uid, asyncio.Lock()):
             pass  # wait for a running reconcile of the owner to finish before reading it
         rt.pending.discard(uid)
+        if event.get("type") != "DELETED" and rt.applied_rv.get(key) == meta.get("resourceVersion"):
+            return  # that reconcile wrote this very version
         kind = str(owner["kind"])
         ns = meta.get("namespace")
         try:

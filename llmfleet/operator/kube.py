@@ -7,12 +7,13 @@ exclude round trips.
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import json
 import os
 import ssl
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +41,27 @@ RESOURCES: dict[tuple[str, str], tuple[str, bool]] = {
     ("llmfleet.io/v1alpha1", "TrainingJob"): ("trainingjobs", True),
 }
 
-_API_SECONDS: contextvars.ContextVar[list[float] | None] = contextvars.ContextVar("api_seconds", default=None)
+_API_SECONDS: contextvars.ContextVar[ApiTimer | None] = contextvars.ContextVar("api_seconds", default=None)
+
+
+class ApiTimer:
+    """Wall time during which at least one API request of a reconcile is in flight (concurrent requests
+    overlap: summing their durations would exceed the reconcile's own wall time)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._inflight = 0
+        self._since = 0.0
+
+    def enter(self) -> None:
+        if self._inflight == 0:
+            self._since = time.perf_counter()
+        self._inflight += 1
+
+    def leave(self) -> None:
+        self._inflight -= 1
+        if self._inflight == 0:
+            self.seconds += time.perf_counter() - self._since
 
 
 class ApiError(Exception):
@@ -56,11 +77,11 @@ class ApiError(Exception):
         return self.status in (409, 429) or self.status >= 500
 
 
-def start_api_timer() -> list[float]:
-    """Start accumulating API wait time in this task; returns the accumulator (one float, seconds)."""
-    acc = [0.0]
-    _API_SECONDS.set(acc)
-    return acc
+def start_api_timer() -> ApiTimer:
+    """Start accumulating API wait time in this task (and the tasks it gathers)."""
+    timer = ApiTimer()
+    _API_SECONDS.set(timer)
+    return timer
 
 
 def path_for(api_version: str, kind: str, namespace: str | None, name: str | None = None) -> str:
@@ -97,8 +118,13 @@ class KubeClient:
     server: str
     headers: Mapping[str, str]
     ssl_context: ssl.SSLContext | bool = False
-    timeout_seconds: float = 10.0
+    timeout_seconds: float = 30.0
+    # Requests in flight at once; the rest wait here (not in the HTTP pool, where the timeout would run).
+    max_inflight: int = 32
+    # Called with each object a server-side apply returned (the operator remembers its own writes).
+    on_applied: Callable[[dict[str, Any]], None] | None = None
     _session: aiohttp.ClientSession | None = None
+    _slots: asyncio.Semaphore | None = None
 
     @classmethod
     def from_connection_info(cls, info: kopf.ConnectionInfo) -> KubeClient:
@@ -109,7 +135,7 @@ class KubeClient:
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=self.timeout_seconds),
                 headers=dict(self.headers),
-                connector=aiohttp.TCPConnector(ssl=self.ssl_context, limit=64),
+                connector=aiohttp.TCPConnector(ssl=self.ssl_context, limit=self.max_inflight),
             )
         return self._session
 
@@ -128,22 +154,25 @@ class KubeClient:
         params: Mapping[str, str] | None = None,
     ) -> Any:
         """Send one request; returns the decoded JSON, None for 404 on GET; raises ApiError otherwise."""
-        started = time.perf_counter()
+        timer = _API_SECONDS.get()
+        if timer is not None:
+            timer.enter()
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.max_inflight)
+        data = None if body is None else json.dumps(body, separators=(",", ":"))
+        headers = {"Content-Type": content_type} if data is not None else None
         try:
-            data = None if body is None else json.dumps(body, separators=(",", ":"))
-            headers = {"Content-Type": content_type} if data is not None else None
-            try:
+            async with self._slots:
                 async with self._client().request(
                     method, self.server + path, data=data, headers=headers, params=params
                 ) as resp:
                     text = await resp.text()
                     status = resp.status
-            except (aiohttp.ClientError, TimeoutError) as err:
-                raise ApiError(503, "Unreachable", f"{method} {path}: {err!r}") from err
+        except (aiohttp.ClientError, TimeoutError) as err:
+            raise ApiError(503, "Unreachable", f"{method} {path}: {err!r}") from err
         finally:
-            acc = _API_SECONDS.get()
-            if acc is not None:
-                acc[0] += time.perf_counter() - started
+            if timer is not None:
+                timer.leave()
         if status == 404 and method == "GET":
             return None
         if status >= 300:
@@ -168,6 +197,8 @@ class KubeClient:
             content_type="application/apply-patch+yaml",
             params={"fieldManager": FIELD_MANAGER, "force": "true"},
         )
+        if self.on_applied is not None and isinstance(result, dict):
+            self.on_applied(result)
         return result
 
     async def get(self, api_version: str, kind: str, namespace: str | None, name: str) -> dict[str, Any] | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -95,6 +96,7 @@ async def reconcile_inferenceservice(
     body: Mapping[str, Any], client: KubeClient, config: OperatorConfig, now: str
 ) -> Outcome:
     """Level-triggered: the same body always converges to the same children and status."""
+    started = time.thread_time()
     old_status: dict[str, Any] = dict(body.get("status") or {})
     meta = body.get("metadata") or {}
     generation = meta.get("generation")
@@ -102,11 +104,13 @@ async def reconcile_inferenceservice(
         isvc = InferenceService.model_validate(cr_dict(body))
         manifests = build_inferenceservice(isvc, config)
     except (ValidationError, ServiceSpecError) as err:
-        return invalid_spec_outcome(old_status, invalid_spec_message(err), generation, now, "InferenceService")
+        invalid = invalid_spec_outcome(old_status, invalid_spec_message(err), generation, now, "InferenceService")
+        invalid.compute_seconds = time.thread_time() - started
+        return invalid
 
     out = Outcome()
+    out.compute_seconds = time.thread_time() - started
     results, errors = await apply_all(client, manifests)
-    out.record_applied(results)
     out.applied = len(manifests) - len(errors)
     if errors:
         message = "; ".join(errors)
@@ -125,6 +129,7 @@ async def reconcile_inferenceservice(
         if deleted := await prune(client, isvc, desired):
             out.event("Normal", "Pruned", f"deleted {', '.join(deleted)}")
 
+    started = time.thread_time()
     by_name = {(m["kind"], m["metadata"]["name"]): r for m, r in zip(manifests, results, strict=True)}
     pools = []
     all_ready = True
@@ -152,7 +157,9 @@ async def reconcile_inferenceservice(
             elif state == "Succeeded":
                 out.event("Normal", "PromotionSucceeded", message)
             ns, name = meta.get("namespace"), meta["name"]
+            out.compute_seconds += time.thread_time() - started
             await client.merge_patch("llmfleet.io/v1alpha1", "InferenceService", ns, name, patch)
+            started = time.thread_time()
 
     failing = [
         str(d.get("metadata", {}).get("name"))
@@ -189,9 +196,10 @@ async def reconcile_inferenceservice(
     }
     if old_status.get("phase") != phase:
         out.event("Normal", phase, ready_msg)
-    if spec_changed:
+    if spec_changed and old_status.get("observedGeneration") is not None:
         out.event("Normal", "Applied", f"applied {out.applied} objects for generation {generation}")
     old_ready = condition(old_status.get("conditions"), "Ready")
     if old_ready and old_ready.get("reason") == "InvalidSpec":
         out.event("Normal", "SpecValid", "the spec is valid again")
+    out.compute_seconds += time.thread_time() - started
     return out

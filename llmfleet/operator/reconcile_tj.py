@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -9,7 +10,7 @@ from pydantic import ValidationError
 
 from llmfleet.api import TrainingJob
 from llmfleet.operator.builders import build_trainingjob
-from llmfleet.operator.builders.trainingjob import job_name, service_name
+from llmfleet.operator.builders.trainingjob import job_name, service_name, uses_kueue
 from llmfleet.operator.config import PROMOTION_ANNOTATION, OperatorConfig
 from llmfleet.operator.kube import ApiError, KubeClient
 from llmfleet.operator.promotion import Promotion, from_annotations, pool_model, pool_model_patch
@@ -115,6 +116,31 @@ async def _promote(
     return {**base, "state": "RollingOut", "message": promo.message}
 
 
+async def _apply(
+    tj: TrainingJob, config: OperatorConfig, client: KubeClient, out: Outcome, old: dict[str, Any],
+    generation: int | None, now: str, attempt: int, job_created: bool, job_only: bool = False,
+) -> list[dict[str, Any]]:
+    started = time.thread_time()
+    manifests = build_trainingjob(tj, config, attempt, old.get("lastCheckpoint"), job_created=job_created)
+    if job_only:
+        manifests = manifests[-1:]
+    out.compute_seconds += time.thread_time() - started
+    results, errors = await apply_all(client, manifests)
+    # A changed pod template cannot be applied to a running Job (immutable): it takes effect on the next attempt.
+    deferred = [e for e in errors if e.startswith("Job/") and "HTTP 422" in e]
+    errors = [e for e in errors if e not in deferred]
+    out.applied += len(manifests) - len(errors) - len(deferred)
+    if deferred:
+        out.event("Normal", "SpecChangeDeferred", "the running workers keep their spec until the next restart")
+    if errors:
+        message = "; ".join(errors)
+        out.status = {"conditions": set_conditions(old.get("conditions"), {"Degraded": (True, "ApplyFailed", message)},
+                                                   generation, now)}
+        out.event("Warning", "ApplyFailed", message)
+        raise ReconcileError(out, transient=True, message=message)
+    return results
+
+
 async def reconcile_trainingjob(
     body: Mapping[str, Any],
     client: KubeClient,
@@ -123,14 +149,18 @@ async def reconcile_trainingjob(
     read_status: StatusReader | None = None,
 ) -> Outcome:
     """Level-triggered. `read_status` (timer only) reads rank 0's /status while the job runs."""
+    started = time.thread_time()
     old: dict[str, Any] = dict(body.get("status") or {})
     generation = (body.get("metadata") or {}).get("generation")
     try:
         tj = TrainingJob.model_validate(cr_dict(body))
     except ValidationError as err:
-        return invalid_spec_outcome(old, invalid_spec_message(err), generation, now, "TrainingJob")
+        invalid = invalid_spec_outcome(old, invalid_spec_message(err), generation, now, "TrainingJob")
+        invalid.compute_seconds = time.thread_time() - started
+        return invalid
 
     out = Outcome()
+    out.compute_seconds = time.thread_time() - started
     ns = tj.metadata.namespace
     attempt = int(old.get("restarts") or 0)
     status: dict[str, Any] = {"observedGeneration": generation, "restarts": attempt}
@@ -142,25 +172,29 @@ async def reconcile_trainingjob(
         out.status = {**status, "phase": phase}
         return out
 
-    job = await client.get("batch/v1", "Job", ns, job_name(tj, attempt))
-    if job is not None and job_failed(job):
-        if attempt < tj.spec.max_restarts:
-            await client.delete("batch/v1", "Job", ns, job_name(tj, attempt))
-            attempt += 1
-            job = None
-            status["restarts"] = attempt
-            resume = old.get("lastCheckpoint")
-            out.event(
-                "Warning", "Restarting",
-                f"worker failure; restart {attempt}/{tj.spec.max_restarts}, resuming from {resume or 'the start'}",
-            )
-        else:
+    # Only with Kueue must the operator know before applying whether the Job exists (Kueue then owns
+    # `suspend`); otherwise the apply's answer carries the Job's status: one round trip, not two.
+    job = await client.get("batch/v1", "Job", ns, job_name(tj, attempt)) if uses_kueue(tj) else None
+    results = await _apply(tj, config, client, out, old, generation, now, attempt, job is not None)
+    job_now = results[-1] or job or {}
+    if job_failed(job_now):
+        if attempt >= tj.spec.max_restarts:
             message = f"workers failed and maxRestarts ({tj.spec.max_restarts}) is used up"
             out.event("Warning", "Failed", message)
             out.status = {**status, "phase": "Failed", "completionTime": now,
                           "conditions": _conditions(old, generation, now, "Failed", message)}
             return out
-    if job is not None and job_succeeded(job):
+        await client.delete("batch/v1", "Job", ns, job_name(tj, attempt))
+        attempt += 1
+        status["restarts"] = attempt
+        resume = old.get("lastCheckpoint")
+        out.event(
+            "Warning", "Restarting",
+            f"worker failure; restart {attempt}/{tj.spec.max_restarts}, resuming from {resume or 'the start'}",
+        )
+        results = await _apply(tj, config, client, out, old, generation, now, attempt, False, job_only=True)
+        job_now = results[-1] or {}
+    if job_succeeded(job_now):
         message = "all workers completed"
         out.event("Normal", "Succeeded", message)
         status.update({"phase": "Succeeded", "completionTime": now,
@@ -170,23 +204,7 @@ async def reconcile_trainingjob(
         out.status = status
         return out
 
-    manifests = build_trainingjob(tj, config, attempt, old.get("lastCheckpoint"), job_created=job is not None)
-    results, errors = await apply_all(client, manifests)
-    out.record_applied(results)
-    # A changed pod template cannot be applied to a running Job (immutable): it takes effect on the next attempt.
-    deferred = [e for e in errors if e.startswith("Job/") and "HTTP 422" in e]
-    errors = [e for e in errors if e not in deferred]
-    out.applied = len(manifests) - len(errors) - len(deferred)
-    if deferred:
-        out.event("Normal", "SpecChangeDeferred", "the running workers keep their spec until the next restart")
-    if errors:
-        message = "; ".join(errors)
-        out.status = {"conditions": set_conditions(old.get("conditions"), {"Degraded": (True, "ApplyFailed", message)},
-                                                   generation, now)}
-        out.event("Warning", "ApplyFailed", message)
-        raise ReconcileError(out, transient=True, message=message)
-
-    job_now = results[-1] or job or {}
+    started = time.thread_time()
     jst = job_now.get("status") or {}
     active = int(jst.get("active") or 0)
     degraded: tuple[bool, str, str] | None = None
@@ -202,11 +220,13 @@ async def reconcile_trainingjob(
             status["startTime"] = now
         if read_status is not None:
             url = status_url(config, tj, attempt)
+            out.compute_seconds += time.thread_time() - started
             try:
                 status.update(status_fields(await read_status(url)))
                 degraded = (False, "AsExpected", "")
             except WorkerStatusError as err:
                 degraded = (True, "WorkerStatusStale", f"rank 0 status unreachable, last values kept: {err}")
+            started = time.thread_time()
     else:
         phase, message = "Pending", "waiting for worker pods"
     status["phase"] = phase
@@ -214,6 +234,7 @@ async def reconcile_trainingjob(
     if old.get("phase") != phase:
         out.event("Normal", phase, message)
     out.status = status
+    out.compute_seconds += time.thread_time() - started
     return out
 
 

@@ -32,21 +32,14 @@ class Outcome:
     status: dict[str, Any] = field(default_factory=dict)
     events: list[Event] = field(default_factory=list)
     applied: int = 0
+    # CPU seconds (this thread's) spent computing: validate, render, status. Not API waits, not time other
+    # tasks or processes held the CPU.
+    compute_seconds: float = 0.0
     # Events about other objects (e.g. the InferenceService a model is promoted to): (object, event).
     other_events: list[tuple[dict[str, Any], Event]] = field(default_factory=list)
 
-    # (kind, namespace, name) -> resourceVersion of each child as the apply returned it.
-    applied_rv: dict[tuple[str, str, str], str] = field(default_factory=dict)
-
     def event(self, type: EventType, reason: str, message: str) -> None:
         self.events.append(Event(type, reason, message))
-
-    def record_applied(self, results: list[dict[str, Any]]) -> None:
-        for obj in results:
-            meta = obj.get("metadata") or {}
-            if obj.get("kind") and meta.get("name") and meta.get("resourceVersion"):
-                key = (str(obj["kind"]), str(meta.get("namespace") or ""), str(meta["name"]))
-                self.applied_rv[key] = str(meta["resourceVersion"])
 
 
 def set_conditions(

@@ -99,7 +99,8 @@ class _Bar:
 
     def __call__(self, stage: str, advance: int, total: int | None) -> None:
         if stage not in self.tasks:
-            self.tasks[stage] = self.progress.add_task(stage, total=total)
+            label = {"features": "log bytes"}.get(stage, stage)
+            self.tasks[stage] = self.progress.add_task(label, total=total)
         elif total is not None:
             self.progress.update(self.tasks[stage], total=total)
         if advance:

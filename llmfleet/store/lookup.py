@@ -441,10 +441,8 @@ class FeatureStoreLookup:
 
     def _refresh_index(self) -> None:
         emb = self._get_embedder()
-        load = getattr(emb, "load", None)
-        if load is not None:  # load the model here, in the background, never inside a lookup's deadline
-            load()
-        name = emb.name
+        name = emb.name  # known without loading the model
+        loaded = False
         while True:
             q = (
                 select(_E.c.id, _E.c.feature_id, _E.c.vector, _F.c.tenant, _F.c.prompt_hash)
@@ -457,6 +455,13 @@ class FeatureStoreLookup:
                 rows = conn.execute(q).all()
             if not rows:
                 break
+            if not loaded:
+                # Load the model here, in the background, and only once there is something to search:
+                # never inside a lookup's deadline, never in a router whose store has no embeddings.
+                load = getattr(emb, "load", None)
+                if load is not None:
+                    load()
+                loaded = True
             by_tenant: dict[str, list[Any]] = {}
             for r in rows:
                 by_tenant.setdefault(r[3], []).append(r)

@@ -93,7 +93,9 @@ def port_forward() -> Iterator[Callable[[str, str, int], str]]:
         local = free_port()
         proc = subprocess.Popen(
             ["kubectl", "-n", namespace, "port-forward", f"svc/{service}", f"{local}:{port}"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         procs.append(proc)
 

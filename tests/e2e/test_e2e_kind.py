@@ -85,6 +85,7 @@ def kubectl(*args: str, timeout: float = 120) -> str:
         raise AssertionError(f"kubectl {' '.join(args)}: {proc.stderr.strip()}")
     return proc.stdout
 
+
 ISVC = "tiny-chat"
 TJ = "tiny-train"
 READY_TIMEOUT = 900  # image start + vLLM-cpu start on a busy kind node
@@ -121,7 +122,9 @@ def ensure_serving(kube: Kube, run_id: str) -> str:
     ns = ensure_namespace(kube, serve_ns(run_id))
     if kube.cr(ns, "inferenceservices", ISVC) is None:
         apply(ns, MANIFESTS / "inferenceservice.yaml")
-    poll(f"InferenceService {ns}/{ISVC} Ready", lambda: isvc_ready(kube, ns), timeout=READY_TIMEOUT, interval=5)
+    poll(
+        f"InferenceService {ns}/{ISVC} Ready", lambda: isvc_ready(kube, ns), timeout=READY_TIMEOUT, interval=5
+    )
     return ns
 
 
@@ -182,7 +185,12 @@ def test_chat_completions_through_router(kube: Kube, run_id: str, port_forward: 
 def test_scale_pools_follow(kube: Kube, run_id: str) -> None:
     ns = ensure_serving(kube, run_id)
     kubectl("-n", ns, "scale", f"inferenceservice/{ISVC}", "--replicas=2")
-    poll("2 ready replicas after kubectl scale", lambda: ready_replicas(kube, ns) >= 2, timeout=READY_TIMEOUT, interval=5)
+    poll(
+        "2 ready replicas after kubectl scale",
+        lambda: ready_replicas(kube, ns) >= 2,
+        timeout=READY_TIMEOUT,
+        interval=5,
+    )
 
     def status_follows() -> bool:
         obj = kube.cr(ns, "inferenceservices", ISVC) or {}
@@ -200,7 +208,9 @@ def test_kill_replica_no_failed_requests(kube: Kube, run_id: str, port_forward: 
         kubectl("-n", ns, "scale", f"inferenceservice/{ISVC}", "--replicas=2")
         poll("2 ready replicas", lambda: ready_replicas(kube, ns) >= 2, timeout=READY_TIMEOUT, interval=5)
     base = port_forward(ns, router_service(kube, ns), 8080)
-    client = openai_client(base, max_retries=3)  # the router retries first; the client's retries are the backstop
+    client = openai_client(
+        base, max_retries=3
+    )  # the router retries first; the client's retries are the backstop
     failures: list[str] = []
     done = 0
     stop = threading.Event()
@@ -222,7 +232,12 @@ def test_kill_replica_no_failed_requests(kube: Kube, run_id: str, port_forward: 
         kubectl("-n", ns, "delete", "pod", victim, "--wait=false")
         before = done
         # Keep the load on until the replacement is Ready again, and at least 10 more requests have passed.
-        poll("replacement replica Ready", lambda: ready_replicas(kube, ns) >= 2, timeout=READY_TIMEOUT, interval=5)
+        poll(
+            "replacement replica Ready",
+            lambda: ready_replicas(kube, ns) >= 2,
+            timeout=READY_TIMEOUT,
+            interval=5,
+        )
         poll("10 requests after the kill", lambda: done >= before + 10, timeout=300, interval=0.5)
     finally:
         stop.set()
@@ -260,7 +275,9 @@ def ensure_training(kube: Kube, run_id: str) -> str:
     ns = ensure_namespace(kube, train_ns(run_id))
     if kube.cr(ns, "trainingjobs", TJ) is None:
         apply(ns, MANIFESTS / "trainingjob.yaml")
-    poll(f"TrainingJob {ns}/{TJ} Succeeded", lambda: _train_phase(kube, ns), timeout=TRAIN_TIMEOUT, interval=5)
+    poll(
+        f"TrainingJob {ns}/{TJ} Succeeded", lambda: _train_phase(kube, ns), timeout=TRAIN_TIMEOUT, interval=5
+    )
     return ns
 
 
@@ -273,18 +290,31 @@ def test_training_succeeds_with_checkpoint(kube: Kube, run_id: str) -> None:
     ckpt = status["lastCheckpoint"]
     assert ckpt and ckpt.startswith(spec["checkpoint"]["uri"])
     # The checkpoint is really on the PVC: list it from a pod that mounts the claim (the train image is loaded).
-    image = kubectl("-n", "llmfleet-system", "get", "statefulset", "-l", "app.kubernetes.io/component=operator", "-o",
-                    "jsonpath={.items[0].spec.template.spec.containers[0].env[?(@.name=='LLMFLEET_TRAIN_IMAGE')].value}")
+    image = kubectl(
+        "-n",
+        "llmfleet-system",
+        "get",
+        "statefulset",
+        "-l",
+        "app.kubernetes.io/component=operator",
+        "-o",
+        "jsonpath={.items[0].spec.template.spec.containers[0].env[?(@.name=='LLMFLEET_TRAIN_IMAGE')].value}",
+    )
     pod = {
-        "apiVersion": "v1", "kind": "Pod",
+        "apiVersion": "v1",
+        "kind": "Pod",
         "metadata": {"name": "ckpt-check", "labels": {"llmfleet.io/e2e": "true"}},
         "spec": {
             "restartPolicy": "Never",
             "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "fsGroup": 10001},
-            "containers": [{
-                "name": "ls", "image": image, "command": ["ls", "-la", ckpt],
-                "volumeMounts": [{"name": "ckpt", "mountPath": spec["checkpoint"]["uri"]}],
-            }],
+            "containers": [
+                {
+                    "name": "ls",
+                    "image": image,
+                    "command": ["ls", "-la", ckpt],
+                    "volumeMounts": [{"name": "ckpt", "mountPath": spec["checkpoint"]["uri"]}],
+                }
+            ],
             "volumes": [{"name": "ckpt", "persistentVolumeClaim": {"claimName": spec["checkpoint"]["pvc"]}}],
         },
     }
@@ -294,8 +324,9 @@ def test_training_succeeds_with_checkpoint(kube: Kube, run_id: str) -> None:
         phase = kube.core.read_namespaced_pod("ckpt-check", ns).status.phase
         return phase if phase in ("Succeeded", "Failed") else None
 
-    assert poll("checkpoint listing pod", pod_done, timeout=180) == "Succeeded", \
+    assert poll("checkpoint listing pod", pod_done, timeout=180) == "Succeeded", (
         kube.core.read_namespaced_pod_log("ckpt-check", ns)
+    )
     assert kube.core.read_namespaced_pod_log("ckpt-check", ns).strip(), "checkpoint folder is empty"
     kube.core.delete_namespaced_pod("ckpt-check", ns)
 

@@ -63,7 +63,9 @@ def metric_definitions(source: str) -> set[tuple[str, str]]:
     return found
 
 
-def _expand_fstring(arg: ast.JoinedStr, call: ast.Call, parents: dict[ast.AST, ast.AST], tree: ast.AST) -> set[str]:
+def _expand_fstring(
+    arg: ast.JoinedStr, call: ast.Call, parents: dict[ast.AST, ast.AST], tree: ast.AST
+) -> set[str]:
     """f"prefix_{param}" inside `def helper(param, ...)`: the names are the literal arguments of helper's calls."""
     parts = arg.values
     holes = [p for p in parts if isinstance(p, ast.FormattedValue)]
@@ -112,8 +114,22 @@ def vllm_root() -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
-KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless",
-            "offset", "le", "inf", "nan"}
+KEYWORDS = {
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "bool",
+    "and",
+    "or",
+    "unless",
+    "offset",
+    "le",
+    "inf",
+    "nan",
+}
 
 
 def promql_metric_names(expr: str) -> set[str]:
@@ -151,8 +167,10 @@ def exported() -> set[str]:
 
 
 def test_promql_parser() -> None:
-    expr = ('histogram_quantile(0.95, sum by (le, pool) (rate(a_b_bucket{ns=~"$x",s!~"2.."}[$__rate_interval]))) '
-            '/ clamp_min(sum(rate(vllm:c_total[5m])), 1e-9) + label_values(d_total, namespace)')
+    expr = (
+        'histogram_quantile(0.95, sum by (le, pool) (rate(a_b_bucket{ns=~"$x",s!~"2.."}[$__rate_interval]))) '
+        "/ clamp_min(sum(rate(vllm:c_total[5m])), 1e-9) + label_values(d_total, namespace)"
+    )
     assert promql_metric_names(expr) == {"a_b_bucket", "vllm:c_total", "d_total"}
     assert promql_metric_names("vector($ttft_slo_ms / 1000)") == set()
 
@@ -166,8 +184,11 @@ def test_derivation_follows_helper_functions() -> None:
         "    g('loss', 'd'); g('mfu', 'd')\n"
         "    Histogram(name='vllm:lat_seconds', documentation='d')\n"
     )
-    assert metric_definitions(src) == {("gauge", "llmfleet_x_loss"), ("gauge", "llmfleet_x_mfu"),
-                                       ("histogram", "vllm:lat_seconds")}
+    assert metric_definitions(src) == {
+        ("gauge", "llmfleet_x_loss"),
+        ("gauge", "llmfleet_x_mfu"),
+        ("histogram", "vllm:lat_seconds"),
+    }
 
 
 def test_dashboard_uses_only_exported_metrics(exported: set[str]) -> None:
@@ -185,15 +206,29 @@ def test_a_renamed_metric_would_be_caught(exported: set[str]) -> None:
 def test_dashboard_covers_the_required_views() -> None:
     board = json.loads(DASHBOARD.read_text())
     exprs = " ".join(dashboard_exprs())
-    for needle in ("llmfleet_router_replica_up", "llmfleet_router_requests_total", "llmfleet_router_ttft_seconds_bucket",
-                   "llmfleet_router_tpot_seconds_bucket", "$ttft_slo_ms", "$tpot_slo_ms", "vllm:prefix_cache_hits_total",
-                   "vllm:kv_cache_usage_perc", "llmfleet_router_degraded_requests_total", "llmfleet_train_loss",
-                   "llmfleet_train_tokens_per_second", "llmfleet_train_mfu"):
+    for needle in (
+        "llmfleet_router_replica_up",
+        "llmfleet_router_requests_total",
+        "llmfleet_router_ttft_seconds_bucket",
+        "llmfleet_router_tpot_seconds_bucket",
+        "$ttft_slo_ms",
+        "$tpot_slo_ms",
+        "vllm:prefix_cache_hits_total",
+        "vllm:kv_cache_usage_perc",
+        "llmfleet_router_degraded_requests_total",
+        "llmfleet_train_loss",
+        "llmfleet_train_tokens_per_second",
+        "llmfleet_train_mfu",
+    ):
         assert needle in exprs, needle
     assert board["uid"] and {v["name"] for v in board["templating"]["list"]} >= {"datasource", "namespace"}
 
 
 def test_dashboard_json_is_fresh() -> None:
-    proc = subprocess.run([sys.executable, str(ROOT / "charts/llmfleet/hack/dashboard.py"), "--check"],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "charts/llmfleet/hack/dashboard.py"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr

@@ -30,7 +30,11 @@ def stages(text: str) -> list[str]:
 
 def test_the_five_images_exist() -> None:
     assert {f.name for f in DOCKERFILES} == {
-        "operator.Dockerfile", "router.Dockerfile", "serve.Dockerfile", "serve-cpu.Dockerfile", "train.Dockerfile",
+        "operator.Dockerfile",
+        "router.Dockerfile",
+        "serve.Dockerfile",
+        "serve-cpu.Dockerfile",
+        "train.Dockerfile",
     }
     mk = (ROOT / "mk" / "chart.mk").read_text()
     for f in DOCKERFILES:
@@ -56,7 +60,9 @@ def test_dockerfile_is_multistage_pinned_and_non_root(dockerfile: Path) -> None:
 
 
 def test_constraints_pin_exact_versions() -> None:
-    lines = [ln for ln in (DOCKER / "constraints.txt").read_text().splitlines() if ln and not ln.startswith("#")]
+    lines = [
+        ln for ln in (DOCKER / "constraints.txt").read_text().splitlines() if ln and not ln.startswith("#")
+    ]
     assert len(lines) > 50
     for ln in lines:
         assert re.fullmatch(r"[A-Za-z0-9_.\-\[\]]+==[A-Za-z0-9_.!]+", ln), ln
@@ -66,12 +72,17 @@ def test_constraints_pin_exact_versions() -> None:
 
 def test_operator_image_has_no_torch() -> None:
     text = (DOCKER / "operator.Dockerfile").read_text()
-    assert '".[operator]"' in text and "torch==" not in text and "vllm" not in text.split("find_spec('vllm')")[0]
+    assert (
+        '".[operator,autoscaler]"' in text
+        and "torch==" not in text
+        and "vllm" not in text.split("find_spec('vllm')")[0]
+    )
     assert "find_spec('torch')" in text, "the build must fail if torch sneaks in"
     # ... and the operator extra itself does not pull torch in.
     pyproject = (ROOT / "pyproject.toml").read_text()
-    operator_line = next(ln for ln in pyproject.splitlines() if ln.startswith("operator = "))
-    assert "torch" not in operator_line and "vllm" not in operator_line
+    for extra in ("operator", "autoscaler"):
+        line = next(ln for ln in pyproject.splitlines() if ln.startswith(f"{extra} = "))
+        assert "torch" not in line and "vllm" not in line, line
 
 
 def test_gpu_and_cpu_serving_variants() -> None:
@@ -99,7 +110,9 @@ def test_run_sh_phases_are_defined_and_mapped_to_tests() -> None:
     assert phases[:4] == ["create_cluster", "build_images", "load_images", "install_chart"]
     assert {"serve_ready", "chat", "scale", "kill_replica", "train", "serve_gc", "train_gc"} <= set(phases)
     tests_module = ast.parse((ROOT / "tests" / "e2e" / "test_e2e_kind.py").read_text())
-    test_names = {n.name for n in tests_module.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")}
+    test_names = {
+        n.name for n in tests_module.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")
+    }
     for phase in phases:
         assert re.search(rf"^phase_{phase}\(\) \{{", text, flags=re.M), f"phase_{phase} is not defined"
     mapped = set(re.findall(r"run_pytest_phase (test_\w+)", text))

@@ -21,7 +21,9 @@ Triple = tuple[str, str, str, str]  # (apiGroup, resource, verb, resourceName or
 
 
 def _generator() -> Any:
-    spec = importlib.util.spec_from_file_location("llmfleet_chart_generate_rbac", CHART / "hack" / "generate.py")
+    spec = importlib.util.spec_from_file_location(
+        "llmfleet_chart_generate_rbac", CHART / "hack" / "generate.py"
+    )
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
@@ -64,7 +66,9 @@ def render(*sets: str) -> list[dict[str, Any]]:
 
 def test_rbac_file_is_fresh() -> None:
     text = (CHART / "files" / "operator-rbac.yaml").read_text()
-    assert text == gen.render_rbac(), "charts/llmfleet/files/operator-rbac.yaml is stale: run `make chart-docs`"
+    assert text == gen.render_rbac(), (
+        "charts/llmfleet/files/operator-rbac.yaml is stale: run `make chart-docs`"
+    )
 
 
 def test_operator_rules_have_no_wildcards() -> None:
@@ -80,7 +84,9 @@ def test_cluster_wide_rbac_equals_operator_rules() -> None:
     assert triples(roles[0]["rules"]) == triples(operator_rules())
     (binding,) = [d for d in docs if d["kind"] == "ClusterRoleBinding"]
     assert binding["roleRef"]["name"] == roles[0]["metadata"]["name"]
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "rel-llmfleet", "namespace": "llmfleet-system"}]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "rel-llmfleet", "namespace": "llmfleet-system"}
+    ]
 
 
 def test_watch_namespaces_gives_namespaced_roles() -> None:
@@ -102,12 +108,20 @@ def test_watch_namespaces_gives_namespaced_roles() -> None:
 
 
 def test_split_sends_cluster_scoped_resources_to_the_cluster_role() -> None:
-    split = gen.split_rules([
-        {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["get"]},
-        {"apiGroups": [""], "resources": ["pods", "namespaces"], "verbs": ["list"]},
-    ])
-    assert triples(split["cluster"]) == {("apiextensions.k8s.io", "customresourcedefinitions", "get", ""),
-                                         ("", "namespaces", "list", "")}
+    split = gen.split_rules(
+        [
+            {
+                "apiGroups": ["apiextensions.k8s.io"],
+                "resources": ["customresourcedefinitions"],
+                "verbs": ["get"],
+            },
+            {"apiGroups": [""], "resources": ["pods", "namespaces"], "verbs": ["list"]},
+        ]
+    )
+    assert triples(split["cluster"]) == {
+        ("apiextensions.k8s.io", "customresourcedefinitions", "get", ""),
+        ("", "namespaces", "list", ""),
+    }
     assert triples(split["namespaced"]) == {("", "pods", "list", "")}
 
 
@@ -116,8 +130,12 @@ def test_peering_permissions_match_the_mode() -> None:
     wanted = triples(operator_rules())
     cluster_peering = {t for t in wanted if t[1] == "clusterkopfpeerings"}
     ns_peering = {t for t in wanted if t[1] == "kopfpeerings"}
-    assert {v for _, _, v, _ in cluster_peering} >= {"get", "list", "watch", "patch"}, "OPERATOR_RULES lacks clusterkopfpeerings"
-    assert {v for _, _, v, _ in ns_peering} >= {"get", "list", "watch", "patch"}, "OPERATOR_RULES lacks kopfpeerings"
+    assert {v for _, _, v, _ in cluster_peering} >= {"get", "list", "watch", "patch"}, (
+        "OPERATOR_RULES lacks clusterkopfpeerings"
+    )
+    assert {v for _, _, v, _ in ns_peering} >= {"get", "list", "watch", "patch"}, (
+        "OPERATOR_RULES lacks kopfpeerings"
+    )
 
 
 def test_rbac_can_be_turned_off() -> None:

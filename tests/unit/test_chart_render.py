@@ -153,7 +153,9 @@ def test_operator_args_env_and_images(rendered: dict[str, list[dict[str, Any]]])
     assert "--metrics-port=8080" in default["args"] and "--liveness-port=8081" in default["args"]
     assert "--peering=llmfleet" in default["args"] and "--priority=$(POD_INDEX)" in default["args"]
     index_env = next(e for e in default["env"] if e["name"] == "POD_INDEX")
-    assert index_env["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.labels['apps.kubernetes.io/pod-index']"
+    assert (
+        index_env["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.labels['apps.kubernetes.io/pod-index']"
+    )
     env = {e["name"]: e.get("value") for e in default["env"]}
     assert env["LLMFLEET_ROUTER_IMAGE"] == "ghcr.io/llmfleet/llmfleet:0.1.0"
     assert env["LLMFLEET_SERVE_IMAGE"] == "ghcr.io/llmfleet/llmfleet-serve:0.1.0"
@@ -179,14 +181,24 @@ def test_leader_election_peering_objects(rendered: dict[str, list[dict[str, Any]
     namespaced = [d for d in rendered["namespaced-values.yaml"] if d["kind"] == "KopfPeering"]
     assert sorted(d["metadata"]["namespace"] for d in namespaced) == ["team-a", "team-b"]
     minimal = rendered["minimal-values.yaml"]
-    assert not [d for d in minimal if d["kind"] in ("ClusterKopfPeering", "KopfPeering", "PodDisruptionBudget")]
+    assert not [
+        d for d in minimal if d["kind"] in ("ClusterKopfPeering", "KopfPeering", "PodDisruptionBudget")
+    ]
     args = _deployment(minimal)["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--standalone" in args and not any(a.startswith(("--peering", "--priority")) for a in args)
 
 
 def test_two_replicas_without_peering_is_refused() -> None:
-    proc = helm("template", "rel", str(CHART), "--set", "operator.replicaCount=2",
-                "--set", "leaderElection.enabled=false", check=False)
+    proc = helm(
+        "template",
+        "rel",
+        str(CHART),
+        "--set",
+        "operator.replicaCount=2",
+        "--set",
+        "leaderElection.enabled=false",
+        check=False,
+    )
     assert proc.returncode != 0 and "leaderElection.enabled" in proc.stderr
 
 
@@ -206,14 +218,18 @@ def test_chart_crds_are_identical_copies_of_the_generated_ones() -> None:
     assert generated, "crds/ is empty: run `make crds`"
     shipped = {f.name: f.read_bytes() for f in (CHART / "crds").glob("*.yaml")}
     for name, content in generated.items():
-        assert shipped.get(name) == content, f"charts/llmfleet/crds/{name} differs from crds/{name}: run `make crds`"
+        assert shipped.get(name) == content, (
+            f"charts/llmfleet/crds/{name} differs from crds/{name}: run `make crds`"
+        )
     # The only extra file is kopf's peering CRDs (leader election).
     assert set(shipped) - set(generated) == {"kopf.dev_peerings.yaml"}
 
 
 def test_cr_examples_validate_against_the_shipped_crds() -> None:
     schemas = crd_schemas()
-    examples = sorted((ROOT / "examples").glob("*.yaml")) + sorted((ROOT / "examples" / "local").glob("*.yaml"))
+    examples = sorted((ROOT / "examples").glob("*.yaml")) + sorted(
+        (ROOT / "examples" / "local").glob("*.yaml")
+    )
     examples += sorted((ROOT / "e2e" / "manifests").glob("*.yaml"))
     checked = 0
     for f in examples:
@@ -225,9 +241,17 @@ def test_cr_examples_validate_against_the_shipped_crds() -> None:
 
 
 def test_notes_give_next_steps() -> None:
-    out = helm("install", "rel", str(CHART), "--namespace", NAMESPACE, "--dry-run=client",
-               "-f", str(CHART / "ci" / "namespaced-values.yaml")).stdout
-    notes = out[out.index("NOTES:"):]
+    out = helm(
+        "install",
+        "rel",
+        str(CHART),
+        "--namespace",
+        NAMESPACE,
+        "--dry-run=client",
+        "-f",
+        str(CHART / "ci" / "namespaced-values.yaml"),
+    ).stdout
+    notes = out[out.index("NOTES:") :]
     assert "rollout status statefulset/rel-llmfleet" in notes
     assert "namespaces: team-a, team-b" in notes
     assert "kubectl apply -f examples/inferenceservice-small.yaml" in notes

@@ -50,8 +50,19 @@ def test_undocumented_value_is_reported() -> None:
 
 def test_keys_are_camel_case() -> None:
     """Chart keys are camelCase; the maps that hold user data (labels, scorer names, k8s passthrough) are exempt."""
-    passthrough = {"resources", "podSecurityContext", "securityContext", "labels", "scorers", "nodeSelector",
-                   "affinity", "podAnnotations", "podLabels", "annotations", "commonLabels"}
+    passthrough = {
+        "resources",
+        "podSecurityContext",
+        "securityContext",
+        "labels",
+        "scorers",
+        "nodeSelector",
+        "affinity",
+        "podAnnotations",
+        "podLabels",
+        "annotations",
+        "commonLabels",
+    }
     for d in gen.parse_values(VALUES_TEXT):
         if any(p in passthrough for p in d.path[:-1]):
             continue
@@ -60,7 +71,9 @@ def test_keys_are_camel_case() -> None:
 
 def test_readme_is_generated_and_fresh() -> None:
     readme = (CHART / "README.md").read_text()
-    assert readme == gen.render_readme(VALUES_TEXT), "charts/llmfleet/README.md is stale: run `make chart-docs`"
+    assert readme == gen.render_readme(VALUES_TEXT), (
+        "charts/llmfleet/README.md is stale: run `make chart-docs`"
+    )
     for d in gen.parse_values(VALUES_TEXT):
         if d.description:
             assert f"| `{d.key}` |" in readme
@@ -97,16 +110,22 @@ def _merge(base: dict, over: dict) -> dict:
 
 @pytest.mark.parametrize(
     "bad",
-    ["operator.replicaCount=two", "operator.unknownKey=1", "image.pullPolicy=Sometimes",
-     "defaults.autoscaling.policy=fastest", "leaderElection.peeringName=Not_A_Name"],
+    [
+        "operator.replicaCount=two",
+        "operator.unknownKey=1",
+        "image.pullPolicy=Sometimes",
+        "defaults.autoscaling.policy=fastest",
+        "leaderElection.peeringName=Not_A_Name",
+    ],
 )
 def test_helm_rejects_bad_values(bad: str) -> None:
     helm = ROOT / ".tools" / "bin" / "helm"
     binary = str(helm) if helm.exists() else shutil.which("helm")
     if not binary:
         pytest.skip("helm not found: run `make tools` (make test does)")
-    proc = subprocess.run([binary, "template", "rel", str(CHART), "--set", bad],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [binary, "template", "rel", str(CHART), "--set", bad], capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode != 0, f"--set {bad} was accepted"
     assert "schema" in proc.stderr.lower() or "values don't meet" in proc.stderr.lower(), proc.stderr
 

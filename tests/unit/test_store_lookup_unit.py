@@ -53,3 +53,24 @@ def test_from_spec() -> None:
     assert abs(store.timeout_s - 0.015) < 1e-9
     default = FeatureStoreLookup.from_spec(None, "m", run_dir="/tmp/run")
     assert default.url == "sqlite:////tmp/run/featurestore.db"
+
+
+def test_router_with_empty_store_never_loads_the_embedding_model(tmp_path: Path) -> None:
+    code = f"""
+import asyncio, sys
+from llmfleet.store import db, repo
+from llmfleet.store.lookup import FeatureStoreLookup
+url = "sqlite:///{tmp_path / 'fs.db'}"
+db.upgrade(url)
+repo.set_current_version(db.make_engine(url, writer=True), "m", "v1")
+async def main():
+    store = FeatureStoreLookup(url, "m")  # default embedder: MiniLM
+    assert await store.warmup()
+    assert await store.lookup("t", "chat", {{"messages": [{{"role": "user", "content": "hi"}}]}}) is None
+    await store.close()
+asyncio.run(main())
+assert "torch" not in sys.modules and "sentence_transformers" not in sys.modules, "model loaded"
+print("ok")
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]

@@ -37,8 +37,9 @@ def _err(status: int, message: str, kind: str) -> web.Response:
 class DrainProxy:
     """Forward every request to `upstream`; track in-flight ones; refuse new ones once draining."""
 
-    def __init__(self, upstream: str) -> None:
+    def __init__(self, upstream: str, health_path: str = "/health") -> None:
         self.upstream = upstream.rstrip("/")
+        self.health_path = health_path  # the engine's own health/readiness path, served as /health
         self.inflight = 0
         self.draining = False
         self.engine_ready = False
@@ -90,7 +91,7 @@ class DrainProxy:
             raise RuntimeError("DrainProxy.start() was not awaited")
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
         body = await request.read()
-        url = self.upstream + str(request.rel_url)
+        url = self.upstream + (self.health_path if request.path == "/health" else str(request.rel_url))
         try:
             upstream = await self._session.request(request.method, url, headers=headers, data=body or None)
         except (ClientError, OSError) as err:

@@ -31,6 +31,8 @@ from llmfleet.workers.serve.vllm_args import VLLM_ENTRYPOINT
 
 log = logging.getLogger("llmfleet.serve")
 RAY_ENTRYPOINT = "llmfleet.workers.serve.ray_app"
+# The engine's readiness path: vLLM's /health; Ray Serve's proxy answers /v1/models once the app is deployed.
+READY_PATHS = {"vllm": "/health", "ray-serve": "/v1/models"}
 ENGINE_STOP_GRACE_S = 20.0
 
 
@@ -96,11 +98,31 @@ def stop_engine(proc: subprocess.Popen[bytes], grace_s: float = ENGINE_STOP_GRAC
     return proc.returncode if proc.returncode is not None else 0
 
 
-async def _watch_ready(proxy: DrainProxy, upstream: str, proc: subprocess.Popen[bytes]) -> None:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as s:
+def served_name(argv: Sequence[str]) -> str:
+    """--served-model-name (first value), else --model."""
+    found: dict[str, str] = {}
+    for i, a in enumerate(argv):
+        name, eq, val = a.partition("=")
+        if name in ("--served-model-name", "--model"):
+            found.setdefault(name, val if eq else (argv[i + 1] if i + 1 < len(argv) else ""))
+    return found.get("--served-model-name") or found.get("--model", "")
+
+
+async def _watch_ready(proxy: DrainProxy, upstream: str, proc: subprocess.Popen[bytes], engine: str,
+                       model: str) -> None:
+    """Mark the proxy ready once the engine can serve (then /health passes through to its health path).
+
+    vLLM: its /health. Ray Serve: the ingress answers before the LLM deployment has loaded the engine, so
+    readiness is a one-token completion that went all the way through.
+    """
+    probe: tuple[str, str, dict[str, object] | None] = (
+        ("GET", proxy.health_path, None) if engine == "vllm"
+        else ("POST", "/v1/completions", {"model": model, "prompt": "ready?", "max_tokens": 1})
+    )
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as s:
         while proc.poll() is None and not proxy.engine_ready:
             with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError, OSError):
-                async with s.get(upstream + "/health") as r:
+                async with s.request(probe[0], upstream + probe[1], json=probe[2]) as r:
                     if r.status == 200:
                         proxy.engine_ready = True
                         log.info("engine ready")
@@ -112,7 +134,7 @@ async def serve(engine: str, engine_argv: Sequence[str], drain_seconds: float) -
     argv, host, port = split_listen(engine_argv)
     inner = free_port()
     upstream = f"http://127.0.0.1:{inner}"
-    proxy = DrainProxy(upstream)
+    proxy = DrainProxy(upstream, health_path=READY_PATHS[engine])
     runner = web.AppRunner(proxy.app(), access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_address=True)
@@ -124,7 +146,7 @@ async def serve(engine: str, engine_argv: Sequence[str], drain_seconds: float) -
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    ready_task = asyncio.create_task(_watch_ready(proxy, upstream, proc))
+    ready_task = asyncio.create_task(_watch_ready(proxy, upstream, proc, engine, served_name(argv)))
     code = 0
     try:
         while not stop.is_set():

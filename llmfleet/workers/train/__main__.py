@@ -23,7 +23,14 @@ def load_spec(path: str) -> TrainingJobSpec:
         if not isinstance(job, TrainingJob):
             raise ValueError(f"{path}: expected a TrainingJob")
         return job.spec
-    return TrainingJobSpec.model_validate(doc.get("spec", doc) if isinstance(doc, dict) else doc)
+    from pydantic import ValidationError
+
+    from llmfleet.api.loader import ManifestError, problems_from
+
+    try:
+        return TrainingJobSpec.model_validate(doc.get("spec", doc) if isinstance(doc, dict) else doc)
+    except ValidationError as err:
+        raise ManifestError(path, problems_from(err)) from None
 
 
 def main(argv: list[str] | None = None) -> int:

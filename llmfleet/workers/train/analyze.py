@@ -79,7 +79,7 @@ class TraceSummary:
         return d
 
 
-def _events(path: str | Path) -> list[dict]:
+def _events(path: str | Path) -> list[dict[str, Any]]:
     p = Path(path)
     if p.suffix == ".gz":
         import gzip

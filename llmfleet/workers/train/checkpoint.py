@@ -12,7 +12,7 @@ import re
 import shutil
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -59,10 +59,10 @@ class Checkpointer:
     def __init__(self, root: str | Path, keep: int, async_save: bool, rank: int) -> None:
         self.root, self.keep, self.rank = Path(root), keep, rank
         self.async_save = async_save and hasattr(dcp, "async_save") and torch.cuda.is_available()
-        self.pending: Future | None = None
+        self.pending: Future[Any] | None = None
         self.last: str | None = None
 
-    def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, trainer_state: dict) -> None:
+    def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, trainer_state: dict[str, Any]) -> None:
         self.wait()
         path = self.root / f"step-{step:08d}"
         if self.rank == 0:
@@ -72,9 +72,9 @@ class Checkpointer:
         torch.save(_rng_state(), path / f"rng-rank{self.rank}.pt")
         state = {"app": ModelOptimState(model, optimizer)}
         if self.async_save:
-            self.pending = dcp.async_save(state, checkpoint_id=str(path))
+            self.pending = cast("Future[Any]", dcp.async_save(state, checkpoint_id=str(path)))  # type: ignore[attr-defined]
         else:
-            dcp.save(state, checkpoint_id=str(path))
+            dcp.save(state, checkpoint_id=str(path))  # type: ignore[attr-defined]
         self.last = str(path)
         if not self.async_save:
             self._prune()
@@ -92,14 +92,14 @@ class Checkpointer:
         for old in done[: max(0, len(done) - self.keep)]:
             shutil.rmtree(old, ignore_errors=True)
 
-    def load_latest(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict | None:
+    def load_latest(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
         """Load the newest complete checkpoint into model/optimizer; returns its trainer state or None."""
         done = complete_checkpoints(self.root)
         if not done:
             return None
         path = done[-1]
-        dcp.load({"app": ModelOptimState(model, optimizer)}, checkpoint_id=str(path))
-        trainer_state: dict = torch.load(path / "trainer.pt", weights_only=False)
+        dcp.load({"app": ModelOptimState(model, optimizer)}, checkpoint_id=str(path))  # type: ignore[attr-defined]
+        trainer_state: dict[str, Any] = torch.load(path / "trainer.pt", weights_only=False)
         rng = path / f"rng-rank{self.rank}.pt"
         if rng.is_file() and trainer_state.get("world_size") == dist.get_world_size():
             state = torch.load(rng, weights_only=False)

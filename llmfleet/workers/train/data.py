@@ -13,6 +13,7 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -57,7 +58,7 @@ def _files(inputs: Iterable[str]) -> list[Path]:
     return found
 
 
-def prepare(inputs: Iterable[str], out: str | Path, tokenizer: str = "bytes", vocab_size: int = 4096) -> dict:
+def prepare(inputs: Iterable[str], out: str | Path, tokenizer: str = "bytes", vocab_size: int = 4096) -> dict[str, Any]:
     """Tokenize text files into shards under `out`.
 
     tokenizer: "bytes" (raw UTF-8 bytes, vocab 257 with <eos>=256), "bpe" (train a byte-level BPE of
@@ -92,7 +93,7 @@ def prepare(inputs: Iterable[str], out: str | Path, tokenizer: str = "bytes", vo
             return list(tok.encode(text).ids)
 
     dtype = np.uint16 if vocab <= 65536 else np.uint32
-    shards: list[dict] = []
+    shards: list[dict[str, Any]] = []
     buf: list[int] = []
 
     def flush() -> None:

@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from llmfleet.workers.train.model import ModelArgs, Transformer
 
 
-def hf_config(args: ModelArgs, dtype: torch.dtype = torch.bfloat16, eos: int | None = None) -> dict:
+def hf_config(args: ModelArgs, dtype: torch.dtype = torch.bfloat16, eos: int | None = None) -> dict[str, Any]:
     arch = "MistralForCausalLM" if args.sliding_window else "LlamaForCausalLM"
     cfg = {
         "architectures": [arch],
@@ -40,7 +41,7 @@ def hf_config(args: ModelArgs, dtype: torch.dtype = torch.bfloat16, eos: int | N
     return cfg
 
 
-def args_from_hf_config(cfg: dict) -> ModelArgs:
+def args_from_hf_config(cfg: dict[str, Any]) -> ModelArgs:
     heads = int(cfg["num_attention_heads"])
     return ModelArgs(
         layers=int(cfg["num_hidden_layers"]), hidden=int(cfg["hidden_size"]), heads=heads,
@@ -80,7 +81,7 @@ def export_hf(
     save_file(tensors, str(root / "model.safetensors"), metadata={"format": "pt"})
     eos = _copy_tokenizer(tokenizer, root) if tokenizer else None
     (root / "config.json").write_text(json.dumps(hf_config(args, dtype, eos), indent=2))
-    gen: dict = {"do_sample": False}
+    gen: dict[str, Any] = {"do_sample": False}
     if eos is not None:
         gen.update(bos_token_id=eos, eos_token_id=eos)
     (root / "generation_config.json").write_text(json.dumps(gen, indent=2))
@@ -101,7 +102,7 @@ def _copy_tokenizer(tokenizer: str | Path, root: Path) -> int | None:
     if (folder / "tokenizer_config.json").is_file():
         shutil.copyfile(folder / "tokenizer_config.json", root / "tokenizer_config.json")
     else:
-        cfg: dict = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 1 << 20,
+        cfg: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 1 << 20,
                      "clean_up_tokenization_spaces": False}
         if eos_tok:
             cfg.update(bos_token=eos_tok, eos_token=eos_tok, unk_token=eos_tok, pad_token=eos_tok)

@@ -126,7 +126,7 @@ class TrainMetrics:
 class MetricsServer:
     """GET /metrics on every rank; GET /status (JSON) where `status` is given (rank 0)."""
 
-    def __init__(self, metrics: TrainMetrics, port: int, status: Callable[[], dict] | None = None) -> None:
+    def __init__(self, metrics: TrainMetrics, port: int, status: Callable[[], dict[str, Any]] | None = None) -> None:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
         registry = metrics.registry
@@ -161,7 +161,7 @@ class MetricsServer:
         self.httpd.server_close()
 
 
-def write_status(folder: str | Path, status: dict) -> None:
+def write_status(folder: str | Path, status: dict[str, Any]) -> None:
     """Atomically write status.json (the operator reads it)."""
     root = Path(folder)
     root.mkdir(parents=True, exist_ok=True)

@@ -117,10 +117,10 @@ class Attention(nn.Module):
         elif block_mask is not None:
             from torch.nn.attention.flex_attention import flex_attention
 
-            o = cast(torch.Tensor, flex_attention(q, k, v, block_mask=block_mask))
+            o = cast(torch.Tensor, flex_attention(q, k, v, block_mask=block_mask))  # type: ignore[redundant-cast]
         else:
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.o_proj(o.transpose(1, 2).reshape(b, s, -1))
+        return cast(torch.Tensor, self.o_proj(o.transpose(1, 2).reshape(b, s, -1)))
 
 
 class MLP(nn.Module):
@@ -131,7 +131,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(args.ffn, args.hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return cast(torch.Tensor, self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x)))
 
 
 class Block(nn.Module):
@@ -144,7 +144,7 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, block_mask: Any = None) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, block_mask)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        return cast(torch.Tensor, x + self.mlp(self.post_attention_layernorm(x)))
 
 
 def cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -183,9 +183,10 @@ class Transformer(nn.Module):
                 nn.init.normal_(p, std=out_std)
             else:
                 nn.init.normal_(p, std=std)
-        cos, sin = rope_cache(self.args, device=self.rope_cos.device)
-        self.rope_cos.copy_(cos)
-        self.rope_sin.copy_(sin)
+        buf_cos, buf_sin = cast(torch.Tensor, self.rope_cos), cast(torch.Tensor, self.rope_sin)
+        cos, sin = rope_cache(self.args, device=buf_cos.device)
+        buf_cos.copy_(cos)
+        buf_sin.copy_(sin)
         torch.random.set_rng_state(gen_state)
 
     def hidden_states(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -203,11 +204,11 @@ class Transformer(nn.Module):
             mask = self._block_mask
         for layer in self.layers:
             h = layer(h, self.rope_cos, self.rope_sin, mask)
-        return self.norm(h)
+        return cast(torch.Tensor, self.norm(h))
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         """Logits (B, S, V), or the mean cross-entropy when targets are given."""
         h = self.hidden_states(tokens)
         if targets is not None:
             return self.loss_fn(h, self.lm_head.weight, targets)
-        return self.lm_head(h)
+        return cast(torch.Tensor, self.lm_head(h))

@@ -48,7 +48,7 @@ def apply_compile(model: Transformer, mode: str | None = None) -> None:
     """Compile each block on its own (one graph reused L times: short compile, no recompiles) and the
     output projection + cross-entropy as one fused region."""
     for i, block in enumerate(model.layers):
-        model.layers[i] = torch.compile(block, fullgraph=True, mode=mode)
+        model.layers[i] = torch.compile(block, fullgraph=True, mode=mode)  # type: ignore[assignment]
     model.loss_fn = torch.compile(cross_entropy, fullgraph=True, mode=mode)
 
 

@@ -11,7 +11,7 @@ import socket
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -198,9 +198,9 @@ class Trainer:
                 x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
             if self.accum > 1 and hasattr(self.model, "set_requires_gradient_sync"):
                 # Reduce-scatter gradients once per step, on the last micro-batch.
-                self.model.set_requires_gradient_sync(micro == self.accum - 1)
+                self.model.set_requires_gradient_sync(micro == self.accum - 1)  # type: ignore[operator]
             loss, kl = self._loss(x, y)
-            (loss / self.accum).backward()
+            (loss / self.accum).backward()  # type: ignore[no-untyped-call]
             loss_sum += loss.detach() / self.accum
             if kl is not None:
                 kl_sum = (kl / self.accum) if kl_sum is None else kl_sum + kl / self.accum
@@ -255,7 +255,7 @@ class Trainer:
         self.checkpointer.wait()
         return self.history
 
-    def _report(self, pending: list, step_time: float, tokens_per_step: int) -> None:
+    def _report(self, pending: list[Any], step_time: float, tokens_per_step: int) -> None:
         # One collective for the window: losses, norms, KLs (summed) and every rank's step time (gathered).
         vals = torch.stack([torch.stack([p[1], p[2].to(p[1].dtype),
                                          p[3] if p[3] is not None else torch.zeros((), device=self.device)])
@@ -342,7 +342,7 @@ class Trainer:
             tok = self.spec.data.tokenizer
             if tok is None and (Path(self.spec.data.path) / "tokenizer.json").is_file():
                 tok = str(Path(self.spec.data.path) / "tokenizer.json")
-            export_hf(sd, self.args, out, tokenizer=tok)
+            export_hf(cast(dict[str, torch.Tensor], sd), self.args, out, tokenizer=tok)
             self.status["exported"] = str(out)
         dist.barrier()
         return out

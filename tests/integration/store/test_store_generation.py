@@ -32,12 +32,13 @@ def _responses(url: str) -> list[tuple[str, str]]:
         engine.dispose()
 
 
+@pytest.mark.slow
 def test_generate_killed_then_rerun_loses_and_duplicates_nothing(store_url: str, tmp_path: Path) -> None:
     n_head = 24
     recs = [log_record(f"popular question {i}", tenant=f"t{i % 2}") for i in range(n_head) for _ in range(3)]
     recs += [log_record(f"rare question {i}") for i in range(30)]  # below --min-frequency: never precomputed
     log = write_log(tmp_path / "requests.jsonl", recs)
-    server = FakeOpenAI(delay_s=0.15).start()
+    server = FakeOpenAI(delay_s=0.25).start()
     args = _cli("generate", "--log", str(log), "--url", store_url, "--model", "tiny", "--model-version", "v1",
                 "--endpoint", server.url, "--min-frequency", "3", "--concurrency", "2", "--embedder", "hashing",
                 "--no-progress")

@@ -12,7 +12,7 @@ from llmfleet.store.embeddings import MiniLMEmbedder
 from llmfleet.store.fake_openai import FakeOpenAI, chat_body, log_record, write_log
 from llmfleet.store.lookup import FeatureStoreLookup
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(240)]
 
 
 @pytest.fixture(scope="module")

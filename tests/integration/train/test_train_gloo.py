@@ -187,3 +187,16 @@ def test_analyze_recorded_cpu_trace(reference: Path) -> None:
     result = CliRunner().invoke(app, ["analyze", "trace", str(trace)])
     assert result.exit_code == 0, result.output
     assert "diagnosis:" in result.output
+
+
+def test_llmfleet_train_cli_runs_one_process(work: Path, data: Path) -> None:
+    spec = _spec(work, data, "cli", workers={"count": 1})
+    spec["optimization"] = {**spec["optimization"], "steps": 2}
+    path = work / "cli-job.yaml"
+    path.write_text(yaml.safe_dump({"apiVersion": "llmfleet.io/v1alpha1", "kind": "TrainingJob",
+                                    "metadata": {"name": "cli"}, "spec": spec}))
+    env = dict(os.environ, LLMFLEET_METRICS_PORT="0", OMP_NUM_THREADS="1", LLMFLEET_DEVICE="cpu")
+    proc = subprocess.run([sys.executable, "-m", "llmfleet.cli", "train", "-f", str(path)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((work / "cli" / "ckpt" / "status.json").read_text())["done"] is True

@@ -1,0 +1,73 @@
+"""`engine: ray-serve`: a Ray Serve LLM application built from the same vLLM argv.
+
+    python -m llmfleet.workers.serve.ray_app <render_vllm_args(...)>   (started by the serving wrapper)
+
+The argv is parsed with vLLM's own parser, so every knob means the same thing as on the vLLM path; the
+engine arguments that differ from vLLM's defaults become `LLMConfig.engine_kwargs`. One Ray Serve replica
+per process with Ray's autoscaling off: llmfleet's autoscaler owns the number of pods/processes. Ray Serve's
+HTTP proxy listens on --host/--port (the wrapper's private port) and serves the OpenAI API under /v1.
+
+Needs `pip install 'ray[serve]' pyarrow` (ray.serve.llm); `ray[llm]` itself would pull a GPU vLLM build.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from llmfleet.workers.serve.worker import split_listen
+
+# Readiness path on the Ray Serve proxy: 200 once the OpenAI app is deployed and routable.
+READY_PATH = "/v1/models"
+
+
+def llm_config_kwargs(argv: Sequence[str]) -> dict[str, Any]:
+    """vLLM argv -> keyword arguments of ray.serve.llm.LLMConfig (imports vllm; not for the operator)."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    ns = make_arg_parser(FlexibleArgumentParser()).parse_args(list(argv))
+    args = AsyncEngineArgs.from_cli_args(ns)
+    default = AsyncEngineArgs(model=args.model)
+    engine_kwargs = {
+        f.name: getattr(args, f.name) for f in dataclasses.fields(AsyncEngineArgs)
+        if f.name not in ("model", "served_model_name") and getattr(args, f.name) != getattr(default, f.name)
+    }
+    for k, v in list(engine_kwargs.items()):
+        if dataclasses.is_dataclass(v) and not isinstance(v, type):
+            engine_kwargs[k] = dataclasses.asdict(v)
+    served = (args.served_model_name or [args.model])[0] if isinstance(args.served_model_name, list) else (
+        args.served_model_name or args.model)
+    return {
+        "model_loading_config": {"model_id": served, "model_source": args.model},
+        "engine_kwargs": engine_kwargs,
+        "accelerator_config": {"kind": "gpu" if _has_gpu() else "cpu"},
+        # Fixed size, no Ray autoscaling: llmfleet's autoscaler scales pods (or local processes).
+        "deployment_config": {"num_replicas": 1, "max_ongoing_requests": 1024},
+    }
+
+
+def _has_gpu() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    rest, host, port = split_listen(list(sys.argv[1:] if argv is None else argv))
+    import ray
+    from ray import serve
+    from ray.serve.llm import LLMConfig, build_openai_app
+
+    cfg = LLMConfig(**llm_config_kwargs(rest))
+    ray.init(include_dashboard=False, log_to_driver=True)
+    serve.start(http_options={"host": host, "port": port})
+    serve.run(build_openai_app({"llm_configs": [cfg]}), name="llmfleet", route_prefix="/", blocking=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

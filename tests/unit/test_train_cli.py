@@ -1,0 +1,44 @@
+"""CLI errors of `llmfleet train`, `llmfleet data prepare` and `llmfleet analyze trace`: one line, non-zero exit."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from llmfleet.cli.main import app
+
+runner = CliRunner()
+
+
+def test_train_rejects_an_invalid_spec_with_one_line(tmp_path: Path) -> None:
+    bad = tmp_path / "job.yaml"
+    bad.write_text("model: {hidden: 100, heads: 3}\ndata: {path: /x}\n")
+    result = runner.invoke(app, ["train", "-f", str(bad)])
+    assert result.exit_code == 2
+    assert "error:" in result.output and "divisible" in result.output
+
+
+def test_train_rejects_a_missing_file(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["train", "-f", str(tmp_path / "nope.yaml")])
+    assert result.exit_code == 2 and "error:" in result.output
+
+
+def test_data_prepare_bytes(tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_text("hello world\n" * 20)
+    result = runner.invoke(app, ["data", "prepare", str(tmp_path / "a.txt"), "--out", str(tmp_path / "d")])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "d" / "manifest.json").read_text())["tokens"] == 12 * 20 + 1
+
+
+def test_data_prepare_missing_input(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["data", "prepare", str(tmp_path / "none*.txt"), "--out", str(tmp_path / "d")])
+    assert result.exit_code == 2 and "no input files" in result.output
+
+
+def test_analyze_trace_rejects_non_trace(tmp_path: Path) -> None:
+    f = tmp_path / "x.json"
+    f.write_text(json.dumps({"traceEvents": []}))
+    result = runner.invoke(app, ["analyze", "trace", str(f)])
+    assert result.exit_code == 2 and "no complete" in result.output
