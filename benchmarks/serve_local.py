@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -183,7 +183,7 @@ def main() -> int:
         print(" | ".join(f"{r[c]!s:>19}" for c in cols))
     print(f"TTFT p50 ratio on/off: {ratio:.3f}   throughput ratio on/off: {tput:.3f}")
     result = {
-        "benchmark": "serve_local", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "benchmark": "serve_local", "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": "python benchmarks/serve_local.py " + " ".join(sys.argv[1:]), "machine": machine(),
         "model": {"name": PRIMARY.name, "params_m": 5.0, "weights": "random", "path": "tiny://tiny-llama"},
         "workload": {"requests": args.requests, "concurrency": args.concurrency, "prefixes": args.prefixes,

@@ -85,10 +85,17 @@ def _now() -> str:
     return datetime.datetime.now(datetime.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
+def _copy(value: Any) -> Any:
+    """Deep copy of JSON data (several times faster than copy.deepcopy)."""
+    return json.loads(json.dumps(value))
+
+
 def merge_patch(base: Any, patch: Any) -> Any:
-    """RFC 7386 JSON merge patch (returns a new value; `base` is not modified)."""
+    """RFC 7386 JSON merge patch (returns a new value sharing untouched subtrees; neither input is modified).
+
+    Stored objects are never mutated in place, so sharing subtrees between versions is safe."""
     if not isinstance(patch, Mapping):
-        return copy.deepcopy(patch)
+        return patch
     out = dict(base) if isinstance(base, Mapping) else {}
     for key, value in patch.items():
         if value is None:
@@ -367,12 +374,12 @@ class KubeEmulator(kmock.KubernetesEmulator):
             self.objects._objects[key].create(body)
         else:
             self.objects._objects[key] = kmock.Object(body)
-        return [(res, {"type": "ADDED", "object": copy.deepcopy(body)})]
+        return [(res, {"type": "ADDED", "object": body})]
 
     def _create(self, res: Any, ns: str | None, body: Any) -> tuple[dict[str, Any], list[tuple[Any, dict[str, Any]]]]:
         if not isinstance(body, Mapping):
             raise kmock.KubernetesError(status=400, reason="BadRequest", message="the body must be an object")
-        body = copy.deepcopy(dict(body))
+        body = _copy(dict(body))
         meta = body.setdefault("metadata", {})
         if not meta.get("name") and meta.get("generateName"):
             meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
@@ -395,7 +402,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
             if mode != "apply":
                 raise kmock.KubernetesObjectNotFoundError(reason="NotFound", message=f"{name!r} not found")
             created, events = self._create(res, ns, {**patch, "metadata": {**patch.get("metadata", {}), "name": name}})
-            self._applied[(key, str(manager))] = copy.deepcopy(patch)
+            self._applied[(key, str(manager))] = _copy(patch)
             return created, events
         old = obj.raw
         if mode == "json":
@@ -419,14 +426,14 @@ class KubeEmulator(kmock.KubernetesEmulator):
             elif "status" in self._subresources(res):
                 patch = _without(patch, "status")
             if mode == "apply":
-                base = copy.deepcopy(old)
+                base = _copy(old)
                 prev = self._applied.get((key, str(manager)))
                 if prev is not None:
                     for path in _removed_paths(_without(prev, "apiVersion", "kind"), patch):
                         if path[:1] != ("metadata",) or path[1:2] in (("labels",), ("annotations",)):
                             _drop(base, path)
                 new = merge_patch(base, _without(patch, "apiVersion", "kind"))
-                self._applied[(key, str(manager))] = copy.deepcopy(patch)
+                self._applied[(key, str(manager))] = _copy(patch)
             else:
                 new = merge_patch(old, patch)
         if mode != "apply":
@@ -437,7 +444,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 if k == key:
                     for path in changed:
                         _drop(applied, path)
-        # Server-managed fields are not writable.
+        # Server-managed fields are not writable. (A fresh metadata dict: `new` may share it with `old`.)
+        new["metadata"] = dict(new.get("metadata") or {})
         for field in ("uid", "creationTimestamp", "name", "namespace"):
             if field in old["metadata"]:
                 new.setdefault("metadata", {})[field] = old["metadata"][field]
@@ -451,7 +459,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         obj.history.append(new)
         if self.history_limit is not None and len(obj.history) > self.history_limit:
             del obj.history[: len(obj.history) - self.history_limit]
-        events: list[tuple[Any, dict[str, Any]]] = [(res, {"type": "MODIFIED", "object": copy.deepcopy(new)})]
+        events: list[tuple[Any, dict[str, Any]]] = [(res, {"type": "MODIFIED", "object": new})]
         meta = new["metadata"]
         if meta.get("deletionTimestamp") and not meta.get("finalizers"):
             _, more = self._delete(res, ns, name)
@@ -466,11 +474,10 @@ class KubeEmulator(kmock.KubernetesEmulator):
         if meta.get("finalizers"):
             if meta.get("deletionTimestamp"):
                 return raw, []
-            new = copy.deepcopy(raw)
-            new["metadata"]["deletionTimestamp"] = _now()
+            new = {**raw, "metadata": {**raw["metadata"], "deletionTimestamp": _now()}}
             new["metadata"]["resourceVersion"] = self._next_rv()
             obj.history.append(new)
-            return new, [(res, {"type": "MODIFIED", "object": copy.deepcopy(new)})]
+            return new, [(res, {"type": "MODIFIED", "object": new})]
         obj.delete()
         for (k, mgr) in [k for k in self._applied if k[0] == (res, ns, name)]:
             self._applied.pop((k, mgr), None)

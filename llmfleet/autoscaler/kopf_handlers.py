@@ -77,7 +77,10 @@ def _api_client(m: _Memo) -> Any:
         try:
             config.load_incluster_config()  # type: ignore[no-untyped-call]
         except config.ConfigException:
-            config.load_kube_config()  # type: ignore[no-untyped-call]
+            try:
+                config.load_kube_config()  # type: ignore[no-untyped-call]
+            except (config.ConfigException, OSError) as err:
+                raise kopf.TemporaryError(f"autoscaler: no Kubernetes client configuration: {err}", delay=60) from err
         m.api_client = client.ApiClient()
     return m.api_client
 
@@ -149,7 +152,13 @@ async def autoscale_inferenceservice(body: kopf.Body, memo: kopf.Memo, **_: Any)
         mem.scrape = mem.scrape or ScrapeSignals(router_url)
         source = _ScrapeSource(mem.scrape, actuator)
     lost = await _lost_blocks(router_url, [p.name for p in isvc.pools()])
-    result = await autoscale_step(isvc, actuator, source, mem.state, now, lost_blocks=lost)
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    try:
+        result = await autoscale_step(isvc, actuator, source, mem.state, now, lost_blocks=lost)
+    except (ApiException, HTTPError) as err:
+        raise kopf.TemporaryError(f"autoscaler: Kubernetes API call failed: {err}", delay=30) from err
     mem.state = result.decision.state
     for name, d in result.decision.pools.items():
         if d.action != "hold":
@@ -177,7 +186,14 @@ async def _arbitrate(isvc: InferenceService, body: dict[str, Any], actuator: Kub
     desired_gpus = sum(
         decision.pools[p.name].desired * max(p.resources.gpus, 0) for p in isvc.pools() if p.name in decision.pools
     )
-    pending = await _pending_gpus(actuator, isvc)
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    try:
+        pending = await _pending_gpus(actuator, isvc)
+    except (ApiException, HTTPError) as err:
+        log.warning("cannot list pods of %s for GPU arbitration: %s", isvc.metadata.name, err)
+        return
     need = serving_need(
         isvc.metadata.name, int(isvc.metadata.annotations.get(SERVING_PRIORITY_ANNOTATION, "0") or 0),
         gpu_budget=isvc.spec.autoscaling.gpu_budget, desired_gpus=desired_gpus, pending_gpus=pending,

@@ -291,12 +291,16 @@ def _slo_primary(cfg: PolicyConfig, pool: PoolConfig, st: PoolState, sig: PoolSi
     cold = cold_start_seconds(cfg, pool, st)
     st.arrival.update(sig.now, rate)
     level = st.arrival.level if st.arrival.level is not None else rate
-    # Smoothed level (noise), except a jump well above it is a burst: take it at once.
-    base = rate if rate > 1.5 * level else level
+    # Smoothed level (noise), except a jump well above it is a burst: a level shift, taken at once.
+    if rate > 1.5 * level:
+        st.arrival.level, st.arrival.trend, level = rate, 0.0, rate
+    base = level
     forecast = st.arrival.forecast(cold + cfg.interval_s) or base
     # A trend extrapolated over a cold start overshoots after a step: plan for at most +25 % of the base.
     planned = max(base, min(forecast, 1.25 * base))
-    backlog = max(sig.queue_depth or 0.0, 0.0) / max(cold, 2 * cfg.interval_s)
+    # Requests already queued on a replica stay there (engines do not hand them over): new replicas only
+    # help by taking the new arrivals, so the backlog is planned to clear over several cold starts.
+    backlog = max(sig.queue_depth or 0.0, 0.0) / max(4 * cold, 4 * cfg.interval_s)
     mu = _mu(pool, st, sig)
     prefill = prefill_seconds(pool.seed, st.efficiency, sig.mean_input_tokens or 512.0, sig.prefix_hit_rate or 0.0)
     slo_s = cfg.ttft_slo_ms / 1000.0

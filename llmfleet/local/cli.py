@@ -107,10 +107,14 @@ def register(app: typer.Typer) -> None:
         urls = [r["url"] for r in state.get("replicas", []) if r.get("running")]
         col = Collector()
 
+        async def scrape() -> None:
+            router = await scrape_texts([state["url"]])
+            col.update(await scrape_texts(urls), router[0] if router else None)
+
         async def two() -> None:
-            col.update(await scrape_texts(urls), (await scrape_texts([state["url"]]) or [None])[0])
+            await scrape()
             await asyncio.sleep(2.0)
-            col.update(await scrape_texts(urls), (await scrape_texts([state["url"]]) or [None])[0])
+            await scrape()
 
         asyncio.run(two())
         Console().print(render(state, col.history[-1][1]))

@@ -18,29 +18,34 @@ from llmfleet.local.runtime import Supervisor
 log = logging.getLogger("llmfleet.local")
 
 
-def _autoscaler_task(sup: Supervisor) -> asyncio.Task[Any] | None:
-    """Run the autoscaler's local loop against a LocalActuator when the autoscaler package provides one.
+def _autoscaler_task(sup: Supervisor, stop: asyncio.Event) -> asyncio.Task[Any] | None:
+    """Run the autoscaler's local loop (llmfleet.autoscaler.local.run_local) against a LocalActuator.
 
-    Contract (llmfleet.autoscaler): `run_local(isvc, actuator, replica_urls: Callable[[str], list[str]], stop)`
-    coroutine. Without it the pools stay at their spec replicas (crash restarts still happen).
+    It scrapes the router and the ready replicas every `autoscaling.intervalSeconds` and scales through
+    the actuator; with `policy: static`, or without the autoscaler package, pools stay at spec replicas
+    (crashed replicas are still restarted).
     """
     if sup.isvc.spec.autoscaling.policy == "static":
         return None
     try:
         mod = importlib.import_module("llmfleet.autoscaler.local")
-    except ImportError:
-        sup.event("autoscaler: llmfleet.autoscaler.local not available; replicas stay at spec")
-        return None
-    run_local = getattr(mod, "run_local", None)
-    if run_local is None:
+    except ImportError as err:
+        sup.event(f"autoscaler unavailable ({err}); replicas stay at spec")
         return None
     from llmfleet.local.actuator import LocalActuator
 
     def urls(pool: str) -> list[str]:
-        return [r.url for r in sup.replicas(pool) if r.proc is not None]
+        return [r.url for r in sup.replicas(pool) if r.ready]
 
-    sup.event(f"autoscaler: {sup.isvc.spec.autoscaling.policy} policy every {sup.isvc.spec.autoscaling.interval_seconds:g}s")
-    task: asyncio.Task[Any] = asyncio.create_task(run_local(sup.isvc, LocalActuator(sup), urls))
+    a = sup.isvc.spec.autoscaling
+    sup.event(f"autoscaler: {a.policy} policy every {a.interval_seconds:g}s")
+    task: asyncio.Task[Any] = asyncio.create_task(mod.run_local(sup.isvc, LocalActuator(sup), urls, stop))
+
+    def done(t: asyncio.Task[Any]) -> None:
+        if not t.cancelled() and t.exception() is not None:
+            sup.event(f"autoscaler stopped: {t.exception()!r}; replicas stay where they are")
+
+    task.add_done_callback(done)
     return task
 
 
@@ -83,7 +88,7 @@ async def supervise(isvc: InferenceService, run_dir: Path, port: int | None, das
     try:
         sup_task = asyncio.create_task(sup.run(stop, on_tick=on_tick))
         await asyncio.sleep(0)
-        auto = _autoscaler_task(sup)
+        auto = _autoscaler_task(sup, stop)
         if auto is not None:
             tasks.append(auto)
         await sup_task

@@ -183,6 +183,8 @@ def build_tiny(spec: TinySpec, root: Path | None = None, force: bool = False) ->
     tok = Tokenizer.from_file(str(tdir / "tokenizer.json"))
     vocab = tok.get_vocab_size()
     bos, eos = tok.token_to_id(SPECIAL_TOKENS[0]), tok.token_to_id(SPECIAL_TOKENS[1])
+    if bos is None or eos is None:
+        raise RuntimeError(f"tokenizer in {tdir} lacks {SPECIAL_TOKENS[:2]}; delete the folder to rebuild it")
     tmp = Path(tempfile.mkdtemp(prefix=f".{spec.name}-", dir=root))
     for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         shutil.copy(tdir / f, tmp / f)

@@ -163,11 +163,19 @@ class KubeClient:
         headers = {"Content-Type": content_type} if data is not None else None
         try:
             async with self._slots:
-                async with self._client().request(
-                    method, self.server + path, data=data, headers=headers, params=params
-                ) as resp:
-                    text = await resp.text()
-                    status = resp.status
+                for attempt in (1, 2):
+                    try:
+                        async with self._client().request(
+                            method, self.server + path, data=data, headers=headers, params=params
+                        ) as resp:
+                            text = await resp.text()
+                            status = resp.status
+                        break
+                    except aiohttp.ServerDisconnectedError:
+                        # A pooled keep-alive connection the server had closed: every verb used here is
+                        # idempotent, so one immediate retry on a fresh connection is safe.
+                        if attempt == 2:
+                            raise
         except (aiohttp.ClientError, TimeoutError) as err:
             raise ApiError(503, "Unreachable", f"{method} {path}: {err!r}") from err
         finally:

@@ -60,6 +60,7 @@ class Router:
         self.metrics = RouterMetrics()
         self.tenants = Tenants(cfg.tenants)
         self.policy = FallbackPolicy(cfg.fallback, cfg.slo, self.tenants.caps())
+        self._tenants_version = self.tenants.version
         self.lookup = lookup
         self.pools: dict[str, PoolRuntime] = {}
         self.model_to_pool: dict[str, str] = {}
@@ -282,6 +283,8 @@ class Router:
         degraded, reason = False, "primary"
         if pool.role == "primary" and len(self.pools) > 1:
             now = time.monotonic()
+            if self.tenants.version != self._tenants_version:  # the Secret file changed: new per-tenant caps
+                self.policy.tenant_caps, self._tenants_version = self.tenants.caps(), self.tenants.version
             students = [self._signals(p) for p in self.pools.values() if p.role == "student"]
             dec = self.policy.decide(now, self._signals(pool), students, tenant=tenant, input_tokens=n_tokens,
                                      request_class=request.headers.get(self.cfg.fallback.class_header))
@@ -339,6 +342,9 @@ class Router:
         return pool.blocks(parsed.prompt_text)
 
     def _count_affinity(self, pool: PoolRuntime, decision: Any, replica: ReplicaState, keys: list[int]) -> None:
+        sess = next((s for s, _ in pool.pipeline.scorers if s.name == "session-affinity"), None)
+        if sess is not None and getattr(sess, "last_pinned", None) == replica.id:
+            self.metrics.child(self.metrics.session_hits, pool.name).inc()
         if not keys:
             return
         scorer = next((s for s, _ in pool.pipeline.scorers if s.name == "prefix-cache"), None)

@@ -59,6 +59,7 @@ class Tenants:
         self._reload_file(time.monotonic(), force=True)
 
     def _load(self, tenants: list[TenantConfig]) -> None:
+        self.version = getattr(self, "version", 0) + 1
         self._tenants = {t.name: t for t in tenants}
         self._by_key = {k: t for t in tenants for k in t.api_keys}
         self._buckets = {n: b for n, b in self._buckets.items() if n in self._tenants}

@@ -62,14 +62,22 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
 
 
 def make_engine(
-    url: str | None, *, connect_timeout_s: float = 5.0, pool_size: int = 4, writer: bool = False
+    url: str | None,
+    *,
+    connect_timeout_s: float = 5.0,
+    pool_size: int = 4,
+    writer: bool = False,
+    autocommit: bool = False,
 ) -> Engine:
     """An engine with WAL + busy timeout on SQLite and a connect timeout on PostgreSQL.
 
     `writer=True` on SQLite starts every transaction with BEGIN IMMEDIATE: a transaction that reads and then
     writes takes the write lock up front (waiting up to busy_timeout) instead of failing with "database is
     locked" when another writer got there between its read and its write.
+    `autocommit=True` (the online lookups: single reads) saves the BEGIN and the ROLLBACK on connection
+    return, i.e. two of the three round trips of a PostgreSQL lookup.
     """
+    extra: dict[str, Any] = {"isolation_level": "AUTOCOMMIT"} if autocommit else {}
     url = normalize_url(url)
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
@@ -79,6 +87,7 @@ def make_engine(
             connect_args={"timeout": 30, "check_same_thread": False},
             pool_size=pool_size,
             max_overflow=pool_size,
+            **extra,
         )
         event.listen(engine, "connect", _sqlite_pragmas)
         if writer:
@@ -91,6 +100,7 @@ def make_engine(
         max_overflow=pool_size,
         pool_pre_ping=False,
         pool_recycle=1800,
+        **extra,
     )
 
 

@@ -275,7 +275,7 @@ class FeatureStoreLookup:
             with self._lock:
                 if self._engine is None:
                     self._engine = make_engine(self.url, connect_timeout_s=max(1.0, self.timeout_s),
-                                               pool_size=self.max_workers + 1)
+                                               pool_size=self.max_workers + 1, autocommit=True)
         return self._engine
 
     def _done(self, fut: Any) -> None:

@@ -237,3 +237,15 @@ def test_cli_decide_prints_decision_and_rejects_bad_input(tmp_path: Path) -> Non
     sigs.write_text(json.dumps([{"pool": "primary"}]))
     res = runner.invoke(app, ["autoscaler", "decide", str(svc), "--signals", str(sigs)])
     assert res.exit_code == 2 and "error:" in res.output
+
+
+def test_kopf_handlers_register_a_timer_on_import() -> None:
+    """In a subprocess: importing registers on kopf's default registry, which the operator tests also use."""
+    import subprocess
+    import sys
+
+    code = ("import kopf, llmfleet.autoscaler.kopf_handlers as kh\n"
+            "hs = kopf.get_default_registry()._spawning._handlers\n"
+            "print(any(getattr(h, 'fn', None) is kh.autoscale_inferenceservice for h in hs))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "True"

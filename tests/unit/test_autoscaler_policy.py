@@ -214,6 +214,20 @@ def test_slo_violation_feedback_adds_replica_and_lowers_capacity() -> None:
     assert w.state.pools["primary"].efficiency < 1.0
 
 
+def test_slo_feedback_waits_until_the_last_action_settled() -> None:
+    """Right after a scale-up the old replicas still drain the backlog: a TTFT miss then is no capacity error."""
+    w = World(config(), cold_start=30.0)
+    for i in range(10):
+        w.tick(15.0 * i, 2.0)
+    w.tick(150.0, 8.0)  # burst: scale up
+    assert w.state.pools["primary"].last_action_at == 150.0
+    eff = w.state.pools["primary"].efficiency
+    d = w.tick(195.0, 8.0, ttft=5000.0)  # replicas ready, but only 45 s after the action (< 60 + 30)
+    assert d.pools["primary"].action == "hold" and w.state.pools["primary"].efficiency == eff
+    d = w.tick(255.0, 8.0, ttft=5000.0)  # settled: the miss is now evidence
+    assert d.pools["primary"].action == "up" and w.state.pools["primary"].efficiency < eff
+
+
 def test_queue_policy_is_keda_like() -> None:
     w = World(config("queue", target_queue_depth=4.0))
     d = w.tick(0.0, 5.0, queue=30.0)

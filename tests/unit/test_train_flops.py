@@ -76,3 +76,8 @@ def test_lr_schedule_warmup_then_cosine_to_min() -> None:
     assert f(9) == pytest.approx(1.0)
     assert f(60) == pytest.approx(0.1 + 0.9 * 0.5)
     assert f(110) == pytest.approx(0.1)
+
+
+def test_stragglers_ignore_gaps_below_the_floor() -> None:
+    assert fl.stragglers([0.001, 0.001, 0.002], 1.3, min_gap=0.01) == []
+    assert fl.stragglers([0.001, 0.001, 0.2], 1.3, min_gap=0.01) == [2]

@@ -146,3 +146,14 @@ def test_analyzer_gpu_overlap_and_diagnosis(tmp_path: Path) -> None:
     exposed = analyze_trace(_gpu_trace(tmp_path, comm_overlap=False))
     assert exposed.comm_exposed_ms == pytest.approx(0.4)
     assert exposed.diagnosis.startswith("communication-bound")
+
+
+def test_token_stream_slices_across_shard_edges() -> None:
+    from llmfleet.workers.train.data import TokenStream
+
+    parts = [np.arange(0, 5), np.arange(5, 7), np.arange(7, 20)]
+    stream = TokenStream(parts)
+    assert len(stream) == 20
+    assert stream[3:9].tolist() == list(range(3, 9))
+    assert stream[5:7].tolist() == [5, 6]
+    assert stream[0:20].tolist() == list(range(20))

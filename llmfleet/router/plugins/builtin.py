@@ -98,9 +98,10 @@ class SessionAffinityScorer(Scorer):
     def __init__(self, max_sessions: int = 100_000) -> None:
         self.max_sessions = max_sessions
         self.sessions: OrderedDict[str, str] = OrderedDict()
+        self.last_pinned: str | None = None
 
     def score(self, req: RequestInfo, replicas: Sequence[ReplicaState]) -> list[float]:
-        pinned = self.sessions.get(req.session_id) if req.session_id else None
+        pinned = self.last_pinned = self.sessions.get(req.session_id) if req.session_id else None
         return [1.0 if r.id == pinned else 0.0 for r in replicas]
 
     def on_routed(self, req: RequestInfo, replica: ReplicaState) -> None:

@@ -105,7 +105,7 @@ class DrainProxy:
             try:
                 async for chunk in upstream.content.iter_any():
                     await out.write(chunk)
-            except (ClientError, asyncio.TimeoutError) as err:
+            except (TimeoutError, ClientError) as err:
                 log.warning("upstream stream broke on %s: %s", request.path, err)
             await out.write_eof()
             return out

@@ -13,6 +13,7 @@ Needs `pip install 'ray[serve]' pyarrow` (ray.serve.llm); `ray[llm]` itself woul
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -29,7 +30,7 @@ def llm_config_kwargs(argv: Sequence[str]) -> dict[str, Any]:
     from vllm.entrypoints.launchers.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    ns = make_arg_parser(FlexibleArgumentParser()).parse_args(list(argv))
+    ns = make_arg_parser(FlexibleArgumentParser()).parse_args(list(argv))  # type: ignore[no-untyped-call]
     args = AsyncEngineArgs.from_cli_args(ns)
     default = AsyncEngineArgs(model=args.model)
     engine_kwargs = {
@@ -63,7 +64,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ray.serve.llm import LLMConfig, build_openai_app
 
     cfg = LLMConfig(**llm_config_kwargs(rest))
-    ray.init(include_dashboard=False, log_to_driver=True)
+    # Logical CPUs are scheduling tokens: the ingress and the LLM server each ask for one, and a 2-core
+    # machine would otherwise leave the ingress unscheduled. Real CPU use is the engine's, as on the vLLM path.
+    ray.init(num_cpus=max(8, os.cpu_count() or 1), include_dashboard=False, log_to_driver=True)
     serve.start(http_options={"host": host, "port": port})
     serve.run(build_openai_app({"llm_configs": [cfg]}), name="llmfleet", route_prefix="/", blocking=True)
     return 0

@@ -47,7 +47,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from llmfleet.workers.train.trainer import Trainer
 
-    trainer = Trainer(spec)
+    try:
+        trainer = Trainer(spec)
+    except (OSError, ValueError) as err:  # bad data path, vocab mismatch, batch not divisible, port in use
+        print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
+        return 2
     done = False
     try:
         trainer.resume()

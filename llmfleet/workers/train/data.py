@@ -10,7 +10,7 @@ exactly the batches the uninterrupted run would have seen, and the only state to
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -117,11 +117,34 @@ def prepare(inputs: Iterable[str], out: str | Path, tokenizer: str = "bytes", vo
     return manifest
 
 
+class TokenStream:
+    """Shards as one read-only token stream without loading them: memory-mapped, sliced across shard edges."""
+
+    def __init__(self, parts: Sequence[np.ndarray]) -> None:
+        self.parts = parts
+        self.starts = np.cumsum([0] + [len(p) for p in parts])
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def __getitem__(self, sl: slice) -> np.ndarray:
+        start, stop = sl.start, sl.stop
+        i = int(np.searchsorted(self.starts, start, side="right")) - 1
+        pieces = []
+        while start < stop:
+            lo = start - int(self.starts[i])
+            take = min(stop - start, len(self.parts[i]) - lo)
+            pieces.append(self.parts[i][lo: lo + take])
+            start += take
+            i += 1
+        return np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
+
+
 @dataclass
 class TokenData:
     """All shards of a prepared folder as one token stream, cut into (seq_len + 1)-token samples."""
 
-    tokens: np.ndarray
+    tokens: TokenStream
     seq_len: int
     seed: int
     vocab: int
@@ -134,10 +157,9 @@ class TokenData:
             raise FileNotFoundError(f"{mf} not found: run `llmfleet data prepare` first")
         manifest = json.loads(mf.read_text())
         parts = [np.memmap(root / s["file"], dtype=manifest["dtype"], mode="r") for s in manifest["shards"]]
-        tokens = np.concatenate(parts) if len(parts) > 1 else parts[0]
-        data = cls(tokens=tokens, seq_len=seq_len, seed=seed, vocab=int(manifest["vocab"]))
+        data = cls(tokens=TokenStream(parts), seq_len=seq_len, seed=seed, vocab=int(manifest["vocab"]))
         if data.num_samples < 1:
-            raise ValueError(f"{root}: {len(tokens)} tokens is less than one sequence of {seq_len + 1}")
+            raise ValueError(f"{root}: {len(data.tokens)} tokens is less than one sequence of {seq_len + 1}")
         return data
 
     @property

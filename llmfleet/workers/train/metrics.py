@@ -86,12 +86,12 @@ def utilization(flops_per_token: int, tokens_per_second_per_device: float, peak:
     return flops_per_token * tokens_per_second_per_device / (peak * 1e12)
 
 
-def stragglers(step_times: list[float], factor: float) -> list[int]:
-    """Ranks whose step time exceeds the median by `factor`."""
+def stragglers(step_times: list[float], factor: float, min_gap: float = 0.0) -> list[int]:
+    """Ranks whose time exceeds the median by `factor` (and by at least `min_gap` seconds)."""
     if len(step_times) < 2:
         return []
     med = statistics.median(step_times)
-    return [r for r, t in enumerate(step_times) if med > 0 and t > factor * med]
+    return [r for r, t in enumerate(step_times) if med > 0 and t > factor * med and t - med > min_gap]
 
 
 class TrainMetrics:

@@ -135,6 +135,12 @@ class Trainer:
             "lastCheckpoint": None, "stragglers": [], "done": False, "worldSize": self.world,
         }
         self.history: list[dict[str, Any]] = []
+        # Straggler detection measures per-rank local work (data loading + optimizer step), not wall time:
+        # synchronous collectives make every rank's wall time equal to the slowest rank's.
+        self._local_host_s = 0.0
+        self._opt_events: list[tuple[Any, Any]] = []
+        slow = os.environ.get("LLMFLEET_SLOW_RANK")  # "RANK:SECONDS", fault injection for tests
+        self._slow_rank = (int(slow.split(":")[0]), float(slow.split(":")[1])) if slow else None
         self.server: fl.MetricsServer | None = None
         port_env = os.environ.get("LLMFLEET_METRICS_PORT")
         port = int(port_env) if port_env is not None else spec.metrics.port + self.local_rank
@@ -192,10 +198,14 @@ class Trainer:
         loss_sum = torch.zeros((), device=self.device)
         kl_sum: torch.Tensor | None = None
         for micro in range(self.accum):
+            t0 = time.perf_counter()
             with torch.profiler.record_function("llmfleet.data"):
                 x, y = self.data.batch(self.step, micro, micro_batch=opt.micro_batch, accum=self.accum,
                                        rank=self.rank, world=self.world)
                 x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+                if self._slow_rank and self._slow_rank[0] == self.rank:
+                    time.sleep(self._slow_rank[1])  # fault injection (LLMFLEET_SLOW_RANK) for straggler tests
+            self._local_host_s += time.perf_counter() - t0
             if self.accum > 1 and hasattr(self.model, "set_requires_gradient_sync"):
                 # Reduce-scatter gradients once per step, on the last micro-batch.
                 self.model.set_requires_gradient_sync(micro == self.accum - 1)  # type: ignore[operator]
@@ -208,7 +218,19 @@ class Trainer:
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
         if hasattr(norm, "full_tensor"):
             norm = norm.full_tensor()
-        self.optimizer.step()
+        # The optimizer step is purely local work (no collective): timing it per rank exposes a slow device
+        # that FSDP's per-layer collectives would otherwise hide (fast ranks just wait for it).
+        if self.device.type == "cuda":
+            start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            start.record()
+            self.optimizer.step()
+            end.record()
+            self._opt_events.append((start, end))
+        else:
+            t0 = time.perf_counter()
+            self.optimizer.step()
+            self._local_host_s += time.perf_counter() - t0
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return loss_sum, norm, kl_sum
@@ -262,10 +284,15 @@ class Trainer:
                             for p in pending]).float()
         dist.all_reduce(vals, op=dist.ReduceOp.SUM)
         vals = (vals / self.world).cpu()
-        times = [torch.zeros(1, device=self.device) for _ in range(self.world)]
-        dist.all_gather(times, torch.tensor([step_time], device=self.device))
-        step_times = [float(t.item()) for t in times]
-        slow = fl.stragglers(step_times, self.spec.metrics.straggler_factor)
+        n = len(pending)
+        local = self._local_host_s + sum(a.elapsed_time(b) for a, b in self._opt_events) / 1e3
+        self._local_host_s, self._opt_events = 0.0, []
+        times = [torch.zeros(2, device=self.device) for _ in range(self.world)]
+        dist.all_gather(times, torch.tensor([step_time, local / n], device=self.device))
+        step_times = [float(t[0].item()) for t in times]
+        local_times = [float(t[1].item()) for t in times]
+        # Ignore differences below 2% of a step: timer noise on tiny local sections.
+        slow = fl.stragglers(local_times, self.spec.metrics.straggler_factor, min_gap=0.02 * max(step_times))
         slowest = max(step_times)
         tps = tokens_per_step / slowest
         per_device = tps / self.world
@@ -278,7 +305,8 @@ class Trainer:
         lr = self.scheduler.get_last_lr()[0]
         for (step, *_), row in zip(pending, vals.tolist(), strict=True):
             entry = {"step": step, "loss": row[0], "gradNorm": row[1], "lr": lr, "stepTime": step_time,
-                     "tokensPerSecond": tps, "mfu": mfu, "hfu": hfu, "memoryPeakBytes": mem, "stepTimes": step_times}
+                     "tokensPerSecond": tps, "mfu": mfu, "hfu": hfu, "memoryPeakBytes": mem, "stepTimes": step_times,
+                     "localTimes": local_times, "stragglers": slow}
             if self.teacher is not None:
                 entry["kl"] = row[2]
             self.history.append(entry)

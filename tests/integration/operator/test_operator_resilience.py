@@ -51,9 +51,12 @@ async def test_restart_mid_reconcile_converges_without_duplicates(cluster: Any, 
 async def test_two_replicas_only_the_leader_acts(cluster: Any, operators: Any) -> None:
     emu, _ = cluster
     await emu.put("kopf.dev/v1/clusterkopfpeerings", {"metadata": {"name": "llmfleet"}, "status": {}})
+    peering = ("kopf.dev/v1/clusterkopfpeerings", None, "llmfleet")
     leader = await operators(standalone=False, peering="llmfleet", priority=100, identity="leader")
+    # The standby starts paused and stays paused when it finds a higher-priority peer already registered.
+    await eventually(lambda: "leader" in (emu.get(*peering).get("status") or {}))
     standby = await operators(standalone=False, peering="llmfleet", priority=10, identity="standby")
-    await eventually(lambda: len(emu.get("kopf.dev/v1/clusterkopfpeerings", None, "llmfleet").get("status", {})) == 2)
+    await eventually(lambda: "standby" in (emu.get(*peering).get("status") or {}))
 
     await emu.put(ISVC, isvc_manifest(name="one"))
     await eventually(lambda: emu.get(DEPLOY, "ml", "one-router"))

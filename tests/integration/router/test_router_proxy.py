@@ -178,6 +178,7 @@ async def test_prefix_affinity_and_sessions(fakes, routers, http) -> None:
     assert len(sess) == 1
     text = (await (await http.get(r.url + "/metrics")).read()).decode()
     assert 'llmfleet_router_prefix_affinity_hits_total{pool="primary"} 5.0' in text
+    assert 'llmfleet_router_session_affinity_hits_total{pool="primary"} 3.0' in text
     assert other in text  # exclusive-blocks gauge per replica
 
 

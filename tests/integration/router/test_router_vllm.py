@@ -47,7 +47,7 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, li
     try:
         for i in range(2):
             port, ev_port = _free_port(), _free_port()
-            kv_cfg = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{ev_port}"}
+            kv_cfg = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{ev_port}"}  # * = bind
             argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
                     "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port), "--enforce-eager",
                     "--block-size", str(BLOCK), "--enable-prefix-caching", "--max-model-len", "2048",

@@ -200,3 +200,15 @@ def test_llmfleet_train_cli_runs_one_process(work: Path, data: Path) -> None:
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads((work / "cli" / "ckpt" / "status.json").read_text())["done"] is True
+
+
+def test_slow_rank_is_flagged_as_straggler(work: Path, data: Path) -> None:
+    spec = _spec(work, data, "straggler")
+    spec["optimization"] = {**spec["optimization"], "steps": 4}
+    proc = _run(spec, 2, work, "straggler", env={"LLMFLEET_SLOW_RANK": "1:0.3"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = _log(work / "straggler" / "ckpt")
+    assert all(log[s]["stragglers"] == [1] for s in log), [log[s]["localTimes"] for s in log]
+    # Wall step times are equal (rank 0 waits for rank 1 in every collective); local work is not.
+    assert log[4]["localTimes"][1] > 0.3 > log[4]["localTimes"][0]
+    assert json.loads((work / "straggler" / "ckpt" / "status.json").read_text())["stragglers"] == [1]

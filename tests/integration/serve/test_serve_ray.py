@@ -1,0 +1,51 @@
+"""engine: ray-serve — the same argv as a Ray Serve LLM app behind the serving wrapper (runs when ray is installed)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from openai import OpenAI
+
+from llmfleet.workers.serve.worker import free_port
+
+from .conftest import stop, tiny_service, wait_healthy
+
+pytest.importorskip("ray.serve.llm", reason="ray[serve] (+ pyarrow) not installed: pip install -e '.[ray]' pyarrow")
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+def test_ray_serve_replica_serves_and_drains(tiny_primary: Path, tmp_path: Path) -> None:
+    from llmfleet.workers.serve.vllm_args import serve_command
+
+    isvc = tiny_service(str(tiny_primary)).model_copy(deep=True)
+    isvc.spec.engine = "ray-serve"
+    port = free_port()
+    cmd = serve_command(isvc, isvc.pools()[0], port=port, host="127.0.0.1", python=sys.executable)
+    assert cmd[cmd.index("--engine") + 1] == "ray-serve"
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    log = tmp_path / "ray.log"
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc, log)
+        c = OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        msgs: Any = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+        r = c.chat.completions.create(model="tiny", messages=msgs, max_tokens=4, extra_body={"ignore_eos": True})
+        assert r.usage is not None and r.usage.completion_tokens == 4
+        stream = iter(c.completions.create(model="tiny", prompt="def f():", max_tokens=60, stream=True,
+                                           extra_body={"ignore_eos": True}))
+        next(stream)
+        proc.send_signal(signal.SIGTERM)
+        rest = list(stream)
+        assert rest[-1].choices[0].finish_reason == "length"
+        assert proc.wait(timeout=120) == 0
+    finally:
+        stop(proc)
