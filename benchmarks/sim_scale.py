@@ -26,17 +26,18 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def case(name: str, requests: int, replicas: int, router: str, seconds: float = 3600.0) -> dict[str, object]:
-    t0 = time.time()
+    t0, c0 = time.time(), time.process_time()
     spec = SyntheticSpec(duration_s=seconds, rate_rps=requests / seconds, tenants=max(8, replicas // 4), seed=5)
     w = synthetic(spec)
-    gen = time.time() - t0
+    gen, gen_cpu = time.time() - t0, time.process_time() - c0
     cfg = SimConfig(pools=[PoolSpec(replicas=replicas)], keep_records=requests <= 100_000, series_interval_s=60.0)
-    t1 = time.time()
+    t1, c1 = time.time(), time.process_time()
     res = simulate(w, cfg, router=router)
-    sim = time.time() - t1
+    sim, sim_cpu = time.time() - t1, time.process_time() - c1
     s = res.summary
     return {"case": name, "requests": len(w.requests), "replicas": replicas, "router": router,
             "simulatedSeconds": round(s["durationS"], 1), "generateS": round(gen, 1), "simulateS": round(sim, 1),
+            "generateCpuS": round(gen_cpu, 1), "simulateCpuS": round(sim_cpu, 1),
             "requestsPerWallS": round(len(w.requests) / sim), "engineSteps": sum(int(r["steps"]) for r in res.replicas),
             "ttftP99S": s["ttft"]["p99"], "prefixHitRate": s["prefixHitRate"],
             "maxRssMiB": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}
@@ -50,15 +51,17 @@ def main() -> int:
     args = ap.parse_args()
     rows = [case("1 h, 12k requests, 16 replicas", 12_000, 16, "llmfleet"),
             case("1 h, 12k requests, 16 replicas", 12_000, 16, "least-request")]
+    print(json.dumps(rows, indent=1), flush=True)
     if not args.skip_big:
         rows.append(case(f"1 h, {args.big_requests:,} requests, {args.big_replicas} replicas", args.big_requests,
                          args.big_replicas, "power-of-two"))
     t = Table(title="simulator speed (synthetic workload, Llama-3-8B on H200)")
-    for c in ("case", "router", "requests", "engine steps", "generate (s)", "simulate (s)", "req/s wall", "max RSS"):
+    for c in ("case", "router", "requests", "engine steps", "generate (s)", "simulate wall (s)", "simulate CPU (s)",
+              "req/s wall", "max RSS"):
         t.add_column(c)
     for r in rows:
         t.add_row(str(r["case"]), str(r["router"]), f"{r['requests']:,}", f"{r['engineSteps']:,}", str(r["generateS"]),
-                  str(r["simulateS"]), f"{r['requestsPerWallS']:,}", f"{r['maxRssMiB']} MiB")
+                  str(r["simulateS"]), str(r["simulateCpuS"]), f"{r['requestsPerWallS']:,}", f"{r['maxRssMiB']} MiB")
     Console(width=160).print(t)
     out = {"benchmark": "sim_scale", "command": "python " + " ".join(sys.argv),
            "date": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -69,6 +72,7 @@ def main() -> int:
     p = ROOT / "benchmarks/results/sim_scale.json"
     p.write_text(json.dumps(out, indent=1))
     print(f"wrote {p}")
+    sys.stdout.flush()
     return 0
 
 

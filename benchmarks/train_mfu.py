@@ -247,8 +247,11 @@ def run_case(name: str, case: dict, steps: int, warmup: int, work: Path, timeout
 
 
 def baselines(rows: list[dict]) -> dict[str, dict]:
-    """The one-GPU llmfleet case with default settings, per config: the denominator of scaling efficiency."""
-    return {r["config"]: r for r in rows if r["case"] == "llmfleet-1" and "error" not in r}
+    """The one-GPU llmfleet run with default settings per (config, session): the denominator of scaling
+    efficiency, taken on the same machine as the multi-GPU run it divides."""
+    return {(r["config"], r.get("session")): r for r in rows
+            if r.get("mode") == "llmfleet" and r["nproc"] == 1 and "error" not in r and r.get("accum", 1) == 1
+            and r.get("compile", True) and r.get("raf", True) and not r.get("env")}
 
 
 def _pct(v: float | None) -> str:
@@ -257,7 +260,7 @@ def _pct(v: float | None) -> str:
 
 def print_table(rows: list[dict]) -> None:
     base = baselines(rows)
-    hdr = f"{'case':22} {'GPUs':>4} {'mesh':>7} {'step s':>7} {'tok/s':>9} {'tok/s/GPU':>9} {'MFU':>6} {'HFU':>6} " \
+    hdr = f"{'session':8} {'case':24} {'GPUs':>4} {'mesh':>7} {'step s':>7} {'tok/s':>9} {'tok/s/GPU':>9} {'MFU':>6} {'HFU':>6} " \
           f"{'mem GiB':>7} {'scaling':>7}"
     print(hdr)
     print("-" * len(hdr))
@@ -265,13 +268,13 @@ def print_table(rows: list[dict]) -> None:
         if r.get("superseded"):
             continue
         if "error" in r:
-            print(f"{r['case']:22} {r['nproc']:>4}  FAILED: {r['error'].strip().splitlines()[-1][:80]}")
+            print(f"{str(r.get('session')):8} {r['case']:24} {r['nproc']:>4}  FAILED: {r['error'].strip().splitlines()[-1][:80]}")
             continue
         mesh = f"{r.get('replicate', 1)}x{r['nproc'] // r.get('replicate', 1)}" if r["mode"] == "llmfleet" else "-"
-        b = base.get(r["config"])
+        b = base.get((r["config"], r.get("session")))
         scale = r["tokensPerSecondPerGpu"] / b["tokensPerSecondPerGpu"] if b and r["nproc"] > 1 else None
         pct = _pct
-        print(f"{r['case']:22} {r['nproc']:>4} {mesh:>7} {r['stepSeconds']:7.3f} {r['tokensPerSecond']:9.0f} "
+        print(f"{str(r.get('session')):8} {r['case']:24} {r['nproc']:>4} {mesh:>7} {r['stepSeconds']:7.3f} {r['tokensPerSecond']:9.0f} "
               f"{r['tokensPerSecondPerGpu']:9.0f} {pct(r['mfu'])} {pct(r['hfu'])} {r['memoryPeakGiB']:7.1f} "
               f"{(f'{scale:7.1%}' if scale else '      -')}")
     for r in rows:
@@ -287,6 +290,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=10, help="steps excluded from timing (compilation)")
     p.add_argument("--json", default=str(ROOT / "benchmarks/results/train_mfu.json"))
+    p.add_argument("--session", default=datetime.now(UTC).strftime("%Y%m%dT%H%M"),
+                   help="label of this machine/run; scaling efficiency divides by the 1-GPU run of the same session")
     p.add_argument("--timeout", type=int, default=400, help="seconds per case")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--case", help=argparse.SUPPRESS)
@@ -309,6 +314,7 @@ def main() -> None:
         row["machine"] = _machine()
         row["date"] = datetime.now(UTC).isoformat(timespec="seconds")
         row["invocation"] = "python benchmarks/train_mfu.py " + " ".join(sys.argv[1:])
+        row["session"] = ns.session
         rows.append(row)
         doc["runs"][name] = row
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -45,7 +45,15 @@ class LocalActuator:
         if slot is None:
             return DrainResult(replica=replica, drained=False, removed=False, waited_s=0.0)
         await self._router_drain(slot.url, True)
-        drained, waited, last = await wait_drained(replica, self._probe, timeout_s=timeout_s)
+
+        async def probe(r: Replica) -> float | None:
+            # A replica that never passed /health was never routed to: nothing can be in flight, and its
+            # engine (not up yet) cannot answer /metrics.
+            if not slot.ready and slot.proc is not None and slot.proc.poll() is None:
+                return 0.0
+            return await self._probe(r)
+
+        drained, waited, last = await wait_drained(replica, probe, timeout_s=timeout_s)
         slot.wanted = False
         self.sup.desired[replica.pool] = max(0, self.sup.desired[replica.pool] - 1)
         self.sup.event(f"autoscaler: removed {replica.name} after {waited:.1f}s drain ({'clean' if drained else 'timeout'})")

@@ -41,6 +41,8 @@ def register(app: typer.Typer) -> None:
         detach: bool = typer.Option(False, "--detach", "-d", help="Start in the background, wait until ready, return."),
         dashboard: bool = typer.Option(True, "--dashboard/--no-dashboard", help="Live rich dashboard (foreground)."),
         ready_timeout: float = typer.Option(900.0, "--ready-timeout", help="Seconds --detach waits for readiness."),
+        prometheus: bool = typer.Option(True, "--prometheus/--no-prometheus",
+                                        help="Start Prometheus (scraping router + replicas) when its binary is installed."),
     ) -> None:
         from llmfleet.api import InferenceService, ManifestError, load_manifest
         from llmfleet.local.runtime import pid_alive, read_state, run_dir_for
@@ -66,10 +68,10 @@ def register(app: typer.Typer) -> None:
                         f"{old.get('url')}); run `llmfleet down {isvc.metadata.name}` first", 1)
         rdir.mkdir(parents=True, exist_ok=True)
         if detach:
-            raise typer.Exit(_detach(file, rdir, port, ready_timeout))
+            raise typer.Exit(_detach(file, rdir, port, ready_timeout, prometheus))
         from llmfleet.local.foreground import run_foreground
 
-        raise typer.Exit(run_foreground(isvc, rdir, port or None, dashboard))
+        raise typer.Exit(run_foreground(isvc, rdir, port or None, dashboard, None if prometheus else False))
 
     @app.command("down", help="Stop a local InferenceService started by `llmfleet up` (drains first).")
     def down(
@@ -151,7 +153,7 @@ def resolve_tiny_paths(isvc: InferenceService) -> InferenceService:
     return InferenceService.model_validate(data)
 
 
-def _detach(file: Path, rdir: Path, port: int, ready_timeout: float) -> int:
+def _detach(file: Path, rdir: Path, port: int, ready_timeout: float, prometheus: bool) -> int:
     import subprocess
     import sys
     import time
@@ -164,7 +166,7 @@ def _detach(file: Path, rdir: Path, port: int, ready_timeout: float) -> int:
     with open(log_path, "ab") as fh:
         proc = subprocess.Popen(
             [sys.executable, "-m", "llmfleet.cli", "up", "-f", str(file), "--run-dir", str(rdir), "--port", str(port),
-             "--no-dashboard"],
+             "--no-dashboard", "--prometheus" if prometheus else "--no-prometheus"],
             stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
         )
     typer.echo(f"started supervisor pid {proc.pid}; logs in {rdir / 'logs'}; waiting for readiness...")

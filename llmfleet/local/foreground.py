@@ -49,8 +49,9 @@ def _autoscaler_task(sup: Supervisor, stop: asyncio.Event) -> asyncio.Task[Any] 
     return task
 
 
-async def supervise(isvc: InferenceService, run_dir: Path, port: int | None, dashboard: bool) -> int:
-    sup = Supervisor(isvc, run_dir, router_port=port)
+async def supervise(isvc: InferenceService, run_dir: Path, port: int | None, dashboard: bool,
+                    prometheus: bool | None = None) -> int:
+    sup = Supervisor(isvc, run_dir, router_port=port, prometheus=prometheus)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -104,8 +105,9 @@ async def supervise(isvc: InferenceService, run_dir: Path, port: int | None, das
     return 0
 
 
-def run_foreground(isvc: InferenceService, run_dir: Path, port: int | None, dashboard: bool) -> int:
+def run_foreground(isvc: InferenceService, run_dir: Path, port: int | None, dashboard: bool,
+                   prometheus: bool | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s",
                         handlers=[logging.FileHandler(run_dir / "supervisor-events.log"),
                                   *([] if dashboard and sys.stdout.isatty() else [logging.StreamHandler()])])
-    return asyncio.run(supervise(isvc, run_dir, port, dashboard))
+    return asyncio.run(supervise(isvc, run_dir, port, dashboard, prometheus))

@@ -24,6 +24,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -83,7 +84,7 @@ class Supervisor:
     """Starts, watches, restarts and stops the processes of one InferenceService."""
 
     def __init__(self, isvc: InferenceService, run_dir: Path, *, router_port: int | None = None,
-                 python: str | None = None, env: dict[str, str] | None = None) -> None:
+                 python: str | None = None, env: dict[str, str] | None = None, prometheus: bool | None = None) -> None:
         self.isvc = isvc
         self.run_dir = run_dir
         self.python = python or sys.executable
@@ -95,6 +96,10 @@ class Supervisor:
         self.events: list[tuple[float, str]] = []
         self.router: subprocess.Popen[bytes] | None = None
         self.router_restarts = 0
+        # Prometheus when its binary is installed (None = auto); the dashboard and autoscaler scrape directly.
+        self.prometheus_bin = shutil.which("prometheus") if prometheus in (None, True) else None
+        self.prometheus: subprocess.Popen[bytes] | None = None
+        self.prometheus_port = free_port() if self.prometheus_bin else None
         self._logs: list[IO[bytes]] = []
         self.stopping = False
         self.started_at = time.time()
@@ -126,6 +131,8 @@ class Supervisor:
             "url": self.url, "routerPort": self.router_port, "startedAt": self.started_at,
             "router": {"pid": self.router.pid if self.router else None, "restarts": self.router_restarts,
                        "log": str(self.run_dir / "logs" / "router.log")},
+            "prometheus": {"pid": self.prometheus.pid if self.prometheus else None,
+                           "url": f"http://127.0.0.1:{self.prometheus_port}" if self.prometheus_port else None},
             "desired": dict(self.desired), "replicas": [r.to_state() for r in self.replicas()],
             "events": [{"ts": t, "message": m} for t, m in self.events[-20:]],
             "stopping": self.stopping, "ready": self.is_ready(),
@@ -166,10 +173,57 @@ class Supervisor:
         updates: dict[str, Any] = {"host": "127.0.0.1", "port": self.router_port}
         if "request_log" in type(cfg).model_fields:
             updates["request_log"] = str(self.run_dir / "requests.jsonl")
+        store = self.isvc.spec.feature_store
+        if cfg.feature_store.enabled or store is not None:
+            url = cfg.feature_store.url or f"sqlite:///{self.run_dir / 'features.db'}"
+            updates["feature_store"] = cfg.feature_store.model_copy(update={"url": url})
+            self._init_store(url)
         cfg = cfg.model_copy(update=updates)
         path = self.run_dir / "router.yaml"
         path.write_text(cfg.to_yaml())
         return path
+
+    def _init_store(self, url: str) -> None:
+        """Create/upgrade the feature-store schema (SQLite in the run folder unless spec.featureStore.url)."""
+        try:
+            from llmfleet.store.db import upgrade
+        except ImportError as err:
+            self.event(f"feature store unavailable ({err}); router lookups will fail open")
+            return
+        upgrade(url)
+        self.event(f"feature store at {url.split('@')[-1]}")
+
+    def write_prometheus_config(self) -> Path:
+        """Static scrape targets: the router and every slot, labelled like the Kubernetes relabelling does."""
+        import yaml
+
+        name = self.isvc.metadata.name
+        replica_groups = [
+            {"targets": [r.url.removeprefix("http://") for r in rs],
+             "labels": {"llmfleet_io_inferenceservice": name, "llmfleet_io_pool": pool,
+                        "llmfleet_io_component": "replica"}}
+            for pool, rs in self.slots.items() if rs
+        ]
+        cfg = {
+            "global": {"scrape_interval": "5s", "evaluation_interval": "5s"},
+            "scrape_configs": [
+                {"job_name": "llmfleet-router", "static_configs": [{
+                    "targets": [f"127.0.0.1:{self.router_port}"],
+                    "labels": {"llmfleet_io_inferenceservice": name, "llmfleet_io_component": "router"}}]},
+                {"job_name": "llmfleet-replicas", "static_configs": replica_groups},
+            ],
+        }
+        path = self.run_dir / "prometheus.yml"
+        path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        return path
+
+    def start_prometheus(self) -> None:
+        if not self.prometheus_bin:
+            return
+        cfg = self.write_prometheus_config()
+        cmd = [self.prometheus_bin, f"--config.file={cfg}", f"--storage.tsdb.path={self.run_dir / 'prometheus'}",
+               f"--web.listen-address=127.0.0.1:{self.prometheus_port}", "--storage.tsdb.retention.time=1d"]
+        self.prometheus = self._spawn(cmd, str(self.run_dir / "logs" / "prometheus.log"))
 
     def start_router(self) -> None:
         cfg = self.write_router_config()
@@ -180,12 +234,14 @@ class Supervisor:
     def start(self) -> None:
         (self.run_dir / "manifest.yaml").write_text(_manifest_yaml(self.isvc))
         self.start_router()
+        self.start_prometheus()
         for pool, n in self.desired.items():
             self._pick_wanted(self.slots[pool], n)
             for r in self.slots[pool]:
                 if r.wanted:
                     self.start_replica(r)
-        self.event(f"started router on {self.url} and {sum(self.desired.values())} replica(s)")
+        prom = f", Prometheus on :{self.prometheus_port}" if self.prometheus else ""
+        self.event(f"started router on {self.url}{prom} and {sum(self.desired.values())} replica(s)")
         self.write_state()
 
     def reconcile(self) -> None:
@@ -214,6 +270,9 @@ class Supervisor:
             self.router_restarts += 1
             self.event(f"router exited (code {self.router.returncode}); restart #{self.router_restarts}")
             self.start_router()
+        if self.prometheus is not None and self.prometheus.poll() is not None and not self.stopping:
+            self.event(f"prometheus exited (code {self.prometheus.returncode}); restarting")
+            self.start_prometheus()
 
     @staticmethod
     def _pick_wanted(rs: list[Replica], n: int) -> None:
@@ -257,10 +316,11 @@ class Supervisor:
             self.stop_replica(r)
         procs = [r.proc for r in self.replicas() if r.proc is not None]
         await _wait_all(procs, grace)
-        if self.router is not None:
+        others = [p for p in (self.router, self.prometheus) if p is not None]
+        for p in others:
             with contextlib.suppress(ProcessLookupError):
-                self.router.send_signal(signal.SIGTERM)
-            await _wait_all([self.router], 10.0)
+                p.send_signal(signal.SIGTERM)
+        await _wait_all(others, 10.0)
         for r in self.replicas():
             r.proc, r.pid, r.ready = None, None, False
         for fh in self._logs:
@@ -328,17 +388,18 @@ def pid_alive(pid: int | None) -> bool:
     return True
 
 
-def _is_ours(pid: int) -> bool:
-    """Guard against pid reuse: only signal processes whose command line is an llmfleet/vLLM process."""
+def _is_ours(pid: int, run_dir: Path) -> bool:
+    """Guard against pid reuse: only signal llmfleet/vLLM processes, or a Prometheus of this run folder."""
     try:
         cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
     except OSError:
         return False
-    return b"llmfleet" in cmd or b"vllm" in cmd
+    return b"llmfleet" in cmd or b"vllm" in cmd or (b"prometheus" in cmd and str(run_dir).encode() in cmd)
 
 
 def state_pids(state: dict[str, Any]) -> list[int]:
-    pids = [state.get("supervisorPid"), (state.get("router") or {}).get("pid")]
+    pids = [state.get("supervisorPid"), (state.get("router") or {}).get("pid"),
+            (state.get("prometheus") or {}).get("pid")]
     pids += [r.get("pid") for r in state.get("replicas", [])]
     return [int(p) for p in pids if p]
 
@@ -350,14 +411,14 @@ def down(run_dir: Path, timeout_s: float = 120.0) -> list[int]:
     if state is None:
         raise FileNotFoundError(f"no {STATE_FILE} in {run_dir}: nothing is running there")
     sup = state.get("supervisorPid")
-    if sup and pid_alive(sup) and _is_ours(sup):
+    if sup and pid_alive(sup) and _is_ours(sup, run_dir):
         os.kill(sup, signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
         while pid_alive(sup) and time.monotonic() < deadline:
             time.sleep(0.2)
     killed = []
     for pid in state_pids(read_state(run_dir) or state) + state_pids(state):
-        if pid_alive(pid) and _is_ours(pid):
+        if pid_alive(pid) and _is_ours(pid, run_dir):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
             with contextlib.suppress(ProcessLookupError, PermissionError):

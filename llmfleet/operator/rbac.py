@@ -6,8 +6,9 @@ Why each rule exists:
 - events: kopf posts Kubernetes Events (core/v1).
 - namespaces, CRDs: kopf's dynamic scanning of watched namespaces and served resources.
 - kopf peerings: leader election between operator replicas.
-- children: server-side apply (`patch`, plus `create` for the first apply), `get`/`list`/`watch` to react to
-  changes and prune, `delete` to prune removed pools and to restart a failed training gang.
+- children: server-side apply (`patch`, plus `create` for the first apply), `get`/`list` to read and prune,
+  `watch` on Deployments and Jobs (their changes reconcile the owner), `delete` to prune removed pools and
+  to restart a failed training gang.
 - endpointslices: the operator creates a Role for each router that grants reading EndpointSlices; Kubernetes
   only lets it grant permissions it holds itself (RBAC escalation prevention).
 """
@@ -16,7 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-_CHILD_VERBS = ["get", "list", "watch", "create", "patch", "delete"]
+_CHILD_VERBS = ["get", "list", "create", "patch", "delete"]
+_WATCHED_CHILD_VERBS = ["get", "list", "watch", "create", "patch", "delete"]  # kopf watches these kinds
 
 OPERATOR_RULES: list[dict[str, Any]] = [
     {"apiGroups": ["llmfleet.io"], "resources": ["inferenceservices", "trainingjobs"],
@@ -29,8 +31,9 @@ OPERATOR_RULES: list[dict[str, Any]] = [
     {"apiGroups": ["kopf.dev"], "resources": ["clusterkopfpeerings", "kopfpeerings"],
      "verbs": ["get", "list", "watch", "patch"]},
     {"apiGroups": [""], "resources": ["configmaps", "services", "serviceaccounts"], "verbs": _CHILD_VERBS},
-    {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": _CHILD_VERBS},
-    {"apiGroups": ["batch"], "resources": ["jobs", "cronjobs"], "verbs": _CHILD_VERBS},
+    {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": _WATCHED_CHILD_VERBS},
+    {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": _WATCHED_CHILD_VERBS},
+    {"apiGroups": ["batch"], "resources": ["cronjobs"], "verbs": _CHILD_VERBS},
     {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": _CHILD_VERBS},
     {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles", "rolebindings"], "verbs": _CHILD_VERBS},
     {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]},

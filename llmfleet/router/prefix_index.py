@@ -57,28 +57,27 @@ class BlockHasher:
         self._ipow = np.array([pow(_M_INV, i, 1 << 64) for i in range(n)], dtype=np.uint64)
 
     def raw_chain(self, tokens: Sequence[int] | np.ndarray, parent: int = 0) -> np.ndarray:
-        """Unmixed chain values of each full block; `parent` continues an earlier chain."""
+        """Unmixed chain values of each full block; `parent` continues an earlier chain.
+
+        Array arithmetic on uint64 wraps modulo 2^64 without warnings (no errstate context needed).
+        """
         arr = np.asarray(tokens, dtype=np.uint64)
         n = len(arr) // self.block_size
         if n == 0:
             return np.zeros(0, dtype=np.uint64)
-        if n > len(self._pow):
-            self._grow(max(n, 2 * len(self._pow)))
-        with np.errstate(over="ignore"):
-            blocks = arr[: n * self.block_size].reshape(n, self.block_size)
-            inner = blocks @ self._inner + np.uint64(1)  # +1 so an all-zero block still moves the chain
-            chain = self._pow[1 : n + 1] * np.cumsum(inner * self._ipow[1 : n + 1]) if n + 1 <= len(self._pow) else None
-            if chain is None:
-                self._grow(2 * (n + 1))
-                chain = self._pow[1 : n + 1] * np.cumsum(inner * self._ipow[1 : n + 1])
-            # c_i = M^i * sum_k inner_k M^-k  ==  sequential c_i = c_{i-1} * M + inner_i (with c_0 = parent)
-            if parent:
-                chain = chain + np.uint64(parent) * self._pow[1 : n + 1]
+        if n + 1 > len(self._pow):
+            self._grow(max(n + 1, 2 * len(self._pow)))
+        blocks = arr[: n * self.block_size].reshape(n, self.block_size)
+        inner = blocks @ self._inner + np.uint64(1)  # +1 so an all-zero block still moves the chain
+        pw = self._pow[1 : n + 1]
+        # c_i = M^i * sum_k inner_k M^-k  ==  sequential c_i = c_{i-1} * M + inner_i (with c_0 = parent)
+        chain: np.ndarray = pw * np.cumsum(inner * self._ipow[1 : n + 1])
+        if parent:
+            chain = chain + np.full(1, parent, dtype=np.uint64) * pw
         return chain
 
     def keys(self, tokens: Sequence[int] | np.ndarray, parent: int = 0) -> list[int]:
-        with np.errstate(over="ignore"):
-            keys: list[int] = _mix(self.raw_chain(tokens, parent)).tolist()
+        keys: list[int] = _mix(self.raw_chain(tokens, parent)).tolist()
         return keys
 
 
@@ -293,8 +292,7 @@ class PrefixIndex:
             if parent_hash is not None and parent_hash not in emap:
                 return  # a chain we never saw the start of: cannot key it
             raw = hasher.raw_chain(event.get("token_ids", []), parent)
-            with np.errstate(over="ignore"):
-                mixed = _mix(raw).tolist()
+            mixed = _mix(raw).tolist()
             for eh, r in zip(event.get("block_hashes", []), raw.tolist(), strict=False):
                 emap[eh] = r
             self.insert(replica, mixed)
@@ -307,8 +305,7 @@ class PrefixIndex:
                 r = emap.pop(eh, None)
                 if r is None:
                     continue
-                with np.errstate(over="ignore"):
-                    k = int(_mix(np.array([r], dtype=np.uint64))[0])
+                k = int(_mix(np.array([r], dtype=np.uint64))[0])
                 if lru.pop(k, 0) is None:
                     self._clear(k, bit)
 

@@ -9,9 +9,11 @@ upstream connection, so vLLM aborts the request.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
+import signal
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -378,19 +380,26 @@ class Router:
 
 
 async def run_router(cfg: RouterConfig, lookup: Any | None = None, ready: asyncio.Event | None = None) -> None:
-    """Serve until cancelled."""
+    """Serve until cancelled or SIGTERM/SIGINT; then stop accepting and let in-flight requests finish."""
     router = Router(cfg, lookup)
-    runner = web.AppRunner(router.app, handler_cancellation=True, access_log=None)
+    runner = web.AppRunner(router.app, handler_cancellation=True, access_log=None,
+                           shutdown_timeout=cfg.limits.request_timeout_seconds)
     await runner.setup()
     site = web.TCPSite(runner, cfg.host, cfg.port, backlog=1024)
     await site.start()
     server = site._server
     port = server.sockets[0].getsockname()[1] if server is not None else cfg.port  # type: ignore[attr-defined]
     log.info("llmfleet router for %s listening on %s:%s", cfg.service, cfg.host, port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
     if ready is not None:
         ready.set()
     try:
-        await asyncio.Event().wait()
+        await stop.wait()
+        log.info("stopping: draining in-flight requests")
     finally:
         await runner.cleanup()
 

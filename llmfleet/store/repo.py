@@ -131,7 +131,8 @@ def ingest_batch(
         done = int(row[0]) if row else 0
         if done != start_offset:
             raise ProgressConflictError(f"log {path}: offset is {done}, batch starts at {start_offset}")
-        rows = [f.__dict__ for f in features]
+        # Sorted by key: concurrent PostgreSQL upserts then lock rows in one order and cannot deadlock.
+        rows = sorted((f.__dict__ for f in features), key=lambda r: (r["tenant"], r["model"], r["prompt_hash"]))
         if rows:
             ins = dialect_insert(name, features_t)
             excl = ins.excluded

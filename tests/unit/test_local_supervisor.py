@@ -49,7 +49,7 @@ def wait_for(pred: Any, timeout: float = 10.0) -> None:
 
 @pytest.mark.timeout(60)
 async def test_restart_scale_drain_stop(tmp_path: Path) -> None:
-    sup = FakeSupervisor(isvc(), tmp_path)
+    sup = FakeSupervisor(isvc(), tmp_path, prometheus=False)
     assert [len(sup.slots[p]) for p in ("primary", "student")] == [3, 1]
     ports = {r.port for r in sup.replicas()} | {sup.router_port}
     assert len(ports) == 5  # every slot has its own port, fixed for the run
@@ -80,8 +80,11 @@ async def test_restart_scale_drain_stop(tmp_path: Path) -> None:
         # Drain-and-remove stops exactly the chosen slot, not the last one.
         mid = next(r for r in sup.replicas("primary") if r.slot == 1)
         mid_proc = mid.proc
+        mid.ready = True  # a ready replica is drained by watching its in-flight gauge (the probe)
+        PROBED.clear()
         res = await act.drain_and_remove(Replica(pool="primary", name="primary-1", url=mid.url), timeout_s=2)
         assert res.removed and res.drained and sup.desired["primary"] == 2
+        assert PROBED == ["primary-1"]
         assert mid_proc is not None and mid_proc.wait(timeout=10) == 0
         sup.reconcile()
         assert sorted(r.name for r in await act.list_replicas("primary")) == ["primary-0", "primary-2"]
@@ -98,5 +101,23 @@ async def test_restart_scale_drain_stop(tmp_path: Path) -> None:
     assert final is not None and all(not r["running"] for r in final["replicas"])
 
 
+PROBED: list[str] = []
+
+
 async def _zero_in_flight(replica: Replica) -> float | None:
+    PROBED.append(replica.name)
     return 0.0
+
+
+def test_prometheus_config_labels_every_slot(tmp_path: Path) -> None:
+    import yaml
+
+    sup = FakeSupervisor(isvc(), tmp_path, prometheus=False)
+    cfg = yaml.safe_load(sup.write_prometheus_config().read_text())
+    jobs = {j["job_name"]: j for j in cfg["scrape_configs"]}
+    router = jobs["llmfleet-router"]["static_configs"][0]
+    assert router["targets"] == [f"127.0.0.1:{sup.router_port}"]
+    groups = {g["labels"]["llmfleet_io_pool"]: g for g in jobs["llmfleet-replicas"]["static_configs"]}
+    assert sorted(groups) == ["primary", "student"]
+    assert len(groups["primary"]["targets"]) == 3
+    assert groups["student"]["labels"]["llmfleet_io_inferenceservice"] == "sup"

@@ -128,6 +128,8 @@ def test_rbac_covers_every_child_and_has_no_wildcards() -> None:
             assert rbac.allows(rule["apiGroups"][0], rule["resources"][0], verb)
     for verb in ("get", "list", "watch", "patch"):
         assert rbac.allows("llmfleet.io", "inferenceservices", verb)
+    # kopf watches the children whose changes reconcile their owner.
+    assert rbac.allows("apps", "deployments", "watch") and rbac.allows("batch", "jobs", "watch")
     assert rbac.allows("llmfleet.io", "trainingjobs/status", "patch")
     assert rbac.allows("kopf.dev", "clusterkopfpeerings", "patch")
     assert not rbac.allows("", "pods", "get")  # worker status comes over HTTP, not the API

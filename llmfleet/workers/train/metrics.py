@@ -87,11 +87,17 @@ def utilization(flops_per_token: int, tokens_per_second_per_device: float, peak:
 
 
 def stragglers(step_times: list[float], factor: float, min_gap: float = 0.0) -> list[int]:
-    """Ranks whose time exceeds the median by `factor` (and by at least `min_gap` seconds)."""
+    """Ranks whose time exceeds the median of the *other* ranks by `factor` (and by at least `min_gap`
+    seconds). Leaving the rank itself out keeps a slow rank from raising its own baseline (with two ranks
+    the median would be the mean of both)."""
     if len(step_times) < 2:
         return []
-    med = statistics.median(step_times)
-    return [r for r, t in enumerate(step_times) if med > 0 and t > factor * med and t - med > min_gap]
+    slow = []
+    for r, t in enumerate(step_times):
+        med = statistics.median(step_times[:r] + step_times[r + 1:])
+        if med > 0 and t > factor * med and t - med > min_gap:
+            slow.append(r)
+    return slow
 
 
 class TrainMetrics:

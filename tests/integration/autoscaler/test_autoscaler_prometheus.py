@@ -17,6 +17,7 @@ from llmfleet.autoscaler.signals import PoolRef, PrometheusSignals
 
 pytestmark = [
     pytest.mark.integration,
+    pytest.mark.slow,  # a real Prometheus start plus a few scrape intervals: ~30 s
     pytest.mark.timeout(120),
     pytest.mark.skipif(shutil.which("prometheus") is None, reason="needs the prometheus binary (apt-get install prometheus)"),
 ]

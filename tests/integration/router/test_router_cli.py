@@ -52,7 +52,7 @@ def test_cli_serves_and_stops(tmp_path) -> None:
         r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json={"model": "m", "prompt": "hi"}, timeout=10)
         assert r.status_code == 200 and r.headers["x-llmfleet-pool"] == "primary"
         assert "llmfleet_router_requests_total" in httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
-        router.send_signal(signal.SIGINT)
+        router.send_signal(signal.SIGTERM)  # Kubernetes stops pods with SIGTERM: a clean exit
         assert router.wait(timeout=15) == 0
     finally:
         for p in (router, fake):

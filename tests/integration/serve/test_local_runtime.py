@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psutil
 import pytest
 import yaml
@@ -67,6 +69,15 @@ def _tree(pids: list[int]) -> set[int]:
     return out
 
 
+def _prom_up(prom: str) -> bool:
+    try:
+        r = httpx.get(prom + "/api/v1/query", params={"query": 'up{job="llmfleet-router"}'}, timeout=5)
+    except httpx.HTTPError:
+        return False
+    result = r.json().get("data", {}).get("result", []) if r.status_code == 200 else []
+    return any(x["value"][1] == "1" for x in result)
+
+
 def _chat(url: str) -> str:
     c = OpenAI(base_url=url + "/v1", api_key="unused", max_retries=2, timeout=120)
     r = c.chat.completions.create(model="uptest", max_tokens=4, extra_body={"ignore_eos": True},
@@ -84,6 +95,10 @@ def test_up_kill_restart_down(tmp_path: Path) -> None:
         assert up.returncode == 0, up.stdout + up.stderr
         assert "ready:" in up.stdout
         assert _chat(state["url"])
+        prom = (state.get("prometheus") or {}).get("url")
+        if shutil.which("prometheus"):  # started when installed (CI installs it); it scrapes the router
+            assert prom
+            _wait(lambda: _prom_up(prom), 60, "Prometheus to scrape the router", run_dir)
 
         replica = next(r for r in state["replicas"] if r["running"])
         old_pid = replica["pid"]
