@@ -20,6 +20,7 @@ import json
 import os
 import pathlib
 import platform
+import signal
 import subprocess
 import sys
 import threading
@@ -89,9 +90,10 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * (len(ordered) - 1) + 0.5))]
 
 
-def start_emulator() -> tuple[subprocess.Popen[str], str]:
+def start_emulator(profile: str | None = None) -> tuple[subprocess.Popen[str], str]:
+    prefix = [sys.executable] + (["-m", "cProfile", "-o", profile] if profile else [])
     proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "tests" / "kubeemu.py"), "--crds", str(ROOT / "crds"), "--history-limit", "2"],
+        [*prefix, str(ROOT / "tests" / "kubeemu.py"), "--crds", str(ROOT / "crds"), "--history-limit", "2"],
         stdout=subprocess.PIPE, text=True,
     )
     assert proc.stdout is not None
@@ -186,9 +188,10 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=500, help="InferenceServices and TrainingJobs (each)")
     parser.add_argument("--namespaces", type=int, default=10, help="namespaces to spread them over")
     parser.add_argument("--timeout", type=float, default=300.0, help="give up after this many seconds")
+    parser.add_argument("--profile-emulator", metavar="FILE", help="run the emulator under cProfile, stats to FILE")
     args = parser.parse_args()
 
-    emu, url = start_emulator()
+    emu, url = start_emulator(args.profile_emulator)
     try:
         thread, stop, runtime = start_operator(url)
         from llmfleet.operator import metrics
@@ -209,8 +212,11 @@ def main() -> None:
         stop.set()
         thread.join(30)
     finally:
-        emu.terminate()
-        emu.wait(10)
+        emu.send_signal(signal.SIGINT)  # the emulator exits cleanly on SIGINT (cProfile writes its stats)
+        try:
+            emu.wait(30)
+        except subprocess.TimeoutExpired:
+            emu.kill()
 
     row = {
         **result,
