@@ -184,6 +184,11 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 if doc and doc.get("kind") == "CustomResourceDefinition":
                     self.add_crd(doc)
 
+    def _get_resources(self) -> list[Any]:
+        # kmock also scans every stored object here (O(objects) per discovery request); every resource an
+        # object can be stored under is declared in this emulator, so the declared ones suffice.
+        return list(self.resources)
+
     # ---- inspection helpers for tests --------------------------------------------------------------------
     def get(self, resource: str, namespace: str | None, name: str) -> dict[str, Any] | None:
         res = kmock.resource(resource)
@@ -296,7 +301,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         return {"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": str(self._rv)}, "items": items}
 
     def _body(self, request: rendering.Request) -> Any:
-        if request.data is not None and not isinstance(request.data, Mapping | list):
+        if request.data is not None and not isinstance(request.data, dict | list):
             raise kmock.KubernetesError(status=400, reason="BadRequest", message="unreadable body")
         if request.data is not None:
             return request.data

@@ -45,6 +45,7 @@ class Runtime:
     client: KubeClient | None = None
     status_reader: StatusReader | None = None
     capabilities_known: bool = False
+    _discovering: asyncio.Lock = field(default_factory=asyncio.Lock)
     locks: dict[str, asyncio.Lock] = field(default_factory=dict)
     # Owners with a child-triggered reconcile already queued (coalesces bursts of child events).
     pending: set[str] = field(default_factory=set)
@@ -77,6 +78,11 @@ class Runtime:
         """Find optional APIs once (PodGroup, PodMonitor); builders emit those objects only when served."""
         if self.capabilities_known:
             return
+        async with self._discovering:  # one discovery, not one per concurrent reconcile
+            if not self.capabilities_known:
+                await self._discover()
+
+    async def _discover(self) -> None:
         client = self.kube()
         caps = Capabilities(
             pod_group=await client.has_kind("scheduling.x-k8s.io/v1alpha1", "podgroups"),
