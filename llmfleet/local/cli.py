@@ -128,12 +128,24 @@ def register(app: typer.Typer) -> None:
     def build_tiny(
         out: Path | None = typer.Option(None, "--out", help="Cache folder; $LLMFLEET_CACHE/models or ~/.cache/llmfleet/models."),
         force: bool = typer.Option(False, "--force", help="Rebuild even when cached."),
+        train_steps: int = typer.Option(0, "--train-steps", min=0,
+                                        help="Also train each model this many steps on stdlib source with the "
+                                             "training worker (CPU; slow: seconds per step). 0 = random weights."),
     ) -> None:
         from llmfleet.local.tinymodel import SPECS, build_tiny, param_count
 
         for name, spec in SPECS.items():
             path = build_tiny(spec, out, force)
             typer.echo(f"{name}: {path}  ({param_count(spec) / 1e6:.1f}M params, random weights)")
+            if train_steps:
+                from llmfleet.local.tinytrain import trained_tiny
+
+                typer.echo(f"{name}: training {train_steps} steps with llmfleet.workers.train ...")
+                try:
+                    trained = trained_tiny(spec, train_steps, out, force)
+                except RuntimeError as err:
+                    raise _fail(f"llmfleet model build-tiny: {err}", 1) from None
+                typer.echo(f"{name}: {trained}  (trained {train_steps} steps; log in train.log)")
 
 
 def resolve_tiny_paths(isvc: InferenceService) -> InferenceService:

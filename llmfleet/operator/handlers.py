@@ -51,6 +51,8 @@ class Runtime:
     pending: set[str] = field(default_factory=set)
     # resourceVersion of each child as our last apply returned it: watch events of our own writes are skipped.
     applied_rv: dict[tuple[str, str, str], str] = field(default_factory=dict)
+    # When each object's last reconcile finished (monotonic): a timer tick right after one is skipped.
+    last_done: dict[str, float] = field(default_factory=dict)
     # Status this operator wrote last, per object uid: the next reconcile must not act on a body that
     # the watch stream has not refreshed yet (e.g. count a restart twice).
     written: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -170,6 +172,12 @@ async def run_reconcile(
         await rt.discover()
         old = dict(body.get("status") or {})
         merged = {**body, "status": {**old, **rt.written.get(uid, {})}}
+        # The timer is a safety net: skip it when another trigger reconciled the object less than half an
+        # interval ago (under a backlog, timers would otherwise re-apply everything again). A running
+        # TrainingJob's tick is never skipped: it reads rank 0's status.
+        recent = time.monotonic() - rt.last_done.get(uid, -1e9) < rt.config.timer_interval_seconds / 2
+        if trigger == "timer" and recent and merged["status"].get("phase") != "Running":
+            return
         api = start_api_timer()
         started = time.perf_counter()
         result: str = "ok"
@@ -183,6 +191,7 @@ async def run_reconcile(
             outcome.event("Warning", "ApiError", str(err)[:500])
         total = time.perf_counter() - started
         observe(kind, trigger, result, total, max(0.0, total - api.seconds), outcome.compute_seconds, outcome.applied)
+        rt.last_done[uid] = time.monotonic()
         current = merged["status"]
         changed = {k: v for k, v in outcome.status.items() if current.get(k) != v}
         if changed:
@@ -312,6 +321,7 @@ async def _forget(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     uid = str(body.get("metadata", {}).get("uid", ""))
     rt.locks.pop(uid, None)
     rt.written.pop(uid, None)
+    rt.last_done.pop(uid, None)
 
 
 def configure_timers(interval: float, registry: kopf.OperatorRegistry | None = None) -> None:

@@ -72,3 +72,15 @@ def test_corpus_is_stdlib_source() -> None:
     files = tinymodel.stdlib_files()
     assert len(files) > 100 and all(p.suffix == ".py" for p in files[:50])
     assert files == sorted(files)
+
+
+def test_training_job_matches_the_tiny_shape(tmp_path: Path) -> None:
+    from llmfleet.api.trainingjob import TrainingJobSpec
+    from llmfleet.local.tinytrain import training_job
+
+    job = TrainingJobSpec.model_validate(training_job(STUDENT, 4096, tmp_path / "d", tmp_path / "tok", tmp_path, 50, 9500))
+    m = job.model
+    assert (m.layers, m.hidden, m.heads, m.kv_heads, m.ffn, m.vocab) == (
+        STUDENT.num_hidden_layers, STUDENT.hidden_size, STUDENT.num_attention_heads, STUDENT.num_key_value_heads,
+        STUDENT.intermediate_size, 4096)
+    assert job.workers.gpus_per_worker == 0 and job.optimization.steps == 50
