@@ -191,6 +191,7 @@ def main() -> None:
     parser.add_argument("--profile-emulator", metavar="FILE", help="run the emulator under cProfile, stats to FILE")
     args = parser.parse_args()
 
+    load_start = os.getloadavg()[0]
     emu, url = start_emulator(args.profile_emulator)
     try:
         thread, stop, runtime = start_operator(url)
@@ -241,6 +242,7 @@ def main() -> None:
         "rss_peak_mb < 300": rss_peak < 300,
         "reconcile_compute_p99_ms < 50": row["reconcile_compute_p99_ms"] < 50,
     }
+    print(f"load average (1 min): {load_start:.1f} at start, {os.getloadavg()[0]:.1f} at end, {os.cpu_count()} CPUs")
     print(f"{'metric':<28} {'value':>12}")
     for key in ("count_each", "children_expected", "children_found", "created_s", "all_children_s", "all_status_s",
                 "reconciles", "reconcile_errors", "reconcile_compute_p50_ms", "reconcile_compute_p99_ms",
@@ -256,7 +258,9 @@ def main() -> None:
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": "python benchmarks/operator_scale.py " + " ".join(sys.argv[1:]),
         "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
-                    "note": "shared 2-core dev machine; the emulator runs in a separate process"},
+                    "load_average_1m": {"start": load_start, "end": os.getloadavg()[0]},
+                    "note": "shared dev machine (other engineers' jobs running); the emulator runs in a separate "
+                            "process, the operator and the driver in this one"},
         "results": row,
         "targets": targets,
     }, indent=2) + "\n")

@@ -339,6 +339,9 @@ def configure_timers(interval: float, registry: kopf.OperatorRegistry | None = N
             handlers[i] = dataclasses.replace(
                 handler, requires_finalizer=False, interval=interval, initial_delay=interval
             )
+        elif type(handler).__name__ == "TimerHandler" and handler.requires_finalizer:
+            # Other timers in this process (the autoscaler's) clean nothing up either: no finalizer.
+            handlers[i] = dataclasses.replace(handler, requires_finalizer=False)
 
 
 configure_timers(TIMER_INTERVAL)

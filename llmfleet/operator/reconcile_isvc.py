@@ -175,7 +175,7 @@ async def reconcile_inferenceservice(
     out.status = {
         "phase": phase,
         "observedGeneration": generation,
-        "url": f"http://{isvc.metadata.name}.{namespace}.svc:{ROUTER_PORT}/v1",
+        "url": f"http://{router_name(isvc)}.{namespace}.svc:{ROUTER_PORT}/v1",
         "replicas": pools[0]["replicas"],
         "selector": pool_selector(isvc, "primary"),
         "pools": pools,

@@ -53,7 +53,7 @@ async def run_async(
     from llmfleet.operator import handlers
 
     if opts.autoscaler:
-        handlers.load_autoscaler()
+        handlers.load_autoscaler()  # its timers then lose their finalizer too (configure_timers below)
     memo = kopf.Memo()
     memo.llmfleet = opts.runtime or handlers.Runtime(
         config=opts.config or OperatorConfig.from_env(), connection=opts.connection

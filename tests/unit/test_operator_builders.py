@@ -116,7 +116,7 @@ def test_inferenceservice_children() -> None:
         ("Deployment", "chat-primary"), ("Service", "chat-primary"), ("PodDisruptionBudget", "chat-primary"),
         ("Deployment", "chat-student"), ("Service", "chat-student"), ("PodDisruptionBudget", "chat-student"),
         ("ConfigMap", "chat-router"), ("ServiceAccount", "chat-router"), ("Role", "chat-router"),
-        ("RoleBinding", "chat-router"), ("Deployment", "chat-router"), ("Service", "chat"),
+        ("RoleBinding", "chat-router"), ("Deployment", "chat-router"), ("Service", "chat-router"),
         ("PodMonitor", "chat"), ("CronJob", "chat-features"),
     ])
     primary = _by(ms, "Deployment", "chat-primary")

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import pathlib
+
 import kubernetes_validate
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from llmfleet.operator import rbac
@@ -162,3 +165,23 @@ def test_cli_help_and_bad_flags() -> None:
         assert flag in result.output
     bad = runner.invoke(app, ["operator", "-n", "ml", "--all-namespaces"])
     assert bad.exit_code == 2 and "mutually exclusive" in bad.output
+
+
+INVALID = sorted((pathlib.Path(__file__).resolve().parents[2] / "examples" / "invalid").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", INVALID, ids=lambda p: p.name)
+async def test_invalid_examples_become_invalid_spec_status(path: pathlib.Path) -> None:
+    """The reconcile reports InvalidSpec with the field path and touches no child (no client call)."""
+    from llmfleet.operator.reconcile_isvc import reconcile_inferenceservice
+    from llmfleet.operator.reconcile_tj import reconcile_trainingjob
+
+    body = yaml.safe_load(path.read_text())
+    body.setdefault("metadata", {}).update({"uid": "u", "generation": 4})
+    reconcile = reconcile_inferenceservice if body["kind"] == "InferenceService" else reconcile_trainingjob
+    out = await reconcile(body, None, OperatorConfig(), "t")  # type: ignore[operator, arg-type]
+    ready = out.status["conditions"][0]
+    assert out.status["phase"] == "Invalid" and out.status["observedGeneration"] == 4
+    assert (ready["type"], ready["status"], ready["reason"]) == ("Ready", "False", "InvalidSpec")
+    assert ready["message"].split(":")[0].startswith(("spec", "metadata")), ready["message"]
+    assert [e.reason for e in out.events] == ["InvalidSpec"]

@@ -223,7 +223,7 @@ def build_router(isvc: InferenceService, config: OperatorConfig) -> list[Manifes
     service = {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": metadata(isvc, isvc.metadata.name, labels),
+        "metadata": metadata(isvc, name, labels),
         "spec": {
             "selector": labels,
             "ports": [{"name": "http", "port": ROUTER_PORT, "targetPort": "http", "protocol": "TCP"}],

@@ -26,7 +26,7 @@ async def test_create_update_prune_delete(cluster: Any, operators: Any) -> None:
             emu.get(res, "ml", name)
             for res, name in [
                 ("apps/v1/deployments", "chat-primary"), ("apps/v1/deployments", "chat-student"),
-                ("apps/v1/deployments", "chat-router"), ("v1/services", "chat"), ("v1/configmaps", "chat-router"),
+                ("apps/v1/deployments", "chat-router"), ("v1/services", "chat-router"), ("v1/configmaps", "chat-router"),
                 ("policy/v1/poddisruptionbudgets", "chat-primary"), ("v1/services", "chat-student"),
             ]
         )
@@ -39,7 +39,7 @@ async def test_create_update_prune_delete(cluster: Any, operators: Any) -> None:
     assert "router.yaml" in emu.get("v1/configmaps", "ml", "chat-router")["data"]
     st = await eventually(lambda: (emu.get(ISVC, "ml", "chat").get("status") or {}).get("observedGeneration") == 1
                           and emu.get(ISVC, "ml", "chat")["status"])
-    assert st["phase"] == "Progressing"
+    assert st["phase"] == "Progressing" and st["url"] == "http://chat-router.ml.svc:8080/v1"
     assert st["selector"] == "llmfleet.io/inferenceservice=chat,llmfleet.io/pool=primary,llmfleet.io/component=replica"
     assert {c["type"] for c in st["conditions"]} == {"Ready", "Progressing", "Degraded"}
 
