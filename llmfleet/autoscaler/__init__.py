@@ -1,0 +1,1 @@
+"""SLO-driven, cache-aware autoscaler: pure policy (policy.py), signals, actuation, arbitration. See docs/autoscaler.md."""

@@ -289,18 +289,15 @@ def _slo_primary(cfg: PolicyConfig, pool: PoolConfig, st: PoolState, sig: PoolSi
         st.efficiency, sig.prefill_tokens_per_s, sig.decode_tokens_per_s, sig.ready_replicas, pool.seed, saturated
     )
     cold = cold_start_seconds(cfg, pool, st)
-    prev_level, prev_t = st.arrival.level, st.arrival.last_t
     st.arrival.update(sig.now, rate)
     level = st.arrival.level if st.arrival.level is not None else rate
-    # Smoothed level (noise), except a jump well above it is a burst: a level shift, taken at once, and
-    # its slope kept as the trend (bursts of sessions keep growing for a while).
-    if rate > 1.5 * level and prev_level is not None and prev_t is not None:
-        slope = (rate - prev_level) / max(sig.now - prev_t, 1e-6)
-        st.arrival.level, st.arrival.trend, level = rate, slope, rate
+    # Smoothed level (noise), except a jump well above it is a burst: a level shift, taken at once.
+    if rate > 1.5 * level:
+        st.arrival.level, st.arrival.trend, level = rate, 0.0, rate
     base = level
     forecast = st.arrival.forecast(cold + cfg.interval_s) or base
-    # A trend extrapolated over a cold start overshoots after a step: plan for at most +50 % of the base.
-    planned = max(base, min(forecast, 1.5 * base))
+    # A trend extrapolated over a cold start overshoots after a step: plan for at most +25 % of the base.
+    planned = max(base, min(forecast, 1.25 * base))
     # Requests already queued on a replica stay there (engines do not hand them over): new replicas only
     # help by taking the new arrivals, so the backlog is planned to clear over several cold starts.
     backlog = max(sig.queue_depth or 0.0, 0.0) / max(4 * cold, 4 * cfg.interval_s)

@@ -48,6 +48,9 @@ def serve(config: Path, port: int | None = None, host: str | None = None, log_le
     except OSError as e:
         typer.echo(f"llmfleet router: cannot listen on {cfg.host}:{cfg.port}: {e.strerror}", err=True)
         raise typer.Exit(1) from None
+    except ValueError as e:  # config that validates but cannot run, e.g. prefixMode tokens without a tokenizer
+        typer.echo(f"llmfleet router: {e}", err=True)
+        raise typer.Exit(2) from None
 
 
 def _first_error(e: Exception) -> str:

@@ -211,9 +211,13 @@ def _tokenizer_path(model_path: str) -> str | None:
 
 
 def router_config_from_service(
-    isvc: InferenceService, endpoints: dict[str, list[str]] | None = None
+    isvc: InferenceService, endpoints: dict[str, list[str]] | None = None, *, kv_events_port: int | None = None
 ) -> RouterConfig:
-    """The router config for `isvc`. `endpoints` (pool -> base URLs) = static; None = EndpointSlice discovery."""
+    """The router config for `isvc`. `endpoints` (pool -> base URLs) = static; None = EndpointSlice discovery.
+
+    `kv_events_port`: the port given to `render_vllm_args(..., kv_events_port=...)`; the router then subscribes
+    to every replica's KV-cache events on it.
+    """
     spec = isvc.spec
     namespace = isvc.metadata.namespace or "default"
     pools = []
@@ -232,6 +236,7 @@ def router_config_from_service(
                 tokenizer_path=_tokenizer_path(view.model.path),
                 block_size=spec.router.block_size_tokens,
                 max_model_len=view.model.max_model_len,
+                kv_events_port=kv_events_port,
                 endpoints=static,
                 discovery=discovery,
             )

@@ -24,6 +24,8 @@ def test_discovery_when_no_endpoints() -> None:
     assert cfg.pools[1].served_names == ["chat-small"] and cfg.pools[1].tokenizer_path is None
     assert cfg.pools[0].tokenizer_path == "/models/big" and cfg.pools[0].max_model_len == 4096
     assert cfg.fallback.enabled
+    assert cfg.pools[0].kv_events_port is None
+    assert router_config_from_service(_isvc(), kv_events_port=5557).pools[0].kv_events_port == 5557
 
 
 def test_static_endpoints_and_roundtrip(tmp_path) -> None:

@@ -330,3 +330,40 @@ async def test_kv_events_over_zmq_correct_the_index(fakes, routers) -> None:
         await publish_until(lambda: index.match(keys) == {})
     finally:
         pub.close(linger=0)
+
+
+async def test_tokenizer_blocks_long_prompt_in_thread(fakes, routers, http, tmp_path) -> None:
+    """prefixMode tokens with a tokenizer.json: long prompts are tokenized (off the loop) and stick by prefix."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+
+    words = [f"w{i}" for i in range(50)]
+    tok = Tokenizer(WordLevel({w: i for i, w in enumerate(["[UNK]", *words])}, unk_token="[UNK]"))
+    tok.pre_tokenizer = Whitespace()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    a = await fakes(name="a")
+    b = await fakes(name="b")
+    cfg = config({"primary": ("m", [a.url, b.url])}, scorers={"prefix-cache": 2.0, "running-requests": 1.0})
+    cfg.pools[0].tokenizer_path = str(tmp_path)
+    cfg.pools[0].prefix_mode = "tokens"
+    r = await routers(cfg)
+    pool = r.router.pools["primary"]
+    assert pool.blocks.tokenizer is not None
+    shared = " ".join(words[i % 50] for i in range(1500))  # > 4096 characters
+    seen = set()
+    for i in range(4):
+        async with http.post(r.url + "/v1/completions", json={"model": "m", "prompt": f"{shared} w{i}"}) as resp:
+            assert resp.status == 200
+            seen.add(resp.headers["x-llmfleet-replica"])
+    assert len(seen) == 1 and len(pool.index) == 1500 // 16
+
+
+def test_prefix_mode_tokens_without_tokenizer_is_a_clear_error(tmp_path) -> None:
+    from llmfleet.router.server import Router
+
+    cfg = config({"primary": ("m", ["http://127.0.0.1:9"])})
+    cfg.pools[0].prefix_mode = "tokens"
+    cfg.pools[0].tokenizer_path = str(tmp_path)
+    with pytest.raises(ValueError, match="no tokenizer.json"):
+        Router(cfg)
