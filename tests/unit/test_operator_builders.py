@@ -134,7 +134,11 @@ def test_inferenceservice_children() -> None:
     assert primary["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
     labels = primary["spec"]["template"]["metadata"]["labels"]
     assert labels == {"llmfleet.io/inferenceservice": "chat", "llmfleet.io/pool": "primary",
-                      "llmfleet.io/component": "replica"}
+                      "llmfleet.io/component": "replica", "llmfleet.io/serving": "true"}
+    # The Deployment does not select on the serving label (the autoscaler flips it to drain a pod) ...
+    assert "llmfleet.io/serving" not in primary["spec"]["selector"]["matchLabels"]
+    # ... but the pool's Service does, so a drained pod leaves the endpoints.
+    assert _by(ms, "Service", "chat-primary")["spec"]["selector"]["llmfleet.io/serving"] == "true"
     student = _by(ms, "Deployment", "chat-student")
     assert student["spec"]["replicas"] == 0
     assert "--block-size" in (cmd := student["spec"]["template"]["spec"]["containers"][0]["command"])

@@ -58,6 +58,10 @@ def pool_selector(isvc: InferenceService, pool: str) -> str:
     return ",".join(f"{k}={v}" for k, v in pool_labels(isvc, pool).items())
 
 
+# Pods taken out of rotation by the autoscaler's cache-aware scale-in carry "false".
+SERVING_LABEL = "llmfleet.io/serving"
+
+
 def _serve_command(isvc: InferenceService, pool: PoolView) -> list[str]:
     from llmfleet.workers.serve.vllm_args import InvalidServeSpec, serve_command
 
@@ -120,7 +124,9 @@ def build_pool_deployment(isvc: InferenceService, pool: PoolView, config: Operat
             # One replica at a time, never below the desired count: model rollouts are gradual.
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
             "template": {
-                "metadata": {"labels": labels, "annotations": {"llmfleet.io/model": pool.model.path}},
+                # The serving label is outside the Deployment selector: the autoscaler flips it to "false" to
+                # take a chosen replica out of the Service (drain) before removing it.
+                "metadata": {"labels": {**labels, SERVING_LABEL: "true"}, "annotations": {"llmfleet.io/model": pool.model.path}},
                 "spec": pod_spec,
             },
         },
@@ -134,7 +140,7 @@ def build_pool_service(isvc: InferenceService, pool: PoolView) -> Manifest:
         "kind": "Service",
         "metadata": metadata(isvc, pool_name(isvc, pool.name), labels),
         "spec": {
-            "selector": labels,
+            "selector": {**labels, SERVING_LABEL: "true"},
             "ports": [{"name": "http", "port": REPLICA_PORT, "targetPort": "http", "protocol": "TCP"}],
         },
     }
