@@ -14,6 +14,26 @@ ORDER = ["train_mfu", "operator_scale", "serve_local", "router_overhead", "autos
          "routing_eval", "sim_scale", "roofline_measure"]
 
 
+def _shift_headings(text: str, top: int) -> str:
+    """Shift markdown headings (outside code fences) so the section's highest heading is at level `top`."""
+    lines = text.splitlines()
+    fenced, levels = False, []
+    for line in lines:
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and line.startswith("#"):
+            levels.append(len(line) - len(line.lstrip("#")))
+    shift = top - min(levels) if levels else 0
+    out, fenced = [], False
+    for line in lines:
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and line.startswith("#") and shift:
+            line = "#" * shift + line if shift > 0 else line[-shift:]
+        out.append(line)
+    return "\n".join(out)
+
+
 def main() -> None:
     sections = {p.stem: p for p in (ROOT / "docs" / "benchmarks").glob("*.md")}
     names = [n for n in ORDER if n in sections] + sorted(set(sections) - set(ORDER))
@@ -33,17 +53,16 @@ def main() -> None:
         if result.exists():
             data = json.loads(result.read_text())
             m = data.get("machine") or data.get("env") or {}
+            if not m and "sessions" in data:  # GPU runs on lent machines record one entry per device session
+                m = "NVIDIA H200 (1 and 2 GPUs, device tool)"
             machine = m if isinstance(m, str) else ", ".join(f"{v}" for v in list(m.values())[:3])
         rel = f"benchmarks/results/{name}.json" if result.exists() else "—"
         out.append(f"| [{name}](#{name.replace('_', '-')}) | {str(machine)[:80]} | `{rel}` |")
     out.append("")
     for name in names:
-        text = sections[name].read_text().strip()
-        if not text.startswith("#"):
+        text = _shift_headings(sections[name].read_text().strip(), top=2)
+        if not text.startswith("## "):
             text = f"## {name}\n\n{text}"
-        else:
-            # Demote the section's headings one level below this page's title.
-            text = "\n".join("#" + line if line.startswith("#") else line for line in text.splitlines())
         out += [f'<a id="{name.replace("_", "-")}"></a>', "", text, ""]
     (ROOT / "docs" / "benchmarks.md").write_text("\n".join(out))
     print(f"wrote docs/benchmarks.md ({len(names)} sections)")

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
 
 FIELD_MANAGER = "llmfleet-operator"
 LABEL_PREFIX = "llmfleet.io"
@@ -48,6 +53,9 @@ class OperatorConfig:
     timer_interval_seconds: float = 30.0
     gang_scheduler_name: str = "scheduler-plugins-scheduler"
     capabilities: Capabilities = field(default_factory=Capabilities)
+    # Cluster-wide defaults for InferenceService spec sections (Helm `defaults:`), filled in under the CR's
+    # own values: {"router": {...}, "autoscaling": {...}}.
+    spec_defaults: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_env(cls, capabilities: Capabilities | None = None) -> OperatorConfig:
@@ -61,4 +69,35 @@ class OperatorConfig:
             timer_interval_seconds=_env_float("LLMFLEET_RECONCILE_INTERVAL", 30.0),
             gang_scheduler_name=env.get("LLMFLEET_GANG_SCHEDULER") or "scheduler-plugins-scheduler",
             capabilities=capabilities or Capabilities(),
+            spec_defaults=load_spec_defaults(env.get("LLMFLEET_DEFAULTS_FILE")),
         )
+
+
+# Sections of InferenceService.spec that cluster-wide defaults may fill.
+DEFAULTABLE_SECTIONS = ("router", "autoscaling")
+
+
+def load_spec_defaults(path: str | None) -> dict[str, Any]:
+    """Read the defaults file (YAML, CRD field names); a missing path means no defaults."""
+    if not path:
+        return {}
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as err:
+        raise ValueError(f"LLMFLEET_DEFAULTS_FILE {path}: {err}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"LLMFLEET_DEFAULTS_FILE {path}: expected a mapping of spec sections")
+    unknown = sorted(set(data) - set(DEFAULTABLE_SECTIONS))
+    if unknown:
+        raise ValueError(f"LLMFLEET_DEFAULTS_FILE {path}: unknown sections {unknown}; allowed {list(DEFAULTABLE_SECTIONS)}")
+    return {k: v for k, v in data.items() if isinstance(v, dict)}
+
+
+def with_spec_defaults(spec: Mapping[str, Any] | None, defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """The spec with each defaultable section's missing keys taken from the defaults (the CR always wins)."""
+    out = dict(spec or {})
+    for section, values in defaults.items():
+        own = out.get(section)
+        if own is None or isinstance(own, dict):
+            out[section] = {**values, **(own or {})}
+    return out

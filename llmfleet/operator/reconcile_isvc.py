@@ -18,7 +18,7 @@ from llmfleet.operator.builders.inferenceservice import (
     pool_selector,
     router_name,
 )
-from llmfleet.operator.config import PROMOTION_ANNOTATION, OperatorConfig
+from llmfleet.operator.config import PROMOTION_ANNOTATION, OperatorConfig, with_spec_defaults
 from llmfleet.operator.kube import ApiError, KubeClient
 from llmfleet.operator.promotion import evaluate, from_annotations, pool_model_patch
 from llmfleet.operator.status import (
@@ -101,7 +101,9 @@ async def reconcile_inferenceservice(
     meta = body.get("metadata") or {}
     generation = meta.get("generation")
     try:
-        isvc = InferenceService.model_validate(cr_dict(body))
+        doc = cr_dict(body)
+        doc["spec"] = with_spec_defaults(doc["spec"], config.spec_defaults)
+        isvc = InferenceService.model_validate(doc)
         manifests = build_inferenceservice(isvc, config)
     except (ValidationError, ServiceSpecError) as err:
         invalid = invalid_spec_outcome(old_status, invalid_spec_message(err), generation, now, "InferenceService")
