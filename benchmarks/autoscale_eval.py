@@ -22,7 +22,6 @@ import math
 import platform
 import sys
 import time
-from dataclasses import fields
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from llmfleet.api import InferenceService, parse_resource
-from llmfleet.autoscaler.policy import PolicyConfig, PolicyState, PoolSignals, decide
+from llmfleet.autoscaler.policy import PolicyConfig, PolicyState, decide
 from llmfleet.autoscaler.seeds import seeds_for_service
 from llmfleet.router.config import router_config_from_service
 from llmfleet.sim.engine import PoolSpec, SimConfig, SimPoolSignals, SimResult, simulate
@@ -41,7 +40,6 @@ ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT.parent / "shared" / "data" / "traces" / "mooncake_synthetic_trace.jsonl"
 PRIMARY_MODEL, STUDENT_MODEL, GPU = "llama-3-8b", "llama-3.2-1b", "H200"
 PRIMARY_COLD_S, STUDENT_COLD_S, MAX_REPLICAS = 60.0, 20.0, 64
-_SIGNAL_FIELDS = {f.name for f in fields(PoolSignals)}
 
 
 def service(policy: str, ttft_slo_s: float, replicas: int, burst: bool = True) -> InferenceService:
@@ -82,8 +80,7 @@ class PolicyHook:
         self.actions = 0
 
     def __call__(self, now: float, sigs: list[SimPoolSignals]) -> dict[str, int]:
-        signals = [PoolSignals(**{k: v for k, v in s.__dict__.items() if k in _SIGNAL_FIELDS}) for s in sigs]
-        d = decide(self.cfg, signals, self.state)
+        d = decide(self.cfg, sigs, self.state)
         self.state = d.state
         self.actions += sum(1 for p in d.pools.values() if p.desired != p.current)
         self.timeline.append({"t": now, **{n: p.desired for n, p in d.pools.items()}})

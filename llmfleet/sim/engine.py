@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from llmfleet.api.trainingjob import ModelShape
+from llmfleet.autoscaler.policy import PoolSignals
 from llmfleet.plan.hardware import get_gpu
 from llmfleet.plan.models import get_model
 from llmfleet.plan.roofline import StepCostModel, calibrate, kv_capacity
@@ -91,28 +92,9 @@ class SimConfig:
     keep_records: bool = True  # per-request records in the result (drop them for million-request runs)
 
 
-@dataclass(frozen=True)
-class SimPoolSignals:
-    """Per-pool signals handed to the autoscaler hook; field names match llmfleet.autoscaler.policy.PoolSignals."""
-
-    pool: str
-    role: str
-    now: float
-    replicas: int
-    ready_replicas: int
-    arrival_rate: float | None = None
-    mean_input_tokens: float | None = None
-    mean_output_tokens: float | None = None
-    ttft_p95_ms: float | None = None
-    tpot_p95_ms: float | None = None
-    queue_depth: float | None = None
-    running: float | None = None
-    kv_utilization: float | None = None
-    prefix_hit_rate: float | None = None
-    degraded_fraction: float | None = None
-    prefill_tokens_per_s: float | None = None
-    decode_tokens_per_s: float | None = None
-    ttft_slo_miss_fraction: float | None = None
+# The simulator hands the autoscaler hook the production policy's own signal type, so a policy runs here
+# exactly as it runs against a cluster.
+SimPoolSignals = PoolSignals
 
 
 # (now, signals) -> desired replicas per pool (pools left out keep their size)
