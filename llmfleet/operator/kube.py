@@ -28,6 +28,7 @@ RESOURCES: dict[tuple[str, str], tuple[str, bool]] = {
     ("v1", "Service"): ("services", True),
     ("v1", "ServiceAccount"): ("serviceaccounts", True),
     ("v1", "Pod"): ("pods", True),
+    ("v1", "PersistentVolumeClaim"): ("persistentvolumeclaims", True),
     ("v1", "Namespace"): ("namespaces", False),
     ("apps/v1", "Deployment"): ("deployments", True),
     ("batch/v1", "Job"): ("jobs", True),

@@ -30,6 +30,23 @@ def request_log_claim(isvc: InferenceService) -> str:
     return f"{isvc.metadata.name}-requests"
 
 
+def build_request_log_claim(isvc: InferenceService, size: str = "10Gi") -> dict[str, Any] | None:
+    """The PersistentVolumeClaim the router writes its request log to and the CronJob reads, or None.
+
+    ReadWriteMany: router pods and the generation Job may run on different nodes (it needs a storage class
+    that offers RWX, e.g. NFS or CephFS; on a one-node cluster any class works).
+    """
+    store = isvc.spec.feature_store
+    if store is None or not store.generation_schedule:
+        return None
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": request_log_claim(isvc), "namespace": isvc.metadata.namespace or "default"},
+        "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": size}}},
+    }
+
+
 def build_generation_cronjob(isvc: InferenceService, image: str) -> dict[str, Any] | None:
     """A batch/v1 CronJob running `llmfleet features generate`, or None without a generationSchedule."""
     store = isvc.spec.feature_store

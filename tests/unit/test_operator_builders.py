@@ -117,7 +117,7 @@ def test_inferenceservice_children() -> None:
         ("Deployment", "chat-student"), ("Service", "chat-student"), ("PodDisruptionBudget", "chat-student"),
         ("ConfigMap", "chat-router"), ("ServiceAccount", "chat-router"), ("Role", "chat-router"),
         ("RoleBinding", "chat-router"), ("Deployment", "chat-router"), ("Service", "chat-router"),
-        ("PodMonitor", "chat"), ("CronJob", "chat-features"),
+        ("PodMonitor", "chat"), ("CronJob", "chat-features"), ("PersistentVolumeClaim", "chat-requests"),
     ])
     primary = _by(ms, "Deployment", "chat-primary")
     pod = primary["spec"]["template"]["spec"]
@@ -151,7 +151,7 @@ def test_inferenceservice_children() -> None:
     router = _by(ms, "Deployment", "chat-router")["spec"]["template"]
     rc = router["spec"]["containers"][0]
     assert rc["command"] == ["llmfleet", "router", "--config", "/etc/llmfleet/router.yaml", "--port", "8080"]
-    assert {v["name"] for v in router["spec"]["volumes"]} == {"config", "tenants"}
+    assert {v["name"] for v in router["spec"]["volumes"]} == {"config", "tenants", "requests"}  # requests: the request log (generation on)
     assert router["spec"]["serviceAccountName"] == "chat-router"
     role = _by(ms, "Role", "chat-router")
     assert role["rules"][0]["resources"] == ["endpointslices"]

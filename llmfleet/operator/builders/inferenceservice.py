@@ -156,17 +156,34 @@ def build_pool_pdb(isvc: InferenceService, pool: PoolView) -> Manifest:
     }
 
 
-def router_config_yaml(isvc: InferenceService) -> str:
+def _request_log_claim(isvc: InferenceService) -> tuple[Manifest, str, str] | None:
+    """(claim, mount folder, log file) of the request log the router writes and the generation CronJob reads."""
+    try:
+        module = importlib.import_module("llmfleet.store.manifests")
+    except ModuleNotFoundError:
+        return None
+    claim: Manifest | None = module.build_request_log_claim(isvc)
+    if claim is None:
+        return None
+    return claim, str(module.LOG_MOUNT), f"{module.LOG_MOUNT}/{module.LOG_FILE}"
+
+
+def router_config_yaml(isvc: InferenceService, request_log: str | None = None) -> str:
     from llmfleet.router.config import router_config_from_service
 
-    return router_config_from_service(isvc).to_yaml()
+    cfg = router_config_from_service(isvc)
+    if request_log:
+        cfg = cfg.model_copy(update={"request_log": request_log})
+    return cfg.to_yaml()
 
 
 def build_router(isvc: InferenceService, config: OperatorConfig) -> list[Manifest]:
     """ConfigMap, ServiceAccount + Role for EndpointSlice discovery, Deployment and Service of the router."""
     name = router_name(isvc)
     labels = router_labels(isvc)
-    config_yaml = router_config_yaml(isvc)
+    # With offline generation on, the router logs requests where the generation CronJob reads them.
+    request_log = _request_log_claim(isvc)
+    config_yaml = router_config_yaml(isvc, request_log[2] if request_log else None)
     digest = hashlib.sha256(config_yaml.encode()).hexdigest()[:16]
     configmap = {
         "apiVersion": "v1",
@@ -193,6 +210,10 @@ def build_router(isvc: InferenceService, config: OperatorConfig) -> list[Manifes
     if secret := isvc.spec.router.api_keys_secret:
         volumes.append({"name": "tenants", "secret": {"secretName": secret}})
         mounts.append({"name": "tenants", "mountPath": TENANTS_DIR, "readOnly": True})
+    if request_log is not None:
+        claim_name = request_log[0]["metadata"]["name"]
+        volumes.append({"name": "requests", "persistentVolumeClaim": {"claimName": claim_name}})
+        mounts.append({"name": "requests", "mountPath": request_log[1]})
     container = {
         "name": "router",
         "image": config.router_image,
@@ -235,7 +256,11 @@ def build_router(isvc: InferenceService, config: OperatorConfig) -> list[Manifes
             "ports": [{"name": "http", "port": ROUTER_PORT, "targetPort": "http", "protocol": "TCP"}],
         },
     }
-    return [configmap, account, role, binding, deployment, service]
+    owned_claim = []
+    if request_log is not None:
+        claim = request_log[0]
+        owned_claim = [{**claim, "metadata": metadata(isvc, claim["metadata"]["name"], labels)}]
+    return [*owned_claim, configmap, account, role, binding, deployment, service]
 
 
 def build_pod_monitor(isvc: InferenceService) -> Manifest:
