@@ -125,8 +125,27 @@ async def _pending_gpus(actuator: KubernetesActuator, isvc: InferenceService) ->
     return total
 
 
+def live_metrics(signals: Sequence[PoolSignals], now_iso: str) -> dict[str, Any] | None:
+    """status.metrics (LiveMetrics, camelCase) from the primary pool's signals; None without a primary.
+
+    The service's qps is the primary's arrival rate (the router's whole demand, degraded requests included).
+    The operator's promotion rollback reads these fields, and `kubectl get lis -o wide` shows TTFT p95.
+    """
+    primary = next((s for s in signals if s.role == "primary"), None)
+    if primary is None:
+        return None
+    values = {
+        "ttftP95Ms": primary.ttft_p95_ms, "tpotP95Ms": primary.tpot_p95_ms,
+        "prefixCacheHitRate": primary.prefix_hit_rate, "kvCacheUtilization": primary.kv_utilization,
+        "qps": primary.arrival_rate, "degradedFraction": primary.degraded_fraction,
+    }
+    out: dict[str, Any] = {k: round(v, 4) for k, v in values.items() if v is not None}
+    out.update(stale=primary.stale, updatedAt=now_iso)
+    return out
+
+
 @kopf.timer(GROUP, VERSION, "inferenceservices", interval=TICK, initial_delay=TICK)
-async def autoscale_inferenceservice(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+async def autoscale_inferenceservice(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, **_: Any) -> None:
     try:
         isvc = parse_resource(dict(body))
     except ManifestError:
@@ -160,6 +179,8 @@ async def autoscale_inferenceservice(body: kopf.Body, memo: kopf.Memo, **_: Any)
     except (ApiException, HTTPError) as err:
         raise kopf.TemporaryError(f"autoscaler: Kubernetes API call failed: {err}", delay=30) from err
     mem.state = result.decision.state
+    if (metrics := live_metrics(result.signals, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))) is not None:
+        patch.setdefault("status", {})["metrics"] = metrics
     for name, d in result.decision.pools.items():
         if d.action != "hold":
             kopf.info(body, reason="Scaled", message=f"{name}: {d.current} -> {d.desired}: {'; '.join(d.reasons)}"[:1000])

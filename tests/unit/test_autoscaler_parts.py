@@ -249,3 +249,21 @@ def test_kopf_handlers_register_a_timer_on_import() -> None:
             "print(any(getattr(h, 'fn', None) is kh.autoscale_inferenceservice for h in hs))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "True"
+
+
+def test_live_metrics_status_from_the_primary_signals() -> None:
+    from llmfleet.api.inferenceservice import LiveMetrics
+    from llmfleet.autoscaler.kopf_handlers import live_metrics
+    from llmfleet.autoscaler.policy import PoolSignals
+
+    primary = PoolSignals(pool="primary", role="primary", now=0.0, replicas=2, ready_replicas=2, arrival_rate=12.5,
+                          ttft_p95_ms=420.0, tpot_p95_ms=31.0, prefix_hit_rate=0.8, kv_utilization=0.4,
+                          degraded_fraction=0.05)
+    student = PoolSignals(pool="student", role="student", now=0.0, replicas=1, ready_replicas=1, ttft_p95_ms=99.0)
+    out = live_metrics([student, primary], "2026-11-30T00:00:00Z")
+    assert out == {"ttftP95Ms": 420.0, "tpotP95Ms": 31.0, "prefixCacheHitRate": 0.8, "kvCacheUtilization": 0.4,
+                   "qps": 12.5, "degradedFraction": 0.05, "stale": False, "updatedAt": "2026-11-30T00:00:00Z"}
+    LiveMetrics.model_validate(out)  # the status schema accepts it
+    stale = PoolSignals(pool="primary", role="primary", now=0.0, replicas=1, ready_replicas=0, stale=True)
+    assert live_metrics([stale], "t") == {"stale": True, "updatedAt": "t"}
+    assert live_metrics([student], "t") is None
