@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
@@ -16,7 +17,10 @@ from llmfleet.workers.serve.worker import free_port
 
 from .conftest import stop, tiny_service, wait_healthy
 
-pytest.importorskip("ray.serve.llm", reason="ray[serve] (+ pyarrow) not installed: pip install -e '.[ray]' pyarrow")
+# find_spec on top-level names does not import them: importing ray here would install ray's JSON log
+# formatter on the root logger of the whole pytest process (the replica runs ray in its own process).
+if importlib.util.find_spec("ray") is None or importlib.util.find_spec("pyarrow") is None:
+    pytest.skip("ray[serve] (+ pyarrow) not installed: pip install -e '.[ray]'", allow_module_level=True)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
 
