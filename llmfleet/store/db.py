@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy import Engine, Table, create_engine, event
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 from sqlalchemy.pool import NullPool
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
@@ -36,7 +37,7 @@ def normalize_url(url: str | None) -> str:
         return default_url()
     try:
         parsed = make_url(url)
-    except Exception as e:  # noqa: BLE001 - sqlalchemy raises ArgumentError/ValueError variants
+    except (ArgumentError, ValueError) as e:  # make_url's two ways of saying "not a URL"
         raise StoreConfigError(f"invalid database URL {url!r}: {e}") from e
     backend = parsed.get_backend_name()
     if backend not in ("sqlite", "postgresql"):
