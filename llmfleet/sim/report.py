@@ -15,6 +15,21 @@ if TYPE_CHECKING:
     from llmfleet.sim.engine import Fleet, SimConfig, SimResult
 
 
+
+def _finish(fig: Any, ax: Any, xlabel: str, ylabel: str, title: str, legend_size: int, path: Path) -> Path:
+    """Label, grid and legend one plot, save it as PNG and free the figure."""
+    import matplotlib.pyplot as plt
+
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=legend_size)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
 def _pct(a: np.ndarray) -> dict[str, float | None]:
     if a.size == 0:
         return {"p50": None, "p90": None, "p95": None, "p99": None, "mean": None}
@@ -109,30 +124,12 @@ def plot(results: Sequence[SimResult], out: Path, title: str = "") -> list[Path]
         if t.size:
             ax.plot(t, np.arange(1, t.size + 1) / t.size, label=res.router)
     ax.set_xscale("log")
-    ax.set_xlabel("TTFT (s)")
-    ax.set_ylabel("fraction of requests")
-    ax.set_title(title or "TTFT CDF")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    p = out / "ttft_cdf.png"
-    fig.tight_layout()
-    fig.savefig(p, dpi=110)
-    plt.close(fig)
-    paths.append(p)
+    paths.append(_finish(fig, ax, "TTFT (s)", "fraction of requests", title or "TTFT CDF", 8, out / "ttft_cdf.png"))
     fig, ax = plt.subplots(figsize=(7, 4))
     for res in results:
         pools = [k for k in (res.series[0] if res.series else {}) if k not in ("t", "pending")]
         for pool in pools:
             ts = [s["t"] for s in res.series]
             ax.plot(ts, [s[pool]["waiting"] for s in res.series], label=f"{res.router} {pool} waiting")
-    ax.set_xlabel("time (s)")
-    ax.set_ylabel("waiting requests")
-    ax.set_title(title or "queue over time")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    p = out / "queue.png"
-    fig.tight_layout()
-    fig.savefig(p, dpi=110)
-    plt.close(fig)
-    paths.append(p)
+    paths.append(_finish(fig, ax, "time (s)", "waiting requests", title or "queue over time", 7, out / "queue.png"))
     return paths

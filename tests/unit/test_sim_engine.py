@@ -182,3 +182,20 @@ def test_cli(tmp_path: Path) -> None:
     assert r.exit_code == 2 and "missing.jsonl" in r.output
     r = CliRunner().invoke(app, ["sim", "run", "--router", "magic"])
     assert r.exit_code == 2 and "unknown router" in r.output
+
+
+def test_cli_writes_result_json_and_png_plots(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from llmfleet.cli.main import app
+
+    trace = Path(__file__).resolve().parent / "sim_data" / "mooncake_head300.jsonl"
+    out = tmp_path / "sim"
+    result = CliRunner().invoke(app, ["sim", "run", "--trace", str(trace), "--max-requests", "60",
+                                      "--replicas", "2", "--router", "round-robin", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert (out / "result.json").exists()
+    pngs = sorted(p.name for p in out.glob("*.png"))
+    assert {"ttft_cdf.png", "queue.png"} <= set(pngs), pngs
+    for name in ("ttft_cdf.png", "queue.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
