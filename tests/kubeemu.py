@@ -22,10 +22,7 @@ are served here; LIST/WATCH/discovery stay kmock's):
 
 Use it from pytest (async):
 
-    import importlib.util, pathlib
-    spec = importlib.util.spec_from_file_location("kubeemu", pathlib.Path(__file__).parents[N] / "tests/kubeemu.py")
-    kubeemu = importlib.util.module_from_spec(spec); spec.loader.exec_module(kubeemu)
-    # (or `from tests import kubeemu` when the repository root is on sys.path)
+    import kubeemu  # tests/conftest.py puts tests/ on sys.path
 
     async with kubeemu.serve(crds="crds") as (emu, url):
         ...  # point kopf / clients at `url` (plain http, no auth); inspect emu.get(...), emu.list(...)

@@ -3,11 +3,10 @@ TrainingJob with Events on both objects and later resumes it; the Kubernetes act
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from typing import Any
 
+import kubeemu  # tests/conftest.py puts tests/ on sys.path
 import pytest
 
 from llmfleet.autoscaler.actuation import STATE_ANNOTATION, KubernetesActuator
@@ -17,18 +16,8 @@ from llmfleet.operator.kube import KubeClient
 
 ROOT = Path(__file__).resolve().parents[3]
 TJ, IS = "llmfleet.io/v1alpha1/trainingjobs", "llmfleet.io/v1alpha1/inferenceservices"
+
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
-
-
-def _kubeemu() -> Any:
-    if "kubeemu" in sys.modules:
-        return sys.modules["kubeemu"]
-    spec = importlib.util.spec_from_file_location("kubeemu", ROOT / "tests" / "kubeemu.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["kubeemu"] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 ISVC = {
@@ -51,7 +40,6 @@ def events_for(emu: Any, name: str) -> list[str]:
 
 
 async def test_arbitration_suspends_then_resumes_lower_priority_job() -> None:
-    kubeemu = _kubeemu()
     async with kubeemu.serve(crds=ROOT / "crds") as (emu, url):
         client = KubeClient(server=url, headers={})
         try:
@@ -86,7 +74,6 @@ async def test_arbitration_suspends_then_resumes_lower_priority_job() -> None:
 async def test_kubernetes_actuator_patches_pool_replicas_and_state_annotation() -> None:
     from kubernetes import client as k8s
 
-    kubeemu = _kubeemu()
     async with kubeemu.serve(crds=ROOT / "crds") as (emu, url):
         kc = KubeClient(server=url, headers={})
         try:

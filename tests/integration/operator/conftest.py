@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import os
 import pathlib
 import sys
@@ -12,6 +11,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import kubeemu  # tests/conftest.py puts tests/ on sys.path
 import pytest
 
 # Fast timers for tests; read when llmfleet.operator.handlers is first imported (kopf fixes timer intervals).
@@ -22,18 +22,6 @@ ROOT = pathlib.Path(__file__).resolve().parents[3]
 CRDS = ROOT / "crds"
 
 
-def _load_kubeemu() -> Any:
-    if "kubeemu" in sys.modules:
-        return sys.modules["kubeemu"]
-    spec = importlib.util.spec_from_file_location("kubeemu", ROOT / "tests" / "kubeemu.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["kubeemu"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-kubeemu = _load_kubeemu()
 
 KOPF_PEERING_CRDS = [
     {
