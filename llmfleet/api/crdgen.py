@@ -81,7 +81,7 @@ def _structural(node: Schema, defs: dict[str, Schema]) -> Schema:
         out["items"] = _structural(node.get("items", {}), defs)
     if "format" in out and out["format"] not in ("date-time", "int32", "int64", "float", "double", "byte"):
         del out["format"]
-    if isinstance(default, (str, int, float, bool)) and not isinstance(default, dict):
+    if isinstance(default, (str, int, float, bool)):
         out["default"] = default
     if "type" not in out and "x-kubernetes-preserve-unknown-fields" not in out:
         raise ValueError(f"schema node without a type: {node}")
@@ -233,9 +233,9 @@ def _md_rows(node: Schema, path: str, rows: list[tuple[str, str, str, str]]) -> 
             extra.append("one of " + ", ".join(f"`{v}`" for v in sub["enum"]))
         if "default" in sub:
             extra.append(f"default `{sub['default']}`")
-        for key, word in (("minimum", "≥"), ("maximum", "≤")):
+        for key, inclusive, exclusive in (("minimum", "≥", ">"), ("maximum", "≤", "<")):
             if key in sub:
-                word = word.replace("≥", ">") if sub.get(f"exclusive{key.title()}") and key == "minimum" else word
+                word = exclusive if sub.get(f"exclusive{key.title()}") else inclusive
                 extra.append(f"{word} {sub[key]}")
         desc = sub.get("description", "").replace("|", "\\|")
         rows.append((here, kind, desc, "; ".join(extra)))
