@@ -34,32 +34,35 @@ class PrimaryOnly(Router):
         return fleet.routable[fleet.primary]
 
 
-class RoundRobin(PrimaryOnly):
+class _Rotating(PrimaryOnly):
+    """A counter over the primary's replicas: round-robin's turn, least-request's tie-spreading start."""
+
+    def __init__(self) -> None:
+        self.i = 0
+
+    def _turn(self, fleet: Fleet) -> tuple[list[Replica], int]:
+        c = self.candidates(fleet)
+        if not c:
+            return c, 0
+        self.i += 1
+        return c, self.i % len(c)
+
+
+class RoundRobin(_Rotating):
     name = "round-robin"
 
-    def __init__(self) -> None:
-        self.i = 0
-
     def route(self, req: Request, fleet: Fleet, now: float) -> Replica | None:
-        c = self.candidates(fleet)
-        if not c:
-            return None
-        self.i += 1
-        return c[self.i % len(c)]
+        c, k = self._turn(fleet)
+        return c[k] if c else None
 
 
-class LeastRequest(PrimaryOnly):
+class LeastRequest(_Rotating):
     name = "least-request"
 
-    def __init__(self) -> None:
-        self.i = 0
-
     def route(self, req: Request, fleet: Fleet, now: float) -> Replica | None:
-        c = self.candidates(fleet)
+        c, k = self._turn(fleet)  # rotate the start so ties spread
         if not c:
             return None
-        self.i += 1
-        k = self.i % len(c)  # rotate the start so ties spread
         best, best_load = None, 1 << 60
         for r in c[k:] + c[:k]:
             ld = len(r.running) + len(r.waiting)
