@@ -30,7 +30,11 @@ class ServedModel(ApiModel):
 class VLLMSpec(ApiModel):
     """vLLM engine arguments (rendered to `vllm serve` flags)."""
 
-    block_size: int = Field(default=16, description="Paged-attention KV block size in tokens.")
+    block_size: int | None = Field(
+        default=None,
+        description="Paged-attention KV block size in tokens; unset = 16 on GPU pools and 32 on CPU pools "
+        "(resources.gpus: 0), whose attention kernel needs a multiple of 32.",
+    )
     enable_prefix_caching: bool = Field(default=True, description="Reuse KV blocks of shared prompt prefixes.")
     kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = Field(
         default="auto", description="KV-cache dtype; fp8 halves KV memory (twice the tokens per GPU)."
@@ -45,7 +49,7 @@ class VLLMSpec(ApiModel):
 
     @model_validator(mode="after")
     def _check(self) -> VLLMSpec:
-        if self.block_size not in (1, 8, 16, 32, 64, 128, 256):
+        if self.block_size is not None and self.block_size not in (1, 8, 16, 32, 64, 128, 256):
             raise ValueError("blockSize must be one of 1, 8, 16, 32, 64, 128, 256")
         return self
 
@@ -70,7 +74,9 @@ class RouterSpec(ApiModel):
         default="x-session-id", description="Header whose value pins a session to a replica (session-affinity scorer)."
     )
     feature_store_lookup: bool = Field(default=False, description="Look up precomputed responses in the feature store before routing.")
-    block_size_tokens: int = Field(default=16, ge=1, description="Prefix-index block size; match the engine's blockSize.")
+    block_size_tokens: int | None = Field(
+        default=None, ge=1, description="Prefix-index block size; unset = each pool's engine blockSize (resolved)."
+    )
     request_timeout_seconds: float = Field(default=120.0, gt=0, description="Upper bound on one request's time at the router.")
     max_request_bytes: int = Field(default=4 * 1024 * 1024, ge=1024, description="Reject larger request bodies with 413.")
     api_keys_secret: str | None = Field(default=None, description="Secret holding per-tenant API keys and rate limits.")
@@ -203,6 +209,16 @@ class PoolView:
     max_replicas: int
     resources: Resources
     vllm: VLLMSpec
+
+    @property
+    def block_size(self) -> int:
+        """The engine's KV block size: the spec's, else the default for the pool's hardware."""
+        return default_block_size(self.resources) if self.vllm.block_size is None else self.vllm.block_size
+
+
+def default_block_size(resources: Resources) -> int:
+    """16 tokens on GPUs (vLLM's default); 32 on CPU, whose attention kernel needs a multiple of 32."""
+    return 16 if resources.gpus else 32
 
 
 class PoolStatus(StatusModel):

@@ -61,6 +61,11 @@ def register(app: typer.Typer) -> None:
                 render_vllm_args(isvc, pool)
         except InvalidServeSpec as err:
             raise _fail(f"llmfleet up: {file}: {err}") from None
+        for pool in isvc.pools():
+            local = pool.model.path.removeprefix("file://")
+            # A missing local folder would only show as replicas crash-looping in the background.
+            if local.startswith(("/", "./", "../", "~")) and not Path(local).expanduser().exists():
+                raise _fail(f"llmfleet up: {file}: model path {pool.model.path!r} of pool {pool.name} does not exist")
         rdir = (run_dir or run_dir_for(isvc.metadata.name)).resolve()
         old = read_state(rdir)
         if old and pid_alive(old.get("supervisorPid")):

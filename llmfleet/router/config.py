@@ -234,7 +234,7 @@ def router_config_from_service(
                 served_names=[view.served_name],
                 model_path=view.model.path,
                 tokenizer_path=_tokenizer_path(view.model.path),
-                block_size=spec.router.block_size_tokens,
+                block_size=spec.router.block_size_tokens or view.block_size,
                 max_model_len=view.model.max_model_len,
                 kv_events_port=kv_events_port,
                 endpoints=static,
@@ -249,7 +249,7 @@ def router_config_from_service(
         pools=pools,
         scorers={k: v for k, v in spec.router.scorers.items() if k in KNOWN_SCORERS},
         session_affinity_header=spec.router.session_affinity_header,
-        block_size=spec.router.block_size_tokens,
+        block_size=spec.router.block_size_tokens or isvc.pools()[0].block_size,
         slo=SLOConfig(ttft_p95_ms=spec.slo.ttft_p95_ms, tpot_p95_ms=spec.slo.tpot_p95_ms, e2e_p99_ms=spec.slo.e2e_p99_ms),
         fallback=FallbackConfig(
             enabled=bool(fb.pools),

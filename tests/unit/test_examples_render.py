@@ -23,4 +23,4 @@ def test_every_pool_of_every_example_renders(name: str, isvc: InferenceService) 
     for pool in isvc.pools():
         argv = render_vllm_args(isvc, pool, port=8000)
         assert "--model" in argv and "--served-model-name" in argv
-        assert argv[argv.index("--block-size") + 1] == str(pool.vllm.block_size)
+        assert argv[argv.index("--block-size") + 1] == str(pool.block_size)

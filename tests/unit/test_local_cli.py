@@ -24,10 +24,11 @@ def _write(tmp: Path, spec: dict[str, object], kind: str = "InferenceService") -
 @pytest.mark.parametrize(
     ("spec", "needle"),
     [
-        ({"model": {"path": "/m"}}, "blockSize 16 cannot run on CPU"),  # the API default block size, on CPU
+        ({"model": {"path": "/m"}, "vllm": {"blockSize": 16}}, "blockSize 16 cannot run on CPU"),
         ({"model": {"path": "/m"}, "vllm": {"blockSize": 32, "extraArgs": ["--port", "1"]}}, "extraArgs sets --port"),
         ({"model": {"path": "tiny://nope"}, "vllm": {"blockSize": 32}}, "unknown tiny model 'tiny://nope'"),
         ({"model": {}}, "spec.model.path"),
+        ({"model": {"path": "/nonexistent/model"}}, "model path '/nonexistent/model' of pool primary does not exist"),
     ],
 )
 def test_up_rejects_bad_spec(tmp_path: Path, spec: dict[str, object], needle: str) -> None:

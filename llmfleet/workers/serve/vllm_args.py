@@ -64,9 +64,9 @@ def validate_pool(isvc: InferenceService, pool: PoolView) -> None:
             f"{where}.model.quantization {m.quantization!r} has no float32 kernels; use dtype auto, float16 or bfloat16"
         )
     if cpu:
-        if v.block_size % _CPU_BLOCK_MULTIPLE:
+        if pool.block_size % _CPU_BLOCK_MULTIPLE:
             raise InvalidServeSpec(
-                f"{vp}.blockSize {v.block_size} cannot run on CPU (resources.gpus: 0): the CPU attention kernel "
+                f"{vp}.blockSize {pool.block_size} cannot run on CPU (resources.gpus: 0): the CPU attention kernel "
                 f"needs a multiple of {_CPU_BLOCK_MULTIPLE} (32, 64, 128 or 256)"
             )
         if m.quantization in ("fp8", "bitsandbytes"):
@@ -125,7 +125,7 @@ def render_vllm_args(
         "--host", host,
         "--port", str(port),
         "--dtype", m.dtype,
-        "--block-size", str(v.block_size),
+        "--block-size", str(pool.block_size),
         "--enable-prefix-caching" if v.enable_prefix_caching else "--no-enable-prefix-caching",
         "--kv-cache-dtype", v.kv_cache_dtype,
         "--tensor-parallel-size", str(v.tensor_parallel_size),
