@@ -7,7 +7,12 @@ executemany in one transaction on SQLite, COPY on PostgreSQL), --embeddings 384-
 then measures through the production client (`FeatureStoreLookup.lookup`, LRU disabled so every lookup is a
 cache miss that reaches the database):
 
-- exact lookup latency (existing keys in random order; hits read from the database);
+- exact lookup latency (existing keys in random order; hits read from the database) on the fast path (on the
+  event loop), broken down into the prepared query alone, the request -> key work and the rest of the client,
+  with CPU time per lookup; the same through the thread path (`fast_path=False`, the old design) for
+  comparison; the plan of the exact query (must be an index point lookup); and, as a control, the p99 of a
+  fixed CPU-bound computation as long as a median lookup, run after every lookup: on a shared machine that
+  is what preemption alone does to a tail at the same moments;
 - semantic lookup latency: an exact miss, the in-memory index search and the candidate fetch. The query
   vectors are given (a table "embedder"), so this is the store's part; the time to embed the incoming prompt
   with all-MiniLM-L6-v2 is measured separately, since it depends on where the model runs;
@@ -16,14 +21,16 @@ cache miss that reaches the database):
   embedder), and responses/s stored from a local fake OpenAI endpoint (the store's overhead, not a model's).
 
 The embedding vectors of the index are synthetic (a mixture of 2,000 Gaussian clusters on the unit sphere):
-embedding 100k prompts with MiniLM takes longer than the benchmark on a 2-core machine. Prints a table and
-writes benchmarks/results/store_lookup.json.
+embedding 100k prompts with MiniLM takes longer than the benchmark on a 2-core machine. Prints a table and the
+target verdicts, and writes benchmarks/results/store_lookup.json. `--skip-generation --minilm-prompts 0`
+measures the lookups only.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import hashlib
 import json
 import os
@@ -39,12 +46,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from prometheus_client import REGISTRY
 
 from llmfleet.store import db, generation, repo
 from llmfleet.store.embeddings import HashingEmbedder, l2_normalize
 from llmfleet.store.fake_openai import FakeOpenAI, log_record
+from llmfleet.store.fastpath import SqliteReader, compiled_sql, exact_query_plan
 from llmfleet.store.lookup import FeatureStoreLookup
-from llmfleet.store.normalize import params_hash, prompt_hash
+from llmfleet.store.normalize import normalized_prompt, params_hash, prompt_hash, split_request
 from llmfleet.store.pgtemp import TempPostgres
 from llmfleet.store.vector_index import VectorIndex
 
@@ -176,34 +185,133 @@ class TableEmbedder:
         return np.stack([self.table[t] for t in texts])
 
 
-async def bench_exact(url: str, n: int, queries: int) -> dict[str, float]:
-    store = FeatureStoreLookup(url, MODEL, semantic=False, cache_size=0, timeout_ms=1000)
-    rng = random.Random(1)
-    for i in rng.sample(range(n), 200):  # warm the connection pool and the version
-        await store.lookup(tenant_of(i), "chat", body(i))
-    lat, hits = [], 0
-    for i in (rng.randrange(n) for _ in range(queries)):
+def lookup_key(i: int) -> tuple[str, str, str]:
+    """(normalized text, prompt hash, params hash): what `lookup()` computes from the request body."""
+    _, messages, params = split_request("chat", body(i))
+    text = normalized_prompt("chat", None, messages)
+    return text, prompt_hash("chat", text), params_hash(params)
+
+
+async def timed_lookups(store: FeatureStoreLookup, keys: Sequence[int],
+                        control_iterations: int = 0) -> tuple[list[float], float, int, list[float]]:
+    """Per-lookup wall times, CPU seconds per lookup (all threads of the process), hits; with
+    `control_iterations`, each lookup is followed by a fixed CPU-bound computation of that many iterations,
+    timed the same way (the control: what preemption alone does to a tail at the same moments)."""
+    lat, hits, control = [], 0, []
+    cpu = 0.0
+    for i in keys:
+        c0 = time.process_time()
         t0 = time.perf_counter()
         hit = await store.lookup(tenant_of(i), "chat", body(i))
         lat.append(time.perf_counter() - t0)
+        cpu += time.process_time() - c0
         hits += hit is not None
-    # The database part alone (what runs in the worker thread), without the event-loop/thread handoff.
-    sync_lat = []
-    for i in (rng.randrange(n) for _ in range(queries)):
-        text = f"user: {text_of(i)}"
-        t0 = time.perf_counter()
-        store._lookup_db(tenant_of(i), text, prompt_hash("chat", text), PK)
-        sync_lat.append(time.perf_counter() - t0)
-    miss_lat = []
-    for j in range(queries // 4):
-        t0 = time.perf_counter()
-        await store.lookup("t1", "chat", {"messages": [{"role": "user", "content": f"unknown prompt {j}"}], **PARAMS})
-        miss_lat.append(time.perf_counter() - t0)
-    await store.close()
-    return {"exact_p50_ms": pct(lat, 50) * 1e3, "exact_p90_ms": pct(lat, 90) * 1e3, "exact_p99_ms": pct(lat, 99) * 1e3, "exact_hit_rate": hits / queries,
-            "exact_db_p50_ms": pct(sync_lat, 50) * 1e3, "exact_db_p90_ms": pct(sync_lat, 90) * 1e3,
-            "exact_db_p99_ms": pct(sync_lat, 99) * 1e3,
-            "exact_absent_p99_ms": pct(miss_lat, 99) * 1e3}
+        if control_iterations:
+            t0 = time.perf_counter()
+            fixed_work(control_iterations)
+            control.append(time.perf_counter() - t0)
+    return lat, cpu / len(keys), hits, control
+
+
+def fixed_work(iterations: int) -> None:
+    h = b"x"
+    for _ in range(iterations):
+        h = hashlib.sha256(h).digest()
+
+
+def iterations_lasting(seconds: float) -> int:
+    """How many fixed_work iterations take `seconds` of CPU on this machine (calibrated on CPU time)."""
+    c0 = time.process_time()
+    fixed_work(20_000)
+    return max(1, round(seconds / ((time.process_time() - c0) / 20_000)))
+
+
+def fallback_count() -> float:
+    """Fast-path lookups handed to the thread pool so far (SQLite: a lock or the on-loop budget spent)."""
+    return sum(REGISTRY.get_sample_value("llmfleet_store_fast_path_fallbacks_total", {"reason": r}) or 0.0
+               for r in ("budget", "locked"))
+
+
+async def bench_exact(url: str, n: int, queries: int) -> dict[str, Any]:
+    """Exact lookups through `lookup()` (fast path, then the thread path for comparison), and their parts."""
+    out: dict[str, Any] = {}
+    rng = random.Random(1)
+    for prefix, fast in (("exact", True), ("exact_thread", False)):
+        store = FeatureStoreLookup(url, MODEL, semantic=False, cache_size=0, timeout_ms=1000, fast_path=fast)
+        # Connect, resolve the version, warm caches; the control computation lasts a median lookup.
+        warm, _, _, _ = await timed_lookups(store, rng.sample(range(n), 200))
+        control_iterations = iterations_lasting(pct(warm, 50)) if fast else 0
+        fallbacks, gc_before = fallback_count(), gc.get_stats()[2]["collections"]
+        lat, cpu, hits, control = await timed_lookups(store, [rng.randrange(n) for _ in range(queries)],
+                                                      control_iterations)
+        out.update({f"{prefix}_p50_ms": pct(lat, 50) * 1e3, f"{prefix}_p90_ms": pct(lat, 90) * 1e3,
+                    f"{prefix}_p99_ms": pct(lat, 99) * 1e3, f"{prefix}_hit_rate": hits / queries,
+                    f"{prefix}_cpu_us": cpu * 1e6})
+        if fast:
+            out["exact_fallbacks"] = fallback_count() - fallbacks
+            out["exact_gc_full_collections"] = gc.get_stats()[2]["collections"] - gc_before
+            out["exact_floor_p50_ms"], out["exact_floor_p99_ms"] = pct(control, 50) * 1e3, pct(control, 99) * 1e3
+        if fast:
+            # The parts of a fast-path lookup: the prepared query alone (as lookup() awaits it), and the
+            # request -> key work (split, normalize, hash). The rest is the client's overhead.
+            reader = store._get_reader()
+            if isinstance(reader, SqliteReader):
+                reader.on_loop_budget_s = 1.0  # measure the query, never hand it to the thread path
+            backend = store._backend or ""
+            sql = compiled_sql(backend, "exact")
+            vid = store._version[0] if store._version else 0
+            db_lat, key_lat = [], []
+            for i in (rng.randrange(n) for _ in range(queries)):
+                t0 = time.perf_counter()
+                _, phash, pk = lookup_key(i)
+                t1 = time.perf_counter()
+                row = await reader.fetch_one(sql, {"vid": vid, "tenant": tenant_of(i), "phash": phash, "pk": pk,
+                                                   "now": time.time()}, time.monotonic() + 1.0)
+                t2 = time.perf_counter()
+                if row is None:
+                    raise RuntimeError(f"benchmark key {i} not found by the raw exact query")
+                key_lat.append(t1 - t0)
+                db_lat.append(t2 - t1)
+            out.update({"exact_db_p50_ms": pct(db_lat, 50) * 1e3, "exact_db_p90_ms": pct(db_lat, 90) * 1e3,
+                        "exact_db_p99_ms": pct(db_lat, 99) * 1e3, "exact_key_p50_ms": pct(key_lat, 50) * 1e3,
+                        "exact_key_p99_ms": pct(key_lat, 99) * 1e3,
+                        "exact_overhead_p50_ms": (pct(lat, 50) - pct(db_lat, 50) - pct(key_lat, 50)) * 1e3})
+            out["exact_plan"] = await query_plan(url, vid)
+            if backend == "postgresql":
+                # Control for the server side: the round trip of a trivial prepared query on the same
+                # connection pool, interleaved with exact queries (what any PostgreSQL query's tail is now).
+                rt_lat = []
+                for i in (rng.randrange(n) for _ in range(queries)):
+                    await reader.fetch_one(sql, {"vid": vid, "tenant": tenant_of(i), "phash": key_of(i), "pk": PK,
+                                                 "now": time.time()}, time.monotonic() + 1.0)
+                    t0 = time.perf_counter()
+                    await reader.fetch_one("SELECT 1", {}, time.monotonic() + 1.0)
+                    rt_lat.append(time.perf_counter() - t0)
+                out["exact_select1_p50_ms"], out["exact_select1_p99_ms"] = pct(rt_lat, 50) * 1e3, pct(rt_lat, 99) * 1e3
+            miss_lat = []
+            for j in range(queries // 4):
+                t0 = time.perf_counter()
+                await store.lookup("t1", "chat", {"messages": [{"role": "user", "content": f"unknown prompt {j}"}],
+                                                  **PARAMS})
+                miss_lat.append(time.perf_counter() - t0)
+            out["exact_absent_p99_ms"] = pct(miss_lat, 99) * 1e3
+        else:
+            # The thread path's database part alone (what runs in the worker: SQLAlchemy Core + driver).
+            sync_lat = []
+            for i in (rng.randrange(n) for _ in range(queries)):
+                text, phash, pk = lookup_key(i)
+                t0 = time.perf_counter()
+                store._lookup_db(tenant_of(i), text, phash, pk)
+                sync_lat.append(time.perf_counter() - t0)
+            out["exact_thread_db_p99_ms"] = pct(sync_lat, 99) * 1e3
+        await store.close()
+    return out
+
+
+async def query_plan(url: str, vid: int) -> str:
+    """The plan of the fast path's exact query (must be an index point lookup)."""
+    return await exact_query_plan(url, {"vid": vid, "tenant": tenant_of(0), "phash": key_of(0), "pk": PK,
+                                        "now": time.time()})
 
 
 async def bench_semantic(url: str, vecs: np.ndarray, queries: int) -> dict[str, float]:
@@ -331,6 +439,8 @@ def main() -> None:
     ap.add_argument("--gen-distinct", type=int, default=20_000)
     ap.add_argument("--minilm-prompts", type=int, default=1000)
     ap.add_argument("--quick", action="store_true", help="100k prompts, 10k embeddings, 1k queries")
+    ap.add_argument("--skip-generation", action="store_true", help="lookups only (while iterating)")
+    ap.add_argument("--note", default="", help="free text stored in the results (e.g. what else ran)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "store_lookup.json"))
     args = ap.parse_args()
     if args.quick:
@@ -361,9 +471,10 @@ def main() -> None:
                 print(f"[{backend}] populated in {r['populate_s']:.0f}s; lookups", file=sys.stderr, flush=True)
                 r.update(asyncio.run(bench_exact(url, args.prompts, args.queries)))
                 r.update(asyncio.run(bench_semantic(url, vecs, args.queries)))
-                print(f"[{backend}] generation", file=sys.stderr, flush=True)
-                r.update(asyncio.run(bench_generation(gen_url, folder, args.gen_lines, args.gen_distinct,
-                                                      args.minilm_prompts)))
+                if not args.skip_generation:
+                    print(f"[{backend}] generation", file=sys.stderr, flush=True)
+                    r.update(asyncio.run(bench_generation(gen_url, folder, args.gen_lines, args.gen_distinct,
+                                                          args.minilm_prompts)))
                 results[backend] = r
             finally:
                 if pg is not None:
@@ -373,11 +484,16 @@ def main() -> None:
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "machine": {**machine(), "load_average_1m_at_start": load_start},
+        "note": args.note,
         "sizes": {"prompt_rows": args.prompts, "response_rows": args.prompts, "embeddings": args.embeddings,
                   "queries": args.queries, "gen_log_lines": args.gen_lines, "gen_distinct_max": args.gen_distinct},
         "targets": {"exact_p99_ms": 1.0, "semantic_p99_ms": 10.0},
         "results": results,
     }
+    m = doc["machine"]
+    # Other processes on the box (load average above half the CPUs) stretch every tail: say so in the file.
+    m["contended"] = max(m["load_average_1m_at_start"], m["load_average_1m_at_end"]) > 0.5 * (m["cpus"] or 1)
+    doc["verdicts"] = verdicts(doc)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
     print_table(doc)
@@ -391,10 +507,24 @@ def print_table(doc: dict[str, Any]) -> None:
         ("exact lookup p50 (ms)", "exact_p50_ms", "{:.3f}"),
         ("exact lookup p90 (ms)", "exact_p90_ms", "{:.3f}"),
         ("exact lookup p99 (ms) [target <= 1]", "exact_p99_ms", "{:.3f}"),
-        ("  database part only p50 (ms)", "exact_db_p50_ms", "{:.3f}"),
-        ("  database part only p90 (ms)", "exact_db_p90_ms", "{:.3f}"),
-        ("  database part only p99 (ms)", "exact_db_p99_ms", "{:.3f}"),
+        ("  CPU per lookup (us)", "exact_cpu_us", "{:.0f}"),
+        ("  prepared query alone p50 (ms)", "exact_db_p50_ms", "{:.3f}"),
+        ("  prepared query alone p90 (ms)", "exact_db_p90_ms", "{:.3f}"),
+        ("  prepared query alone p99 (ms)", "exact_db_p99_ms", "{:.3f}"),
+        ("  control: SELECT 1 round trip p50 (ms)", "exact_select1_p50_ms", "{:.3f}"),
+        ("  control: SELECT 1 round trip p99 (ms)", "exact_select1_p99_ms", "{:.3f}"),
+        ("  request -> key p50 (ms)", "exact_key_p50_ms", "{:.3f}"),
+        ("  request -> key p99 (ms)", "exact_key_p99_ms", "{:.3f}"),
+        ("  rest of the client, p50 (ms)", "exact_overhead_p50_ms", "{:.3f}"),
+        ("  handed to the thread pool (lookups)", "exact_fallbacks", "{:.0f}"),
+        ("  full GC collections during them", "exact_gc_full_collections", "{:.0f}"),
+        ("  control: fixed CPU work, interleaved, p50 (ms)", "exact_floor_p50_ms", "{:.3f}"),
+        ("  control: fixed CPU work, interleaved, p99 (ms)", "exact_floor_p99_ms", "{:.3f}"),
         ("exact lookup, absent key p99 (ms)", "exact_absent_p99_ms", "{:.3f}"),
+        ("exact, thread path (before) p50 (ms)", "exact_thread_p50_ms", "{:.3f}"),
+        ("exact, thread path (before) p99 (ms)", "exact_thread_p99_ms", "{:.3f}"),
+        ("  its CPU per lookup (us)", "exact_thread_cpu_us", "{:.0f}"),
+        ("  its worker-thread part p99 (ms)", "exact_thread_db_p99_ms", "{:.3f}"),
         ("semantic lookup p50 (ms)", "semantic_p50_ms", "{:.3f}"),
         ("semantic lookup p90 (ms)", "semantic_p90_ms", "{:.3f}"),
         ("semantic lookup p99 (ms) [target <= 10]", "semantic_p99_ms", "{:.3f}"),
@@ -409,18 +539,57 @@ def print_table(doc: dict[str, Any]) -> None:
     ]
     sizes = doc["sizes"]
     m = doc["machine"]
-    print(f"\n{m['cpus']} x {m['cpu']}, load average {m['load_average_1m_at_start']} -> {m['load_average_1m_at_end']}")
+    print(f"\n{m['cpus']} x {m['cpu']}, load average {m['load_average_1m_at_start']} -> {m['load_average_1m_at_end']}"
+          + (" (CONTENDED: other processes competed for the CPUs; tails are not the store's)"
+             if m.get("contended") else ""))
     print(f"feature store: {sizes['prompt_rows']:,} prompt rows, {sizes['response_rows']:,} responses, "
           f"{sizes['embeddings']:,} embeddings, {sizes['queries']:,} queries")
     print(f"{'':44}" + "".join(f"{b:>14}" for b in backends))
     for label, key, fmt in rows:
         print(f"{label:44}" + "".join(f"{fmt.format(res[b][key]) if key in res[b] else '-':>14}" for b in backends))
+    for b in backends:
+        if "exact_plan" in res[b]:
+            print(f"{b} plan of the exact query: {res[b]['exact_plan']}")
     bf, ml = res.get("brute_force", {}), res.get("minilm", {})
     if bf:
         print(f"brute-force scan of all embeddings, p99: {bf['brute_force_search_p99_ms']:.2f} ms")
     if ml:
         print(f"MiniLM embedding of one incoming prompt: p50 {ml['minilm_query_p50_ms']:.1f} ms, "
               f"p99 {ml['minilm_query_p99_ms']:.1f} ms (load {ml['minilm_load_s']:.1f} s)")
+
+    for line in verdicts(doc):
+        print(line)
+
+
+def uses_index(backend: str, plan: str) -> bool:
+    if backend == "sqlite":
+        return "USING INDEX sqlite_autoindex_responses" in plan or "USING INDEX uq_responses_key" in plan
+    return "Index Scan using uq_responses_key" in plan
+
+
+def verdicts(doc: dict[str, Any]) -> list[str]:
+    res, targets = doc["results"], doc["targets"]
+    out = []
+    for b in ("sqlite", "postgresql"):
+        if b not in res:
+            continue
+        r = res[b]
+        for what, key, target in (("exact p99", "exact_p99_ms", targets["exact_p99_ms"]),
+                                  ("semantic p99", "semantic_p99_ms", targets["semantic_p99_ms"])):
+            if key in r:
+                ok = "MET" if r[key] <= target else "NOT MET"
+                note = ""
+                if key == "exact_p99_ms" and "exact_floor_p99_ms" in r:
+                    note = (f" (control: a fixed {r['exact_floor_p50_ms'] * 1e3:.0f} us computation run after "
+                            f"each lookup had p99 {r['exact_floor_p99_ms']:.3f} ms")
+                    if "exact_select1_p99_ms" in r:
+                        note += f"; a SELECT 1 round trip had p99 {r['exact_select1_p99_ms']:.3f} ms"
+                    note += ")"
+                out.append(f"target {b:10} {what:13} {r[key]:7.3f} ms <= {target:g} ms: {ok}{note}")
+        if "exact_plan" in r:
+            out.append(f"target {b:10} exact query uses the uq_responses_key index: "
+                       f"{'yes' if uses_index(b, r['exact_plan']) else 'NO'}")
+    return out
 
 
 if __name__ == "__main__":

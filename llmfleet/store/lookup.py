@@ -1,8 +1,10 @@
 """Online lookups for the router: exact (normalized-prompt hash) then semantic (cosine >= threshold).
 
 Both are scoped to the tenant and the current model version, bounded by a deadline, and fail open: any
-timeout or database error returns None (the request goes to the model) and is counted. Database work runs
-in a small thread pool so the event loop never blocks; a timed-out call is abandoned, not waited for.
+timeout or database error returns None (the request goes to the model) and is counted. The exact lookup (and
+the model-version check) runs on the event loop through the fast path of fastpath.py: one prepared point
+query, bounded on the loop. Semantic lookups (embedding, index search, candidate fetch), index refreshes and
+statistics run in a small thread pool; a timed-out call is abandoned, not waited for.
 Construction is cheap: no connection, no torch, no model load until the first lookup (or `warmup()`).
 """
 
@@ -12,18 +14,29 @@ import asyncio
 import json
 import threading
 import time
-from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import numpy as np
-from sqlalchemy import Engine, Table, and_, or_, select
+from sqlalchemy import Engine, Table, select
 from sqlalchemy.exc import SQLAlchemyError
 
 from llmfleet.store.db import default_url as _default_url
 from llmfleet.store.db import dialect_insert, make_engine, normalize_url
+from llmfleet.store.fastpath import (
+    PostgresReader,
+    ReaderDatabaseError,
+    ReaderFallbackError,
+    SqliteReader,
+    backend_of,
+    compiled_sql,
+    exact_statement,
+    live_responses,
+    version_statement,
+)
+from llmfleet.store.lookup_cache import LRU, Cached, LookupResult, Outcome
 from llmfleet.store.metrics import store_metrics
 from llmfleet.store.models import Embedding, LookupStat, PromptFeature, Response
 from llmfleet.store.normalize import (
@@ -43,61 +56,7 @@ _R = cast(Table, Response.__table__)
 _E = cast(Table, Embedding.__table__)
 _F = cast(Table, PromptFeature.__table__)
 _S = cast(Table, LookupStat.__table__)
-
-
-@dataclass(frozen=True)
-class LookupResult:
-    """A precomputed response the router can return instead of calling the model."""
-
-    kind: Literal["exact", "semantic"]
-    response: dict[str, Any]
-    similarity: float
-    prompt_hash: str
-    model_version: str
-    age_s: float
-
-
-@dataclass(frozen=True)
-class _Cached:
-    kind: str
-    body: str | None  # None: a negative entry
-    similarity: float
-    prompt_hash: str
-    version: str
-    created_at: float
-    valid_until: float
-
-
-class _LRU:
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._d: OrderedDict[Any, _Cached] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: Any) -> _Cached | None:
-        with self._lock:
-            v = self._d.get(key)
-            if v is not None:
-                self._d.move_to_end(key)
-            return v
-
-    def put(self, key: Any, value: _Cached) -> None:
-        if self.size <= 0:
-            return
-        with self._lock:
-            self._d[key] = value
-            self._d.move_to_end(key)
-            while len(self._d) > self.size:
-                self._d.popitem(last=False)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._d.clear()
-
-
-class _Outcome(Exception):  # noqa: N818 - internal control flow: a counted fail-open reason
-    def __init__(self, reason: str) -> None:
-        self.reason = reason
+_T = TypeVar("_T")
 
 
 class FeatureStoreLookup:
@@ -120,6 +79,8 @@ class FeatureStoreLookup:
         error_backoff_s: float = 1.0,
         stats_flush_s: float = 30.0,
         max_workers: int = 4,
+        fast_path: bool = True,
+        sqlite_on_loop_ms: float = 2.0,
     ) -> None:
         self.url = normalize_url(url)
         self.model = model
@@ -135,7 +96,7 @@ class FeatureStoreLookup:
         self.error_backoff_s = error_backoff_s
         self.stats_flush_s = stats_flush_s
         self.max_workers = max_workers
-        self._cache = _LRU(cache_size)
+        self._cache = LRU(cache_size)
         self._engine: Engine | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
@@ -154,6 +115,11 @@ class FeatureStoreLookup:
         self._stats_at = time.time()
         self._metrics = store_metrics()
         self._closed = False
+        self._db_used = False  # a lookup reached the database: close() flushes the statistics
+        # The exact-lookup fast path (on the event loop); False runs it in the thread pool like the rest.
+        self._backend = backend_of(self.url) if fast_path else None
+        self.sqlite_on_loop_s = sqlite_on_loop_ms / 1000.0
+        self._reader: SqliteReader | PostgresReader | None = None
 
     @classmethod
     def from_spec(
@@ -195,22 +161,17 @@ class FeatureStoreLookup:
                     kind, result = hit.kind, "hit" if hit.body is not None else "miss"
                     return self._result(hit)
             if time.monotonic() < self._backoff_until:
-                raise _Outcome("backoff")
-            with self._lock:
-                if self._inflight >= self.max_workers:
-                    raise _Outcome("busy")
-                self._inflight += 1
-            fut = self._pool().submit(self._lookup_sync, tenant, text, phash, pk)
-            fut.add_done_callback(self._done)
-            try:
-                cached = await asyncio.wait_for(asyncio.wrap_future(fut), timeout=self.timeout_s)
-            except TimeoutError:
-                raise _Outcome("timeout") from None
+                raise Outcome("backoff")
+            deadline = time.monotonic() + self.timeout_s
+            if self._backend is not None:
+                cached = await self._lookup_fast(tenant, text, phash, pk, deadline)
+            else:
+                cached = await self._in_thread(deadline, self._lookup_sync, tenant, text, phash, pk)
             if cached is None:
                 return None
             kind, result = cached.kind, "hit" if cached.body is not None else "miss"
             return self._result(cached)
-        except _Outcome as o:
+        except Outcome as o:
             kind, result = "none", "error"
             m.errors.labels(o.reason).inc()
             return None
@@ -228,7 +189,7 @@ class FeatureStoreLookup:
         loop = asyncio.get_running_loop()
         try:
             await loop.run_in_executor(self._pool(), self._warmup_sync)
-        except _Outcome as o:
+        except Outcome as o:
             self._metrics.errors.labels(o.reason).inc()
             return False
         except SQLAlchemyError:
@@ -243,7 +204,9 @@ class FeatureStoreLookup:
         if self._closed:
             return
         self._closed = True
-        if self._engine is not None:
+        if self._reader is not None:
+            await self._reader.aclose()
+        if self._engine is not None or (self._db_used and self._stats):
             try:
                 await asyncio.wait_for(asyncio.to_thread(self._flush_stats), timeout=2.0)
             except (TimeoutError, SQLAlchemyError):
@@ -290,7 +253,7 @@ class FeatureStoreLookup:
         return self._embedder
 
     @staticmethod
-    def _result(c: _Cached) -> LookupResult | None:
+    def _result(c: Cached) -> LookupResult | None:
         if c.body is None:
             return None
         return LookupResult(
@@ -305,7 +268,8 @@ class FeatureStoreLookup:
     def _count(self, tenant: str, kind: str, result: str) -> None:
         key = (tenant, kind, result)
         self._stats[key] = self._stats.get(key, 0) + 1
-        if self._engine is not None and time.time() - self._stats_at > self.stats_flush_s and not self._closed:
+        due = time.time() - self._stats_at > self.stats_flush_s
+        if due and (self._engine is not None or self._db_used) and not self._closed:
             self._stats_at = time.time()
             self._pool().submit(self._flush_stats_safe)
 
@@ -334,47 +298,118 @@ class FeatureStoreLookup:
                 rows,
             )
 
+    # --- exact lookups: fast path on the event loop ------------------------------------------------------
+
+    def _get_reader(self) -> SqliteReader | PostgresReader:
+        if self._reader is None:
+            if self._backend == "sqlite":
+                self._reader = SqliteReader(self.url, on_loop_budget_s=self.sqlite_on_loop_s)
+            else:
+                self._reader = PostgresReader(self.url, size=self.max_workers, connect_timeout_s=self.timeout_s,
+                                              statement_timeout_ms=self.timeout_s * 1000.0)
+        return self._reader
+
+    def _drop_connections(self) -> None:
+        """Close every pooled connection now (tests: what a database restart does to open handles)."""
+        if self._reader is not None:
+            self._reader.close()
+        if self._engine is not None:
+            self._engine.dispose()
+
+    def _version_params(self) -> tuple[str, dict[str, Any]]:
+        if self.pinned_version is not None:
+            return "version_pinned", {"model": self.model, "version": self.pinned_version}
+        return "version", {"model": self.model}
+
+    def _found_version(self, row: Any, now: float) -> tuple[int, str, float]:
+        if row is None:
+            raise Outcome("no_model_version")
+        found = (int(row[0]), str(row[1]), float(row[2]))
+        self._version, self._version_at = found, now
+        return found
+
+    async def _lookup_fast(self, tenant: str, text: str, phash: str, pk: str, deadline: float) -> Cached | None:
+        reader = self._get_reader()
+        backend = cast(str, self._backend)
+        now = time.time()
+        try:
+            version = self._version
+            if version is None or now - self._version_at >= self.version_refresh_s:
+                which, params = self._version_params()
+                version = self._found_version(await reader.fetch_one(compiled_sql(backend, which), params, deadline),
+                                              now)
+            vid, version_name, epoch = version
+            key = (vid, epoch, tenant, phash, pk)
+            hit = self._cache.get(key)
+            if hit is not None and now < hit.valid_until:  # another lookup filled it since the caller looked
+                self._metrics.cache_hits.inc()
+                return hit
+            row = await reader.fetch_one(compiled_sql(backend, "exact"),
+                                         {"vid": vid, "tenant": tenant, "phash": phash, "pk": pk, "now": now},
+                                         deadline)
+        except ReaderFallbackError as e:  # SQLite locked or slow: the thread path, with what is left of the deadline
+            self._metrics.fast_path_fallbacks.labels(e.reason).inc()
+            return await self._in_thread(deadline, self._lookup_sync, tenant, text, phash, pk)
+        except ReaderDatabaseError:
+            self._backoff_until = time.monotonic() + self.error_backoff_s
+            raise Outcome("db_error") from None
+        except TimeoutError:
+            raise Outcome("timeout") from None
+        self._db_used = True
+        if row is not None:
+            found = Cached("exact", row[0], 1.0, phash, version_name, row[1], row[2] or now + 3600)
+            self._cache.put(key, found)
+            return found
+        if self.semantic:
+            sem = await self._in_thread(deadline, self._semantic_sync, tenant, text, pk, vid, version_name)
+            if sem is not None:
+                self._cache.put(key, sem)
+                return sem
+        self._cache.put(key, Cached("exact", None, 0.0, phash, version_name, now, now + self.negative_ttl_s))
+        return None
+
+    # --- the thread path: semantic lookups, and exact ones when the fast path is off or falls back ------
+
+    async def _in_thread(self, deadline: float, fn: Callable[..., _T], *args: Any) -> _T:
+        with self._lock:
+            if self._inflight >= self.max_workers:
+                raise Outcome("busy")
+            self._inflight += 1
+        fut = self._pool().submit(fn, *args)
+        fut.add_done_callback(self._done)
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(fut), timeout=max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            raise Outcome("timeout") from None
+
     def _resolve_version(self, conn: Any) -> tuple[int, str, float]:
         """(version id, version, epoch): the epoch (when the model last changed version) is part of every
         LRU key, so switching to another version and back never serves what the LRU held before."""
         now = time.time()
         if self._version is not None and now - self._version_at < self.version_refresh_s:
             return self._version
-        from llmfleet.store.models import Model, ModelVersion
+        which, params = self._version_params()
+        return self._found_version(conn.execute(version_statement(which == "version_pinned"), params).first(), now)
 
-        mt, vt = cast(Table, Model.__table__), cast(Table, ModelVersion.__table__)
-        if self.pinned_version is not None:
-            on = and_(vt.c.model_id == mt.c.id, vt.c.version == self.pinned_version)
-        else:
-            on = mt.c.current_version_id == vt.c.id
-        row = conn.execute(
-            select(vt.c.id, vt.c.version, mt.c.updated_at).select_from(mt.join(vt, on)).where(mt.c.name == self.model)
-        ).first()
-        if row is None:
-            raise _Outcome("no_model_version")
-        found = (int(row[0]), str(row[1]), float(row[2]))
-        self._version, self._version_at = found, now
-        return found
-
-    def _lookup_sync(self, tenant: str, text: str, phash: str, pk: str) -> _Cached | None:
+    def _db_errors_open(self, fn: Any, *args: Any) -> Any:
         try:
-            return self._lookup_db(tenant, text, phash, pk)
-        except SQLAlchemyError:
+            return fn(*args)
+        except (SQLAlchemyError, OSError):
             self._backoff_until = time.monotonic() + self.error_backoff_s
-            raise _Outcome("db_error") from None
-        except OSError:
-            self._backoff_until = time.monotonic() + self.error_backoff_s
-            raise _Outcome("db_error") from None
+            raise Outcome("db_error") from None
 
-    def _lookup_db(self, tenant: str, text: str, phash: str, pk: str) -> _Cached | None:
+    def _lookup_sync(self, tenant: str, text: str, phash: str, pk: str) -> Cached | None:
+        return cast("Cached | None", self._db_errors_open(self._lookup_db, tenant, text, phash, pk))
+
+    def _semantic_sync(self, tenant: str, text: str, pk: str, vid: int, version: str) -> Cached | None:
+        def run() -> Cached | None:
+            with self._eng().connect() as conn:
+                return self._semantic(conn, tenant, text, pk, vid, version)
+
+        return cast("Cached | None", self._db_errors_open(run))
+
+    def _lookup_db(self, tenant: str, text: str, phash: str, pk: str) -> Cached | None:
         now = time.time()
-        live = (
-            _R.c.model_version_id,
-            _R.c.tenant == tenant,
-            _R.c.params_hash == pk,
-            _R.c.invalidated_at.is_(None),
-            or_(_R.c.expires_at.is_(None), _R.c.expires_at > now),
-        )
         with self._eng().connect() as conn:
             vid, version, epoch = self._resolve_version(conn)
             key = (vid, epoch, tenant, phash, pk)
@@ -383,26 +418,25 @@ class FeatureStoreLookup:
                 self._metrics.cache_hits.inc()
                 return hit
             row = conn.execute(
-                select(_R.c.response, _R.c.created_at, _R.c.expires_at).where(
-                    live[0] == vid, _R.c.prompt_hash == phash, *live[1:]
-                )
+                exact_statement(), {"vid": vid, "tenant": tenant, "phash": phash, "pk": pk, "now": now}
             ).first()
+            self._db_used = True
             if row is not None:
-                found = _Cached("exact", row[0], 1.0, phash, version, row[1], row[2] or now + 3600)
+                found = Cached("exact", row[0], 1.0, phash, version, row[1], row[2] or now + 3600)
                 self._cache.put(key, found)
                 return found
             if self.semantic:
-                sem = self._semantic(conn, tenant, text, vid, version, live)
+                sem = self._semantic(conn, tenant, text, pk, vid, version)
                 if sem is not None:
                     self._cache.put(key, sem)
                     return sem
-        self._cache.put(key, _Cached("exact", None, 0.0, phash, version, now, now + self.negative_ttl_s))
+        self._cache.put(key, Cached("exact", None, 0.0, phash, version, now, now + self.negative_ttl_s))
         return None
 
-    def _semantic(self, conn: Any, tenant: str, text: str, vid: int, version: str, live: tuple[Any, ...]) -> _Cached | None:
+    def _semantic(self, conn: Any, tenant: str, text: str, pk: str, vid: int, version: str) -> Cached | None:
         self._maybe_refresh_index()
         if not self._index_ready:
-            raise _Outcome("index_not_ready")
+            raise Outcome("index_not_ready")
         index = self._indexes.get(tenant)
         if index is None or not len(index):
             return None
@@ -411,17 +445,17 @@ class FeatureStoreLookup:
         if not cands:
             return None
         sims = {self._feature_hash[fid]: s for fid, s in cands if fid in self._feature_hash}
+        now = time.time()
+        # The exact statement's liveness and scoping, for the candidates' prompt hashes.
+        live = live_responses(_R.c.prompt_hash, _R.c.response, _R.c.created_at, _R.c.expires_at)
         rows = conn.execute(
-            select(_R.c.prompt_hash, _R.c.response, _R.c.created_at, _R.c.expires_at).where(
-                live[0] == vid, _R.c.prompt_hash.in_(list(sims)), *live[1:]
-            )
+            live.where(_R.c.prompt_hash.in_(list(sims))), {"vid": vid, "tenant": tenant, "pk": pk, "now": now}
         ).all()
         if not rows:
             return None
         best = max(rows, key=lambda r: sims[r[0]])
-        now = time.time()
         until = min(best[3] or now + 3600, now + self.index_refresh_s * 6)
-        return _Cached("semantic", best[1], sims[best[0]], best[0], version, best[2], until)
+        return Cached("semantic", best[1], sims[best[0]], best[0], version, best[2], until)
 
     # Vector index: built once in the background, then extended with embeddings whose id > the last seen.
 

@@ -15,6 +15,7 @@ class StoreMetrics:
     errors: Counter
     cache_hits: Counter
     index_vectors: Gauge
+    fast_path_fallbacks: Counter
     generated: Counter
 
 
@@ -31,6 +32,9 @@ def store_metrics() -> StoreMetrics:
                        "Lookups that failed open (timeout, database error, busy, ...).", ["reason"]),
         cache_hits=Counter("llmfleet_store_cache_hits_total", "Lookups answered by the in-process LRU."),
         index_vectors=Gauge("llmfleet_store_index_vectors", "Vectors in the in-memory semantic index."),
+        fast_path_fallbacks=Counter("llmfleet_store_fast_path_fallbacks_total",
+                                    "Exact lookups SQLite could not answer on the event loop (a lock, or the "
+                                    "on-loop budget spent) and handed to the thread pool.", ["reason"]),
         generated=Counter("llmfleet_store_generated_total", "Offline generation items by stage and result.",
                           ["stage", "result"]),
     )

@@ -43,7 +43,9 @@ class BadRequestError(ValueError):
 
 def normalize_text(text: str) -> str:
     """NFC, whitespace runs collapsed to one space, ends stripped. Case is kept: it can change the answer."""
-    return _WS.sub(" ", unicodedata.normalize("NFC", text)).strip()
+    if not text.isascii():  # ASCII is already NFC; skipping the call keeps the router's hot path cheap
+        text = unicodedata.normalize("NFC", text)
+    return _WS.sub(" ", text).strip()
 
 
 def _content_text(content: Any) -> str:
