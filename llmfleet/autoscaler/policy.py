@@ -20,34 +20,37 @@ signals hold the current size and block scale-down for a whole down-window.
 from __future__ import annotations
 
 import copy
-import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
 from llmfleet.autoscaler.capacity import (
     DEFAULT_SEED,
     CapacitySeed,
-    Holt,
     learn_efficiency,
     prefill_seconds,
     replicas_for_ttft,
     service_seconds,
     wait_p95_seconds,
 )
+from llmfleet.autoscaler.state import Action, PolicyState, PoolState
+
+__all__ = ["Action", "Decision", "PolicyConfig", "PolicyState", "PoolConfig", "PoolDecision", "PoolSignals",
+           "PoolState", "decide"]
 
 if TYPE_CHECKING:
     from llmfleet.api.inferenceservice import InferenceService
 
 Role = Literal["primary", "student"]
 PolicyName = Literal["slo", "queue", "static"]
-Action = Literal["up", "down", "hold"]
 
 DEFAULT_COLD_START_S = 60.0
 # Fraction of the TTFT SLO the model plans for; the rest is headroom for noise and model error.
 TTFT_TARGET_FRACTION = 0.7
 MAX_UTILIZATION = 0.85
+BURST_FORECAST_CAP = 2.0
+IDLE_FRACTION = 0.5
 STATE_ANNOTATION = "llmfleet.io/autoscaler-state"
 
 
@@ -117,6 +120,12 @@ class PolicyConfig:
     cold_start_s: float | None = None
     ttft_target_fraction: float = TTFT_TARGET_FRACTION
     max_utilization: float = MAX_UTILIZATION
+    # Student pools are sized for the demand one primary cold start ahead with the last jump's slope kept,
+    # up to this multiple of the current rate (they start fast and shrink fast, so overshoot is cheap).
+    burst_forecast_cap: float = BURST_FORECAST_CAP
+    # Scale-down by the excess (halving the gap per cooldown) when, over a short window, the forecast
+    # needs at most this fraction of the current replicas ("clearly idle"); 0 disables. See _stabilize.
+    idle_fraction: float = IDLE_FRACTION
 
     def pool(self, name: str) -> PoolConfig:
         for p in self.pools:
@@ -158,68 +167,6 @@ class PolicyConfig:
         )
         values.update(overrides)
         return cls(**values)  # type: ignore[arg-type]
-
-
-@dataclass
-class PoolState:
-    """Memory of one pool across decisions."""
-
-    history: list[tuple[float, int]] = field(default_factory=list)  # (time, raw recommendation)
-    last_action_at: float | None = None
-    last_action: Action = "hold"
-    efficiency: float = 1.0  # learned capacity / seeded capacity
-    arrival: Holt = field(default_factory=Holt)
-    cold_start_s: float | None = None  # measured
-    pending: tuple[float, int] | None = None  # (since, target) of a scale-up not ready yet
-    first_seen: float | None = None
-
-
-@dataclass
-class PolicyState:
-    """Memory of all pools. `to_json`/`from_json` persist what must survive a restart (annotation)."""
-
-    pools: dict[str, PoolState] = field(default_factory=dict)
-
-    def pool(self, name: str) -> PoolState:
-        return self.pools.setdefault(name, PoolState())
-
-    def to_json(self) -> str:
-        out = {
-            name: {
-                "lastActionAt": s.last_action_at,
-                "lastAction": s.last_action,
-                "efficiency": round(s.efficiency, 4),
-                "coldStartSeconds": s.cold_start_s,
-            }
-            for name, s in sorted(self.pools.items())
-        }
-        return json.dumps(out, sort_keys=True, separators=(",", ":"))
-
-    @classmethod
-    def from_json(cls, text: str | None) -> PolicyState:
-        """Restore from an annotation; anything unreadable starts fresh (which never scales down early)."""
-        state = cls()
-        if not text:
-            return state
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError:
-            return state
-        if not isinstance(data, dict):
-            return state
-        for name, item in data.items():
-            if not isinstance(item, dict):
-                continue
-            s = state.pool(str(name))
-            if isinstance(item.get("lastActionAt"), int | float):
-                s.last_action_at = float(item["lastActionAt"])
-            if item.get("lastAction") in ("up", "down", "hold"):
-                s.last_action = item["lastAction"]
-            if isinstance(item.get("efficiency"), int | float) and item["efficiency"] > 0:
-                s.efficiency = float(item["efficiency"])
-            if isinstance(item.get("coldStartSeconds"), int | float) and item["coldStartSeconds"] > 0:
-                s.cold_start_s = float(item["coldStartSeconds"])
-        return state
 
 
 @dataclass(frozen=True)
@@ -280,24 +227,52 @@ def _mu(pool: PoolConfig, st: PoolState, sig: PoolSignals) -> float:
     return 1.0 / cost if cost > 0 else math.inf
 
 
-def _slo_primary(cfg: PolicyConfig, pool: PoolConfig, st: PoolState, sig: PoolSignals) -> tuple[int, list[str], float]:
-    """Raw recommendation of the slo policy for a primary pool; returns (replicas, reasons, forecast rate)."""
+def _learn(pool: PoolConfig, st: PoolState, sig: PoolSignals) -> None:
+    """Update the pool's capacity estimate from the interval's throughput.
+
+    Throughput is counted from completions: in an interval where replicas joined, or where the backlog
+    was only building up (the batch filling, completions lagging admissions), it understates capacity.
+    Saturated throughput is the capacity only with the same ready replicas saturated at both ends;
+    otherwise it is a lower bound like any unsaturated interval.
+    """
+    saturated = sig.queue_depth is not None and sig.queue_depth >= max(1, sig.ready_replicas)
+    steady = saturated and st.prev_saturated and st.prev_ready == sig.ready_replicas
+    st.prev_ready, st.prev_saturated = sig.ready_replicas, saturated
+    st.efficiency = learn_efficiency(
+        st.efficiency, sig.prefill_tokens_per_s, sig.decode_tokens_per_s, sig.ready_replicas, pool.seed, steady
+    )
+
+
+def _slo_primary(
+    cfg: PolicyConfig, pool: PoolConfig, st: PoolState, sig: PoolSignals
+) -> tuple[int, list[str], float, float]:
+    """Raw recommendation of the slo policy for a primary pool.
+
+    Returns (replicas, reasons, planned rate, burst rate): the burst rate is what student pools are sized
+    for while the primary cold-starts (the demand one cold start ahead at the last jump's slope).
+    """
     reasons: list[str] = []
     rate = float(sig.arrival_rate or 0.0)
-    saturated = sig.queue_depth is not None and sig.queue_depth >= max(1, sig.ready_replicas)
-    st.efficiency = learn_efficiency(
-        st.efficiency, sig.prefill_tokens_per_s, sig.decode_tokens_per_s, sig.ready_replicas, pool.seed, saturated
-    )
+    _learn(pool, st, sig)
     cold = cold_start_seconds(cfg, pool, st)
     st.arrival.update(sig.now, rate)
     level = st.arrival.level if st.arrival.level is not None else rate
     # Smoothed level (noise), except a jump well above it is a burst: a level shift, taken at once.
     if rate > 1.5 * level:
         st.arrival.level, st.arrival.trend, level = rate, 0.0, rate
+        st.burst_until = sig.now + cold
     base = level
+    jump = max(rate - (st.prev_rate if st.prev_rate is not None else rate), 0.0) / max(cfg.interval_s, 1e-6)
+    st.prev_rate = rate
+    burst = min(rate + jump * cold, cfg.burst_forecast_cap * rate)
     forecast = st.arrival.forecast(cold + cfg.interval_s) or base
     # A trend extrapolated over a cold start overshoots after a step: plan for at most +25 % of the base.
     planned = max(base, min(forecast, 1.25 * base))
+    # During a ramp that started with a level shift, the smoothed forecast lags by a cold start: plan for
+    # the burst rate (the jump's slope kept over one cold start, at most burst_forecast_cap x the rate).
+    in_burst = st.burst_until is not None and sig.now <= st.burst_until
+    if in_burst:
+        planned = max(planned, burst)
     # Requests already queued on a replica stay there (engines do not hand them over): new replicas only
     # help by taking the new arrivals, so the backlog is planned to clear over several cold starts.
     backlog = max(sig.queue_depth or 0.0, 0.0) / max(4 * cold, 4 * cfg.interval_s)
@@ -319,11 +294,14 @@ def _slo_primary(cfg: PolicyConfig, pool: PoolConfig, st: PoolState, sig: PoolSi
     # Only once the last action has had time to show (a cold start and two intervals): right after a
     # scale-up the old replicas still drain the backlog that caused it, which is not a capacity error.
     settled = st.last_action_at is None or sig.now - st.last_action_at >= cold + 2 * cfg.interval_s
-    if violated and settled and sig.ready_replicas >= sig.replicas and n <= sig.ready_replicas and rate > 0:
+    # A p95 over one short interval is noisy (a few long prompts are the p95 of ~60 requests): the
+    # violation must persist for two consecutive intervals to count as a capacity error.
+    persistent, st.violated_before = bool(violated) and st.violated_before, bool(violated)
+    if persistent and settled and sig.ready_replicas >= sig.replicas and n <= sig.ready_replicas and rate > 0:
         st.efficiency = max(st.efficiency * 0.9, 0.1)
         n = sig.ready_replicas + 1
         reasons.append("; ".join(violated) + " with all replicas ready: +1, capacity estimate lowered")
-    return n, reasons, planned
+    return n, reasons, planned, max(planned, burst)
 
 
 def _slo_students(
@@ -332,8 +310,13 @@ def _slo_students(
     signals: Mapping[str, PoolSignals],
     state: PolicyState,
     overflow: float,
+    primary_sig: PoolSignals | None = None,
 ) -> dict[str, tuple[int, list[str]]]:
-    """Size student pools for the overflow, in order of preference, and for the traffic they already get."""
+    """Size student pools for the overflow, in order of preference, and for the traffic they already get.
+
+    The overflow is primary traffic: it is costed at the primary's request mix (a student that has not
+    served anything yet has no mix of its own), the student's own traffic at its own mix.
+    """
     out: dict[str, tuple[int, list[str]]] = {}
     remaining = overflow
     for pool in students:
@@ -343,16 +326,24 @@ def _slo_students(
             out[pool.name] = (sig.replicas, ["metrics stale or missing: hold"])
             continue
         mu = _mu(pool, st, sig)
+        mix = sig
+        if primary_sig is not None and primary_sig.mean_input_tokens is not None:
+            mix = replace(sig, mean_input_tokens=primary_sig.mean_input_tokens,
+                          mean_output_tokens=primary_sig.mean_output_tokens)
+        mu_overflow = _mu(pool, st, mix)
         own = float(sig.arrival_rate or 0.0)
         slo_s = cfg.ttft_slo_ms / 1000.0
-        prefill = prefill_seconds(pool.seed, st.efficiency, sig.mean_input_tokens or 512.0, sig.prefix_hit_rate or 0.0)
+        prefill = prefill_seconds(pool.seed, st.efficiency, mix.mean_input_tokens or 512.0, sig.prefix_hit_rate or 0.0)
         budget = max(cfg.ttft_target_fraction * slo_s - prefill, 0.05 * slo_s)
-        need_overflow = replicas_for_ttft(remaining, mu, pool.seed.slots, budget, cfg.max_utilization, pool.max_replicas)
+        need_overflow = replicas_for_ttft(
+            remaining, mu_overflow, pool.seed.slots, budget, cfg.max_utilization, pool.max_replicas
+        )
         need_own = replicas_for_ttft(own, mu, pool.seed.slots, budget, cfg.max_utilization, pool.max_replicas)
         n = min(max(need_overflow, need_own), pool.max_replicas)
-        absorbed = n * mu * cfg.max_utilization
+        absorbed = n * mu_overflow * cfg.max_utilization
         remaining = max(remaining - absorbed, 0.0)
-        out[pool.name] = (n, [f"overflow {overflow:.2f}/s, own traffic {own:.2f}/s, {mu:.2f} req/s per replica -> {n}"])
+        out[pool.name] = (n, [f"overflow {overflow:.2f}/s at {mu_overflow:.2f} req/s per replica, own traffic "
+                              f"{own:.2f}/s at {mu:.2f} -> {n}"])
     return out
 
 
@@ -370,7 +361,15 @@ def _queue_rec(cfg: PolicyConfig, sig: PoolSignals) -> tuple[int, list[str]]:
 def _stabilize(
     cfg: PolicyConfig, pool: PoolConfig, st: PoolState, sig: PoolSignals, rec: int, reasons: list[str]
 ) -> tuple[int, Action]:
-    """HPA-style windows, steps and cooldown; returns (desired, action)."""
+    """HPA-style windows, steps and cooldown; returns (desired, action).
+
+    One exception to "down to the highest recommendation of the down-window, maxScaleDownStep at a
+    time": capacity that is clearly idle (the highest recommendation over a short window of two cold
+    starts is at most `idle_fraction` of the current size) is released by half the excess per cooldown.
+    A burst that ended leaves most of its replicas idle; holding them for the whole down-window and then
+    shedding one per cooldown costs more GPU time than the burst itself. Two cold starts is the horizon
+    within which the forecast has to see demand coming back (it plans one cold start ahead).
+    """
     now, current = sig.now, sig.replicas
     if st.first_seen is None:
         st.first_seen = now
@@ -391,6 +390,17 @@ def _stabilize(
         if sig.stale:
             reasons.append("stale metrics never scale down")
             return current, "hold"
+        short = max(2 * cold_start_seconds(cfg, pool, st), 4 * cfg.interval_s)
+        idle = max(r for t, r in st.history if t >= now - short)
+        if (
+            cfg.idle_fraction > 0
+            and idle <= cfg.idle_fraction * current
+            and now - st.first_seen >= short
+            and (st.last_action_at is None or now - st.last_action_at >= cfg.cooldown_s)
+        ):
+            step = max(cfg.max_down_step, math.ceil((current - idle) / 2))
+            reasons.append(f"clearly idle: highest recommendation over {short:g} s is {idle}: -{step}")
+            return max(idle, current - step), "down"
         if now - st.first_seen < cfg.down_window_s:
             reasons.append(f"scale-down waits for a full {cfg.down_window_s:g} s window of history")
             return current, "hold"
@@ -431,7 +441,7 @@ def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState
         if primary is not None:
             sig, st = by_name[primary.name], state.pool(primary.name)
             if sig.usable:
-                n, reasons, planned = _slo_primary(cfg, primary, st, sig)
+                n, reasons, planned, burst = _slo_primary(cfg, primary, st, sig)
                 raw[primary.name] = (n, reasons)
                 mu = _mu(primary, st, sig)
                 capacity[primary.name] = mu
@@ -439,12 +449,13 @@ def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState
                 ready_cap = sig.ready_replicas * mu * cfg.max_utilization
                 reachable = min(n, primary.max_replicas)
                 if sig.ready_replicas < reachable or n > primary.max_replicas or sig.replicas > sig.ready_replicas:
-                    overflow = max(planned - ready_cap, 0.0)
+                    overflow = max(burst - ready_cap, 0.0)
                 elif (sig.degraded_fraction or 0.0) > 0:
                     overflow = max(planned - ready_cap, 0.0)
             else:
                 raw[primary.name] = (sig.replicas, ["metrics stale or missing: hold"])
-        for name, item in _slo_students(cfg, students, by_name, state, overflow).items():
+        primary_sig = by_name[primary.name] if primary is not None else None
+        for name, item in _slo_students(cfg, students, by_name, state, overflow, primary_sig).items():
             raw[name] = item
 
     decisions: dict[str, PoolDecision] = {}
