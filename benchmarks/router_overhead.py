@@ -5,8 +5,9 @@
 For each router (and "direct", no router) and for streaming and non-streaming completions:
   * open loop at --rate req/s: latency percentiles; added latency = router percentile - direct percentile;
   * closed loop with --concurrency workers: max sustained req/s.
-Routers are pinned to CPU 1 (`taskset`), the two fake backends and this load generator to CPU 0, so "one
-core" means one core for the router. sglang-router and vllm-router (PyPI, Rust) run from --compare-python's
+Routers are pinned to CPU 1 (`taskset`), the two fake backends (`fake_backend --lean`: a bare asyncio
+Protocol server) and this load generator (the router's lean HTTP/1.1 client) to CPU 0, so "one core" means
+one core for the router, and the load side needs far less CPU per request than any router measured. sglang-router and vllm-router (PyPI, Rust) run from --compare-python's
 environment (a separate venv: `python -m venv /tmp/rbv && /tmp/rbv/bin/pip install sglang-router vllm-router`);
 they are skipped, and the table says so, when not installed.
 Also: the route decision time (prefix hashing + match + scorers + picker) for an 8k-token prompt with 100k
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import platform
@@ -29,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 from llmfleet.router.config import PoolConfig, RouterConfig  # noqa: E402
 from llmfleet.router.plugins import PrefixIndex, ReplicaState, RequestInfo, build_pipeline  # noqa: E402
 from llmfleet.router.prefix_index import BlockHasher  # noqa: E402
+from llmfleet.router.upstream_client import UpstreamClient, UpstreamError  # noqa: E402
 
 ROUTER_CPU, LOAD_CPU = "1", "0"
 
@@ -84,21 +88,34 @@ async def wait_ready(url: str, timeout: float = 60.0) -> None:
     raise RuntimeError(f"{url} not ready in {timeout:.0f} s")
 
 
-async def one(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> bool:
-    async with session.post(url, json=body) as r:
-        await r.read()
-        return r.status == 200
+def request_bodies(stream: bool) -> list[bytes]:
+    return [json.dumps({"model": "m", "prompt": p, "max_tokens": 8, "stream": stream}).encode() for p in prompts()]
+
+
+_HEADERS = b"Content-Type: application/json\r\n"
+
+
+async def one(client: UpstreamClient, base: str, body: bytes) -> bool:
+    """One request, body read to the end. The load generator uses the router's own lean HTTP/1.1 client
+    (keep-alive, asyncio Protocol): about a third of aiohttp's CPU per request, so the core it shares with
+    the backends does not limit the rates measured."""
+    resp = await client.post(base, "/v1/completions", body, _HEADERS, 30.0, 60.0)
+    try:
+        await resp.read()
+        return resp.status == 200
+    finally:
+        resp.close()
 
 
 async def open_loop(base: str, rate: float, duration: float, stream: bool) -> dict[str, float]:
-    ps = prompts()
+    bodies = request_bodies(stream)
     n = int(rate * duration)
     lat: list[float] = []
     errors = 0
-    conn = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=conn) as s:
-        url = base + "/v1/completions"
-        await asyncio.gather(*(one(s, url, {"model": "m", "prompt": "warm", "max_tokens": 8}) for _ in range(50)))
+    client = UpstreamClient(connect_timeout=5.0)
+    try:
+        warm = json.dumps({"model": "m", "prompt": "warm", "max_tokens": 8}).encode()
+        await asyncio.gather(*(one(client, base, warm) for _ in range(50)))
         clock = time.perf_counter  # uvloop's loop.time() has millisecond resolution
         t0 = clock() + 0.05
 
@@ -107,43 +124,50 @@ async def open_loop(base: str, rate: float, duration: float, stream: bool) -> di
             sched = t0 + i / rate
             await asyncio.sleep(max(0.0, sched - clock()))
             try:
-                ok = await one(s, url, {"model": "m", "prompt": ps[i % len(ps)], "max_tokens": 8, "stream": stream})
-            except (aiohttp.ClientError, OSError):
+                ok = await one(client, base, bodies[i % len(bodies)])
+            except UpstreamError:
                 ok = False
             if ok:
                 lat.append(clock() - sched)  # from the scheduled time: no coordinated omission
             else:
                 errors += 1
 
-        await asyncio.gather(*(fire(i) for i in range(n)))
+        gc.disable()  # a collection pausing the load generator would show up as latency of whichever router runs
+        try:
+            await asyncio.gather(*(fire(i) for i in range(n)))
+        finally:
+            gc.enable()
         elapsed = clock() - t0
+    finally:
+        client.close()
     return {"offered_rps": rate, "achieved_rps": len(lat) / elapsed, "errors": errors,
             "p50_ms": quantile(lat, 0.5) * 1e3, "p90_ms": quantile(lat, 0.9) * 1e3, "p99_ms": quantile(lat, 0.99) * 1e3}
 
 
 async def closed_loop(base: str, concurrency: int, duration: float, stream: bool) -> dict[str, float]:
-    ps = prompts()
+    bodies = request_bodies(stream)
     done = errors = 0
-    conn = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=conn) as s:
-        url = base + "/v1/completions"
-        end = time.monotonic() + duration
+    client = UpstreamClient(connect_timeout=5.0)
+    end = time.monotonic() + duration
 
-        async def worker(w: int) -> None:
-            nonlocal done, errors
-            i = w
-            while time.monotonic() < end:
-                try:
-                    ok = await one(s, url, {"model": "m", "prompt": ps[i % len(ps)], "max_tokens": 8, "stream": stream})
-                except (aiohttp.ClientError, OSError):
-                    ok = False
-                done += ok
-                errors += not ok
-                i += concurrency
+    async def worker(w: int) -> None:
+        nonlocal done, errors
+        i = w
+        while time.monotonic() < end:
+            try:
+                ok = await one(client, base, bodies[i % len(bodies)])
+            except UpstreamError:
+                ok = False
+            done += ok
+            errors += not ok
+            i += concurrency
 
+    try:
         t0 = time.monotonic()
         await asyncio.gather(*(worker(w) for w in range(concurrency)))
         elapsed = time.monotonic() - t0
+    finally:
+        client.close()
     return {"max_rps": done / elapsed, "errors": errors, "requests": done}
 
 
@@ -152,6 +176,17 @@ def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     ticks = sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
     return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def run_queue_wait_s(pid: int) -> float:
+    """Seconds the process's threads spent runnable but waiting for a CPU (/proc/<pid>/task/*/schedstat)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[1])
+        except (OSError, IndexError, ValueError):  # a thread that just ended, or no schedstats in this kernel
+            continue
+    return total / 1e9
 
 
 def histogram_quantile(text: str, metric: str, q: float) -> float | None:
@@ -219,7 +254,10 @@ def router_commands(backends: list[str], tmp: Path, compare_python: str | None) 
 
 
 def route_decision_bench(n_blocks: int = 100_000, prompt_tokens: int = 8192, replicas: int = 8,
-                         iters: int = 2000) -> dict[str, float]:
+                         iters: int = 2000, scorers: dict[str, float] | None = None) -> dict[str, Any]:
+    """The decision with the router's default scorers (RouterConfig's), unless `scorers` says otherwise."""
+    scorers = scorers or RouterConfig(service="bench", pools=[PoolConfig(name="p", role="primary", served_names=["m"],
+                                                                        endpoints=["http://127.0.0.1:1"])]).scorers
     bs = 16
     hasher = BlockHasher(bs)
     rng = np.random.default_rng(0)
@@ -235,7 +273,7 @@ def route_decision_bench(n_blocks: int = 100_000, prompt_tokens: int = 8192, rep
             toks[: len(shared)] = shared
         index.insert(reps[i % replicas].id, hasher.keys(toks)[: min(per_prompt, n_blocks - len(index))])
         i += 1
-    pipe = build_pipeline({"prefix-cache": 2.0, "queue-depth": 1.0, "kv-cache": 1.0}, index, seed=0)
+    pipe = build_pipeline(scorers, index, seed=0)
     prompt = rng.integers(0, 32000, prompt_tokens, dtype=np.uint64)
     prompt[: len(shared)] = shared
     hash_t, decide_t, update_t = [], [], []
@@ -271,7 +309,7 @@ def route_decision_bench(n_blocks: int = 100_000, prompt_tokens: int = 8192, rep
             tok_us = (time.perf_counter_ns() - t0) / 20 / 1e3
     except (ImportError, OSError):
         tok_us = None
-    return {"indexed_blocks": len(index), "prompt_tokens": prompt_tokens, "replicas": replicas,
+    return {"indexed_blocks": len(index), "prompt_tokens": prompt_tokens, "replicas": replicas, "scorers": scorers,
             "hash_p50_us": quantile(hash_t, 0.5), "match_and_pick_p50_us": quantile(decide_t, 0.5),
             "decision_p50_us": quantile(total, 0.5), "decision_p99_us": quantile(total, 0.99),
             "decision_min_us": min(total), "hash_min_us": min(hash_t), "match_and_pick_min_us": min(decide_t),
@@ -287,7 +325,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         for i in range(2):
             p = free_port()
             procs.append(start([*pin(LOAD_CPU), sys.executable, "-m", "llmfleet.router.fake_backend", "--port", str(p),
-                                "--tokens", "8", "--name", f"b{i}"], tmp / f"backend{i}.log"))
+                                "--tokens", "8", "--name", f"b{i}", "--lean"], tmp / f"backend{i}.log"))
             backends.append(f"http://127.0.0.1:{p}")
         for b in backends:
             await wait_ready(b)
@@ -320,8 +358,14 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             row: dict[str, Any] = {}
             for stream in (False, True):
                 mode = "stream" if stream else "nonstream"
-                row[mode] = {"light": await open_loop(url, args.light_rate, args.duration, stream),
-                             "open": await open_loop(url, args.rate, args.duration, stream)}
+                row[mode] = {"light": await open_loop(url, args.light_rate, args.duration, stream)}
+                wait0, t_open = run_queue_wait_s(proc.pid) if proc is not None else 0.0, time.monotonic()
+                row[mode]["open"] = await open_loop(url, args.rate, args.duration, stream)
+                if proc is not None:
+                    # Time the router was ready to run but another process had its core: ~0 on a quiet
+                    # machine; when large, its wall-clock latencies measure the machine, not the router.
+                    row[mode]["open"]["router_run_queue_wait_ms_per_s"] = (
+                        (run_queue_wait_s(proc.pid) - wait0) * 1e3 / (time.monotonic() - t_open))
                 cpu0 = cpu_seconds(proc.pid) if proc is not None else None
                 row[mode]["closed"] = await closed_loop(url, args.concurrency, args.duration, stream)
                 if proc is not None and cpu0 is not None and row[mode]["closed"]["requests"]:
@@ -360,8 +404,9 @@ def table(res: dict[str, Any]) -> str:
     a = res["args"]
     lines = [f"| router | mode | p50 / p99 ms @ {a['light_rate']:g} req/s | added p50 / p99 ms | "
              f"p50 / p99 ms @ {a['rate']:g} req/s | added p50 / p99 ms | achieved req/s | "
-             f"max req/s (c={a['concurrency']}) | router CPU µs/req | 1 core req/s (from CPU) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             f"max req/s (c={a['concurrency']}) | router CPU µs/req | 1 core req/s (from CPU) | "
+             f"run-queue wait ms/s @ {a['rate']:g} |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     nan = float("nan")
     for name, row in res["routers"].items():
         for mode, r in row.items():
@@ -373,16 +418,19 @@ def table(res: dict[str, Any]) -> str:
                 f"{li.get('added_p50_ms', nan):.2f} / {li.get('added_p99_ms', nan):.2f} | "
                 f"{o['p50_ms']:.2f} / {o['p99_ms']:.2f} | {o.get('added_p50_ms', nan):.2f} / "
                 f"{o.get('added_p99_ms', nan):.2f} | {o['achieved_rps']:.0f} | {c['max_rps']:.0f} | "
-                f"{c.get('router_cpu_us_per_request', nan):.0f} | {c.get('one_core_rps_from_cpu') or nan:.0f} |")
+                f"{c.get('router_cpu_us_per_request', nan):.0f} | {c.get('one_core_rps_from_cpu') or nan:.0f} | "
+                f"{o.get('router_run_queue_wait_ms_per_s', nan):.0f} |")
     for name, why in res["skipped"].items():
-        lines.append(f"| {name} | - | skipped: {why} | | | | | | | |")
+        lines.append(f"| {name} | - | skipped: {why} | | | | | | | | |")
     ov = res["routers"].get("llmfleet", {}).get("router_overhead_before_upstream_us")
     if ov:
         lines += ["", "llmfleet router's own time from request arrival to upstream send (its histogram): "
                   + ", ".join(f"{k} {v:.0f} µs" for k, v in ov.items() if v is not None)]
     rd = res.get("route_decision")
     if rd:
-        lines += ["", "| route decision (8k-token prompt, 100k blocks indexed, 8 replicas) | µs |", "|---|---|",
+        sc = ", ".join(f"{k} {v:g}" for k, v in rd.get("scorers", {}).items())
+        lines += ["", f"| route decision (8k-token prompt, 100k blocks indexed, 8 replicas; scorers {sc}) | µs |",
+                  "|---|---|",
                   f"| hash 512 blocks (p50) | {rd['hash_p50_us']:.1f} |",
                   f"| match + scorers + pick (p50) | {rd['match_and_pick_p50_us']:.1f} |",
                   f"| decision total p50 / p99 | {rd['decision_p50_us']:.1f} / {rd['decision_p99_us']:.1f} |",
@@ -410,6 +458,9 @@ def main() -> None:
         uvloop.install()
     except ImportError:
         pass
+    if pin(LOAD_CPU):  # this load generator shares CPU 0 with the backends; the router has CPU 1 to itself
+        os.sched_setaffinity(0, {int(LOAD_CPU)})
+    load_at_start = os.getloadavg()[0]
     res: dict[str, Any] = {"routers": {}, "skipped": {}}
     if not args.skip_http:
         res = asyncio.run(bench(args))
@@ -419,7 +470,8 @@ def main() -> None:
     res["date"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     load1 = os.getloadavg()[0]
     res["machine"] = {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
-                      "processor": platform.processor() or platform.machine(), "loadavg_1m_at_end": load1,
+                      "processor": platform.processor() or platform.machine(), "loadavg_1m_at_start": load_at_start,
+                      "loadavg_1m_at_end": load1,
                       "note": "shared 2-core dev machine (other work running); routers pinned to CPU 1, "
                               "backends + load generator to CPU 0"}
     targets = {"added_p50_le_0.5ms": None, "added_p99_le_2ms": None, "ge_2000_rps": None, "decision_le_50us": None}
@@ -444,8 +496,49 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=2) + "\n")
     print(table(res))
-    print("targets met:", targets)
+    print()
+    print(verdicts(res))
     print(f"wrote {out}")
+
+
+def verdicts(res: dict[str, Any]) -> str:
+    """One line per issue-6 target: the measured values and PASS / FAIL / not measured."""
+    t, rate = res["targets_met"], res["args"]["rate"]
+    ll = res["routers"].get("llmfleet", {})
+
+    def word(v: bool | None) -> str:
+        return "not measured" if v is None else "PASS" if v else "FAIL"
+
+    def per_mode(fmt: str) -> str:
+        out = []
+        for m in ("nonstream", "stream"):
+            if m in ll:  # missing values (no direct baseline) print as nan
+                values = defaultdict(lambda: float("nan"), {**ll[m]["open"], **ll[m]["closed"]})
+                out.append(f"{m} {fmt.format_map(values)}")
+        return ", ".join(out)
+
+    load = res["machine"]["loadavg_1m_at_start"], res["machine"]["loadavg_1m_at_end"]
+    waits = [ll[m]["open"].get("router_run_queue_wait_ms_per_s", 0.0) for m in ("nonstream", "stream") if m in ll]
+    busy = max(load) > 1.5 or max(waits, default=0.0) > 50
+    lines = [f"targets (issue 6), llmfleet router; 1-min load average {load[0]:.1f} at start, {load[1]:.1f} at end; "
+             f"router waited for its core {max(waits, default=0.0):.0f} ms per s at {rate:g} req/s"
+             + (" -- the machine was busy: wall-clock numbers are not trustworthy" if busy else "")]
+    if ll:
+        why = ("" if t.get("added_latency_measurable") else " (the direct baseline did not keep up with the rate)"
+               if "direct" in res["routers"] else " (no direct baseline in this run)")
+        lines += [
+            f"  added latency p50 <= 0.5 ms @ {rate:g} req/s: {word(t['added_p50_le_0.5ms'])}{why}: "
+            + per_mode("{added_p50_ms:+.2f} ms"),
+            f"  added latency p99 <= 2 ms @ {rate:g} req/s:   {word(t['added_p99_le_2ms'])}{why}: "
+            + per_mode("{added_p99_ms:+.2f} ms"),
+            f"  >= 2,000 req/s on one core (closed loop):     {word(t['ge_2000_rps'])}: " + per_mode("{max_rps:.0f} req/s"),
+            f"  >= 2,000 req/s on one core (from CPU time):   {word(t['ge_2000_rps_from_cpu_time'])}: "
+            + per_mode("{router_cpu_us_per_request:.0f} µs/req = {one_core_rps_from_cpu:.0f} req/s"),
+        ]
+    rd = res["route_decision"]
+    lines += [f"  route decision <= 50 µs (p50):                {word(t['decision_le_50us'])}: "
+              f"{rd['decision_p50_us']:.1f} µs (fastest {rd['decision_min_us']:.1f} µs)"]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

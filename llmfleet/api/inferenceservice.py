@@ -67,8 +67,9 @@ class RouterSpec(ApiModel):
 
     replicas: int = Field(default=1, ge=1, le=100, description="Router pods.")
     scorers: dict[str, float] = Field(
-        default_factory=lambda: {"prefix-cache": 2.0, "queue-depth": 1.0, "kv-cache": 1.0},
-        description="Scorer plugin name -> weight (prefix-cache, queue-depth, running-requests, kv-cache, session-affinity).",
+        default_factory=lambda: {"estimated-ttft": 1.0, "queue-depth": 0.1},
+        description="Scorer plugin name -> weight (estimated-ttft, prefix-cache, queue-depth, running-requests, kv-cache, "
+        "session-affinity).",
     )
     session_affinity_header: str | None = Field(
         default="x-session-id", description="Header whose value pins a session to a replica (session-affinity scorer)."

@@ -23,7 +23,7 @@ ROUTER_CONFIG_KEY = "router.yaml"
 REPLICA_PORT = 8000
 ROUTER_PORT = 8080
 TENANTS_MOUNT_PATH = "/etc/llmfleet/tenants/tenants.yaml"
-KNOWN_SCORERS = ("prefix-cache", "queue-depth", "running-requests", "kv-cache", "session-affinity")
+KNOWN_SCORERS = ("estimated-ttft", "prefix-cache", "queue-depth", "running-requests", "kv-cache", "session-affinity")
 
 
 class _Model(BaseModel):
@@ -153,7 +153,7 @@ class RouterConfig(_Model):
     port: int = Field(default=ROUTER_PORT, ge=0, le=65535, description="Listen port (API and /metrics).")
     pools: list[PoolConfig] = Field(min_length=1, description="Primary pool first, then student pools in preference order.")
     scorers: dict[str, float] = Field(
-        default_factory=lambda: {"prefix-cache": 2.0, "queue-depth": 1.0, "kv-cache": 1.0},
+        default_factory=lambda: {"estimated-ttft": 1.0, "queue-depth": 0.1},
         description="Scorer name -> weight.",
     )
     session_affinity_header: str | None = Field(default="x-session-id", description="Header pinning a session.")

@@ -1,9 +1,14 @@
 """A fast fake OpenAI server (vLLM-shaped /health and /metrics) for tests and the overhead benchmark.
 
-    python -m llmfleet.router.fake_backend --port 0 [--tokens 8] [--delay-ms 0]
+    python -m llmfleet.router.fake_backend --port 0 [--tokens 8] [--delay-ms 0] [--lean]
 
 prints `PORT <n>` on stdout once listening. In tests, `FakeBackend` runs in the current event loop and its
 behaviour (delay, failure mode, metrics values, health) can be changed between requests.
+
+`--lean` serves the same responses from a bare asyncio Protocol (httptools parser, responses rendered once
+per (endpoint, model, tokens, stream) and cached): a fraction of aiohttp's CPU per request, so that in the
+overhead benchmark the core shared by the backends and the load generator is not what limits the rate.
+Every streamed event is still its own write, as an engine emits tokens.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import argparse
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,31 +98,16 @@ class FakeBackend:
                 if request.transport is not None:
                     request.transport.close()
                 return web.Response(status=500)
-            model = body.get("model", "m")
             n = int(body.get("max_tokens") or self.tokens)
-            created = int(time.time())
+            parts = render(self.name, endpoint, body.get("model", "m"), n, bool(body.get("stream")), int(time.time()))
             if not body.get("stream"):
-                if endpoint == "chat":
-                    choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": f"{self.name} " * n},
-                                              "finish_reason": "length"}
-                else:
-                    choice = {"index": 0, "text": f"{self.name} " * n, "finish_reason": "length"}
-                return web.json_response({
-                    "id": "cmpl-fake", "object": "chat.completion" if endpoint == "chat" else "text_completion",
-                    "created": created, "model": model, "choices": [choice],
-                    "usage": {"prompt_tokens": 3, "completion_tokens": n, "total_tokens": n + 3},
-                })
+                return web.Response(body=parts[0], content_type="application/json")
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await resp.prepare(request)
-            obj = "chat.completion.chunk" if endpoint == "chat" else "text_completion"
-            for i in range(n):
-                if self.token_delay_s:
+            for i, part in enumerate(parts):
+                if self.token_delay_s and i < n:
                     await asyncio.sleep(self.token_delay_s)
-                delta = {"delta": {"content": f"{self.name}{i} "}} if endpoint == "chat" else {"text": f"{self.name}{i} "}
-                chunk = {"id": "cmpl-fake", "object": obj, "created": created, "model": model,
-                         "choices": [{"index": 0, **delta, "finish_reason": None}]}
-                await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
-            await resp.write(b"data: [DONE]\n\n")
+                await resp.write(part)
             await resp.write_eof()
             return resp
         except asyncio.CancelledError:
@@ -124,7 +115,118 @@ class FakeBackend:
             raise
 
 
+def render(name: str, endpoint: str, model: str, n: int, stream: bool, created: int) -> list[bytes]:
+    """The body of one response: a JSON document, or the SSE events (n tokens, then [DONE])."""
+    if not stream:
+        if endpoint == "chat":
+            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": f"{name} " * n},
+                                      "finish_reason": "length"}
+        else:
+            choice = {"index": 0, "text": f"{name} " * n, "finish_reason": "length"}
+        return [json.dumps({"id": "cmpl-fake", "object": "chat.completion" if endpoint == "chat" else "text_completion",
+                            "created": created, "model": model, "choices": [choice],
+                            "usage": {"prompt_tokens": 3, "completion_tokens": n, "total_tokens": n + 3}}).encode()]
+    obj = "chat.completion.chunk" if endpoint == "chat" else "text_completion"
+    events = []
+    for i in range(n):
+        delta = {"delta": {"content": f"{name}{i} "}} if endpoint == "chat" else {"text": f"{name}{i} "}
+        chunk = {"id": "cmpl-fake", "object": obj, "created": created, "model": model,
+                 "choices": [{"index": 0, **delta, "finish_reason": None}]}
+        events.append(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+    return [*events, b"data: [DONE]\n\n"]
+
+
+class LeanBackendProtocol(asyncio.Protocol):
+    """One connection of the lean fake backend (keep-alive, no delays or failure modes)."""
+
+    def __init__(self, name: str, tokens: int, metrics: bytes, cache: dict[tuple[str, str, int, bool], bytes | list[bytes]]) -> None:
+        import httptools
+
+        self.name, self.tokens, self.metrics, self.cache = name, tokens, metrics, cache
+        self.parser = httptools.HttpRequestParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.url = b""
+        self.body: list[bytes] = []
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        import httptools
+
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            if self.transport is not None:
+                self.transport.write(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                self.transport.close()
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        url, raw = self.url, b"".join(self.body)
+        self.url, self.body = b"", []
+        t = self.transport
+        if t is None or t.is_closing():
+            return
+        if url == b"/health":
+            t.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+            return
+        if url == b"/metrics":
+            t.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n%s"
+                    % (len(self.metrics), self.metrics))
+            return
+        endpoint = "chat" if url == b"/v1/chat/completions" else "completions" if url == b"/v1/completions" else ""
+        try:
+            body = json.loads(raw)
+            key = (endpoint, str(body.get("model", "m")), int(body.get("max_tokens") or self.tokens),
+                   bool(body.get("stream")))
+        except (ValueError, AttributeError, TypeError):
+            endpoint = ""
+        if not endpoint:
+            t.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
+            return
+        resp = self.cache.get(key)
+        if resp is None:
+            parts = render(self.name, *key, created=int(time.time()))
+            if key[3]:
+                resp = [b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n",
+                        *(b"%x\r\n%s\r\n" % (len(p), p) for p in parts), b"0\r\n\r\n"]
+            else:
+                resp = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                        % (len(parts[0]), parts[0]))
+            self.cache[key] = resp
+        if isinstance(resp, bytes):
+            t.write(resp)
+        else:
+            t.write(resp[0] + resp[1])  # headers with the first event, then one write per event
+            for part in resp[2:]:
+                t.write(part)
+
+
+async def serve_lean(host: str, port: int, name: str, tokens: int, metrics: dict[str, float]) -> int:
+    text = "".join(f"{k}{{model_name=\"{name}\"}} {v}\n" for k, v in metrics.items()).encode()
+    cache: dict[tuple[str, str, int, bool], bytes | list[bytes]] = {}
+    factory: Callable[[], asyncio.Protocol] = lambda: LeanBackendProtocol(name, tokens, text, cache)  # noqa: E731
+    server = await asyncio.get_running_loop().create_server(factory, host, port, backlog=1024)
+    return int(server.sockets[0].getsockname()[1])
+
+
 async def _main(args: argparse.Namespace) -> None:
+    if args.lean:
+        import gc
+
+        gc.freeze()  # as the router does: no full collection walking the imported modules mid-benchmark
+        port = await serve_lean(args.host, args.port, args.name, args.tokens,
+                                {"vllm:num_requests_running": 0, "vllm:num_requests_waiting": 0,
+                                 "vllm:kv_cache_usage_perc": 0.1})
+        print(f"PORT {port}", flush=True)
+        await asyncio.Event().wait()
+        return
     fb = FakeBackend(name=args.name, tokens=args.tokens, delay_s=args.delay_ms / 1000, record=False,
                      token_delay_s=args.token_delay_ms / 1000,
                      metrics={"vllm:num_requests_running": 0, "vllm:num_requests_waiting": 0,
@@ -142,6 +244,7 @@ def main() -> None:
     p.add_argument("--delay-ms", type=float, default=0.0)
     p.add_argument("--token-delay-ms", type=float, default=0.0)
     p.add_argument("--name", default="fake")
+    p.add_argument("--lean", action="store_true", help="bare asyncio Protocol server (benchmarks)")
     args = p.parse_args()
     try:
         import uvloop

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -11,9 +11,20 @@ _TPOT = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2)
 _OVERHEAD = (25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2e-3, 5e-3, 10e-3, 50e-3)
 
 
+class LatencyChildren(NamedTuple):
+    """The per-(pool, model) histograms observed at the end of every request."""
+
+    e2e: Any
+    input_tokens: Any
+    output_tokens: Any
+    ttft: Any
+    tpot: Any
+
+
 class RouterMetrics:
     def __init__(self) -> None:
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        self._latency: dict[tuple[str, str], LatencyChildren] = {}
         r = self.registry = CollectorRegistry()
         pm = ["pool", "model"]
         self.requests = Counter("llmfleet_router_requests", "Requests by outcome (pool that served, degraded or not).",
@@ -22,9 +33,9 @@ class RouterMetrics:
                                       buckets=(16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 131072), registry=r)
         self.output_tokens = Histogram("llmfleet_router_output_tokens", "Output tokens per request.", pm,
                                        buckets=(1, 4, 16, 64, 128, 256, 512, 1024, 4096), registry=r)
-        self.ttft = Histogram("llmfleet_router_ttft_seconds", "Time to first token (streaming).", pm,
+        self.ttft = Histogram("llmfleet_router_ttft_seconds", "Time to first token: streaming requests only (a non-streaming response arrives whole, at the end).", pm,
                               buckets=_LAT, registry=r)
-        self.tpot = Histogram("llmfleet_router_tpot_seconds", "Time per output token (inter-chunk, streaming).", pm,
+        self.tpot = Histogram("llmfleet_router_tpot_seconds", "Time per output token: (last chunk - first chunk) / (tokens - 1), streaming requests only.", pm,
                               buckets=_TPOT, registry=r)
         self.e2e = Histogram("llmfleet_router_e2e_seconds", "End-to-end latency.", pm, buckets=_LAT, registry=r)
         self.overhead = Histogram("llmfleet_router_overhead_seconds",
@@ -69,3 +80,11 @@ class RouterMetrics:
         if c is None:
             c = self._children[key] = metric.labels(*labels)
         return c
+
+    def latency_children(self, pool: str, model: str) -> LatencyChildren:
+        h = self._latency.get((pool, model))
+        if h is None:
+            h = self._latency[(pool, model)] = LatencyChildren(*(
+                metric.labels(pool, model) for metric in (self.e2e, self.input_tokens, self.output_tokens, self.ttft,
+                                                          self.tpot)))
+        return h

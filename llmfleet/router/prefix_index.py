@@ -135,6 +135,11 @@ class PrefixIndex:
         self._engine_map: dict[str, dict[int, int]] = {}  # replica -> vLLM block hash -> raw chain value
         self._engine_hasher: dict[int, BlockHasher] = {}
         self._size = 0
+        # match() memo: several plugins look up the same prompt in one routing decision. Valid while the
+        # index is unchanged (`_version` bumps on every mutation) and for the same keys object.
+        self._version = 0
+        self._memo: tuple[Sequence[int], int, int, dict[str, int]] | None = None
+        self._last_insert: tuple[Iterable[int] | None, str, int] = (None, "", -1)
 
     # -- replicas -------------------------------------------------------------------------------------------
     def _ensure(self, replica: str) -> int:
@@ -158,6 +163,7 @@ class PrefixIndex:
         bit = self._bit.pop(replica, None)
         if bit is None:
             return
+        self._version += 1
         del self._by_bit[bit]
         for k in self._lru.pop(replica):
             self._clear(k, bit)
@@ -175,6 +181,7 @@ class PrefixIndex:
 
     # -- core ------------------------------------------------------------------------------------------------
     def _clear(self, key: int, bit: int) -> None:
+        self._version += 1
         m = self._owners.get(key, 0) & ~bit
         if m:
             self._owners[key] = m
@@ -193,17 +200,42 @@ class PrefixIndex:
             self._clear(k, bit)
 
     def _evict_global(self) -> None:
-        while self._size > self.max_blocks:
-            biggest = max(self._lru, key=lambda r: len(self._lru[r]))
-            k, _ = self._lru[biggest].popitem(last=False)
-            self._clear(k, self._bit[biggest])
+        """Over the global bound: the replicas holding the most lose their oldest blocks, down to 1% under the
+        bound. Water-filling: the biggest LRUs are cut to one common level, with one sort per call (not an
+        O(replicas) scan per evicted block, which stalls a fleet of hundreds of replicas)."""
+        target = self.max_blocks - self.max_blocks // 100
+        excess = self._size - target
+        if excess <= 0:
+            return
+        sizes = sorted(((len(lru), r) for r, lru in self._lru.items()), reverse=True)
+        top = 0
+        level = 0
+        for i, (n, _) in enumerate(sizes):
+            top += n
+            below = sizes[i + 1][0] if i + 1 < len(sizes) else 0
+            if top - (i + 1) * below >= excess:  # cutting the i+1 biggest to `level` frees enough
+                level = max(below, (top - excess) // (i + 1))
+                break
+        for n, r in sizes:
+            if n <= level:
+                break
+            lru, bit = self._lru[r], self._bit[r]
+            for _ in range(n - level):
+                k, _ = lru.popitem(last=False)
+                self._clear(k, bit)
 
     def insert(self, replica: str, keys: Iterable[int]) -> None:
         """`replica` now holds these blocks (most recently used)."""
+        if (keys is self._last_insert[0] and replica == self._last_insert[1]
+                and self._version == self._last_insert[2]):
+            return  # the same prompt inserted again by a second plugin in the same decision: nothing changes
         bit = self._ensure(replica)
         lru = self._lru[replica]
         owners = self._owners
-        for k in keys:
+        self._version += 1
+        # tails first, so the prompt's first block is the most recently used: eviction (oldest first) then
+        # takes suffixes before prefixes, as the engine's LRU does, and what remains is still a usable prefix
+        for k in reversed(keys if isinstance(keys, Sequence) else list(keys)):
             if k in lru:
                 lru.move_to_end(k)
             else:
@@ -213,6 +245,7 @@ class PrefixIndex:
         self._evict(replica)
         if self._size > self.max_blocks:
             self._evict_global()
+        self._last_insert = (keys, replica, self._version)
 
     def match(self, keys: Sequence[int]) -> dict[str, int]:
         """Leading blocks of `keys` each replica holds (replicas with 0 omitted).
@@ -222,6 +255,14 @@ class PrefixIndex:
         """
         if not keys:
             return {}
+        memo = self._memo
+        if memo is not None and memo[0] is keys and memo[1] == len(keys) and memo[2] == self._version:
+            return memo[3]
+        out = self._match(keys)
+        self._memo = (keys, len(keys), self._version, out)
+        return out
+
+    def _match(self, keys: Sequence[int]) -> dict[str, int]:
         owners = self._owners
         first = owners.get(keys[0], 0)
         if not first:

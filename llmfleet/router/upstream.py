@@ -13,15 +13,17 @@ import aiohttp
 from aiohttp import web
 
 from llmfleet.router.config import LimitsConfig, SLOConfig
-from llmfleet.router.plugins.base import ReplicaState
+from llmfleet.router.plugins.base import ReplicaState, RequestInfo, release_prefill
 from llmfleet.router.requests import ParsedRequest
+from llmfleet.router.upstream_client import UpstreamClient, UpstreamError, UpstreamResponse, UpstreamTimeout
 
 if TYPE_CHECKING:
     from llmfleet.router.server import Router
 
 log = logging.getLogger("llmfleet.router.upstream")
 _USAGE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
-_HOP_HEADERS = ("content-type",)
+_PROMPT_USAGE = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
+_JSON_HEADER = b"Content-Type: application/json\r\n"
 
 
 class UpstreamFailed(Exception):
@@ -43,52 +45,58 @@ class Upstream:
     def __init__(self, limits: LimitsConfig, slo: SLOConfig) -> None:
         self.limits = limits
         self.first_byte = min(first_byte_timeout(limits, slo), limits.request_timeout_seconds)
+        # aiohttp for health checks and /metrics scraping; the lean client for the proxied requests.
         conn = aiohttp.TCPConnector(limit=0, ttl_dns_cache=60, keepalive_timeout=30)
         self.session = aiohttp.ClientSession(connector=conn, auto_decompress=False)
-        # sock_read bounds the wait for the first byte (and any later gap): no extra task/timer per request.
-        self.timeout = aiohttp.ClientTimeout(total=limits.request_timeout_seconds,
-                                             sock_connect=limits.connect_timeout_seconds, sock_read=self.first_byte)
+        # Idle connections are dropped after 4 s, before uvicorn's (vLLM's server) default 5 s keep-alive closes
+        # them under us; the client still retries once when that race happens.
+        self.client = UpstreamClient(limits.connect_timeout_seconds, keepalive=4.0)
 
     async def close(self) -> None:
+        self.client.close()
         await self.session.close()
 
     async def proxy(self, request: web.Request, parsed: ParsedRequest, body: bytes, replica: ReplicaState,
                     pool: str, headers: dict[str, str], router: Router, tenant: str, degraded: bool,
-                    input_tokens: int, t0: float) -> web.StreamResponse:
+                    input_tokens: int, t0: float, info: RequestInfo | None = None) -> web.StreamResponse:
+        """Send the request to `replica` and relay the answer. `info` carries the prefill charged at routing
+        (estimated-ttft scorer): released on the first streamed byte, and in any case when the request ends."""
         path = "/v1/chat/completions" if parsed.endpoint == "chat" else "/v1/completions"
-        up_headers = {"Content-Type": "application/json"}
+        up_headers = _JSON_HEADER
         rid = request.headers.get("x-request-id")
-        if rid:
-            up_headers["x-request-id"] = rid
+        if rid and rid.isprintable():
+            up_headers += b"x-request-id: " + rid.encode("utf-8") + b"\r\n"
         replica.in_flight += 1
-        gauge = router.metrics.child(router.metrics.in_flight, pool, replica.id)
-        gauge.inc()
         router.metrics.overhead.observe(time.perf_counter() - t0)
-        resp: aiohttp.ClientResponse | None = None
+        resp: UpstreamResponse | None = None
         try:
             try:
-                resp = await self.session.post(replica.id + path, data=body, headers=up_headers, timeout=self.timeout)
-            except TimeoutError:
-                raise UpstreamFailed(f"no response within {self.first_byte:.1f} s", mark_down=False) from None
-            except (aiohttp.ClientConnectionError, OSError) as e:
+                resp = await self.client.post(replica.id, path, body, up_headers, self.first_byte,
+                                              self.limits.request_timeout_seconds)
+            except UpstreamTimeout as e:
+                raise UpstreamFailed(str(e), mark_down=False) from None
+            except UpstreamError as e:  # refused, reset, closed before the headers, not HTTP
                 raise UpstreamFailed(f"connection failed: {e}", mark_down=True) from None
             if resp.status >= 500 or resp.status == 429:
-                text = (await resp.read())[:300].decode(errors="replace")
+                try:
+                    text = (await resp.read())[:300].decode(errors="replace")
+                except UpstreamError as e:
+                    text = f"(body unreadable: {e})"
                 raise UpstreamFailed(f"HTTP {resp.status}: {text}", mark_down=False)
-            out_headers = {**headers, "x-llmfleet-replica": replica.id}
-            ctype = resp.headers.get("Content-Type", "application/json")
+            out_headers = {**headers, "x-llmfleet-replica": replica.id,
+                           "Content-Type": resp.content_type or "application/json"}
             if parsed.stream and resp.status == 200:
-                return await self._stream(request, parsed, resp, out_headers, ctype, router, pool, tenant, degraded,
-                                          input_tokens, t0)
+                return await self._stream(request, parsed, resp, out_headers, router, pool, tenant, degraded,
+                                          input_tokens, t0, info)
             try:
                 data = await resp.read()
-            except (aiohttp.ClientError, TimeoutError) as e:
+            except UpstreamError as e:
                 raise UpstreamFailed(f"response body failed: {e}", mark_down=False) from None
             e2e = time.perf_counter() - t0
             out_tokens, in_tokens = _usage(data, input_tokens)
             router.observe(pool, parsed.model, parsed.endpoint, resp.status, tenant, degraded, parsed, in_tokens,
                            out_tokens, None, None, e2e)
-            return web.Response(body=data, status=resp.status, headers={**out_headers, "Content-Type": ctype})
+            return web.Response(body=data, status=resp.status, headers=out_headers)
         except asyncio.CancelledError:
             router.metrics.child(router.metrics.client_disconnects, pool).inc()
             raise
@@ -96,12 +104,14 @@ class Upstream:
             if resp is not None:
                 resp.close()  # unread data (client gone, error) closes the connection: vLLM aborts the request
             replica.in_flight -= 1
-            gauge.dec()
+            if info is not None:
+                release_prefill(info, first_byte=False)  # no-op when the first byte already released it
 
-    async def _stream(self, request: web.Request, parsed: ParsedRequest, resp: aiohttp.ClientResponse,
-                      out_headers: dict[str, str], ctype: str, router: Router, pool: str, tenant: str,
-                      degraded: bool, input_tokens: int, t0: float) -> web.StreamResponse:
-        out = web.StreamResponse(status=200, headers={**out_headers, "Content-Type": ctype, "Cache-Control": "no-cache"})
+    async def _stream(self, request: web.Request, parsed: ParsedRequest, resp: UpstreamResponse,
+                      out_headers: dict[str, str], router: Router, pool: str, tenant: str,
+                      degraded: bool, input_tokens: int, t0: float, info: RequestInfo | None) -> web.StreamResponse:
+        out_headers["Cache-Control"] = "no-cache"
+        out = web.StreamResponse(status=200, headers=out_headers)
         first: float | None = None
         last = 0.0
         events = 0
@@ -109,10 +119,12 @@ class Upstream:
         prepared = False
         status = 200
         try:
-            async for chunk in resp.content.iter_any():
+            while chunk := await resp.next_data():
                 now = time.perf_counter()
                 if first is None:
                     first = now
+                    if info is not None:
+                        release_prefill(info)  # the replica is through this prompt's prefill
                 last = now
                 events += chunk.count(b"data: ")
                 if b"completion_tokens" in chunk:
@@ -122,6 +134,9 @@ class Upstream:
                 if not prepared:
                     await out.prepare(request)
                     prepared = True
+                if resp.complete:  # the last bytes: one write with the end-of-stream chunk (and the headers)
+                    await out.write_eof(chunk)
+                    break
                 await out.write(chunk)
             if not prepared:
                 await out.prepare(request)
@@ -129,10 +144,10 @@ class Upstream:
         except (ConnectionResetError, aiohttp.ClientConnectionResetError):
             router.metrics.child(router.metrics.client_disconnects, pool).inc()
             status = 499
-        except (aiohttp.ClientError, TimeoutError) as e:
+        except UpstreamError as e:
             if not prepared:
                 raise UpstreamFailed(f"stream failed before the first byte: {e}", mark_down=False) from None
-            log.warning("upstream stream from %s broke mid-response: %s", resp.url, e)
+            log.warning("upstream stream from %s broke mid-response: %s", out_headers["x-llmfleet-replica"], e)
             status = 502
         e2e = time.perf_counter() - t0
         tokens = usage_tokens if usage_tokens is not None else max(0, events - 2)  # minus role chunk and [DONE]
@@ -144,6 +159,15 @@ class Upstream:
 
 
 def _usage(data: bytes, input_tokens: int) -> tuple[int, int]:
+    """(completion_tokens, prompt_tokens) of a response body; input_tokens when the body has no usage."""
+    # Fast path: engines put "usage" last; read it there instead of parsing the whole (possibly long) body.
+    # An occurrence inside generated text is escaped (\"usage\") and is skipped by the backslash check.
+    i = data.rfind(b'"usage"')
+    if i > 0 and data[i - 1] != 0x5C:
+        tail = data[i:i + 400]
+        out, prompt = _USAGE.search(tail), _PROMPT_USAGE.search(tail)
+        if out is not None and prompt is not None:
+            return int(out.group(1)), int(prompt.group(1))
     try:
         doc = json.loads(data)
         usage = doc.get("usage") or {}

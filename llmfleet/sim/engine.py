@@ -150,6 +150,9 @@ class Router:
     def route(self, req: Request, fleet: Fleet, now: float) -> Replica | None:
         raise NotImplementedError
 
+    def on_first_token(self, req: Request, now: float) -> None:
+        """Called when a request's first token is produced (the router's first byte from the replica)."""
+
     def on_complete(self, req: Request, now: float) -> None:
         """Called when a request finishes (policies that learn from latency use it)."""
 
@@ -250,6 +253,10 @@ def simulate(workload: Workload, cfg: SimConfig, router: Router | str = "least-r
                 done = rep.complete(now)
                 if cfg.check_invariants:
                     rep.check_blocks()
+                if rep.first_tokens:
+                    for r in rep.first_tokens:
+                        rt.on_first_token(r, now)
+                    rep.first_tokens.clear()
                 for r in done:
                     finished += 1
                     done_window.append(r)

@@ -88,6 +88,84 @@ def oracle_hit_rate(w: Workload) -> float:
     return hit / total if total else 0.0
 
 
+def finite_cache_hit_bound(w: Workload, capacity_blocks: int, policy: str = "belady") -> float:
+    """Hit rate of one pooled prefix cache of `capacity_blocks` (all replicas' caches together) with
+    perfect affinity (no block is ever cached twice) — an upper bound for a fleet with finite caches.
+
+    policy "belady": Belady's MIN with bypass (evict the block reused furthest in the future, or skip caching
+    a block that is itself reused furthest); no online eviction does better, so no router can beat it.
+    policy "lru": the same pooled cache with LRU eviction (what perfect routing gets from LRU engines).
+    Blocks are accessed in arrival order; hits count leading blocks only, as in oracle_hit_rate.
+    """
+    import heapq
+    from collections import OrderedDict
+
+    if capacity_blocks <= 0:
+        return 0.0
+    bs = w.block_size
+    reqs = w.requests
+    total = sum(r.prompt_len for r in reqs)
+    if not total:
+        return 0.0
+    hit = 0
+    if policy == "lru":
+        lru: OrderedDict[int, None] = OrderedDict()
+        for r in reqs:
+            limit = min(len(r.keys), (r.prompt_len - 1) // bs)
+            n = 0
+            while n < limit and r.keys[n] in lru:
+                n += 1
+            hit += n * bs
+            for k in r.keys:
+                if k in lru:
+                    lru.move_to_end(k)
+                else:
+                    lru[k] = None
+                    if len(lru) > capacity_blocks:
+                        lru.popitem(last=False)
+        return hit / total
+    if policy != "belady":
+        raise ValueError(f"unknown policy {policy!r}")
+    accesses = [k for r in reqs for k in r.keys]
+    nxt = [0] * len(accesses)  # position of the next access of the same key (inf: never)
+    last: dict[int, int] = {}
+    never = len(accesses) + 1
+    for i in range(len(accesses) - 1, -1, -1):
+        nxt[i] = last.get(accesses[i], never)
+        last[accesses[i]] = i
+    cached: dict[int, int] = {}  # key -> its next use
+    heap: list[tuple[int, int]] = []  # (-next use, key), stale entries skipped
+    pos = 0
+    for r in reqs:
+        limit = min(len(r.keys), (r.prompt_len - 1) // bs)
+        prefix = True
+        for j, k in enumerate(r.keys):
+            nu = nxt[pos]
+            pos += 1
+            if k in cached:
+                if prefix and j < limit:
+                    hit += bs
+                cached[k] = nu
+                heapq.heappush(heap, (-nu, k))
+                continue
+            prefix = False
+            if len(cached) < capacity_blocks:
+                cached[k] = nu
+                heapq.heappush(heap, (-nu, k))
+                continue
+            while True:  # the cached block reused furthest in the future (skip stale heap entries)
+                far, victim = heap[0]
+                if cached.get(victim) == -far:
+                    break
+                heapq.heappop(heap)
+            if -far > nu:
+                heapq.heappop(heap)
+                del cached[victim]
+                cached[k] = nu
+                heapq.heappush(heap, (-nu, k))
+    return hit / total
+
+
 def ttft_lower_bound(w: Workload, cost: StepCostModel, max_batched_tokens: int = 8192) -> list[float]:
     """Per request: its prefill alone on an idle replica with oracle cache hits (no queueing, no co-batched
     decodes), in chunks of `max_batched_tokens`. No router can beat these TTFTs."""

@@ -173,31 +173,74 @@ class LlmdWeighted(_ApproxTree):
         return pick
 
 
+def _sim_replica_state_class() -> Any:
+    """ReplicaState whose load fields read the simulated replica live (built lazily: the router imports stay
+    out of `llmfleet.sim`'s import time). Reading on access keeps a decision O(candidates): with 1,000
+    replicas the preselector looks at ~32 of them, so nothing is copied for the other 968."""
+    from llmfleet.router.plugins import ReplicaState
+
+    class SimReplicaState(ReplicaState):
+        rep: Replica
+
+        def _get_running(self) -> float:
+            return float(len(self.rep.running))
+
+        def _get_waiting(self) -> float:
+            return float(len(self.rep.waiting))
+
+        def _get_in_flight(self) -> int:
+            return len(self.rep.running) + len(self.rep.waiting)
+
+        def _get_kv(self) -> float:
+            return self.rep.kv_usage()
+
+        def _ignore(self, value: Any) -> None:  # the dataclass __init__ assigns defaults: the replica is the truth
+            pass
+
+        running = property(_get_running, _ignore)
+        waiting = property(_get_waiting, _ignore)
+        in_flight = property(_get_in_flight, _ignore)
+        kv_usage = property(_get_kv, _ignore)
+
+    return SimReplicaState
+
+
 class LlmfleetRouter(Router):
-    """The production router's plugin pipeline and fallback policy, fed with the simulated replicas' state."""
+    """The production router's plugin pipeline and fallback policy, fed with the simulated replicas' state.
+
+    The router learns what the production router learns: where it sent each request (prefix index, pending
+    prefill tokens), the first byte (`release_prefill`), and the replicas' scraped load (here: exact).
+    """
 
     name = "llmfleet"
 
     def __init__(self, weights: Mapping[str, float] | None = None, seed: int = 0,
-                 fallback: Any = None, slo: Any = None) -> None:
+                 fallback: Any = None, slo: Any = None, max_candidates: int | None = None,
+                 prefill_tokens_per_s: float | None = None) -> None:
         from llmfleet.api.inferenceservice import RouterSpec
+        from llmfleet.router.plugins import DEFAULT_MAX_CANDIDATES
 
         self.weights = dict(weights or RouterSpec().scorers)
         self.seed = seed
         self.fallback_cfg = fallback
         self.slo_cfg = slo
+        self.max_candidates = max_candidates if max_candidates is not None else DEFAULT_MAX_CANDIDATES
+        self.prefill_rate = prefill_tokens_per_s
 
     def attach(self, fleet: Fleet) -> None:
         from llmfleet.router.config import FallbackConfig, SLOConfig
         from llmfleet.router.fallback import FallbackPolicy
-        from llmfleet.router.plugins import PrefixIndex, ReplicaState, RequestInfo, build_pipeline
+        from llmfleet.router.plugins import PrefixIndex, RequestInfo, build_pipeline, release_prefill
 
         super().attach(fleet)
         self._RequestInfo = RequestInfo
+        self._release = release_prefill
         self.index = PrefixIndex(max_blocks=10_000_000)
-        self.pipeline = build_pipeline(self.weights, self.index, seed=self.seed)
+        self.pipeline = build_pipeline(self.weights, self.index, seed=self.seed, max_candidates=self.max_candidates)
         self.states: dict[int, Any] = {}
-        self._ReplicaState = ReplicaState
+        self.state_lists: dict[str, list[Any]] = {pool: [] for pool in fleet.routable}
+        self.infos: dict[int, Any] = {}  # rid -> RequestInfo until its first token
+        self._State = _sim_replica_state_class()
         slo = self.slo_cfg or SLOConfig(ttft_p95_ms=fleet.cfg.ttft_slo_s * 1e3, tpot_p95_ms=fleet.cfg.tpot_slo_s * 1e3)
         self.students = [p.name for p in fleet.cfg.pools if p.role == "student"]
         self.policy = FallbackPolicy(self.fallback_cfg or FallbackConfig(), slo) if self.students else None
@@ -208,12 +251,16 @@ class LlmfleetRouter(Router):
 
     def _on_fleet(self, what: str, rep: Replica) -> None:
         if what == "add":
-            self.states[rep.id] = self._ReplicaState(id=str(rep.id), pool=rep.pool, stale=False,
-                                                     cache_capacity_blocks=rep.total)
+            st = self._State(id=str(rep.id), pool=rep.pool, stale=False, cache_capacity_blocks=rep.total,
+                             prefill_tokens_per_s=self.prefill_rate)
+            st.rep = rep
+            self.states[rep.id] = st
+            self.state_lists[rep.pool].append(st)
             self.index.set_capacity(str(rep.id), rep.total)
         else:
             st = self.states.pop(rep.id, None)
             if st is not None:
+                self.state_lists[rep.pool].remove(st)
                 self.index.remove_replica(st.id)
 
     def _signals(self, fleet: Fleet, pool: str) -> Any:
@@ -231,25 +278,28 @@ class LlmfleetRouter(Router):
                                    input_tokens=req.prompt_len, request_class=req.cls)
             self.policy.record(now, req.tenant, d)
             pool = d.pool
-        reps = fleet.routable[pool]
-        if not reps:
+        cands = self.state_lists[pool]
+        if not cands:
             return None
-        cands = []
-        for r in reps:
-            st = self.states[r.id]
-            st.running = float(len(r.running))
-            st.waiting = float(len(r.waiting))
-            st.in_flight = len(r.running) + len(r.waiting)
-            st.kv_usage = r.kv_usage()
-            cands.append(st)
         info = self._RequestInfo(model="model", block_hashes=req.keys, input_tokens=req.prompt_len,
-                                 session_id=req.session, tenant=req.tenant, request_class=req.cls)
+                                 session_id=req.session, tenant=req.tenant, request_class=req.cls,
+                                 block_size=fleet.block_size, now=now)
         dec = self.pipeline.pick(info, cands)
         if dec.replica is None:
             return None
+        if info.prefill_charge is not None:
+            self.infos[req.rid] = info
         return fleet.replicas[int(dec.replica.id)]
 
+    def on_first_token(self, req: Request, now: float) -> None:
+        info = self.infos.pop(req.rid, None)
+        if info is not None:
+            self._release(info, now)
+
     def on_complete(self, req: Request, now: float) -> None:
+        info = self.infos.pop(req.rid, None)  # dispatch rejected it, or no first token was seen
+        if info is not None:
+            self._release(info, now, first_byte=False)
         if self.policy is not None and req.pool == self.fleet.primary:
             tpot = (req.finish - req.first_token) * 1e3 / (req.output_len - 1) if req.output_len > 1 else None
             self.policy.observe_primary(now, (req.first_token - req.arrival) * 1e3, tpot,

@@ -47,8 +47,8 @@ def test_aging_by_capacity_and_global_bound() -> None:
     idx = PrefixIndex(max_blocks=50)
     idx.set_capacity("a", 10)
     idx.insert("a", list(range(1, 8)))
-    idx.insert("a", list(range(100, 106)))  # 13 > 10: oldest (1,2,3) evicted
-    assert idx.blocks_of("a") == 10 and idx.match(list(range(1, 8))) == {}
+    idx.insert("a", list(range(100, 106)))  # 13 > 10: the older prompt's tail (5, 6, 7) is evicted
+    assert idx.blocks_of("a") == 10 and idx.match(list(range(1, 8))) == {"a": 4}  # its prefix still matches
     assert idx.match(list(range(100, 106))) == {"a": 6}
     for r in "bcdefg":
         idx.insert(r, list(range(1000, 1020)))

@@ -12,16 +12,22 @@ from llmfleet.router.plugins.base import (
     Decision,
     Filter,
     Pipeline,
+    Preselector,
     ReplicaState,
     RequestInfo,
     Scorer,
+    charge_prefill,
     clamp01,
+    release_prefill,
 )
 from llmfleet.router.plugins.builtin import (
+    DEFAULT_PREFILL_TOKENS_PER_S,
+    EstimatedTTFTScorer,
     HealthyFilter,
     KVCacheScorer,
     ModelFilter,
     PrefixCacheScorer,
+    PrefixSampledPreselector,
     QueueDepthScorer,
     RunningRequestsScorer,
     SessionAffinityScorer,
@@ -29,16 +35,27 @@ from llmfleet.router.plugins.builtin import (
 )
 from llmfleet.router.prefix_index import PrefixIndex
 
+DEFAULT_MAX_CANDIDATES = 32  # fleets larger than this are preselected (prefix matches + a random sample)
 
-def build_pipeline(weights: Mapping[str, float], index: PrefixIndex | None = None, seed: int = 0) -> Pipeline:
-    """The standard pipeline: healthy + model filters, then the named scorers with their weights."""
+
+def build_pipeline(weights: Mapping[str, float], index: PrefixIndex | None = None, seed: int = 0,
+                   max_candidates: int | None = DEFAULT_MAX_CANDIDATES, prefix_candidates: int = 8) -> Pipeline:
+    """The standard pipeline: healthy + model filters, then the named scorers with their weights.
+
+    Fleets with more than `max_candidates` replicas are first narrowed by `PrefixSampledPreselector`
+    (None: always score every replica).
+    """
     index = index if index is not None else PrefixIndex()
     scorers = [(build_scorer(name, index), w) for name, w in weights.items()]
-    return Pipeline([HealthyFilter(), ModelFilter()], scorers, random.Random(seed))
+    pre = (PrefixSampledPreselector(index, max_candidates, min(prefix_candidates, max_candidates))
+           if max_candidates is not None else None)
+    return Pipeline([HealthyFilter(), ModelFilter()], scorers, random.Random(seed), preselector=pre)
 
 
 __all__ = [
-    "Decision", "Filter", "HealthyFilter", "KVCacheScorer", "ModelFilter", "Pipeline", "PrefixCacheScorer",
-    "PrefixIndex", "QueueDepthScorer", "ReplicaState", "RequestInfo", "RunningRequestsScorer", "Scorer",
-    "SessionAffinityScorer", "build_pipeline", "build_scorer", "clamp01",
+    "DEFAULT_MAX_CANDIDATES", "DEFAULT_PREFILL_TOKENS_PER_S", "Decision", "EstimatedTTFTScorer", "Filter",
+    "HealthyFilter", "KVCacheScorer", "ModelFilter", "Pipeline", "PrefixCacheScorer", "PrefixIndex",
+    "PrefixSampledPreselector", "Preselector", "QueueDepthScorer", "ReplicaState", "RequestInfo",
+    "RunningRequestsScorer", "Scorer", "SessionAffinityScorer", "build_pipeline", "build_scorer",
+    "charge_prefill", "clamp01", "release_prefill",
 ]

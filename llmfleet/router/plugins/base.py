@@ -6,7 +6,9 @@ A request passes filters (each keeps a subset of replicas), then scorers (each r
 per replica, higher is better), then the picker: the weighted sum of scores, ties broken by power-of-two
 choices on load. The framework clamps scores to [0, 1] (NaN -> 0), applies weights, times each plugin and
 logs the decision at DEBUG. Randomness only comes from the `random.Random` handed in, so a seeded run is
-deterministic.
+deterministic. In a fleet larger than a `Preselector`'s `max_candidates`, it first narrows the candidates
+(O(candidates), not O(fleet)). `charge_prefill` / `release_prefill` keep the per-replica prefill queue that
+the estimated-TTFT scorer reads: the router releases a request's charge on its first byte and at its end.
 """
 
 from __future__ import annotations
@@ -40,6 +42,12 @@ class ReplicaState:
     cache_capacity_blocks: int | None = None  # KV blocks (from config or vllm:cache_config_info)
     prefix_hits: float = 0.0  # vllm prefix-cache hit counter (tokens or queries, as scraped)
     prefix_queries: float = 0.0
+    # Prefill work this router sent the replica that has not produced a first byte yet (charged at routing,
+    # released by `release_prefill`), in prompt tokens, and when the replica should be through with it: a
+    # virtual FCFS queue at the replica's prefill rate, corrected by every observed first byte.
+    prefill_tokens: float = 0.0
+    prefill_busy_until: float = 0.0  # on the clock of RequestInfo.now
+    prefill_tokens_per_s: float | None = None  # configured or measured prefill rate (None: the scorer's default)
 
     @property
     def load(self) -> float:
@@ -58,6 +66,55 @@ class RequestInfo:
     tenant: str = "default"
     request_class: str | None = None
     stream: bool = False
+    now: float | None = None  # the routing time on the clock release_prefill uses (None: time.monotonic())
+    block_size: int = 0  # tokens per prefix-index block (0: inferred as input_tokens // len(block_hashes))
+    # (replica, tokens, predicted end of its prefill) charged at routing; `release_prefill` undoes it
+    prefill_charge: tuple[ReplicaState, float, float] | None = None
+
+    def tokens_per_block(self) -> int:
+        if self.block_size > 0:
+            return self.block_size
+        return self.input_tokens // len(self.block_hashes) if self.block_hashes else 0
+
+    def clock(self) -> float:
+        return self.now if self.now is not None else time.monotonic()
+
+
+def charge_prefill(req: RequestInfo, replica: ReplicaState, tokens: float, tokens_per_s: float) -> float:
+    """Queue `tokens` of prefill work for `req` on `replica` (replacing an earlier charge, e.g. on a retry).
+
+    Returns the predicted end of its prefill: after the work already queued there, at `tokens_per_s`.
+    """
+    now = req.clock()
+    release_prefill(req, now, first_byte=False)
+    end = max(now, replica.prefill_busy_until) + tokens / tokens_per_s
+    replica.prefill_busy_until = end
+    replica.prefill_tokens += tokens
+    req.prefill_charge = (replica, tokens, end)
+    return end
+
+
+def release_prefill(req: RequestInfo, now: float | None = None, first_byte: bool = True) -> None:
+    """The request's prefill is over (its first byte arrived: `first_byte=True`) or abandoned or finished
+    without a first byte seen (error, retry, non-streaming response: `first_byte=False`). Idempotent.
+
+    The router calls it on the first byte from the replica and again when the request ends. A first byte
+    earlier or later than predicted moves the replica's queue end by the same error (the work behind it
+    was mispredicted the same way). `now` is on the clock of `RequestInfo.now` (None: time.monotonic()).
+    """
+    charge = req.prefill_charge
+    if charge is None:
+        return
+    req.prefill_charge = None
+    replica, tokens, end = charge
+    t = now if now is not None else time.monotonic()
+    left = replica.prefill_tokens - tokens
+    # every charge is >= 1 token, so less than half a token left is float rounding of the sum: nothing left
+    replica.prefill_tokens = left if left >= 0.5 else 0.0
+    if replica.prefill_tokens == 0.0:
+        replica.prefill_busy_until = min(replica.prefill_busy_until, t)  # nothing queued any more
+    elif first_byte:
+        replica.prefill_busy_until = max(t, replica.prefill_busy_until + (t - end))
 
 
 class Filter:
@@ -84,6 +141,19 @@ class Scorer(Filter):
         return list(replicas)
 
 
+class Preselector:
+    """Narrows a large fleet to at most `max_candidates` replicas before filters and scorers run.
+
+    The pipeline calls it only when there are more replicas than that; it must be O(candidates), not O(fleet).
+    """
+
+    name = "preselect"
+    max_candidates = 32
+
+    def select(self, req: RequestInfo, replicas: Sequence[ReplicaState], rng: random.Random) -> list[ReplicaState]:
+        raise NotImplementedError
+
+
 @dataclass
 class Decision:
     replica: ReplicaState | None
@@ -104,22 +174,43 @@ class Pipeline:
     """filters -> weighted scorers -> picker. Construct once; `pick` per request."""
 
     def __init__(
-        self, filters: Sequence[Filter], scorers: Sequence[tuple[Scorer, float]], rng: random.Random | None = None
+        self, filters: Sequence[Filter], scorers: Sequence[tuple[Scorer, float]], rng: random.Random | None = None,
+        preselector: Preselector | None = None,
     ) -> None:
         self.filters = list(filters)
         self.scorers = [(s, float(w)) for s, w in scorers if w > 0]
         self.rng = rng or random.Random(0)
+        self.preselector = preselector
+
+    def _filter(self, req: RequestInfo, cands: list[ReplicaState], timings: dict[str, int]) -> str | None:
+        """Run the filters in place on `cands`; returns the name of the filter that left nothing, else None."""
+        for f in self.filters:
+            t0 = time.perf_counter_ns()
+            cands[:] = f.filter(req, cands)
+            timings[f.name] = timings.get(f.name, 0) + time.perf_counter_ns() - t0
+            if not cands:
+                return f.name
+        return None
 
     def pick(self, req: RequestInfo, replicas: Sequence[ReplicaState], commit: bool = True) -> Decision:
         """Choose a replica. `commit=False` skips the plugins' on_routed updates: call `commit` later."""
         timings: dict[str, int] = {}
-        cands = list(replicas)
-        for f in self.filters:
+        pre = self.preselector
+        cands: list[ReplicaState] = []
+        empty: str | None = None
+        if pre is not None and len(replicas) > pre.max_candidates:
+            # Large fleet: score a preselected subset; filters run on it, and on everyone if it filters to nothing.
             t0 = time.perf_counter_ns()
-            cands = f.filter(req, cands)
-            timings[f.name] = time.perf_counter_ns() - t0
-            if not cands:
-                return Decision(None, 0, plugin_ns=timings, reason=f"no replica passed filter {f.name}")
+            cands = pre.select(req, replicas, self.rng)
+            timings[pre.name] = time.perf_counter_ns() - t0
+            empty = self._filter(req, cands, timings)
+        if not cands:
+            cands = list(replicas)
+            empty = self._filter(req, cands, timings)
+            if empty is None and pre is not None and len(cands) > pre.max_candidates:
+                cands = pre.select(req, cands, self.rng)
+        if empty is not None or not cands:
+            return Decision(None, 0, plugin_ns=timings, reason=f"no replica passed filter {empty}")
         totals = [0.0] * len(cands)
         all_scores: dict[str, list[float]] = {}
         if len(cands) > 1:
@@ -129,10 +220,10 @@ class Pipeline:
                 timings[s.name] = time.perf_counter_ns() - t0
                 if len(raw) != len(cands):
                     raise ValueError(f"scorer {s.name} returned {len(raw)} scores for {len(cands)} replicas")
-                vals = [clamp01(float(x)) for x in raw]
+                # clamp01 inlined (hot path): NaN and negatives -> 0, above 1 -> 1
+                vals = [0.0 if not x > 0.0 else 1.0 if x > 1.0 else float(x) for x in raw]
                 all_scores[s.name] = vals
-                for i, v in enumerate(vals):
-                    totals[i] += w * v
+                totals = [t + w * v for t, v in zip(totals, vals, strict=True)]
         chosen = self._pick(cands, totals)
         if commit:
             self.commit(req, chosen)

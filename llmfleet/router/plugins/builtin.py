@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import random
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 
-from llmfleet.router.plugins.base import STALE_LOAD_FACTOR, Filter, ReplicaState, RequestInfo, Scorer
+from llmfleet.router.plugins.base import (
+    STALE_LOAD_FACTOR,
+    Filter,
+    Preselector,
+    ReplicaState,
+    RequestInfo,
+    Scorer,
+    charge_prefill,
+)
 from llmfleet.router.prefix_index import PrefixIndex
 
 
@@ -113,6 +122,146 @@ class SessionAffinityScorer(Scorer):
             self.sessions.popitem(last=False)
 
 
+# Prefill rate assumed when a replica has none configured or measured. Only ratios of estimates matter in
+# a pool of identical replicas (the scale cancels); the figure is Llama-3-8B bf16 on one H200 at the
+# planner's roofline (0.6 compute efficiency), see docs/router.md.
+DEFAULT_PREFILL_TOKENS_PER_S = 30_000.0
+# Context length at which a prompt token's attention costs as much as its dense layers
+# (flops_per_token / attention_flops_per_context_token = 2·params / (4·layers·hidden), about 30k for
+# Llama-3-8B): long prompts cost more than linearly, a 60k-token prefill ~2x a 2 x 30k one.
+DEFAULT_ATTENTION_TOKENS = 30_000.0
+
+
+class EstimatedTTFTScorer(Scorer):
+    """Estimated time to first token of THIS request on each replica, relative to the best one.
+
+    estimate(r) = wait(r) + work(request's prompt tokens beyond r's prefix match) / rate(r)
+    wait(r)     = how long r still needs for the prefill work this router already sent it (requests without
+                  a first byte yet): a virtual FCFS queue at rate(r), corrected by every observed first byte
+    score(r)    = min estimate / estimate(r): 1 for the fastest replica, in (0, 1] for all, deterministic.
+
+    Unlike request counts, a 40k-token prompt weighs what its prefill costs (`work` grows with context:
+    attention), and a prefix-cache hit counts as the prefill time it saves. The charge is made in
+    `on_routed` (`charge_prefill`) and released by the router on the first byte or at the end of the request
+    (`release_prefill`). A replica to which the router has nothing in flight waits 0, so a lost release
+    cannot penalise it forever; without any release at all the queue still drains at rate(r).
+    rate(r) = `ReplicaState.prefill_tokens_per_s` (configured or measured), else `default_tokens_per_s`.
+    """
+
+    name = "estimated-ttft"
+
+    def __init__(self, index: PrefixIndex, default_tokens_per_s: float = DEFAULT_PREFILL_TOKENS_PER_S,
+                 attention_tokens: float | None = DEFAULT_ATTENTION_TOKENS) -> None:
+        if attention_tokens is not None and attention_tokens <= 0:
+            raise ValueError("attention_tokens must be > 0 (or None for a linear cost)")
+        self.index = index
+        self.default_rate = default_tokens_per_s
+        self.attention_tokens = attention_tokens
+        self.last_estimate_s: dict[str, float] = {}
+        self.last_match: Mapping[str, int] = {}  # replica id -> matched blocks, as PrefixCacheScorer.last_match
+        self._last: tuple[RequestInfo | None, dict[str, float]] = (None, {})
+
+    def _work(self, n_tokens: int, cached: int) -> float:
+        """Prefill work of tokens cached..n_tokens in zero-context-token equivalents: each token costs
+        1 + its context / (2 · attention_tokens), so (n - h) · (1 + (n + h) / (2 · attention_tokens))."""
+        new = n_tokens - cached
+        if self.attention_tokens is None:
+            return float(new)
+        return new * (1.0 + (n_tokens + cached) / (2.0 * self.attention_tokens))
+
+    def _uncached(self, req: RequestInfo, replica_ids: Sequence[str]) -> list[float]:
+        n_tokens = max(1, req.input_tokens)
+        if not req.block_hashes:
+            self.last_match = {}
+            w = self._work(n_tokens, 0)
+            return [w] * len(replica_ids)
+        bs = req.tokens_per_block()
+        m = self.last_match = self.index.match(req.block_hashes)
+        cold = self._work(n_tokens, 0)
+        if not m:
+            return [cold] * len(replica_ids)
+        # at least one token is always computed (the engine needs the last position's logits)
+        return [cold if rid not in m else self._work(n_tokens, min(n_tokens - 1, m[rid] * bs)) for rid in replica_ids]
+
+    def estimates(self, req: RequestInfo, replicas: Sequence[ReplicaState]) -> list[float]:
+        uncached = self._uncached(req, [r.id for r in replicas])
+        # remembered for on_routed: by then another plugin may already have taught the index this prompt
+        self._last = (req, {r.id: u for r, u in zip(replicas, uncached, strict=True)})
+        now = req.clock()
+        out = []
+        for r, u in zip(replicas, uncached, strict=True):
+            rate = r.prefill_tokens_per_s or self.default_rate
+            # queued prefill still ahead (0 when the router has nothing in flight there: a lost release
+            # cannot penalise a replica forever), then this request's own uncached work
+            wait = max(0.0, r.prefill_busy_until - now) if r.prefill_tokens > 0 and r.in_flight > 0 else 0.0
+            out.append(wait + u / rate)
+        return out
+
+    def score(self, req: RequestInfo, replicas: Sequence[ReplicaState]) -> list[float]:
+        est = self.estimates(req, replicas)
+        self.last_estimate_s = {r.id: e for r, e in zip(replicas, est, strict=True)}
+        lo = min(est)
+        return [lo / e for e in est]  # every estimate >= 1 token / rate > 0
+
+    def on_routed(self, req: RequestInfo, replica: ReplicaState) -> None:
+        last_req, uncached = self._last
+        u = uncached.get(replica.id) if last_req is req else None
+        charge_prefill(req, replica, u if u is not None else self._uncached(req, [replica.id])[0],
+                       replica.prefill_tokens_per_s or self.default_rate)
+        if req.block_hashes:  # the index learns from routing whether or not the prefix-cache scorer runs
+            self.index.insert(replica.id, req.block_hashes)
+
+
+class PrefixSampledPreselector(Preselector):
+    """For large fleets: the replicas with the longest prefix matches, plus a uniform random sample.
+
+    At most `prefix_candidates` replicas come from the prefix index (longest match first, ties by id); the
+    rest up to `max_candidates` are sampled uniformly, so the load scorers pick the least loaded of a
+    sample (power of k choices) and replicas the index knows nothing about still get traffic. Cost is
+    O(max_candidates), independent of the fleet size, once the id -> position map is built.
+    """
+
+    name = "preselect"
+
+    def __init__(self, index: PrefixIndex, max_candidates: int = 32, prefix_candidates: int = 8) -> None:
+        if max_candidates < 2 or not 0 <= prefix_candidates <= max_candidates:
+            raise ValueError("need max_candidates >= 2 and 0 <= prefix_candidates <= max_candidates")
+        self.index = index
+        self.max_candidates = max_candidates
+        self.prefix_candidates = prefix_candidates
+        self._pos: dict[str, int] = {}
+
+    def _position(self, replicas: Sequence[ReplicaState], rid: str) -> int | None:
+        i = self._pos.get(rid)
+        if i is None or i >= len(replicas) or replicas[i].id != rid:
+            self._pos = {r.id: j for j, r in enumerate(replicas)}  # the list changed: rebuild once
+            i = self._pos.get(rid)
+        return i
+
+    def select(self, req: RequestInfo, replicas: Sequence[ReplicaState], rng: random.Random) -> list[ReplicaState]:
+        out: list[ReplicaState] = []
+        taken: set[int] = set()
+        if req.block_hashes and self.prefix_candidates:
+            m = self.index.match(req.block_hashes)
+            for rid, _ in sorted(m.items(), key=lambda kv: (-kv[1], kv[0])):
+                i = self._position(replicas, rid)
+                if i is not None and i not in taken:
+                    taken.add(i)
+                    out.append(replicas[i])
+                    if len(out) >= self.prefix_candidates:
+                        break
+        n = len(replicas)
+        want = min(self.max_candidates, n) - len(out)
+        draw = rng.random
+        while want > 0:  # rejection sampling: expected draws want·n/(n-want), cheap when n >> max_candidates
+            i = int(draw() * n)  # uniform on 0..n-1 (randrange is several times slower per draw)
+            if i not in taken:
+                taken.add(i)
+                out.append(replicas[i])
+                want -= 1
+        return out
+
+
 def build_scorer(name: str, index: PrefixIndex) -> Scorer:
     if name == "prefix-cache":
         return PrefixCacheScorer(index)
@@ -124,4 +273,6 @@ def build_scorer(name: str, index: PrefixIndex) -> Scorer:
         return KVCacheScorer()
     if name == "session-affinity":
         return SessionAffinityScorer()
+    if name == "estimated-ttft":
+        return EstimatedTTFTScorer(index)
     raise ValueError(f"unknown scorer {name!r}")

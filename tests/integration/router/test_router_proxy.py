@@ -367,3 +367,26 @@ def test_prefix_mode_tokens_without_tokenizer_is_a_clear_error(tmp_path) -> None
     cfg.pools[0].tokenizer_path = str(tmp_path)
     with pytest.raises(ValueError, match="no tokenizer.json"):
         Router(cfg)
+
+
+async def test_estimated_ttft_gets_prefix_keys_and_prefill_is_released(fakes, routers, http) -> None:
+    """estimated-ttft alone makes the router compute prefix keys; the prefill charged at routing is released
+    on the first streamed byte (while the stream goes on) and at the end of a non-streaming request."""
+    a = await fakes(name="a", tokens=50, token_delay_s=0.02)
+    r = await routers(config({"primary": ("m", [a.url])}, scorers={"estimated-ttft": 1.0}))
+    pool = r.router.pools["primary"]
+    rep = pool.replicas.replicas[a.url]
+    prompt = "shared system prompt " * 40
+    resp = await http.post(r.url + "/v1/completions", json={"model": "m", "prompt": prompt, "stream": True})
+    await resp.content.readline()  # first event through: the replica is past this prompt's prefill
+    assert rep.in_flight == 1 and rep.prefill_tokens == 0.0
+    await resp.read()
+    resp.close()
+    assert len(pool.index) > 0  # keys were computed and the index learned the prompt
+    a.token_delay_s = 0.0
+    async with http.post(r.url + "/v1/completions", json={"model": "m", "prompt": prompt}) as resp2:
+        assert resp2.status == 200
+    await wait_for(lambda: rep.in_flight == 0)
+    assert rep.prefill_tokens == 0.0
+    text = await (await http.get(r.url + "/metrics")).text()
+    assert 'llmfleet_router_prefix_affinity_hits_total{pool="primary"} 1.0' in text  # the second one matched

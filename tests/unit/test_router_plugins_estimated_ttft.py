@@ -1,0 +1,211 @@
+"""The estimated-TTFT scorer, the prefill charge/release hook, and large-fleet candidate preselection."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from llmfleet.router.plugins import (
+    EstimatedTTFTScorer,
+    HealthyFilter,
+    Pipeline,
+    PrefixCacheScorer,
+    PrefixIndex,
+    PrefixSampledPreselector,
+    ReplicaState,
+    RequestInfo,
+    build_pipeline,
+    charge_prefill,
+    release_prefill,
+)
+
+RATE = 1000.0  # tokens/s: estimates read directly as seconds
+
+
+def R(id: str, **kw: object) -> ReplicaState:  # noqa: N802
+    kw.setdefault("stale", False)
+    return ReplicaState(id=id, pool="primary", models=("m",), **kw)  # type: ignore[arg-type]
+
+
+def _index_with(replica: str, keys: list[int]) -> PrefixIndex:
+    index = PrefixIndex()
+    index.insert(replica, keys)
+    return index
+
+
+KEYS = [11, 12, 13, 14, 15, 16]  # 6 blocks of 16 tokens; "a" holds the first 4 (64 tokens)
+REQ = dict(model="m", block_hashes=KEYS, input_tokens=100, block_size=16, now=10.0)
+
+
+@pytest.mark.parametrize(
+    "replicas, expected_s",
+    [
+        # a: 100 - 64 cached = 36 tokens; b: all 100
+        ([R("a"), R("b")], [0.036, 0.100]),
+        # a has 1 s of queued prefill ahead (busy until 11.0 at now 10.0): the cache hit is not worth it
+        ([R("a", in_flight=2, prefill_tokens=500.0, prefill_busy_until=11.0), R("b")], [1.036, 0.100]),
+        # queued work whose predicted end has passed counts 0
+        ([R("a", in_flight=1, prefill_tokens=500.0, prefill_busy_until=9.0), R("b")], [0.036, 0.100]),
+        # nothing in flight: a charge whose release was lost is ignored
+        ([R("a", in_flight=0, prefill_tokens=500.0, prefill_busy_until=50.0), R("b")], [0.036, 0.100]),
+        # per-replica prefill rate (configured or measured) overrides the default
+        ([R("a"), R("b", prefill_tokens_per_s=10 * RATE)], [0.036, 0.010]),
+    ],
+)
+def test_estimates_and_scores(replicas: list[ReplicaState], expected_s: list[float]) -> None:
+    s = EstimatedTTFTScorer(_index_with("a", KEYS[:4]), default_tokens_per_s=RATE, attention_tokens=None)
+    req = RequestInfo(**REQ)  # type: ignore[arg-type]
+    assert s.estimates(req, replicas) == pytest.approx(expected_s)
+    scores = s.score(req, replicas)
+    assert scores == pytest.approx([min(expected_s) / e for e in expected_s])
+    assert max(scores) == 1.0 and all(0.0 < x <= 1.0 for x in scores)
+
+
+@pytest.mark.parametrize(
+    "n_tokens, cached, attention_tokens, work",
+    [
+        (2000, 0, None, 2000.0),
+        (2000, 0, 1000.0, 4000.0),  # 2000 · (1 + 2000 / 2000)
+        (2000, 1000, 1000.0, 2500.0),  # 1000 · (1 + 3000 / 2000): the cached half was the cheap half
+        (100, 99, 1e9, 1.0),
+    ],
+)
+def test_prefill_work_grows_with_context(n_tokens: int, cached: int, attention_tokens: float | None,
+                                         work: float) -> None:
+    s = EstimatedTTFTScorer(PrefixIndex(), attention_tokens=attention_tokens)
+    assert s._work(n_tokens, cached) == pytest.approx(work)
+
+
+def test_no_prefix_keys_and_full_match_still_cost_a_token() -> None:
+    s = EstimatedTTFTScorer(_index_with("a", [1, 2]), default_tokens_per_s=RATE, attention_tokens=None)
+    no_keys = RequestInfo(model="m", input_tokens=50, now=0.0)
+    assert s.estimates(no_keys, [R("a"), R("b")]) == pytest.approx([0.05, 0.05])
+    full = RequestInfo(model="m", block_hashes=[1, 2], input_tokens=32, block_size=16, now=0.0)
+    assert s.estimates(full, [R("a")]) == pytest.approx([0.001])  # the last token is always computed
+    # block size inferred from the prompt when the caller does not give it
+    assert RequestInfo(model="m", block_hashes=[1, 2], input_tokens=40).tokens_per_block() == 20
+
+
+def test_charge_and_release_form_a_corrected_fcfs_queue() -> None:
+    a = R("a")
+    r1 = RequestInfo(model="m", now=0.0)
+    r2 = RequestInfo(model="m", now=0.5)
+    assert charge_prefill(r1, a, 1000.0, RATE) == pytest.approx(1.0)
+    assert charge_prefill(r2, a, 500.0, RATE) == pytest.approx(1.5)  # queued behind r1
+    assert a.prefill_tokens == 1500.0
+    release_prefill(r1, now=0.8)  # first byte 0.2 s early: the work behind it is early too
+    assert a.prefill_busy_until == pytest.approx(1.3) and a.prefill_tokens == 500.0
+    release_prefill(r1, now=5.0)  # idempotent
+    assert a.prefill_busy_until == pytest.approx(1.3) and a.prefill_tokens == 500.0
+    release_prefill(r2, now=1.2, first_byte=False)  # finished or failed without a first byte: no correction
+    assert a.prefill_tokens == 0.0 and a.prefill_busy_until == pytest.approx(1.2)
+    # a retry moves the charge: the first replica is released, the second charged
+    b = R("b")
+    r3 = RequestInfo(model="m", now=2.0)
+    charge_prefill(r3, a, 100.0, RATE)
+    charge_prefill(r3, b, 100.0, RATE)
+    assert a.prefill_tokens == 0.0 and b.prefill_tokens == 100.0 and r3.prefill_charge is not None
+
+
+def test_charge_uses_the_uncached_tokens_seen_when_scoring() -> None:
+    """The prefix-cache scorer teaches the index first; the charge must still be the pre-routing estimate."""
+    index = PrefixIndex()
+    pipe = Pipeline([HealthyFilter()], [(PrefixCacheScorer(index), 1.0),
+                                        (EstimatedTTFTScorer(index, RATE, attention_tokens=None), 1.0)],
+                    random.Random(0))
+    a, b = R("a"), R("b")
+    req = RequestInfo(model="m", block_hashes=KEYS, input_tokens=100, block_size=16, now=0.0)
+    chosen = pipe.pick(req, [a, b]).replica
+    assert chosen is not None and chosen.prefill_tokens == 100.0
+    assert chosen.prefill_busy_until == pytest.approx(0.1)
+    again = RequestInfo(model="m", block_hashes=KEYS, input_tokens=100, block_size=16, now=0.0)
+    other = b if chosen is a else a
+    # all 6 blocks cached there now: 100 - 96 = 4 tokens after a 0.1 s queue, vs 100 cold tokens elsewhere
+    assert pipe.pick(again, [a, b]).replica is chosen
+    assert other.prefill_tokens == 0.0
+
+
+def test_scores_deterministic_and_bounded_on_random_states() -> None:
+    rng = random.Random(3)
+    index = PrefixIndex()
+    for i in range(8):
+        index.insert(f"r{i}", list(range(1, 1 + rng.randrange(0, 20))))
+    s = EstimatedTTFTScorer(index)
+    for _ in range(50):
+        reps = [R(f"r{i}", in_flight=rng.randrange(3), prefill_tokens=rng.random() * 1e5,
+                  prefill_busy_until=rng.random() * 20) for i in range(8)]
+        req = RequestInfo(model="m", block_hashes=list(range(1, 21)), input_tokens=rng.randrange(1, 50_000),
+                          now=rng.random() * 20)
+        a, b = s.score(req, reps), s.score(req, reps)
+        assert a == b and max(a) == 1.0 and all(0.0 < x <= 1.0 for x in a)
+
+
+# -- preselection ------------------------------------------------------------------------------------------
+def test_preselector_prefix_holders_first_then_a_sample() -> None:
+    reps = [R(f"r{i:03d}") for i in range(200)]
+    index = PrefixIndex()
+    index.insert("r042", [1, 2, 3])
+    index.insert("r007", [1, 2])
+    index.insert("r150", [1])
+    pre = PrefixSampledPreselector(index, max_candidates=16, prefix_candidates=2)
+    req = RequestInfo(model="m", block_hashes=[1, 2, 3])
+    got = pre.select(req, reps, random.Random(0))
+    assert [r.id for r in got[:2]] == ["r042", "r007"]  # longest match first, capped at prefix_candidates
+    assert len(got) == 16 and len({r.id for r in got}) == 16
+    assert [r.id for r in pre.select(req, reps, random.Random(0))] == [r.id for r in got]  # seeded
+    # the fleet changed (a replica left): positions are rebuilt, never a wrong replica
+    smaller = [r for r in reps if r.id != "r000"]
+    assert pre.select(req, smaller, random.Random(1))[0].id == "r042"
+
+
+@pytest.mark.parametrize("max_candidates, prefix_candidates", [(1, 0), (8, 9), (8, -1)])
+def test_preselector_rejects_bad_sizes(max_candidates: int, prefix_candidates: int) -> None:
+    with pytest.raises(ValueError):
+        PrefixSampledPreselector(PrefixIndex(), max_candidates, prefix_candidates)
+
+
+def test_pipeline_preselects_only_large_fleets() -> None:
+    index = PrefixIndex()
+    pipe = build_pipeline({"estimated-ttft": 1.0, "queue-depth": 0.1}, index, seed=0, max_candidates=8)
+    req = RequestInfo(model="m", input_tokens=10, now=0.0)
+    assert pipe.pick(req, [R(f"r{i}") for i in range(8)]).candidates == 8  # at the limit: everyone scored
+    d = pipe.pick(RequestInfo(model="m", input_tokens=10, now=0.0), [R(f"r{i}") for i in range(500)])
+    assert d.candidates == 8 and "preselect" in d.plugin_ns
+    assert build_pipeline({"kv-cache": 1}, max_candidates=None).preselector is None
+
+
+def test_preselection_falls_back_to_the_whole_fleet_when_the_sample_is_filtered_out() -> None:
+    reps = [R(f"r{i}", healthy=False) for i in range(300)] + [R("ok")]
+    pipe = build_pipeline({"queue-depth": 1.0}, seed=0, max_candidates=4)
+    for _ in range(5):
+        d = pipe.pick(RequestInfo(model="m"), reps)
+        assert d.replica is not None and d.replica.id == "ok"
+    d = pipe.pick(RequestInfo(model="m"), [R(f"r{i}", draining=True) for i in range(50)])
+    assert d.replica is None and "healthy" in d.reason
+
+
+def test_preselected_pipeline_balances_a_large_fleet() -> None:
+    """Power of k choices through the preselector: no replica gets far more than its share."""
+    reps = [R(f"r{i}") for i in range(100)]
+    pipe = build_pipeline({"queue-depth": 1.0}, seed=0, max_candidates=8)
+    for _ in range(1000):
+        d = pipe.pick(RequestInfo(model="m"), reps)
+        assert d.replica is not None
+        d.replica.waiting += 1
+    loads = [r.waiting for r in reps]
+    assert sum(loads) == 1000 and max(loads) <= 12  # mean 10
+
+
+def test_global_index_bound_cuts_the_biggest_replicas_first() -> None:
+    idx = PrefixIndex(max_blocks=1000)
+    for i in range(5):
+        idx.insert(f"small{i}", list(range(10_000 * i, 10_000 * i + 50)))  # 250 blocks
+    idx.insert("big", list(range(100_000, 100_900)))  # 1,150 > 1,000: cut to 1% under the bound
+    sizes = idx.stats()["replicas"]
+    assert len(idx) <= 990 and all(sizes[f"small{i}"] == 50 for i in range(5)) and sizes["big"] <= 740
+    # the big replica kept the head of its prompt (tails are evicted first)
+    assert idx.match(list(range(100_000, 100_900))) == {"big": sizes["big"]}
+    for i in range(200):  # many replicas at the bound: one sort per insert, not a scan per evicted block
+        idx.insert(f"r{i}", list(range(200_000 + 100 * i, 200_000 + 100 * i + 100)))
+        assert len(idx) <= 1000

@@ -1,0 +1,84 @@
+"""Simulator routing: the finite-cache hit-rate bounds by hand, the llmfleet router's prefill bookkeeping,
+preselection on a large simulated fleet, determinism."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from llmfleet.plan.roofline import StepCostModel
+from llmfleet.sim import (
+    PoolSpec,
+    Request,
+    SimConfig,
+    SyntheticSpec,
+    Workload,
+    load_mooncake,
+    oracle_hit_rate,
+    simulate,
+    synthetic,
+)
+from llmfleet.sim.report import finite_cache_hit_bound
+from llmfleet.sim.routers import LlmfleetRouter
+
+HEAD300 = Path(__file__).parent / "sim_data" / "mooncake_head300.jsonl"
+UNIT = StepCostModel(flops_per_token=1.0, attn_flops_per_ctx=0.0, weight_bytes=0.0, kv_bytes=0.0,
+                     peak_flops=1000.0, bandwidth=1e30, compute_eff=1.0, bandwidth_eff=1.0, overhead_s=0.0)
+
+
+def _abx() -> Workload:
+    # block size 4, prompts of 8 tokens = 2 blocks, of which only the first can hit (the last token is computed)
+    return Workload("abx", [Request(0, 0.0, 8, 1, (1, 2)), Request(1, 1.0, 8, 1, (3, 4)),
+                            Request(2, 2.0, 8, 1, (1, 2))], block_size=4)
+
+
+@pytest.mark.parametrize(
+    "capacity, policy, hit_tokens",
+    [
+        (100, "lru", 4), (100, "belady", 4),  # room for everything: the oracle
+        (2, "lru", 0),  # request 1 evicts blocks 1, 2 before request 2 comes back
+        (2, "belady", 4),  # Belady does not cache 3, 4 (never used again): request 2 hits block 1
+        (0, "belady", 0),
+    ],
+)
+def test_finite_cache_bounds_by_hand(capacity: int, policy: str, hit_tokens: int) -> None:
+    assert finite_cache_hit_bound(_abx(), capacity, policy) == pytest.approx(hit_tokens / 24)
+
+
+def test_finite_cache_bounds_order_on_a_real_trace() -> None:
+    w = load_mooncake(HEAD300)
+    oracle = oracle_hit_rate(w)
+    for cap in (200, 1000, 5000):
+        lru, belady = finite_cache_hit_bound(w, cap, "lru"), finite_cache_hit_bound(w, cap, "belady")
+        assert lru <= belady + 1e-12 <= oracle + 2e-12
+    assert finite_cache_hit_bound(w, 10**7, "lru") == pytest.approx(oracle)
+    with pytest.raises(ValueError):
+        finite_cache_hit_bound(w, 10, "fifo")
+
+
+def _run(w: Workload, replicas: int, seed: int = 0, **router_kw: object) -> tuple[dict, LlmfleetRouter]:
+    rt = LlmfleetRouter(seed=seed, **router_kw)  # type: ignore[arg-type]
+    res = simulate(w, SimConfig(pools=[PoolSpec(replicas=replicas)], seed=seed, check_invariants=True), router=rt)
+    return res.summary, rt
+
+
+def test_llmfleet_router_releases_every_prefill_charge() -> None:
+    w = load_mooncake(HEAD300).scaled(3.0)
+    summary, rt = _run(w, 4, weights={"estimated-ttft": 1.0, "queue-depth": 0.1})
+    assert summary["completed"] == len(w.requests)
+    assert not rt.infos  # every routed request got its first token (or finished) and was released
+    for st in rt.states.values():
+        assert st.prefill_tokens == 0.0
+    rr = simulate(w, SimConfig(pools=[PoolSpec(replicas=4)]), router="round-robin").summary
+    assert summary["prefixHitRate"] > 1.5 * rr["prefixHitRate"]  # the prefill-time estimate values cache hits
+
+
+def test_llmfleet_router_deterministic_with_preselection_on_a_large_fleet() -> None:
+    w = synthetic(SyntheticSpec(duration_s=20, rate_rps=60, tenants=12, seed=3))
+    a, rt = _run(w, 48, seed=1, max_candidates=8)
+    b, _ = _run(w, 48, seed=1, max_candidates=8)
+    assert rt.pipeline.preselector is not None and rt.pipeline.preselector.max_candidates == 8
+    assert a == b
+    c, _ = _run(w, 48, seed=2, max_candidates=8)
+    assert c["completed"] == a["completed"] == len(w.requests)
