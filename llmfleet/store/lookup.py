@@ -34,6 +34,7 @@ from llmfleet.store.fastpath import (
     compiled_sql,
     exact_statement,
     live_responses,
+    postgres_reader,
     version_statement,
 )
 from llmfleet.store.lookup_cache import LRU, Cached, LookupResult, Outcome
@@ -81,6 +82,7 @@ class FeatureStoreLookup:
         max_workers: int = 4,
         fast_path: bool = True,
         sqlite_on_loop_ms: float = 2.0,
+        pg_driver: str | None = None,
     ) -> None:
         self.url = normalize_url(url)
         self.model = model
@@ -119,6 +121,9 @@ class FeatureStoreLookup:
         # The exact-lookup fast path (on the event loop); False runs it in the thread pool like the rest.
         self._backend = backend_of(self.url) if fast_path else None
         self.sqlite_on_loop_s = sqlite_on_loop_ms / 1000.0
+        if pg_driver not in (None, "asyncpg", "psycopg"):
+            raise ValueError(f"pg_driver must be 'asyncpg' or 'psycopg', not {pg_driver!r}")
+        self.pg_driver = pg_driver  # PostgreSQL client of the fast path; None: asyncpg when installed
         self._reader: SqliteReader | PostgresReader | None = None
 
     @classmethod
@@ -305,8 +310,8 @@ class FeatureStoreLookup:
             if self._backend == "sqlite":
                 self._reader = SqliteReader(self.url, on_loop_budget_s=self.sqlite_on_loop_s)
             else:
-                self._reader = PostgresReader(self.url, size=self.max_workers, connect_timeout_s=self.timeout_s,
-                                              statement_timeout_ms=self.timeout_s * 1000.0)
+                self._reader = postgres_reader(self.url, size=self.max_workers, connect_timeout_s=self.timeout_s,
+                                               statement_timeout_ms=self.timeout_s * 1000.0, driver=self.pg_driver)
         return self._reader
 
     def _drop_connections(self) -> None:

@@ -15,7 +15,7 @@ from sqlalchemy import Engine, select, update
 
 from llmfleet.store import db, repo
 from llmfleet.store.fake_openai import chat_body
-from llmfleet.store.fastpath import PostgresReader, SqliteReader, exact_query_plan
+from llmfleet.store.fastpath import AsyncpgReader, PostgresReader, SqliteReader, exact_query_plan
 from llmfleet.store.lookup import FeatureStoreLookup
 from llmfleet.store.models import LookupStat
 from llmfleet.store.normalize import normalized_prompt, params_hash, prompt_hash, split_request
@@ -66,9 +66,19 @@ def populated(migrated_url: str) -> tuple[str, Engine, int]:
     return migrated_url, engine, vid
 
 
-async def test_fast_path_answers_like_the_thread_path(populated: tuple[str, Engine, int]) -> None:
+PG_DRIVERS = pytest.mark.parametrize("driver", ["asyncpg", "psycopg"])
+
+
+def _pg_only(url: str, driver: str) -> None:
+    if driver != "asyncpg" and not url.startswith("postgresql"):
+        pytest.skip("the PostgreSQL client does not matter for SQLite")
+
+
+@PG_DRIVERS
+async def test_fast_path_answers_like_the_thread_path(populated: tuple[str, Engine, int], driver: str) -> None:
     url, engine, _ = populated
-    fast, slow = _store(url), _store(url, fast_path=False)
+    _pg_only(url, driver)
+    fast, slow = _store(url, pg_driver=driver), _store(url, fast_path=False)
     hits_before = _sample("llmfleet_store_lookups_total", kind="exact", result="hit")
     got_fast = [await fast.lookup(t, "chat", b) for t, b in QUERIES]
     got_slow = [await slow.lookup(t, "chat", b) for t, b in QUERIES]
@@ -142,13 +152,14 @@ async def test_exact_query_is_an_index_point_lookup(populated: tuple[str, Engine
     engine.dispose()
 
 
-async def test_postgres_deadline_discards_the_connection(populated: tuple[str, Engine, int]) -> None:
+@PG_DRIVERS
+async def test_postgres_deadline_discards_the_connection(populated: tuple[str, Engine, int], driver: str) -> None:
     url, engine, _ = populated
     if not url.startswith("postgresql"):
         pytest.skip("SQLite: see test_sqlite_lock_falls_back_then_times_out")
     import psycopg
 
-    store = _store(url, timeout_ms=200)
+    store = _store(url, timeout_ms=200, pg_driver=driver)
     assert await store.lookup("acme", "chat", chat_body("what is two plus two")) is not None
     before = _sample("llmfleet_store_lookup_errors_total", reason="timeout")
     conninfo = url.replace("postgresql+psycopg://", "postgresql://")
@@ -165,16 +176,18 @@ async def test_postgres_deadline_discards_the_connection(populated: tuple[str, E
     engine.dispose()
 
 
-async def test_postgres_pool_is_bounded_under_concurrency(populated: tuple[str, Engine, int]) -> None:
+@PG_DRIVERS
+async def test_postgres_pool_is_bounded_under_concurrency(populated: tuple[str, Engine, int], driver: str) -> None:
     url, engine, _ = populated
     if not url.startswith("postgresql"):
         pytest.skip("the SQLite fast path has one connection and no awaits")
-    store = _store(url, max_workers=2)
+    store = _store(url, max_workers=2, pg_driver=driver)
     results = await asyncio.gather(*(store.lookup(t, "chat", b) for _ in range(10) for t, b in QUERIES))
     answers = [r.response["answer"] if r else None for r in results]
     assert answers == ["four", "four", None, "vier", None, "blue", None] * 10
     reader = store._reader
     assert isinstance(reader, PostgresReader) and reader._opened <= 2 and not reader._waiters
+    assert isinstance(reader, AsyncpgReader) == (driver == "asyncpg")
     await store.close()
     engine.dispose()
 
