@@ -138,14 +138,7 @@ async def exact_query_plan(url: str, params: dict[str, Any], *, no_seqscan: bool
     import psycopg
     import psycopg.sql
 
-    names: list[str] = []
-
-    def positional(m: re.Match[str]) -> str:
-        if m.group(1) not in names:
-            names.append(m.group(1))
-        return f"${names.index(m.group(1)) + 1}"
-
-    prepared = re.sub(r"%\((\w+)\)s", positional, compiled_sql("postgresql", "exact"))
+    prepared, names = _positional(compiled_sql("postgresql", "exact"))
     conninfo = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
     async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as pg:
         await pg.execute("SET plan_cache_mode = force_generic_plan")
