@@ -362,16 +362,25 @@ class FeatureStoreLookup:
             raise Outcome("timeout") from None
         self._db_used = True
         if row is not None:
-            found = Cached("exact", row[0], 1.0, phash, version_name, row[1], row[2] or now + 3600)
-            self._cache.put(key, found)
-            return found
+            return self._remember(key, self._exact_hit(row, phash, version_name, now))
         if self.semantic:
             sem = await self._in_thread(deadline, self._semantic_sync, tenant, text, pk, vid, version_name)
             if sem is not None:
-                self._cache.put(key, sem)
-                return sem
-        self._cache.put(key, Cached("exact", None, 0.0, phash, version_name, now, now + self.negative_ttl_s))
+                return self._remember(key, sem)
+        self._remember(key, self._exact_miss(phash, version_name, now))
         return None
+
+    @staticmethod
+    def _exact_hit(row: Any, phash: str, version: str, now: float) -> Cached:
+        """A (response, created_at, expires_at) row as a cache entry (an hour when the row has no expiry)."""
+        return Cached("exact", row[0], 1.0, phash, version, row[1], row[2] or now + 3600)
+
+    def _exact_miss(self, phash: str, version: str, now: float) -> Cached:
+        return Cached("exact", None, 0.0, phash, version, now, now + self.negative_ttl_s)
+
+    def _remember(self, key: Any, entry: Cached) -> Cached:
+        self._cache.put(key, entry)
+        return entry
 
     # --- the thread path: semantic lookups, and exact ones when the fast path is off or falls back ------
 
@@ -427,15 +436,12 @@ class FeatureStoreLookup:
             ).first()
             self._db_used = True
             if row is not None:
-                found = Cached("exact", row[0], 1.0, phash, version, row[1], row[2] or now + 3600)
-                self._cache.put(key, found)
-                return found
+                return self._remember(key, self._exact_hit(row, phash, version, now))
             if self.semantic:
                 sem = self._semantic(conn, tenant, text, pk, vid, version)
                 if sem is not None:
-                    self._cache.put(key, sem)
-                    return sem
-        self._cache.put(key, Cached("exact", None, 0.0, phash, version, now, now + self.negative_ttl_s))
+                    return self._remember(key, sem)
+        self._remember(key, self._exact_miss(phash, version, now))
         return None
 
     def _semantic(self, conn: Any, tenant: str, text: str, pk: str, vid: int, version: str) -> Cached | None:
