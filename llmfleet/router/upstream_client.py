@@ -108,7 +108,10 @@ class UpstreamResponse:
             return
         loop = self._conn.loop
         now = loop.time()
-        due = min(self._conn.last_read + self._gap, self._deadline)
+        # While reading is paused (the client is slow to take the bytes) the gap is not the replica's:
+        # only the request deadline applies; resume() restarts the gap clock.
+        gap_due = now + self._gap if self._conn.paused else self._conn.last_read + self._gap
+        due = min(gap_due, self._deadline)
         if now < due:
             self._timer = loop.call_at(due, self._on_timer)
             return
@@ -245,6 +248,7 @@ class _Connection(asyncio.Protocol):
     def resume(self) -> None:
         if self.paused and self.transport is not None and not self.closed:
             self.paused = False
+            self.last_read = self.loop.time()  # the read gap counts from here, not from before the pause
             self.transport.resume_reading()
 
     def abort(self) -> None:

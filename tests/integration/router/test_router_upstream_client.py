@@ -288,3 +288,23 @@ async def test_forget_closes_idle_and_finishing_connections(raw, client) -> None
     assert await in_flight.read() == b"ok"
     in_flight.close()
     assert idle.closed and srv.url not in client._pools
+
+
+async def test_slow_consumer_is_not_a_replica_timeout(raw, client) -> None:
+    """Reading pauses while the client is slow to take the bytes; that wait must not count as the replica's gap."""
+    size = 3 * uc.HIGH_WATER
+
+    async def bulk(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await fast.read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % size + b"x" * size)
+        await writer.drain()
+        await asyncio.sleep(5)
+
+    fast = await raw(bulk)
+    resp = await client.post(fast.url, "/v1/completions", b"{}", JSON, 0.3, 10.0)
+    await asyncio.sleep(1.0)  # more than three read gaps with reading paused
+    got = b""
+    while data := await resp.next_data():
+        got += data
+    resp.close()
+    assert len(got) == size
