@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from llmfleet.router.plugins.base import (
     STALE_LOAD_FACTOR,
@@ -84,14 +84,12 @@ class PrefixCacheScorer(Scorer):
 
     def __init__(self, index: PrefixIndex) -> None:
         self.index = index
-        self.last_match: Mapping[str, int] = {}
 
     def score(self, req: RequestInfo, replicas: Sequence[ReplicaState]) -> list[float]:
         n = len(req.block_hashes)
         if n == 0:
-            self.last_match = {}
             return [0.0] * len(replicas)
-        m = self.last_match = self.index.match(req.block_hashes)
+        m = self.index.match(req.block_hashes)
         return [m.get(r.id, 0) / n for r in replicas]
 
     def on_routed(self, req: RequestInfo, replica: ReplicaState) -> None:
@@ -157,8 +155,6 @@ class EstimatedTTFTScorer(Scorer):
         self.index = index
         self.default_rate = default_tokens_per_s
         self.attention_tokens = attention_tokens
-        self.last_estimate_s: dict[str, float] = {}
-        self.last_match: Mapping[str, int] = {}  # replica id -> matched blocks, as PrefixCacheScorer.last_match
         self._last: tuple[RequestInfo | None, dict[str, float]] = (None, {})
 
     def _work(self, n_tokens: int, cached: int) -> float:
@@ -172,11 +168,10 @@ class EstimatedTTFTScorer(Scorer):
     def _uncached(self, req: RequestInfo, replica_ids: Sequence[str]) -> list[float]:
         n_tokens = max(1, req.input_tokens)
         if not req.block_hashes:
-            self.last_match = {}
             w = self._work(n_tokens, 0)
             return [w] * len(replica_ids)
         bs = req.tokens_per_block()
-        m = self.last_match = self.index.match(req.block_hashes)
+        m = self.index.match(req.block_hashes)
         cold = self._work(n_tokens, 0)
         if not m:
             return [cold] * len(replica_ids)
@@ -199,7 +194,6 @@ class EstimatedTTFTScorer(Scorer):
 
     def score(self, req: RequestInfo, replicas: Sequence[ReplicaState]) -> list[float]:
         est = self.estimates(req, replicas)
-        self.last_estimate_s = {r.id: e for r, e in zip(replicas, est, strict=True)}
         lo = min(est)
         return [lo / e for e in est]  # every estimate >= 1 token / rate > 0
 
@@ -230,13 +224,18 @@ class PrefixSampledPreselector(Preselector):
         self.max_candidates = max_candidates
         self.prefix_candidates = prefix_candidates
         self._pos: dict[str, int] = {}
+        self._pos_key: tuple[int, int] | None = None
 
     def _position(self, replicas: Sequence[ReplicaState], rid: str) -> int | None:
         i = self._pos.get(rid)
-        if i is None or i >= len(replicas) or replicas[i].id != rid:
-            self._pos = {r.id: j for j, r in enumerate(replicas)}  # the list changed: rebuild once
-            i = self._pos.get(rid)
-        return i
+        if i is not None and i < len(replicas) and replicas[i].id == rid:
+            return i
+        key = (id(replicas), len(replicas))
+        if i is None and key == self._pos_key:
+            return None  # a replica outside this list (another pool's, say): no O(fleet) rebuild per request
+        self._pos = {r.id: j for j, r in enumerate(replicas)}  # the list changed: rebuild once
+        self._pos_key = key
+        return self._pos.get(rid)
 
     def select(self, req: RequestInfo, replicas: Sequence[ReplicaState], rng: random.Random) -> list[ReplicaState]:
         out: list[ReplicaState] = []
