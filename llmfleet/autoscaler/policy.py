@@ -330,7 +330,7 @@ def _slo_students(
         if primary_sig is not None and primary_sig.mean_input_tokens is not None:
             mix = replace(sig, mean_input_tokens=primary_sig.mean_input_tokens,
                           mean_output_tokens=primary_sig.mean_output_tokens)
-        mu_overflow = _mu(pool, st, mix)
+        mu_overflow = mu if mix is sig else _mu(pool, st, mix)
         own = float(sig.arrival_rate or 0.0)
         slo_s = cfg.ttft_slo_ms / 1000.0
         prefill = prefill_seconds(pool.seed, st.efficiency, mix.mean_input_tokens or 512.0, sig.prefix_hit_rate or 0.0)
