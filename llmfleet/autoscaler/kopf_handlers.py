@@ -30,6 +30,7 @@ from llmfleet.autoscaler.arbitration import SERVING_PRIORITY_ANNOTATION, serving
 from llmfleet.autoscaler.controller import autoscale_step
 from llmfleet.autoscaler.policy import PolicyState, PoolSignals
 from llmfleet.autoscaler.signals import PoolRef, PrometheusSignals, ScrapeSignals, parse_metrics
+from llmfleet.operator.status import now_iso
 
 TICK = float(os.environ.get("LLMFLEET_AUTOSCALER_TICK") or 5.0)
 ROUTER_PORT = 8080
@@ -179,7 +180,7 @@ async def autoscale_inferenceservice(body: kopf.Body, memo: kopf.Memo, patch: ko
     except (ApiException, HTTPError) as err:
         raise kopf.TemporaryError(f"autoscaler: Kubernetes API call failed: {err}", delay=30) from err
     mem.state = result.decision.state
-    if (metrics := live_metrics(result.signals, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))) is not None:
+    if (metrics := live_metrics(result.signals, now_iso())) is not None:
         patch.setdefault("status", {})["metrics"] = metrics
     for name, d in result.decision.pools.items():
         if d.action != "hold":

@@ -6,13 +6,13 @@ so the operator passes its own and tests pass one pointed at the emulator.
 
 from __future__ import annotations
 
-import datetime
 import uuid
 from collections.abc import Mapping
 from typing import Any, Protocol
 
 from llmfleet.api.common import API_VERSION
 from llmfleet.autoscaler.arbitration import ArbitrationAction, ServingNeed, arbitrate, job_info, job_patch
+from llmfleet.operator.status import now_iso
 
 
 class KubeLike(Protocol):
@@ -34,7 +34,7 @@ class KubeLike(Protocol):
 def event_body(obj: dict[str, Any], reason: str, message: str, type_: str = "Normal") -> dict[str, Any]:
     """A core/v1 Event about `obj`."""
     meta = obj.get("metadata") or {}
-    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    now = now_iso()
     return {
         "apiVersion": "v1", "kind": "Event",
         "metadata": {"name": f"{meta.get('name')}.{uuid.uuid4().hex[:12]}", "namespace": meta.get("namespace")},
