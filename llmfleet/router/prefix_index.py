@@ -2,8 +2,8 @@
 
 A prompt is cut into fixed-size blocks of tokens (the served model's tokenizer when its tokenizer.json is
 readable, else UTF-8 bytes in blocks of 4 x block_size as a text stand-in). Block i's key hashes the whole
-prefix up to and including block i (a hash chain c_i = c_{i-1} * M + inner(block_i) mod 2^64, then a bijective
-mix), so equal keys mean equal prefixes. The chain is computed in closed form with numpy
+prefix up to and including block i (a hash chain c_i = c_{i-1} * M + inner(block_i) mod 2^64), so equal keys
+mean equal prefixes (up to 64-bit collisions). The chain is computed in closed form with numpy
 (c_i = M^i * cumsum(inner_k * M^-k)), which keeps an 8k-token prompt well under the route-decision budget.
 
 Per replica the index keeps an LRU of keys bounded by that replica's KV capacity in blocks (aging: what a
@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import json
 import logging
+import struct
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,59 +27,159 @@ import numpy as np
 
 log = logging.getLogger("llmfleet.router.prefix_index")
 
-_MASK = (1 << 64) - 1
-_B = np.uint64(0x9E3779B97F4A7C15)  # inner (within-block) polynomial base
 _M = 0xC2B2AE3D27D4EB4F  # chain multiplier (odd: invertible mod 2^64)
 _M_INV = pow(_M, -1, 1 << 64)
+_MASK = (1 << 64) - 1
+_B = 0x9E3779B97F4A7C15  # inner (within-block) polynomial base
 DEFAULT_CAPACITY_BLOCKS = 16384
 TEXT_BYTES_PER_TOKEN = 4
+# Up to this many blocks a prompt is hashed in plain Python (BlockHasher.small_keys), beyond it with numpy:
+# the crossover measured in a running router, where numpy's fixed per-call cost is paid with cold caches.
+SMALL_PROMPT_BLOCKS = 8
 
 
-def _mix(x: np.ndarray) -> np.ndarray:
-    """splitmix64 finalizer (bijective), vectorized."""
-    x = x ^ (x >> np.uint64(30))
-    x = x * np.uint64(0xBF58476D1CE4E5B9)
-    x = x ^ (x >> np.uint64(27))
-    x = x * np.uint64(0x94D049BB133111EB)
-    out: np.ndarray = x ^ (x >> np.uint64(31))
-    return out
+class BlockKeys(Sequence[int]):
+    """A prompt's block keys, kept as the hasher's uint64 array; Python ints only when asked for.
+
+    The route decision reads a handful of keys (the prefix match bisects), so converting all of an 8k-token
+    prompt's 512 keys to Python ints (a quarter of the hashing time) waits until the index update after the
+    decision, which iterates them all. Compares equal to a list of the same ints.
+    """
+
+    __slots__ = ("array", "_list")
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = array
+        self._list: list[int] | None = None
+
+    def tolist(self) -> list[int]:
+        if self._list is None:
+            self._list = self.array.tolist()
+        return self._list
+
+    def __len__(self) -> int:
+        return len(self.array)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return self.tolist()[i]
+        return self.array.item(i)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.tolist())
+
+    def __reversed__(self) -> Iterator[int]:
+        return reversed(self.tolist())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, BlockKeys):
+            return self.tolist() == other.tolist()
+        if isinstance(other, Sequence):
+            return self.tolist() == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # mutable-looking sequence: unhashable, like a list
+
+    def __repr__(self) -> str:
+        return f"BlockKeys({self.tolist()!r})"
 
 
 class BlockHasher:
-    """Token ids (or bytes) -> one key per full block. Stateless apart from cached power tables."""
+    """Token ids (or bytes) -> one key per full block. Stateless apart from cached power tables.
+
+    Token ids are hashed as 32-bit values (every vocabulary fits), text as bytes. A block's values are read as
+    64-bit words (two token ids, or eight bytes, per word) when the block is a whole number of words, which
+    halves (eighths, for text) the multiply-adds of the inner hash; otherwise each value is its own word.
+    Keys are the raw chain values: the chain is already a hash of the whole prefix, and a bijective mix on
+    top would change no collision (it cost a fifth of the hashing time).
+    """
 
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
-        self._inner = np.array([pow(0x9E3779B97F4A7C15, j, 1 << 64) for j in range(block_size)], dtype=np.uint64)
+        self._inner: dict[int, np.ndarray] = {}  # words per block -> B^j table
         self._grow(64)
+
+    def _inner_table(self, words: int) -> np.ndarray:
+        t = self._inner.get(words)
+        if t is None:
+            t = self._inner[words] = np.array([pow(_B, j, 1 << 64) for j in range(words)], dtype=np.uint64)
+        return t
 
     def _grow(self, n: int) -> None:
         self._pow = np.array([pow(_M, i, 1 << 64) for i in range(n)], dtype=np.uint64)
         self._ipow = np.array([pow(_M_INV, i, 1 << 64) for i in range(n)], dtype=np.uint64)
 
+    def _words(self, tokens: Sequence[int] | np.ndarray) -> np.ndarray:
+        """(full blocks, words per block) uint64 matrix of the input."""
+        arr = np.asarray(tokens)
+        if arr.dtype != np.uint8:
+            arr = arr.astype("<u4", copy=False)  # token ids: 32 bits each, whatever dtype they came in
+        bs = self.block_size
+        n = len(arr) // bs
+        data = arr[: n * bs]
+        if (bs * arr.itemsize) % 8 == 0:
+            # little-endian words on any machine, as small_keys builds them
+            return np.ascontiguousarray(data).view("<u8").reshape(n, bs * arr.itemsize // 8)
+        return data.astype(np.uint64).reshape(n, bs)
+
     def raw_chain(self, tokens: Sequence[int] | np.ndarray, parent: int = 0) -> np.ndarray:
-        """Unmixed chain values of each full block; `parent` continues an earlier chain.
+        """Chain values of each full block; `parent` continues an earlier chain.
 
         Array arithmetic on uint64 wraps modulo 2^64 without warnings (no errstate context needed).
         """
-        arr = np.asarray(tokens, dtype=np.uint64)
-        n = len(arr) // self.block_size
+        words = self._words(tokens)
+        n = len(words)
         if n == 0:
             return np.zeros(0, dtype=np.uint64)
         if n + 1 > len(self._pow):
             self._grow(max(n + 1, 2 * len(self._pow)))
-        blocks = arr[: n * self.block_size].reshape(n, self.block_size)
-        inner = blocks @ self._inner + np.uint64(1)  # +1 so an all-zero block still moves the chain
+        inner = words @ self._inner_table(words.shape[1])
+        inner += np.uint64(1)  # so an all-zero block still moves the chain
+        inner *= self._ipow[1 : n + 1]
         pw = self._pow[1 : n + 1]
         # c_i = M^i * sum_k inner_k M^-k  ==  sequential c_i = c_{i-1} * M + inner_i (with c_0 = parent)
-        chain: np.ndarray = pw * np.cumsum(inner * self._ipow[1 : n + 1])
+        chain: np.ndarray = np.cumsum(inner, out=inner)
+        chain *= pw
         if parent:
-            chain = chain + np.full(1, parent, dtype=np.uint64) * pw
+            chain += np.full(1, parent, dtype=np.uint64) * pw
         return chain
 
     def keys(self, tokens: Sequence[int] | np.ndarray, parent: int = 0) -> list[int]:
-        keys: list[int] = _mix(self.raw_chain(tokens, parent)).tolist()
+        keys: list[int] = self.raw_chain(tokens, parent).tolist()
         return keys
+
+    def small_keys(self, values: Sequence[int] | bytes, parent: int = 0) -> list[int]:
+        """The same keys as `keys`, in plain Python: for the few blocks of a short prompt, where numpy's
+        per-call overhead (about a dozen array operations, each with cold caches inside a request) costs more
+        than the arithmetic. `values`: token ids, or the bytes of text."""
+        bs = self.block_size
+        n = len(values) // bs
+        if n == 0:
+            return []
+        if isinstance(values, (bytes, bytearray)):
+            if bs % 8 == 0:  # eight bytes per word, little-endian
+                words: Sequence[int] = struct.unpack_from(f"<{n * bs // 8}Q", values)
+            else:
+                words = values[: n * bs]
+        elif bs % 2 == 0:  # two 32-bit token ids per word
+            words = [(values[k] & 0xFFFFFFFF) | (values[k + 1] & 0xFFFFFFFF) << 32 for k in range(0, n * bs, 2)]
+        else:
+            words = [v & 0xFFFFFFFF for v in values[: n * bs]]
+        wpb = len(words) // n
+        table = self._inner_table(wpb).tolist()
+        out = []
+        c = parent
+        for i in range(0, n * wpb, wpb):
+            inner = 1
+            for w, b in zip(words[i : i + wpb], table, strict=True):
+                inner += w * b
+            c = (c * _M + inner) & _MASK
+            out.append(c)
+        return out
+
+    def block_keys(self, tokens: Sequence[int] | np.ndarray, parent: int = 0) -> BlockKeys:
+        """The keys, converted to Python ints lazily (see BlockKeys): what the route decision uses."""
+        return BlockKeys(self.raw_chain(tokens, parent))
 
 
 def load_tokenizer(path: str | None) -> Any:
@@ -112,13 +213,21 @@ class PromptBlocks:
     def tokens(self, text: str) -> np.ndarray:
         if self.tokenizer is not None:
             # Special tokens as the engine adds them (BOS), so keys line up with vLLM's KV events.
-            return np.asarray(self.tokenizer.encode(text, add_special_tokens=True).ids, dtype=np.uint64)
+            return np.asarray(self.tokenizer.encode(text, add_special_tokens=True).ids, dtype=np.uint32)
         return np.frombuffer(text.encode("utf-8", "surrogatepass"), dtype=np.uint8)
 
-    def __call__(self, text: str) -> tuple[list[int], int]:
-        toks = self.tokens(text)
-        n_tokens = len(toks) if self.tokenizer is not None else max(1, len(toks) // TEXT_BYTES_PER_TOKEN)
-        return self.hasher.keys(toks), n_tokens
+    def __call__(self, text: str) -> tuple[Sequence[int], int]:
+        small = SMALL_PROMPT_BLOCKS * self.hasher.block_size
+        if self.tokenizer is not None:
+            ids = self.tokenizer.encode(text, add_special_tokens=True).ids
+            if len(ids) <= small:
+                return self.hasher.small_keys(ids), len(ids)
+            return self.hasher.block_keys(np.asarray(ids, dtype=np.uint32)), len(ids)
+        data = text.encode("utf-8", "surrogatepass")
+        n_tokens = max(1, len(data) // TEXT_BYTES_PER_TOKEN)
+        if len(data) <= small:
+            return self.hasher.small_keys(data), n_tokens
+        return self.hasher.block_keys(np.frombuffer(data, dtype=np.uint8)), n_tokens
 
 
 class PrefixIndex:
@@ -132,7 +241,7 @@ class PrefixIndex:
         self._bit: dict[str, int] = {}
         self._by_bit: dict[int, str] = {}
         self._capacity: dict[str, int] = {}
-        self._engine_map: dict[str, dict[int, int]] = {}  # replica -> vLLM block hash -> raw chain value
+        self._engine_map: dict[str, dict[int, int]] = {}  # replica -> vLLM block hash -> our key
         self._engine_hasher: dict[int, BlockHasher] = {}
         self._size = 0
         # match() memo: several plugins look up the same prompt in one routing decision. Valid while the
@@ -264,35 +373,39 @@ class PrefixIndex:
 
     def _match(self, keys: Sequence[int]) -> dict[str, int]:
         owners = self._owners
-        first = owners.get(keys[0], 0)
+        # BlockKeys: read single keys from the array (no conversion of the whole prompt)
+        key = keys.array.item if isinstance(keys, BlockKeys) else keys.__getitem__
+        first = owners.get(key(0), 0)
         if not first:
             return {}
         n = len(keys)
-        cache: dict[int, int] = {0: first}
-
-        def at(i: int) -> int:
-            m = cache.get(i)
-            if m is None:
-                m = cache[i] = owners.get(keys[i], 0)
-            return m
-
-        out: dict[str, int] = {}
-        last = at(n - 1)
-        bits = first
-        while bits:
-            bit = bits & -bits
-            bits ^= bit
-            if last & bit:
-                out[self._by_bit[bit]] = n
+        last = owners.get(key(n - 1), 0)
+        ends: dict[int, int] = {}  # replica bit -> blocks held
+        # One bisection for all replicas at once: `bits` are set at lo and unset at hi; each probe splits them
+        # into those still set at mid (their prefix ends in [mid, hi)) and the rest (it ends in [lo, mid)).
+        # A replica takes the same path as its own binary search would, but a probe is made once for all of
+        # the replicas sharing that interval.
+        stack = [(0, n - 1, first & ~last)]
+        while stack:
+            lo, hi, bits = stack.pop()
+            if not bits:
                 continue
-            lo, hi = 0, n - 1  # bit set at lo, unset at hi
-            while hi - lo > 1:
-                mid = (lo + hi) // 2
-                if at(mid) & bit:
-                    lo = mid
-                else:
-                    hi = mid
-            out[self._by_bit[bit]] = lo + 1
+            if hi - lo <= 1:
+                while bits:
+                    bit = bits & -bits
+                    bits ^= bit
+                    ends[bit] = lo + 1
+                continue
+            mid = (lo + hi) // 2
+            at_mid = owners.get(key(mid), 0) & bits
+            stack.append((lo, mid, bits & ~at_mid))
+            stack.append((mid, hi, at_mid))
+        by_bit = self._by_bit
+        out: dict[str, int] = {}
+        while first:  # in bit order, as callers may break ties by iteration order
+            bit = first & -first
+            first ^= bit
+            out[by_bit[bit]] = n if bit & last else ends[bit]
         return out
 
     def hot_blocks_lost_if_removed(self, replica: str, hot: int | None = None) -> int:
@@ -332,23 +445,21 @@ class PrefixIndex:
             parent = emap.get(parent_hash, 0) if parent_hash is not None else 0
             if parent_hash is not None and parent_hash not in emap:
                 return  # a chain we never saw the start of: cannot key it
-            raw = hasher.raw_chain(event.get("token_ids", []), parent)
-            mixed = _mix(raw).tolist()
-            for eh, r in zip(event.get("block_hashes", []), raw.tolist(), strict=False):
-                emap[eh] = r
-            self.insert(replica, mixed)
+            keys = hasher.keys(event.get("token_ids", []), parent)
+            for eh, k in zip(event.get("block_hashes", []), keys, strict=False):
+                emap[eh] = k
+            self.insert(replica, keys)
         elif kind == "BlockRemoved":
             bit = self._bit.get(replica)
             if bit is None:
                 return
             lru = self._lru[replica]
             for eh in event.get("block_hashes", []):
-                r = emap.pop(eh, None)
-                if r is None:
+                gone = emap.pop(eh, None)
+                if gone is None:
                     continue
-                k = int(_mix(np.array([r], dtype=np.uint64))[0])
-                if lru.pop(k, 0) is None:
-                    self._clear(k, bit)
+                if lru.pop(gone, 0) is None:
+                    self._clear(gone, bit)
 
     def stats(self) -> dict[str, Any]:
         return {"blocks": self._size, "keys": len(self._owners), "replicas": {r: len(v) for r, v in self._lru.items()}}

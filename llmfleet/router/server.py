@@ -16,7 +16,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -346,14 +346,21 @@ class Router:
                 last_error = decision.reason if not tried else last_error
                 break
             tried.add(replica.id)
-            self._count_affinity(pool, replica, keys)  # before the commit teaches the index this prompt
-            pool.pipeline.commit(info, replica)
-            m.route_decision.observe(time.perf_counter() - t_route)
-            if attempt:
-                m.child(m.retries, pool.name).inc()
+            route_s = time.perf_counter() - t_route
+
+            def routed(pool: PoolRuntime = pool, replica: ReplicaState = replica, retry: bool = attempt > 0,
+                       route_s: float = route_s) -> None:
+                # Runs as soon as the request is on the wire, in the same step (no other request is routed
+                # in between): the replica works on it while the index learns and the metrics record.
+                self._count_affinity(pool, replica, keys)  # before the commit teaches the index this prompt
+                pool.pipeline.commit(info, replica)
+                m.route_decision.observe(route_s)
+                if retry:
+                    m.child(m.retries, pool.name).inc()
+
             try:
                 return await upstream.proxy(request, parsed, body, replica, pool.name, headers, self, tenant,
-                                            degraded, n_tokens, t0, info)
+                                            degraded, n_tokens, t0, info, after_send=routed)
             except UpstreamFailed as e:
                 last_error = f"replica {replica.id}: {e}"
                 if e.mark_down:
@@ -364,7 +371,7 @@ class Router:
         return error_response(503, f"no replica could serve the request ({last_error})", "service_unavailable",
                               headers=headers)
 
-    async def _keys(self, pool: PoolRuntime, parsed: ParsedRequest) -> tuple[list[int], int]:
+    async def _keys(self, pool: PoolRuntime, parsed: ParsedRequest) -> tuple[Sequence[int], int]:
         if not self.use_prefix:
             return [], max(1, len(parsed.prompt_text) // 4)
         text = parsed.prompt_text
@@ -375,7 +382,7 @@ class Router:
             return await asyncio.to_thread(pool.blocks, text)
         return pool.blocks(text)
 
-    def _count_affinity(self, pool: PoolRuntime, replica: ReplicaState, keys: list[int]) -> None:
+    def _count_affinity(self, pool: PoolRuntime, replica: ReplicaState, keys: Sequence[int]) -> None:
         sess = pool.session_scorer
         if sess is not None and getattr(sess, "last_pinned", None) == replica.id:
             self.metrics.child(self.metrics.session_hits, pool.name).inc()

@@ -7,6 +7,7 @@ import json
 import logging
 import re
 import time
+from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any
 
 import aiohttp
@@ -58,21 +59,25 @@ class Upstream:
 
     async def proxy(self, request: web.Request, parsed: ParsedRequest, body: bytes, replica: ReplicaState,
                     pool: str, headers: dict[str, str], router: Router, tenant: str, degraded: bool,
-                    input_tokens: int, t0: float, info: RequestInfo | None = None) -> web.StreamResponse:
+                    input_tokens: int, t0: float, info: RequestInfo | None = None,
+                    after_send: Callable[[], None] | None = None) -> web.StreamResponse:
         """Send the request to `replica` and relay the answer. `info` carries the prefill charged at routing
-        (estimated-ttft scorer): released on the first streamed byte, and in any case when the request ends."""
+        (estimated-ttft scorer): released on the first streamed byte, and in any case when the request ends.
+        `after_send`: the router's bookkeeping for this routing decision, run once the request is on the wire.
+        Metrics of a non-streaming response are recorded after it is written (not before)."""
         path = "/v1/chat/completions" if parsed.endpoint == "chat" else "/v1/completions"
         up_headers = _JSON_HEADER
         rid = request.headers.get("x-request-id")
         if rid and rid.isprintable():
             up_headers += b"x-request-id: " + rid.encode("utf-8") + b"\r\n"
         replica.in_flight += 1
-        router.metrics.overhead.observe(time.perf_counter() - t0)
+        t_send = time.perf_counter()
         resp: UpstreamResponse | None = None
         try:
             try:
                 resp = await self.client.post(replica.id, path, body, up_headers, self.first_byte,
-                                              self.limits.request_timeout_seconds)
+                                              self.limits.request_timeout_seconds, after_send)
+                router.metrics.overhead.observe(t_send - t0)
             except UpstreamTimeout as e:
                 raise UpstreamFailed(str(e), mark_down=False) from None
             except UpstreamError as e:  # refused, reset, closed before the headers, not HTTP
@@ -93,9 +98,9 @@ class Upstream:
             except UpstreamError as e:
                 raise UpstreamFailed(f"response body failed: {e}", mark_down=False) from None
             e2e = time.perf_counter() - t0
-            out_tokens, in_tokens = _usage(data, input_tokens)
-            router.observe(pool, parsed.model, parsed.endpoint, resp.status, tenant, degraded, parsed, in_tokens,
-                           out_tokens, None, None, e2e)
+            # recorded on the next loop iteration: after aiohttp has written this response
+            asyncio.get_running_loop().call_soon(_observe_body, router, pool, parsed, resp.status, tenant, degraded,
+                                                 data, input_tokens, e2e)
             return web.Response(body=data, status=resp.status, headers=out_headers)
         except asyncio.CancelledError:
             router.metrics.child(router.metrics.client_disconnects, pool).inc()
@@ -156,6 +161,13 @@ class Upstream:
         router.observe(pool, parsed.model, parsed.endpoint, status, tenant, degraded, parsed, input_tokens, tokens,
                        ttft, tpot, e2e)
         return out
+
+
+def _observe_body(router: Router, pool: str, parsed: ParsedRequest, status: int, tenant: str, degraded: bool,
+                  data: bytes, input_tokens: int, e2e: float) -> None:
+    out_tokens, in_tokens = _usage(data, input_tokens)
+    router.observe(pool, parsed.model, parsed.endpoint, status, tenant, degraded, parsed, in_tokens, out_tokens,
+                   None, None, e2e)
 
 
 def _usage(data: bytes, input_tokens: int) -> tuple[int, int]:

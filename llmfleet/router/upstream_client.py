@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections import deque
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 import httptools
@@ -334,10 +335,12 @@ class UpstreamClient:
         return pool
 
     async def post(self, base_url: str, path: str, body: bytes, headers: bytes, first_byte_timeout: float,
-                   total_timeout: float) -> UpstreamResponse:
+                   total_timeout: float, after_send: Callable[[], None] | None = None) -> UpstreamResponse:
         """Send and wait for the response headers. `headers`: extra raw header lines, each ending in CRLF.
 
         The caller must `close()` the response. `first_byte_timeout` also bounds every later gap between reads.
+        `after_send` runs once, right after the request is handed to the socket and before this coroutine first
+        waits: bookkeeping placed there overlaps the replica's work instead of delaying the send.
         """
         pool = self._pool(base_url)
         loop = pool.loop
@@ -359,6 +362,9 @@ class UpstreamClient:
             conn.transport.write(req)
             resp._arm(loop)
             try:
+                if after_send is not None:
+                    after_send()
+                    after_send = None
                 await resp._wait_headers()
             except UpstreamBroken:
                 resp.close()

@@ -85,3 +85,52 @@ def test_kv_events() -> None:
     assert idx.match(ours) == {"r": 2}
     idx.apply_kv_event("r", {"type": "AllBlocksCleared"}, bs)
     assert idx.match(ours) == {} and len(idx) == 0
+
+
+def test_small_prompt_path_gives_the_numpy_keys() -> None:
+    """Short prompts are hashed in plain Python; the keys must be the numpy path's, for ids and text bytes."""
+    rng = np.random.default_rng(3)
+    for bs in (1, 3, 4, 16, 32, 64):
+        h = BlockHasher(bs)
+        for n in (0, bs - 1, 3 * bs + 1, 9 * bs):
+            ids = rng.integers(0, 200_000, max(0, n)).tolist()
+            assert h.small_keys(ids) == h.keys(ids) == h.keys(np.asarray(ids, dtype=np.int64))
+            assert h.small_keys(ids, parent=987654321) == h.keys(ids, parent=987654321)
+            raw = rng.integers(0, 256, max(0, n), dtype=np.uint8).tobytes()
+            assert h.small_keys(raw) == h.keys(np.frombuffer(raw, dtype=np.uint8))
+    pb = PromptBlocks(4)
+    short, long = "y" * 100, "y" * 10_000  # below and above the small-prompt cut-off
+    ks, _ = pb(short)
+    kl, _ = pb(long)
+    assert list(kl[: len(ks)]) == list(ks)  # both paths agree on the shared prefix
+
+
+def test_block_keys_behave_like_a_list() -> None:
+    h = BlockHasher(4)
+    toks = list(range(40))
+    bk = h.block_keys(toks)
+    ref = h.keys(toks)
+    assert len(bk) == 10 and bk == ref and list(bk) == ref and list(reversed(bk)) == ref[::-1]
+    assert bk[3] == ref[3] and bk[-1] == ref[-1] and bk[2:5] == ref[2:5]
+    assert bk and not h.block_keys([])
+    idx = PrefixIndex()
+    idx.insert("a", bk)
+    assert idx.match(ref) == {"a": 10} and idx.match(h.block_keys(toks[:20])) == {"a": 5}
+
+
+def test_match_agrees_with_a_linear_scan() -> None:
+    """The shared bisection returns, per replica, the leading blocks it holds (random prefix-closed fleets)."""
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        idx = PrefixIndex()
+        keys = rng.integers(1, 1 << 62, 64).tolist()
+        held = {}
+        for r in range(int(rng.integers(1, 12))):
+            k = int(rng.integers(0, 65))
+            if k:
+                idx.insert(f"r{r}", keys[:k])
+                held[f"r{r}"] = k
+        probe = keys[: int(rng.integers(1, 65))]
+        expect = {r: min(k, len(probe)) for r, k in held.items()}
+        assert idx.match(probe) == expect
+        assert list(idx.match(probe)) == [r for r in sorted(held, key=lambda x: int(x[1:]))]  # bit order

@@ -211,19 +211,23 @@ class Pipeline:
                 cands = pre.select(req, cands, self.rng)
         if empty is not None or not cands:
             return Decision(None, 0, plugin_ns=timings, reason=f"no replica passed filter {empty}")
-        totals = [0.0] * len(cands)
+        n = len(cands)
+        totals: list[float] | None = None
         all_scores: dict[str, list[float]] = {}
-        if len(cands) > 1:
+        if n > 1:
+            clock = time.perf_counter_ns
             for s, w in self.scorers:
-                t0 = time.perf_counter_ns()
+                t0 = clock()
                 raw = s.score(req, cands)
-                timings[s.name] = time.perf_counter_ns() - t0
-                if len(raw) != len(cands):
-                    raise ValueError(f"scorer {s.name} returned {len(raw)} scores for {len(cands)} replicas")
+                timings[s.name] = clock() - t0
+                if len(raw) != n:
+                    raise ValueError(f"scorer {s.name} returned {len(raw)} scores for {n} replicas")
                 # clamp01 inlined (hot path): NaN and negatives -> 0, above 1 -> 1
                 vals = [0.0 if not x > 0.0 else 1.0 if x > 1.0 else float(x) for x in raw]
                 all_scores[s.name] = vals
-                totals = [t + w * v for t, v in zip(totals, vals, strict=True)]
+                totals = [w * v for v in vals] if totals is None else [t + w * v for t, v in zip(totals, vals, strict=True)]
+        if totals is None:
+            totals = [0.0] * n
         chosen = self._pick(cands, totals)
         if commit:
             self.commit(req, chosen)
@@ -239,7 +243,8 @@ class Pipeline:
 
     def _pick(self, cands: list[ReplicaState], totals: list[float]) -> ReplicaState:
         best = max(totals) if totals else 0.0
-        tied = [c for c, t in zip(cands, totals, strict=True) if best - t <= TIE_EPSILON * max(1.0, abs(best))]
+        tol = TIE_EPSILON * max(1.0, abs(best))
+        tied = [c for c, t in zip(cands, totals, strict=True) if best - t <= tol]
         if len(tied) == 1:
             return tied[0]
         a, b = self.rng.sample(tied, 2)  # power of two choices among equals: least loaded of two

@@ -45,6 +45,8 @@ def _relative_low_is_good(values: Sequence[float]) -> list[float]:
 
 
 def _stale_damped(scores: list[float], replicas: Sequence[ReplicaState]) -> list[float]:
+    if not any(r.stale for r in replicas):
+        return scores
     return [s * STALE_LOAD_FACTOR if r.stale else s for s, r in zip(scores, replicas, strict=True)]
 
 
@@ -55,7 +57,10 @@ class QueueDepthScorer(Scorer):
 
     def score(self, req: RequestInfo, replicas: Sequence[ReplicaState]) -> list[float]:
         # Router-own in-flight requests beyond the scraped running count are queued somewhere too.
-        q = [max(r.waiting, r.in_flight - r.running) for r in replicas]
+        q = []
+        for r in replicas:
+            x = r.in_flight - r.running
+            q.append(r.waiting if r.waiting >= x else x)
         return _stale_damped(_relative_low_is_good(q), replicas)
 
 
@@ -155,7 +160,7 @@ class EstimatedTTFTScorer(Scorer):
         self.index = index
         self.default_rate = default_tokens_per_s
         self.attention_tokens = attention_tokens
-        self._last: tuple[RequestInfo | None, dict[str, float]] = (None, {})
+        self._last: tuple[RequestInfo | None, Sequence[ReplicaState], list[float]] = (None, (), [])
 
     def _work(self, n_tokens: int, cached: int) -> float:
         """Prefill work of tokens cached..n_tokens in zero-context-token equivalents: each token costs
@@ -165,31 +170,46 @@ class EstimatedTTFTScorer(Scorer):
             return float(new)
         return new * (1.0 + (n_tokens + cached) / (2.0 * self.attention_tokens))
 
-    def _uncached(self, req: RequestInfo, replica_ids: Sequence[str]) -> list[float]:
+    def _uncached(self, req: RequestInfo, replicas: Sequence[ReplicaState]) -> list[float]:
         n_tokens = max(1, req.input_tokens)
-        if not req.block_hashes:
-            w = self._work(n_tokens, 0)
-            return [w] * len(replica_ids)
-        bs = req.tokens_per_block()
-        m = self.index.match(req.block_hashes)
         cold = self._work(n_tokens, 0)
+        m = self.index.match(req.block_hashes) if req.block_hashes else None
         if not m:
-            return [cold] * len(replica_ids)
+            return [cold] * len(replicas)
+        bs = req.tokens_per_block()
+        get = m.get
         # at least one token is always computed (the engine needs the last position's logits)
-        return [cold if rid not in m else self._work(n_tokens, min(n_tokens - 1, m[rid] * bs)) for rid in replica_ids]
+        return [cold if (h := get(r.id, 0)) == 0 else self._work(n_tokens, min(n_tokens - 1, h * bs))
+                for r in replicas]
 
     def estimates(self, req: RequestInfo, replicas: Sequence[ReplicaState]) -> list[float]:
-        uncached = self._uncached(req, [r.id for r in replicas])
-        # remembered for on_routed: by then another plugin may already have taught the index this prompt
-        self._last = (req, {r.id: u for r, u in zip(replicas, uncached, strict=True)})
+        # One pass per candidate (hot path: `_uncached` and `_work` inlined, same arithmetic).
+        n_tokens = max(1, req.input_tokens)
+        cold = self._work(n_tokens, 0)
+        m = self.index.match(req.block_hashes) if req.block_hashes else None
+        bs = req.tokens_per_block() if m else 0
+        att2 = None if self.attention_tokens is None else 2.0 * self.attention_tokens
         now = req.clock()
-        out = []
-        for r, u in zip(replicas, uncached, strict=True):
-            rate = r.prefill_tokens_per_s or self.default_rate
+        default = self.default_rate
+        uncached: list[float] = []
+        out: list[float] = []
+        for r in replicas:
+            h = m.get(r.id, 0) if m else 0
+            if h:
+                # at least one token is always computed (the engine needs the last position's logits)
+                cached = min(n_tokens - 1, h * bs)
+                new = n_tokens - cached
+                u = float(new) if att2 is None else new * (1.0 + (n_tokens + cached) / att2)
+            else:
+                u = cold
+            uncached.append(u)
             # queued prefill still ahead (0 when the router has nothing in flight there: a lost release
             # cannot penalise a replica forever), then this request's own uncached work
-            wait = max(0.0, r.prefill_busy_until - now) if r.prefill_tokens > 0 and r.in_flight > 0 else 0.0
-            out.append(wait + u / rate)
+            busy = r.prefill_busy_until - now
+            wait = busy if busy > 0.0 and r.prefill_tokens > 0 and r.in_flight > 0 else 0.0
+            out.append(wait + u / (r.prefill_tokens_per_s or default))
+        # remembered for on_routed: by then another plugin may already have taught the index this prompt
+        self._last = (req, replicas, uncached)
         return out
 
     def score(self, req: RequestInfo, replicas: Sequence[ReplicaState]) -> list[float]:
@@ -198,9 +218,14 @@ class EstimatedTTFTScorer(Scorer):
         return [lo / e for e in est]  # every estimate >= 1 token / rate > 0
 
     def on_routed(self, req: RequestInfo, replica: ReplicaState) -> None:
-        last_req, uncached = self._last
-        u = uncached.get(replica.id) if last_req is req else None
-        charge_prefill(req, replica, u if u is not None else self._uncached(req, [replica.id])[0],
+        last_req, cands, uncached = self._last
+        u = None
+        if last_req is req:
+            for r, w in zip(cands, uncached, strict=True):
+                if r.id == replica.id:
+                    u = w
+                    break
+        charge_prefill(req, replica, u if u is not None else self._uncached(req, [replica])[0],
                        replica.prefill_tokens_per_s or self.default_rate)
         if req.block_hashes:  # the index learns from routing whether or not the prefix-cache scorer runs
             self.index.insert(replica.id, req.block_hashes)
