@@ -159,6 +159,26 @@ def test_preselector_prefix_holders_first_then_a_sample() -> None:
     assert pre.select(req, smaller, random.Random(1))[0].id == "r042"
 
 
+def test_preselector_many_prefix_holders_take_the_longest_even_when_some_are_elsewhere() -> None:
+    """A shared system prompt puts many replicas in the match (the heap path): the k longest matches win,
+    ties by id, and holders outside the candidate list (another pool's replicas) are skipped for the next."""
+    rng = random.Random(3)
+    reps = [R(f"r{i:03d}") for i in range(300)]
+    index = PrefixIndex()
+    held = {}
+    for i in range(120):  # 120 holders: far more than 4 x prefix_candidates
+        n = rng.randint(1, 40)
+        index.insert(f"r{i:03d}", list(range(1, n + 1)))
+        held[f"r{i:03d}"] = n
+    for j in range(5):  # the longest holders of all live in another pool
+        index.insert(f"other{j}", list(range(1, 41)))
+    pre = PrefixSampledPreselector(index, max_candidates=32, prefix_candidates=8)
+    got = pre.select(RequestInfo(model="m", block_hashes=list(range(1, 41))), reps, random.Random(0))
+    expect = sorted(held, key=lambda r: (-held[r], r))[:8]
+    assert [r.id for r in got[:8]] == expect
+    assert len(got) == 32 and len({r.id for r in got}) == 32
+
+
 @pytest.mark.parametrize("max_candidates, prefix_candidates", [(1, 0), (8, 9), (8, -1)])
 def test_preselector_rejects_bad_sizes(max_candidates: int, prefix_candidates: int) -> None:
     with pytest.raises(ValueError):

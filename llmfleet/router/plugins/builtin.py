@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import heapq
 import random
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from llmfleet.router.plugins.base import (
     STALE_LOAD_FACTOR,
@@ -45,8 +46,11 @@ def _relative_low_is_good(values: Sequence[float]) -> list[float]:
 
 
 def _stale_damped(scores: list[float], replicas: Sequence[ReplicaState]) -> list[float]:
-    if not any(r.stale for r in replicas):
-        return scores
+    for r in replicas:
+        if r.stale:
+            break
+    else:
+        return scores  # nothing stale (the usual case): no copy
     return [s * STALE_LOAD_FACTOR if r.stale else s for s, r in zip(scores, replicas, strict=True)]
 
 
@@ -58,9 +62,10 @@ class QueueDepthScorer(Scorer):
     def score(self, req: RequestInfo, replicas: Sequence[ReplicaState]) -> list[float]:
         # Router-own in-flight requests beyond the scraped running count are queued somewhere too.
         q = []
-        for r in replicas:
+        for r in replicas:  # each field read once: the simulator's replica states compute them on access
+            w = r.waiting
             x = r.in_flight - r.running
-            q.append(r.waiting if r.waiting >= x else x)
+            q.append(w if w >= x else x)
         return _stale_damped(_relative_low_is_good(q), replicas)
 
 
@@ -265,15 +270,30 @@ class PrefixSampledPreselector(Preselector):
     def select(self, req: RequestInfo, replicas: Sequence[ReplicaState], rng: random.Random) -> list[ReplicaState]:
         out: list[ReplicaState] = []
         taken: set[int] = set()
-        if req.block_hashes and self.prefix_candidates:
+        k = self.prefix_candidates
+        if req.block_hashes and k:
             m = self.index.match(req.block_hashes)
-            for rid, _ in sorted(m.items(), key=lambda kv: (-kv[1], kv[0])):
+            # Longest match first, ties by id. A shared system prompt puts hundreds of replicas in `m`: take the
+            # k best with a heap and sort the rest only if some of those k are not in `replicas`.
+            order = (_longest_first(m.items()) if len(m) <= 4 * k
+                     else heapq.nsmallest(k, m.items(), key=_longest_first_key))
+            rest = len(m) > len(order)
+            for rid, _ in order:
                 i = self._position(replicas, rid)
                 if i is not None and i not in taken:
                     taken.add(i)
                     out.append(replicas[i])
-                    if len(out) >= self.prefix_candidates:
+                    if len(out) >= k:
+                        rest = False
                         break
+            if rest:
+                for rid, _ in _longest_first(m.items())[len(order):]:
+                    i = self._position(replicas, rid)
+                    if i is not None and i not in taken:
+                        taken.add(i)
+                        out.append(replicas[i])
+                        if len(out) >= k:
+                            break
         n = len(replicas)
         want = min(self.max_candidates, n) - len(out)
         draw = rng.random
@@ -284,6 +304,14 @@ class PrefixSampledPreselector(Preselector):
                 out.append(replicas[i])
                 want -= 1
         return out
+
+
+def _longest_first_key(kv: tuple[str, int]) -> tuple[int, str]:
+    return -kv[1], kv[0]
+
+
+def _longest_first(items: Iterable[tuple[str, int]]) -> list[tuple[str, int]]:
+    return sorted(items, key=_longest_first_key)
 
 
 def build_scorer(name: str, index: PrefixIndex) -> Scorer:
