@@ -53,9 +53,10 @@ class PoolRuntime:
     pipeline: Pipeline
     kv_events: KVEventSubscribers | None = None
     chat_template: ChatTemplate | None = None  # with a tokenizer: chat keys from the engine's own prompt
-    # Looked up once for the hot path: the session scorer (which replica it pinned) and the affinity counters.
-    session_scorer: Any = None
+    # Looked up once for the hot path: (affinity hits, prefix blocks hit, prefix blocks missed) counter children,
+    # and the session scorer (which replica it pinned).
     affinity_counters: tuple[Any, Any, Any] = (None, None, None)
+    session_scorer: Any = None
 
     def __post_init__(self) -> None:
         self.session_scorer = next((s for s, _ in self.pipeline.scorers if s.name == "session-affinity"), None)
@@ -84,6 +85,7 @@ class Router:
             if p.prefix_mode == "tokens" and tok is None:
                 raise ValueError(f"pool {p.name}: prefixMode tokens but no tokenizer.json at "
                                  f"{p.tokenizer_path or p.model_path}")
+            m = self.metrics
             self.pools[p.name] = PoolRuntime(
                 name=p.name, role=p.role, served_name=p.served_names[0], max_model_len=p.max_model_len,
                 replicas=PoolReplicas(p, cfg.limits, on_removed=self._replica_removed_hook(index),
@@ -91,11 +93,9 @@ class Router:
                 index=index, blocks=PromptBlocks(p.block_size, tok),
                 pipeline=build_pipeline(cfg.scorers, index, seed=cfg.seed + i),
                 chat_template=ChatTemplate.from_tokenizer_dir(p.tokenizer_path or p.model_path, tok) if tok else None,
+                affinity_counters=(m.child(m.affinity_hits, p.name), m.child(m.prefix_blocks, p.name, "true"),
+                                   m.child(m.prefix_blocks, p.name, "false")),
             )
-            m = self.metrics
-            self.pools[p.name].affinity_counters = (m.child(m.affinity_hits, p.name),
-                                                    m.child(m.prefix_blocks, p.name, "true"),
-                                                    m.child(m.prefix_blocks, p.name, "false"))
             if (p.kv_events_port is not None or p.kv_events_endpoints) and use_prefix:
                 self.pools[p.name].kv_events = KVEventSubscribers(
                     index, p.kv_events_port, p.block_size,
@@ -374,12 +374,17 @@ class Router:
     async def _keys(self, pool: PoolRuntime, parsed: ParsedRequest) -> tuple[Sequence[int], int]:
         if not self.use_prefix:
             return [], max(1, len(parsed.prompt_text) // 4)
+        if pool.blocks.tokenizer is not None and len(parsed.prompt_text) > LONG_PROMPT_CHARS:
+            # Rendering the chat template and tokenizing 8k tokens take milliseconds: keep the event loop serving
+            # other requests meanwhile.
+            return await asyncio.to_thread(self._prompt_keys, pool, parsed)
+        return self._prompt_keys(pool, parsed)
+
+    @staticmethod
+    def _prompt_keys(pool: PoolRuntime, parsed: ParsedRequest) -> tuple[Sequence[int], int]:
         text = parsed.prompt_text
         if parsed.messages is not None and pool.chat_template is not None:
             text = pool.chat_template.render(parsed.messages) or text
-        if pool.blocks.tokenizer is not None and len(text) > LONG_PROMPT_CHARS:
-            # Tokenizing 8k tokens takes milliseconds: keep the event loop serving other requests meanwhile.
-            return await asyncio.to_thread(pool.blocks, text)
         return pool.blocks(text)
 
     def _count_affinity(self, pool: PoolRuntime, replica: ReplicaState, keys: Sequence[int]) -> None:
