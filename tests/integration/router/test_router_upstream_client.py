@@ -308,3 +308,33 @@ async def test_slow_consumer_is_not_a_replica_timeout(raw, client) -> None:
         got += data
     resp.close()
     assert len(got) == size
+
+
+async def test_after_send_runs_once_after_the_write_even_across_a_stale_retry(raw, client) -> None:
+    """The router's routing bookkeeping rides on `after_send`: exactly once per post, after the request was
+    handed to the socket, also when a stale keep-alive connection makes the client send it again; an error in
+    it closes the response (the replica aborts) and reaches the caller."""
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await srv.read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        await srv.read_request(reader)  # the next request on this connection meets a close: stale
+
+    srv = await raw(script)
+    calls: list[int] = []
+
+    def after() -> None:
+        calls.append(1)
+
+    for _ in range(2):
+        resp = await client.post(srv.url, "/v1/completions", b"{}", JSON, 2.0, 5.0, after)
+        assert await resp.read() == b"ok"
+        resp.close()
+    assert len(calls) == 2 and len(srv.requests) == 3  # once per post, not once per send
+
+    def broken() -> None:
+        raise RuntimeError("bookkeeping failed")
+
+    with pytest.raises(RuntimeError, match="bookkeeping failed"):
+        await client.post(srv.url, "/v1/completions", b"{}", JSON, 2.0, 5.0, broken)
+    assert not client._pool(srv.url).idle  # that connection was closed, not returned to the pool
