@@ -17,11 +17,21 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable
-from itertools import islice, repeat, takewhile
-from operator import add, neg, sub
+from itertools import compress, islice, repeat, takewhile
+from operator import add, attrgetter, eq, ge, neg, sub
 
 from llmfleet.plan.roofline import StepCostModel
 from llmfleet.sim.workload import Request
+
+_tokens, _held = attrgetter("tokens"), attrgetter("held")
+_output_len, _generated = attrgetter("output_len"), attrgetter("generated")
+_target = attrgetter("target")
+
+
+def _series(a: float, b: float, lo: int, hi: int) -> float:
+    """sum_{i=lo}^{hi-1} (a + b·i)"""
+    n = hi - lo
+    return n * a + b * (lo + hi - 1) * n / 2 if n > 0 else 0.0
 
 
 class Replica:
@@ -108,10 +118,10 @@ class Replica:
         self.idle_keys.extend(keys)
         self.idle += len(keys)
         if len(self.idle_keys) > 2 * self.idle + 4096:  # mostly stale entries: compact (amortised O(1))
-            cache = self.cache
-            live = [(s, k) for s, k in zip(self.idle_stamps, self.idle_keys, strict=True) if cache.get(k) == -s]
-            self.idle_stamps = deque(s for s, _ in live)
-            self.idle_keys = deque(k for _, k in live)
+            # an entry is live while cache[key] == -stamp (C-level maps: this runs over ~2x the idle blocks)
+            live = list(map(eq, map(self.cache.get, self.idle_keys), map(neg, self.idle_stamps)))
+            self.idle_stamps = deque(compress(self.idle_stamps, live))
+            self.idle_keys = deque(compress(self.idle_keys, live))
 
     def _release(self, r: Request) -> None:
         cache = self.cache
@@ -217,6 +227,7 @@ class Replica:
     def schedule(self, now: float) -> float | None:
         """Plan the next step (or decode run) starting at `now`; returns its end time, None when idle."""
         budget = self.budget
+        bs = self.bs
         preempted_before = self.preemptions
         plan: list[tuple[Request, int]] = []
         tokens = 0
@@ -225,29 +236,60 @@ class Replica:
         all_decode = True
         i = 0
         running = self.running
+        # the hottest loop of a big run (once per running request per step): block arithmetic inlined,
+        # `avail` (free + idle blocks) kept in a local and refreshed whenever blocks move
+        avail = self.free + self.idle
+        if 0 < len(running) <= budget:
+            # Fast path (most steps of a big run): every running request decodes one token and their new
+            # blocks fit, so the loop below would plan them all in order without preempting. Same plan and
+            # block moves; the float sums are of integers (exact), so they equal the loop's.
+            tok = list(map(_tokens, running))
+            if all(map(ge, tok, map(_target, running))):
+                grows = list(map(sub, [-(-(t + 1) // bs) for t in tok], map(_held, running)))
+                grow = sum([g for g in grows if g > 0])
+                if grow <= avail:
+                    if grow:
+                        self._take(grow)
+                        avail -= grow
+                        for r, g in zip(running, grows, strict=True):
+                            if g > 0:
+                                r.held += g
+                    i = b = len(running)
+                    plan = list(zip(running, repeat(1)))
+                    ctx = sum(tok)
+                    attended = float(ctx + b)
+                    read = float(ctx)
+                    tokens = b
+                    budget -= b
         while i < len(running) and budget > 0:
             r = running[i]
-            n = 1 if r.tokens >= r.target else min(r.target - r.tokens, budget)
-            need = self._blocks_for(r.tokens + n) - r.held
-            while need > self.available:
-                victim = running[-1]
-                self._preempt(victim)
+            t, target = r.tokens, r.target
+            n = 1 if t >= target else min(target - t, budget)
+            need = -(-(t + n) // bs) - r.held
+            if need > avail:
+                while True:
+                    victim = running[-1]
+                    self._preempt(victim)
+                    avail = self.free + self.idle
+                    if victim is r or need <= avail:
+                        break
                 if victim is r:
-                    break
-            else:
-                if need > 0:
+                    continue  # r itself was preempted: running[i] is now the next request (or the list ended)
+            if need > 0:
+                if need <= self.free:
+                    self.free -= need
+                else:
                     self._take(need)
-                    r.held += need
-                plan.append((r, n))
-                if n > 1 or r.tokens < r.target:
-                    all_decode = False
-                attended += n * r.tokens + n * (n + 1) / 2
-                read += r.tokens
-                tokens += n
-                budget -= n
-                i += 1
-                continue
-            # r itself was preempted: running[i] is now the next request (or the list ended)
+                r.held += need
+                avail -= need
+            plan.append((r, n))
+            if n > 1 or t < target:
+                all_decode = False
+            attended += n * t + n * (n + 1) / 2
+            read += t
+            tokens += n
+            budget -= n
+            i += 1
         admit_blocked = self.preemptions != preempted_before  # vLLM admits nothing in a step that preempted
         while self.waiting and not admit_blocked:
             if budget <= 0 or len(running) >= self.max_seqs:
@@ -262,8 +304,8 @@ class Replica:
                 self._undo_lookup(r)
                 admit_blocked = True
                 break
-            need = self._blocks_for(start + n) - r.held
-            if need > self.available:
+            need = -(-(start + n) // bs) - r.held
+            if need > self.free + self.idle:
                 self._undo_lookup(r)
                 admit_blocked = True  # only finishes free blocks, and a decode run ends at the first finish
                 break
@@ -291,14 +333,17 @@ class Replica:
         self.step_start = now
         c = self.cost
         if all_decode and len(plan) == len(running) and (not self.waiting or admit_blocked):
-            k = min(r.output_len - r.generated for r in running)
-            k = self._fit_run(k)
+            k = min(map(sub, map(_output_len, running), map(_generated, running)))
+            k, grow = self._fit_run(k)
             if k > 1:
-                for r in running:  # the run's blocks are taken now (_fit_run checked they exist)
-                    extra = self._blocks_for(r.tokens + k) - r.held
-                    if extra > 0:
-                        self._take(extra)
-                        r.held += extra
+                # the run's blocks are taken now, in one go (_fit_run checked they exist; taking them per
+                # request in running order consumes free blocks, then evicts, in the same order)
+                if grow:
+                    self._take(grow)
+                    for r in running:
+                        extra = -(-(r.tokens + k) // bs) - r.held
+                        if extra > 0:
+                            r.held += extra
                 b = len(running)
                 ctx = read
                 # per-step time j: overhead + max(fa + fb·j, ma + mb·j)
@@ -317,26 +362,28 @@ class Replica:
         if r.shared and r.tokens == 0:
             self._release(r)
 
-    def _fit_run(self, k: int) -> int:
-        """Largest run length <= k whose block growth fits the free blocks (1 if even two steps don't)."""
-        avail = self.available
+    def _fit_run(self, k: int) -> tuple[int, int]:
+        """Largest run length <= k whose block growth fits the free blocks (1 if even two steps don't), and
+        the blocks that growth takes (for k > 1)."""
+        avail = self.free + self.idle
+        bs = self.bs
+        running = self.running
+        tokens = list(map(_tokens, running))
+        held = list(map(_held, running))
         while k > 1:
-            need = sum(self._blocks_for(r.tokens + k) - r.held for r in self.running)
+            # a truncated run can leave a request holding more blocks than it needs: count growth only
+            need = sum([g for t, h in zip(tokens, held, strict=True) if (g := -(-(t + k) // bs) - h) > 0])
             if need <= avail:
-                return k
+                return k, need
             k //= 2
-        return 1
+        return 1, 0
 
     def run_time(self, j: int) -> float:
         """Seconds for the first j steps of the current decode run (exact sum of the roofline maxima)."""
         if self.run is None:
             raise RuntimeError("no decode run")
         _, _, fa, fb, ma, mb = self.run
-
-        def series(a: float, b: float, lo: int, hi: int) -> float:  # sum_{i=lo}^{hi-1} (a + b·i)
-            n = hi - lo
-            return n * a + b * (lo + hi - 1) * n / 2 if n > 0 else 0.0
-
+        series = _series
         d0, dd = fa - ma, fb - mb  # compute minus memory time: linear in i, changes sign at most once
         if dd == 0:
             body = series(fa, fb, 0, j) if d0 >= 0 else series(ma, mb, 0, j)
@@ -372,26 +419,37 @@ class Replica:
         self.busy_s += now - self.step_start
         self.steps += steps
         done: list[Request] = []
-        for r, n in self.plan:
-            if r.replica != self.id or r.held == 0:
-                continue  # preempted since planning (cannot happen within a step, kept for safety)
-            if r.tokens < r.target:  # prefill chunk
-                r.tokens += n
-                if r.tokens >= r.target:
-                    if r.registered < len(r.keys):
-                        self._register(r)
-                    r.generated += 1
-                    if r.first_token < 0:
-                        r.first_token = now
-                        self.first_tokens.append(r)
-            else:
+        rid = self.id
+        if self.run is not None:  # a decode run: every planned request decodes (planned only then)
+            for r, _ in self.plan:
+                if r.replica != rid or r.held == 0:
+                    continue  # preempted since planning (cannot happen within a step, kept for safety)
                 r.tokens += steps
                 r.generated += steps
-            if r.tokens < r.target:
-                self._register(r)
-            if r.generated >= r.output_len:
-                r.finish = now
-                done.append(r)
+                if r.generated >= r.output_len:
+                    r.finish = now
+                    done.append(r)
+        else:
+            for r, n in self.plan:
+                if r.replica != rid or r.held == 0:
+                    continue
+                if r.tokens < r.target:  # prefill chunk
+                    r.tokens += n
+                    if r.tokens >= r.target:
+                        if r.registered < len(r.keys):
+                            self._register(r)
+                        r.generated += 1
+                        if r.first_token < 0:
+                            r.first_token = now
+                            self.first_tokens.append(r)
+                    else:  # a partial chunk: its full blocks become cached
+                        self._register(r)
+                else:  # decode (tokens >= target stays true)
+                    r.tokens += 1
+                    r.generated += 1
+                if r.generated >= r.output_len:
+                    r.finish = now
+                    done.append(r)
         if done:
             for r in done:
                 self._release(r)

@@ -173,38 +173,6 @@ class LlmdWeighted(_ApproxTree):
         return pick
 
 
-def _sim_replica_state_class() -> Any:
-    """ReplicaState whose load fields read the simulated replica live (built lazily: the router imports stay
-    out of `llmfleet.sim`'s import time). Reading on access keeps a decision O(candidates): with 1,000
-    replicas the preselector looks at ~32 of them, so nothing is copied for the other 968."""
-    from llmfleet.router.plugins import ReplicaState
-
-    class SimReplicaState(ReplicaState):
-        rep: Replica
-
-        def _get_running(self) -> float:
-            return float(len(self.rep.running))
-
-        def _get_waiting(self) -> float:
-            return float(len(self.rep.waiting))
-
-        def _get_in_flight(self) -> int:
-            return len(self.rep.running) + len(self.rep.waiting)
-
-        def _get_kv(self) -> float:
-            return self.rep.kv_usage()
-
-        def _ignore(self, value: Any) -> None:  # the dataclass __init__ assigns defaults: the replica is the truth
-            pass
-
-        running = property(_get_running, _ignore)
-        waiting = property(_get_waiting, _ignore)
-        in_flight = property(_get_in_flight, _ignore)
-        kv_usage = property(_get_kv, _ignore)
-
-    return SimReplicaState
-
-
 class LlmfleetRouter(Router):
     """The production router's plugin pipeline and fallback policy, fed with the simulated replicas' state.
 
@@ -213,6 +181,7 @@ class LlmfleetRouter(Router):
     """
 
     name = "llmfleet"
+    watches_replicas = True
 
     def __init__(self, weights: Mapping[str, float] | None = None, seed: int = 0,
                  fallback: Any = None, slo: Any = None, max_candidates: int | None = None,
@@ -230,7 +199,13 @@ class LlmfleetRouter(Router):
     def attach(self, fleet: Fleet) -> None:
         from llmfleet.router.config import FallbackConfig, SLOConfig
         from llmfleet.router.fallback import FallbackPolicy
-        from llmfleet.router.plugins import PrefixIndex, RequestInfo, build_pipeline, release_prefill
+        from llmfleet.router.plugins import (
+            PrefixIndex,
+            ReplicaState,
+            RequestInfo,
+            build_pipeline,
+            release_prefill,
+        )
 
         super().attach(fleet)
         self._RequestInfo = RequestInfo
@@ -240,7 +215,7 @@ class LlmfleetRouter(Router):
         self.states: dict[int, Any] = {}
         self.state_lists: dict[str, list[Any]] = {pool: [] for pool in fleet.routable}
         self.infos: dict[int, Any] = {}  # rid -> RequestInfo until its first token
-        self._State = _sim_replica_state_class()
+        self._State = ReplicaState
         slo = self.slo_cfg or SLOConfig(ttft_p95_ms=fleet.cfg.ttft_slo_s * 1e3, tpot_p95_ms=fleet.cfg.tpot_slo_s * 1e3)
         self.students = [p.name for p in fleet.cfg.pools if p.role == "student"]
         self.policy = FallbackPolicy(self.fallback_cfg or FallbackConfig(), slo) if self.students else None
@@ -253,15 +228,26 @@ class LlmfleetRouter(Router):
         if what == "add":
             st = self._State(id=str(rep.id), pool=rep.pool, stale=False, cache_capacity_blocks=rep.total,
                              prefill_tokens_per_s=self.prefill_rate)
-            st.rep = rep
             self.states[rep.id] = st
             self.state_lists[rep.pool].append(st)
             self.index.set_capacity(str(rep.id), rep.total)
+            self.replica_changed(rep)
         else:
             st = self.states.pop(rep.id, None)
             if st is not None:
                 self.state_lists[rep.pool].remove(st)
                 self.index.remove_replica(st.id)
+
+    def replica_changed(self, rep: Replica) -> None:
+        """Copy the replica's load into its router state (the engine calls this after every change, so the
+        scorers read exact numbers as plain fields: they read ~100 of them per request at 32 candidates)."""
+        st = self.states.get(rep.id)
+        if st is not None:
+            running, waiting = len(rep.running), len(rep.waiting)
+            st.running = float(running)
+            st.waiting = float(waiting)
+            st.in_flight = running + waiting
+            st.kv_usage = (rep.total - rep.free - rep.idle) / rep.total if rep.total else 1.0
 
     def _signals(self, fleet: Fleet, pool: str) -> Any:
         from llmfleet.router.fallback import PoolSignals

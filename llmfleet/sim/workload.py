@@ -10,8 +10,11 @@ multi-turn sessions.
 from __future__ import annotations
 
 import csv
+import gc
 import json
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
@@ -190,7 +193,27 @@ class SyntheticSpec:
     warmup_s: float = 0.0  # start sessions this long before t=0 and drop earlier turns (steady state at t=0)
 
 
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector (restored on exit). Building a workload or running a simulation
+    allocates millions of long-lived objects and almost no reference cycles, so the collector's full passes
+    only re-traverse the live heap: ~30% of a 1M-request workload's generation CPU, ~5% of a simulation's.
+    Reference counting still frees everything else at once."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def synthetic(spec: SyntheticSpec) -> Workload:
+    with gc_paused():
+        return _synthetic(spec)
+
+
+def _synthetic(spec: SyntheticSpec) -> Workload:
     rng = np.random.default_rng(spec.seed)
     bs = spec.block_size
     sys_len = rng.integers(spec.system_prompt_tokens[0], spec.system_prompt_tokens[1] + 1, spec.tenants)

@@ -101,6 +101,27 @@ def test_mooncake_invariants_under_preemption() -> None:
         assert all(r["ttft"] is not None and r["e2e"] >= r["ttft"] > 0 for r in res.records if r["e2e"] is not None)
 
 
+def test_decode_run_after_truncation_fits_small_cache() -> None:
+    # A truncated decode run leaves its requests holding blocks for steps they never took; the next run's
+    # block check must count only growth (it used to net those surplus blocks off and then take too many:
+    # IndexError popping the empty LRU on this workload).
+    w = synthetic(SyntheticSpec(duration_s=30, rate_rps=10, tenants=4, seed=3))
+    res = simulate(w, SimConfig(pools=[PoolSpec(replicas=1, kv_blocks=300)], check_invariants=True),
+                   router="least-request")
+    assert res.summary["completed"] + res.summary["rejected"] == len(w.requests)
+    assert res.summary["preemptions"] > 0
+
+
+def test_unchunked_prefill_needs_a_budget_that_holds_the_longest_sequence() -> None:
+    # Without chunked prefill a prompt beyond the step budget could never be scheduled (it used to end in
+    # "simulation lost N requests"): refused up front, as vLLM refuses max_num_batched_tokens < max_model_len.
+    w = _tiny()  # longest sequence: 16 + 3 tokens
+    with pytest.raises(ValueError, match="chunked prefill is off"):
+        simulate(w, SimConfig(pools=[PoolSpec(replicas=1, chunked_prefill=False, max_batched_tokens=18)]))
+    res = simulate(w, SimConfig(pools=[PoolSpec(replicas=1, chunked_prefill=False, max_batched_tokens=19)]))
+    assert res.summary["completed"] == 3
+
+
 def test_deterministic_under_seed() -> None:
     w = synthetic(SyntheticSpec(duration_s=60, rate_rps=15, seed=3))
     w2 = synthetic(SyntheticSpec(duration_s=60, rate_rps=15, seed=3))

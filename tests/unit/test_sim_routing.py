@@ -82,3 +82,29 @@ def test_llmfleet_router_deterministic_with_preselection_on_a_large_fleet() -> N
     assert a == b
     c, _ = _run(w, 48, seed=2, max_candidates=8)
     assert c["completed"] == a["completed"] == len(w.requests)
+
+
+class _CheckingRouter(LlmfleetRouter):
+    """Asserts, at every routing decision, that the states the plugins read equal the live replicas."""
+
+    checked = 0
+
+    def route(self, req, fleet, now):  # type: ignore[no-untyped-def]
+        for pool in fleet.routable.values():
+            for rep in pool:
+                st = self.states[rep.id]
+                running, waiting = len(rep.running), len(rep.waiting)
+                assert (st.running, st.waiting, st.in_flight) == (float(running), float(waiting), running + waiting)
+                assert st.kv_usage == rep.kv_usage()
+                self.checked += 1
+        return super().route(req, fleet, now)
+
+
+def test_llmfleet_router_states_track_the_replicas_exactly() -> None:
+    # The engine pushes each replica change into the router's ReplicaState (replica_changed); a missed call
+    # would leave a stale queue or KV figure that the scorers read. Small KV: preemptions and evictions too.
+    w = synthetic(SyntheticSpec(duration_s=60, rate_rps=20, tenants=4, seed=3))
+    rt = _CheckingRouter()
+    res = simulate(w, SimConfig(pools=[PoolSpec(replicas=3, kv_blocks=600)]), router=rt)
+    assert res.summary["completed"] == len(w.requests)
+    assert rt.checked >= 3 * len(w.requests)
