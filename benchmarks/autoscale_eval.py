@@ -47,7 +47,8 @@ FALLBACK_QUEUE_DELAY_FRACTION, FALLBACK_MAX_DEGRADED, FALLBACK_BURN_RATE = 0.5, 
 STUDENT_WARM = 1  # student replicas kept warm (minReplicas of the student pool)
 
 
-def service(policy: str, ttft_slo_s: float, replicas: int, burst: bool = True) -> InferenceService:
+def service(policy: str, ttft_slo_s: float, replicas: int, burst: bool = True,
+            target_queue_depth: float | None = None) -> InferenceService:
     """The InferenceService the autoscaler reads its configuration from (spec defaults for autoscaling).
 
     `burst`: the student pool is burst capacity: one replica kept warm, and the router falls back to it as
@@ -68,7 +69,8 @@ def service(policy: str, ttft_slo_s: float, replicas: int, burst: bool = True) -
             "model": {"path": "/models/primary"}, "replicas": replicas, "minReplicas": 1, "maxReplicas": MAX_REPLICAS,
             "resources": {"gpus": 1, "gpuType": GPU},
             "slo": {"ttftP95Ms": ttft_slo_s * 1000.0, "tpotP95Ms": 100.0},
-            "autoscaling": {"policy": policy},
+            "autoscaling": {"policy": policy} | ({"targetQueueDepth": target_queue_depth}
+                                                  if target_queue_depth is not None else {}),
             "fallback": fallback,
         },
     }
@@ -115,8 +117,9 @@ def run_static(w: Workload, n: int, slo_s: float) -> SimResult:
     return simulate(w, cfg, router=LlmfleetRouter())
 
 
-def run_policy(w: Workload, policy: str, slo_s: float, initial: int, burst: bool = True) -> tuple[SimResult, PolicyHook]:
-    isvc = service(policy, slo_s, initial, burst)
+def run_policy(w: Workload, policy: str, slo_s: float, initial: int, burst: bool = True,
+               target_queue_depth: float | None = None) -> tuple[SimResult, PolicyHook]:
+    isvc = service(policy, slo_s, initial, burst, target_queue_depth)
     hook = PolicyHook(PolicyConfig.from_service(isvc, seeds=seeds_for_service(isvc)))
     cfg = SimConfig(pools=pools(initial, with_student=True, student_min=isvc.spec.fallback.pools[0].min_replicas),
                     ttft_slo_s=slo_s, autoscale_interval_s=isvc.spec.autoscaling.interval_seconds)
@@ -266,6 +269,36 @@ def evaluate(name: str, w: Workload, policies: tuple[str, ...] = ("slo", "queue"
             "policies": rows, "targets": targets, "plot": str(img.relative_to(ROOT))}
 
 
+def queue_sweep(name: str, w: Workload, recorded: dict[str, Any], targets: list[float]) -> dict[str, Any]:
+    """`queue` at several targetQueueDepth values (the spec default is 4), to compare `slo` with `queue` at
+    equal GPU-seconds: misses of the queue policy interpolated linearly, over GPU-seconds, between the two
+    sweep points that bracket the recorded `slo` run's GPU-seconds. Same SLO and start size as the recorded
+    run (no new static search)."""
+    slo_s = recorded["ttftSloS"]
+    initial = recorded.get("initialReplicas") or max(1, planner_peak_replicas(w, slo_s, first_minute=True)[0])
+    rows = {}
+    for q in targets:
+        res, hook = run_policy(w, "queue", slo_s, initial, target_queue_depth=q)
+        rows[f"{q:g}"] = summary_row(res, slo_s, actions=hook.actions,
+                                     replicas=max((x["primary"] for x in hook.timeline), default=initial))
+    slo = recorded["policies"]["slo"]
+    pts = sorted((r["gpuSeconds"], r["misses"]) for r in rows.values())
+    at_slo_cost: float | None = None
+    for (g0, m0), (g1, m1) in zip(pts, pts[1:], strict=False):
+        if g0 <= slo["gpuSeconds"] <= g1:
+            at_slo_cost = m0 if g1 == g0 else m0 + (m1 - m0) * (slo["gpuSeconds"] - g0) / (g1 - g0)
+            break
+    # The queue policy's misses do not fall monotonically with its cost (a lower target can scale later in a
+    # burst), so also: the fewest misses of any queue setting that spent at least slo's GPU-seconds.
+    costlier = [m for g, m in pts if g >= slo["gpuSeconds"]]
+    best_costlier = min(costlier) if costlier else None
+    return {"workload": name, "ttftSloS": slo_s, "slo": {"gpuSeconds": slo["gpuSeconds"], "misses": slo["misses"]},
+            "queueByTargetQueueDepth": rows, "queueMissesAtSloGpuSeconds": at_slo_cost,
+            "queueFewestMissesAtOrAboveSloGpuSeconds": best_costlier,
+            "sloFewerMissesThanEveryQueueSettingAtEqualOrMoreGpuSeconds":
+                None if best_costlier is None else slo["misses"] < best_costlier}
+
+
 def summary_row(res: SimResult, slo_s: float, *, actions: int, replicas: int) -> dict[str, Any]:
     att = ttft_attainment(res, slo_s)
     return {"attainment": round(att, 5), "misses": sum(1 for r in res.records if r["ttft"] is None or r["ttft"] > slo_s),
@@ -293,8 +326,31 @@ def main() -> None:
     ap.add_argument("--spike", type=float, default=10.0, help="rate factor of the synthetic spike (validation)")
     ap.add_argument("--no-trace", action="store_true", help="only the synthetic workload")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "autoscale_eval.json")
+    ap.add_argument("--queue-sweep", type=float, nargs="+", metavar="DEPTH",
+                    help="only run `queue` at these targetQueueDepth values against the recorded results in --out "
+                         "(main and validation workloads) and merge an equal-GPU-seconds comparison under "
+                         "`queueSweep`")
     args = ap.parse_args()
     started = time.time()
+    if args.queue_sweep:
+        doc = json.loads(args.out.read_text())
+        recorded = {r["workload"]: r for r in [*doc["results"], *doc.get("validation", {}).get("results", [])]}
+        spikes = sorted({float(k.split("-")[1].rstrip("x")) for k in recorded if k.startswith("bursty-")})
+        ws: dict[str, Workload] = {}
+        for f in spikes:
+            ws |= workloads(Path("/nonexistent") if ws else args.trace, args.quick, f)
+        sweep = [queue_sweep(name, w, recorded[name], args.queue_sweep) for name, w in ws.items() if name in recorded]
+        for r in sweep:
+            print(f"{r['workload']}: slo {r['slo']['misses']} misses at {r['slo']['gpuSeconds']:.0f} GPU-s; queue "
+                  + ", ".join(f"depth {q}: {x['misses']} misses at {x['gpuSeconds']:.0f} GPU-s ({x['attainment']:.4f})"
+                              for q, x in r["queueByTargetQueueDepth"].items())
+                  + f"; queue misses at slo's GPU-s (interpolated): {r['queueMissesAtSloGpuSeconds']}; fewest of any "
+                  f"queue setting spending >= slo's GPU-s: {r['queueFewestMissesAtOrAboveSloGpuSeconds']}")
+        doc["queueSweep"] = {"command": " ".join(["python", *sys.argv]), "date": datetime.now(UTC).isoformat(timespec="seconds"),
+                             "wallSeconds": round(time.time() - started, 1), "results": sweep}
+        args.out.write_text(json.dumps(doc, indent=2) + "\n")
+        print(f"merged into {args.out}")
+        return
     trace = Path("/nonexistent") if args.no_trace else args.trace
     results = [evaluate(name, w) for name, w in workloads(trace, args.quick, args.spike).items()]
     print(f"{'workload':12} {'policy':19} {'attain':>7} {'misses':>6} {'GPU-s':>9} {'degraded':>8} {'actions':>7} "
