@@ -210,12 +210,6 @@ class PromptBlocks:
         self.block_size = block_size
         self.hasher = BlockHasher(block_size if tokenizer is not None else block_size * TEXT_BYTES_PER_TOKEN)
 
-    def tokens(self, text: str) -> np.ndarray:
-        if self.tokenizer is not None:
-            # Special tokens as the engine adds them (BOS), so keys line up with vLLM's KV events.
-            return np.asarray(self.tokenizer.encode(text, add_special_tokens=True).ids, dtype=np.uint32)
-        return np.frombuffer(text.encode("utf-8", "surrogatepass"), dtype=np.uint8)
-
     def __call__(self, text: str) -> tuple[Sequence[int], int]:
         small = SMALL_PROMPT_BLOCKS * self.hasher.block_size
         if self.tokenizer is not None:
@@ -359,8 +353,9 @@ class PrefixIndex:
     def match(self, keys: Sequence[int]) -> dict[str, int]:
         """Leading blocks of `keys` each replica holds (replicas with 0 omitted).
 
-        Binary search per replica: blocks of one replica are prefix-closed in practice (inserting a prompt
-        refreshes all of its blocks, so eviction takes suffixes first), which keeps a lookup O(R log n).
+        One bisection shared by all replicas (see `_match`): blocks of one replica are prefix-closed in practice
+        (inserting a prompt refreshes all of its blocks, so eviction takes suffixes first), which keeps a lookup
+        O(R log n) at worst.
         """
         if not keys:
             return {}

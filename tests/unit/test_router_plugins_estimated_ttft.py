@@ -126,6 +126,18 @@ def test_charge_uses_the_uncached_tokens_seen_when_scoring() -> None:
     assert other.prefill_tokens == 0.0
 
 
+def test_charge_without_scoring_estimates_that_replica_alone() -> None:
+    """A replica the scorer never scored (the pipeline had a single candidate, or a retry) is charged the
+    request's uncached work on it, computed on the spot."""
+    s = EstimatedTTFTScorer(_index_with("a", KEYS[:4]), default_tokens_per_s=RATE, attention_tokens=None)
+    a = R("a")
+    s.on_routed(RequestInfo(**REQ), a)  # type: ignore[arg-type]
+    assert a.prefill_tokens == 36.0  # 100 - 64 cached
+    b = R("b")
+    s.on_routed(RequestInfo(**REQ), b)  # type: ignore[arg-type]
+    assert b.prefill_tokens == 100.0
+
+
 def test_scores_deterministic_and_bounded_on_random_states() -> None:
     rng = random.Random(3)
     index = PrefixIndex()

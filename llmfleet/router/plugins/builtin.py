@@ -175,20 +175,8 @@ class EstimatedTTFTScorer(Scorer):
             return float(new)
         return new * (1.0 + (n_tokens + cached) / (2.0 * self.attention_tokens))
 
-    def _uncached(self, req: RequestInfo, replicas: Sequence[ReplicaState]) -> list[float]:
-        n_tokens = max(1, req.input_tokens)
-        cold = self._work(n_tokens, 0)
-        m = self.index.match(req.block_hashes) if req.block_hashes else None
-        if not m:
-            return [cold] * len(replicas)
-        bs = req.tokens_per_block()
-        get = m.get
-        # at least one token is always computed (the engine needs the last position's logits)
-        return [cold if (h := get(r.id, 0)) == 0 else self._work(n_tokens, min(n_tokens - 1, h * bs))
-                for r in replicas]
-
     def estimates(self, req: RequestInfo, replicas: Sequence[ReplicaState]) -> list[float]:
-        # One pass per candidate (hot path: `_uncached` and `_work` inlined, same arithmetic).
+        # One pass per candidate (hot path: `_work` inlined for cached prefixes, same arithmetic).
         n_tokens = max(1, req.input_tokens)
         cold = self._work(n_tokens, 0)
         m = self.index.match(req.block_hashes) if req.block_hashes else None
@@ -230,8 +218,10 @@ class EstimatedTTFTScorer(Scorer):
                 if r.id == replica.id:
                     u = w
                     break
-        charge_prefill(req, replica, u if u is not None else self._uncached(req, [replica])[0],
-                       replica.prefill_tokens_per_s or self.default_rate)
+        if u is None:  # routed without this scorer having scored it (e.g. a retry): estimate it alone now
+            self.estimates(req, [replica])
+            u = self._last[2][0]
+        charge_prefill(req, replica, u, replica.prefill_tokens_per_s or self.default_rate)
         if req.block_hashes:  # the index learns from routing whether or not the prefix-cache scorer runs
             self.index.insert(replica.id, req.block_hashes)
 
