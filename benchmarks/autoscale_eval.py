@@ -308,13 +308,14 @@ def summary_row(res: SimResult, slo_s: float, *, actions: int, replicas: int) ->
             "ttftP99S": res.summary["ttft"]["p99"]}
 
 
-def workloads(trace: Path, quick: bool, spike_factor: float = 10.0) -> dict[str, Workload]:
+def workloads(trace: Path | None, quick: bool, spike_factor: float = 10.0) -> dict[str, Workload]:
+    """The spike workload, preceded by the trace unless `trace` is None (not asked for)."""
     spike = SyntheticSpec(duration_s=1200.0 if quick else 2400.0, rate_rps=12.0, diurnal_amplitude=0.0,
                           bursts=[(600.0, 300.0, spike_factor)], seed=1)
     out = {f"bursty-{spike_factor:g}x": synthetic(spike)}
-    if trace.exists():
+    if trace is not None and trace.exists():
         out = {"mooncake": load_mooncake(trace), **out}
-    else:
+    elif trace is not None:
         print(f"trace {trace} not found: skipping it", file=sys.stderr)
     return out
 
@@ -338,7 +339,7 @@ def main() -> None:
         spikes = sorted({float(k.split("-")[1].rstrip("x")) for k in recorded if k.startswith("bursty-")})
         ws: dict[str, Workload] = {}
         for f in spikes:
-            ws |= workloads(Path("/nonexistent") if ws else args.trace, args.quick, f)
+            ws |= workloads(None if ws or args.no_trace else args.trace, args.quick, f)
         sweep = [queue_sweep(name, w, recorded[name], args.queue_sweep) for name, w in ws.items() if name in recorded]
         for r in sweep:
             print(f"{r['workload']}: slo {r['slo']['misses']} misses at {r['slo']['gpuSeconds']:.0f} GPU-s; queue "
@@ -351,7 +352,7 @@ def main() -> None:
         args.out.write_text(json.dumps(doc, indent=2) + "\n")
         print(f"merged into {args.out}")
         return
-    trace = Path("/nonexistent") if args.no_trace else args.trace
+    trace = None if args.no_trace else args.trace
     results = [evaluate(name, w) for name, w in workloads(trace, args.quick, args.spike).items()]
     print(f"{'workload':12} {'policy':19} {'attain':>7} {'misses':>6} {'GPU-s':>9} {'degraded':>8} {'actions':>7} "
           f"{'peak':>4} {'p99 TTFT':>8}")
