@@ -247,7 +247,7 @@ class LlmfleetRouter(Router):
             st.running = float(running)
             st.waiting = float(waiting)
             st.in_flight = running + waiting
-            st.kv_usage = (rep.total - rep.free - rep.idle) / rep.total if rep.total else 1.0
+            st.kv_usage = rep.kv_usage()
 
     def _signals(self, fleet: Fleet, pool: str) -> Any:
         from llmfleet.router.fallback import PoolSignals
