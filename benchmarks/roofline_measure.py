@@ -1,8 +1,9 @@
 """Measure on a GPU what the planner predicts: memory-bound decode, the cost of materialized attention,
-CUDA graphs vs eager launches. Writes benchmarks/results/roofline_measure.json.
+CUDA graphs vs eager launches, the host<->device copy bandwidth. Writes benchmarks/results/roofline_measure.json.
 
-    python benchmarks/roofline_measure.py            # on a CUDA GPU (H200 in the docs)
-    python benchmarks/roofline_measure.py --tiny     # CPU smoke test of the script
+    python benchmarks/roofline_measure.py                      # all sections on a CUDA GPU (H200 in the docs)
+    python benchmarks/roofline_measure.py --only host-link     # section 4 alone, merged into the existing JSON
+    python benchmarks/roofline_measure.py --tiny               # CPU smoke test of the script
 
 1. Decode step of a Llama-3-8B-shaped stack (32 layers of bf16 q/k/v/o + SwiGLU weights, random values,
    no attention over a cache): time per step at batch 1..512, achieved HBM bandwidth (weight bytes / time)
@@ -10,6 +11,9 @@ CUDA graphs vs eager launches. Writes benchmarks/results/roofline_measure.json.
 2. The same step captured in a CUDA graph (one launch per step instead of ~10 per layer).
 3. One attention layer (32 heads x 128, causal, batch 1) at S = 2k..32k: materialized
    (QK^T -> softmax -> PV, scores in HBM) vs torch SDPA (FlashAttention backend): time and peak memory.
+4. Host<->device copies (what CPU KV-cache offloading waits on when it loads cached blocks back instead of
+   recomputing the prefill): pinned and pageable host memory, 2 MiB..1 GiB, and one 64 MiB transfer
+   issued as one copy vs many block-sized copies. See host_link().
 """
 
 from __future__ import annotations
@@ -17,17 +21,202 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import statistics
+import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
+MiB = 2**20
+HOST_LINK_SIZES = (2 * MiB, 16 * MiB, 64 * MiB, 256 * MiB, 1024 * MiB)
+# One 512-token KV block of Llama-3-8B in bf16: K and V x 32 layers x 8 KV heads x 128 dims x 2 bytes x 512 tokens.
+KV_BLOCK_BYTES = 2 * 32 * 8 * 128 * 2 * 512  # = 64 MiB
+# The 64 MiB block moved as one copy, as 64 copies of 1 MiB, and as 1024 copies of 64 KiB (one layer's K+V
+# of a 16-token vLLM block: 2 x 8 x 128 x 2 bytes x 16), the copy counts a block-wise offload would issue.
+KV_CHUNKS = (KV_BLOCK_BYTES, 1 * MiB, 64 * 1024)
+
+
+def _time_copies(torch, copies: Sequence[Callable[[], object]], cuda: bool, repeats: int) -> tuple[float, float]:  # type: ignore[no-untyped-def]
+    """Median seconds for one pass over `copies`: timed by CUDA events (wall clock without CUDA), and by the
+    host's wall clock around the same region (it includes the Python launch cost of each copy)."""
+    for _ in range(2):  # warm-up: first-touch of pages, driver staging buffers
+        for fn in copies:
+            fn()
+    if cuda:
+        torch.cuda.synchronize()
+    event_s, wall_s = [], []
+    for _ in range(repeats):
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            t0 = time.perf_counter()
+            start.record()
+            for fn in copies:
+                fn()
+            end.record()
+            end.synchronize()
+            wall_s.append(time.perf_counter() - t0)
+            event_s.append(start.elapsed_time(end) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            for fn in copies:
+                fn()
+            wall_s.append(time.perf_counter() - t0)
+            event_s.append(wall_s[-1])
+    return statistics.median(event_s), statistics.median(wall_s)
+
+
+def _pcie_link() -> dict[str, str]:
+    """The GPU's PCIe link as nvidia-smi reports it (read after the copies: an idle link may train down)."""
+    query = "pcie.link.gen.current,pcie.link.gen.max,pcie.link.width.current,pcie.link.width.max"
+    try:
+        res = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20, check=True)
+    except (OSError, subprocess.SubprocessError) as e:  # no nvidia-smi, a field this driver lacks, a hang
+        return {"error": f"{type(e).__name__}: {e}"}
+    return dict(zip(query.split(","), (v.strip() for v in res.stdout.splitlines()[0].split(",")), strict=False))
+
+
+def host_link(torch, tiny: bool) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    """Section 4: host<->device copy bandwidth, the link CPU KV-cache offloading loads blocks back over.
+
+    For each host memory kind (pinned: torch.empty(pin_memory=True) with non_blocking copies, the DMA path an
+    offloading engine uses; pageable: plain torch.empty with blocking copies, which the driver stages through
+    its own pinned buffer) and each size, the median over repeats of a CUDA-event-timed run of back-to-back
+    copies (enough copies that one timing covers >= 64 MiB). Every copy's result is checked against its
+    source (random bytes; the destination is poisoned first). GB/s are 1e9 bytes/s. Without CUDA (--tiny on a
+    CPU machine) the pageable rows time CPU->CPU copies so the code path runs; the pinned rows are skipped.
+    """
+    cuda = torch.cuda.is_available() and not tiny
+    dev = "cuda" if cuda else "cpu"
+    sizes = HOST_LINK_SIZES if not tiny else (64 * 1024, 1 * MiB)
+    repeats = 9 if not tiny else 3
+    cap = max(sizes)
+    gen = torch.Generator(device=dev).manual_seed(0)
+    dev_src = torch.randint(0, 256, (cap,), dtype=torch.uint8, device=dev, generator=gen)
+    dev_dst = torch.empty(cap, dtype=torch.uint8, device=dev)
+    kinds = ("pinned", "pageable") if cuda else ("pageable",)
+    rows: list[dict[str, Any]] = []
+    host: dict[str, tuple[Any, Any]] = {}
+    for kind in kinds:
+        pinned = kind == "pinned"
+        h_src = torch.empty(cap, dtype=torch.uint8, pin_memory=pinned)
+        h_src.copy_(dev_src)
+        h_dst = torch.empty(cap, dtype=torch.uint8, pin_memory=pinned)
+        host[kind] = (h_src, h_dst)
+        for n in sizes:
+            inner = max(1, (64 * MiB) // n)
+            for direction, dst, src, check in (("h2d", dev_dst, h_src, dev_src), ("d2h", h_dst, dev_src, h_src)):
+                dst[:n].fill_(0)
+
+                def copy(dst=dst, src=src, n=n, pinned=pinned) -> object:  # type: ignore[no-untyped-def]
+                    return dst[:n].copy_(src[:n], non_blocking=pinned)
+
+                ev, wall = _time_copies(torch, [copy] * inner, cuda, repeats)
+                if cuda:
+                    torch.cuda.synchronize()
+                if not torch.equal(dst[:n], check[:n]):
+                    raise RuntimeError(f"{kind} {direction} copy of {n} bytes does not match its source")
+                rows.append({"memory": kind, "direction": direction, "bytes": n, "copiesPerTiming": inner,
+                             "ms": ev * 1e3 / inner, "gbs": n * inner / ev / 1e9, "wallGbs": n * inner / wall / 1e9})
+                print(json.dumps(rows[-1]))
+    chunked = _chunked_copies(torch, host["pinned" if cuda else "pageable"], dev_src, dev_dst, cuda, tiny, repeats)
+    link = _pcie_link() if cuda else {}
+    del dev_src, dev_dst, host
+    return {"command": "python " + " ".join(sys.argv), "date": datetime.now(UTC).isoformat(timespec="seconds"),
+            "machine": {"platform": platform.platform(), "torch": torch.__version__,
+                        "device": torch.cuda.get_device_name() if cuda else "cpu", "pcieLink": link},
+            "repeats": repeats, "kvBlockBytes": KV_BLOCK_BYTES, "sizes": rows, "chunked": chunked}
+
+
+def _chunked_copies(torch, host, dev_src, dev_dst, cuda: bool, tiny: bool, repeats: int) -> list[dict[str, Any]]:  # type: ignore[no-untyped-def]
+    """One 64 MiB KV block moved as one copy vs as many block-sized copies to/from scattered device slots (a
+    paged cache's blocks are not contiguous). Event time is the GPU's view (DMA plus per-copy gaps); wall time
+    adds Python's per-call cost, which an engine issuing the copies from C++ mostly avoids. A CUDA graph of
+    the copies, where capture works, removes the launch cost altogether."""
+    h_src, h_dst = host
+    total = KV_BLOCK_BYTES if not tiny else 1 * MiB
+    gen = torch.Generator().manual_seed(1)
+    out: list[dict[str, Any]] = []
+    for chunk in (KV_CHUNKS if not tiny else (total, 64 * 1024)):
+        count = total // chunk
+        slots = torch.randperm(dev_dst.numel() // chunk, generator=gen)[:count].tolist()
+        pairs = {"h2d": [(dev_dst[s * chunk:(s + 1) * chunk], h_src[i * chunk:(i + 1) * chunk]) for i, s in enumerate(slots)],
+                 "d2h": [(h_dst[i * chunk:(i + 1) * chunk], dev_src[s * chunk:(s + 1) * chunk]) for i, s in enumerate(slots)]}
+        for direction, pv in pairs.items():
+            for d, _ in pv:
+                d.fill_(0)
+            copies = [lambda d=d, s=s: d.copy_(s, non_blocking=cuda) for d, s in pv]
+            ev, wall = _time_copies(torch, copies, cuda, repeats)
+            if cuda:
+                torch.cuda.synchronize()
+            if not all(torch.equal(d.cpu(), s.cpu()) for d, s in pv):
+                raise RuntimeError(f"chunked {direction} copy ({count} x {chunk} bytes) does not match its source")
+            row: dict[str, Any] = {"direction": direction, "totalBytes": total, "chunkBytes": chunk, "copies": count,
+                   "ms": ev * 1e3, "gbs": total / ev / 1e9, "wallGbs": total / wall / 1e9, "graphGbs": None}
+            if cuda and count > 1:
+                row["graphGbs"] = _graph_gbs(torch, copies, total, repeats)
+            out.append(row)
+            print(json.dumps(row))
+    return out
+
+
+def _graph_gbs(torch, copies: Sequence[Callable[[], object]], total: int, repeats: int) -> float | str:  # type: ignore[no-untyped-def]
+    """GB/s of the copies captured in one CUDA graph and replayed (no per-copy launch from Python), or why
+    capture failed (pinned-memory copies need the host allocator's capture support)."""
+    try:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for fn in copies:
+                fn()
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for fn in copies:
+                fn()
+        ev, _ = _time_copies(torch, [graph.replay], True, repeats)
+    except RuntimeError as e:  # capture refused: report it, the other numbers stand
+        torch.cuda.synchronize()
+        return f"capture failed: {type(e).__name__}: {str(e)[:200]}"
+    return total / ev / 1e9
+
+
 def main() -> int:
     import torch
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--only", choices=("roofline", "host-link"),
+                    help="run sections 1-3 (roofline) or section 4 (host-link) alone and merge the result "
+                         "into --merge-into, keeping the sections not run")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/roofline_measure.json"))
+    ap.add_argument("--merge-into", default=str(ROOT / "benchmarks/results/roofline_measure.json"),
+                    help="with --only: the existing results to add to (default: the committed JSON)")
+    args = ap.parse_args()
+    out: dict[str, Any] = {}
+    if args.only and Path(args.merge_into).exists():
+        out = json.loads(Path(args.merge_into).read_text())
+    if args.only != "host-link":
+        out.update(roofline(torch, args.tiny))
+    if args.only != "roofline":
+        out["benchmark"] = "roofline_measure"
+        out["hostLink"] = host_link(torch, args.tiny)
+    if not args.tiny:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(out, indent=1))
+        print(f"wrote {args.out}")
+    return 0
+
+
+def roofline(torch, tiny: bool) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    """Sections 1-3: decode step eager and CUDA graph, materialized vs fused attention."""
     import torch.nn.functional as F
 
     try:  # the planner needs pydantic; the GPU machine's torch venv may not have it
@@ -38,13 +227,9 @@ def main() -> int:
     except ImportError:
         have_planner = False
 
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--tiny", action="store_true")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/roofline_measure.json"))
-    args = ap.parse_args()
-    dev = "cuda" if torch.cuda.is_available() and not args.tiny else "cpu"
+    dev = "cuda" if torch.cuda.is_available() and not tiny else "cpu"
     dt = torch.bfloat16 if dev == "cuda" else torch.float32
-    layers, d, kv, ffn = (32, 4096, 1024, 14336) if not args.tiny else (2, 256, 64, 512)  # Llama-3-8B
+    layers, d, kv, ffn = (32, 4096, 1024, 14336) if not tiny else (2, 256, 64, 512)  # Llama-3-8B
 
     def sync() -> None:
         if dev == "cuda":
@@ -75,7 +260,7 @@ def main() -> int:
         return x
 
     decode = []
-    for b in ((1, 8, 32, 64, 128, 256, 512) if not args.tiny else (1, 8)):
+    for b in ((1, 8, 32, 64, 128, 256, 512) if not tiny else (1, 8)):
         x = torch.randn(b, d, device=dev, dtype=dt)
         with torch.no_grad():
             t_eager = timeit(lambda x=x: step(x))
@@ -92,7 +277,7 @@ def main() -> int:
                     step(static)
                 t_graph = timeit(graph.replay)
         flops = 2.0 * b * sum(w.numel() for ws in W for w in ws)
-        plan = decode_roofline(get_model("llama-3-8b"), get_gpu("H200"), b, 0) if have_planner and not args.tiny else None
+        plan = decode_roofline(get_model("llama-3-8b"), get_gpu("H200"), b, 0) if have_planner and not tiny else None
         best = min(t for t in (t_eager, t_graph) if t is not None)
         decode.append({"batch": b, "eagerMs": t_eager * 1e3, "cudaGraphMs": None if t_graph is None else t_graph * 1e3,
                        "achievedTBs": wbytes / best / 1e12, "achievedTflops": flops / best / 1e12,
@@ -101,8 +286,8 @@ def main() -> int:
         print(json.dumps(decode[-1]))
     W.clear()
     attn = []
-    heads, hd = (32, 128) if not args.tiny else (4, 32)
-    for s_len in ((2048, 4096, 8192, 16384, 32768) if not args.tiny else (256, 512)):
+    heads, hd = (32, 128) if not tiny else (4, 32)
+    for s_len in ((2048, 4096, 8192, 16384, 32768) if not tiny else (256, 512)):
         q, k, v = (torch.randn(1, heads, s_len, hd, device=dev, dtype=dt) for _ in range(3))
 
         def materialized(q=q, k=k, v=v, s_len=s_len) -> torch.Tensor:  # type: ignore[no-untyped-def]
@@ -131,16 +316,12 @@ def main() -> int:
         attn.append(row)
         print(json.dumps(row))
         del q, k, v
-    out = {"benchmark": "roofline_measure", "command": "python " + " ".join(sys.argv),
-           "date": datetime.now(UTC).isoformat(timespec="seconds"),
-           "machine": {"platform": platform.platform(), "torch": torch.__version__,
-                       "device": torch.cuda.get_device_name() if dev == "cuda" else "cpu"},
-           "weightBytes": wbytes, "decode": decode, "attention": attn}
-    if not args.tiny:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(out, indent=1))
-        print(f"wrote {args.out}")
-    return 0
+    return {"benchmark": "roofline_measure", "command": "python " + " ".join(sys.argv),
+            "date": datetime.now(UTC).isoformat(timespec="seconds"),
+            "machine": {"platform": platform.platform(), "torch": torch.__version__,
+                        "device": torch.cuda.get_device_name() if dev == "cuda" else "cpu"},
+            "weightBytes": wbytes, "decode": decode, "attention": attn}
+
 
 
 if __name__ == "__main__":
