@@ -22,6 +22,11 @@ class GPUProfile:
     interconnect_gbs: float  # per-GPU NVLink (or PCIe) bandwidth, GB/s, one direction
     sram_kib_per_sm: float  # shared memory + L1 per SM, KiB (FlashAttention tile budget)
     sms: int
+    # pinned host->GPU copy bandwidth, GB/s: what loading offloaded KV blocks back costs (vLLM's CPU KV
+    # offloading). H200: measured, 52.5 GB/s for a 64 MiB copy (one 512-token Llama-3-8B block) over PCIe
+    # Gen5 x16 (benchmarks/roofline_measure.py --only host-link); H100: the same link, assumed equal;
+    # A100 / L40S: PCIe Gen4 x16, the typical pinned-copy figure, not measured here.
+    host_link_gbs: float = 25.0
 
     @property
     def peak_flops(self) -> float:
@@ -54,15 +59,16 @@ class GPUProfile:
 
 # H100 SXM5 80GB, H200 SXM 141GB, A100 SXM4 80GB, L40S 48GB (PCIe Gen4 x16).
 GPUS: dict[str, GPUProfile] = {
-    "H100": GPUProfile("H100", 989.0, 1979.0, 3.35, 79.6, 450.0, 228.0, 132),
-    "H200": GPUProfile("H200", 989.0, 1979.0, 4.8, 139.8, 450.0, 228.0, 132),
-    "A100": GPUProfile("A100", 312.0, None, 2.039, 79.2, 300.0, 192.0, 108),
-    "L40S": GPUProfile("L40S", 362.0, 733.0, 0.864, 44.4, 32.0, 128.0, 142),
+    "H100": GPUProfile("H100", 989.0, 1979.0, 3.35, 79.6, 450.0, 228.0, 132, host_link_gbs=52.5),
+    "H200": GPUProfile("H200", 989.0, 1979.0, 4.8, 139.8, 450.0, 228.0, 132, host_link_gbs=52.5),
+    "A100": GPUProfile("A100", 312.0, None, 2.039, 79.2, 300.0, 192.0, 108, host_link_gbs=25.0),
+    "L40S": GPUProfile("L40S", 362.0, 733.0, 0.864, 44.4, 32.0, 128.0, 142, host_link_gbs=25.0),
 }
 
 _FIELD_ALIASES = {
     "bf16Tflops": "bf16_tflops", "fp8Tflops": "fp8_tflops", "hbmBandwidthTBs": "hbm_bandwidth_tbs",
     "hbmGiB": "hbm_gib", "interconnectGBs": "interconnect_gbs", "sramKiBPerSM": "sram_kib_per_sm", "sms": "sms",
+    "hostLinkGBs": "host_link_gbs",
 }
 
 

@@ -23,6 +23,7 @@ def register(app: typer.Typer) -> None:
         gpu: str = typer.Option("H200", help="GPU profile."),
         kv_dtype: str = typer.Option("bf16", help="KV-cache dtype."),
         tp: int = typer.Option(1, help="Tensor parallelism per replica."),
+        host_kv_gib: float = typer.Option(0.0, help="Host-memory KV tier per replica, GiB (vLLM CPU offloading); 0 = none."),
         student: str | None = typer.Option(None, help="Add a student pool: MODEL:REPLICAS, e.g. llama-3.2-1b:2."),
         time_scale: float = typer.Option(1.0, help="Replay at k x the trace's rate."),
         max_requests: int | None = typer.Option(None, help="Use the first N requests."),
@@ -64,8 +65,10 @@ def register(app: typer.Typer) -> None:
                 w = w.head(max_requests)
             if time_scale != 1.0:
                 w = w.scaled(time_scale)
+            if host_kv_gib < 0:
+                raise ValueError(f"--host-kv-gib must be >= 0, got {host_kv_gib:g}")
             pools = [PoolSpec(replicas=replicas, model=model, gpu=gpu, kv_dtype=kv_dtype, tensor_parallel=tp,
-                              calibration=str(calibration) if calibration else None)]
+                              host_kv_gib=host_kv_gib, calibration=str(calibration) if calibration else None)]
             if student:
                 sm, _, sn = student.partition(":")
                 pools.append(PoolSpec(name="student", role="student", model=sm, gpu=gpu, replicas=int(sn or 1)))

@@ -22,7 +22,7 @@ from typing import Any, Literal
 from llmfleet.api.trainingjob import ModelShape
 from llmfleet.autoscaler.policy import PoolSignals
 from llmfleet.plan.hardware import get_gpu
-from llmfleet.plan.models import get_model
+from llmfleet.plan.models import get_model, kv_bytes_per_token
 from llmfleet.plan.roofline import StepCostModel, calibrate, kv_capacity
 from llmfleet.sim.replica import Replica
 from llmfleet.sim.workload import Request, Workload, gc_paused
@@ -50,6 +50,7 @@ class PoolSpec:
     max_batched_tokens: int = 8192
     chunked_prefill: bool = True
     kv_blocks: int | None = None  # override the planner's KV capacity (in simulator blocks)
+    host_kv_gib: float = 0.0  # host-memory KV tier per replica (vLLM --kv-offloading-size); 0 = none
     cold_start_s: float = 60.0
     calibration: str | None = None  # JSON: {"points": [...]} for plan.roofline.calibrate, or StepCostModel fields
     cost: StepCostModel | None = None  # use this step-cost model as is (tests, custom hardware)
@@ -78,6 +79,14 @@ class PoolSpec:
                           kv_dtype=self.kv_dtype, tensor_parallel=self.tensor_parallel,
                           gpu_memory_utilization=self.gpu_memory_utilization, block_size=block_size)
         return cap.blocks
+
+    def host_tier(self, block_size: int) -> tuple[int, float]:
+        """Host-tier blocks per replica and the seconds to load one block back over the host link."""
+        if self.host_kv_gib <= 0:
+            return 0, 0.0
+        block_bytes = kv_bytes_per_token(self.shape(), self.kv_dtype) * block_size
+        link = get_gpu(self.gpu, self.gpu_overrides).host_link_gbs * 1e9 * self.tensor_parallel
+        return int(self.host_kv_gib * 2**30 // block_bytes), block_bytes / link
 
 
 @dataclass
@@ -110,6 +119,7 @@ class Fleet:
         self.specs = {p.name: p for p in cfg.pools}
         self.costs = {p.name: p.cost_model() for p in cfg.pools}
         self.pool_blocks = {p.name: p.blocks(block_size) for p in cfg.pools}
+        self.pool_host = {p.name: p.host_tier(block_size) for p in cfg.pools}
         self.primary = next((p.name for p in cfg.pools if p.role == "primary"), cfg.pools[0].name)
         self.replicas: list[Replica] = []
         self.routable: dict[str, list[Replica]] = {p.name: [] for p in cfg.pools}
@@ -117,9 +127,11 @@ class Fleet:
 
     def add(self, pool: str, now: float, ready_at: float) -> Replica:
         spec = self.specs[pool]
+        host_blocks, host_load_s = self.pool_host[pool]
         r = Replica(len(self.replicas), pool, self.pool_blocks[pool], self.block_size, self.costs[pool],
                     max_num_seqs=spec.max_num_seqs, max_batched_tokens=spec.max_batched_tokens,
-                    chunked_prefill=spec.chunked_prefill, ready_at=ready_at)
+                    chunked_prefill=spec.chunked_prefill, ready_at=ready_at, host_blocks=host_blocks,
+                    host_load_s_per_block=host_load_s)
         r.started_at = now
         self.replicas.append(r)
         return r
@@ -325,7 +337,8 @@ def _simulate(workload: Workload, cfg: SimConfig, router: Router | str,
         raise RuntimeError(f"simulation lost {lost} requests (bug)")
     summary = summarize(reqs, fleet, cfg, t0, end, rejected, pending)
     cfg_dict = {"pools": [{**asdict(p), "model": p.model if isinstance(p.model, str) else p.model.to_wire(),
-                           "kvBlocks": fleet.pool_blocks[p.name]} for p in cfg.pools],
+                           "kvBlocks": fleet.pool_blocks[p.name], "hostKvBlocks": fleet.pool_host[p.name][0]}
+                          for p in cfg.pools],
                 "ttftSloS": cfg.ttft_slo_s, "tpotSloS": cfg.tpot_slo_s, "blockSize": bs, "seed": cfg.seed}
     records = [{"rid": r.rid, "arrival": r.arrival, "prompt": r.prompt_len, "output": r.output_len,
                 "pool": r.pool, "replica": r.replica, "degraded": r.degraded, "hitTokens": r.hit_tokens,
@@ -334,7 +347,7 @@ def _simulate(workload: Workload, cfg: SimConfig, router: Router | str,
                 "tenant": r.tenant} for r in reqs] if cfg.keep_records else []
     reps = [{"id": r.id, "pool": r.pool, "served": r.served, "busyS": round(r.busy_s, 3),
              "gpuS": round((r.stopped_at or end) - r.started_at, 3), "promptTokens": r.prompt_tokens,
-             "hitTokens": r.hit_tokens, "preemptions": r.preemptions, "steps": r.steps} for r in fleet.replicas]
+             "hitTokens": r.hit_tokens, "hostHitTokens": r.host_hit_tokens, "preemptions": r.preemptions, "steps": r.steps} for r in fleet.replicas]
     return SimResult(workload.name, rt.name, records, series, reps, summary, cfg_dict)
 
 

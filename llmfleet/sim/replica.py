@@ -4,6 +4,13 @@ Blocks: `free` never-used or released blocks; `cache` maps a block key to its re
 cached blocks nobody references are evictable, least recently used first (a lazy queue, see the blocks
 section). Invariant (checked by tests): free + idle + referenced cached blocks + private blocks == total.
 
+Optional host tier (vLLM's native CPU KV offloading, `--kv-offloading-size`): every block the replica
+computes is also written to a host-memory LRU of `host_total` blocks; a new request's prompt is looked up
+there after the GPU prefix cache, and the following blocks found in host memory are loaded back (allocated
+on the GPU, not recomputed). A request that finishes refreshes its blocks in the host LRU, prefixes most
+recent, as vLLM's LRU policy does. The load time (bytes over the host link) is added to the step that
+admits the request: pessimistic for the rest of that batch, since vLLM overlaps the copy with other steps.
+
 A step is planned when the previous one ends (vLLM V1 scheduler order): running requests first (one token
 per decode, a chunk per unfinished prefill, within the token budget), preempting the newest running request
 (recompute) when blocks run out; then waiting requests in arrival order, each looked up in the prefix cache.
@@ -15,7 +22,7 @@ progress. That keeps the event count per request small without changing the sche
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from itertools import compress, islice, repeat, takewhile
 from operator import add, attrgetter, eq, ge, neg, sub
@@ -37,7 +44,7 @@ def _series(a: float, b: float, lo: int, hi: int) -> float:
 class Replica:
     def __init__(self, rid: int, pool: str, blocks: int, block_size: int, cost: StepCostModel, *,
                  max_num_seqs: int = 256, max_batched_tokens: int = 8192, chunked_prefill: bool = True,
-                 ready_at: float = 0.0) -> None:
+                 ready_at: float = 0.0, host_blocks: int = 0, host_load_s_per_block: float = 0.0) -> None:
         self.id = rid
         self.pool = pool
         self.total = blocks
@@ -52,6 +59,9 @@ class Replica:
         self.idle_keys: deque[int] = deque()
         self.idle = 0  # cached blocks nobody references
         self.stamp = 0
+        self.host_total = host_blocks
+        self.host: OrderedDict[int, None] = OrderedDict()  # host-tier block keys, least recently used first
+        self.host_load_s = host_load_s_per_block
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.ready_at = ready_at
@@ -66,6 +76,7 @@ class Replica:
         # counters
         self.prompt_tokens = 0
         self.hit_tokens = 0
+        self.host_hit_tokens = 0  # of hit_tokens, those loaded from the host tier
         self.busy_s = 0.0
         self.steps = 0
         self.preemptions = 0
@@ -87,6 +98,12 @@ class Replica:
     @property
     def used_blocks(self) -> int:
         return self.total - self.available
+
+    @property
+    def cached_capacity(self) -> int:
+        """Distinct blocks the replica can hold cached: the host tier is written through, so it already holds
+        most of what the GPU holds and the union is about the larger of the two."""
+        return max(self.total, self.host_total)
 
     def kv_usage(self) -> float:
         return self.used_blocks / self.total if self.total else 1.0
@@ -160,12 +177,41 @@ class Replica:
         r.registered = n
         return n * self.bs
 
+    def _host_match(self, r: Request) -> int:
+        """Blocks of r's prompt found in the host tier right after its GPU hit (nothing is changed)."""
+        host = self.host
+        start = len(r.shared)
+        limit = min(len(r.keys), (r.target - 1) // self.bs)  # at least one token is computed
+        if start >= limit or r.keys[start] not in host:
+            return 0
+        return sum(1 for _ in takewhile(host.__contains__, islice(r.keys, start, limit)))
+
+    def _host_store(self, keys: list[int]) -> None:
+        """Write-through of computed blocks: new keys enter as most recent; the LRU overflow is dropped."""
+        host = self.host
+        for k in keys:
+            if k in host:
+                host.move_to_end(k)
+            else:
+                host[k] = None
+        while len(host) > self.host_total:
+            host.popitem(last=False)
+
+    def _host_touch(self, r: Request) -> None:
+        """A finished request refreshes its blocks in the host LRU, tails first so prefixes end most recent."""
+        host = self.host
+        for k in reversed(r.keys[:r.registered]):
+            if k in host:
+                host.move_to_end(k)
+
     def _register(self, r: Request) -> None:
         """Prompt blocks the request has fully computed become cached (shared) blocks."""
         full = min(r.tokens, r.prompt_len) // self.bs
         upto = min(full, len(r.keys))
         if r.registered >= upto:
             return
+        if self.host_total:
+            self._host_store(list(r.keys[r.registered:upto]))
         cache = self.cache
         if self.on_store is None:
             new = r.keys[r.registered:upto]
@@ -228,6 +274,7 @@ class Replica:
         """Plan the next step (or decode run) starting at `now`; returns its end time, None when idle."""
         budget = self.budget
         bs = self.bs
+        load_s = 0.0  # host-tier blocks loaded for the requests this step admits
         preempted_before = self.preemptions
         plan: list[tuple[Request, int]] = []
         tokens = 0
@@ -298,7 +345,8 @@ class Replica:
             r = self.waiting[0]
             fresh = r.tokens == 0 and r.held == 0
             hit = self._lookup(r) if fresh else 0
-            start = hit
+            loaded = self._host_match(r) if fresh and self.host_total else 0
+            start = hit + loaded * bs
             n = min(r.target - start, budget)
             if not self.chunked and n < r.target - start:
                 self._undo_lookup(r)
@@ -313,11 +361,14 @@ class Replica:
             self._take(need)
             r.held += need
             r.tokens = start
+            if loaded:
+                load_s += loaded * self.host_load_s
             if not r.admitted:
                 r.admitted = True
-                r.hit_tokens = hit
+                r.hit_tokens = start
                 self.prompt_tokens += r.prompt_len
-                self.hit_tokens += hit
+                self.hit_tokens += start
+                self.host_hit_tokens += loaded * bs
             running.append(r)
             plan.append((r, n))
             all_decode = False
@@ -355,7 +406,7 @@ class Replica:
                 self.busy_until = now + self.run_time(k)
                 return self.busy_until
         self.run = None
-        self.busy_until = now + c.step_time(tokens, attended, read)
+        self.busy_until = now + c.step_time(tokens, attended, read) + load_s
         return self.busy_until
 
     def _undo_lookup(self, r: Request) -> None:
@@ -452,6 +503,8 @@ class Replica:
                     done.append(r)
         if done:
             for r in done:
+                if self.host_total:
+                    self._host_touch(r)
                 self._release(r)
             gone = set(id(r) for r in done)
             self.running = [r for r in self.running if id(r) not in gone]

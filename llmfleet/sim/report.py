@@ -61,6 +61,9 @@ def summarize(reqs: Sequence[Request], fleet: Fleet, cfg: SimConfig, t0: float, 
         "goodputRps": len(ok) / duration,
         "throughputRps": len(done) / duration,
         "prefixHitRate": hits / prompt if prompt else 0.0,
+        # the part of the hits loaded from a host-memory KV tier (0 without one), over admitted prompt tokens
+        "hostHitRate": (sum(r.host_hit_tokens for r in fleet.replicas) / admitted
+                        if (admitted := sum(r.prompt_tokens for r in fleet.replicas)) else 0.0),
         "gpuSeconds": gpu_s,
         "degradedFraction": sum(1 for r in done if r.degraded) / len(done) if done else 0.0,
         "preemptions": sum(r.preemptions for r in reqs),

@@ -99,12 +99,12 @@ class _ApproxTree(PrimaryOnly):
         super().attach(fleet)
         self.index = PrefixIndex(max_blocks=10_000_000)
         for rep in fleet.routable[fleet.primary]:
-            self.index.set_capacity(str(rep.id), rep.total)
+            self.index.set_capacity(str(rep.id), rep.cached_capacity)
         fleet.listeners.append(self._on_fleet)
 
     def _on_fleet(self, what: str, rep: Replica) -> None:
         if what == "add":
-            self.index.set_capacity(str(rep.id), rep.total)
+            self.index.set_capacity(str(rep.id), rep.cached_capacity)
         else:
             self.index.remove_replica(str(rep.id))
 
@@ -230,7 +230,7 @@ class LlmfleetRouter(Router):
                              prefill_tokens_per_s=self.prefill_rate)
             self.states[rep.id] = st
             self.state_lists[rep.pool].append(st)
-            self.index.set_capacity(str(rep.id), rep.total)
+            self.index.set_capacity(str(rep.id), rep.cached_capacity)
             self.replica_changed(rep)
         else:
             st = self.states.pop(rep.id, None)

@@ -54,12 +54,30 @@ REQ = dict(model="m", block_hashes=KEYS, input_tokens=100, block_size=16, now=10
     ],
 )
 def test_estimates_and_scores(replicas: list[ReplicaState], expected_s: list[float]) -> None:
-    s = EstimatedTTFTScorer(_index_with("a", KEYS[:4]), default_tokens_per_s=RATE, attention_tokens=None)
+    # work_externality 0: the scores are the TTFT estimates' ratios (the externality is tested below)
+    s = EstimatedTTFTScorer(_index_with("a", KEYS[:4]), default_tokens_per_s=RATE, attention_tokens=None,
+                            work_externality=0.0)
     req = RequestInfo(**REQ)  # type: ignore[arg-type]
     assert s.estimates(req, replicas) == pytest.approx(expected_s)
     scores = s.score(req, replicas)
     assert scores == pytest.approx([min(expected_s) / e for e in expected_s])
     assert max(scores) == 1.0 and all(0.0 < x <= 1.0 for x in scores)
+
+
+def test_work_externality_keeps_a_cache_hit_worth_a_short_wait() -> None:
+    # a: 64 of 100 tokens cached but 0.08 s of queued prefill -> TTFT 0.116 s; b: idle, cold -> 0.100 s.
+    # Pure TTFT sends the request to b (recomputing the prefix there); counting b's 100 tokens of new work
+    # 1.5x (it delays whatever is routed to b next) makes a cheaper: 0.08 + 0.054 < 0.150.
+    reps = [R("a", in_flight=1, prefill_tokens=80.0, prefill_busy_until=10.08), R("b")]
+    req = RequestInfo(**REQ)  # type: ignore[arg-type]
+    pure = EstimatedTTFTScorer(_index_with("a", KEYS[:4]), default_tokens_per_s=RATE, attention_tokens=None,
+                               work_externality=0.0)
+    assert pure.score(req, reps) == pytest.approx([0.100 / 0.116, 1.0])
+    default = EstimatedTTFTScorer(_index_with("a", KEYS[:4]), default_tokens_per_s=RATE, attention_tokens=None)
+    assert default.estimates(req, reps) == pytest.approx([0.116, 0.100])  # estimates stay plain TTFT
+    assert default.score(req, reps) == pytest.approx([1.0, 0.134 / 0.150])
+    with pytest.raises(ValueError, match="work_externality"):
+        EstimatedTTFTScorer(PrefixIndex(), work_externality=-0.1)
 
 
 @pytest.mark.parametrize(

@@ -138,6 +138,11 @@ DEFAULT_PREFILL_TOKENS_PER_S = 30_000.0
 # (flops_per_token / attention_flops_per_context_token = 2·params / (4·layers·hidden), about 30k for
 # Llama-3-8B): long prompts cost more than linearly, a 60k-token prefill ~2x a 2 x 30k one.
 DEFAULT_ATTENTION_TOKENS = 30_000.0
+# New prefill work sent to a replica delays what is routed there after it, so the score counts a
+# replica's work for this request (1 + this) times and its queue once: recomputing a prefix on an idle
+# replica (which also duplicates it in a second cache) must save more than it costs the queue behind
+# it. 0.5 was chosen on routing_eval.py's scenarios (docs/benchmarks/routing_eval.md says how).
+DEFAULT_WORK_EXTERNALITY = 0.5
 
 
 class EstimatedTTFTScorer(Scorer):
@@ -146,7 +151,9 @@ class EstimatedTTFTScorer(Scorer):
     estimate(r) = wait(r) + work(request's prompt tokens beyond r's prefix match) / rate(r)
     wait(r)     = how long r still needs for the prefill work this router already sent it (requests without
                   a first byte yet): a virtual FCFS queue at rate(r), corrected by every observed first byte
-    score(r)    = min estimate / estimate(r): 1 for the fastest replica, in (0, 1] for all, deterministic.
+    cost(r)     = wait(r) + (1 + work_externality) · work / rate(r): this request's new work also delays
+                  the requests routed to r after it (see DEFAULT_WORK_EXTERNALITY; 0 = pure TTFT)
+    score(r)    = min cost / cost(r): 1 for the cheapest replica, in (0, 1] for all, deterministic.
 
     Unlike request counts, a 40k-token prompt weighs what its prefill costs (`work` grows with context:
     attention), and a prefix-cache hit counts as the prefill time it saves. The charge is made in
@@ -159,10 +166,15 @@ class EstimatedTTFTScorer(Scorer):
     name = "estimated-ttft"
 
     def __init__(self, index: PrefixIndex, default_tokens_per_s: float = DEFAULT_PREFILL_TOKENS_PER_S,
-                 attention_tokens: float | None = DEFAULT_ATTENTION_TOKENS) -> None:
+                 attention_tokens: float | None = DEFAULT_ATTENTION_TOKENS,
+                 work_externality: float = DEFAULT_WORK_EXTERNALITY) -> None:
         if attention_tokens is not None and attention_tokens <= 0:
             raise ValueError("attention_tokens must be > 0 (or None for a linear cost)")
+        if work_externality < 0:
+            raise ValueError("work_externality must be >= 0")
         self.index = index
+        self.work_factor = 1.0 + work_externality
+        self._costs: list[float] = []
         self.default_rate = default_tokens_per_s
         self.attention_tokens = attention_tokens
         self._last: tuple[RequestInfo | None, Sequence[ReplicaState], list[float]] = (None, (), [])
@@ -186,6 +198,8 @@ class EstimatedTTFTScorer(Scorer):
         default = self.default_rate
         uncached: list[float] = []
         out: list[float] = []
+        costs: list[float] = []
+        factor = self.work_factor
         for r in replicas:
             h = m.get(r.id, 0) if m else 0
             if h:
@@ -200,15 +214,19 @@ class EstimatedTTFTScorer(Scorer):
             # cannot penalise a replica forever), then this request's own uncached work
             busy = r.prefill_busy_until - now
             wait = busy if busy > 0.0 and r.prefill_tokens > 0 and r.in_flight > 0 else 0.0
-            out.append(wait + u / (r.prefill_tokens_per_s or default))
+            t = u / (r.prefill_tokens_per_s or default)
+            out.append(wait + t)
+            costs.append(wait + factor * t)
         # remembered for on_routed: by then another plugin may already have taught the index this prompt
         self._last = (req, replicas, uncached)
+        self._costs = costs
         return out
 
     def score(self, req: RequestInfo, replicas: Sequence[ReplicaState]) -> list[float]:
-        est = self.estimates(req, replicas)
-        lo = min(est)
-        return [lo / e for e in est]  # every estimate >= 1 token / rate > 0
+        self.estimates(req, replicas)
+        costs = self._costs
+        lo = min(costs)
+        return [lo / c for c in costs]  # every cost >= 1 token / rate > 0
 
     def on_routed(self, req: RequestInfo, replica: ReplicaState) -> None:
         last_req, cands, uncached = self._last
