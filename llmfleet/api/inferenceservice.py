@@ -45,6 +45,15 @@ class VLLMSpec(ApiModel):
     tensor_parallel_size: int = Field(default=1, ge=1, le=64, description="GPUs per replica for tensor parallelism.")
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1, description="Fraction of GPU memory vLLM may use.")
     enforce_eager: bool = Field(default=False, description="Disable CUDA graphs (faster start, slower decode).")
+    kv_offload_gib: float | None = Field(
+        default=None,
+        gt=0,
+        alias="kvOffloadGiB",
+        description="vLLM's native CPU KV-cache offload buffer in GiB per replica (--kv-offloading-size, backend "
+        "native; with tensorParallelSize > 1 the total over all ranks): a host-RAM tier behind the GPU prefix cache "
+        "that KV blocks are written through to and loaded back from instead of being recomputed. Needs GPUs; "
+        "resources.memory must cover it plus the engine processes' own memory. Unset = no offloading.",
+    )
     extra_args: list[str] = Field(default_factory=list, description="Extra command-line arguments appended verbatim.")
 
     @model_validator(mode="after")

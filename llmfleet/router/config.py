@@ -57,7 +57,20 @@ class PoolConfig(_Model):
     )
     max_model_len: int | None = Field(default=None, ge=1, description="Context length of the pool's model.")
     cache_capacity_blocks: int | None = Field(
-        default=None, ge=1, description="KV blocks per replica; read from vllm:cache_config_info when unset."
+        default=None, ge=1, description="GPU KV blocks per replica; read from vllm:cache_config_info when unset."
+    )
+    host_cache_blocks: int | None = Field(
+        default=None, ge=0,
+        description="KV blocks per replica in the host (CPU offload) tier; derived from vllm:cache_config_info's "
+        "kv_offloading_size and the model's config.json when unset (GPU blocks only when that fails).",
+    )
+    kv_offload_gib: float | None = Field(
+        default=None, gt=0, alias="kvOffloadGiB", description="The pool's vLLM CPU offload buffer, GiB (spec vllm.kvOffloadGiB); used "
+        "when the engine's cache_config_info does not report one.",
+    )
+    tensor_parallel_size: int = Field(default=1, ge=1, description="GPUs per replica (sizes KV bytes per block).")
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+        default="auto", description="The engine's model dtype; the KV dtype when its cache dtype is auto.",
     )
     kv_events_port: int | None = Field(
         default=None, ge=1, le=65535,
@@ -236,6 +249,9 @@ def router_config_from_service(
                 tokenizer_path=_tokenizer_path(view.model.path),
                 block_size=spec.router.block_size_tokens or view.block_size,
                 max_model_len=view.model.max_model_len,
+                kv_offload_gib=view.vllm.kv_offload_gib,
+                tensor_parallel_size=view.vllm.tensor_parallel_size,
+                dtype=view.model.dtype,
                 kv_events_port=kv_events_port,
                 endpoints=static,
                 discovery=discovery,

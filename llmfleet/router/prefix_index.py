@@ -6,11 +6,12 @@ prefix up to and including block i (a hash chain c_i = c_{i-1} * M + inner(block
 mean equal prefixes (up to 64-bit collisions). The chain is computed in closed form with numpy
 (c_i = M^i * cumsum(inner_k * M^-k)), which keeps an 8k-token prompt well under the route-decision budget.
 
-Per replica the index keeps an LRU of keys bounded by that replica's KV capacity in blocks (aging: what a
-replica has not seen recently is what its engine evicted first); globally it is bounded by `max_blocks`.
-A lookup returns, for each replica, how many leading blocks of the prompt it is believed to hold.
-`apply_kv_event` corrects the index from vLLM KV-cache events (BlockStored / BlockRemoved / AllBlocksCleared),
-and `hot_blocks_lost_if_removed` tells the autoscaler what scaling a replica in would cost in cache.
+Per replica the index keeps an LRU of keys bounded by that replica's KV capacity in blocks, the larger of its
+GPU and host offload tiers (aging: what a replica has not seen recently is what its engine evicted first);
+globally it is bounded by `max_blocks`. A lookup returns, for each replica, how many leading blocks of the
+prompt it is believed to hold. `apply_kv_event` corrects the index from vLLM KV-cache events (BlockStored / BlockRemoved /
+AllBlocksCleared), keeping a block while any tier holds it, and `hot_blocks_lost_if_removed` tells the
+autoscaler what scaling a replica in would cost in cache.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from llmfleet.router.kv_tiers import count_add, count_sub, medium_slot
 
 log = logging.getLogger("llmfleet.router.prefix_index")
 
@@ -236,6 +239,7 @@ class PrefixIndex:
         self._by_bit: dict[int, str] = {}
         self._capacity: dict[str, int] = {}
         self._engine_map: dict[str, dict[int, int]] = {}  # replica -> vLLM block hash -> our key
+        self._engine_media: dict[str, dict[int, int]] = {}  # replica -> vLLM block hash -> packed media counts
         self._engine_hasher: dict[int, BlockHasher] = {}
         self._size = 0
         # match() memo: several plugins look up the same prompt in one routing decision. Valid while the
@@ -272,6 +276,7 @@ class PrefixIndex:
             self._clear(k, bit)
         self._capacity.pop(replica, None)
         self._engine_map.pop(replica, None)
+        self._engine_media.pop(replica, None)
 
     def replicas(self) -> list[str]:
         return list(self._bit)
@@ -422,9 +427,18 @@ class PrefixIndex:
         BlockStored carries the token ids, so its blocks get our own chain keys (continuing from the parent
         block's chain when we saw it); the engine's hashes are remembered to resolve later removals. Only
         meaningful when the router tokenizes with the served model's tokenizer.
+
+        Tiers: with KV offloading each block is reported per `medium` ("GPU", "CPU"; None from engines without
+        tiers = GPU) under the same engine hash, and stays matchable while any medium holds it (a GPU eviction of
+        a block still in host memory keeps it). Stores/removals are reference-counted per medium, as vLLM asks:
+        a hash can be announced twice (duplicate GPU blocks, offload chunks sharing a block). A store without
+        token ids (the offload connector's default payload) counts for a block keyed earlier, else is skipped.
+        AllBlocksCleared has no medium and a host-tier reset emits no events, so it clears every tier: a
+        forgotten block costs a missed match, a stale one a misroute.
         """
         kind = event.get("type") or event.get("kind")
         emap = self._engine_map.setdefault(replica, {})
+        media = self._engine_media.setdefault(replica, {})
         if kind == "AllBlocksCleared":
             bit = self._bit.get(replica)
             if bit is not None:
@@ -432,7 +446,16 @@ class PrefixIndex:
                     self._clear(k, bit)
                 self._lru[replica].clear()
             emap.clear()
+            media.clear()
         elif kind == "BlockStored":
+            slot = medium_slot(event.get("medium"))
+            hashes = event.get("block_hashes") or []
+            tokens = event.get("token_ids") or []
+            if not tokens:
+                for eh in hashes:
+                    if eh in emap:
+                        media[eh] = count_add(media.get(eh, 0), slot)
+                return
             hasher = self._engine_hasher.get(block_size)
             if hasher is None:
                 hasher = self._engine_hasher[block_size] = BlockHasher(block_size)
@@ -440,20 +463,28 @@ class PrefixIndex:
             parent = emap.get(parent_hash, 0) if parent_hash is not None else 0
             if parent_hash is not None and parent_hash not in emap:
                 return  # a chain we never saw the start of: cannot key it
-            keys = hasher.keys(event.get("token_ids", []), parent)
-            for eh, k in zip(event.get("block_hashes", []), keys, strict=False):
+            keys = hasher.keys(tokens, parent)
+            for eh, k in zip(hashes, keys, strict=False):
                 emap[eh] = k
+                media[eh] = count_add(media.get(eh, 0), slot)
             self.insert(replica, keys)
         elif kind == "BlockRemoved":
             bit = self._bit.get(replica)
             if bit is None:
                 return
+            slot = medium_slot(event.get("medium"))
             lru = self._lru[replica]
-            for eh in event.get("block_hashes", []):
-                gone = emap.pop(eh, None)
-                if gone is None:
+            for eh in event.get("block_hashes") or []:
+                counts = media.get(eh)
+                if counts is None:
                     continue
-                if lru.pop(gone, 0) is None:
+                counts = count_sub(counts, slot)
+                if counts:
+                    media[eh] = counts  # another medium (or copy) still holds it
+                    continue
+                del media[eh]
+                gone = emap.pop(eh, None)
+                if gone is not None and lru.pop(gone, 0) is None:
                     self._clear(gone, bit)
 
     def stats(self) -> dict[str, Any]:

@@ -11,13 +11,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from llmfleet.router.config import LimitsConfig, PoolConfig
+from llmfleet.router.kv_tiers import (
+    HostTierUnknown,
+    cached_capacity,
+    host_cache_blocks,
+    kv_bytes_per_token,
+    load_model_config,
+    offload_gib_from_label,
+)
 from llmfleet.router.plugins.base import ReplicaState
 
 log = logging.getLogger("llmfleet.router.replicas")
@@ -31,8 +39,12 @@ _GAUGES = {
 _COUNTERS = {"vllm:prefix_cache_hits": "prefix_hits", "vllm:prefix_cache_queries": "prefix_queries"}
 
 
-def parse_vllm_metrics(text: str) -> dict[str, float]:
-    """Sum vLLM's load series over label sets (one replica may report several engines)."""
+def parse_vllm_metrics(text: str, cache_info: dict[str, str] | None = None) -> dict[str, float]:
+    """Sum vLLM's load series over label sets (one replica may report several engines).
+
+    `cache_info`, when given, receives the labels of vllm:cache_config_info (block_size, cache_dtype,
+    kv_offloading_size, ...), from which the host tier's capacity is derived.
+    """
     out: dict[str, float] = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
@@ -43,6 +55,8 @@ def parse_vllm_metrics(text: str) -> dict[str, float]:
             if attr is not None:
                 out[attr] = out.get(attr, 0.0) + s.value
             elif name == "vllm:cache_config_info":
+                if cache_info is not None:
+                    cache_info.update(s.labels)
                 blocks = s.labels.get("num_gpu_blocks")
                 if blocks and blocks.isdigit():
                     out["cache_capacity_blocks"] = float(blocks)
@@ -61,6 +75,10 @@ class PoolReplicas:
         self.on_capacity = on_capacity
         self._failures: dict[str, int] = {}
         self._scraped_at: dict[str, float] = {}
+        self._reported_capacity: dict[str, int] = {}  # replica -> cached_capacity last given to on_capacity
+        self._host_blocks: dict[tuple[str | None, ...], int] = {}  # cache_config_info labels -> host-tier blocks
+        self._model_config: dict[str, Any] | None = None
+        self._host_unknown_logged = False
         self.discovery_error: str | None = None
         if pool.endpoints is not None:
             self.set_endpoints({u.rstrip("/"): False for u in pool.endpoints})
@@ -75,12 +93,13 @@ class PoolReplicas:
                     id=url, pool=self.pool.name, models=tuple(self.pool.served_names),
                     cache_capacity_blocks=self.pool.cache_capacity_blocks,
                 )
-                if self.pool.cache_capacity_blocks and self.on_capacity:
-                    self.on_capacity(url, self.pool.cache_capacity_blocks)
+                if self.pool.cache_capacity_blocks:
+                    self._report_capacity(url, self.pool.cache_capacity_blocks, self.pool.host_cache_blocks or 0)
             r.draining = draining
         for url in [u for u in self.replicas if u not in endpoints]:
             del self.replicas[url]
             self._failures.pop(url, None)
+            self._reported_capacity.pop(url, None)
             if self.on_removed:
                 self.on_removed(url)
 
@@ -127,14 +146,64 @@ class PoolReplicas:
                 text = await resp.text()
         except (aiohttp.ClientError, TimeoutError, OSError, UnicodeDecodeError):
             return
+        cache_info: dict[str, str] = {}
         try:
-            values = parse_vllm_metrics(text)
+            values = parse_vllm_metrics(text, cache_info)
         except ValueError as e:
             log.debug("unparseable /metrics from %s: %s", r.id, e)
             return
-        self.apply_scrape(r, values, time.monotonic())
+        self.apply_scrape(r, values, time.monotonic(), cache_info)
 
-    def apply_scrape(self, r: ReplicaState, values: dict[str, float], now: float) -> None:
+    # -- KV capacity: GPU blocks and host (CPU offload) blocks -------------------------------------------------
+    def _report_capacity(self, replica: str, gpu_blocks: int, host_blocks: int) -> None:
+        capacity = cached_capacity(gpu_blocks, host_blocks)
+        if self._reported_capacity.get(replica) != capacity:
+            self._reported_capacity[replica] = capacity
+            if self.on_capacity:
+                self.on_capacity(replica, capacity)
+
+    def host_blocks(self, cache_info: Mapping[str, str] | None) -> int:
+        """Blocks of the replica's host tier: PoolConfig.host_cache_blocks, else derived from the engine's
+        cache_config_info labels (kv_offloading_size GiB, block_size, cache_dtype) and the model's config.json.
+        0 without offloading; 0 with a warning (once per pool) when offloading is on but the size is unknown."""
+        if self.pool.host_cache_blocks is not None:
+            return self.pool.host_cache_blocks
+        info = cache_info or {}
+        labels = (info.get("kv_offloading_size"), info.get("kv_offloading_backend"), info.get("block_size"),
+                  info.get("cache_dtype"))
+        cached = self._host_blocks.get(labels)
+        if cached is not None:
+            return cached
+        try:
+            blocks = self._derive_host_blocks(info)
+        except HostTierUnknown as e:
+            if not self._host_unknown_logged:
+                self._host_unknown_logged = True
+                log.warning("pool %s: KV offloading is on but the host tier's size is unknown (%s); the prefix "
+                            "index counts GPU blocks only (hostCacheBlocks in router.yaml sets it)", self.pool.name, e)
+            blocks = 0
+        self._host_blocks[labels] = blocks
+        return blocks
+
+    def _derive_host_blocks(self, info: Mapping[str, str]) -> int:
+        gib = offload_gib_from_label(info.get("kv_offloading_size"), info.get("kv_offloading_backend"))
+        if gib is None and "kv_offloading_size" not in info:
+            gib = self.pool.kv_offload_gib  # an engine that does not report it: the spec's size
+        if gib is None:
+            return 0
+        block_size = info.get("block_size", "")
+        if not block_size.isdigit() or int(block_size) <= 0:
+            raise HostTierUnknown(f"cache_config_info has no block_size (got {block_size!r})")
+        if self._model_config is None:
+            self._model_config = load_model_config(self.pool.model_path)
+        per_token = kv_bytes_per_token(
+            self._model_config, cache_dtype=info.get("cache_dtype") or "auto", model_dtype=self.pool.dtype,
+            tensor_parallel_size=self.pool.tensor_parallel_size,
+        )
+        return host_cache_blocks(gib, int(block_size), per_token)
+
+    def apply_scrape(self, r: ReplicaState, values: dict[str, float], now: float,
+                     cache_info: Mapping[str, str] | None = None) -> None:
         if not any(k in values for k in ("running", "waiting", "kv_usage")):
             return  # not a vLLM /metrics: keep the data stale
         r.running = values.get("running", 0.0)
@@ -142,11 +211,11 @@ class PoolReplicas:
         r.kv_usage = min(1.0, max(0.0, values.get("kv_usage", 0.0)))
         r.prefix_hits = values.get("prefix_hits", r.prefix_hits)
         r.prefix_queries = values.get("prefix_queries", r.prefix_queries)
-        cap = values.get("cache_capacity_blocks")
-        if cap and not self.pool.cache_capacity_blocks and r.cache_capacity_blocks != int(cap):
-            r.cache_capacity_blocks = int(cap)
-            if self.on_capacity:
-                self.on_capacity(r.id, int(cap))
+        # GPU blocks: the config's, else the engine's num_gpu_blocks; the index gets cached_capacity(GPU, host).
+        gpu = self.pool.cache_capacity_blocks or int(values.get("cache_capacity_blocks", 0))
+        if gpu:
+            r.cache_capacity_blocks = gpu
+            self._report_capacity(r.id, gpu, self.host_blocks(cache_info))
         self._scraped_at[r.id] = now
         r.stale = False
 

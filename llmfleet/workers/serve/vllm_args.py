@@ -24,6 +24,13 @@ DEFAULT_PORT = 8000
 _NO_FP32_QUANT = {"awq", "gptq", "fp8", "compressed-tensors"}
 # The CPU attention kernel splits KV blocks into kernel blocks of a multiple of 32 tokens.
 _CPU_BLOCK_MULTIPLE = 32
+# Host memory the engine needs besides a KV offload buffer, per process: the API server / engine core and one
+# worker per tensor-parallel rank each hold Python, torch and (workers) a CUDA context and staging buffers, a
+# few GiB each before weights stream through the page cache. The buffer is pinned (never reclaimed or swapped)
+# inside the pod's memory limit (= request), so a pod sized to the buffer alone is OOM-killed at start or
+# under load. 2 GiB per process is a floor for the check, not a measurement: size real pods with more.
+ENGINE_HOST_GIB_PER_PROCESS = 2.0
+_GIB = 1 << 30
 
 
 class InvalidServeSpec(ValueError):
@@ -80,12 +87,51 @@ def validate_pool(isvc: InferenceService, pool: PoolView) -> None:
             raise InvalidServeSpec(
                 f"{where}.resources.gpus ({pool.resources.gpus}) must be a multiple of {vp}.tensorParallelSize ({tp})"
             )
-    clashes = sorted(_flags_in(v.extra_args) & _RENDERED_FLAGS)
+    if v.kv_offload_gib is not None:
+        _check_kv_offload(pool, vp, where)
+    rendered = _RENDERED_FLAGS | (_KV_OFFLOAD_FLAGS if v.kv_offload_gib is not None else set())
+    clashes = sorted(_flags_in(v.extra_args) & rendered)
     if clashes:
         raise InvalidServeSpec(
             f"{vp}.extraArgs sets {', '.join(clashes)}, which llmfleet renders from the spec; set the field instead"
         )
 
+
+def kv_offload_headroom_gib(pool: PoolView) -> float:
+    """Host memory, beyond the KV offload buffer, that resources.memory must leave for the engine processes."""
+    return ENGINE_HOST_GIB_PER_PROCESS * (pool.vllm.tensor_parallel_size + 1)
+
+
+def _check_kv_offload(pool: PoolView, vp: str, where: str) -> None:
+    """kvOffloadGiB: a host tier behind GPU KV memory, inside the pod's memory limit."""
+    from kubernetes.utils.quantity import parse_quantity  # lazy: only specs that offload pay for the import
+
+    gib = pool.vllm.kv_offload_gib
+    if gib is None:
+        return
+    if pool.resources.gpus == 0:
+        raise InvalidServeSpec(
+            f"{vp}.kvOffloadGiB needs GPUs ({where}.resources.gpus is 0): vLLM's native offload tier is host "
+            "memory behind the GPU KV cache, and a CPU pool's KV cache already lives in host memory"
+        )
+    memory = pool.resources.memory
+    try:
+        memory_gib = float(parse_quantity(memory)) / _GIB  # type: ignore[no-untyped-call]
+    except ValueError as err:  # the schema pattern admits only parseable quantities; kept for a clear message
+        raise InvalidServeSpec(f"{where}.resources.memory {memory!r} is not a Kubernetes quantity: {err}") from None
+    headroom = kv_offload_headroom_gib(pool)
+    if memory_gib < gib + headroom:
+        raise InvalidServeSpec(
+            f"{where}.resources.memory ({memory} = {memory_gib:g} GiB) must cover {vp}.kvOffloadGiB ({gib:g} GiB) "
+            f"plus {headroom:g} GiB for the engine processes ({ENGINE_HOST_GIB_PER_PROCESS:g} GiB each for the "
+            f"API server and {pool.vllm.tensor_parallel_size} tensor-parallel worker(s)): the offload buffer is "
+            f"pinned host memory inside the pod's memory limit; set resources.memory to at least "
+            f"{_number(gib + headroom)}Gi or lower kvOffloadGiB"
+        )
+
+
+# Rendered only when kvOffloadGiB is set; otherwise extraArgs may pass them (e.g. the lmcache backend).
+_KV_OFFLOAD_FLAGS = {"--kv-offloading-size", "--kv-offloading-backend"}
 
 # Every flag render_vllm_args may emit; extraArgs may not repeat them (two values would silently conflict).
 _RENDERED_FLAGS = {
@@ -95,6 +141,12 @@ _RENDERED_FLAGS = {
     "--tensor-parallel-size", "-tp", "--gpu-memory-utilization", "--enforce-eager", "--kv-events-config",
     "--shutdown-timeout",
 }
+
+
+def _number(value: float) -> str:
+    """Shortest decimal that parses back to `value` ("200", "12.5"); `:g` alone would round 1234567.5."""
+    short = f"{value:g}"
+    return short if float(short) == value else repr(value)
 
 
 def _model_path(path: str) -> str:
@@ -143,6 +195,9 @@ def render_vllm_args(
         args.append("--enable-chunked-prefill" if v.enable_chunked_prefill else "--no-enable-chunked-prefill")
     if v.enforce_eager:
         args.append("--enforce-eager")
+    if v.kv_offload_gib is not None:
+        # native = vLLM's OffloadingConnector with cpu_bytes_to_use = size GiB (the total over TP ranks).
+        args += ["--kv-offloading-size", _number(v.kv_offload_gib), "--kv-offloading-backend", "native"]
     if kv_events_port is not None:
         cfg = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{kv_events_port}"}
         args += ["--kv-events-config", json.dumps(cfg, separators=(",", ":"))]
