@@ -42,6 +42,11 @@ def _render(rep: dict[str, Any]) -> None:
     con.print("KV bytes/token by attention: " + "; ".join(
         f"{n} ({v['kvHeads']} kv heads): bf16 {v['bf16']:,.0f}, fp8 {v['fp8']:,.0f}, int4 {v['int4']:,.0f}"
         for n, v in rep["kvCache"]["byAttention"].items()))
+    h = rep["kvCache"].get("hostTier")
+    if h:
+        con.print(f"host KV tier {h['gib']:g} GiB: {h['tokens']:,} tokens ({h['blocks']:,} x {h['block_size']}); loading a "
+                  f"token back {h['load_s_per_token'] * 1e6:.2f} us over the {g['host_link_gbs']:g} GB/s host link vs "
+                  f">= {h['recompute_s_per_token'] * 1e6:.2f} us to recompute it ({h['recompute_over_load']:.1f}x)")
     a = rep["attention"]
     con.print(f"attention at S={a['seq_len']} (one layer, all heads): materialized {_gib(a['materialized_bytes'])} "
               f"HBM traffic, {_gib(a['materialized_memory'])} score matrix; fused {_gib(a['fused_bytes'])} traffic, "
@@ -85,6 +90,7 @@ def register(app: typer.Typer) -> None:
         kv_dtype: str = typer.Option("bf16", help="KV-cache dtype (bf16, fp8, int4)."),
         block_size: int = typer.Option(16, help="Paged KV block size in tokens."),
         tp: int = typer.Option(1, help="Tensor-parallel GPUs per replica."),
+        host_kv_gib: float | None = typer.Option(None, help="Host-memory KV tier per replica, GiB (vLLM CPU offloading)."),
         input_tokens: int = typer.Option(2048, "--input", help="Mean prompt tokens."),
         output_tokens: int = typer.Option(256, "--output", help="Mean output tokens."),
         rate: float = typer.Option(10.0, help="Arrival rate, requests/s."),
@@ -118,7 +124,7 @@ def register(app: typer.Typer) -> None:
                 weight_dtype=dtype, kv_dtype=kv_dtype, block_size=block_size, tensor_parallel=tp,
                 attention_seq_len=seq_len, train_tokens_per_s=train_tokens_per_s, train_gpus=train_gpus,
                 train_seq_len=train_seq_len, replicate_groups=replicate_groups,
-                activation_checkpointing=activation_checkpointing))
+                activation_checkpointing=activation_checkpointing, host_kv_gib=host_kv_gib))
         except (ValueError, OSError, ValidationError, yaml.YAMLError) as e:
             typer.echo(f"llmfleet plan: {str(e).splitlines()[0]}", err=True)
             raise typer.Exit(2) from None

@@ -13,6 +13,7 @@ from llmfleet.plan.roofline import (
     attention_traffic,
     decode_compute_bound_batch,
     decode_roofline,
+    host_kv_tier,
     kv_capacity,
     prefill_roofline,
 )
@@ -34,6 +35,7 @@ class PlanInputs:
     micro_batch: int = 1
     activation_checkpointing: str = "none"
     train_tokens_per_gpu_step: int | None = None  # tokens per GPU per optimizer step (seqLen x microBatch)
+    host_kv_gib: float | None = None  # host-memory KV tier per replica (vLLM --kv-offloading-size)
 
 
 def build_report(m: ModelShape, gpu: GPUProfile, w: Workload, p: PlanInputs) -> dict[str, Any]:
@@ -56,6 +58,9 @@ def build_report(m: ModelShape, gpu: GPUProfile, w: Workload, p: PlanInputs) -> 
         shape = m.model_copy(update={"kv_heads": kvh})
         variants[name] = {"kvHeads": kvh, **{dt: kv_bytes_per_token(shape, dt) for dt in ("bf16", "fp8", "int4")}}
     att = attention_traffic(m, gpu, p.attention_seq_len)
+    host = (asdict(host_kv_tier(m, gpu, p.host_kv_gib, block_size=p.block_size, kv_dtype=p.kv_dtype,
+                                weight_dtype=p.weight_dtype, tensor_parallel=p.tensor_parallel))
+            if p.host_kv_gib else None)
     out: dict[str, Any] = {
         "model": {**m.to_wire(), "params": total_params(m), "attention": attention_kind(m)},
         "gpu": gpu.to_dict(),
@@ -64,7 +69,8 @@ def build_report(m: ModelShape, gpu: GPUProfile, w: Workload, p: PlanInputs) -> 
             "prefill": asdict(pre), "decodeBatch1": asdict(dec1), "decodeAtMaxBatch": asdict(decb),
             "decodeComputeBoundBatch": {"context0": cb0, f"context{ctx}": cbc},
         },
-        "kvCache": {"bytesPerToken": kv_bytes_per_token(m, p.kv_dtype), "byDtype": kv, "byAttention": variants},
+        "kvCache": {"bytesPerToken": kv_bytes_per_token(m, p.kv_dtype), "byDtype": kv, "byAttention": variants,
+                    "hostTier": host},
         "attention": asdict(att),
         "replicas": {"needed": plan.replicas, "capacity": asdict(plan.capacity), "reasoning": plan.reasoning},
     }

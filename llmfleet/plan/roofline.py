@@ -109,6 +109,35 @@ def kv_capacity(m: ModelShape, gpu: GPUProfile, *, weight_dtype: str = "bf16", k
 
 
 @dataclass(frozen=True)
+class HostKVTier:
+    """A host-memory KV tier (vLLM's CPU offloading) for one replica: capacity, and loading a cached token
+    back over the host link against recomputing it inside a long prefill."""
+
+    gib: float
+    block_size: int
+    blocks: int
+    tokens: int
+    block_bytes: float
+    load_s_per_token: float  # kv bytes / host link bandwidth
+    recompute_s_per_token: float  # 2 x matmul params / peak FLOP/s: a prefill token's dense work at the roofline
+    recompute_over_load: float
+
+
+def host_kv_tier(m: ModelShape, gpu: GPUProfile, gib: float, *, block_size: int = 16, kv_dtype: str = "bf16",
+                 weight_dtype: str = "bf16", tensor_parallel: int = 1) -> HostKVTier:
+    """What `gib` GiB of host memory per replica hold, and what loading from it saves. The recompute time is
+    the dense (weight) FLOPs alone at peak, so the ratio is a lower bound: attention over a long context and
+    real efficiency (~0.6) make recomputing dearer still."""
+    if gib <= 0:
+        raise ValueError(f"host KV tier size must be > 0 GiB, got {gib:g}")
+    kvb = kv_bytes_per_token(m, kv_dtype)
+    blocks = int(gib * 2**30 // (kvb * block_size))
+    load = kvb / (gpu.host_link_gbs * 1e9 * tensor_parallel)
+    recompute = 2.0 * matmul_params(m) / (gpu.peak_flops_for(weight_dtype) * tensor_parallel)
+    return HostKVTier(gib, block_size, blocks, blocks * block_size, kvb * block_size, load, recompute, recompute / load)
+
+
+@dataclass(frozen=True)
 class AttentionTraffic:
     """HBM traffic and extra memory of one layer's attention for one sequence, all heads."""
 
