@@ -49,6 +49,9 @@ def parse_vllm_metrics(text: str, cache_info: dict[str, str] | None = None) -> d
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
             name = s.name
+            if name == "llmfleet:kv_cache_bytes_per_token":  # added by llmfleet's serving wrapper
+                out["kv_bytes_per_token"] = s.value
+                continue
             if not name.startswith("vllm:") or name.endswith("_created"):
                 continue
             attr = _GAUGES.get(name) or _COUNTERS.get(name.removesuffix("_total"))
@@ -164,13 +167,14 @@ class PoolReplicas:
 
     def host_blocks(self, cache_info: Mapping[str, str] | None) -> int:
         """Blocks of the replica's host tier: PoolConfig.host_cache_blocks, else derived from the engine's
-        cache_config_info labels (kv_offloading_size GiB, block_size, cache_dtype) and the model's config.json.
+        cache_config_info labels (kv_offloading_size GiB, block_size, cache_dtype) and the KV bytes per token that
+        llmfleet's serving wrapper adds to /metrics (else the model's config.json, when the router can read it).
         0 without offloading; 0 with a warning (once per pool) when offloading is on but the size is unknown."""
         if self.pool.host_cache_blocks is not None:
             return self.pool.host_cache_blocks
         info = cache_info or {}
         labels = (info.get("kv_offloading_size"), info.get("kv_offloading_backend"), info.get("block_size"),
-                  info.get("cache_dtype"))
+                  info.get("cache_dtype"), info.get("llmfleet_kv_bytes_per_token"))
         cached = self._host_blocks.get(labels)
         if cached is not None:
             return cached
@@ -194,6 +198,9 @@ class PoolReplicas:
         block_size = info.get("block_size", "")
         if not block_size.isdigit() or int(block_size) <= 0:
             raise HostTierUnknown(f"cache_config_info has no block_size (got {block_size!r})")
+        reported = info.get("llmfleet_kv_bytes_per_token", "")
+        if reported.isdigit() and int(reported) > 0:  # the serving wrapper read the replica's own config.json
+            return host_cache_blocks(gib, int(block_size), int(reported))
         if self._model_config is None:
             self._model_config = load_model_config(self.pool.model_path)
         per_token = kv_bytes_per_token(
@@ -215,7 +222,10 @@ class PoolReplicas:
         gpu = self.pool.cache_capacity_blocks or int(values.get("cache_capacity_blocks", 0))
         if gpu:
             r.cache_capacity_blocks = gpu
-            self._report_capacity(r.id, gpu, self.host_blocks(cache_info))
+            info = dict(cache_info or {})
+            if values.get("kv_bytes_per_token"):  # the serving wrapper's figure: no config.json needed here
+                info["llmfleet_kv_bytes_per_token"] = str(int(values["kv_bytes_per_token"]))
+            self._report_capacity(r.id, gpu, self.host_blocks(info))
         self._scraped_at[r.id] = now
         r.stale = False
 

@@ -290,3 +290,16 @@ def test_index_is_bounded_by_the_host_tier_when_it_is_larger(tmp_path: Path) -> 
     scrape(pool, metrics(num_gpu_blocks=10, offload="2.0"))  # 2 GiB of 64 MiB blocks = 32 host blocks
     index.insert("http://a", list(range(1, 501)))
     assert index.blocks_of("http://a") == 32
+
+
+def test_bytes_per_token_from_the_serving_wrapper_needs_no_config_json(tmp_path: Path) -> None:
+    # In a cluster the router pod has no model folder; the replica's wrapper reports the figure on /metrics
+    caps: dict[str, int] = {}
+    pool = pool_with(tmp_path, caps, config=None)
+    wrapper = "# TYPE llmfleet:kv_cache_bytes_per_token gauge\nllmfleet:kv_cache_bytes_per_token 131072\n"
+    values = parse_vllm_metrics(metrics() + wrapper)
+    assert values["kv_bytes_per_token"] == 131072
+    scrape(pool, metrics() + wrapper)
+    assert caps == {"http://a": 3200}
+    scrape(pool, metrics() + wrapper.replace("131072", "65536"), now=2.0)  # e.g. an fp8 cache on the replica
+    assert caps == {"http://a": 6400}

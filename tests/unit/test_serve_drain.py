@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -132,3 +134,77 @@ def test_split_listen() -> None:
         split_listen(["--port", "x"])
     with pytest.raises(ValueError, match="needs a value"):
         split_listen(["--port"])
+
+
+async def _prometheus_upstream() -> web.Application:
+    """/metrics the way vLLM serves it: prometheus_client's exposition, gzip when the client accepts it,
+    OpenMetrics (ending in `# EOF`) when the client asks for it."""
+    from prometheus_client import CollectorRegistry, Gauge
+    from prometheus_client.exposition import _bake_output
+
+    reg = CollectorRegistry()
+    Gauge("vllm:num_requests_running", "Running requests.", registry=reg).set(3)
+
+    async def metrics(request: web.Request) -> web.Response:
+        status, headers, output = _bake_output(reg, request.headers.get("Accept", ""),
+                                               request.headers.get("Accept-Encoding"), {}, False)
+        return web.Response(body=output, status=int(status.split()[0]), headers=dict(headers))
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+EXTRA = b"# TYPE llmfleet:kv_cache_bytes_per_token gauge\nllmfleet:kv_cache_bytes_per_token 131072\n"
+
+
+@pytest.mark.timeout(30)
+async def test_gzip_metrics_keep_their_content_encoding() -> None:
+    # The proxy passes compressed bytes through (auto_decompress=False): it used to drop Content-Encoding, so
+    # every scraper that accepts gzip (the router, Prometheus) got undecodable bytes.
+    up_runner, up_url = await _serve(await _prometheus_upstream())
+    runner, url = await _serve(DrainProxy(up_url).app())
+    try:
+        async with aiohttp.ClientSession() as s:  # sends Accept-Encoding: gzip, deflate
+            async with s.get(url + "/metrics") as r:
+                assert r.headers.get("Content-Encoding") == "gzip"
+                assert "vllm:num_requests_running 3.0" in await r.text()
+    finally:
+        await runner.cleanup()
+        await up_runner.cleanup()
+
+
+@pytest.mark.timeout(30)
+async def test_extra_metrics_are_added_to_text_and_openmetrics() -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    up_runner, up_url = await _serve(await _prometheus_upstream())
+    runner, url = await _serve(DrainProxy(up_url, extra_metrics=EXTRA).app())
+    try:
+        async with aiohttp.ClientSession() as s:
+            async with s.get(url + "/metrics") as r:  # gzip accepted, but the wrapper edits: identity
+                assert "Content-Encoding" not in r.headers
+                text = await r.text()
+            samples = {smp.name: smp.value for fam in text_string_to_metric_families(text) for smp in fam.samples}
+            assert samples["vllm:num_requests_running"] == 3.0
+            assert samples["llmfleet:kv_cache_bytes_per_token"] == 131072
+            async with s.get(url + "/metrics", headers={"Accept": "application/openmetrics-text"}) as r:
+                om = await r.read()
+            assert om.endswith(EXTRA + b"# EOF\n")  # OpenMetrics must still end with # EOF
+            assert b"num_requests_running 3.0" in om  # (this prometheus_client escapes the colon there)
+    finally:
+        await runner.cleanup()
+        await up_runner.cleanup()
+
+
+def test_kv_cache_metrics_from_the_served_models_config(tmp_path: Path) -> None:
+    from llmfleet.workers.serve.worker import kv_cache_metrics
+
+    (tmp_path / "config.json").write_text(json.dumps({"num_hidden_layers": 32, "num_attention_heads": 32,
+                                                      "num_key_value_heads": 8, "hidden_size": 4096}))
+    argv = ["--model", str(tmp_path), "--dtype", "bfloat16", "--kv-cache-dtype", "auto", "--tensor-parallel-size", "1"]
+    assert kv_cache_metrics(argv).endswith(b"llmfleet:kv_cache_bytes_per_token 131072\n")
+    fp8 = [a if a != "auto" else "fp8" for a in argv]
+    assert kv_cache_metrics(fp8).endswith(b" 65536\n")
+    assert kv_cache_metrics(["--model", str(tmp_path / "missing")]) == b""  # unknown: nothing is added
+    assert kv_cache_metrics(["--model", "hf://org/model"]) == b""

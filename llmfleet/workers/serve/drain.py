@@ -9,7 +9,10 @@ replica port and runs the engine on a private loopback port; on SIGTERM it
 2. lets in-flight requests, streams included, finish for up to `drain_seconds`,
 3. then stops the engine and exits 0.
 
-Everything else is a byte-for-byte pass-through: `/metrics` carries vLLM's `vllm:` series unchanged.
+Everything else is a byte-for-byte pass-through, Content-Encoding included (vLLM gzips /metrics for
+clients that accept it). `/metrics` carries vLLM's `vllm:` series unchanged; when the wrapper knows facts
+vLLM does not export (`extra_metrics`, e.g. the KV-cache bytes per token the router needs to size a host
+offload tier), /metrics is fetched uncompressed and those series are added before the end.
 """
 
 from __future__ import annotations
@@ -25,7 +28,12 @@ log = logging.getLogger("llmfleet.serve")
 
 # Hop-by-hop headers (RFC 9110 7.6.1) plus the ones aiohttp recomputes for a streamed body.
 _HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
-        "transfer-encoding", "upgrade", "content-length", "content-encoding", "host"}
+        "transfer-encoding", "upgrade", "content-length", "host"}
+# Requests: aiohttp's server hands us the body already decoded, so its Content-Encoding must not be forwarded.
+# Responses: the client session does not decompress (auto_decompress=False), so the bytes are still encoded
+# and the header must go with them (dropping it once broke every gzip-accepting /metrics scraper).
+_HOP_REQUEST = _HOP | {"content-encoding"}
+_OPENMETRICS_EOF = b"# EOF\n"
 # Paths that stay open during drain: probes and scrapes must see the replica until it exits.
 _ALWAYS_OPEN = {"/metrics", "/ping", "/version"}
 
@@ -37,9 +45,10 @@ def _err(status: int, message: str, kind: str) -> web.Response:
 class DrainProxy:
     """Forward every request to `upstream`; track in-flight ones; refuse new ones once draining."""
 
-    def __init__(self, upstream: str, health_path: str = "/health") -> None:
+    def __init__(self, upstream: str, health_path: str = "/health", extra_metrics: bytes = b"") -> None:
         self.upstream = upstream.rstrip("/")
         self.health_path = health_path  # the engine's own health/readiness path, served as /health
+        self.extra_metrics = extra_metrics  # exposition-format lines (HELP/TYPE + samples) added to /metrics
         self.inflight = 0
         self.draining = False
         self.engine_ready = False
@@ -89,8 +98,10 @@ class DrainProxy:
     async def _forward(self, request: web.Request) -> web.StreamResponse:
         if self._session is None:
             raise RuntimeError("DrainProxy.start() was not awaited")
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_REQUEST}
         body = await request.read()
+        if request.path == "/metrics" and self.extra_metrics:
+            return await self._metrics(request, headers)
         url = self.upstream + (self.health_path if request.path == "/health" else str(request.rel_url))
         try:
             upstream = await self._session.request(request.method, url, headers=headers, data=body or None)
@@ -109,6 +120,28 @@ class DrainProxy:
                 log.warning("upstream stream broke on %s: %s", request.path, err)
             await out.write_eof()
             return out
+
+    async def _metrics(self, request: web.Request, headers: dict[str, str]) -> web.StreamResponse:
+        """vLLM's /metrics, uncompressed, with `extra_metrics` added (before OpenMetrics' closing `# EOF`)."""
+        session = self._session
+        if session is None:
+            raise RuntimeError("DrainProxy.start() was not awaited")
+        # identity, or we could not edit it (aiohttp would otherwise add its default gzip, deflate)
+        headers = {k: v for k, v in headers.items() if k.lower() != "accept-encoding"} | {"Accept-Encoding": "identity"}
+        try:
+            async with session.get(self.upstream + str(request.rel_url), headers=headers,
+                                   timeout=ClientTimeout(total=10)) as upstream:
+                data = await upstream.read()
+                out_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP}
+                status, reason = upstream.status, upstream.reason
+        except (ClientError, OSError, TimeoutError) as err:
+            return _err(503, f"engine unavailable: {err}", "engine_unavailable")
+        if status == 200 and out_headers.get("Content-Encoding", "identity") == "identity":
+            if data.endswith(_OPENMETRICS_EOF):
+                data = data[: -len(_OPENMETRICS_EOF)] + self.extra_metrics + _OPENMETRICS_EOF
+            else:
+                data = data + (b"" if not data or data.endswith(b"\n") else b"\n") + self.extra_metrics
+        return web.Response(body=data, status=status, reason=reason, headers=out_headers)
 
     async def drain(self, deadline_s: float) -> bool:
         """Refuse new work and wait for in-flight requests; True when all finished before the deadline."""

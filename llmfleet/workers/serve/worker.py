@@ -26,6 +26,7 @@ from collections.abc import Sequence
 import aiohttp
 from aiohttp import web
 
+from llmfleet.router.kv_tiers import HostTierUnknown, kv_bytes_per_token, load_model_config
 from llmfleet.workers.serve.drain import DrainProxy
 from llmfleet.workers.serve.vllm_args import VLLM_ENTRYPOINT
 
@@ -98,14 +99,39 @@ def stop_engine(proc: subprocess.Popen[bytes], grace_s: float = ENGINE_STOP_GRAC
     return proc.returncode if proc.returncode is not None else 0
 
 
-def served_name(argv: Sequence[str]) -> str:
-    """--served-model-name (first value), else --model."""
+def flag_values(argv: Sequence[str], *names: str) -> dict[str, str]:
+    """The first value of each of these flags (`--flag value` or `--flag=value`)."""
     found: dict[str, str] = {}
     for i, a in enumerate(argv):
         name, eq, val = a.partition("=")
-        if name in ("--served-model-name", "--model"):
+        if name in names:
             found.setdefault(name, val if eq else (argv[i + 1] if i + 1 < len(argv) else ""))
+    return found
+
+
+def served_name(argv: Sequence[str]) -> str:
+    """--served-model-name (first value), else --model."""
+    found = flag_values(argv, "--served-model-name", "--model")
     return found.get("--served-model-name") or found.get("--model", "")
+
+
+def kv_cache_metrics(argv: Sequence[str]) -> bytes:
+    """`llmfleet:kv_cache_bytes_per_token` for /metrics, from the served model's config.json and the engine's
+    KV dtype and tensor parallelism: the router needs it to size a host offload tier in blocks, and the
+    router's pod does not have the model folder. Empty when it cannot be derived (a remote model, an MLA or
+    state-space model): the router then counts GPU blocks only."""
+    f = flag_values(argv, "--model", "--kv-cache-dtype", "--dtype", "--tensor-parallel-size", "-tp")
+    tp = f.get("--tensor-parallel-size") or f.get("-tp") or "1"
+    try:
+        per_token = kv_bytes_per_token(load_model_config(f.get("--model")), cache_dtype=f.get("--kv-cache-dtype", "auto"),
+                                       model_dtype=f.get("--dtype", "auto"), tensor_parallel_size=int(tp))
+    except (HostTierUnknown, ValueError) as e:
+        log.info("no llmfleet:kv_cache_bytes_per_token on /metrics: %s", e)
+        return b""
+    return (b"# HELP llmfleet:kv_cache_bytes_per_token KV-cache bytes per token over all tensor-parallel ranks "
+            b"(from the model's config.json and the engine's KV dtype)\n"
+            b"# TYPE llmfleet:kv_cache_bytes_per_token gauge\n"
+            b"llmfleet:kv_cache_bytes_per_token %d\n" % per_token)
 
 
 async def _watch_ready(proxy: DrainProxy, upstream: str, proc: subprocess.Popen[bytes], engine: str,
@@ -134,7 +160,8 @@ async def serve(engine: str, engine_argv: Sequence[str], drain_seconds: float) -
     argv, host, port = split_listen(engine_argv)
     inner = free_port()
     upstream = f"http://127.0.0.1:{inner}"
-    proxy = DrainProxy(upstream, health_path=READY_PATHS[engine])
+    proxy = DrainProxy(upstream, health_path=READY_PATHS[engine],
+                       extra_metrics=kv_cache_metrics(argv) if engine == "vllm" else b"")
     runner = web.AppRunner(proxy.app(), access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_address=True)
