@@ -65,17 +65,23 @@ def test_estimates_and_scores(replicas: list[ReplicaState], expected_s: list[flo
 
 
 def test_work_externality_keeps_a_cache_hit_worth_a_short_wait() -> None:
-    # a: 64 of 100 tokens cached but 0.08 s of queued prefill -> TTFT 0.116 s; b: idle, cold -> 0.100 s.
-    # Pure TTFT sends the request to b (recomputing the prefix there); counting b's 100 tokens of new work
-    # 1.5x (it delays whatever is routed to b next) makes a cheaper: 0.08 + 0.054 < 0.150.
-    reps = [R("a", in_flight=1, prefill_tokens=80.0, prefill_busy_until=10.08), R("b")]
+    # a: 64 of 100 tokens cached but 0.07 s of queued prefill -> TTFT 0.106 s; b: idle, cold -> 0.100 s.
+    # Pure TTFT sends the request to b (recomputing the prefix there). With one of the two candidates busy
+    # the default externality 0.5 counts new work 1 + 0.5 x 1/2 = 1.25x: a 0.07 + 0.045 < b 0.125.
+    reps = [R("a", in_flight=1, prefill_tokens=70.0, prefill_busy_until=10.07), R("b")]
     req = RequestInfo(**REQ)  # type: ignore[arg-type]
     pure = EstimatedTTFTScorer(_index_with("a", KEYS[:4]), default_tokens_per_s=RATE, attention_tokens=None,
                                work_externality=0.0)
-    assert pure.score(req, reps) == pytest.approx([0.100 / 0.116, 1.0])
+    assert pure.score(req, reps) == pytest.approx([0.100 / 0.106, 1.0])
     default = EstimatedTTFTScorer(_index_with("a", KEYS[:4]), default_tokens_per_s=RATE, attention_tokens=None)
-    assert default.estimates(req, reps) == pytest.approx([0.116, 0.100])  # estimates stay plain TTFT
-    assert default.score(req, reps) == pytest.approx([1.0, 0.134 / 0.150])
+    assert default.estimates(req, reps) == pytest.approx([0.106, 0.100])  # estimates stay plain TTFT
+    assert default.score(req, reps) == pytest.approx([1.0, 0.115 / 0.125])
+    # every candidate busy: the full 1.5x
+    both = [reps[0], R("b", in_flight=1, prefill_tokens=10.0, prefill_busy_until=10.01)]
+    assert default.score(req, both) == pytest.approx([0.124 / 0.124, 0.124 / 0.16])
+    # an idle fleet: no queue behind anyone, so plain TTFT
+    idle = [R("a"), R("b")]
+    assert default.score(req, idle) == pytest.approx(pure.score(req, idle))
     with pytest.raises(ValueError, match="work_externality"):
         EstimatedTTFTScorer(PrefixIndex(), work_externality=-0.1)
 

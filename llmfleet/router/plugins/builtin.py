@@ -138,10 +138,11 @@ DEFAULT_PREFILL_TOKENS_PER_S = 30_000.0
 # (flops_per_token / attention_flops_per_context_token = 2·params / (4·layers·hidden), about 30k for
 # Llama-3-8B): long prompts cost more than linearly, a 60k-token prefill ~2x a 2 x 30k one.
 DEFAULT_ATTENTION_TOKENS = 30_000.0
-# New prefill work sent to a replica delays what is routed there after it, so the score counts a
-# replica's work for this request (1 + this) times and its queue once: recomputing a prefix on an idle
-# replica (which also duplicates it in a second cache) must save more than it costs the queue behind
-# it. 0.5 was chosen on routing_eval.py's scenarios (docs/benchmarks/routing_eval.md says how).
+# New prefill work sent to a replica delays what is routed there after it, but only when more work is
+# coming: the score counts a replica's work for this request (1 + this x the busy fraction of the
+# candidates) times and its queue once. Under load, recomputing a prefix on an idle replica (which also
+# duplicates it in a second cache) must save more than it costs the queue behind it; in an idle fleet it
+# is plain TTFT. 0.5 was chosen on routing_eval.py's scenarios (docs/benchmarks/routing_eval.md says how).
 DEFAULT_WORK_EXTERNALITY = 0.5
 
 
@@ -151,8 +152,9 @@ class EstimatedTTFTScorer(Scorer):
     estimate(r) = wait(r) + work(request's prompt tokens beyond r's prefix match) / rate(r)
     wait(r)     = how long r still needs for the prefill work this router already sent it (requests without
                   a first byte yet): a virtual FCFS queue at rate(r), corrected by every observed first byte
-    cost(r)     = wait(r) + (1 + work_externality) · work / rate(r): this request's new work also delays
-                  the requests routed to r after it (see DEFAULT_WORK_EXTERNALITY; 0 = pure TTFT)
+    cost(r)     = wait(r) + (1 + work_externality · busy) · work / rate(r), busy = the fraction of candidates
+                  with queued prefill: under load this request's new work also delays the requests routed
+                  to r after it (see DEFAULT_WORK_EXTERNALITY; 0 = pure TTFT)
     score(r)    = min cost / cost(r): 1 for the cheapest replica, in (0, 1] for all, deterministic.
 
     Unlike request counts, a 40k-token prompt weighs what its prefill costs (`work` grows with context:
@@ -173,7 +175,7 @@ class EstimatedTTFTScorer(Scorer):
         if work_externality < 0:
             raise ValueError("work_externality must be >= 0")
         self.index = index
-        self.work_factor = 1.0 + work_externality
+        self.work_externality = work_externality
         self._costs: list[float] = []
         self.default_rate = default_tokens_per_s
         self.attention_tokens = attention_tokens
@@ -198,8 +200,8 @@ class EstimatedTTFTScorer(Scorer):
         default = self.default_rate
         uncached: list[float] = []
         out: list[float] = []
-        costs: list[float] = []
-        factor = self.work_factor
+        own: list[float] = []  # this request's own prefill time per candidate
+        busy_n = 0
         for r in replicas:
             h = m.get(r.id, 0) if m else 0
             if h:
@@ -213,13 +215,18 @@ class EstimatedTTFTScorer(Scorer):
             # queued prefill still ahead (0 when the router has nothing in flight there: a lost release
             # cannot penalise a replica forever), then this request's own uncached work
             busy = r.prefill_busy_until - now
-            wait = busy if busy > 0.0 and r.prefill_tokens > 0 and r.in_flight > 0 else 0.0
+            if busy > 0.0 and r.prefill_tokens > 0 and r.in_flight > 0:
+                wait = busy
+                busy_n += 1
+            else:
+                wait = 0.0
             t = u / (r.prefill_tokens_per_s or default)
             out.append(wait + t)
-            costs.append(wait + factor * t)
+            own.append(t)
+        extra = self.work_externality * busy_n / len(replicas) if busy_n else 0.0
+        self._costs = [e + extra * t for e, t in zip(out, own, strict=True)] if extra else out
         # remembered for on_routed: by then another plugin may already have taught the index this prompt
         self._last = (req, replicas, uncached)
-        self._costs = costs
         return out
 
     def score(self, req: RequestInfo, replicas: Sequence[ReplicaState]) -> list[float]:
