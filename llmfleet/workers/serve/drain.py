@@ -9,8 +9,9 @@ replica port and runs the engine on a private loopback port; on SIGTERM it
 2. lets in-flight requests, streams included, finish for up to `drain_seconds`,
 3. then stops the engine and exits 0.
 
-Everything else is a byte-for-byte pass-through, Content-Encoding included (vLLM gzips /metrics for
-clients that accept it). `/metrics` carries vLLM's `vllm:` series unchanged; when the wrapper knows facts
+Everything else is a byte-for-byte pass-through, Content-Encoding included (an engine may compress a
+response: prometheus_client's ASGI exposition gzips /metrics for clients that accept it; vLLM 0.32's
+/metrics route happens not to). `/metrics` carries vLLM's `vllm:` series unchanged; when the wrapper knows facts
 vLLM does not export (`extra_metrics`, e.g. the KV-cache bytes per token the router needs to size a host
 offload tier), /metrics is fetched uncompressed and those series are added before the end.
 """
@@ -31,7 +32,7 @@ _HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
         "transfer-encoding", "upgrade", "content-length", "host"}
 # Requests: aiohttp's server hands us the body already decoded, so its Content-Encoding must not be forwarded.
 # Responses: the client session does not decompress (auto_decompress=False), so the bytes are still encoded
-# and the header must go with them (dropping it once broke every gzip-accepting /metrics scraper).
+# and the header must go with them (dropping it handed gzip bytes to clients told they were plain text).
 _HOP_REQUEST = _HOP | {"content-encoding"}
 _OPENMETRICS_EOF = b"# EOF\n"
 # Paths that stay open during drain: probes and scrapes must see the replica until it exits.
