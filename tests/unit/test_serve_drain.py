@@ -208,3 +208,30 @@ def test_kv_cache_metrics_from_the_served_models_config(tmp_path: Path) -> None:
     assert kv_cache_metrics(fp8).endswith(b" 65536\n")
     assert kv_cache_metrics(["--model", str(tmp_path / "missing")]) == b""  # unknown: nothing is added
     assert kv_cache_metrics(["--model", "hf://org/model"]) == b""
+
+
+@pytest.mark.timeout(30)
+async def test_metrics_left_compressed_by_the_engine_are_passed_through_unedited() -> None:
+    # An engine that ignores `Accept-Encoding: identity` (headers in lower case, as uvicorn sends them): the
+    # wrapper must notice the encoding and leave the body alone, not append plain text to gzip bytes.
+    import gzip
+
+    body = gzip.compress(b"vllm:num_requests_running 1.0\n")
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-encoding: gzip\r\n"
+                     b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body))
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    runner, url = await _serve(DrainProxy(f"http://127.0.0.1:{port}", extra_metrics=EXTRA).app())
+    try:
+        async with aiohttp.ClientSession() as s, s.get(url + "/metrics") as r:
+            assert r.headers.get("Content-Encoding") == "gzip"
+            assert await r.text() == "vllm:num_requests_running 1.0\n"
+    finally:
+        await runner.cleanup()
+        server.close()

@@ -134,10 +134,12 @@ class DrainProxy:
                                    timeout=ClientTimeout(total=10)) as upstream:
                 data = await upstream.read()
                 out_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP}
+                # from the case-insensitive headers, not the plain dict copy below it
+                encoding = upstream.headers.get("Content-Encoding", "identity")
                 status, reason = upstream.status, upstream.reason
         except (ClientError, OSError, TimeoutError) as err:
             return _err(503, f"engine unavailable: {err}", "engine_unavailable")
-        if status == 200 and out_headers.get("Content-Encoding", "identity") == "identity":
+        if status == 200 and encoding == "identity":
             if data.endswith(_OPENMETRICS_EOF):
                 data = data[: -len(_OPENMETRICS_EOF)] + self.extra_metrics + _OPENMETRICS_EOF
             else:
