@@ -22,8 +22,8 @@ from typing import Any, Literal
 from llmfleet.api.trainingjob import ModelShape
 from llmfleet.autoscaler.policy import PoolSignals
 from llmfleet.plan.hardware import get_gpu
-from llmfleet.plan.models import get_model, kv_bytes_per_token
-from llmfleet.plan.roofline import StepCostModel, calibrate, kv_capacity
+from llmfleet.plan.models import get_model
+from llmfleet.plan.roofline import StepCostModel, calibrate, host_kv_tier, kv_capacity
 from llmfleet.sim.replica import Replica
 from llmfleet.sim.workload import Request, Workload, gc_paused
 
@@ -84,9 +84,10 @@ class PoolSpec:
         """Host-tier blocks per replica and the seconds to load one block back over the host link."""
         if self.host_kv_gib <= 0:
             return 0, 0.0
-        block_bytes = kv_bytes_per_token(self.shape(), self.kv_dtype) * block_size
-        link = get_gpu(self.gpu, self.gpu_overrides).host_link_gbs * 1e9 * self.tensor_parallel
-        return int(self.host_kv_gib * 2**30 // block_bytes), block_bytes / link
+        tier = host_kv_tier(self.shape(), get_gpu(self.gpu, self.gpu_overrides), self.host_kv_gib,
+                            block_size=block_size, kv_dtype=self.kv_dtype, weight_dtype=self.weight_dtype,
+                            tensor_parallel=self.tensor_parallel)
+        return tier.blocks, tier.load_s_per_token * block_size
 
 
 @dataclass

@@ -28,6 +28,7 @@ from itertools import compress, islice, repeat, takewhile
 from operator import add, attrgetter, eq, ge, neg, sub
 
 from llmfleet.plan.roofline import StepCostModel
+from llmfleet.router.kv_tiers import cached_capacity
 from llmfleet.sim.workload import Request
 
 _tokens, _held = attrgetter("tokens"), attrgetter("held")
@@ -101,9 +102,8 @@ class Replica:
 
     @property
     def cached_capacity(self) -> int:
-        """Distinct blocks the replica can hold cached: the host tier is written through, so it already holds
-        most of what the GPU holds and the union is about the larger of the two."""
-        return max(self.total, self.host_total)
+        """Distinct blocks the replica can hold cached (the production router's rule: kv_tiers.cached_capacity)."""
+        return cached_capacity(self.total, self.host_total)
 
     def kv_usage(self) -> float:
         return self.used_blocks / self.total if self.total else 1.0
