@@ -299,6 +299,29 @@ def queue_sweep(name: str, w: Workload, recorded: dict[str, Any], targets: list[
                 None if best_costlier is None else slo["misses"] < best_costlier}
 
 
+def hindsight(name: str, w: Workload, recorded: dict[str, Any], window_s: float,
+              instant: bool = False) -> dict[str, Any]:
+    """The cheapest primary-only schedule found with hindsight (llmfleet.sim.oracle), with the pool's cold start
+    (and, if `instant`, also without it), against the recorded static-at-peak and `slo` runs: roughly how much
+    any policy could save on this workload without serving requests from the student."""
+    from llmfleet.sim.oracle import hindsight_schedule
+
+    slo_s, n_static = recorded["ttftSloS"], recorded["staticAtPeakReplicas"]
+    static_gpu, slo_row = recorded["policies"]["static-at-peak"]["gpuSeconds"], recorded["policies"]["slo"]
+    out: dict[str, Any] = {"workload": name, "ttftSloS": slo_s, "windowS": window_s,
+                           "staticAtPeak": {"replicas": n_static, "gpuSeconds": static_gpu},
+                           "slo": {"gpuSeconds": slo_row["gpuSeconds"], "attainment": slo_row["attainment"]}}
+    for label, ready_at_once in (("withColdStart", False), ("instant", True))[: 2 if instant else 1]:
+        started = time.time()
+        found = hindsight_schedule(w, pools(n_static, with_student=False)[0], slo_s, n_static,
+                                   router=LlmfleetRouter, window_s=window_s, instant=ready_at_once)
+        out[label] = {"replicas": list(found.replicas), "attainment": round(found.attainment, 5),
+                      "gpuSeconds": round(found.gpu_seconds, 1),
+                      "vsStaticAtPeak": round(found.gpu_seconds / static_gpu - 1.0, 4),
+                      "simulations": found.simulations, "wallSeconds": round(time.time() - started, 1)}
+    return out
+
+
 def summary_row(res: SimResult, slo_s: float, *, actions: int, replicas: int) -> dict[str, Any]:
     att = ttft_attainment(res, slo_s)
     return {"attainment": round(att, 5), "misses": sum(1 for r in res.records if r["ttft"] is None or r["ttft"] > slo_s),
@@ -331,8 +354,40 @@ def main() -> None:
                     help="only run `queue` at these targetQueueDepth values against the recorded results in --out "
                          "(main and validation workloads) and merge an equal-GPU-seconds comparison under "
                          "`queueSweep`")
+    ap.add_argument("--validation", action="store_true",
+                    help="merge this run's results under `validation` in --out instead of replacing its main results")
+    ap.add_argument("--hindsight", type=float, nargs="+", metavar="WINDOW_S",
+                    help="only search the cheapest hindsight schedule (windows of these many seconds) for the recorded "
+                         "workloads in --out and merge it under `hindsight`")
+    ap.add_argument("--workload", action="append", help="with --hindsight: only these recorded workloads")
+    ap.add_argument("--instant", action="store_true",
+                    help="with --hindsight: also search with replicas ready at once (no cold start)")
     args = ap.parse_args()
     started = time.time()
+    if args.hindsight:
+        doc = json.loads(args.out.read_text())
+        recorded = {r["workload"]: r for r in [*doc["results"], *doc.get("validation", {}).get("results", [])]
+                    if not args.workload or r["workload"] in args.workload}
+        spikes = sorted({float(k.split("-")[1].rstrip("x")) for k in recorded if k.startswith("bursty-")})
+        ws = {}
+        for f in spikes or [10.0]:
+            ws |= workloads(None if ws or "mooncake" not in recorded else args.trace, args.quick, f)
+        found = [hindsight(name, w, recorded[name], win, args.instant) for win in args.hindsight
+                 for name, w in ws.items() if name in recorded]
+        for r in found:
+            print(f"{r['workload']} ({r['windowS']:g} s windows): static-at-peak {r['staticAtPeak']['gpuSeconds']:.0f} "
+                  f"GPU-s, slo {r['slo']['gpuSeconds']:.0f}; hindsight " + ", ".join(
+                      f"{k} {r[k]['gpuSeconds']:.0f} ({r[k]['vsStaticAtPeak']:+.1%})"
+                      for k in ("withColdStart", "instant") if k in r))
+        # Each result records its own command and date; results of other workloads or windows are kept.
+        stamp = {"command": " ".join(["python", *sys.argv]), "date": datetime.now(UTC).isoformat(timespec="seconds")}
+        fresh = {(r["workload"], r["windowS"]) for r in found}
+        doc = json.loads(args.out.read_text())  # again: other runs may have written it while this one ran
+        kept = [r for r in doc.get("hindsight", {}).get("results", []) if (r["workload"], r["windowS"]) not in fresh]
+        doc["hindsight"] = {"results": kept + [r | stamp for r in found]}
+        args.out.write_text(json.dumps(doc, indent=2) + "\n")
+        print(f"merged into {args.out}")
+        return
     if args.queue_sweep:
         doc = json.loads(args.out.read_text())
         recorded = {r["workload"]: r for r in [*doc["results"], *doc.get("validation", {}).get("results", [])]}
@@ -371,6 +426,11 @@ def main() -> None:
                          "coldStartS": {"primary": PRIMARY_COLD_S, "student": STUDENT_COLD_S}},
            "wallSeconds": round(time.time() - started, 1), "results": results}
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    prior = json.loads(args.out.read_text()) if args.out.exists() else {}
+    if args.validation:  # the main results stay; this run is the validation shape
+        doc = prior | {"validation": {k: doc[k] for k in ("command", "date", "wallSeconds", "results")}}
+    else:  # keep the validation, queue sweep and hindsight sections (each records its own command and date)
+        doc |= {k: prior[k] for k in ("validation", "queueSweep", "hindsight") if k in prior}
     args.out.write_text(json.dumps(doc, indent=2) + "\n")
     print(f"wrote {args.out}")
 

@@ -1,0 +1,103 @@
+"""Hindsight replica schedules: roughly how few GPU-seconds any autoscaler could spend on a workload.
+
+An autoscaler is judged against static fleets, but what it could save at best depends on the workload: on a
+flat trace the right-sized static fleet is already close to the floor. This module estimates that floor.
+It searches for a replica count per time window (default 60 s) that keeps the TTFT attainment target over
+the whole workload with the fewest GPU-seconds, replaying the workload in the simulator: the schedule is
+chosen knowing every request to come, so it starts replicas a cold start before they are needed (paying
+for them from then), which no real policy can do. `instant=True` also removes the cold start, for a
+looser estimate.
+
+The search is a descent, not an exhaustive one: start from a static schedule that meets the target (the
+caller's static-at-peak size), then lower one window at a time by one replica, highest windows first, and
+keep each change after which the whole run still meets the target; repeat until no window can be lowered.
+The result is the best schedule found. It is an estimate of what is achievable, not a proof of a bound:
+a cleverer search may find a cheaper one (e.g. raising one window to lower two).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from llmfleet.sim.engine import PoolSpec, Router, SimConfig, SimResult, simulate
+from llmfleet.sim.workload import Workload
+
+
+@dataclass(frozen=True)
+class HindsightSchedule:
+    """The cheapest schedule found, with the run that checked it."""
+
+    replicas: tuple[int, ...]  # replicas running or starting per window, from the first arrival
+    window_s: float
+    instant: bool  # replicas were ready at once (no cold start)
+    attainment: float
+    gpu_seconds: float
+    simulations: int  # how many full replays the search cost
+
+    def replica_minutes(self) -> float:
+        return sum(self.replicas) * self.window_s / 60.0
+
+
+def attainment(res: SimResult, ttft_slo_s: float) -> float:
+    """Share of all requests whose first token came within the SLO (unfinished ones count as misses)."""
+    ok = sum(1 for r in res.records if r["ttft"] is not None and r["ttft"] <= ttft_slo_s)
+    return ok / max(len(res.records), 1)
+
+
+def replay_schedule(workload: Workload, pool: PoolSpec, schedule: tuple[int, ...], ttft_slo_s: float,
+                    window_s: float, router: Callable[[], Router], instant: bool = False) -> SimResult:
+    """Replay `workload` with `pool` held at schedule[i] replicas (ready or starting) in window i.
+
+    The schedule is applied through the simulator's autoscaler hook, so a scale-up pays the pool's cold start
+    and a scale-in drains replicas (finishing what they run) exactly as under a real policy; `instant` makes
+    new replicas ready at once. Knowing the future, the search starts replicas one cold start early itself.
+    """
+    if not schedule or min(schedule) < 1:
+        raise ValueError("a schedule needs at least one window and at least one replica in every window")
+    if window_s <= 0:
+        raise ValueError(f"window_s must be > 0, got {window_s:g}")
+    t0 = workload.requests[0].arrival if workload.requests else 0.0
+    spec = replace(pool, replicas=schedule[0], min_replicas=1, max_replicas=max(schedule),
+                   cold_start_s=0.0 if instant else pool.cold_start_s)
+
+    def at(t: float) -> int:
+        return schedule[min(len(schedule) - 1, max(0, int((t - t0) // window_s)))]
+
+    def hook(now: float, _signals: object) -> dict[str, int]:
+        return {spec.name: at(now)}
+
+    # Ticks every 15 s or at the window, whichever is finer, so every window boundary is acted on.
+    cfg = SimConfig(pools=[spec], ttft_slo_s=ttft_slo_s, autoscale_interval_s=min(15.0, window_s))
+    return simulate(workload, cfg, router=router(), autoscaler=hook)
+
+
+def hindsight_schedule(workload: Workload, pool: PoolSpec, ttft_slo_s: float, start_replicas: int, *,
+                       router: Callable[[], Router], target: float = 0.99, window_s: float = 60.0,
+                       instant: bool = False) -> HindsightSchedule:
+    """Descend from `start_replicas` in every window (which must meet `target`) to the cheapest schedule found."""
+    if not workload.requests:
+        raise ValueError("the workload has no requests")
+    windows = int(workload.duration // window_s) + 1
+    schedule = [start_replicas] * windows
+    runs = 1
+    first = replay_schedule(workload, pool, tuple(schedule), ttft_slo_s, window_s, router, instant)
+    best_att, best_gpu = attainment(first, ttft_slo_s), float(first.summary["gpuSeconds"])
+    if best_att < target:
+        raise ValueError(f"the start schedule ({start_replicas} replicas throughout) meets {best_att:.4f} "
+                         f"of the SLO, below the target {target}: start higher")
+    lowered = True
+    while lowered:
+        lowered = False
+        for i in sorted(range(windows), key=lambda k: (-schedule[k], k)):
+            if schedule[i] <= 1:
+                continue
+            trial = schedule.copy()
+            trial[i] -= 1
+            res = replay_schedule(workload, pool, tuple(trial), ttft_slo_s, window_s, router, instant)
+            runs += 1
+            att, gpu = attainment(res, ttft_slo_s), float(res.summary["gpuSeconds"])
+            # Strictly cheaper only: a drain that outlasts its window can make a lowering change nothing.
+            if att >= target and gpu < best_gpu:
+                schedule, best_att, best_gpu, lowered = trial, att, gpu, True
+    return HindsightSchedule(tuple(schedule), window_s, instant, best_att, best_gpu, runs)
