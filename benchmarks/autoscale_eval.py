@@ -3,7 +3,7 @@
     python benchmarks/autoscale_eval.py [--trace PATH] [--quick]
 
 Workloads: the Mooncake synthetic trace (../shared/data/traces/) and a synthetic multi-tenant workload with a
-10x spike. Policies run through the production code: the InferenceService below -> PolicyConfig.from_service
+10x spike. Policies run through the production code: the InferenceService (autoscale_setup.py) -> PolicyConfig.from_service
 -> llmfleet.autoscaler.policy.decide every 15 s of simulated time (the simulator's autoscaler hook), with the
 production router (prefix-aware pipeline + fallback to the student pool) in front.
 
@@ -11,7 +11,13 @@ production router (prefix-aware pipeline + fallback to the student pool) in fron
   64-replica static fleet), i.e. what the model/GPU can meet at all on that workload.
 - static-at-peak: the fewest static replicas that meet the SLO for >= 99 % of requests (bisection).
 - Attainment = requests with TTFT <= SLO / all requests. GPU-seconds include the student pool's replicas.
+- Each policy runs with ROUTER_SEEDS router seeds (the table shows seed 0, the JSON all of them).
 Prints a table, writes benchmarks/results/autoscale_eval.json and docs/img/autoscale_eval_<workload>.png.
+
+Analyses of the recorded runs, each merged into the JSON under its own key: --validation (the 5x spike),
+--queue-sweep (queue at several depths, for equal-GPU-seconds comparisons), --hindsight (the cheapest schedule
+a clairvoyant search finds, llmfleet.sim.oracle), --scale-in-compare (cache-aware vs least-loaded scale-in
+under fixed schedules).
 """
 
 from __future__ import annotations
@@ -26,105 +32,31 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from autoscale_setup import (
+    GPU,
+    MAX_REPLICAS,
+    PRIMARY_COLD_S,
+    PRIMARY_MODEL,
+    ROOT,
+    ROUTER_SEEDS,
+    STUDENT_COLD_S,
+    STUDENT_MODEL,
+    STUDENT_WARM,
+    TRACE,
+    PolicyHook,
+    pools,
+    run_policy,
+    run_static,
+    service,
+    summary_row,
+    ttft_attainment,
+    workloads,
+)
 
-from llmfleet.api import InferenceService, parse_resource
-from llmfleet.autoscaler.policy import PolicyConfig, PolicyState, decide
-from llmfleet.autoscaler.seeds import seeds_for_service
 from llmfleet.router.config import router_config_from_service
-from llmfleet.sim.engine import PoolSpec, SimConfig, SimPoolSignals, SimResult, simulate
+from llmfleet.sim.engine import SimConfig, SimResult, simulate
 from llmfleet.sim.routers import LlmfleetRouter
-from llmfleet.sim.workload import SyntheticSpec, Workload, load_mooncake, synthetic
-
-ROOT = Path(__file__).resolve().parents[1]
-TRACE = ROOT.parent / "shared" / "data" / "traces" / "mooncake_synthetic_trace.jsonl"
-PRIMARY_MODEL, STUDENT_MODEL, GPU = "llama-3-8b", "llama-3.2-1b", "H200"
-PRIMARY_COLD_S, STUDENT_COLD_S, MAX_REPLICAS = 60.0, 20.0, 64
-# Router fallback thresholds of the burst configuration (see service()). The degraded-fraction cap: during
-# the first primary cold start after a 4-10x jump the ready primary replicas carry about a third of the demand,
-# so a tenant's traffic must be allowed onto the student up to about two thirds over the 60 s window (swept
-# 0.5-0.7 on both workloads and a 5x spike; docs/benchmarks/autoscale_eval.md).
-FALLBACK_QUEUE_DELAY_FRACTION, FALLBACK_MAX_DEGRADED, FALLBACK_BURN_RATE = 0.5, 0.65, 2.0
-STUDENT_WARM = 1  # student replicas kept warm (minReplicas of the student pool)
-
-
-def service(policy: str, ttft_slo_s: float, replicas: int, burst: bool = True,
-            target_queue_depth: float | None = None) -> InferenceService:
-    """The InferenceService the autoscaler reads its configuration from (spec defaults for autoscaling).
-
-    `burst`: the student pool is burst capacity: one replica kept warm, and the router falls back to it as
-    soon as the predicted primary queueing delay exceeds half the TTFT SLO or the primary burns its SLO
-    budget (up to FALLBACK_MAX_DEGRADED of a tenant's traffic per window).
-    """
-    fallback: dict[str, Any] = {"pools": [{"name": "small", "model": {"path": "/models/small"}, "replicas": 0,
-                                           "minReplicas": STUDENT_WARM if burst else 0, "maxReplicas": 8,
-                                           "resources": {"gpus": 1, "gpuType": GPU}}]}
-    if burst:
-        fallback |= {"maxQueueDelayMs": ttft_slo_s * 1000.0 * FALLBACK_QUEUE_DELAY_FRACTION,
-                     "maxDegradedFraction": FALLBACK_MAX_DEGRADED, "sloBurnRate": FALLBACK_BURN_RATE}
-    doc = {
-        "apiVersion": "llmfleet.io/v1alpha1", "kind": "InferenceService",
-        "metadata": {"name": "bench", "annotations": {"llmfleet.io/model-preset": PRIMARY_MODEL,
-                                                      "llmfleet.io/model-preset.small": STUDENT_MODEL}},
-        "spec": {
-            "model": {"path": "/models/primary"}, "replicas": replicas, "minReplicas": 1, "maxReplicas": MAX_REPLICAS,
-            "resources": {"gpus": 1, "gpuType": GPU},
-            "slo": {"ttftP95Ms": ttft_slo_s * 1000.0, "tpotP95Ms": 100.0},
-            "autoscaling": {"policy": policy} | ({"targetQueueDepth": target_queue_depth}
-                                                  if target_queue_depth is not None else {}),
-            "fallback": fallback,
-        },
-    }
-    isvc = parse_resource(doc)
-    if not isinstance(isvc, InferenceService):
-        raise TypeError("expected an InferenceService")
-    return isvc
-
-
-class PolicyHook:
-    """Adapter from the simulator's autoscaler hook to the pure policy; records every decision."""
-
-    def __init__(self, cfg: PolicyConfig) -> None:
-        self.cfg, self.state = cfg, PolicyState()
-        self.timeline: list[dict[str, Any]] = []
-        self.actions = 0
-
-    def __call__(self, now: float, sigs: list[SimPoolSignals]) -> dict[str, int]:
-        d = decide(self.cfg, sigs, self.state)
-        self.state = d.state
-        self.actions += sum(1 for p in d.pools.values() if p.desired != p.current)
-        self.timeline.append({"t": now, **{n: p.desired for n, p in d.pools.items()},
-                              "why": {n: "; ".join(p.reasons) for n, p in d.pools.items()}})
-        return d.desired()
-
-
-def pools(primary_replicas: int, with_student: bool, student_min: int = 0) -> list[PoolSpec]:
-    out = [PoolSpec(name="primary", role="primary", model=PRIMARY_MODEL, gpu=GPU, replicas=primary_replicas,
-                    min_replicas=1, max_replicas=MAX_REPLICAS, cold_start_s=PRIMARY_COLD_S)]
-    if with_student:
-        out.append(PoolSpec(name="small", role="student", model=STUDENT_MODEL, gpu=GPU, replicas=student_min,
-                            min_replicas=student_min,
-                            max_replicas=8, cold_start_s=STUDENT_COLD_S))
-    return out
-
-
-def ttft_attainment(res: SimResult, slo_s: float) -> float:
-    ok = sum(1 for r in res.records if r["ttft"] is not None and r["ttft"] <= slo_s)
-    return ok / max(len(res.records), 1)
-
-
-def run_static(w: Workload, n: int, slo_s: float) -> SimResult:
-    cfg = SimConfig(pools=pools(n, with_student=False), ttft_slo_s=slo_s)
-    return simulate(w, cfg, router=LlmfleetRouter())
-
-
-def run_policy(w: Workload, policy: str, slo_s: float, initial: int, burst: bool = True,
-               target_queue_depth: float | None = None) -> tuple[SimResult, PolicyHook]:
-    isvc = service(policy, slo_s, initial, burst, target_queue_depth)
-    hook = PolicyHook(PolicyConfig.from_service(isvc, seeds=seeds_for_service(isvc)))
-    cfg = SimConfig(pools=pools(initial, with_student=True, student_min=isvc.spec.fallback.pools[0].min_replicas),
-                    ttft_slo_s=slo_s, autoscale_interval_s=isvc.spec.autoscaling.interval_seconds)
-    fb = router_config_from_service(isvc, endpoints={}).fallback  # the production mapping of spec.fallback
-    return simulate(w, cfg, router=LlmfleetRouter(fallback=fb), autoscaler=hook), hook
+from llmfleet.sim.workload import Workload
 
 
 def static_at_peak(w: Workload, slo_s: float) -> tuple[int, SimResult]:
@@ -217,7 +149,7 @@ def plot(name: str, slo_s: float, runs: dict[str, SimResult], out: Path) -> None
 
 def evaluate(name: str, w: Workload, policies: tuple[str, ...] = ("slo", "queue"),
              known: tuple[float, int | None] | None = None, plot_it: bool = True,
-             baselines: bool = True) -> dict[str, Any]:
+             baselines: bool = True, seeds: int = 1) -> dict[str, Any]:
     """`known` = (SLO s, static-at-peak replicas) from an earlier run: skips the reference and bisection runs."""
     static: SimResult | None = None
     if known is None:
@@ -250,6 +182,13 @@ def evaluate(name: str, w: Workload, policies: tuple[str, ...] = ("slo", "queue"
         runs[policy], hooks[policy] = res, hook
         rows[policy] = summary_row(res, slo_s, actions=hook.actions,
                                    replicas=max((x["primary"] for x in hook.timeline), default=initial))
+        if seeds > 1:  # the same run with other router seeds: how much of a difference is luck
+            others = [run_policy(w, policy, slo_s, initial, seed=k)[0] for k in range(1, seeds)]
+            rows[policy]["seeds"] = {
+                "attainment": [rows[policy]["attainment"], *(round(ttft_attainment(x, slo_s), 5) for x in others)],
+                "misses": [rows[policy]["misses"], *(sum(1 for r in x.records if r["ttft"] is None or r["ttft"] > slo_s)
+                                                     for x in others)],
+                "gpuSeconds": [rows[policy]["gpuSeconds"], *(round(x.summary["gpuSeconds"], 1) for x in others)]}
     img = ROOT / "docs" / "img" / f"autoscale_eval_{name}.png"
     if plot_it:
         plot(name, slo_s, runs, img)
@@ -263,6 +202,8 @@ def evaluate(name: str, w: Workload, policies: tuple[str, ...] = ("slo", "queue"
         "gpuSecondsAtLeast30PctBelowPlannerStatic": s["gpuSeconds"] <= 0.7 * rows["static-planner-peak"]["gpuSeconds"],
         "fewerMissesThanQueueAtEqualOrFewerGpuSeconds": s["misses"] < q["misses"] and s["gpuSeconds"] <= q["gpuSeconds"],
     }
+    if "seeds" in s:
+        targets["sloAttainmentAtLeast99EverySeed"] = min(s["seeds"]["attainment"]) >= 0.99
     return {"workload": name, "requests": len(w.requests), "durationS": w.duration, "ttftSloS": slo_s,
             "referenceP99TtftS": p99, "staticAtPeakReplicas": n_peak, "plannerPeakReplicas": n_plan,
             "peakRps1m": round(peak_rps, 3), "initialReplicas": initial,
@@ -322,24 +263,34 @@ def hindsight(name: str, w: Workload, recorded: dict[str, Any], window_s: float,
     return out
 
 
-def summary_row(res: SimResult, slo_s: float, *, actions: int, replicas: int) -> dict[str, Any]:
-    att = ttft_attainment(res, slo_s)
-    return {"attainment": round(att, 5), "misses": sum(1 for r in res.records if r["ttft"] is None or r["ttft"] > slo_s),
-            "gpuSeconds": round(res.summary["gpuSeconds"], 1),
-            "degradedFraction": round(res.summary["degradedFraction"], 4), "scalingActions": actions,
-            "peakPrimaryReplicas": replicas, "ttftP95S": res.summary["ttft"]["p95"],
-            "ttftP99S": res.summary["ttft"]["p99"]}
-
-
-def workloads(trace: Path | None, quick: bool, spike_factor: float = 10.0) -> dict[str, Workload]:
-    """The spike workload, preceded by the trace unless `trace` is None (not asked for)."""
-    spike = SyntheticSpec(duration_s=1200.0 if quick else 2400.0, rate_rps=12.0, diurnal_amplitude=0.0,
-                          bursts=[(600.0, 300.0, spike_factor)], seed=1)
-    out = {f"bursty-{spike_factor:g}x": synthetic(spike)}
-    if trace is not None and trace.exists():
-        out = {"mooncake": load_mooncake(trace), **out}
-    elif trace is not None:
-        print(f"trace {trace} not found: skipping it", file=sys.stderr)
+def scale_in_comparison(name: str, w: Workload, recorded: dict[str, Any]) -> dict[str, Any]:
+    """Which replicas a scale-in drains, with the scaling decisions held fixed: the production choice
+    (cache-aware: fewest prefix blocks only that replica caches, per the router's index) against the least
+    loaded. Two fixed schedules, each replayed under both choices: `slo`'s own decisions (recorded once), and
+    an oscillation around the static-at-peak size n (n+1, n, n-1, n, ... every 2 minutes; many scale-ins)."""
+    slo_s, n = recorded["ttftSloS"], recorded["staticAtPeakReplicas"]
+    initial = recorded.get("initialReplicas") or 1
+    _, hook = run_policy(w, "slo", slo_s, initial)
+    decided = {round(x["t"], 6): {"primary": x["primary"], "small": x["small"]} for x in hook.timeline}
+    t0 = w.requests[0].arrival
+    isvc = service("slo", slo_s, initial)
+    fb = router_config_from_service(isvc, endpoints={}).fallback
+    schedules: dict[str, tuple[int, Any]] = {
+        "sloDecisions": (initial, lambda now, _s: decided[round(now, 6)]),
+        "oscillating": (n + 1, lambda now, _s: {"primary": max(1, n + (1, 0, -1, 0)[int((now - t0) // 120) % 4]),
+                                                "small": STUDENT_WARM}),
+    }
+    out: dict[str, Any] = {"workload": name, "ttftSloS": slo_s}
+    for label, (start, schedule) in schedules.items():
+        for choice in ("cache-aware", "least-loaded"):
+            cfg = SimConfig(pools=pools(start, with_student=True, student_min=STUDENT_WARM), ttft_slo_s=slo_s,
+                            autoscale_interval_s=isvc.spec.autoscaling.interval_seconds, scale_in=choice)
+            res = simulate(w, cfg, router=LlmfleetRouter(fallback=fb), autoscaler=schedule)
+            prim = [r for r in res.records if r["pool"] == "primary"]
+            row = summary_row(res, slo_s, actions=0, replicas=0)
+            out.setdefault(label, {})[choice] = {
+                k: row[k] for k in ("attainment", "misses", "gpuSeconds", "degradedFraction")
+            } | {"primaryHitRate": round(sum(r["hitTokens"] for r in prim) / max(1, sum(r["prompt"] for r in prim)), 4)}
     return out
 
 
@@ -360,10 +311,35 @@ def main() -> None:
                     help="only search the cheapest hindsight schedule (windows of these many seconds) for the recorded "
                          "workloads in --out and merge it under `hindsight`")
     ap.add_argument("--workload", action="append", help="with --hindsight: only these recorded workloads")
+    ap.add_argument("--scale-in-compare", action="store_true",
+                    help="only compare cache-aware and least-loaded scale-in under fixed schedules for the recorded "
+                         "workloads in --out and merge it under `scaleIn`")
+    ap.add_argument("--seeds", type=int, default=ROUTER_SEEDS,
+                    help="run each policy with this many router seeds (0 .. N-1); the table shows seed 0")
     ap.add_argument("--instant", action="store_true",
                     help="with --hindsight: also search with replicas ready at once (no cold start)")
     args = ap.parse_args()
     started = time.time()
+    if args.scale_in_compare:
+        doc = json.loads(args.out.read_text())
+        recorded = {r["workload"]: r for r in [*doc["results"], *doc.get("validation", {}).get("results", [])]}
+        spikes = sorted({float(k.split("-")[1].rstrip("x")) for k in recorded if k.startswith("bursty-")})
+        ws = {}
+        for f in spikes:
+            ws |= workloads(None if ws or "mooncake" not in recorded else args.trace, args.quick, f)
+        found = [scale_in_comparison(name, w, recorded[name]) for name, w in ws.items() if name in recorded]
+        for r in found:
+            for label in ("sloDecisions", "oscillating"):
+                print(f"{r['workload']} {label}: " + "; ".join(
+                    f"{c} {x['misses']} misses, {x['gpuSeconds']:.0f} GPU-s, degraded {x['degradedFraction']:.3f}, "
+                    f"primary hit rate {x['primaryHitRate']:.3f}" for c, x in r[label].items()))
+        doc = json.loads(args.out.read_text())
+        doc["scaleIn"] = {"command": " ".join(["python", *sys.argv]),
+                          "date": datetime.now(UTC).isoformat(timespec="seconds"),
+                          "wallSeconds": round(time.time() - started, 1), "results": found}
+        args.out.write_text(json.dumps(doc, indent=2) + "\n")
+        print(f"merged into {args.out}")
+        return
     if args.hindsight:
         doc = json.loads(args.out.read_text())
         recorded = {r["workload"]: r for r in [*doc["results"], *doc.get("validation", {}).get("results", [])]
@@ -408,7 +384,7 @@ def main() -> None:
         print(f"merged into {args.out}")
         return
     trace = None if args.no_trace else args.trace
-    results = [evaluate(name, w) for name, w in workloads(trace, args.quick, args.spike).items()]
+    results = [evaluate(name, w, seeds=args.seeds) for name, w in workloads(trace, args.quick, args.spike).items()]
     print(f"{'workload':12} {'policy':19} {'attain':>7} {'misses':>6} {'GPU-s':>9} {'degraded':>8} {'actions':>7} "
           f"{'peak':>4} {'p99 TTFT':>8}")
     for r in results:
@@ -416,6 +392,11 @@ def main() -> None:
             print(f"{r['workload']:12} {policy:19} {row['attainment']:7.4f} {row['misses']:6d} {row['gpuSeconds']:9.0f} "
                   f"{row['degradedFraction']:8.4f} {row['scalingActions']:7d} {row['peakPrimaryReplicas']:4d} "
                   f"{row['ttftP99S']:8.2f}")
+            if "seeds" in row:
+                sd = row["seeds"]
+                print(f"{'':12} {'  router seeds':19} {min(sd['attainment']):.4f}-{max(sd['attainment']):.4f} "
+                      f"misses {min(sd['misses'])}-{max(sd['misses'])} GPU-s {min(sd['gpuSeconds']):.0f}-"
+                      f"{max(sd['gpuSeconds']):.0f}")
         print(f"  SLO {r['ttftSloS']:.2f} s; targets: " + ", ".join(f"{k}={'PASS' if v else 'FAIL'}"
                                                                      for k, v in r["targets"].items()))
     doc = {"benchmark": "autoscale_eval", "command": " ".join(["python", *sys.argv]),
@@ -430,7 +411,7 @@ def main() -> None:
     if args.validation:  # the main results stay; this run is the validation shape
         doc = prior | {"validation": {k: doc[k] for k in ("command", "date", "wallSeconds", "results")}}
     else:  # keep the validation, queue sweep and hindsight sections (each records its own command and date)
-        doc |= {k: prior[k] for k in ("validation", "queueSweep", "hindsight") if k in prior}
+        doc |= {k: prior[k] for k in ("validation", "queueSweep", "hindsight", "scaleIn") if k in prior}
     args.out.write_text(json.dumps(doc, indent=2) + "\n")
     print(f"wrote {args.out}")
 

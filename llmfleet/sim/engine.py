@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from llmfleet.api.trainingjob import ModelShape
+from llmfleet.autoscaler.actuation import Replica as ScaleInReplica
 from llmfleet.autoscaler.policy import PoolSignals
+from llmfleet.autoscaler.scalein import choose_victims
 from llmfleet.plan.hardware import get_gpu
 from llmfleet.plan.models import get_model
 from llmfleet.plan.roofline import StepCostModel, calibrate, host_kv_tier, kv_capacity
@@ -96,6 +98,10 @@ class SimConfig:
     ttft_slo_s: float = 2.0
     tpot_slo_s: float = 0.1
     autoscale_interval_s: float = 15.0
+    # Which replicas a scale-in drains: "cache-aware" is the production choice (llmfleet.autoscaler.scalein:
+    # not-ready ones, then the fewest prefix blocks only that replica caches per the router's index, then the
+    # fewest in flight); "least-loaded" ignores the index (what the simulator did before; for comparison).
+    scale_in: Literal["cache-aware", "least-loaded"] = "cache-aware"
     series_interval_s: float = 10.0
     seed: int = 0
     check_invariants: bool = False  # verify block accounting after every step (slow; tests)
@@ -175,6 +181,11 @@ class Router:
 
     def replica_changed(self, rep: Replica) -> None:
         """The replica's running/waiting queues or KV blocks may have changed."""
+
+    def blocks_lost_if_removed(self, reps: list[Replica]) -> dict[str, int] | None:
+        """Per replica id: cached prefix blocks no other replica holds, as the production router's index
+        reports them to the autoscaler for scale-in. None: this router keeps no prefix index."""
+        return None
 
 
 @dataclass
@@ -314,7 +325,7 @@ def _simulate(workload: Workload, cfg: SimConfig, router: Router | str,
                     for r in waiting:
                         dispatch(r, now)
             elif kind == _TICK and autoscaler is not None:
-                _autoscale(fleet, autoscaler, cfg, now, window, done_window, push, stop_if_drained)
+                _autoscale(fleet, autoscaler, rt, cfg, now, window, done_window, push, stop_if_drained)
                 window, done_window = [], []
                 if more(now):
                     push(now + cfg.autoscale_interval_s, _TICK)
@@ -369,7 +380,7 @@ def _p95(xs: list[float]) -> float | None:
     return xs[min(len(xs) - 1, int(math.ceil(0.95 * len(xs))) - 1)]
 
 
-def _autoscale(fleet: Fleet, autoscaler: Autoscaler, cfg: SimConfig, now: float, arrivals: list[Request],
+def _autoscale(fleet: Fleet, autoscaler: Autoscaler, router: Router, cfg: SimConfig, now: float, arrivals: list[Request],
                done: list[Request], push: Callable[..., None], stop_if_drained: Callable[[Replica, float], None]) -> None:
     iv = cfg.autoscale_interval_s
     sigs = []
@@ -405,9 +416,13 @@ def _autoscale(fleet: Fleet, autoscaler: Autoscaler, cfg: SimConfig, now: float,
                 rep = fleet.add(spec.name, now, now + spec.cold_start_s)
                 push(rep.ready_at, _READY, rep.id)
         elif want < len(live):
-            # drain the replicas that are not ready yet first, then the least loaded
-            live.sort(key=lambda r: (r.ready_at <= now, len(r.running) + len(r.waiting)))
-            for rep in live[: len(live) - want]:
+            # the production choice of victims (choose_victims), fed what the production router would report
+            by_id = {str(r.id): r for r in live}
+            views = [ScaleInReplica(pool=spec.name, name=k, ready=r.ready_at <= now) for k, r in by_id.items()]
+            lost = router.blocks_lost_if_removed(live) if cfg.scale_in == "cache-aware" else None
+            in_flight = {k: float(len(r.running) + len(r.waiting)) for k, r in by_id.items()}
+            for view in choose_victims(views, len(live) - want, lost, in_flight):
+                rep = by_id[view.name]
                 rep.draining = True
                 fleet.unroute(rep)
                 stop_if_drained(rep, now)

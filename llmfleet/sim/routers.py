@@ -238,6 +238,10 @@ class LlmfleetRouter(Router):
                 self.state_lists[rep.pool].remove(st)
                 self.index.remove_replica(st.id)
 
+    def blocks_lost_if_removed(self, reps: list[Replica]) -> dict[str, int] | None:
+        # the same count the production router exports as llmfleet_router_replica_exclusive_blocks
+        return {str(r.id): self.index.hot_blocks_lost_if_removed(str(r.id)) for r in reps}
+
     def replica_changed(self, rep: Replica) -> None:
         """Copy the replica's load into its router state (the engine calls this after every change, so the
         scorers read exact numbers as plain fields: they read ~100 of them per request at 32 candidates)."""
