@@ -34,6 +34,7 @@ from llmfleet.autoscaler.capacity import (
     service_seconds,
     wait_p95_seconds,
 )
+from llmfleet.autoscaler.stabilize import stabilize
 from llmfleet.autoscaler.state import Action, PolicyState, PoolState
 
 __all__ = ["Action", "Decision", "PolicyConfig", "PolicyState", "PoolConfig", "PoolDecision", "PoolSignals",
@@ -358,61 +359,6 @@ def _queue_rec(cfg: PolicyConfig, sig: PoolSignals) -> tuple[int, list[str]]:
     return n, [f"queue {sig.queue_depth:.1f} / target {cfg.target_queue_depth:g} per replica -> {n}"]
 
 
-def _stabilize(
-    cfg: PolicyConfig, pool: PoolConfig, st: PoolState, sig: PoolSignals, rec: int, reasons: list[str]
-) -> tuple[int, Action]:
-    """HPA-style windows, steps and cooldown; returns (desired, action).
-
-    One exception to "down to the highest recommendation of the down-window, maxScaleDownStep at a
-    time": capacity that is clearly idle (the highest recommendation over a short window of two cold
-    starts is at most `idle_fraction` of the current size) is released by half the excess per cooldown.
-    A burst that ended leaves most of its replicas idle; holding them for the whole down-window and then
-    shedding one per cooldown costs more GPU time than the burst itself. Two cold starts is the horizon
-    within which the forecast has to see demand coming back (it plans one cold start ahead).
-    """
-    now, current = sig.now, sig.replicas
-    if st.first_seen is None:
-        st.first_seen = now
-    st.history.append((now, rec))
-    keep = max(cfg.up_window_s, cfg.down_window_s)
-    st.history = [(t, r) for t, r in st.history if t >= now - keep]
-    up = min(r for t, r in st.history if t >= now - cfg.up_window_s)
-    down = max(r for t, r in st.history if t >= now - cfg.down_window_s)
-    if current < pool.min_replicas or current > pool.max_replicas:
-        reasons.append(f"outside [{pool.min_replicas}, {pool.max_replicas}]")
-        return _clamp(current, pool), ("up" if current < pool.min_replicas else "down")
-    if up > current:
-        desired = min(up, current + cfg.max_up_step)
-        if desired < up:
-            reasons.append(f"step limited to +{cfg.max_up_step}")
-        return desired, "up"
-    if down < current:
-        if sig.stale:
-            reasons.append("stale metrics never scale down")
-            return current, "hold"
-        short = max(2 * cold_start_seconds(cfg, pool, st), 4 * cfg.interval_s)
-        idle = max(r for t, r in st.history if t >= now - short)
-        if (
-            cfg.idle_fraction > 0
-            and idle <= cfg.idle_fraction * current
-            and now - st.first_seen >= short
-            and (st.last_action_at is None or now - st.last_action_at >= cfg.cooldown_s)
-        ):
-            step = max(cfg.max_down_step, math.ceil((current - idle) / 2))
-            reasons.append(f"clearly idle: highest recommendation over {short:g} s is {idle}: -{step}")
-            return max(idle, current - step), "down"
-        if now - st.first_seen < cfg.down_window_s:
-            reasons.append(f"scale-down waits for a full {cfg.down_window_s:g} s window of history")
-            return current, "hold"
-        if st.last_action_at is not None and now - st.last_action_at < cfg.cooldown_s:
-            reasons.append(f"cooldown: last action {now - st.last_action_at:.0f} s ago")
-            return current, "hold"
-        desired = max(down, current - cfg.max_down_step)
-        reasons.append(f"highest recommendation over {cfg.down_window_s:g} s is {down}")
-        return desired, "down"
-    return current, "hold"
-
-
 def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState) -> Decision:
     """Desired replicas for every configured pool. `state` is not modified; use `Decision.state` next time."""
     state = copy.deepcopy(state)
@@ -468,7 +414,7 @@ def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState
             desired = rec
             action = "up" if rec > sig.replicas else "down" if rec < sig.replicas else "hold"
         else:
-            desired, action = _stabilize(cfg, pool, st, sig, rec, reasons)
+            desired, action = stabilize(cfg, pool, st, sig, rec, reasons, cold_start_seconds(cfg, pool, st))
         if desired == sig.replicas:
             action = "hold"
         if action != "hold":

@@ -19,6 +19,7 @@ class PoolState:
     """Memory of one pool across decisions."""
 
     history: list[tuple[float, int]] = field(default_factory=list)  # (time, raw recommendation)
+    ttft_history: list[tuple[float, float]] = field(default_factory=list)  # (time, measured TTFT p95 ms)
     last_action_at: float | None = None
     last_action: Action = "hold"
     efficiency: float = 1.0  # learned capacity / seeded capacity

@@ -384,3 +384,37 @@ def test_idle_fast_path_respects_stale_metrics() -> None:
     w = World(config(), replicas={"primary": 12, "small": 0})
     w.run(lambda t: 1.0, 900, stale=True)
     assert w.replicas["primary"] == 12
+
+
+@pytest.mark.parametrize(
+    ("ttft_ms", "until_s", "expect_first_down_after"),
+    [
+        (1000.0, None, 300 - 15),  # measured p95 under the planned 1,400 ms (0.7 x SLO): the ordinary path
+        (1500.0, None, None),  # above the plan in every interval: the model's headroom is not real, hold
+        (1500.0, 300.0, 600 - 15),  # the last high interval must age out of the 300 s window first
+    ],
+)
+def test_slo_scale_down_needs_the_headroom_in_measured_ttft(
+    ttft_ms: float, until_s: float | None, expect_first_down_after: float | None
+) -> None:
+    w = World(config(), replicas={"primary": 4, "small": 0})  # 5 req/s needs 3 of 4: not clearly idle
+    t = 0.0
+    while t <= 1200:
+        high = until_s is None or t <= until_s
+        w.tick(t, 5.0, ttft=ttft_ms if high else 1000.0)
+        t += w.cfg.interval_s
+    downs = [(tt, d.pools["primary"]) for tt, _, d in w.log if d.pools["primary"].action == "down"]
+    if expect_first_down_after is None:
+        assert not downs and w.replicas["primary"] == 4
+        assert "no scale-down" in " ".join(w.log[-1][2].pools["primary"].reasons)
+    else:
+        assert downs and downs[0][0] >= expect_first_down_after
+        assert w.replicas["primary"] >= needed(5.0)
+
+
+def test_queue_policy_scale_down_ignores_ttft() -> None:
+    # the KEDA-like baseline has no latency model to distrust: the guard is the slo policy's
+    w = World(config("queue", target_queue_depth=1.0), replicas={"primary": 4, "small": 0})
+    for k in range(60):
+        w.tick(k * 15.0, 5.0, ttft=1900.0)
+    assert w.replicas["primary"] < 4

@@ -1,0 +1,84 @@
+"""Stabilization of the scaling policies' raw recommendations: windows, steps, cooldown (HPA behaviour).
+
+Split out of `policy.py` (which calls `stabilize` for the `slo` and `queue` policies); pure, mutates only the
+pool's state it is given.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from llmfleet.autoscaler.state import Action, PoolState
+
+if TYPE_CHECKING:
+    from llmfleet.autoscaler.policy import PolicyConfig, PoolConfig, PoolSignals
+
+
+def stabilize(
+    cfg: PolicyConfig, pool: PoolConfig, st: PoolState, sig: PoolSignals, rec: int, reasons: list[str], cold_s: float
+) -> tuple[int, Action]:
+    """HPA-style windows, steps and cooldown; returns (desired, action).
+
+    One exception to "down to the highest recommendation of the down-window, maxScaleDownStep at a
+    time": capacity that is clearly idle (the highest recommendation over a short window of two cold
+    starts is at most `idle_fraction` of the current size) is released by half the excess per cooldown.
+    A burst that ended leaves most of its replicas idle; holding them for the whole down-window and then
+    shedding one per cooldown costs more GPU time than the burst itself. Two cold starts is the horizon
+    within which the forecast has to see demand coming back (it plans one cold start ahead).
+    """
+    now, current = sig.now, sig.replicas
+    if st.first_seen is None:
+        st.first_seen = now
+    st.history.append((now, rec))
+    keep = max(cfg.up_window_s, cfg.down_window_s)
+    st.history = [(t, r) for t, r in st.history if t >= now - keep]
+    if sig.ttft_p95_ms is not None and not sig.stale:
+        st.ttft_history.append((now, sig.ttft_p95_ms))
+    st.ttft_history = [(t, p) for t, p in st.ttft_history if t >= now - cfg.down_window_s]
+    up = min(r for t, r in st.history if t >= now - cfg.up_window_s)
+    down = max(r for t, r in st.history if t >= now - cfg.down_window_s)
+    if current < pool.min_replicas or current > pool.max_replicas:
+        reasons.append(f"outside [{pool.min_replicas}, {pool.max_replicas}]")
+        return min(max(current, pool.min_replicas), pool.max_replicas), ("up" if current < pool.min_replicas else "down")
+    if up > current:
+        desired = min(up, current + cfg.max_up_step)
+        if desired < up:
+            reasons.append(f"step limited to +{cfg.max_up_step}")
+        return desired, "up"
+    if down < current:
+        if sig.stale:
+            reasons.append("stale metrics never scale down")
+            return current, "hold"
+        short = max(2 * cold_s, 4 * cfg.interval_s)
+        idle = max(r for t, r in st.history if t >= now - short)
+        if (
+            cfg.idle_fraction > 0
+            and idle <= cfg.idle_fraction * current
+            and now - st.first_seen >= short
+            and (st.last_action_at is None or now - st.last_action_at >= cfg.cooldown_s)
+        ):
+            step = max(cfg.max_down_step, math.ceil((current - idle) / 2))
+            reasons.append(f"clearly idle: highest recommendation over {short:g} s is {idle}: -{step}")
+            return max(idle, current - step), "down"
+        if now - st.first_seen < cfg.down_window_s:
+            reasons.append(f"scale-down waits for a full {cfg.down_window_s:g} s window of history")
+            return current, "hold"
+        # The model's headroom must show in the measured latency. It plans TTFT at ttft_target_fraction of the
+        # SLO; an interval of the window that measured more says the model is optimistic at this size (it
+        # counts on the prefix hit rate of the current fleet, which falls when a replica's cache goes, and
+        # heavy-tailed prompts make queueing worse than its estimate), so one replica fewer would spend margin
+        # that is not there. Clearly idle capacity (above) is released regardless.
+        planned_ms = cfg.ttft_target_fraction * cfg.ttft_slo_ms
+        worst = max((p for _, p in st.ttft_history), default=None)
+        if cfg.policy == "slo" and worst is not None and worst > planned_ms:
+            reasons.append(f"TTFT p95 reached {worst:.0f} ms in the last {cfg.down_window_s:g} s, above the "
+                           f"planned {planned_ms:.0f} ms: no scale-down")
+            return current, "hold"
+        if st.last_action_at is not None and now - st.last_action_at < cfg.cooldown_s:
+            reasons.append(f"cooldown: last action {now - st.last_action_at:.0f} s ago")
+            return current, "hold"
+        desired = max(down, current - cfg.max_down_step)
+        reasons.append(f"highest recommendation over {cfg.down_window_s:g} s is {down}")
+        return desired, "down"
+    return current, "hold"
