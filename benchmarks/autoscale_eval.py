@@ -378,6 +378,7 @@ def main() -> None:
                               for q, x in r["queueByTargetQueueDepth"].items())
                   + f"; queue misses at slo's GPU-s (interpolated): {r['queueMissesAtSloGpuSeconds']}; fewest of any "
                   f"queue setting spending >= slo's GPU-s: {r['queueFewestMissesAtOrAboveSloGpuSeconds']}")
+        doc = json.loads(args.out.read_text())  # again: other runs may have written it while this one ran
         doc["queueSweep"] = {"command": " ".join(["python", *sys.argv]), "date": datetime.now(UTC).isoformat(timespec="seconds"),
                              "wallSeconds": round(time.time() - started, 1), "results": sweep}
         args.out.write_text(json.dumps(doc, indent=2) + "\n")

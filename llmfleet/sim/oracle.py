@@ -9,8 +9,9 @@ for them from then), which no real policy can do. `instant=True` also removes th
 looser estimate.
 
 The search is a descent, not an exhaustive one: start from a static schedule that meets the target (the
-caller's static-at-peak size), then lower one window at a time by one replica, highest windows first, and
-keep each change after which the whole run still meets the target; repeat until no window can be lowered.
+caller's static-at-peak size), then lower one window at a time, highest windows first, to the fewest
+replicas (bisected) after which the whole run still meets the target and costs less; repeat until no
+window can be lowered.
 The result is the best schedule found. It is an estimate of what is achievable, not a proof of a bound:
 a cleverer search may find a cheaper one (e.g. raising one window to lower two).
 """
@@ -90,14 +91,19 @@ def hindsight_schedule(workload: Workload, pool: PoolSpec, ttft_slo_s: float, st
     while lowered:
         lowered = False
         for i in sorted(range(windows), key=lambda k: (-schedule[k], k)):
-            if schedule[i] <= 1:
-                continue
-            trial = schedule.copy()
-            trial[i] -= 1
-            res = replay_schedule(workload, pool, tuple(trial), ttft_slo_s, window_s, router, instant)
-            runs += 1
-            att, gpu = attainment(res, ttft_slo_s), float(res.summary["gpuSeconds"])
-            # Strictly cheaper only: a drain that outlasts its window can make a lowering change nothing.
-            if att >= target and gpu < best_gpu:
-                schedule, best_att, best_gpu, lowered = trial, att, gpu, True
+            # Bisect window i's count in [1, current): fewer replicas in a window never help its requests,
+            # so the lowest count that keeps the target is found in log2(current) replays, not current - 1.
+            lo, hi = 1, schedule[i]
+            while lo < hi:
+                mid = (lo + hi) // 2
+                trial = schedule.copy()
+                trial[i] = mid
+                res = replay_schedule(workload, pool, tuple(trial), ttft_slo_s, window_s, router, instant)
+                runs += 1
+                att, gpu = attainment(res, ttft_slo_s), float(res.summary["gpuSeconds"])
+                # Strictly cheaper only: a drain that outlasts its window can make a lowering change nothing.
+                if att >= target and gpu < best_gpu:
+                    schedule, best_att, best_gpu, lowered, hi = trial, att, gpu, True, mid
+                else:
+                    lo = mid + 1
     return HindsightSchedule(tuple(schedule), window_s, instant, best_att, best_gpu, runs)
