@@ -55,6 +55,7 @@ from autoscale_setup import (
 
 from llmfleet.router.config import router_config_from_service
 from llmfleet.sim.engine import SimConfig, SimResult, simulate
+from llmfleet.sim.oracle import Order
 from llmfleet.sim.routers import LlmfleetRouter
 from llmfleet.sim.workload import Workload
 
@@ -241,7 +242,7 @@ def queue_sweep(name: str, w: Workload, recorded: dict[str, Any], targets: list[
 
 
 def hindsight(name: str, w: Workload, recorded: dict[str, Any], window_s: float,
-              instant: bool = False) -> dict[str, Any]:
+              instant: bool = False, orders: tuple[Order, ...] = ("highest",)) -> dict[str, Any]:
     """The cheapest primary-only schedule found with hindsight (llmfleet.sim.oracle), with the pool's cold start
     (and, if `instant`, also without it), against the recorded static-at-peak and `slo` runs: roughly how much
     any policy could save on this workload without serving requests from the student."""
@@ -250,12 +251,12 @@ def hindsight(name: str, w: Workload, recorded: dict[str, Any], window_s: float,
     slo_s, n_static = recorded["ttftSloS"], recorded["staticAtPeakReplicas"]
     static_gpu, slo_row = recorded["policies"]["static-at-peak"]["gpuSeconds"], recorded["policies"]["slo"]
     out: dict[str, Any] = {"workload": name, "ttftSloS": slo_s, "windowS": window_s,
-                           "staticAtPeak": {"replicas": n_static, "gpuSeconds": static_gpu},
+                           "staticAtPeak": {"replicas": n_static, "gpuSeconds": static_gpu}, "orders": list(orders),
                            "slo": {"gpuSeconds": slo_row["gpuSeconds"], "attainment": slo_row["attainment"]}}
     for label, ready_at_once in (("withColdStart", False), ("instant", True))[: 2 if instant else 1]:
         started = time.time()
         found = hindsight_schedule(w, pools(n_static, with_student=False)[0], slo_s, n_static,
-                                   router=LlmfleetRouter, window_s=window_s, instant=ready_at_once)
+                                   router=LlmfleetRouter, window_s=window_s, instant=ready_at_once, orders=orders)
         out[label] = {"replicas": list(found.replicas), "attainment": round(found.attainment, 5),
                       "gpuSeconds": round(found.gpu_seconds, 1),
                       "vsStaticAtPeak": round(found.gpu_seconds / static_gpu - 1.0, 4),
@@ -316,6 +317,8 @@ def main() -> None:
                          "workloads in --out and merge it under `scaleIn`")
     ap.add_argument("--seeds", type=int, default=ROUTER_SEEDS,
                     help="run each policy with this many router seeds (0 .. N-1); the table shows seed 0")
+    ap.add_argument("--orders", nargs="+", choices=["highest", "forward", "backward"], default=["highest"],
+                    help="with --hindsight: one descent per window order, keep the cheapest")
     ap.add_argument("--instant", action="store_true",
                     help="with --hindsight: also search with replicas ready at once (no cold start)")
     args = ap.parse_args()
@@ -348,7 +351,7 @@ def main() -> None:
         ws = {}
         for f in spikes or [10.0]:
             ws |= workloads(None if ws or "mooncake" not in recorded else args.trace, args.quick, f)
-        found = [hindsight(name, w, recorded[name], win, args.instant) for win in args.hindsight
+        found = [hindsight(name, w, recorded[name], win, args.instant, tuple(args.orders)) for win in args.hindsight
                  for name, w in ws.items() if name in recorded]
         for r in found:
             print(f"{r['workload']} ({r['windowS']:g} s windows): static-at-peak {r['staticAtPeak']['gpuSeconds']:.0f} "

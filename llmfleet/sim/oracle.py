@@ -9,9 +9,10 @@ for them from then), which no real policy can do. `instant=True` also removes th
 looser estimate.
 
 The search is a descent, not an exhaustive one: start from a static schedule that meets the target (the
-caller's static-at-peak size), then lower one window at a time, highest windows first, to the fewest
-replicas (bisected) after which the whole run still meets the target and costs less; repeat until no
-window can be lowered.
+caller's static-at-peak size), then lower one window at a time by one replica, highest windows first
+(or in time order, forward or backward), and keep each change after which the whole run still meets the
+target and costs less; repeat until no window can be lowered. Different orders end in different local
+optima, so the search can run several and keep the cheapest.
 The result is the best schedule found. It is an estimate of what is achievable, not a proof of a bound:
 a cleverer search may find a cheaper one (e.g. raising one window to lower two).
 """
@@ -20,9 +21,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Literal
 
 from llmfleet.sim.engine import PoolSpec, Router, SimConfig, SimResult, simulate
 from llmfleet.sim.workload import Workload
+
+Order = Literal["highest", "forward", "backward"]
 
 
 @dataclass(frozen=True)
@@ -75,8 +79,28 @@ def replay_schedule(workload: Workload, pool: PoolSpec, schedule: tuple[int, ...
 
 def hindsight_schedule(workload: Workload, pool: PoolSpec, ttft_slo_s: float, start_replicas: int, *,
                        router: Callable[[], Router], target: float = 0.99, window_s: float = 60.0,
-                       instant: bool = False) -> HindsightSchedule:
-    """Descend from `start_replicas` in every window (which must meet `target`) to the cheapest schedule found."""
+                       instant: bool = False, orders: tuple[Order, ...] = ("highest",)) -> HindsightSchedule:
+    """Descend from `start_replicas` in every window (which must meet `target`) to the cheapest schedule found.
+
+    `orders`: the order in which each pass visits the windows ("highest" count first, "forward" or "backward"
+    in time); with several, one descent per order, and the cheapest result (each descent is a local search
+    and different orders end in different schedules; `simulations` counts them all).
+    """
+    found = [_descend(workload, pool, ttft_slo_s, start_replicas, router, target, window_s, instant, o) for o in orders]
+    best = min(found, key=lambda f: f.gpu_seconds)
+    return replace(best, simulations=sum(f.simulations for f in found))
+
+
+def _order(schedule: list[int], order: Order) -> list[int]:
+    idx = list(range(len(schedule)))
+    if order == "highest":
+        return sorted(idx, key=lambda k: (-schedule[k], k))
+    return idx if order == "forward" else idx[::-1]
+
+
+def _descend(workload: Workload, pool: PoolSpec, ttft_slo_s: float, start_replicas: int,
+             router: Callable[[], Router], target: float, window_s: float, instant: bool,
+             order: Order) -> HindsightSchedule:
     if not workload.requests:
         raise ValueError("the workload has no requests")
     windows = int(workload.duration // window_s) + 1
@@ -90,20 +114,17 @@ def hindsight_schedule(workload: Workload, pool: PoolSpec, ttft_slo_s: float, st
     lowered = True
     while lowered:
         lowered = False
-        for i in sorted(range(windows), key=lambda k: (-schedule[k], k)):
-            # Bisect window i's count in [1, current): fewer replicas in a window never help its requests,
-            # so the lowest count that keeps the target is found in log2(current) replays, not current - 1.
-            lo, hi = 1, schedule[i]
-            while lo < hi:
-                mid = (lo + hi) // 2
-                trial = schedule.copy()
-                trial[i] = mid
-                res = replay_schedule(workload, pool, tuple(trial), ttft_slo_s, window_s, router, instant)
-                runs += 1
-                att, gpu = attainment(res, ttft_slo_s), float(res.summary["gpuSeconds"])
-                # Strictly cheaper only: a drain that outlasts its window can make a lowering change nothing.
-                if att >= target and gpu < best_gpu:
-                    schedule, best_att, best_gpu, lowered, hi = trial, att, gpu, True, mid
-                else:
-                    lo = mid + 1
+        for i in _order(schedule, order):
+            if schedule[i] <= 1:
+                continue
+            # One replica at a time, every window in turn: lowering one window all the way first (bisecting
+            # it) was tried and ends in worse schedules, since it takes margin the neighbouring windows need.
+            trial = schedule.copy()
+            trial[i] -= 1
+            res = replay_schedule(workload, pool, tuple(trial), ttft_slo_s, window_s, router, instant)
+            runs += 1
+            att, gpu = attainment(res, ttft_slo_s), float(res.summary["gpuSeconds"])
+            # Strictly cheaper only: a drain that outlasts its window can make a lowering change nothing.
+            if att >= target and gpu < best_gpu:
+                schedule, best_att, best_gpu, lowered = trial, att, gpu, True
     return HindsightSchedule(tuple(schedule), window_s, instant, best_att, best_gpu, runs)

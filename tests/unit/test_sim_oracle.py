@@ -54,3 +54,11 @@ def test_a_start_that_misses_the_target_is_refused() -> None:
         hindsight_schedule(_burst(), _pool(0.0), SLO_S, 1, router=LlmfleetRouter, target=1.0, window_s=10.0)
     with pytest.raises(ValueError, match="at least one replica"):
         replay_schedule(_burst(), _pool(0.0), (1, 0), SLO_S, 10.0, LlmfleetRouter)
+
+
+def test_several_orders_keep_the_cheapest_and_count_every_replay() -> None:
+    one = hindsight_schedule(_burst(), _pool(10.0), SLO_S, 4, router=LlmfleetRouter, target=1.0, window_s=10.0)
+    three = hindsight_schedule(_burst(), _pool(10.0), SLO_S, 4, router=LlmfleetRouter, target=1.0, window_s=10.0,
+                               orders=("forward", "backward", "highest"))
+    assert three.replicas == one.replicas and three.gpu_seconds <= one.gpu_seconds
+    assert three.simulations > 2 * one.simulations
