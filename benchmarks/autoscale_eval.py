@@ -264,11 +264,12 @@ def hindsight(name: str, w: Workload, recorded: dict[str, Any], window_s: float,
     return out
 
 
-def scale_in_comparison(name: str, w: Workload, recorded: dict[str, Any]) -> dict[str, Any]:
+def scale_in_comparison(name: str, w: Workload, recorded: dict[str, Any], seeds: int = 1) -> dict[str, Any]:
     """Which replicas a scale-in drains, with the scaling decisions held fixed: the production choice
     (cache-aware: fewest prefix blocks only that replica caches, per the router's index) against the least
-    loaded. Two fixed schedules, each replayed under both choices: `slo`'s own decisions (recorded once), and
-    an oscillation around the static-at-peak size n (n+1, n, n-1, n, ... every 2 minutes; many scale-ins)."""
+    loaded. Two fixed schedules, each replayed under both choices with router seeds 0 .. seeds-1: `slo`'s own
+    decisions (recorded once, seed 0), and an oscillation around the static-at-peak size n (n+1, n, n-1, n,
+    ... every 2 minutes; many scale-ins). Per choice: each seed's result and the means."""
     slo_s, n = recorded["ttftSloS"], recorded["staticAtPeakReplicas"]
     initial = recorded.get("initialReplicas") or 1
     _, hook = run_policy(w, "slo", slo_s, initial)
@@ -281,17 +282,21 @@ def scale_in_comparison(name: str, w: Workload, recorded: dict[str, Any]) -> dic
         "oscillating": (n + 1, lambda now, _s: {"primary": max(1, n + (1, 0, -1, 0)[int((now - t0) // 120) % 4]),
                                                 "small": STUDENT_WARM}),
     }
-    out: dict[str, Any] = {"workload": name, "ttftSloS": slo_s}
+    keys = ("attainment", "misses", "gpuSeconds", "degradedFraction", "primaryHitRate")
+    out: dict[str, Any] = {"workload": name, "ttftSloS": slo_s, "routerSeeds": seeds}
     for label, (start, schedule) in schedules.items():
         for choice in ("cache-aware", "least-loaded"):
-            cfg = SimConfig(pools=pools(start, with_student=True, student_min=STUDENT_WARM), ttft_slo_s=slo_s,
-                            autoscale_interval_s=isvc.spec.autoscaling.interval_seconds, scale_in=choice)
-            res = simulate(w, cfg, router=LlmfleetRouter(fallback=fb), autoscaler=schedule)
-            prim = [r for r in res.records if r["pool"] == "primary"]
-            row = summary_row(res, slo_s, actions=0, replicas=0)
+            runs = []
+            for seed in range(seeds):
+                cfg = SimConfig(pools=pools(start, with_student=True, student_min=STUDENT_WARM), ttft_slo_s=slo_s,
+                                autoscale_interval_s=isvc.spec.autoscaling.interval_seconds, scale_in=choice, seed=seed)
+                res = simulate(w, cfg, router=LlmfleetRouter(fallback=fb, seed=seed), autoscaler=schedule)
+                prim = [r for r in res.records if r["pool"] == "primary"]
+                row = summary_row(res, slo_s, actions=0, replicas=0)
+                hit = sum(r["hitTokens"] for r in prim) / max(1, sum(r["prompt"] for r in prim))
+                runs.append({k: row[k] for k in keys[:-1]} | {"primaryHitRate": round(hit, 4)})
             out.setdefault(label, {})[choice] = {
-                k: row[k] for k in ("attainment", "misses", "gpuSeconds", "degradedFraction")
-            } | {"primaryHitRate": round(sum(r["hitTokens"] for r in prim) / max(1, sum(r["prompt"] for r in prim)), 4)}
+                "seeds": runs, "mean": {k: round(float(np.mean([r[k] for r in runs])), 4) for k in keys}}
     return out
 
 
@@ -311,7 +316,8 @@ def main() -> None:
     ap.add_argument("--hindsight", type=float, nargs="+", metavar="WINDOW_S",
                     help="only search the cheapest hindsight schedule (windows of these many seconds) for the recorded "
                          "workloads in --out and merge it under `hindsight`")
-    ap.add_argument("--workload", action="append", help="with --hindsight: only these recorded workloads")
+    ap.add_argument("--workload", action="append",
+                    help="with --hindsight or --scale-in-compare: only these recorded workloads")
     ap.add_argument("--scale-in-compare", action="store_true",
                     help="only compare cache-aware and least-loaded scale-in under fixed schedules for the recorded "
                          "workloads in --out and merge it under `scaleIn`")
@@ -330,16 +336,20 @@ def main() -> None:
         ws = {}
         for f in spikes:
             ws |= workloads(None if ws or "mooncake" not in recorded else args.trace, args.quick, f)
-        found = [scale_in_comparison(name, w, recorded[name]) for name, w in ws.items() if name in recorded]
+        found = [scale_in_comparison(name, w, recorded[name], args.seeds) for name, w in ws.items()
+                 if name in recorded and (not args.workload or name in args.workload)]
         for r in found:
             for label in ("sloDecisions", "oscillating"):
-                print(f"{r['workload']} {label}: " + "; ".join(
-                    f"{c} {x['misses']} misses, {x['gpuSeconds']:.0f} GPU-s, degraded {x['degradedFraction']:.3f}, "
-                    f"primary hit rate {x['primaryHitRate']:.3f}" for c, x in r[label].items()))
-        doc = json.loads(args.out.read_text())
-        doc["scaleIn"] = {"command": " ".join(["python", *sys.argv]),
-                          "date": datetime.now(UTC).isoformat(timespec="seconds"),
-                          "wallSeconds": round(time.time() - started, 1), "results": found}
+                print(f"{r['workload']} {label} (mean of {r['routerSeeds']} seeds): " + "; ".join(
+                    f"{c} {x['mean']['misses']:.1f} misses, {x['mean']['gpuSeconds']:.0f} GPU-s, degraded "
+                    f"{x['mean']['degradedFraction']:.3f}, primary hit rate {x['mean']['primaryHitRate']:.3f}"
+                    for c, x in r[label].items()))
+        # Each result records its own command and date; results of other workloads are kept.
+        stamp = {"command": " ".join(["python", *sys.argv]), "date": datetime.now(UTC).isoformat(timespec="seconds")}
+        doc = json.loads(args.out.read_text())  # again: other runs may have written it while this one ran
+        fresh = {r["workload"] for r in found}
+        kept = [r for r in doc.get("scaleIn", {}).get("results", []) if r["workload"] not in fresh]
+        doc["scaleIn"] = {"results": kept + [r | stamp for r in found]}
         args.out.write_text(json.dumps(doc, indent=2) + "\n")
         print(f"merged into {args.out}")
         return
