@@ -40,9 +40,6 @@ class HindsightSchedule:
     gpu_seconds: float
     simulations: int  # how many full replays the search cost
 
-    def replica_minutes(self) -> float:
-        return sum(self.replicas) * self.window_s / 60.0
-
 
 def attainment(res: SimResult, ttft_slo_s: float) -> float:
     """Share of all requests whose first token came within the SLO (unfinished ones count as misses)."""
