@@ -27,6 +27,7 @@ import json
 import platform
 import sys
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -300,6 +301,19 @@ def scale_in_comparison(name: str, w: Workload, recorded: dict[str, Any], seeds:
     return out
 
 
+def merge_section(out: Path, section: str, found: list[dict[str, Any]], key: Callable[[dict[str, Any]], Any]) -> None:
+    """Merge `found` under `section` of the results file, each result stamped with this command and date;
+    earlier results with other keys (workload, window) are kept. Reads the file again first: other runs may
+    have written it while this one ran."""
+    stamp = {"command": " ".join(["python", *sys.argv]), "date": datetime.now(UTC).isoformat(timespec="seconds")}
+    doc = json.loads(out.read_text())
+    fresh = {key(r) for r in found}
+    kept = [r for r in doc.get(section, {}).get("results", []) if key(r) not in fresh]
+    doc[section] = {"results": kept + [r | stamp for r in found]}
+    out.write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"merged into {out}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trace", type=Path, default=TRACE)
@@ -344,14 +358,7 @@ def main() -> None:
                     f"{c} {x['mean']['misses']:.1f} misses, {x['mean']['gpuSeconds']:.0f} GPU-s, degraded "
                     f"{x['mean']['degradedFraction']:.3f}, primary hit rate {x['mean']['primaryHitRate']:.3f}"
                     for c, x in r[label].items()))
-        # Each result records its own command and date; results of other workloads are kept.
-        stamp = {"command": " ".join(["python", *sys.argv]), "date": datetime.now(UTC).isoformat(timespec="seconds")}
-        doc = json.loads(args.out.read_text())  # again: other runs may have written it while this one ran
-        fresh = {r["workload"] for r in found}
-        kept = [r for r in doc.get("scaleIn", {}).get("results", []) if r["workload"] not in fresh]
-        doc["scaleIn"] = {"results": kept + [r | stamp for r in found]}
-        args.out.write_text(json.dumps(doc, indent=2) + "\n")
-        print(f"merged into {args.out}")
+        merge_section(args.out, "scaleIn", found, lambda r: r["workload"])
         return
     if args.hindsight:
         doc = json.loads(args.out.read_text())
@@ -368,14 +375,7 @@ def main() -> None:
                   f"GPU-s, slo {r['slo']['gpuSeconds']:.0f}; hindsight " + ", ".join(
                       f"{k} {r[k]['gpuSeconds']:.0f} ({r[k]['vsStaticAtPeak']:+.1%})"
                       for k in ("withColdStart", "instant") if k in r))
-        # Each result records its own command and date; results of other workloads or windows are kept.
-        stamp = {"command": " ".join(["python", *sys.argv]), "date": datetime.now(UTC).isoformat(timespec="seconds")}
-        fresh = {(r["workload"], r["windowS"]) for r in found}
-        doc = json.loads(args.out.read_text())  # again: other runs may have written it while this one ran
-        kept = [r for r in doc.get("hindsight", {}).get("results", []) if (r["workload"], r["windowS"]) not in fresh]
-        doc["hindsight"] = {"results": kept + [r | stamp for r in found]}
-        args.out.write_text(json.dumps(doc, indent=2) + "\n")
-        print(f"merged into {args.out}")
+        merge_section(args.out, "hindsight", found, lambda r: (r["workload"], r["windowS"]))
         return
     if args.queue_sweep:
         doc = json.loads(args.out.read_text())
