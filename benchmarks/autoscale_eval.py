@@ -56,7 +56,7 @@ from autoscale_setup import (
 
 from llmfleet.router.config import router_config_from_service
 from llmfleet.sim.engine import SimConfig, SimResult, simulate
-from llmfleet.sim.oracle import Order
+from llmfleet.sim.oracle import Order, hindsight_schedule
 from llmfleet.sim.routers import LlmfleetRouter
 from llmfleet.sim.workload import Workload
 
@@ -247,8 +247,6 @@ def hindsight(name: str, w: Workload, recorded: dict[str, Any], window_s: float,
     """The cheapest primary-only schedule found with hindsight (llmfleet.sim.oracle), with the pool's cold start
     (and, if `instant`, also without it), against the recorded static-at-peak and `slo` runs: roughly how much
     any policy could save on this workload without serving requests from the student."""
-    from llmfleet.sim.oracle import hindsight_schedule
-
     slo_s, n_static = recorded["ttftSloS"], recorded["staticAtPeakReplicas"]
     static_gpu, slo_row = recorded["policies"]["static-at-peak"]["gpuSeconds"], recorded["policies"]["slo"]
     out: dict[str, Any] = {"workload": name, "ttftSloS": slo_s, "windowS": window_s,

@@ -15,6 +15,7 @@ from llmfleet.autoscaler.policy import PolicyConfig, PolicyState, decide
 from llmfleet.autoscaler.seeds import seeds_for_service
 from llmfleet.router.config import router_config_from_service
 from llmfleet.sim.engine import PoolSpec, SimConfig, SimPoolSignals, SimResult, simulate
+from llmfleet.sim.oracle import attainment as ttft_attainment  # requests within the TTFT SLO / all
 from llmfleet.sim.routers import LlmfleetRouter
 from llmfleet.sim.workload import SyntheticSpec, Workload, load_mooncake, synthetic
 
@@ -92,11 +93,6 @@ def pools(primary_replicas: int, with_student: bool, student_min: int = 0) -> li
                             min_replicas=student_min,
                             max_replicas=8, cold_start_s=STUDENT_COLD_S))
     return out
-
-
-def ttft_attainment(res: SimResult, slo_s: float) -> float:
-    ok = sum(1 for r in res.records if r["ttft"] is not None and r["ttft"] <= slo_s)
-    return ok / max(len(res.records), 1)
 
 
 def run_static(w: Workload, n: int, slo_s: float) -> SimResult:
