@@ -233,6 +233,8 @@ def _simulate(workload: Workload, cfg: SimConfig, router: Router | str,
     bs = workload.block_size
     reqs = workload.fresh().requests
     _check_unchunked_budget(cfg, reqs)
+    if cfg.scale_in not in ("cache-aware", "least-loaded"):
+        raise ValueError(f"scale_in must be 'cache-aware' or 'least-loaded', got {cfg.scale_in!r}")
     fleet = Fleet(cfg, bs)
     rt.attach(fleet)
     heap: list[tuple[float, int, int, int, int]] = []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from llmfleet.plan.roofline import StepCostModel
 from llmfleet.sim import PoolSpec, Request, SimConfig, Workload, simulate
 from llmfleet.sim.engine import Fleet, Router
@@ -54,3 +56,8 @@ def test_llmfleet_router_reports_the_blocks_only_each_replica_holds() -> None:
              router=router)
     lost = router.blocks_lost_if_removed(router.fleet.replicas)
     assert lost is not None and sorted(lost.values()) == [16, 16]  # the two prompts went to different replicas
+
+
+def test_an_unknown_scale_in_choice_is_refused() -> None:
+    with pytest.raises(ValueError, match="scale_in must be"):
+        _run("fewest-requests")
