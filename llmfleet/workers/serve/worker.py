@@ -26,6 +26,7 @@ from collections.abc import Sequence
 import aiohttp
 from aiohttp import web
 
+from llmfleet.api.contracts import REPLICA_PORT
 from llmfleet.router.kv_tiers import HostTierUnknown, kv_bytes_per_token, load_model_config
 from llmfleet.workers.serve.drain import DrainProxy
 from llmfleet.workers.serve.vllm_args import VLLM_ENTRYPOINT
@@ -46,7 +47,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 def split_listen(argv: Sequence[str]) -> tuple[list[str], str, int]:
     """Remove --host/--port (both `--x v` and `--x=v`) from an engine argv; return (rest, host, port)."""
     rest: list[str] = []
-    host, port = "0.0.0.0", 8000
+    host, port = "0.0.0.0", REPLICA_PORT
     it = iter(range(len(argv)))
     for i in it:
         a = argv[i]
