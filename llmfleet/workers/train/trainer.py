@@ -18,6 +18,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from llmfleet.api.trainingjob import TrainingJobSpec
+from llmfleet.plan.training import hardware_flops_per_token, model_flops_per_token
 from llmfleet.workers.train import metrics as fl
 from llmfleet.workers.train.checkpoint import Checkpointer
 from llmfleet.workers.train.data import TokenData
@@ -127,8 +128,8 @@ class Trainer:
         self.peak = fl.peak_tflops(
             torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None, spec.metrics.peak_tflops
         )
-        self.flops_token = fl.model_flops_per_token(self.args)
-        self.hw_flops_token = fl.hardware_flops_per_token(self.args, opt.activation_checkpointing)
+        self.flops_token = model_flops_per_token(spec.model)
+        self.hw_flops_token = hardware_flops_per_token(spec.model, activation_checkpointing=opt.activation_checkpointing)
         self.metrics = fl.TrainMetrics(self.rank)
         self.status: dict[str, Any] = {
             "step": 0, "totalSteps": opt.steps, "loss": None, "tokensPerSecond": None, "mfu": None, "hfu": None,
