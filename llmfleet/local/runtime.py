@@ -35,8 +35,9 @@ from typing import IO, Any
 
 from llmfleet.api.contracts import COMPONENT_LABEL, INFERENCESERVICE_LABEL, POOL_LABEL, prometheus_label
 from llmfleet.api.inferenceservice import InferenceService, PoolView
+from llmfleet.util.net import free_port
 from llmfleet.workers.serve.vllm_args import serve_command
-from llmfleet.workers.serve.worker import _die_with_parent, free_port
+from llmfleet.workers.serve.worker import _die_with_parent
 
 log = logging.getLogger("llmfleet.local")
 STATE_FILE = "state.json"

@@ -18,7 +18,6 @@ import ctypes
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -28,6 +27,7 @@ from aiohttp import web
 
 from llmfleet.api.contracts import REPLICA_PORT
 from llmfleet.router.kv_tiers import HostTierUnknown, kv_bytes_per_token, load_model_config
+from llmfleet.util.net import free_port
 from llmfleet.workers.serve.drain import DrainProxy
 from llmfleet.workers.serve.vllm_args import VLLM_ENTRYPOINT
 
@@ -36,12 +36,6 @@ RAY_ENTRYPOINT = "llmfleet.workers.serve.ray_app"
 # The engine's readiness path: vLLM's /health; Ray Serve's proxy answers /v1/models once the app is deployed.
 READY_PATHS = {"vllm": "/health", "ray-serve": "/v1/models"}
 ENGINE_STOP_GRACE_S = 20.0
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def split_listen(argv: Sequence[str]) -> tuple[list[str], str, int]:
