@@ -12,7 +12,6 @@ application for `engine: ray-serve`) from that same argv and owns graceful drain
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Sequence
 
 from llmfleet.api.contracts import REPLICA_PORT
@@ -231,8 +230,3 @@ def serve_command(
         "--",
         *render_vllm_args(isvc, pool, port=port, host=host, kv_events_port=kv_events_port),
     ]
-
-
-def vllm_command(argv: Sequence[str], python: str | None = None) -> list[str]:
-    """`python -m vllm.entrypoints.openai.api_server <argv>` (vLLM's `vllm` script fails on CPU builds)."""
-    return [python or sys.executable, "-m", VLLM_ENTRYPOINT, *argv]
