@@ -1,4 +1,4 @@
-"""MFU of the llmfleet FSDP2 training worker vs a plain-PyTorch torch.compile loop (issue 4 / issue 11).
+"""MFU of the llmfleet FSDP2 training worker vs a plain-PyTorch torch.compile loop, on 1-2 GPUs.
 
     python benchmarks/train_mfu.py --cases plain-1,llmfleet-1 [--steps 30] [--json benchmarks/results/train_mfu.json]
 
@@ -30,9 +30,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 CONFIGS = {
-    # ~0.9B reference config of issue 4.
+    # ~0.9B reference config.
     "0.9b": dict(layers=16, hidden=2048, heads=16, kvHeads=8, ffn=5632, vocab=32768, seqLen=4096),
-    # Llama-3-8B shape of issue 11.
+    # Llama-3-8B shape.
     "8b": dict(layers=32, hidden=4096, heads=32, kvHeads=8, ffn=14336, vocab=128256, seqLen=8192, ropeTheta=500000.0),
     # CPU smoke test of this script.
     "tiny": dict(layers=2, hidden=64, heads=4, kvHeads=2, ffn=128, vocab=512, seqLen=64),
@@ -325,7 +325,7 @@ def main() -> None:
             print(row["error"][-1200:], flush=True)
     doc["torchtitan"] = doc.get("torchtitan") or (
         "not run: torchtitan 0.3.0 (PyPI) needs spmd_types, torch_checkpointing, torchdata, datasets and its own "
-        "config system; not carried to the device machine in this session")
+        "config system; not installed on the GPU machine's image")
     path.write_text(json.dumps(doc, indent=2))
     print_table(list(doc["runs"].values()))
     shutil.rmtree(work, ignore_errors=True)
