@@ -141,7 +141,7 @@ class RouterSpec(ApiModel):
     scorers: dict[str, float] = Field(
         default_factory=lambda: {"estimated-ttft": 1.0, "queue-depth": 0.1},
         description="Scorer plugin name -> weight (estimated-ttft, prefix-cache, queue-depth, running-requests, kv-cache, "
-        "session-affinity).",
+        "session-affinity, adapter-loaded; a service with spec.lora gets adapter-loaded at 1.0 unless named here).",
     )
     session_affinity_header: str | None = Field(
         default="x-session-id", description="Header whose value pins a session to a replica (session-affinity scorer)."
