@@ -243,7 +243,8 @@ class Router:
             for r in pool.replicas.replicas.values():
                 out.append({"pool": pool.name, "replica": r.id, "healthy": r.healthy, "draining": r.draining,
                             "stale": r.stale, "running": r.running, "waiting": r.waiting, "kvUsage": r.kv_usage,
-                            "inFlight": r.in_flight, "indexedBlocks": pool.index.blocks_of(r.id),
+                            "inFlight": r.in_flight, "adapters": sorted(r.adapters),
+                            "indexedBlocks": pool.index.blocks_of(r.id),
                             "exclusiveBlocks": pool.index.hot_blocks_lost_if_removed(r.id)})
         return web.json_response({"replicas": out})
 
