@@ -18,17 +18,18 @@ import json
 import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import torch
 from torch import nn
+
+from llmfleet.api.trainingjob import DEFAULT_LORA_TARGETS, LoraTarget
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model.model."
 # Projections of a Llama block that vLLM applies LoRA to (its packed qkv_proj / gate_up_proj take the parts).
-LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-DEFAULT_TARGETS = ("q_proj", "v_proj")
+LORA_TARGETS: tuple[str, ...] = get_args(LoraTarget)
 
 
 class LoRALinear(nn.Module):
@@ -47,10 +48,11 @@ class LoRALinear(nn.Module):
         nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))  # PEFT's initialisation of A; B starts at zero
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.base(x) + (x @ self.lora_A.t() @ self.lora_B.t()) * self.scale
+        out: torch.Tensor = self.base(x) + (x @ self.lora_A.t() @ self.lora_B.t()) * self.scale
+        return out
 
 
-def apply_lora(model: nn.Module, rank: int, alpha: float, targets: Sequence[str] = DEFAULT_TARGETS) -> list[str]:
+def apply_lora(model: nn.Module, rank: int, alpha: float, targets: Sequence[str] = DEFAULT_LORA_TARGETS) -> list[str]:
     """Wrap every nn.Linear whose name ends in one of `targets`; freeze everything else. Returns the wrapped
     module names (in the model's own naming)."""
     unknown = sorted(set(targets) - set(LORA_TARGETS))
@@ -70,14 +72,15 @@ def apply_lora(model: nn.Module, rank: int, alpha: float, targets: Sequence[str]
     return wrapped
 
 
-def lora_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The LoRA weights of a model wrapped by `apply_lora`, under their PEFT names (what `export_peft` writes)."""
+def peft_tensors(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The LoRA weights in a state dict of a model wrapped by `apply_lora` (`<module>.lora_A` / `.lora_B`, wrapper
+    prefixes of compile and activation checkpointing removed), under their PEFT names."""
     out: dict[str, torch.Tensor] = {}
-    for name, module in model.named_modules():
-        if isinstance(module, LoRALinear):
-            clean = name.replace("_orig_mod.", "").replace("_checkpoint_wrapped_module.", "")
-            out[f"{PEFT_PREFIX}{clean}.lora_A.weight"] = module.lora_A.detach()
-            out[f"{PEFT_PREFIX}{clean}.lora_B.weight"] = module.lora_B.detach()
+    for name, t in state_dict.items():
+        module, _, leaf = name.rpartition(".")
+        if leaf in ("lora_A", "lora_B"):
+            clean = module.replace("_orig_mod.", "").replace("_checkpoint_wrapped_module.", "")
+            out[f"{PEFT_PREFIX}{clean}.{leaf}.weight"] = t.detach()
     return out
 
 
@@ -104,7 +107,7 @@ def export_peft(tensors: dict[str, torch.Tensor], out: str | Path, *, rank: int,
 
 
 def random_adapter(model_dir: str | Path, out: str | Path, *, rank: int = 8, alpha: float = 16.0,
-                   targets: Sequence[str] = DEFAULT_TARGETS, seed: int = 0, std: float = 0.05) -> Path:
+                   targets: Sequence[str] = DEFAULT_LORA_TARGETS, seed: int = 0, std: float = 0.05) -> Path:
     """An adapter with random A and B (so it visibly changes the output) for the Llama folder `model_dir`,
     sized from its config.json: for tests and demos that need adapters without training them."""
     cfg = json.loads((Path(model_dir) / "config.json").read_text())
