@@ -32,14 +32,15 @@ class Request:
     """One request. Static fields come from the workload; the rest is filled by the simulation."""
 
     __slots__ = (
-        "rid", "arrival", "prompt_len", "output_len", "keys", "tenant", "session", "cls",
+        "rid", "arrival", "prompt_len", "output_len", "keys", "tenant", "session", "cls", "adapter",
         # simulation state
         "replica", "pool", "degraded", "tokens", "target", "generated", "held", "shared", "registered",
         "hit_tokens", "first_token", "finish", "preemptions", "admitted",
     )
 
     def __init__(self, rid: int, arrival: float, prompt_len: int, output_len: int, keys: tuple[int, ...] = (),
-                 tenant: str = "default", session: str | None = None, cls: str | None = None) -> None:
+                 tenant: str = "default", session: str | None = None, cls: str | None = None,
+                 adapter: str | None = None) -> None:
         self.rid = rid
         self.arrival = arrival
         self.prompt_len = max(1, int(prompt_len))
@@ -48,6 +49,7 @@ class Request:
         self.tenant = tenant
         self.session = session
         self.cls = cls
+        self.adapter = adapter  # the LoRA adapter it asks for (None: the base model)
         self.reset()
 
     def reset(self) -> None:
