@@ -83,8 +83,8 @@ class Workload:
         """Replay at k x the rate (arrival times divided by k)."""
         if k <= 0:
             raise ValueError("time scale must be > 0")
-        reqs = [Request(r.rid, r.arrival / k, r.prompt_len, r.output_len, r.keys, r.tenant, r.session, r.cls)
-                for r in self.requests]
+        reqs = [Request(r.rid, r.arrival / k, r.prompt_len, r.output_len, r.keys, r.tenant, r.session, r.cls,
+                        r.adapter) for r in self.requests]
         return Workload(f"{self.name}x{k:g}", reqs, self.block_size)
 
     def head(self, n: int | None = None, seconds: float | None = None) -> Workload:
@@ -95,7 +95,7 @@ class Workload:
         if n is not None:
             reqs = reqs[:n]
         return Workload(self.name, [Request(r.rid, r.arrival, r.prompt_len, r.output_len, r.keys, r.tenant,
-                                            r.session, r.cls) for r in reqs], self.block_size)
+                                            r.session, r.cls, r.adapter) for r in reqs], self.block_size)
 
     def fresh(self) -> Workload:
         """A copy with simulation state cleared (workloads are reused across runs)."""
