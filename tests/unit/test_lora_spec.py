@@ -114,3 +114,20 @@ def test_adapter_files_rank_checked_against_max_lora_rank(tmp_path: Path) -> Non
         validate_adapter_files(missing)
     remote = make(lora={}, adapters=[{"name": "r", "uri": "s3://b/r"}])
     validate_adapter_files(remote)  # not readable here: the engine checks it
+
+
+def test_operator_pool_deployment_unchanged_by_adapter_edits() -> None:
+    """Adding an adapter changes the router's ConfigMap, not the replicas' Deployment (no replica restart)."""
+    from llmfleet.operator.builders import build_inferenceservice
+    from llmfleet.operator.config import OperatorConfig
+
+    def manifests(names: tuple[str, ...]) -> dict[tuple[str, str], Any]:
+        isvc = make(lora={"maxLoras": 2}, adapters=adapters(*names))
+        isvc.metadata.namespace, isvc.metadata.uid = "ml", "u-1"
+        return {(m["kind"], m["metadata"]["name"]): m for m in build_inferenceservice(isvc, OperatorConfig())}
+
+    two, three = manifests(("a", "b")), manifests(("a", "b", "c"))
+    assert two[("Deployment", "chat-primary")] == three[("Deployment", "chat-primary")]
+    assert two[("ConfigMap", "chat-router")] != three[("ConfigMap", "chat-router")]
+    argv = two[("Deployment", "chat-primary")]["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert "--enable-lora" in argv

