@@ -34,6 +34,8 @@ def _write_manifest(path: Path, adapters: dict[str, Path]) -> None:
             "vllm": {"blockSize": 32, "enforceEager": True, "maxNumSeqs": 4},
             "replicas": 2, "minReplicas": 2, "maxReplicas": 2, "drainSeconds": 5,
             "router": {"blockSizeTokens": 32}, "autoscaling": {"policy": "static"},
+            # a first-byte deadline (4 x the TTFT objective) that a first LoRA step on a shared 2-core machine meets
+            "slo": {"ttftP95Ms": 30000},
             "lora": {"maxLoras": 2, "maxLoraRank": 8, "maxCpuLoras": 3},
             "adapters": [{"name": n, "uri": str(p)} for n, p in adapters.items()],
         },
