@@ -145,15 +145,20 @@ class AdapterLoader:
             if not idle:
                 return  # everything is busy: the engine's own LRU cache copes (reloading from disk when needed)
             victim = min(idle, key=lambda a: self._used.get((replica.id, a), 0.0))
-            replica.adapters.discard(victim)
-            try:
-                async with session.post(replica.id + UNLOAD_PATH, json={"lora_name": victim},
-                                        timeout=self.timeout) as resp:
-                    await resp.read()
-            except (aiohttp.ClientError, TimeoutError, OSError) as e:
-                log.warning("unloading adapter %s from %s failed: %s", victim, replica.id, e)
+            if not await self.unload(session, replica, victim):
                 return
-            self._count(victim, "unloaded")
+
+    async def unload(self, session: aiohttp.ClientSession, replica: ReplicaState, name: str) -> bool:
+        """Unload adapter `name` from `replica` (it stops counting as held at once); False when the call failed."""
+        replica.adapters.discard(name)
+        try:
+            async with session.post(replica.id + UNLOAD_PATH, json={"lora_name": name}, timeout=self.timeout) as resp:
+                await resp.read()
+        except (aiohttp.ClientError, TimeoutError, OSError) as e:
+            log.warning("unloading adapter %s from %s failed: %s", name, replica.id, e)
+            return False
+        self._count(name, "unloaded")
+        return True
 
     def begin(self, replica: ReplicaState, name: str) -> None:
         key = (replica.id, name)

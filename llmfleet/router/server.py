@@ -170,7 +170,7 @@ class Router:
                 self._update_gauges(pool)
                 if pool.kv_events is not None:
                     pool.kv_events.reconcile(list(pool.replicas.replicas))
-            self._reload_adapters()
+            await self._reload_adapters()
             await asyncio.sleep(self.cfg.limits.scrape_interval_seconds)
 
     def set_adapters(self, cfg: RouterConfig) -> None:
@@ -183,11 +183,17 @@ class Router:
             self.model_to_pool.setdefault(name, pool)
         self.adapters = {n: v for n, v in table.items() if self.model_to_pool.get(n) == v[0]}
 
-    def _reload_adapters(self) -> None:
-        """Pick up adapter changes in the config file (the only settings applied without a restart)."""
+    async def _reload_adapters(self) -> None:
+        """Pick up adapter changes in the config file (the only settings applied without a restart); unload
+        removed adapters from the replicas holding them."""
         cfg = self._config_file.changed() if self._config_file is not None else None
-        if cfg is not None:
-            self.set_adapters(cfg)
+        if cfg is None or self.upstream is None:
+            return
+        before = set(self.adapters)
+        self.set_adapters(cfg)
+        gone = before - set(self.adapters)
+        await asyncio.gather(*(self.adapter_loader.unload(self.upstream.session, r, name) for p in self.pools.values()
+                               for r in p.replicas.replicas.values() for name in gone & r.adapters))
 
     async def _discovery_loop(self) -> None:
         from kubernetes import client, config

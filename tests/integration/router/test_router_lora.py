@@ -119,9 +119,16 @@ async def test_adapters_added_to_the_config_file_are_served_without_a_restart(fa
         async with http.post(url + "/v1/chat/completions", json=chat("new")) as resp:
             assert resp.status == 200
         assert a.load_calls == ["new"]
-        path.write_text("not: [valid")  # a broken edit keeps what is served
+        a.adapters["sql"] = "/adapters/sql"  # held by the replica
+        await wait_for(lambda: "sql" in router.pools["primary"].replicas.replicas[a.url].adapters)
+        path.write_text(with_adapters(cfg, ["new"]).to_yaml())  # sql removed: 404, and unloaded where held
         os.utime(path, ns=(time.time_ns(), time.time_ns() + 2 * 10**9))
+        await wait_for(lambda: "sql" not in router.adapters and "sql" not in a.adapters)
+        async with http.post(url + "/v1/chat/completions", json=chat("sql")) as resp:
+            assert resp.status == 404
+        path.write_text("not: [valid")  # a broken edit keeps what is served
+        os.utime(path, ns=(time.time_ns(), time.time_ns() + 3 * 10**9))
         await asyncio.sleep(0.3)
-        assert set(router.adapters) == {"sql", "new"}
+        assert set(router.adapters) == {"new"}
     finally:
         await runner.cleanup()
