@@ -185,13 +185,13 @@ class Router:
 
     async def _reload_adapters(self) -> None:
         """Pick up adapter changes in the config file (the only settings applied without a restart); unload
-        removed adapters from the replicas holding them."""
+        removed adapters, and those whose path changed (reloaded from the new path when next asked for)."""
         cfg = self._config_file.changed() if self._config_file is not None else None
         if cfg is None or self.upstream is None:
             return
-        before = set(self.adapters)
+        before = dict(self.adapters)
         self.set_adapters(cfg)
-        gone = before - set(self.adapters)
+        gone = {n for n, v in before.items() if self.adapters.get(n) != v}
         await asyncio.gather(*(self.adapter_loader.unload(self.upstream.session, r, name) for p in self.pools.values()
                                for r in p.replicas.replicas.values() for name in gone & r.adapters))
 

@@ -121,11 +121,16 @@ async def test_adapters_added_to_the_config_file_are_served_without_a_restart(fa
         assert a.load_calls == ["new"]
         a.adapters["sql"] = "/adapters/sql"  # held by the replica
         await wait_for(lambda: "sql" in router.pools["primary"].replicas.replicas[a.url].adapters)
-        path.write_text(with_adapters(cfg, ["new"]).to_yaml())  # sql removed: 404, and unloaded where held
+        moved = with_adapters(cfg, ["new"])
+        moved.pools[0].adapters[0].path = "/adapters/new-v2"  # new weights for `new`: unloaded, reloaded from there
+        path.write_text(moved.to_yaml())  # sql removed: 404, and unloaded where held; new moved: unloaded
         os.utime(path, ns=(time.time_ns(), time.time_ns() + 2 * 10**9))
-        await wait_for(lambda: "sql" not in router.adapters and "sql" not in a.adapters)
+        await wait_for(lambda: "sql" not in router.adapters and "sql" not in a.adapters and "new" not in a.adapters)
         async with http.post(url + "/v1/chat/completions", json=chat("sql")) as resp:
             assert resp.status == 404
+        async with http.post(url + "/v1/chat/completions", json=chat("new")) as resp:
+            assert resp.status == 200
+        assert a.load_calls == ["new", "new"] and a.adapters == {"new": "/adapters/new-v2"}
         path.write_text("not: [valid")  # a broken edit keeps what is served
         os.utime(path, ns=(time.time_ns(), time.time_ns() + 3 * 10**9))
         await asyncio.sleep(0.3)
