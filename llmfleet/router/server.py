@@ -344,7 +344,7 @@ class Router:
         m = self.metrics
         t_route = time.perf_counter()
         pool = self.pools[pool_name]
-        adapter = parsed.model if parsed.model in self.adapters else None
+        adapter, adapter_path = (parsed.model, self.adapters[parsed.model][1]) if parsed.model in self.adapters else (None, "")
         keys, n_tokens = await self._keys(pool, parsed, adapter)
         degraded, reason = False, "primary"
         # An adapter request never goes to a student pool: a student does not hold the adapter (another base).
@@ -398,7 +398,7 @@ class Router:
 
             if adapter is not None:
                 try:
-                    await self.adapter_loader.ensure(upstream.session, replica, adapter, self.adapters[adapter][1])
+                    await self.adapter_loader.ensure(upstream.session, replica, adapter, adapter_path)
                 except AdapterLoadFailed as e:
                     last_error = str(e)
                     log.warning("retrying after %s", last_error)
