@@ -18,6 +18,14 @@ def model_flops_per_token(m: ModelShape, seq_len: int | None = None) -> float:
     return 6.0 * n + 12.0 * m.layers * m.heads * m.head_dim * t
 
 
+def causal_flops_per_token(m: ModelShape, seq_len: int | None = None) -> float:
+    """The other common MFU convention, reported beside the project's: 6·N with N *all* parameters (input
+    embedding included) + 6·L·H·Q·T, attention halved because a causal kernel skips the masked half of S x S.
+    For the 0.9B reference model: 6.14 vs 6.54 GFLOP/token, so its MFU reads 6.2% lower."""
+    t = seq_len or m.seq_len
+    return 6.0 * total_params(m) + 6.0 * m.layers * m.heads * m.head_dim * t
+
+
 def hardware_flops_per_token(m: ModelShape, seq_len: int | None = None, activation_checkpointing: str = "none") -> float:
     """FLOPs the hardware really executes: recomputed forwards add 2·N + 4·L·H·Q·T per recomputed block."""
     base = model_flops_per_token(m, seq_len)
