@@ -15,7 +15,6 @@ import json
 import os
 from typing import Any
 
-import torch
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.utils.data import IterableDataset
 from torchtitan.components.dataloader import ParallelAwareDataloader
