@@ -250,9 +250,10 @@ def _machine() -> dict:
 
 def run_case(name: str, case: dict, steps: int, warmup: int, work: Path, timeout: int, corpus: Path | None) -> dict:
     from llmfleet.api.trainingjob import ModelShape
+    from llmfleet.plan.models import total_params
     from llmfleet.plan.training import causal_flops_per_token, hardware_flops_per_token, model_flops_per_token
     from llmfleet.workers.train.analyze import analyze_trace, format_summary
-    from llmfleet.workers.train.metrics import peak_tflops
+    from llmfleet.workers.train.metrics import peak_tflops, utilization
 
     shape = CONFIGS[case["config"]]
     steps = case.get("steps", steps)
@@ -313,13 +314,11 @@ def run_case(name: str, case: dict, steps: int, warmup: int, work: Path, timeout
     tps = tokens / step
     per_gpu = tps / case["nproc"]
 
-    def util(flops: float) -> float | None:
-        return flops * per_gpu / (peak * 1e12) if peak else None
-
     row.update(
-        stepSeconds=step, stepSecondsAll=res["stepTimes"], tokensPerSecond=tps, tokensPerSecondPerGpu=per_gpu,
-        peakTflops=peak, mfu=util(model_flops_per_token(m)), mfuCausal=util(causal_flops_per_token(m)),
-        hfu=util(hardware_flops_per_token(m, activation_checkpointing=case.get("ac", "none"))),
+        params=total_params(m), stepSeconds=step, stepSecondsAll=res["stepTimes"], tokensPerSecond=tps,
+        tokensPerSecondPerGpu=per_gpu, peakTflops=peak, mfu=utilization(model_flops_per_token(m), per_gpu, peak),
+        mfuCausal=utilization(causal_flops_per_token(m), per_gpu, peak),
+        hfu=utilization(hardware_flops_per_token(m, activation_checkpointing=case.get("ac", "none")), per_gpu, peak),
         memoryPeakGiB=res["memoryPeakBytes"] / 2**30,
         **{k: res[k] for k in ("lossFirst", "lossLast", "losses", "microBatch", "gradAccumulation",
                                "microBatchReason", "torchtitanMfu") if k in res},

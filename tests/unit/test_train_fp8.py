@@ -178,3 +178,10 @@ def test_clip_folded_into_fused_adamw_matches_clip_then_step() -> None:
     opt_b.step()
     for x, y in zip(a, b, strict=True):
         torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6)
+
+
+def test_fp8_with_lora_is_refused() -> None:
+    job = _job()
+    job["spec"].update(method="lora", lora={"baseModel": "/models/base"})
+    with pytest.raises(ValidationError, match="fp8 with method lora"):
+        TrainingJob.model_validate(job)

@@ -30,14 +30,19 @@ def _run(spec: dict, tmp: Path, nproc: int, env: dict | None = None) -> subproce
     return subprocess.run(cmd, env=full, capture_output=True, text=True, timeout=400)
 
 
-def test_cuda_compile_async_checkpoint_resume_and_export(tmp_path: Path) -> None:
-    nproc = min(2, torch.cuda.device_count())
+def _ramp_data(tmp_path: Path) -> Path:
+    """A repeating ramp of 1000 tokens: learnable (the loss must fall), unlike uniform random tokens."""
     data = tmp_path / "data"
     data.mkdir()
-    # A repeating ramp: learnable (the loss must fall), unlike uniform random tokens.
     np.tile(np.arange(1000, dtype=np.uint16), 200).tofile(data / "shard-00000.bin")
     (data / "manifest.json").write_text(json.dumps({"dtype": "uint16", "vocab": 1024, "eos": 1023, "tokens": 200_000,
                                                     "shards": [{"file": "shard-00000.bin", "tokens": 200_000}]}))
+    return data
+
+
+def test_cuda_compile_async_checkpoint_resume_and_export(tmp_path: Path) -> None:
+    nproc = min(2, torch.cuda.device_count())
+    data = _ramp_data(tmp_path)
     spec = {
         "model": {"layers": 4, "hidden": 256, "heads": 8, "kvHeads": 2, "vocab": 1024, "seqLen": 256,
                   "slidingWindow": 128},
@@ -84,11 +89,7 @@ def test_cuda_fp8_with_auto_micro_batch(tmp_path: Path) -> None:
     if torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("needs fp8 tensor cores")
     nproc = min(2, torch.cuda.device_count())
-    data = tmp_path / "data"
-    data.mkdir()
-    np.tile(np.arange(1000, dtype=np.uint16), 200).tofile(data / "shard-00000.bin")
-    (data / "manifest.json").write_text(json.dumps({"dtype": "uint16", "vocab": 1024, "eos": 1023, "tokens": 200_000,
-                                                    "shards": [{"file": "shard-00000.bin", "tokens": 200_000}]}))
+    data = _ramp_data(tmp_path)
     spec = {
         "model": {"layers": 2, "hidden": 256, "heads": 8, "kvHeads": 2, "vocab": 1024, "seqLen": 256},
         "data": {"path": str(data)},
