@@ -246,7 +246,7 @@ def render(crd: dict[str, Any]) -> str:
 def _md_rows(node: Schema, path: str, rows: list[tuple[str, str, str, str]]) -> None:
     for name, sub in node.get("properties", {}).items():
         here = f"{path}.{name}" if path else name
-        kind = sub.get("type", "object")
+        kind = sub.get("type", "integer or string" if sub.get("x-kubernetes-int-or-string") else "object")
         if kind == "array" and isinstance(sub.get("items"), dict):
             kind = f"[]{sub['items'].get('type', 'object')}"
         extra = []
