@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import ConfigDict, Field, model_validator
 
 from llmfleet.api.common import ApiModel, Condition, ObjectMeta, Resources, StatusModel
+from llmfleet.api.storage import ModelUri, StorageSpec
 
 PRIMARY_POOL = "primary"
 
@@ -16,7 +17,11 @@ PRIMARY_POOL = "primary"
 class ServedModel(ApiModel):
     """The model a pool serves."""
 
-    path: str = Field(min_length=1, description="Model folder or URI (HF format: config.json, safetensors, tokenizer).")
+    path: ModelUri = Field(
+        min_length=1,
+        description="Model folder in Hugging Face format (config.json, safetensors, tokenizer): pvc://claim/path, "
+        "s3://bucket/prefix, hf://org/name[@revision], a local path, or tiny://name (local runtime).",
+    )
     served_name: str | None = Field(
         default=None, description="Name clients use in the OpenAI API `model` field; defaults to the InferenceService name."
     )
@@ -195,6 +200,9 @@ class InferenceServiceSpec(ApiModel):
     autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec, description="Autoscaler settings.")
     feature_store: FeatureStoreSpec | None = Field(default=None, description="Feature store for lookups and offline generation.")
     drain_seconds: int = Field(default=60, ge=0, le=3600, description="Grace period for in-flight requests when a replica stops.")
+    storage: StorageSpec = Field(
+        default_factory=StorageSpec, description="Endpoints and credentials of s3:// and hf:// models, and their cache."
+    )
 
     @model_validator(mode="after")
     def _check(self) -> InferenceServiceSpec:

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import ConfigDict, Field, model_validator
 
 from llmfleet.api.common import ApiModel, Condition, ObjectMeta, StatusModel
+from llmfleet.api.storage import DataUri, OutputUri, SourceUri, StorageSpec
 
 
 class ModelShape(ApiModel):
@@ -72,8 +73,14 @@ class ModelShape(ApiModel):
 class DataSpec(ApiModel):
     """Tokenized training data (written by `llmfleet data prepare`)."""
 
-    path: str = Field(min_length=1, description="Folder or URI of token shards with a manifest.json.")
-    tokenizer: str | None = Field(default=None, description="Tokenizer folder or tokenizer.json; copied into exported models.")
+    path: DataUri = Field(
+        min_length=1, description="Token shards with a manifest.json: pvc://claim/path, s3://bucket/prefix or a "
+        "local folder."
+    )
+    tokenizer: SourceUri | None = Field(
+        default=None, description="Tokenizer folder or tokenizer.json: pvc://, s3://, hf:// or a local path; copied into "
+        "exported models."
+    )
 
 
 class LRSchedule(ApiModel):
@@ -115,7 +122,10 @@ class FSDPSpec(ApiModel):
 class DistillationSpec(ApiModel):
     """Train this (student) model on a teacher's soft targets."""
 
-    teacher: str = Field(min_length=1, description="Teacher model folder (HF format) or a TrainingJob output path.")
+    teacher: SourceUri = Field(
+        min_length=1, description="Teacher model in Hugging Face format (pvc://, s3://, hf:// or a local folder), e.g. "
+        "another TrainingJob's output.path."
+    )
     temperature: float = Field(default=2.0, gt=0, le=100, description="Softmax temperature for KL(teacher || student).")
     alpha: float = Field(default=0.5, ge=0, le=1, description="Weight of the KL term; 1-alpha weighs the LM loss.")
 
@@ -172,7 +182,10 @@ class PromotionTarget(ApiModel):
 class OutputSpec(ApiModel):
     """Export of the final model in a servable Hugging Face format."""
 
-    path: str = Field(min_length=1, description="Folder or URI for config.json, model.safetensors and the tokenizer.")
+    path: OutputUri = Field(
+        min_length=1, description="Where config.json, model.safetensors and the tokenizer are written: pvc://claim/path "
+        "or s3://bucket/prefix (what promotion hands the serving pool), or a local folder (llmfleet train)."
+    )
     promote_to: PromotionTarget | None = Field(default=None, description="Roll the exported model out to this pool on success.")
 
 
@@ -201,6 +214,9 @@ class TrainingJobSpec(ApiModel):
     output: OutputSpec | None = Field(default=None, description="Export (and optional promotion) of the trained model.")
     max_restarts: int = Field(default=3, ge=0, le=100, description="Times the workers are recreated after a failure, resuming from the last checkpoint.")
     suspend: bool = Field(default=False, description="Suspend the workers (after a checkpoint); false resumes from it.")
+    storage: StorageSpec = Field(
+        default_factory=StorageSpec, description="Endpoints and credentials of s3:// and hf:// locations, and their cache."
+    )
 
     @model_validator(mode="after")
     def _check_batching(self) -> TrainingJobSpec:

@@ -24,6 +24,7 @@ COMMAND_MODULES = [
     "llmfleet.api.cli",            # crds generate, validate
     "llmfleet.operator.cli",       # operator
     "llmfleet.local.cli",          # up, down, model build-tiny
+    "llmfleet.storage.cli",        # fetch
     "llmfleet.workers.train.cli",  # train, data prepare, analyze trace
     "llmfleet.router.cli",         # router
     "llmfleet.autoscaler.cli",     # autoscaler
