@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import ConfigDict, Field, model_validator
 
 from llmfleet.api.common import ApiModel, Condition, ObjectMeta, StatusModel
-from llmfleet.api.storage import DataUri, OutputUri, SourceUri, StorageSpec
+from llmfleet.api.storage import DataUri, OutputUri, SourceUri, StorageSpec, parse_uri
 
 
 class ModelShape(ApiModel):
@@ -186,7 +186,19 @@ class OutputSpec(ApiModel):
         min_length=1, description="Where config.json, model.safetensors and the tokenizer are written: pvc://claim/path "
         "or s3://bucket/prefix (what promotion hands the serving pool), or a local folder (llmfleet train)."
     )
-    promote_to: PromotionTarget | None = Field(default=None, description="Roll the exported model out to this pool on success.")
+    promote_to: PromotionTarget | None = Field(
+        default=None, description="Roll the exported model out to this pool on success (path must then be pvc:// or "
+        "s3://: the pool reads the model from there)."
+    )
+
+    @model_validator(mode="after")
+    def _check_promotable(self) -> OutputSpec:
+        if self.promote_to is not None and parse_uri(self.path).scheme not in ("pvc", "s3"):
+            raise ValueError(
+                f"path {self.path!r}: promoteTo hands this location to the serving pool, so it must be pvc:// or "
+                "s3:// (a local folder exists only inside the training pod)"
+            )
+        return self
 
 
 class MetricsSpec(ApiModel):

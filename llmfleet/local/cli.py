@@ -55,16 +55,16 @@ def register(app: typer.Typer) -> None:
         if not isinstance(res, InferenceService):
             raise _fail(f"llmfleet up: {file} is a {res.kind}; `llmfleet up` runs an InferenceService "
                         "(use `llmfleet train` for a TrainingJob)")
-        isvc = resolve_tiny_paths(res)
+        isvc = resolve_model_paths(res)
         try:
             for pool in isvc.pools():
                 render_vllm_args(isvc, pool)
         except InvalidServeSpec as err:
             raise _fail(f"llmfleet up: {file}: {err}") from None
         for pool in isvc.pools():
-            local = pool.model.path.removeprefix("file://")
+            local = pool.model.path
             # A missing local folder would only show as replicas crash-looping in the background.
-            if local.startswith(("/", "./", "../", "~")) and not Path(local).expanduser().exists():
+            if not Path(local).expanduser().exists():
                 raise _fail(f"llmfleet up: {file}: model path {pool.model.path!r} of pool {pool.name} does not exist")
         rdir = (run_dir or run_dir_for(isvc.metadata.name)).resolve()
         old = read_state(rdir)
@@ -153,20 +153,33 @@ def register(app: typer.Typer) -> None:
                 typer.echo(f"{name}: {trained}  (trained {train_steps} steps; log in train.log)")
 
 
-def resolve_tiny_paths(isvc: InferenceService) -> InferenceService:
-    """Replace `tiny://<name>` model paths by the built tiny model folders (building them on first use)."""
+def resolve_model_paths(isvc: InferenceService) -> InferenceService:
+    """Every pool's model as a local folder: tiny:// built (first use), s3:// and hf:// fetched into the cache.
+
+    Fetches are resumable and checked (llmfleet.storage); a second `up` finds them complete. pvc:// exists
+    only on Kubernetes.
+    """
     from llmfleet.api import InferenceService
+    from llmfleet.api.storage import parse_uri
     from llmfleet.local.tinymodel import SPECS, build_tiny
+    from llmfleet.storage import FetchError, local_copy
 
     data = isvc.model_dump(by_alias=True, exclude_none=True, mode="json")
     models = [data["spec"]["model"]] + [p["model"] for p in data["spec"].get("fallback", {}).get("pools", [])]
     for m in models:
-        if m["path"].startswith(TINY_SCHEME):
-            name = m["path"][len(TINY_SCHEME):]
-            if name not in SPECS:
+        uri = parse_uri(m["path"])
+        if uri.scheme == "tiny":
+            if uri.location not in SPECS:
                 raise _fail(f"llmfleet up: unknown tiny model {m['path']!r}; known: "
                             f"{', '.join(TINY_SCHEME + n for n in SPECS)}")
-            m["path"] = str(build_tiny(SPECS[name]))
+            m["path"] = str(build_tiny(SPECS[uri.location]))
+        else:
+            if uri.is_remote:
+                typer.echo(f"fetching {uri} (resumable; complete files are kept) ...")
+            try:
+                m["path"] = str(local_copy(uri))
+            except FetchError as err:
+                raise _fail(f"llmfleet up: model {m['path']!r}: {err}", 1) from None
     return InferenceService.model_validate(data)
 
 

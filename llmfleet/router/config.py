@@ -18,11 +18,18 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 from llmfleet.api.inferenceservice import InferenceService
+from llmfleet.api.storage import parse_uri
 
 ROUTER_CONFIG_KEY = "router.yaml"
 REPLICA_PORT = 8000
 ROUTER_PORT = 8080
 TENANTS_MOUNT_PATH = "/etc/llmfleet/tenants/tenants.yaml"
+# What the router reads of a model folder (tokenizer, chat template, shape for the KV tiers): on Kubernetes it
+# fetches only these files, never the weights.
+ROUTER_MODEL_FILES = (
+    "config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+    "generation_config.json",
+)
 KNOWN_SCORERS = ("estimated-ttft", "prefix-cache", "queue-depth", "running-requests", "kv-cache", "session-affinity")
 
 
@@ -218,23 +225,32 @@ def pool_selector(service: str, pool: str) -> str:
     return f"llmfleet.io/inferenceservice={service},llmfleet.io/pool={pool}"
 
 
-def _tokenizer_path(model_path: str) -> str | None:
-    # Only local folders can be read by the router; URIs (s3://, hf://) fall back to text blocks.
-    return None if "://" in model_path else model_path
+def _local_folder(model_path: str) -> str | None:
+    # Only local folders can be read by the router; other locations need a folder from model_folders.
+    uri = parse_uri(model_path)
+    return uri.path if uri.scheme == "local" else None
 
 
 def router_config_from_service(
-    isvc: InferenceService, endpoints: dict[str, list[str]] | None = None, *, kv_events_port: int | None = None
+    isvc: InferenceService,
+    endpoints: dict[str, list[str]] | None = None,
+    *,
+    kv_events_port: int | None = None,
+    model_folders: dict[str, str] | None = None,
 ) -> RouterConfig:
     """The router config for `isvc`. `endpoints` (pool -> base URLs) = static; None = EndpointSlice discovery.
 
     `kv_events_port`: the port given to `render_vllm_args(..., kv_events_port=...)`; the router then subscribes
     to every replica's KV-cache events on it.
+    `model_folders`: pool -> the folder where the router finds that pool's model files (the operator mounts or
+    fetches them into the router pod); a pool's local model path otherwise.
     """
     spec = isvc.spec
     namespace = isvc.metadata.namespace or "default"
     pools = []
+    folders = model_folders or {}
     for view in isvc.pools():
+        folder = folders.get(view.name) or _local_folder(view.model.path)
         static = None if endpoints is None else list(endpoints.get(view.name, []))
         discovery = (
             None if endpoints is not None
@@ -245,8 +261,8 @@ def router_config_from_service(
                 name=view.name,
                 role=view.role,
                 served_names=[view.served_name],
-                model_path=view.model.path,
-                tokenizer_path=_tokenizer_path(view.model.path),
+                model_path=folder,
+                tokenizer_path=folder,
                 block_size=spec.router.block_size_tokens or view.block_size,
                 max_model_len=view.model.max_model_len,
                 kv_offload_gib=view.vllm.kv_offload_gib,

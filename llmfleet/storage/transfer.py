@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import time
 from collections.abc import Iterator, Sequence
@@ -154,6 +156,36 @@ def target_file(dest: Path, rel: str) -> Path:
         raise FetchError(f"refusing {rel!r}: it would be written outside {dest}")
     target.parent.mkdir(parents=True, exist_ok=True)
     return target
+
+
+def cache_key(uri: StorageUri) -> str:
+    """The location's own folder name inside a shared cache: a readable name + a hash of the full URI."""
+    digest = hashlib.sha256(str(uri).encode()).hexdigest()[:12]
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", uri.name).strip("-.")[:40] or "loc"
+    return f"{name}-{digest}"
+
+
+def cache_base() -> Path:
+    """$LLMFLEET_CACHE, else ~/.cache/llmfleet: where local runs keep built and fetched models."""
+    base = os.environ.get("LLMFLEET_CACHE")
+    return Path(base) if base else Path.home() / ".cache" / "llmfleet"
+
+
+def local_copy(uri: str | StorageUri) -> Path:
+    """A local folder holding the location: a local path as it is, s3:// and hf:// fetched into the cache.
+
+    For `llmfleet up` and `llmfleet train` (pods get theirs from the operator's init containers).
+    """
+    u = parse(uri)
+    if u.scheme == "local":
+        return Path(u.path).expanduser()
+    if not u.is_remote:
+        raise FetchError(f"{u}: {u.scheme}:// cannot be read on this machine "
+                         + ("(pvc:// claims exist only on Kubernetes)" if u.scheme == "pvc" else ""))
+    dest = cache_base() / "fetched" / cache_key(u)
+    log.info("fetching %s into %s", u, dest)
+    fetch(u, dest)
+    return dest
 
 
 def parse(uri: str | StorageUri) -> StorageUri:

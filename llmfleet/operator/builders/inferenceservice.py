@@ -10,6 +10,7 @@ import importlib
 from typing import Any
 
 from llmfleet.api import InferenceService, PoolView
+from llmfleet.api.storage import CacheSpec
 from llmfleet.operator.builders.common import (
     Manifest,
     child_name,
@@ -18,6 +19,7 @@ from llmfleet.operator.builders.common import (
     metadata,
     resource_requests,
 )
+from llmfleet.operator.builders.storage import PodStorage, StorageSpecError
 from llmfleet.operator.config import OperatorConfig
 
 REPLICA_PORT = 8000
@@ -27,6 +29,8 @@ ROUTER_CONFIG_DIR = "/etc/llmfleet"
 TENANTS_DIR = "/etc/llmfleet/tenants"
 # Pool names that would collide with the router's children.
 RESERVED_POOL_NAMES = frozenset({"router"})
+# The router fetches only these files of each pool's model (tokenizer, chat template, shape): no weights.
+ROUTER_CACHE = CacheSpec(size_limit="2Gi")
 
 
 class ServiceSpecError(ValueError):
@@ -62,12 +66,26 @@ def pool_selector(isvc: InferenceService, pool: str) -> str:
 SERVING_LABEL = "llmfleet.io/serving"
 
 
-def _serve_command(isvc: InferenceService, pool: PoolView) -> list[str]:
+def _serve_command(isvc: InferenceService, pool: PoolView, model_dir: str) -> list[str]:
     from llmfleet.workers.serve.vllm_args import InvalidServeSpec, serve_command
 
     try:
-        return serve_command(isvc, pool, port=REPLICA_PORT)
+        return serve_command(isvc, pool, port=REPLICA_PORT, model_dir=model_dir)
     except InvalidServeSpec as err:
+        raise ServiceSpecError(str(err)) from None
+
+
+def fetch_image(isvc: InferenceService, config: OperatorConfig) -> str:
+    """Init containers run `llmfleet fetch` from the llmfleet image (it carries the storage extra)."""
+    return config.router_image
+
+
+def add_model(store: PodStorage, isvc: InferenceService, pool: PoolView, role: str, include: tuple[str, ...] = ()) -> str:
+    from llmfleet.workers.serve.vllm_args import model_location_field
+
+    try:
+        return store.add_input(model_location_field(pool), role, pool.model.path, include)
+    except StorageSpecError as err:
         raise ServiceSpecError(str(err)) from None
 
 
@@ -83,12 +101,15 @@ def _probe(path: str, port: str, period: int, failures: int) -> dict[str, Any]:
 def build_pool_deployment(isvc: InferenceService, pool: PoolView, config: OperatorConfig) -> Manifest:
     labels = pool_labels(isvc, pool.name)
     gpus = pool.resources.gpus
-    volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}}]
-    mounts = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    # The model: a pvc:// claim mounted read-only, or s3:// / hf:// fetched once into the cache volume.
+    store = PodStorage(isvc.spec.storage, fetch_image(isvc, config))
+    model_dir = add_model(store, isvc, pool, "model")
+    volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}}, *store.volumes]
+    mounts = [{"name": "dshm", "mountPath": "/dev/shm"}, *store.mounts]
     container: dict[str, Any] = {
         "name": "engine",
         "image": isvc.spec.image or config.serve_image,
-        "command": _serve_command(isvc, pool),
+        "command": _serve_command(isvc, pool, model_dir),
         "ports": [{"name": "http", "containerPort": REPLICA_PORT, "protocol": "TCP"}],
         "env": [
             {"name": "LLMFLEET_INFERENCESERVICE", "value": isvc.metadata.name},
@@ -104,6 +125,7 @@ def build_pool_deployment(isvc: InferenceService, pool: PoolView, config: Operat
         "volumeMounts": mounts,
     }
     pod_spec: dict[str, Any] = {
+        **({"initContainers": store.init_containers} if store.init_containers else {}),
         "containers": [container],
         "volumes": volumes,
         # The serving wrapper drains in-flight requests for drainSeconds after SIGTERM.
@@ -168,10 +190,12 @@ def _request_log_claim(isvc: InferenceService) -> tuple[Manifest, str, str] | No
     return claim, str(module.LOG_MOUNT), f"{module.LOG_MOUNT}/{module.LOG_FILE}"
 
 
-def router_config_yaml(isvc: InferenceService, request_log: str | None = None) -> str:
+def router_config_yaml(
+    isvc: InferenceService, request_log: str | None = None, model_folders: dict[str, str] | None = None
+) -> str:
     from llmfleet.router.config import router_config_from_service
 
-    cfg = router_config_from_service(isvc)
+    cfg = router_config_from_service(isvc, model_folders=model_folders)
     if request_log:
         cfg = cfg.model_copy(update={"request_log": request_log})
     return cfg.to_yaml()
@@ -179,11 +203,16 @@ def router_config_yaml(isvc: InferenceService, request_log: str | None = None) -
 
 def build_router(isvc: InferenceService, config: OperatorConfig) -> list[Manifest]:
     """ConfigMap, ServiceAccount + Role for EndpointSlice discovery, Deployment and Service of the router."""
+    from llmfleet.router.config import ROUTER_MODEL_FILES
+
     name = router_name(isvc)
     labels = router_labels(isvc)
+    # Each pool's tokenizer and chat template, so prefix keys are the engine's token blocks.
+    store = PodStorage(isvc.spec.storage, fetch_image(isvc, config), cache=ROUTER_CACHE)
+    folders = {pool.name: add_model(store, isvc, pool, f"model-{pool.name}", ROUTER_MODEL_FILES) for pool in isvc.pools()}
     # With offline generation on, the router logs requests where the generation CronJob reads them.
     request_log = _request_log_claim(isvc)
-    config_yaml = router_config_yaml(isvc, request_log[2] if request_log else None)
+    config_yaml = router_config_yaml(isvc, request_log[2] if request_log else None, folders)
     digest = hashlib.sha256(config_yaml.encode()).hexdigest()[:16]
     configmap = {
         "apiVersion": "v1",
@@ -214,6 +243,8 @@ def build_router(isvc: InferenceService, config: OperatorConfig) -> list[Manifes
         claim_name = request_log[0]["metadata"]["name"]
         volumes.append({"name": "requests", "persistentVolumeClaim": {"claimName": claim_name}})
         mounts.append({"name": "requests", "mountPath": request_log[1]})
+    volumes += store.volumes
+    mounts += store.mounts
     container = {
         "name": "router",
         "image": config.router_image,
@@ -239,6 +270,7 @@ def build_router(isvc: InferenceService, config: OperatorConfig) -> list[Manifes
                 "metadata": {"labels": labels, "annotations": {"llmfleet.io/config-hash": digest}},
                 "spec": {
                     "serviceAccountName": name,
+                    **({"initContainers": store.init_containers} if store.init_containers else {}),
                     "containers": [container],
                     "volumes": volumes,
                     "terminationGracePeriodSeconds": int(isvc.spec.router.request_timeout_seconds) + 5,

@@ -362,16 +362,23 @@ class Trainer:
             return None
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+        from llmfleet.api.storage import parse_uri
         from llmfleet.workers.train.export import export_hf
 
         sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        out = Path(self.spec.output.path)
+        target = parse_uri(self.spec.output.path)
+        # An s3:// output is written here first, then uploaded (and checked) by rank 0.
+        out = Path(target.path) if target.scheme == "local" else self.ckpt_root / "export"
         if self.rank == 0:
             tok = self.spec.data.tokenizer
             if tok is None and (Path(self.spec.data.path) / "tokenizer.json").is_file():
                 tok = str(Path(self.spec.data.path) / "tokenizer.json")
             export_hf(cast(dict[str, torch.Tensor], sd), self.args, out, tokenizer=tok)
-            self.status["exported"] = str(out)
+            if target.scheme == "s3":
+                from llmfleet.storage import upload
+
+                upload(out, target)
+            self.status["exported"] = str(target)
         dist.barrier()
         return out
 
