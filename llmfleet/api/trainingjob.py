@@ -182,6 +182,15 @@ class PromotionTarget(ApiModel):
 class OutputSpec(ApiModel):
     """Export of the final model in a servable Hugging Face format."""
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {"rule": "!has(self.promoteTo) || self.path.startsWith('pvc://') || self.path.startsWith('s3://')",
+                 "message": "promoteTo needs a pvc:// or s3:// output.path (the serving pool reads it from there)"},
+            ]
+        }
+    )
+
     path: OutputUri = Field(
         min_length=1, description="Where config.json, model.safetensors and the tokenizer are written: pvc://claim/path "
         "or s3://bucket/prefix (what promotion hands the serving pool), or a local folder (llmfleet train)."
