@@ -5,24 +5,19 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-from llmfleet.api.common import ApiModel, Condition, ObjectMeta, StatusModel
+from llmfleet.api.common import ApiModel, Condition, ObjectMeta, StatusModel, cel_rules
 from llmfleet.api.storage import DataUri, OutputUri, SourceUri, StorageSpec, parse_uri
 
 
 class ModelShape(ApiModel):
     """A Llama-style decoder: RMSNorm, RoPE, SwiGLU, MHA/GQA/MQA chosen by kvHeads."""
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                {"rule": "!has(self.hidden) || !has(self.heads) || self.hidden % self.heads == 0",
-                 "message": "hidden must be divisible by heads"},
-                {"rule": "!has(self.heads) || !has(self.kvHeads) || self.heads % self.kvHeads == 0",
-                 "message": "heads must be divisible by kvHeads (GQA groups)"},
-            ]
-        }
+    model_config = cel_rules(
+        ("!has(self.hidden) || !has(self.heads) || self.hidden % self.heads == 0", "hidden must be divisible by heads"),
+        ("!has(self.heads) || !has(self.kvHeads) || self.heads % self.kvHeads == 0",
+         "heads must be divisible by kvHeads (GQA groups)"),
     )
 
     family: Literal["llama"] = Field(default="llama", description="Architecture family; only Llama-style decoders.")
@@ -182,13 +177,9 @@ class PromotionTarget(ApiModel):
 class OutputSpec(ApiModel):
     """Export of the final model in a servable Hugging Face format."""
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                {"rule": "!has(self.promoteTo) || self.path.startsWith('pvc://') || self.path.startsWith('s3://')",
-                 "message": "promoteTo needs a pvc:// or s3:// output.path (the serving pool reads it from there)"},
-            ]
-        }
+    model_config = cel_rules(
+        ("!has(self.promoteTo) || self.path.startsWith('pvc://') || self.path.startsWith('s3://')",
+         "promoteTo needs a pvc:// or s3:// output.path (the serving pool reads it from there)"),
     )
 
     path: OutputUri = Field(

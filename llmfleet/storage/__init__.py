@@ -8,14 +8,7 @@ s3:// or a local path and verifies what arrived.
 Floor: imports llmfleet.api only (boto3 and huggingface_hub inside the functions that need them).
 """
 
-from llmfleet.storage.transfer import (
-    FetchError,
-    FetchResult,
-    cache_base,
-    cache_key,
-    fetch,
-    local_copy,
-    upload,
-)
+from llmfleet.storage.common import FetchError, FetchResult, cache_key
+from llmfleet.storage.transfer import cache_base, fetch, local_copy, upload
 
 __all__ = ["FetchError", "FetchResult", "cache_base", "cache_key", "fetch", "local_copy", "upload"]

@@ -13,15 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from llmfleet.api.storage import HF_ENDPOINT_ENV, HF_TOKEN_KEY, StorageUri
-from llmfleet.storage.transfer import (
-    FetchError,
-    FetchResult,
-    Progress,
-    Record,
-    RemoteFile,
-    selected,
-    target_file,
-)
+from llmfleet.storage.common import FetchError, FetchResult, Progress, RemoteFile, fetch_files, selected
 
 CHUNK = 1 << 20
 
@@ -75,16 +67,8 @@ def fetch(uri: StorageUri, dest: Path, include: Sequence[str] | None, progress_e
     files = selected(files, include)
     if not files:
         raise FetchError(f"{uri}: no files match {list(include or [])}")
-    record = Record(dest, str(uri))
-    progress = Progress(f"{uri} ({commit[:12]})", len(files), sum(f.size for f in files), progress_every_s)
-    result = FetchResult(uri=str(uri), dest=str(dest), files=len(files), bytes_total=progress.total)
-    for f in files:
-        if record.has(dest, f):
-            result.skipped += 1
-            progress.add(f.size, moved=False)
-            progress.file_done()
-            continue
-        target = target_file(dest, f.rel)
+
+    def download(f: RemoteFile, target: Path, progress: Progress) -> int:
         try:
             got = Path(str(hf_hub_download(uri.location, f.rel, revision=commit, local_dir=dest, token=token,
                                            endpoint=endpoint)))
@@ -96,10 +80,6 @@ def fetch(uri: StorageUri, dest: Path, include: Sequence[str] | None, progress_e
             got.unlink()
             raise FetchError(f"{uri}: {f.rel}: size or checksum differs from the Hub's metadata (file removed)")
         progress.add(f.size)
-        result.bytes_transferred += f.size
-        record.add(f)
-        progress.file_done()
-    record.complete = include is None
-    record.save()
-    progress.report(final=True)
-    return result
+        return f.size
+
+    return fetch_files(str(uri), dest, files, download, f"{uri} ({commit[:12]})", include is None, progress_every_s)

@@ -14,15 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from llmfleet.api.storage import S3_ADDRESSING_ENV, S3_ENDPOINT_ENV, S3_REGION_ENV, StorageUri
-from llmfleet.storage.transfer import (
+from llmfleet.storage.common import (
     PARTIAL_SUFFIX,
     FetchError,
     FetchResult,
     Progress,
-    Record,
     RemoteFile,
+    fetch_files,
     selected,
-    target_file,
 )
 
 CHUNK = 1 << 20
@@ -152,24 +151,14 @@ def fetch(uri: StorageUri, dest: Path, include: Sequence[str] | None, progress_e
     files = selected(list_files(s3, uri), include)
     if not files:
         raise FetchError(f"{uri}: no objects match {list(include or [])}")
-    record = Record(dest, str(uri))
-    progress = Progress(str(uri), len(files), sum(f.size for f in files), progress_every_s)
-    result = FetchResult(uri=str(uri), dest=str(dest), files=len(files), bytes_total=progress.total)
-    for f in files:
-        if record.has(dest, f):
-            result.skipped += 1
-            progress.add(f.size, moved=False)
-        else:
-            try:
-                result.bytes_transferred += _download(s3, uri, f, target_file(dest, f.rel), progress)
-            except _errors() as err:
-                raise FetchError(f"{uri}: {f.rel}: {_describe(err)}") from None
-            record.add(f)
-        progress.file_done()
-    record.complete = include is None
-    record.save()
-    progress.report(final=True)
-    return result
+
+    def download(f: RemoteFile, target: Path, progress: Progress) -> int:
+        try:
+            return _download(s3, uri, f, target, progress)
+        except _errors() as err:
+            raise FetchError(f"{uri}: {f.rel}: {_describe(err)}") from None
+
+    return fetch_files(str(uri), dest, files, download, str(uri), include is None, progress_every_s)
 
 
 def upload(src: Path, uri: StorageUri, progress_every_s: float) -> FetchResult:

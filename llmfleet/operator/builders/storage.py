@@ -30,7 +30,7 @@ from llmfleet.api.storage import (
     parse_uri,
 )
 from llmfleet.operator.builders.common import resource_requests
-from llmfleet.storage.transfer import cache_key
+from llmfleet.storage.common import cache_key
 
 MOUNT_ROOT = "/mnt/llmfleet"
 CACHE_VOLUME = "cache"
