@@ -33,6 +33,7 @@ from llmfleet.operator.builders.featurestore import (
     LOG_MOUNT,
     build_generation_cronjob,
     build_request_log_claim,
+    store_url,
 )
 from llmfleet.operator.builders.storage import PodStorage, StorageSpecError
 from llmfleet.operator.config import OperatorConfig
@@ -202,7 +203,15 @@ def router_config_yaml(
     cfg = router_config_from_service(isvc, model_folders=model_folders)
     if request_log:
         cfg = cfg.model_copy(update={"request_log": request_log})
-    return cfg.to_yaml()
+    # The store the generation CronJob writes (store_url), never a file inside the router's own container.
+    url = store_url(isvc)
+    if cfg.feature_store.enabled and url is None:
+        raise ServiceSpecError(
+            "spec.router.featureStoreLookup: the router would look up an empty store of its own; set "
+            "spec.featureStore.url (PostgreSQL) or spec.featureStore.generationSchedule (SQLite on the shared "
+            "request-log volume)"
+        )
+    return cfg.model_copy(update={"feature_store": cfg.feature_store.model_copy(update={"url": url})}).to_yaml()
 
 
 def build_router(isvc: InferenceService, config: OperatorConfig) -> list[Manifest]:
