@@ -28,7 +28,7 @@ def register(app: typer.Typer) -> None:
         from llmfleet.storage import fetch as run_fetch
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-        for noisy in ("botocore", "boto3", "urllib3", "huggingface_hub", "filelock"):
+        for noisy in ("botocore", "boto3", "urllib3", "huggingface_hub", "filelock", "httpx", "httpx2"):
             logging.getLogger(noisy).setLevel(logging.WARNING)
         try:
             result = run_fetch(uri, dest, include or None, progress_every_s=progress_every)

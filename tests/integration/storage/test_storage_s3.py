@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from podrun import run_init_container
 from s3server import S3Server, s3_server
 
 from llmfleet.api import InferenceService
@@ -146,39 +147,25 @@ def test_fetch_command_logs_progress_and_fails_in_one_line(server: S3Server, tmp
 
 
 def test_the_rendered_init_container_fills_the_model_folder(server: S3Server, tmp_path: Path) -> None:
-    """Run the operator's fetch init container as the kubelet would: its command, its env (Secret refs
-    resolved), its mount path mapped onto a local folder; then the engine's --model folder holds the model."""
+    """Run the operator's fetch init container as the kubelet would (tests/podrun.py); then the engine's
+    --model folder, mounted read-only from the same volume, holds the model."""
     isvc = InferenceService.model_validate({
         "metadata": {"name": "chat", "namespace": "ml", "uid": "u"},
         "spec": {"model": {"path": f"s3://{BUCKET}/llama"},
                  "storage": {"s3": {"endpoint": server.endpoint, "credentialsSecret": "s3-creds",
                                     "addressingStyle": "path"}}},
     })
-    secrets = {"s3-creds": {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}}
     deployment = next(m for m in build_inferenceservice(isvc, OperatorConfig()) if m["metadata"]["name"] == "chat-primary")
     pod = deployment["spec"]["template"]["spec"]
     (init,) = pod["initContainers"]
-    env = {"PATH": os.environ["PATH"], "PYTHONPATH": os.environ.get("PYTHONPATH", ""), "HOME": str(tmp_path),
-           "AWS_DEFAULT_REGION": "us-east-1"}
-    for e in init["env"]:
-        if "value" in e:
-            env[e["name"]] = e["value"]
-        else:
-            ref = e["valueFrom"]["secretKeyRef"]
-            if ref["key"] in secrets[ref["name"]]:
-                env[e["name"]] = secrets[ref["name"]][ref["key"]]
-            else:
-                assert ref.get("optional") is True
-    (mount,) = init["volumeMounts"]
-    volume = tmp_path / "volume" / mount["subPath"]
-    command = [volume.as_posix() if a == mount["mountPath"] else a for a in init["command"]]
-    assert command[:2] == ["llmfleet", "fetch"]
-    proc = subprocess.run([sys.executable, "-m", "llmfleet.cli", *command[1:]], capture_output=True, text=True,
-                          timeout=120, env=env)
+    secrets = {"s3-creds": {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}}
+    proc, folders = run_init_container(init, secrets, tmp_path / "volumes", {"AWS_DEFAULT_REGION": "us-east-1"})
     assert proc.returncode == 0, proc.stderr
     engine = pod["containers"][0]
     argv = engine["command"]
     model_dir = argv[argv.index("--model") + 1]
     engine_mount = next(m for m in engine["volumeMounts"] if m["mountPath"] == model_dir)
-    assert engine_mount["readOnly"] is True and engine_mount["subPath"] == mount["subPath"]
-    assert _tree(volume) == FILES
+    assert engine_mount["readOnly"] is True
+    (init_mount,) = init["volumeMounts"]
+    assert (engine_mount["name"], engine_mount["subPath"]) == (init_mount["name"], init_mount["subPath"])
+    assert _tree(folders[model_dir]) == FILES
