@@ -173,6 +173,9 @@ def resolve_model_paths(isvc: InferenceService) -> InferenceService:
                 raise _fail(f"llmfleet up: unknown tiny model {m['path']!r}; known: "
                             f"{', '.join(TINY_SCHEME + n for n in SPECS)}")
             m["path"] = str(build_tiny(SPECS[uri.location]))
+        elif uri.scheme == "pvc":
+            raise _fail(f"llmfleet up: model {m['path']!r}: pvc:// claims exist only on Kubernetes; "
+                        "give the claim's local folder here")
         else:
             if uri.is_remote:
                 typer.echo(f"fetching {uri} (resumable; complete files are kept) ...")
