@@ -35,7 +35,7 @@ from llmfleet.operator.builders.featurestore import (
     build_request_log_claim,
     store_url,
 )
-from llmfleet.operator.builders.storage import PodStorage, StorageSpecError
+from llmfleet.operator.builders.storage import PodStorage, StorageSpecError, fetch_image
 from llmfleet.operator.config import OperatorConfig
 from llmfleet.router.config import (
     ROUTER_CONFIG_DIR,
@@ -88,11 +88,6 @@ def _serve_command(isvc: InferenceService, pool: PoolView, model_dir: str) -> li
         raise ServiceSpecError(str(err)) from None
 
 
-def fetch_image(isvc: InferenceService, config: OperatorConfig) -> str:
-    """Init containers run `llmfleet fetch` from the llmfleet image (it carries the storage extra)."""
-    return config.router_image
-
-
 def add_model(store: PodStorage, isvc: InferenceService, pool: PoolView, role: str, include: tuple[str, ...] = ()) -> str:
     try:
         return store.add_input(model_location_field(pool), role, pool.model.path, include)
@@ -113,7 +108,7 @@ def build_pool_deployment(isvc: InferenceService, pool: PoolView, config: Operat
     labels = pool_labels(isvc, pool.name)
     gpus = pool.resources.gpus
     # The model: a pvc:// claim mounted read-only, or s3:// / hf:// fetched once into the cache volume.
-    store = PodStorage(isvc.spec.storage, fetch_image(isvc, config))
+    store = PodStorage(isvc.spec.storage, fetch_image(config))
     model_dir = add_model(store, isvc, pool, "model")
     volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}}, *store.volumes]
     mounts = [{"name": "dshm", "mountPath": "/dev/shm"}, *store.mounts]
@@ -219,7 +214,7 @@ def build_router(isvc: InferenceService, config: OperatorConfig) -> list[Manifes
     name = router_name(isvc)
     labels = router_labels(isvc)
     # Each pool's tokenizer and chat template, so prefix keys are the engine's token blocks.
-    store = PodStorage(isvc.spec.storage, fetch_image(isvc, config), cache=ROUTER_CACHE)
+    store = PodStorage(isvc.spec.storage, fetch_image(config), cache=ROUTER_CACHE)
     folders = {pool.name: add_model(store, isvc, pool, f"model-{pool.name}", ROUTER_MODEL_FILES) for pool in isvc.pools()}
     # With offline generation on, the router logs requests where the generation CronJob reads them.
     request_log = _request_log_claim(isvc)

@@ -30,11 +30,17 @@ from llmfleet.api.storage import (
     parse_uri,
 )
 from llmfleet.operator.builders.common import resource_requests
+from llmfleet.operator.config import OperatorConfig
 from llmfleet.storage.common import cache_key
 
 MOUNT_ROOT = "/mnt/llmfleet"
 CACHE_VOLUME = "cache"
 FETCH_RESOURCES = resource_requests("500m", "1Gi", 0)
+
+
+def fetch_image(config: OperatorConfig) -> str:
+    """Init containers run `llmfleet fetch` from the llmfleet image (the router's; it carries the storage extra)."""
+    return config.router_image
 
 
 class StorageSpecError(ValueError):

@@ -24,7 +24,7 @@ from llmfleet.operator.builders.common import (
     metadata,
     resource_requests,
 )
-from llmfleet.operator.builders.storage import PodStorage
+from llmfleet.operator.builders.storage import PodStorage, fetch_image
 from llmfleet.operator.config import OperatorConfig
 
 SPEC_DIR = "/etc/llmfleet"
@@ -71,7 +71,7 @@ def worker_storage(tj: TrainingJob, config: OperatorConfig) -> tuple[PodStorage,
     output is a mounted folder (pvc://) or the s3:// URI the trainer uploads its export to.
     """
     spec = tj.spec
-    store = PodStorage(spec.storage, config.router_image)  # fetches run from the llmfleet image
+    store = PodStorage(spec.storage, fetch_image(config))
     data = spec.data.model_copy(update={
         "path": store.add_input("spec.data.path", "data", spec.data.path),
         "tokenizer": store.add_input("spec.data.tokenizer", "tokenizer", spec.data.tokenizer)
