@@ -369,12 +369,15 @@ class Trainer:
             if tok is None and (Path(self.spec.data.path) / "tokenizer.json").is_file():
                 tok = str(Path(self.spec.data.path) / "tokenizer.json")
             export_hf(cast(dict[str, torch.Tensor], sd), self.args, out, tokenizer=tok)
+        dist.barrier()
+        # After the barrier: the other ranks may finish while rank 0 uploads (a long upload would otherwise
+        # run into the process group's timeout).
+        if self.rank == 0:
             if target.scheme == "s3":
                 from llmfleet.storage import upload
 
                 upload(out, target)
             self.status["exported"] = str(target)
-        dist.barrier()
         return out
 
     def close(self, done: bool) -> None:
