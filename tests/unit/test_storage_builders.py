@@ -191,3 +191,20 @@ def test_local_locations_leave_the_pods_as_they_were() -> None:
     pod = _by(ms, "Job", "llama-r0")["spec"]["template"]["spec"]
     assert "initContainers" not in pod and [v["name"] for v in pod["volumes"]] == ["spec", "checkpoints", "dshm"]
     assert yaml.safe_load(_by(ms, "ConfigMap", "llama-spec")["data"]["job.yaml"])["spec"]["data"]["path"] == "/data"
+
+
+@pytest.mark.parametrize(
+    ("path", "model_dir", "want"),
+    [
+        ("file:///models/a", None, "/models/a"),
+        ("hf://org/m", None, "org/m"),  # vLLM downloads a Hub id itself when nothing fetched it
+        ("s3://bkt/m", "/mnt/llmfleet/model", "/mnt/llmfleet/model"),
+        ("/models/a", "/elsewhere", "/elsewhere"),
+    ],
+)
+def test_the_engine_loads_model_dir_else_the_location(path: str, model_dir: str | None, want: str) -> None:
+    from llmfleet.workers.serve.vllm_args import render_vllm_args
+
+    isvc = _isvc(path, "/models/s")
+    argv = render_vllm_args(isvc, isvc.pools()[0], model_dir=model_dir)
+    assert argv[argv.index("--model") + 1] == want
