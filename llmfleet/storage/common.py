@@ -25,6 +25,11 @@ LOCK_FILE = ".llmfleet-fetch.lock"
 PARTIAL_SUFFIX = ".part"
 
 
+def is_bookkeeping(path: Path) -> bool:
+    """The record and lock files fetch keeps in a destination: never copied or uploaded as content."""
+    return path.name.startswith((RECORD_FILE, LOCK_FILE))
+
+
 class FetchError(RuntimeError):
     """A location that cannot be copied: missing, unreachable, unauthorized, or a checksum that does not match."""
 

@@ -21,6 +21,7 @@ from llmfleet.storage.common import (
     Progress,
     RemoteFile,
     fetch_files,
+    is_bookkeeping,
     selected,
 )
 
@@ -165,7 +166,7 @@ def upload(src: Path, uri: StorageUri, progress_every_s: float) -> FetchResult:
     from boto3.s3.transfer import TransferConfig
 
     s3 = client()
-    paths = [p for p in sorted(src.rglob("*")) if p.is_file() and not p.name.startswith(".llmfleet-fetch")]
+    paths = [p for p in sorted(src.rglob("*")) if p.is_file() and not is_bookkeeping(p)]
     total = sum(p.stat().st_size for p in paths)
     progress = Progress(f"{src} -> {uri}", len(paths), total, progress_every_s)
     result = FetchResult(uri=str(uri), dest=str(src), files=len(paths), bytes_total=total)

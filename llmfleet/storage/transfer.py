@@ -17,6 +17,7 @@ from llmfleet.storage.common import (
     Progress,
     RemoteFile,
     cache_key,
+    is_bookkeeping,
     log,
     selected,
     target_file,
@@ -112,7 +113,7 @@ def copy_local(src: Path, dest: Path, include: Sequence[str] | None, progress_ev
     if src.resolve() == dest.resolve():
         return FetchResult(uri=str(src), dest=str(dest))
     pairs = [(src, src.name)] if src.is_file() else [
-        (p, p.relative_to(src).as_posix()) for p in sorted(src.rglob("*")) if p.is_file()
+        (p, p.relative_to(src).as_posix()) for p in sorted(src.rglob("*")) if p.is_file() and not is_bookkeeping(p)
     ]
     files = selected([RemoteFile(rel, p.stat().st_size, str(int(p.stat().st_mtime))) for p, rel in pairs], include)
     by_rel = dict((rel, p) for p, rel in pairs)

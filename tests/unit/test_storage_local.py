@@ -78,3 +78,11 @@ def test_cache_keys_are_stable_readable_and_distinct() -> None:
     a = cache_key(parse_uri("hf://Qwen/Qwen2.5-7B-Instruct@main"))
     assert a == cache_key(parse_uri("hf://Qwen/Qwen2.5-7B-Instruct@main")) and a.startswith("Qwen2.5-7B-Instruct-")
     assert a != cache_key(parse_uri("hf://Qwen/Qwen2.5-7B-Instruct@v2"))
+
+
+def test_a_fetched_folder_copies_without_its_bookkeeping(tmp_path: Path) -> None:
+    src = _src(tmp_path)
+    Record(src, "s3://b/p").save()  # what a fetch from S3 leaves beside the files
+    fetch(str(src), tmp_path / "copy")
+    names = {p.name for p in (tmp_path / "copy").rglob("*") if p.is_file()}
+    assert names == {"config.json", "w.bin", ".llmfleet-fetch.lock"}  # its own lock, not the source's record
