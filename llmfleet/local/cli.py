@@ -159,11 +159,17 @@ def resolve_model_paths(isvc: InferenceService) -> InferenceService:
     Fetches are resumable and checked (llmfleet.storage); a second `up` finds them complete. pvc:// exists
     only on Kubernetes.
     """
+    import logging
+
     from llmfleet.api import InferenceService
     from llmfleet.api.storage import parse_uri
     from llmfleet.local.tinymodel import SPECS, build_tiny
     from llmfleet.storage import FetchError, local_copy
 
+    progress = logging.getLogger("llmfleet.storage")
+    if not progress.handlers:  # the fetch's progress lines on stderr while `up` waits for it
+        progress.addHandler(logging.StreamHandler())
+        progress.setLevel(logging.INFO)
     data = isvc.model_dump(by_alias=True, exclude_none=True, mode="json")
     models = [data["spec"]["model"]] + [p["model"] for p in data["spec"].get("fallback", {}).get("pools", [])]
     for m in models:

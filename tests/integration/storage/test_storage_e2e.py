@@ -113,6 +113,7 @@ def test_up_serves_models_from_s3_and_a_local_path(server: S3Server, tmp_path: P
     try:
         assert up.returncode == 0, up.stdout + up.stderr
         assert "fetching s3://llm-models/tiny-llama/v1" in up.stdout
+        assert "fetched s3://llm-models/tiny-llama/v1:" in up.stderr  # the progress lines
         state = read_state(run_dir) or {}
         client = OpenAI(base_url=state["url"] + "/v1", api_key="unused", max_retries=2, timeout=120)
         for model, pool in (("s3up", "primary"), ("s3up-student", "student")):
