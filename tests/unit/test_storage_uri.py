@@ -75,8 +75,8 @@ def test_errors_name_the_field_path() -> None:
         ({"data": {"path": "tiny://x"}}, "spec.data.path", "tiny:// is not accepted here"),
         ({"distillation": {"teacher": "tiny://tiny-llama"}}, "spec.distillation.teacher", "tiny://"),
         ({"output": {"path": "hf://org/out"}}, "spec.output.path", "hf:// is not accepted here"),
-        ({"output": {"path": "/models/out", "promoteTo": {"inferenceService": "chat"}}}, "spec.output",
-         "must be pvc:// or s3://"),
+        ({"output": {"path": "/models/out", "promoteTo": {"inferenceService": "chat"}}}, "spec",
+         "output.path '/models/out': promoteTo hands this location to the serving pool, so it must be pvc://"),
         ({"storage": {"s3": {"endpoint": "minio:9000"}}}, "spec.storage.s3.endpoint", "pattern"),
     ],
 )

@@ -112,8 +112,8 @@ def test_up_serves_models_from_s3_and_a_local_path(server: S3Server, tmp_path: P
                    "--ready-timeout", str(START_TIMEOUT_S), env=env, timeout=START_TIMEOUT_S + 120)
     try:
         assert up.returncode == 0, up.stdout + up.stderr
-        assert "fetching s3://llm-models/tiny-llama/v1" in up.stdout
-        assert "fetched s3://llm-models/tiny-llama/v1:" in up.stderr  # the progress lines
+        assert "fetching s3://llm-models/tiny-llama/v1 into" in up.stderr  # the progress lines
+        assert "fetched s3://llm-models/tiny-llama/v1: " in up.stderr
         state = read_state(run_dir) or {}
         client = OpenAI(base_url=state["url"] + "/v1", api_key="unused", max_retries=2, timeout=120)
         for model, pool in (("s3up", "primary"), ("s3up-student", "student")):
