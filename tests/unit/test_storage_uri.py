@@ -101,3 +101,27 @@ def test_accepted_locations_round_trip() -> None:
     assert parse_resource(wire) == tj
     isvc = parse_resource(_isvc("hf://Qwen/Qwen2.5-7B-Instruct@main", "tiny://tiny-llama"))
     assert isvc.to_wire()["spec"]["model"]["path"] == "hf://Qwen/Qwen2.5-7B-Instruct@main"
+
+
+def test_the_api_server_refuses_promoting_a_local_folder() -> None:
+    """The CRD's CEL rule on TrainingJob.spec says what the pydantic check says (full models only)."""
+    from pathlib import Path
+
+    import celpy
+    import yaml
+
+    crd = yaml.safe_load((Path(__file__).resolve().parents[2] / "crds" / "llmfleet.io_trainingjobs.yaml").read_text())
+    spec_schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    (rule,) = [r["rule"] for r in spec_schema["x-kubernetes-validations"] if "promoteTo" in r["rule"]]
+    env = celpy.Environment()
+    program = env.program(env.compile(rule))
+
+    def allowed(spec: dict[str, object]) -> bool:
+        return bool(program.evaluate({"self": celpy.json_to_cel(spec)}))
+
+    promote = {"inferenceService": "chat"}
+    assert not allowed({"method": "full", "output": {"path": "/models/out", "promoteTo": promote}})
+    assert allowed({"method": "full", "output": {"path": "pvc://models/out", "promoteTo": promote}})
+    assert allowed({"method": "full", "output": {"path": "s3://bkt/out", "promoteTo": promote}})
+    assert allowed({"method": "full", "output": {"path": "/models/out"}})
+    assert allowed({"method": "lora", "output": {"path": "/adapters/a", "promoteTo": promote}})
