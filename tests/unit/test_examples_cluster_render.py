@@ -15,6 +15,7 @@ from helmchart import render
 from llmfleet.api import InferenceService, TrainingJob, load_file
 from llmfleet.api.storage import parse_uri
 from llmfleet.operator.builders import build_inferenceservice, build_trainingjob
+from llmfleet.operator.builders.storage import fetch_image
 from llmfleet.operator.config import Capabilities, OperatorConfig, with_spec_defaults
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -95,7 +96,7 @@ def test_example_renders_valid_objects_with_its_storage(
         elif uri.is_remote:
             fetches = [c for c in inits if c["command"][:3] == ["llmfleet", "fetch", str(uri)]]
             assert fetches, (name, raw)
-            assert all(c["image"] == chart_config.router_image for c in fetches)
+            assert all(c["image"] == fetch_image(chart_config) == chart_config.train_image for c in fetches)
             if isinstance(resource, InferenceService) and resource.spec.storage.cache.claim:
                 assert resource.spec.storage.cache.claim in claims
     secrets = {e["valueFrom"]["secretKeyRef"]["name"] for c in inits for e in c.get("env", []) if "valueFrom" in e}

@@ -18,7 +18,7 @@ from llmfleet.router.config import ROUTER_MODEL_FILES, RouterConfig
 from llmfleet.storage import cache_key
 
 K8S_VERSION = "1.33.0"
-CONFIG = OperatorConfig(router_image="llmfleet:test")
+CONFIG = OperatorConfig(fetch_image="llmfleet-fetch:test")
 
 
 def _isvc(model: str, student: str, storage: dict[str, Any] | None = None) -> InferenceService:
@@ -64,7 +64,7 @@ def test_hf_model_fetched_once_into_the_shared_cache_claim_and_pvc_student_mount
 
     pod = _pod(ms, "Deployment", "chat-primary")
     (init,) = pod["initContainers"]
-    assert init["image"] == "llmfleet:test"
+    assert init["image"] == "llmfleet-fetch:test"
     assert init["command"] == ["llmfleet", "fetch", "hf://Qwen/Qwen2.5-7B-Instruct@main", "/mnt/llmfleet/model"]
     assert _env(init)["HF_TOKEN"] == {"secretKeyRef": {"name": "hf-token", "key": "HF_TOKEN"}}
     key = cache_key(parse_uri("hf://Qwen/Qwen2.5-7B-Instruct@main"))
@@ -154,6 +154,9 @@ def test_training_fetches_inputs_and_uploads_an_s3_export() -> None:
     )
     ms = build_trainingjob(tj, CONFIG)
     _validate(ms)
+    # Without LLMFLEET_FETCH_IMAGE the fetches run from the training image (it carries the storage extra).
+    default = build_trainingjob(tj, OperatorConfig(train_image="train:1"))
+    assert {c["image"] for c in _by(default, "Job", "llama-r0")["spec"]["template"]["spec"]["initContainers"]} == {"train:1"}
     worker_spec = yaml.safe_load(_by(ms, "ConfigMap", "llama-spec")["data"]["job.yaml"])["spec"]
     assert worker_spec["data"] == {"path": "/mnt/llmfleet/data", "tokenizer": "/mnt/llmfleet/tokenizer"}
     assert worker_spec["distillation"]["teacher"] == "/mnt/llmfleet/teacher"

@@ -39,8 +39,10 @@ FETCH_RESOURCES = resource_requests("500m", "1Gi", 0)
 
 
 def fetch_image(config: OperatorConfig) -> str:
-    """Init containers run `llmfleet fetch` from the llmfleet image (the router's; it carries the storage extra)."""
-    return config.router_image
+    """The image of the `llmfleet fetch` init containers: LLMFLEET_FETCH_IMAGE, else the training image (it carries
+    the storage extra, boto3 and huggingface_hub; the router and operator images carry the kubernetes client,
+    whose python-dateutil>=3 requirement botocore's <3 excludes)."""
+    return config.fetch_image or config.train_image
 
 
 class StorageSpecError(ValueError):
