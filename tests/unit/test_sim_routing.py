@@ -108,3 +108,26 @@ def test_llmfleet_router_states_track_the_replicas_exactly() -> None:
     res = simulate(w, SimConfig(pools=[PoolSpec(replicas=3, kv_blocks=600)]), router=rt)
     assert res.summary["completed"] == len(w.requests)
     assert rt.checked >= 3 * len(w.requests)
+
+
+def test_llmfleet_router_routes_through_the_routing_core(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The simulator runs the router's own dispatch functions, not a copy of them."""
+    from llmfleet.router import dispatch
+
+    calls: dict[str, int] = {}
+
+    def counting(name: str):  # type: ignore[no-untyped-def]
+        real = getattr(dispatch, name)
+
+        def wrapper(*a, **kw):  # type: ignore[no-untyped-def]
+            calls[name] = calls.get(name, 0) + 1
+            return real(*a, **kw)
+
+        return wrapper
+
+    for name in ("pick_replica", "commit", "on_first_byte", "on_done"):
+        monkeypatch.setattr(dispatch, name, counting(name))
+    w = _abx()
+    _run(w, 2)
+    n = len(w.requests)
+    assert calls == {"pick_replica": n, "commit": n, "on_first_byte": n, "on_done": n}
