@@ -23,7 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from llmfleet.sim.engine import PoolSpec, Router, SimConfig, SimResult, simulate
+from llmfleet.sim.engine import simulate
+from llmfleet.sim.types import PoolSpec, Router, SimConfig, SimResult
 from llmfleet.sim.workload import Workload
 
 Order = Literal["highest", "forward", "backward"]
