@@ -41,6 +41,50 @@ def _check_unchunked_budget(cfg: SimConfig, reqs: list[Request]) -> None:
                              "as vLLM requires max_num_batched_tokens >= max_model_len")
 
 
+def check_inputs(workload: Workload, cfg: SimConfig) -> None:
+    """Refuse what no engine or cluster would run, with one clear line (ValueError): pools without replicas to start
+    from, bounds that contradict each other, requests with negative or non-finite arrival times or lengths < 1."""
+    if not cfg.pools:
+        raise ValueError("no pools to simulate")
+    names = [p.name for p in cfg.pools]
+    if len(set(names)) != len(names):
+        raise ValueError(f"pool names must be unique: {', '.join(names)}")
+    if cfg.context_overflow not in ("reject", "clip"):
+        raise ValueError(f"context_overflow must be 'reject' or 'clip', got {cfg.context_overflow!r}")
+    for p in cfg.pools:
+        floor = 1 if p.role == "primary" else 0  # a student pool may start (and stay) at zero
+        if p.replicas < floor:
+            raise ValueError(f"pool {p.name}: replicas must be >= {floor}, got {p.replicas}")
+        if not 0 <= p.min_replicas <= p.max_replicas or p.max_replicas < 1:
+            raise ValueError(f"pool {p.name}: need 0 <= min_replicas <= max_replicas and max_replicas >= 1, got "
+                             f"{p.min_replicas}..{p.max_replicas}")
+        if p.cold_start_s < 0 or not math.isfinite(p.cold_start_s):
+            raise ValueError(f"pool {p.name}: cold_start_s must be a finite number >= 0, got {p.cold_start_s}")
+        if p.max_model_len is not None and p.max_model_len < 2:
+            raise ValueError(f"pool {p.name}: max_model_len must be >= 2, got {p.max_model_len}")
+    for r in workload.requests:
+        if not math.isfinite(r.arrival) or r.arrival < 0:
+            raise ValueError(f"request {r.rid}: arrival time must be a finite number >= 0, got {r.arrival}")
+        if r.prompt_len < 1 or r.output_len < 1:
+            raise ValueError(f"request {r.rid}: prompt and output lengths must be >= 1 token, got "
+                             f"{r.prompt_len} and {r.output_len}")
+
+
+def clip_to_context(reqs: list[Request], context: int, block_size: int) -> int:
+    """Cut requests longer than `context` (prompt + output): the output to context - 1, the prompt (its head kept,
+    with its full-block keys) to what remains. Returns how many were cut."""
+    cut = 0
+    for r in reqs:
+        if r.prompt_len + r.output_len <= context:
+            continue
+        cut += 1
+        r.output_len = min(r.output_len, context - 1)
+        r.prompt_len = min(r.prompt_len, context - r.output_len)
+        r.keys = r.keys[: r.prompt_len // block_size]
+        r.reset()
+    return cut
+
+
 def simulate(workload: Workload, cfg: SimConfig, router: Router | str = "least-request",
              autoscaler: Autoscaler | None = None) -> SimResult:
     with gc_paused():  # see gc_paused: measured 5% of the CPU at 100k requests, growing with the heap
@@ -52,7 +96,11 @@ def _simulate(workload: Workload, cfg: SimConfig, router: Router | str,
     rt = make_router(router, cfg.seed) if isinstance(router, str) else router
     changed = rt.replica_changed if rt.watches_replicas else None
     bs = workload.block_size
+    check_inputs(workload, cfg)
     reqs = workload.fresh().requests
+    primary_spec = next((p for p in cfg.pools if p.role == "primary"), cfg.pools[0])
+    clipped = clip_to_context(reqs, primary_spec.context_len(), bs) if cfg.context_overflow == "clip" else 0
+    context = {p.name: p.context_len() for p in cfg.pools}
     _check_unchunked_budget(cfg, reqs)
     if cfg.scale_in not in ("cache-aware", "least-loaded"):
         raise ValueError(f"scale_in must be 'cache-aware' or 'least-loaded', got {cfg.scale_in!r}")
@@ -77,6 +125,7 @@ def _simulate(workload: Workload, cfg: SimConfig, router: Router | str,
             fleet.make_routable(fleet.add(p.name, t0, t0))
     pending: list[Request] = []  # arrived while no replica could take them
     rejected: list[Request] = []
+    too_long: set[int] = set()  # request ids rejected as longer than the chosen pool's context (the engine's 400)
     finished = 0
     window: list[Request] = []  # arrivals since the last autoscaler tick
     done_window: list[Request] = []
@@ -93,7 +142,11 @@ def _simulate(workload: Workload, cfg: SimConfig, router: Router | str,
         if rep is None:
             pending.append(req)
             return
-        if rep.pool not in fleet.pool_blocks or -(-(req.prompt_len + req.output_len) // bs) > rep.total:
+        if req.prompt_len + req.output_len > context[rep.pool]:
+            too_long.add(req.rid)
+            rejected.append(req)
+            return
+        if -(-(req.prompt_len + req.output_len) // bs) > rep.total:
             rejected.append(req)
             return
         req.replica, req.pool = rep.id, rep.pool
@@ -171,15 +224,19 @@ def _simulate(workload: Workload, cfg: SimConfig, router: Router | str,
     if lost:
         raise RuntimeError(f"simulation lost {lost} requests (bug)")
     summary = summarize(reqs, fleet, cfg, t0, end, rejected, pending)
+    summary["rejectedContext"] = len(too_long)
+    summary["clippedContext"] = clipped
     cfg_dict = {"pools": [{**asdict(p), "model": p.model if isinstance(p.model, str) else p.model.to_wire(),
                            "kvBlocks": fleet.pool_blocks[p.name], "hostKvBlocks": fleet.pool_host[p.name][0]}
                           for p in cfg.pools],
                 "ttftSloS": cfg.ttft_slo_s, "tpotSloS": cfg.tpot_slo_s, "blockSize": bs, "seed": cfg.seed}
+    rejected_ids = {r.rid for r in rejected}
     records = [{"rid": r.rid, "arrival": r.arrival, "prompt": r.prompt_len, "output": r.output_len,
                 "pool": r.pool, "replica": r.replica, "degraded": r.degraded, "hitTokens": r.hit_tokens,
                 "ttft": (r.first_token - r.arrival) if r.first_token >= 0 else None,
                 "e2e": (r.finish - r.arrival) if r.finish >= 0 else None, "preemptions": r.preemptions,
-                "tenant": r.tenant} for r in reqs] if cfg.keep_records else []
+                "tenant": r.tenant, "rejected": "context" if r.rid in too_long
+                else "kv" if r.rid in rejected_ids else None} for r in reqs] if cfg.keep_records else []
     reps = [{"id": r.id, "pool": r.pool, "served": r.served, "busyS": round(r.busy_s, 3),
              "gpuS": round((r.stopped_at or end) - r.started_at, 3), "promptTokens": r.prompt_tokens,
              "hitTokens": r.hit_tokens, "hostHitTokens": r.host_hit_tokens, "preemptions": r.preemptions, "steps": r.steps} for r in fleet.replicas]

@@ -43,11 +43,17 @@ class PoolSpec:
     kv_blocks: int | None = None  # override the planner's KV capacity (in simulator blocks)
     host_kv_gib: float = 0.0  # host-memory KV tier per replica (vLLM --kv-offloading-size); 0 = none
     cold_start_s: float = 60.0
+    # Context (prompt + output tokens) the engine accepts, as vLLM's max_model_len: longer requests are rejected
+    # (the OpenAI server answers 400) or clipped (SimConfig.context_overflow). None: the model's seq_len.
+    max_model_len: int | None = None
     calibration: str | None = None  # JSON: {"points": [...]} for plan.roofline.calibrate, or StepCostModel fields
     cost: StepCostModel | None = None  # use this step-cost model as is (tests, custom hardware)
 
     def shape(self) -> ModelShape:
         return self.model if isinstance(self.model, ModelShape) else get_model(self.model)
+
+    def context_len(self) -> int:
+        return self.max_model_len if self.max_model_len is not None else self.shape().seq_len
 
     def cost_model(self) -> StepCostModel:
         if self.cost is not None:
@@ -95,6 +101,10 @@ class SimConfig:
     seed: int = 0
     check_invariants: bool = False  # verify block accounting after every step (slow; tests)
     keep_records: bool = True  # per-request records in the result (drop them for million-request runs)
+    # A request longer than its pool's context (PoolSpec.max_model_len): "reject" it as the engine does (counted
+    # in the summary's `rejected`), or "clip" it before the run: the prompt keeps its head, cut to the primary's
+    # context minus the output (the output to the context minus one token).
+    context_overflow: Literal["reject", "clip"] = "reject"
 
 
 # The simulator hands the autoscaler hook the production policy's own signal type, so a policy runs here
