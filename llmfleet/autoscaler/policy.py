@@ -33,6 +33,7 @@ from llmfleet.autoscaler.capacity import (
     replicas_for_ttft,
     service_seconds,
     wait_p95_seconds,
+    work_per_replica,
 )
 from llmfleet.autoscaler.stabilize import stabilize
 from llmfleet.autoscaler.state import Action, PolicyState, PoolState
@@ -82,6 +83,9 @@ class PoolSignals:
     prefill_tokens_per_s: float | None = None
     decode_tokens_per_s: float | None = None
     ttft_slo_miss_fraction: float | None = None
+    # The shortest waiting queue any ready replica had over the interval (Prometheus: min of
+    # min_over_time(vllm:num_requests_waiting)): >= 1 means every replica had work waiting all along (saturated).
+    min_queue_depth: float | None = None
     stale: bool = False
 
     @property
@@ -228,20 +232,21 @@ def _mu(pool: PoolConfig, st: PoolState, sig: PoolSignals) -> float:
     return 1.0 / cost if cost > 0 else math.inf
 
 
-def _learn(pool: PoolConfig, st: PoolState, sig: PoolSignals) -> None:
-    """Update the pool's capacity estimate from the interval's throughput.
+def _saturated(st: PoolState, sig: PoolSignals) -> bool:
+    """Every replica ready for the whole interval had requests waiting all along, and none joined or left: the work
+    they did is their capacity. A queue seen at one tick is not enough (one request arriving mid-step meets it)."""
+    return (sig.min_queue_depth is not None and sig.min_queue_depth >= 1 and sig.ready_replicas > 0
+            and st.prev_ready == sig.ready_replicas)
 
-    Throughput is counted from completions: in an interval where replicas joined, or where the backlog
-    was only building up (the batch filling, completions lagging admissions), it understates capacity.
-    Saturated throughput is the capacity only with the same ready replicas saturated at both ends;
-    otherwise it is a lower bound like any unsaturated interval.
-    """
-    saturated = sig.queue_depth is not None and sig.queue_depth >= max(1, sig.ready_replicas)
-    steady = saturated and st.prev_saturated and st.prev_ready == sig.ready_replicas
-    st.prev_ready, st.prev_saturated = sig.ready_replicas, saturated
-    st.efficiency = learn_efficiency(
-        st.efficiency, sig.prefill_tokens_per_s, sig.decode_tokens_per_s, sig.ready_replicas, pool.seed, steady
-    )
+
+def _learn(cfg: PolicyConfig, pool: PoolConfig, st: PoolState, sig: PoolSignals) -> None:
+    """Update the pool's capacity estimate from the interval's token-level work (capacity.learn_efficiency)."""
+    saturated = _saturated(st, sig)
+    headroom = sig.ttft_p95_ms is not None and sig.ttft_p95_ms <= cfg.ttft_target_fraction * cfg.ttft_slo_ms
+    st.prev_ready = sig.ready_replicas
+    work = work_per_replica(sig.prefill_tokens_per_s, sig.decode_tokens_per_s, sig.ready_replicas, pool.seed)
+    st.efficiency = learn_efficiency(st.efficiency, work, saturated=saturated, headroom=headroom,
+                                     interval_s=cfg.interval_s)
 
 
 def _slo_primary(
@@ -254,7 +259,7 @@ def _slo_primary(
     """
     reasons: list[str] = []
     rate = float(sig.arrival_rate or 0.0)
-    _learn(pool, st, sig)
+    _learn(cfg, pool, st, sig)
     cold = cold_start_seconds(cfg, pool, st)
     st.arrival.update(sig.now, rate)
     level = st.arrival.level if st.arrival.level is not None else rate
@@ -286,12 +291,20 @@ def _slo_primary(
         f"rate {rate:.2f}/s forecast {planned:.2f}/s backlog {backlog:.2f}/s, {mu:.2f} req/s per replica "
         f"(efficiency {st.efficiency:.2f}), TTFT budget {budget * 1000:.0f} ms -> {n}"
     )
-    # Feedback: the SLO is violated with every requested replica ready and the model says "enough".
+    # Feedback: the SLO is violated with every requested replica ready and the model says "enough". A TTFT miss
+    # is a capacity error; a TPOT miss only when requests were waiting all interval (full batches: more replicas
+    # mean smaller ones). Without a standing queue, TPOT misses come from long prefills sharing steps with decodes,
+    # which the engine's token budget (chunked prefill) or routing answers, not more replicas. The capacity estimate
+    # itself is learned from saturation only (_learn), never lowered here: a latency miss has other causes.
     violated = []
     if sig.ttft_p95_ms is not None and sig.ttft_p95_ms > cfg.ttft_slo_ms:
         violated.append(f"TTFT p95 {sig.ttft_p95_ms:.0f} ms > {cfg.ttft_slo_ms:.0f}")
     if sig.tpot_p95_ms is not None and sig.tpot_p95_ms > cfg.tpot_slo_ms:
-        violated.append(f"TPOT p95 {sig.tpot_p95_ms:.0f} ms > {cfg.tpot_slo_ms:.0f}")
+        if (sig.min_queue_depth or 0.0) >= 1:
+            violated.append(f"TPOT p95 {sig.tpot_p95_ms:.0f} ms > {cfg.tpot_slo_ms:.0f} with requests waiting")
+        else:
+            reasons.append(f"TPOT p95 {sig.tpot_p95_ms:.0f} ms > {cfg.tpot_slo_ms:.0f} with no standing queue: "
+                           "prefills sharing steps with decodes (token budget / routing), no replica added")
     # Only once the last action has had time to show (a cold start and two intervals): right after a
     # scale-up the old replicas still drain the backlog that caused it, which is not a capacity error.
     settled = st.last_action_at is None or sig.now - st.last_action_at >= cold + 2 * cfg.interval_s
@@ -299,9 +312,8 @@ def _slo_primary(
     # violation must persist for two consecutive intervals to count as a capacity error.
     persistent, st.violated_before = bool(violated) and st.violated_before, bool(violated)
     if persistent and settled and sig.ready_replicas >= sig.replicas and n <= sig.ready_replicas and rate > 0:
-        st.efficiency = max(st.efficiency * 0.9, 0.1)
         n = sig.ready_replicas + 1
-        reasons.append("; ".join(violated) + " with all replicas ready: +1, capacity estimate lowered")
+        reasons.append("; ".join(violated) + " with all replicas ready: +1")
     return n, reasons, planned, max(planned, burst)
 
 

@@ -158,6 +158,8 @@ def _simulate(workload: Workload, cfg: SimConfig, router: Router | str,
             end = rep.truncate(now)
             if end is not None:
                 push_step(rep, end)
+        if len(rep.waiting) < rep.min_waiting:
+            rep.min_waiting = len(rep.waiting)
         if changed is not None:
             changed(rep)
 
@@ -190,6 +192,8 @@ def _simulate(workload: Workload, cfg: SimConfig, router: Router | str,
                     done_window.append(r)
                     rt.on_complete(r, now)
                 push_step(rep, rep.schedule(now))
+                if len(rep.waiting) < rep.min_waiting:
+                    rep.min_waiting = len(rep.waiting)
                 if changed is not None:
                     changed(rep)
                 stop_if_drained(rep, now)
@@ -271,6 +275,8 @@ def _autoscale(fleet: Fleet, autoscaler: Autoscaler, router: Router, cfg: SimCon
         ttfts = [(r.first_token - r.arrival) * 1e3 for r in mine]
         tpots = [(r.finish - r.first_token) * 1e3 / (r.output_len - 1) for r in mine if r.output_len > 1]
         prompt = sum(r.prompt_len for r in mine)
+        # the shortest queue any replica ready for the whole interval had (saturation: >= 1 all along)
+        whole = [r.min_waiting for r in fleet.routable[spec.name] if r.ready_at <= now - iv]
         sigs.append(SimPoolSignals(
             pool=spec.name, role=spec.role, now=now, replicas=len(reps), ready_replicas=len(fleet.routable[spec.name]),
             arrival_rate=len(arr) / iv,
@@ -281,10 +287,15 @@ def _autoscale(fleet: Fleet, autoscaler: Autoscaler, router: Router, cfg: SimCon
             kv_utilization=sum(r.kv_usage() for r in reps) / len(reps) if reps else None,
             prefix_hit_rate=sum(r.hit_tokens for r in mine) / prompt if prompt else None,
             degraded_fraction=(sum(1 for r in arrivals if r.degraded) / len(arrivals)) if arrivals else None,
-            prefill_tokens_per_s=sum(r.prompt_len - r.hit_tokens for r in mine) / iv,
-            decode_tokens_per_s=sum(r.output_len for r in mine) / iv,
+            # token-level work done in the interval (not the work of the requests that happened to finish in it)
+            prefill_tokens_per_s=sum(r.computed_prompt - r.tick_marks[0] for r in reps) / iv,
+            decode_tokens_per_s=sum(r.generated - r.tick_marks[1] for r in reps) / iv,
+            min_queue_depth=float(min(whole)) if whole else None,
             ttft_slo_miss_fraction=(sum(1 for x in ttfts if x > cfg.ttft_slo_s * 1e3) / len(ttfts)) if ttfts else None,
         ))
+    for r in fleet.replicas:
+        if r.stopped_at is None:
+            r.tick_marks, r.min_waiting = (r.computed_prompt, r.generated), len(r.waiting)
     desired = autoscaler(now, sigs)
     for spec in cfg.pools:
         if spec.name not in desired:
