@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
@@ -324,11 +324,15 @@ def _slo_students(
     state: PolicyState,
     overflow: float,
     primary_sig: PoolSignals | None = None,
+    ahead: Callable[[float], float] | None = None,
 ) -> dict[str, tuple[int, list[str]]]:
     """Size student pools for the overflow, in order of preference, and for the traffic they already get.
 
     The overflow is primary traffic: it is costed at the primary's request mix (a student that has not
-    served anything yet has no mix of its own), the student's own traffic at its own mix.
+    served anything yet has no mix of its own), the student's own traffic at its own mix. `ahead(horizon)`: the
+    overflow the primary's forecast predicts `horizon` seconds ahead; a student is warmed for it one of its own
+    (measured) cold starts ahead, so it is ready when the burst arrives. With neither overflow nor traffic of its
+    own a student pool is sized 0: it costs nothing while the primary has headroom.
     """
     out: dict[str, tuple[int, list[str]]] = {}
     remaining = overflow
@@ -348,14 +352,17 @@ def _slo_students(
         slo_s = cfg.ttft_slo_ms / 1000.0
         prefill = prefill_seconds(pool.seed, st.efficiency, mix.mean_input_tokens or 512.0, sig.prefix_hit_rate or 0.0)
         budget = max(cfg.ttft_target_fraction * slo_s - prefill, 0.05 * slo_s)
+        predicted = ahead(cold_start_seconds(cfg, pool, st) + cfg.interval_s) if ahead is not None else 0.0
+        want = max(remaining, predicted - (overflow - remaining))  # what earlier students absorb, absorbed
         need_overflow = replicas_for_ttft(
-            remaining, mu_overflow, pool.seed.slots, budget, cfg.max_utilization, pool.max_replicas
+            want, mu_overflow, pool.seed.slots, budget, cfg.max_utilization, pool.max_replicas
         )
         need_own = replicas_for_ttft(own, mu, pool.seed.slots, budget, cfg.max_utilization, pool.max_replicas)
         n = min(max(need_overflow, need_own), pool.max_replicas)
         absorbed = n * mu_overflow * cfg.max_utilization
         remaining = max(remaining - absorbed, 0.0)
-        out[pool.name] = (n, [f"overflow {overflow:.2f}/s at {mu_overflow:.2f} req/s per replica, own traffic "
+        out[pool.name] = (n, [f"overflow {overflow:.2f}/s (forecast one student cold start ahead "
+                              f"{predicted:.2f}/s) at {mu_overflow:.2f} req/s per replica, own traffic "
                               f"{own:.2f}/s at {mu:.2f} -> {n}"])
     return out
 
@@ -413,7 +420,19 @@ def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState
             else:
                 raw[primary.name] = (sig.replicas, ["metrics stale or missing: hold"])
         primary_sig = by_name[primary.name] if primary is not None else None
-        for name, item in _slo_students(cfg, students, by_name, state, overflow, primary_sig).items():
+        ahead = None
+        if primary is not None and primary_sig is not None and primary_sig.usable:
+            pst, mu_p = state.pool(primary.name), capacity.get(primary.name) or 0.0
+            ready_cap_p = primary_sig.ready_replicas * mu_p * cfg.max_utilization
+
+            def ahead(horizon: float) -> float:
+                # the smoothed forecast, capped like the primary's plan (+25 % over its level): a student warms up
+                # only when the primary's ready replicas will not absorb the demand a student cold start ahead
+                level = pst.arrival.level or 0.0
+                fc = pst.arrival.forecast(horizon) or level
+                return max(min(fc, 1.25 * level) - ready_cap_p, 0.0)
+
+        for name, item in _slo_students(cfg, students, by_name, state, overflow, primary_sig, ahead).items():
             raw[name] = item
 
     decisions: dict[str, PoolDecision] = {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import typer
 
@@ -134,7 +134,7 @@ def register(app: typer.Typer) -> None:
                 if sn < 0:
                     raise ValueError(f"--student replicas must be >= 0, got {sn}")
             w = _workload(trace, fmt, duration, rate, tenants, seed, max_requests, time_scale)
-            overflow = "clip" if clip_context else "reject"
+            overflow: Literal["reject", "clip"] = "clip" if clip_context else "reject"
             if autoscaler is not None:
                 if autoscaler not in AUTOSCALERS:
                     raise ValueError(f"unknown --autoscaler {autoscaler!r}; known: {', '.join(AUTOSCALERS)}")
