@@ -256,6 +256,8 @@ def hindsight(name: str, w: Workload, recorded: dict[str, Any], window_s: float,
         out[label] = {"replicas": list(found.replicas), "attainment": round(found.attainment, 5),
                       "gpuSeconds": round(found.gpu_seconds, 1),
                       "vsStaticAtPeak": round(found.gpu_seconds / static_gpu - 1.0, 4),
+                      "sloVsHindsight": round(slo_row["gpuSeconds"] / found.gpu_seconds - 1.0, 4),
+                      "sloWithin15PctOfHindsight": slo_row["gpuSeconds"] <= 1.15 * found.gpu_seconds,
                       "simulations": found.simulations, "wallSeconds": round(time.time() - started, 1)}
     return out
 
@@ -363,11 +365,17 @@ def main() -> None:
                          "coldStartS": {"primary": PRIMARY_COLD_S, "student": STUDENT_COLD_S}},
            "wallSeconds": round(time.time() - started, 1), "results": results}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    prior = json.loads(args.out.read_text()) if args.out.exists() else {}
+    prior = json.loads(args.out.read_text()) if args.out.exists() else {}  # again: runs may run side by side
     if args.validation:  # the main results stay; this run is the validation shape
         doc = prior | {"validation": {k: doc[k] for k in ("command", "date", "wallSeconds", "results")}}
     else:  # keep the validation, queue sweep and hindsight sections (each records its own command and date)
         doc |= {k: prior[k] for k in ("validation", "queueSweep", "hindsight") if k in prior}
+        if args.workload:  # a run of some workloads: the others' results stay, each stamped with its command
+            stamp = {"command": doc["command"], "date": doc["date"], "wallSeconds": doc["wallSeconds"]}
+            fresh = {r["workload"] for r in results}
+            doc["results"] = [r for r in prior.get("results", []) if r["workload"] not in fresh] + [
+                r | stamp for r in results]
+            doc["command"] = "see each result's command"
     args.out.write_text(json.dumps(doc, indent=2) + "\n")
     print(f"wrote {args.out}")
 

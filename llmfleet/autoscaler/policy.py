@@ -325,6 +325,7 @@ def _slo_students(
     overflow: float,
     primary_sig: PoolSignals | None = None,
     ahead: Callable[[float], float] | None = None,
+    primary_headroom: bool = False,
 ) -> dict[str, tuple[int, list[str]]]:
     """Size student pools for the overflow, in order of preference, and for the traffic they already get.
 
@@ -357,7 +358,8 @@ def _slo_students(
         need_overflow = replicas_for_ttft(
             want, mu_overflow, pool.seed.slots, budget, cfg.max_utilization, pool.max_replicas
         )
-        need_own = replicas_for_ttft(own, mu, pool.seed.slots, budget, cfg.max_utilization, pool.max_replicas)
+        need_own = 0 if primary_headroom else replicas_for_ttft(own, mu, pool.seed.slots, budget, cfg.max_utilization,
+                                                                pool.max_replicas)
         n = min(max(need_overflow, need_own), pool.max_replicas)
         absorbed = n * mu_overflow * cfg.max_utilization
         remaining = max(remaining - absorbed, 0.0)
@@ -403,6 +405,7 @@ def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState
             raw[pool.name] = _queue_rec(cfg, by_name[pool.name])
     else:
         overflow = 0.0
+        headroom = False
         if primary is not None:
             sig, st = by_name[primary.name], state.pool(primary.name)
             if sig.usable:
@@ -417,6 +420,7 @@ def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState
                     overflow = max(burst - ready_cap, 0.0)
                 elif (sig.degraded_fraction or 0.0) > 0:
                     overflow = max(planned - ready_cap, 0.0)
+                headroom = overflow == 0.0 and sig.ready_replicas >= sig.replicas and ready_cap >= planned
             else:
                 raw[primary.name] = (sig.replicas, ["metrics stale or missing: hold"])
         primary_sig = by_name[primary.name] if primary is not None else None
@@ -432,7 +436,8 @@ def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState
                 fc = pst.arrival.forecast(horizon) or level
                 return max(min(fc, 1.25 * level) - ready_cap_p, 0.0)
 
-        for name, item in _slo_students(cfg, students, by_name, state, overflow, primary_sig, ahead).items():
+        for name, item in _slo_students(cfg, students, by_name, state, overflow, primary_sig, ahead,
+                                        headroom).items():
             raw[name] = item
 
     decisions: dict[str, PoolDecision] = {}

@@ -55,3 +55,24 @@ def test_fallback_absorbs_a_burst_while_the_primary_cold_starts() -> None:
     # GPU-seconds count every pool's replicas (per-replica figures are rounded to the millisecond)
     assert abs(res.summary["gpuSeconds"] - sum(r["gpuS"] for r in res.replicas)) < 1e-3 * len(res.replicas)
     assert any(r["pool"] == "small" and r["gpuS"] > 0 for r in res.replicas)
+
+
+def test_traffic_the_router_still_degrades_does_not_keep_a_student_when_the_primary_has_headroom() -> None:
+    """After a burst the router's SLO-burn window keeps degrading for a while; that traffic alone must not hold
+    student replicas once the ready primaries absorb the demand."""
+    from llmfleet.autoscaler.policy import PolicyState, PoolSignals, decide
+
+    cfg = config()
+    state = PolicyState()
+    desired = []
+    for i in range(12):
+        t = 15.0 * i
+        sigs = [PoolSignals("primary", "primary", t, 3, 3, arrival_rate=2.0, mean_input_tokens=2000.0,
+                            mean_output_tokens=200.0, queue_depth=0.0, degraded_fraction=0.3),
+                PoolSignals("small", "student", t, 1, 1, arrival_rate=0.6, mean_input_tokens=2000.0,
+                            mean_output_tokens=200.0, queue_depth=0.0)]
+        d = decide(cfg, sigs, state)
+        state = d.state
+        assert d.pools["small"].recommended == 0
+        desired.append(d.pools["small"].desired)
+    assert 0 in desired  # released by the clearly-idle rule (the signals here do not follow the decisions)
