@@ -11,11 +11,12 @@ from llmfleet.sim.workload import (
     WorkloadError,
     load_azure,
     load_mooncake,
+    load_trace,
     synthetic,
 )
 
 __all__ = [
     "ROUTERS", "Fleet", "PoolSpec", "Request", "Router", "SimConfig", "SimPoolSignals", "SimResult",
-    "SyntheticSpec", "Workload", "WorkloadError", "load_azure", "load_mooncake", "make_router",
+    "SyntheticSpec", "Workload", "WorkloadError", "load_azure", "load_mooncake", "load_trace", "make_router",
     "oracle_hit_rate", "plot", "simulate", "synthetic",
 ]

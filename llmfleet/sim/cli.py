@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 
@@ -14,6 +14,12 @@ if TYPE_CHECKING:
     from llmfleet.sim.workload import Workload
 
 AUTOSCALERS = ("slo", "queue", "static")
+# workload options shared by `run` and `hindsight`
+TimeScale = Annotated[float, typer.Option(help="Replay at k x the trace's rate.")]
+MaxRequests = Annotated[int | None, typer.Option(help="Use the first N requests.")]
+Duration = Annotated[float, typer.Option(help="Synthetic workload length, s.")]
+Rate = Annotated[float, typer.Option(help="Synthetic mean rate, requests/s.")]
+Tenants = Annotated[int, typer.Option(help="Synthetic tenants.")]
 
 
 def _fail(e: BaseException) -> typer.Exit:
@@ -94,11 +100,11 @@ def register(app: typer.Typer) -> None:
         host_kv_gib: float = typer.Option(0.0, help="Host-memory KV tier per replica, GiB (vLLM CPU offloading); 0 = none."),
         student: str | None = typer.Option(None, help="Add a student pool: MODEL:REPLICAS, e.g. llama-3.2-1b:2 "
                                                       "(with --autoscaler: REPLICAS is its minReplicas, 0 = scale to zero)."),
-        time_scale: float = typer.Option(1.0, help="Replay at k x the trace's rate."),
-        max_requests: int | None = typer.Option(None, help="Use the first N requests."),
-        duration: float = typer.Option(600.0, help="Synthetic workload length, s."),
-        rate: float = typer.Option(10.0, help="Synthetic mean rate, requests/s."),
-        tenants: int = typer.Option(8, help="Synthetic tenants."),
+        time_scale: TimeScale = 1.0,
+        max_requests: MaxRequests = None,
+        duration: Duration = 600.0,
+        rate: Rate = 10.0,
+        tenants: Tenants = 8,
         ttft_slo_ms: float = typer.Option(2000.0, help="TTFT SLO for attainment/goodput, ms."),
         tpot_slo_ms: float = typer.Option(100.0, help="TPOT SLO, ms."),
         calibration: Path | None = typer.Option(None, help="Step-time calibration JSON (see docs/simulator.md)."),
@@ -195,11 +201,11 @@ def register(app: typer.Typer) -> None:
         ttft_slo_ms: float = typer.Option(2000.0, help="TTFT SLO, ms."),
         instant: bool = typer.Option(False, help="Replicas ready at once (no cold start): a looser estimate."),
         order: list[str] = typer.Option(["highest"], help="Window orders, one descent each: highest, forward, backward."),
-        time_scale: float = typer.Option(1.0, help="Replay at k x the trace's rate."),
-        max_requests: int | None = typer.Option(None, help="Use the first N requests."),
-        duration: float = typer.Option(600.0, help="Synthetic workload length, s."),
-        rate: float = typer.Option(10.0, help="Synthetic mean rate, requests/s."),
-        tenants: int = typer.Option(8, help="Synthetic tenants."),
+        time_scale: TimeScale = 1.0,
+        max_requests: MaxRequests = None,
+        duration: Duration = 600.0,
+        rate: Rate = 10.0,
+        tenants: Tenants = 8,
         seed: int = typer.Option(0, help="Random seed (synthetic workload, router ties)."),
         out: Path | None = typer.Option(None, help="Write the schedule as JSON here."),
     ) -> None:
