@@ -267,6 +267,7 @@ def _slo_primary(
     if rate > 1.5 * level:
         st.arrival.level, st.arrival.trend, level = rate, 0.0, rate
         st.burst_until = sig.now + cold
+        st.last_burst_at = sig.now
     base = level
     jump = max(rate - (st.prev_rate if st.prev_rate is not None else rate), 0.0) / max(cfg.interval_s, 1e-6)
     st.prev_rate = rate
@@ -326,6 +327,7 @@ def _slo_students(
     primary_sig: PoolSignals | None = None,
     ahead: Callable[[float], float] | None = None,
     primary_headroom: bool = False,
+    recent_burst: bool = False,
 ) -> dict[str, tuple[int, list[str]]]:
     """Size student pools for the overflow, in order of preference, and for the traffic they already get.
 
@@ -360,7 +362,8 @@ def _slo_students(
         )
         need_own = 0 if primary_headroom else replicas_for_ttft(own, mu, pool.seed.slots, budget, cfg.max_utilization,
                                                                 pool.max_replicas)
-        n = min(max(need_overflow, need_own), pool.max_replicas)
+        warm = 1 if recent_burst and pool is students[0] else 0
+        n = min(max(need_overflow, need_own, warm), pool.max_replicas)
         absorbed = n * mu_overflow * cfg.max_utilization
         remaining = max(remaining - absorbed, 0.0)
         out[pool.name] = (n, [f"overflow {overflow:.2f}/s (forecast one student cold start ahead "
@@ -405,7 +408,7 @@ def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState
             raw[pool.name] = _queue_rec(cfg, by_name[pool.name])
     else:
         overflow = 0.0
-        headroom = False
+        headroom = recent_burst = False
         if primary is not None:
             sig, st = by_name[primary.name], state.pool(primary.name)
             if sig.usable:
@@ -421,6 +424,8 @@ def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState
                 elif (sig.degraded_fraction or 0.0) > 0:
                     overflow = max(planned - ready_cap, 0.0)
                 headroom = overflow == 0.0 and sig.ready_replicas >= sig.replicas and ready_cap >= planned
+                last = st.last_burst_at
+                recent_burst = last is not None and sig.now - last <= cfg.down_window_s
             else:
                 raw[primary.name] = (sig.replicas, ["metrics stale or missing: hold"])
         primary_sig = by_name[primary.name] if primary is not None else None
@@ -437,7 +442,7 @@ def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState
                 return max(min(fc, 1.25 * level) - ready_cap_p, 0.0)
 
         for name, item in _slo_students(cfg, students, by_name, state, overflow, primary_sig, ahead,
-                                        headroom).items():
+                                        headroom, recent_burst).items():
             raw[name] = item
 
     decisions: dict[str, PoolDecision] = {}

@@ -32,6 +32,7 @@ class PoolState:
     prev_ready: int | None = None
     prev_rate: float | None = None
     burst_until: float | None = None  # a level shift was detected: plan for the burst rate until then
+    last_burst_at: float | None = None  # the last level shift (bursty traffic keeps a student warm for a while)
     violated_before: bool = False  # the SLO was violated in the previous interval too
 
 

@@ -43,7 +43,8 @@ def test_a_student_is_warmed_ahead_of_a_forecast_overflow() -> None:
 def test_fallback_absorbs_a_burst_while_the_primary_cold_starts() -> None:
     # long prompts: one primary serves ~6 req/s, the 8x burst needs several more (60 s cold start)
     w = synthetic(SyntheticSpec(duration_s=420.0, rate_rps=2.0, diurnal_amplitude=0.0, bursts=[(180.0, 120.0, 8.0)],
-                                tenants=4, user_tokens_mean=4000, output_tokens_mean=100, seed=3))
+                                tenants=4, user_tokens_mean=4000, output_tokens_mean=100, turns_mean=1.0,
+                                seed=3))  # single-turn: a steady rate before the burst, no start-up ramp
     isvc = make_service(policy="slo", ttft_slo_ms=1500.0, replicas=1, model="llama-3.1-8b", max_replicas=16,
                         student="llama-3.2-1b", student_min=0, student_max_model_len=131072)
     res, hook = simulate_service(w, isvc)
