@@ -424,8 +424,10 @@ def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState
                 elif (sig.degraded_fraction or 0.0) > 0:
                     overflow = max(planned - ready_cap, 0.0)
                 headroom = overflow == 0.0 and sig.ready_replicas >= sig.replicas and ready_cap >= planned
-                last = st.last_burst_at
-                recent_burst = last is not None and sig.now - last <= cfg.down_window_s
+                # the clearly-idle horizon (two cold starts, stabilize.py): as long as the forecast must have seen
+                # demand coming back before capacity is called idle
+                last, horizon = st.last_burst_at, max(2 * cold_start_seconds(cfg, primary, st), 4 * cfg.interval_s)
+                recent_burst = last is not None and sig.now - last <= horizon
             else:
                 raw[primary.name] = (sig.replicas, ["metrics stale or missing: hold"])
         primary_sig = by_name[primary.name] if primary is not None else None
