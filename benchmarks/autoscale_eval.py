@@ -275,6 +275,40 @@ def merge_section(out: Path, section: str, found: list[dict[str, Any]], key: Cal
     print(f"merged into {out}")
 
 
+def render(doc: dict[str, Any]) -> str:
+    """Markdown tables of a results file: per workload and policy, then the targets and any hindsight results."""
+    out = ["| workload (TTFT SLO) | policy | TTFT attainment | misses | GPU-s (primary + student) | vs static-at-peak "
+           "| degraded | peak primary | router seeds: attainment, GPU-s |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in doc.get("results", []):
+        static = r["policies"]["static-at-peak"]["gpuSeconds"]
+        for i, (name, row) in enumerate(r["policies"].items()):
+            pools = row.get("gpuSecondsByPool", {})
+            split = " + ".join(f"{v:,.0f}" for v in pools.values()) if len(pools) > 1 else ""
+            label = {"static-at-peak": f"static-at-peak ({r['staticAtPeakReplicas']})",
+                     "static-planner-peak": f"static-planner-peak ({r['plannerPeakReplicas']})"}.get(name, name)
+            sd = row.get("seeds")
+            seeds = (f"{min(sd['attainment']):.2%}–{max(sd['attainment']):.2%}, {min(sd['gpuSeconds']):,.0f}–"
+                     f"{max(sd['gpuSeconds']):,.0f}" if sd else "")
+            head = f"{r['workload']} ({r['ttftSloS']:.2f} s)" if i == 0 else ""
+            out.append(f"| {head} | {label} | "
+                       f"{row['attainment']:.2%} | {row['misses']} | {row['gpuSeconds']:,.0f}"
+                       f"{f' ({split})' if split else ''} | {row['gpuSeconds'] / static:.2f}x | "
+                       f"{row['degradedFraction']:.1%} | {row['peakPrimaryReplicas']} | {seeds} |")
+    out += ["", "| workload | " + " | ".join(next(iter(doc.get("results", [])), {}).get("targets", {})) + " |"]
+    out.append("|---" * (1 + len(next(iter(doc.get("results", [])), {}).get("targets", {}))) + "|")
+    for r in doc.get("results", []):
+        out.append(f"| {r['workload']} | " + " | ".join("met" if v else "**not met**" for v in r["targets"].values())
+                   + " |")
+    for h in doc.get("hindsight", {}).get("results", []):
+        c = h["withColdStart"]
+        out += ["", f"Hindsight ({h['workload']}, {h['windowS']:g} s windows): {c['gpuSeconds']:,.0f} GPU-s "
+                    f"({c['vsStaticAtPeak']:+.1%} vs static-at-peak), attainment {c['attainment']:.2%}, "
+                    f"{c['simulations']} replays; slo {h['slo']['gpuSeconds']:,.0f} GPU-s ({c['sloVsHindsight']:+.1%} "
+                    f"vs hindsight; within 15 %: {'met' if c['sloWithin15PctOfHindsight'] else 'not met'}); "
+                    f"schedule {c['replicas']}"]
+    return "\n".join(out)
+
+
 def select(args: argparse.Namespace, recorded: dict[str, Any] | None) -> dict[str, Workload]:
     """The workloads asked for (--trace / --no-trace / --spike / --workload), limited to `recorded` when given."""
     traces = [] if args.no_trace else args.trace
@@ -309,7 +343,11 @@ def main() -> None:
                     help="with --hindsight: one descent per window order, keep the cheapest")
     ap.add_argument("--instant", action="store_true",
                     help="with --hindsight: also search with replicas ready at once (no cold start)")
+    ap.add_argument("--render", action="store_true", help="print the markdown tables of --out and exit")
     args = ap.parse_args()
+    if args.render:
+        print(render(json.loads(args.out.read_text())))
+        return
     started = time.time()
     if args.hindsight:
         doc = json.loads(args.out.read_text())
