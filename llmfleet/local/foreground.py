@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import logging
 import signal
 import sys
@@ -12,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from llmfleet.api.inferenceservice import InferenceService
+from llmfleet.autoscaler.local import run_local
+from llmfleet.local.actuator import LocalActuator
 from llmfleet.local.dashboard import Collector, Window, render, scrape_texts
 from llmfleet.local.runtime import Supervisor
 
@@ -22,24 +23,17 @@ def _autoscaler_task(sup: Supervisor, stop: asyncio.Event) -> asyncio.Task[Any] 
     """Run the autoscaler's local loop (llmfleet.autoscaler.local.run_local) against a LocalActuator.
 
     It scrapes the router and the ready replicas every `autoscaling.intervalSeconds` and scales through
-    the actuator; with `policy: static`, or without the autoscaler package, pools stay at spec replicas
-    (crashed replicas are still restarted).
+    the actuator; with `policy: static` pools stay at spec replicas (crashed replicas are still restarted).
     """
     if sup.isvc.spec.autoscaling.policy == "static":
         return None
-    try:
-        mod = importlib.import_module("llmfleet.autoscaler.local")
-    except ImportError as err:
-        sup.event(f"autoscaler unavailable ({err}); replicas stay at spec")
-        return None
-    from llmfleet.local.actuator import LocalActuator
 
     def urls(pool: str) -> list[str]:
         return [r.url for r in sup.replicas(pool) if r.ready]
 
     a = sup.isvc.spec.autoscaling
     sup.event(f"autoscaler: {a.policy} policy every {a.interval_seconds:g}s")
-    task: asyncio.Task[Any] = asyncio.create_task(mod.run_local(sup.isvc, LocalActuator(sup), urls, stop))
+    task: asyncio.Task[Any] = asyncio.create_task(run_local(sup.isvc, LocalActuator(sup), urls, stop))
 
     def done(t: asyncio.Task[Any]) -> None:
         if not t.cancelled() and t.exception() is not None:
@@ -50,8 +44,8 @@ def _autoscaler_task(sup: Supervisor, stop: asyncio.Event) -> asyncio.Task[Any] 
 
 
 async def supervise(isvc: InferenceService, run_dir: Path, port: int | None, dashboard: bool,
-                    prometheus: bool | None = None) -> int:
-    sup = Supervisor(isvc, run_dir, router_port=port, prometheus=prometheus)
+                    prometheus: bool | None = None, manifest: Path | None = None) -> int:
+    sup = Supervisor(isvc, run_dir, router_port=port, prometheus=prometheus, manifest=manifest)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -106,8 +100,8 @@ async def supervise(isvc: InferenceService, run_dir: Path, port: int | None, das
 
 
 def run_foreground(isvc: InferenceService, run_dir: Path, port: int | None, dashboard: bool,
-                   prometheus: bool | None = None) -> int:
+                   prometheus: bool | None = None, manifest: Path | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s",
                         handlers=[logging.FileHandler(run_dir / "supervisor-events.log"),
                                   *([] if dashboard and sys.stdout.isatty() else [logging.StreamHandler()])])
-    return asyncio.run(supervise(isvc, run_dir, port, dashboard, prometheus))
+    return asyncio.run(supervise(isvc, run_dir, port, dashboard, prometheus, manifest))

@@ -151,6 +151,8 @@ def _simulate(workload: Workload, cfg: SimConfig, router: Router | str,
             return
         req.replica, req.pool = rep.id, rep.pool
         req.degraded = fleet.specs[rep.pool].role == "student"
+        if req.adapter is not None:
+            rep.use_adapter(req.adapter)
         rep.waiting.append(req)
         if not rep.plan:
             push_step(rep, rep.schedule(now))

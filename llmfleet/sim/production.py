@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from llmfleet.api import InferenceService, parse_resource
+from llmfleet.api.contracts import MODEL_PRESET_ANNOTATION
 from llmfleet.api.inferenceservice import PoolView
 from llmfleet.autoscaler.policy import PolicyConfig, PolicyState, decide
-from llmfleet.autoscaler.seeds import MODEL_PRESET_ANNOTATION, seeds_for_service
+from llmfleet.autoscaler.seeds import preset_for_pool, seeds_for_service
 from llmfleet.router.config import router_config_from_service
 from llmfleet.sim.engine import simulate
 from llmfleet.sim.routers import LlmfleetRouter
@@ -51,9 +52,7 @@ class PolicyHook:
 
 def model_preset(isvc: InferenceService, pool: PoolView) -> str:
     """The planner preset a pool serves (annotation `llmfleet.io/model-preset[.<pool>]`); the simulator needs one."""
-    ann = isvc.metadata.annotations
-    preset = ann.get(f"{MODEL_PRESET_ANNOTATION}.{pool.name}") or (
-        ann.get(MODEL_PRESET_ANNOTATION) if pool.role == "primary" else None)
+    preset = preset_for_pool(isvc, pool)
     if not preset:
         raise ValueError(f"pool {pool.name}: no model preset to simulate (annotation "
                          f"{MODEL_PRESET_ANNOTATION}{'' if pool.role == 'primary' else '.' + pool.name})")

@@ -42,6 +42,8 @@ class PoolSpec:
     chunked_prefill: bool = True
     kv_blocks: int | None = None  # override the planner's KV capacity (in simulator blocks)
     host_kv_gib: float = 0.0  # host-memory KV tier per replica (vLLM --kv-offloading-size); 0 = none
+    adapter_slots: int = 0  # LoRA adapters a replica holds at once (spec.lora maxCpuLoras); 0 = no LoRA limit
+    adapter_load_s: float = 0.0  # seconds one adapter load stalls the replica
     cold_start_s: float = 60.0
     # Context (prompt + output tokens) the engine accepts, as vLLM's max_model_len: longer requests are rejected
     # (the OpenAI server answers 400) or clipped (SimConfig.context_overflow). None: the model's seq_len.
@@ -137,7 +139,8 @@ class Fleet:
         r = Replica(len(self.replicas), pool, self.pool_blocks[pool], self.block_size, self.costs[pool],
                     max_num_seqs=spec.max_num_seqs, max_batched_tokens=spec.max_batched_tokens,
                     chunked_prefill=spec.chunked_prefill, ready_at=ready_at, host_blocks=host_blocks,
-                    host_load_s_per_block=host_load_s)
+                    host_load_s_per_block=host_load_s, adapter_slots=spec.adapter_slots,
+                    adapter_load_s=spec.adapter_load_s)
         r.started_at = now
         self.replicas.append(r)
         return r
