@@ -191,3 +191,20 @@ def test_fuzz_azure_loader(tmp_path: Path, header: str, rows: list[str], raw: by
     except WorkloadError:
         return
     _valid(w)
+
+
+def test_production_adapter_maps_the_service_to_pools() -> None:
+    from llmfleet.api import parse_resource
+    from llmfleet.sim.production import make_service, pool_specs
+
+    isvc = make_service(policy="queue", replicas=2, model="llama-3.1-8b", max_model_len=65536,
+                        student="llama-3.2-1b", student_min=0, student_max=3)
+    primary, student = pool_specs(isvc, cold_start_s={"small": 15.0})
+    assert (primary.model, primary.replicas, primary.max_model_len, primary.cold_start_s) == ("llama-3.1-8b", 2,
+                                                                                              65536, 60.0)
+    assert (student.role, student.model, student.min_replicas, student.max_replicas, student.cold_start_s) == (
+        "student", "llama-3.2-1b", 0, 3, 15.0)
+    doc = isvc.model_dump(by_alias=True, exclude_none=True)
+    doc["metadata"]["annotations"] = {}
+    with pytest.raises(ValueError, match="no model preset"):
+        pool_specs(parse_resource(doc))  # type: ignore[arg-type]
