@@ -149,7 +149,7 @@ def plot(name: str, slo_s: float, runs: dict[str, SimResult], out: Path) -> None
 
 def evaluate(name: str, w: Workload, policies: tuple[str, ...] = ("slo", "queue"),
              known: tuple[float, int | None] | None = None, plot_it: bool = True,
-             baselines: bool = True, seeds: int = 1) -> dict[str, Any]:
+             baselines: bool = True, seeds: int = 1, planner_static: bool = True) -> dict[str, Any]:
     """`known` = (SLO s, static-at-peak replicas) from an earlier run: skips the reference and bisection runs."""
     static: SimResult | None = None
     if known is None:
@@ -173,7 +173,7 @@ def evaluate(name: str, w: Workload, policies: tuple[str, ...] = ("slo", "queue"
         runs[f"static-at-peak ({n_peak})"] = static
         rows["static-at-peak"] = summary_row(static, slo_s, actions=0, replicas=n_peak)
     n_plan, peak_rps = planner_peak_replicas(w, slo_s)
-    if baselines:
+    if baselines and planner_static:
         planned = run_static(w, n_plan, slo_s)
         rows["static-planner-peak"] = summary_row(planned, slo_s, actions=0, replicas=n_plan)
     hooks: dict[str, PolicyHook] = {}
@@ -344,6 +344,9 @@ def main() -> None:
     ap.add_argument("--instant", action="store_true",
                     help="with --hindsight: also search with replicas ready at once (no cold start)")
     ap.add_argument("--render", action="store_true", help="print the markdown tables of --out and exit")
+    ap.add_argument("--known", type=float, nargs=2, metavar=("SLO_S", "STATIC_REPLICAS"),
+                    help="skip the SLO rule's 64-replica reference run and the static-at-peak search (and the "
+                         "planner-peak static fleet): use this SLO and static-at-peak size from an earlier run")
     args = ap.parse_args()
     if args.render:
         print(render(json.loads(args.out.read_text())))
@@ -380,7 +383,9 @@ def main() -> None:
         args.out.write_text(json.dumps(doc, indent=2) + "\n")
         print(f"merged into {args.out}")
         return
-    results = [evaluate(name, w, seeds=args.seeds) for name, w in select(args, None).items()]
+    known = (args.known[0], int(args.known[1])) if args.known else None
+    results = [evaluate(name, w, seeds=args.seeds, known=known, planner_static=known is None)
+               for name, w in select(args, None).items()]
     print(f"{'workload':12} {'policy':19} {'attain':>7} {'misses':>6} {'GPU-s':>9} {'degraded':>8} {'actions':>7} "
           f"{'peak':>4} {'p99 TTFT':>8}")
     for r in results:
