@@ -100,3 +100,35 @@ def test_tpot_misses_without_a_standing_queue_add_no_replica() -> None:
     assert _feedback(min_queue=0.0) == 2
     # with requests waiting all interval the batches are full: one more replica
     assert _feedback(min_queue=2.0) == 3
+
+
+def test_saturation_signals_from_prometheus_and_scrapes() -> None:
+    from llmfleet.autoscaler.signals import PoolRef, Selectors, build_queries, values_from_scrapes
+
+    q = build_queries("svc", "ns", "primary", "primary", Selectors(), "1m")
+    assert q["min_queue_depth"].startswith("min(min_over_time(") and "num_requests_waiting" in q["min_queue_depth"]
+
+    w = "vllm:num_requests_waiting"
+    prev = {(w, (("replica", "a"),)): 3.0, (w, (("replica", "b"),)): 0.0}
+    cur = {(w, (("replica", "a"),)): 2.0, (w, (("replica", "b"),)): 4.0}
+    v = values_from_scrapes(PoolRef("primary", "primary", 2, 2), {}, {}, prev, cur, 15.0)
+    assert v["min_queue_depth"] == 0.0  # replica b had an empty queue at the previous scrape: not saturated
+
+
+def test_the_simulator_reports_token_level_work_and_the_interval_queue() -> None:
+    from llmfleet.sim import PoolSpec, Request, SimConfig, Workload, simulate
+
+    seen: list[PoolSignals] = []
+
+    def hook(now: float, sigs: list[PoolSignals]) -> dict[str, int]:
+        seen.extend(sigs)
+        return {}
+
+    # 160 long prompts at once on one replica running 4 at a time: a standing queue for several 15 s intervals
+    w = Workload("t", [Request(i, 0.0, 7000, 200) for i in range(160)], block_size=16)
+    simulate(w, SimConfig(pools=[PoolSpec(replicas=1, max_num_seqs=4)], autoscale_interval_s=15.0), autoscaler=hook)
+    # the first interval began with an empty queue (before the arrivals); the second was queued throughout
+    assert seen[0].min_queue_depth == 0.0 and seen[1].min_queue_depth is not None and seen[1].min_queue_depth >= 1
+    # token-level: prompt tokens count when computed, not when their requests finish (none finished by 15 s)
+    assert seen[0].prefill_tokens_per_s is not None and seen[0].prefill_tokens_per_s > 0
+    assert seen[0].mean_input_tokens is not None and 0 < sum(s.prefill_tokens_per_s or 0.0 for s in seen) * 15.0 <= 160 * 7000
