@@ -16,8 +16,8 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
-from llmfleet.sim.engine import Fleet, Router
 from llmfleet.sim.replica import Replica
+from llmfleet.sim.types import Fleet, Router
 from llmfleet.sim.workload import Request
 
 ROUTERS = ("round-robin", "least-request", "power-of-two", "sglang", "llm-d", "llmfleet")
