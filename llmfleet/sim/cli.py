@@ -39,6 +39,7 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
         from rich.table import Table
 
+        from llmfleet.api.loader import InputFileError
         from llmfleet.sim import (
             PoolSpec,
             SimConfig,
@@ -75,6 +76,10 @@ def register(app: typer.Typer) -> None:
             cfg = SimConfig(pools=pools, ttft_slo_s=ttft_slo_ms / 1e3, tpot_slo_s=tpot_slo_ms / 1e3, seed=seed)
             routers = [make_router(r, seed) for r in router]
             results = [simulate(w, cfg, router=r) for r in routers]
+        except UnicodeDecodeError as e:  # the trace loaders read text: name the file, one line, exit 2
+            raise InputFileError(str(trace), f"not UTF-8 text (byte at offset {e.start})") from None
+        except RecursionError:
+            raise InputFileError(str(trace), "nested too deeply to parse") from None
         except (ValueError, OSError, WorkloadError) as e:
             typer.echo(f"llmfleet sim: {str(e).splitlines()[0]}", err=True)
             raise typer.Exit(2) from None

@@ -12,13 +12,12 @@ step events that a truncated decode run made obsolete.
 from __future__ import annotations
 
 import heapq
-import json
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
+from llmfleet.api.loader import load_json_file
 from llmfleet.api.trainingjob import ModelShape
 from llmfleet.autoscaler.actuation import Replica as ScaleInReplica
 from llmfleet.autoscaler.policy import PoolSignals
@@ -67,7 +66,7 @@ class PoolSpec:
         cost = StepCostModel.build(self.shape(), g, weight_dtype=self.weight_dtype, kv_dtype=self.kv_dtype,
                                    tensor_parallel=self.tensor_parallel)
         if self.calibration:
-            data = json.loads(Path(self.calibration).read_text())
+            data = load_json_file(self.calibration)
             if "points" in data:
                 cost = calibrate(cost, data["points"])
             else:
