@@ -23,6 +23,8 @@ from typing import Any
 
 from aiohttp import web
 
+MAX_TOKENS = 32768  # the fake "context length": larger max_tokens get 400, as from vLLM
+
 
 @dataclass
 class FakeBackend:
@@ -99,6 +101,10 @@ class FakeBackend:
                     request.transport.close()
                 return web.Response(status=500)
             n = int(body.get("max_tokens") or self.tokens)
+            if n > MAX_TOKENS:  # like an engine past its context length: the client's error, not the server's
+                return web.json_response({"error": {"message": f"max_tokens must be <= {MAX_TOKENS}",
+                                                     "type": "BadRequestError", "param": "max_tokens",
+                                                     "code": 400}}, status=400)
             parts = render(self.name, endpoint, body.get("model", "m"), n, bool(body.get("stream")), int(time.time()))
             if not body.get("stream"):
                 return web.Response(body=parts[0], content_type="application/json")

@@ -184,7 +184,7 @@ def _usage(data: bytes, input_tokens: int) -> tuple[int, int]:
         doc = json.loads(data)
         usage = doc.get("usage") or {}
         return int(usage.get("completion_tokens") or 0), int(usage.get("prompt_tokens") or input_tokens)
-    except (ValueError, AttributeError, TypeError):
+    except (ValueError, AttributeError, TypeError, RecursionError):
         return 0, input_tokens
 
 
