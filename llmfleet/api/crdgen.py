@@ -21,7 +21,7 @@ Schema = dict[str, Any]
 # Keywords a structural schema may carry over from JSON Schema unchanged.
 _KEEP = {
     "description", "type", "format", "enum", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
-    "minLength", "maxLength", "pattern", "minItems", "maxItems", "x-kubernetes-validations",
+    "minLength", "maxLength", "pattern", "minItems", "maxItems", "maxProperties", "x-kubernetes-validations",
 }
 
 

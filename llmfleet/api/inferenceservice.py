@@ -6,11 +6,19 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from llmfleet.api.common import ApiModel, Condition, ObjectMeta, Resources, StatusModel
 
 PRIMARY_POOL = "primary"
+# The router's scorer plugins by name. The contract lives here (the API validates `router.scorers` against
+# it); llmfleet.router.plugins builds one scorer per name and a unit test keeps both in step.
+SCORER_NAMES = ("estimated-ttft", "prefix-cache", "queue-depth", "running-requests", "kv-cache", "session-affinity")
+# Suffix of the router's children (`<service>-router`: Deployment, Service, ConfigMap, RBAC): a student pool
+# of that name would get the same child names. The operator's builders name the router with it.
+ROUTER_SUFFIX = "router"
+# Pool names a student pool may not take: the primary's, and those whose children collide with the router's.
+RESERVED_POOL_NAMES = (PRIMARY_POOL, ROUTER_SUFFIX)
 
 
 class ServedModel(ApiModel):
@@ -77,8 +85,13 @@ class RouterSpec(ApiModel):
     replicas: int = Field(default=1, ge=1, le=100, description="Router pods.")
     scorers: dict[str, float] = Field(
         default_factory=lambda: {"estimated-ttft": 1.0, "queue-depth": 0.1},
-        description="Scorer plugin name -> weight (estimated-ttft, prefix-cache, queue-depth, running-requests, kv-cache, "
-        "session-affinity).",
+        description=f"Scorer plugin name -> weight ({', '.join(SCORER_NAMES)}).",
+        # maxProperties bounds the CEL rule's estimated cost at the API server (more keys than scorers
+        # cannot all be known names anyway); pydantic's own check below names the unknown ones.
+        json_schema_extra={"maxProperties": len(SCORER_NAMES), "x-kubernetes-validations": [{
+            "rule": "self.all(k, k in " + str(list(SCORER_NAMES)).replace("'", '"') + ")",
+            "message": f"unknown scorer; known: {', '.join(SCORER_NAMES)}",
+        }]},
     )
     session_affinity_header: str | None = Field(
         default="x-session-id", description="Header whose value pins a session to a replica (session-affinity scorer)."
@@ -90,6 +103,14 @@ class RouterSpec(ApiModel):
     request_timeout_seconds: float = Field(default=120.0, gt=0, description="Upper bound on one request's time at the router.")
     max_request_bytes: int = Field(default=4 * 1024 * 1024, ge=1024, description="Reject larger request bodies with 413.")
     api_keys_secret: str | None = Field(default=None, description="Secret holding per-tenant API keys and rate limits.")
+
+    @field_validator("scorers")
+    @classmethod
+    def _known_scorers(cls, scorers: dict[str, float]) -> dict[str, float]:
+        unknown = sorted(set(scorers) - set(SCORER_NAMES))
+        if unknown:
+            raise ValueError(f"unknown scorer {', '.join(map(repr, unknown))} (known: {', '.join(SCORER_NAMES)})")
+        return scorers
 
     @model_validator(mode="after")
     def _check(self) -> RouterSpec:
@@ -106,6 +127,8 @@ class StudentPool(ApiModel):
         json_schema_extra={
             "x-kubernetes-validations": [
                 {"rule": "self.minReplicas <= self.maxReplicas", "message": "minReplicas must be <= maxReplicas"},
+                {"rule": "!(self.name in " + str(list(RESERVED_POOL_NAMES)).replace("'", '"') + ")",
+                 "message": f"pool names {', '.join(RESERVED_POOL_NAMES)} are reserved"},
             ]
         }
     )
@@ -117,6 +140,16 @@ class StudentPool(ApiModel):
     max_replicas: int = Field(default=4, ge=0, description="Upper bound for the autoscaler.")
     resources: Resources = Field(default_factory=Resources, description="Per-replica resources.")
     vllm: VLLMSpec | None = Field(default=None, description="Engine arguments; the primary's when omitted.")
+
+    @field_validator("name")
+    @classmethod
+    def _not_reserved(cls, name: str) -> str:
+        if name == PRIMARY_POOL:
+            raise ValueError(f"{name!r} is reserved for the primary pool")
+        if name in RESERVED_POOL_NAMES:
+            raise ValueError(f"{name!r} is reserved: the pool's children would be named like the router's "
+                             f"(<service>-{ROUTER_SUFFIX})")
+        return name
 
     @model_validator(mode="after")
     def _check(self) -> StudentPool:
@@ -140,8 +173,6 @@ class FallbackSpec(ApiModel):
         names = [p.name for p in self.pools]
         if len(set(names)) != len(names):
             raise ValueError("fallback.pools names must be unique")
-        if PRIMARY_POOL in names:
-            raise ValueError(f"fallback pool name '{PRIMARY_POOL}' is reserved for the primary pool")
         return self
 
 

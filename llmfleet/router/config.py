@@ -17,13 +17,13 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
-from llmfleet.api.inferenceservice import InferenceService
+from llmfleet.api.inferenceservice import SCORER_NAMES, InferenceService
 
 ROUTER_CONFIG_KEY = "router.yaml"
 REPLICA_PORT = 8000
 ROUTER_PORT = 8080
 TENANTS_MOUNT_PATH = "/etc/llmfleet/tenants/tenants.yaml"
-KNOWN_SCORERS = ("estimated-ttft", "prefix-cache", "queue-depth", "running-requests", "kv-cache", "session-affinity")
+KNOWN_SCORERS = SCORER_NAMES
 
 
 class _Model(BaseModel):

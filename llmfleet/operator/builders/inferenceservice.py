@@ -10,6 +10,7 @@ import importlib
 from typing import Any
 
 from llmfleet.api import InferenceService, PoolView
+from llmfleet.api.inferenceservice import ROUTER_SUFFIX
 from llmfleet.operator.builders.common import (
     Manifest,
     child_name,
@@ -25,8 +26,6 @@ ROUTER_PORT = 8080
 ROUTER_CONFIG_KEY = "router.yaml"
 ROUTER_CONFIG_DIR = "/etc/llmfleet"
 TENANTS_DIR = "/etc/llmfleet/tenants"
-# Pool names that would collide with the router's children.
-RESERVED_POOL_NAMES = frozenset({"router"})
 
 
 class ServiceSpecError(ValueError):
@@ -50,7 +49,7 @@ def pool_name(isvc: InferenceService, pool: str) -> str:
 
 
 def router_name(isvc: InferenceService) -> str:
-    return child_name(isvc.metadata.name, "router")
+    return child_name(isvc.metadata.name, ROUTER_SUFFIX)
 
 
 def pool_selector(isvc: InferenceService, pool: str) -> str:
@@ -295,15 +294,8 @@ def build_feature_store_job(isvc: InferenceService, config: OperatorConfig) -> M
     return manifest
 
 
-def check_names(isvc: InferenceService) -> None:
-    for i, pool in enumerate(isvc.spec.fallback.pools):
-        if pool.name in RESERVED_POOL_NAMES:
-            raise ServiceSpecError(f"spec.fallback.pools[{i}].name: {pool.name!r} is reserved for the router")
-
-
 def build_inferenceservice(isvc: InferenceService, config: OperatorConfig) -> list[Manifest]:
     """Every child of `isvc`, in apply order (config before the pods that read it)."""
-    check_names(isvc)
     out: list[Manifest] = []
     for pool in isvc.pools():
         out += [build_pool_deployment(isvc, pool, config), build_pool_service(isvc, pool), build_pool_pdb(isvc, pool)]
