@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from llmfleet.api.loader import problems_from
 
 EventType = Literal["Normal", "Warning"]
-CONDITION_TYPES = ("Ready", "Progressing", "Degraded")
+CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "PromotionTarget")
 
 
 def now_iso() -> str:
