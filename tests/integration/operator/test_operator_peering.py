@@ -15,7 +15,7 @@ from typing import Any
 import kubeemu
 import pytest
 import yaml
-from operator_testkit import CRDS, KOPF_PEERING_CRDS, Operator, eventually, isvc_manifest
+from operator_testkit import CRDS, Operator, eventually, isvc_manifest
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
