@@ -48,6 +48,8 @@ def _structural(node: Schema, defs: dict[str, Schema]) -> Schema:
         if len(options) != 1:
             raise ValueError(f"cannot express a union in a structural schema: {node}")
         inner = _structural(options[0], defs)
+        # Constraints given on the optional field itself (json_schema_extra: enum, CEL rules) apply to X.
+        inner.update({k: v for k, v in node.items() if k in _KEEP and k not in ("type", "description")})
         if description:
             inner["description"] = description
         if default is not None and isinstance(default, (str, int, float, bool)):

@@ -35,6 +35,9 @@ class ServedModel(ApiModel):
     max_model_len: int | None = Field(default=None, ge=16, description="Maximum context length (prompt + output) in tokens.")
 
 
+BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)  # KV block sizes vLLM accepts
+
+
 class VLLMSpec(ApiModel):
     """vLLM engine arguments (rendered to `vllm serve` flags)."""
 
@@ -42,6 +45,7 @@ class VLLMSpec(ApiModel):
         default=None,
         description="Paged-attention KV block size in tokens; unset = 16 on GPU pools and 32 on CPU pools "
         "(resources.gpus: 0), whose attention kernel needs a multiple of 32.",
+        json_schema_extra={"enum": list(BLOCK_SIZES)},  # the API server refuses other sizes too
     )
     enable_prefix_caching: bool = Field(default=True, description="Reuse KV blocks of shared prompt prefixes.")
     kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = Field(
@@ -66,8 +70,8 @@ class VLLMSpec(ApiModel):
 
     @model_validator(mode="after")
     def _check(self) -> VLLMSpec:
-        if self.block_size is not None and self.block_size not in (1, 8, 16, 32, 64, 128, 256):
-            raise ValueError("blockSize must be one of 1, 8, 16, 32, 64, 128, 256")
+        if self.block_size is not None and self.block_size not in BLOCK_SIZES:
+            raise ValueError(f"blockSize must be one of {', '.join(map(str, BLOCK_SIZES))}")
         return self
 
 

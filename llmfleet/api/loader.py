@@ -84,6 +84,8 @@ def parse_yaml_all(text: str, source: str) -> list[Any]:
         raise InputFileError(source, f"invalid YAML: {' '.join(str(err).split())}", None, "<yaml>") from None
     except RecursionError:
         raise _too_deep(source) from None
+    except ValueError as err:  # a scalar the constructor cannot convert (a 5,000-digit int, a bad date)
+        raise InputFileError(source, f"invalid YAML value: {err}", None, "<yaml>") from None
 
 
 def parse_yaml(text: str, source: str) -> Any:
@@ -102,6 +104,8 @@ def parse_json(text: str, source: str) -> Any:
         raise InputFileError(source, f"invalid JSON: {err.msg} (column {err.colno})", err.lineno, "<json>") from None
     except RecursionError:
         raise _too_deep(source) from None
+    except ValueError as err:  # e.g. an integer longer than Python converts (4,300 digits)
+        raise InputFileError(source, f"invalid JSON value: {err}", None, "<json>") from None
 
 
 def load_yaml_file(path: str | Path) -> Any:
