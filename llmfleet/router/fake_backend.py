@@ -32,7 +32,7 @@ class FakeBackend:
     tokens: int = 4
     delay_s: float = 0.0  # before response headers
     token_delay_s: float = 0.0  # between streamed tokens
-    fail: str | None = None  # None | "500" | "close" | "hang"
+    fail: str | None = None  # None | "500" | "close" | "hang" | "cut" (stream half the tokens, then drop)
     healthy: bool = True
     metrics: dict[str, float] = field(default_factory=dict)  # vllm:name -> value; empty -> no vllm series
     requests: list[dict[str, Any]] = field(default_factory=list)
@@ -113,6 +113,9 @@ class FakeBackend:
             for i, part in enumerate(parts):
                 if self.token_delay_s and i < n:
                     await asyncio.sleep(self.token_delay_s)
+                if self.fail == "cut" and i == len(parts) // 2 and request.transport is not None:
+                    request.transport.abort()  # as a replica killed mid-stream
+                    return resp
                 await resp.write(part)
             await resp.write_eof()
             return resp

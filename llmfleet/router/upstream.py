@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
@@ -154,6 +155,10 @@ class Upstream:
                 raise UpstreamFailed(f"stream failed before the first byte: {e}", mark_down=False) from None
             log.warning("upstream stream from %s broke mid-response: %s", out_headers["x-llmfleet-replica"], e)
             status = 502
+            # An explicit error event (OpenAI clients raise on it) instead of a stream that just stops.
+            with contextlib.suppress(ConnectionResetError, aiohttp.ClientConnectionResetError):
+                await out.write(stream_error_event(f"the replica's stream broke mid-response: {e}"))
+                await out.write_eof()
         e2e = time.perf_counter() - t0
         tokens = usage_tokens if usage_tokens is not None else max(0, events - 2)  # minus role chunk and [DONE]
         ttft = None if first is None else first - t0
@@ -161,6 +166,12 @@ class Upstream:
         router.observe(pool, parsed.model, parsed.endpoint, status, tenant, degraded, parsed, input_tokens, tokens,
                        ttft, tpot, e2e)
         return out
+
+
+def stream_error_event(message: str, type_: str = "upstream_error", code: int = 502) -> bytes:
+    """An SSE event carrying an OpenAI-shaped error; no [DONE] follows it."""
+    body = {"error": {"message": message, "type": type_, "param": None, "code": code}}
+    return b"data: " + json.dumps(body).encode() + b"\n\n"
 
 
 def _observe_body(router: Router, pool: str, parsed: ParsedRequest, status: int, tenant: str, degraded: bool,

@@ -130,3 +130,20 @@ def test_fuzz_openai_shaped_json_never_5xx(live: LiveRouter, path: str, body: di
     status, raw = live.post(path, json.dumps(body).encode())
     if status != 200:
         assert_openai_error(status, raw)
+
+
+async def test_stream_cut_mid_way_ends_with_an_error_event(fakes: Any, routers: Any) -> None:
+    """A replica dying mid-stream: the client gets the tokens so far, then an error event (no [DONE]), and
+    the response ends; the OpenAI SDK raises on such an event instead of waiting."""
+    fb = await fakes(tokens=8, fail="cut")
+    r = await routers(config({"primary": ("m", [fb.url])}))
+    await wait_for(lambda: bool(r.router.pools["primary"].replicas.routable()))
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    async with aiohttp.ClientSession() as s:
+        async with s.post(r.url + "/v1/chat/completions", json=body, timeout=aiohttp.ClientTimeout(total=10)) as resp:
+            assert resp.status == 200
+            text = (await resp.read()).decode()
+    events = [e.removeprefix("data: ") for e in text.strip().split("\n\n")]
+    assert events[0].startswith("{") and "[DONE]" not in events
+    error = json.loads(events[-1])["error"]
+    assert error["type"] == "upstream_error" and "mid-response" in error["message"]
