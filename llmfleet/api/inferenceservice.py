@@ -137,7 +137,8 @@ class StudentPool(ApiModel):
         }
     )
 
-    name: str = Field(min_length=1, max_length=40, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", description="Pool name (DNS label).")
+    name: str = Field(min_length=1, max_length=40, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+                      description=f"Pool name (DNS label); {' and '.join(RESERVED_POOL_NAMES)} are reserved.")
     model: ServedModel = Field(description="The student model.")
     replicas: int = Field(default=1, ge=0, description="Desired replicas (written by the autoscaler).")
     min_replicas: int = Field(default=0, ge=0, description="Lower bound for the autoscaler.")
