@@ -203,13 +203,9 @@ async def reconcile_trainingjob(
     return out
 
 
-async def _reconcile(
-    body: Mapping[str, Any],
-    client: KubeClient,
-    config: OperatorConfig,
-    now: str,
-    read_status: StatusReader | None,
-) -> tuple[Outcome, TrainingJob | None]:
+async def _reconcile(body: Mapping[str, Any], client: KubeClient, config: OperatorConfig, now: str,
+                     read_status: StatusReader | None) -> tuple[Outcome, TrainingJob | None]:
+    """The reconcile proper; also returns the validated TrainingJob (None when the spec is invalid)."""
     started = time.thread_time()
     old: dict[str, Any] = dict(body.get("status") or {})
     generation = (body.get("metadata") or {}).get("generation")

@@ -70,14 +70,20 @@ async def test_two_replicas_only_the_leader_acts(cluster: Any, operators: Any) -
     assert standby.runtime.applied_rv
 
 
-async def test_promotion_rolls_out_then_rolls_back(cluster: Any, operators: Any) -> None:
-    emu, _ = cluster
+async def _service_and_promoting_job(emu: Any, operators: Any, pool: str) -> None:
+    """An operator, the InferenceService `chat` (pools primary, student) and a running TrainingJob `train`
+    that promotes /models/distilled-v2 into `pool`."""
     await operators()
     await emu.put(ISVC, isvc_manifest())
     await eventually(lambda: emu.get(DEPLOY, "ml", "chat-student"))
-    promote = {"path": "/models/distilled-v2", "promoteTo": {"inferenceService": "chat", "pool": "student"}}
+    promote = {"path": "/models/distilled-v2", "promoteTo": {"inferenceService": "chat", "pool": pool}}
     await emu.put(TJ, tj_manifest(output=promote))
-    await eventually(lambda: emu.get(JOBS, "ml", "train-r0"))
+    await eventually(lambda: emu.get(JOBS, "ml", "train-r0"))  # training is not held up by the promotion
+
+
+async def test_promotion_rolls_out_then_rolls_back(cluster: Any, operators: Any) -> None:
+    emu, _ = cluster
+    await _service_and_promoting_job(emu, operators, "student")
     await emu.patch(JOBS, "ml", "train-r0", {"status": {"succeeded": 2}}, "status")
 
     # The student pool's model becomes the exported one; its Deployment rolls (maxSurge 1, maxUnavailable 0).
@@ -113,12 +119,7 @@ async def test_promotion_into_a_missing_pool_is_a_condition_and_an_event(cluster
     """A TrainingJob promoting into a pool (or InferenceService) that does not exist keeps training; it gets
     PromotionTarget=False and one Warning Event, not a crash loop, and recovers once the target exists."""
     emu, _ = cluster
-    await operators()
-    await emu.put(ISVC, isvc_manifest())
-    await eventually(lambda: emu.get(DEPLOY, "ml", "chat-student"))
-    promote = {"path": "/models/distilled-v2", "promoteTo": {"inferenceService": "chat", "pool": "studnet"}}
-    await emu.put(TJ, tj_manifest(output=promote))
-    await eventually(lambda: emu.get(JOBS, "ml", "train-r0"))  # training is not held up
+    await _service_and_promoting_job(emu, operators, "studnet")
 
     def target_condition() -> Any:
         conds = emu.get(TJ, "ml", "train")["status"].get("conditions") or []
