@@ -7,12 +7,21 @@ inside the command bodies, so `llmfleet --help` is fast and the operator image n
 
 from __future__ import annotations
 
-import importlib
-import sys
 from typing import Any
 
 import typer
 from typer.core import TyperGroup
+
+from llmfleet.api import cli as api_cli
+from llmfleet.api.loader import InputFileError
+from llmfleet.autoscaler import cli as autoscaler_cli
+from llmfleet.local import cli as local_cli
+from llmfleet.operator import cli as operator_cli
+from llmfleet.plan import cli as plan_cli
+from llmfleet.router import cli as router_cli
+from llmfleet.sim import cli as sim_cli
+from llmfleet.store import cli as store_cli
+from llmfleet.workers.train import cli as train_cli
 
 # Exit status of a command whose input file cannot be read or parsed (typer uses 2 for usage errors too).
 INPUT_ERROR_EXIT = 2
@@ -28,11 +37,7 @@ class _RootGroup(TyperGroup):
     def invoke(self, ctx: Any) -> Any:  # typer.Context (typer vendors click: no public base type)
         try:
             return super().invoke(ctx)
-        except ValueError as err:
-            # An InputFileError can only exist once its module is loaded: no import (and no pydantic) here.
-            loader = sys.modules.get("llmfleet.api.loader")
-            if loader is None or not isinstance(err, loader.InputFileError):
-                raise
+        except InputFileError as err:
             typer.echo(f"llmfleet {ctx.invoked_subcommand or ''}: {err}".replace("  ", " "), err=True)
             raise typer.Exit(INPUT_ERROR_EXIT) from None
 
@@ -47,20 +52,20 @@ app = typer.Typer(
 )
 
 # Modules that contribute commands, in the order they appear in --help.
-COMMAND_MODULES = [
-    "llmfleet.api.cli",            # crds generate, validate
-    "llmfleet.operator.cli",       # operator
-    "llmfleet.local.cli",          # up, down, model build-tiny
-    "llmfleet.workers.train.cli",  # train, data prepare, analyze trace
-    "llmfleet.router.cli",         # router
-    "llmfleet.autoscaler.cli",     # autoscaler
-    "llmfleet.store.cli",          # features ...
-    "llmfleet.plan.cli",           # plan
-    "llmfleet.sim.cli",            # sim
-]
+COMMAND_MODULES = (
+    api_cli,         # crds generate, validate
+    operator_cli,    # operator
+    local_cli,       # up, down, model build-tiny
+    train_cli,       # train, data prepare, analyze trace
+    router_cli,      # router
+    autoscaler_cli,  # autoscaler
+    store_cli,       # features ...
+    plan_cli,        # plan
+    sim_cli,         # sim
+)
 
-for _name in COMMAND_MODULES:
-    importlib.import_module(_name).register(app)
+for _module in COMMAND_MODULES:
+    _module.register(app)
 
 
 def main() -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import logging
 import signal
 import sys
@@ -13,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from llmfleet.api.inferenceservice import InferenceService
+from llmfleet.autoscaler.local import run_local
+from llmfleet.local.actuator import LocalActuator
 from llmfleet.local.dashboard import Collector, Window, render, scrape_texts
 from llmfleet.local.runtime import RESTART_BACKOFF_MAX_S, Supervisor
 
@@ -23,24 +24,17 @@ def _autoscaler_task(sup: Supervisor, stop: asyncio.Event) -> asyncio.Task[Any] 
     """Run the autoscaler's local loop (llmfleet.autoscaler.local.run_local) against a LocalActuator.
 
     It scrapes the router and the ready replicas every `autoscaling.intervalSeconds` and scales through
-    the actuator; with `policy: static`, or without the autoscaler package, pools stay at spec replicas
-    (crashed replicas are still restarted).
+    the actuator; with `policy: static` pools stay at spec replicas (crashed replicas are still restarted).
     """
     if sup.isvc.spec.autoscaling.policy == "static":
         return None
-    try:
-        mod = importlib.import_module("llmfleet.autoscaler.local")
-    except ImportError as err:
-        sup.event(f"autoscaler unavailable ({err}); replicas stay at spec")
-        return None
-    from llmfleet.local.actuator import LocalActuator
 
     def urls(pool: str) -> list[str]:
         return [r.url for r in sup.replicas(pool) if r.ready]
 
     a = sup.isvc.spec.autoscaling
     sup.event(f"autoscaler: {a.policy} policy every {a.interval_seconds:g}s")
-    return asyncio.create_task(mod.run_local(sup.isvc, LocalActuator(sup), urls, stop), name="autoscaler")
+    return asyncio.create_task(run_local(sup.isvc, LocalActuator(sup), urls, stop), name="autoscaler")
 
 
 async def keep_autoscaler(sup: Supervisor, stop: asyncio.Event,
@@ -70,12 +64,12 @@ async def keep_autoscaler(sup: Supervisor, stop: asyncio.Event,
 
 
 async def supervise(isvc: InferenceService, run_dir: Path, port: int | None, dashboard: bool,
-                    prometheus: bool | None = None, sup: Supervisor | None = None,
+                    prometheus: bool | None = None, manifest: Path | None = None, sup: Supervisor | None = None,
                     stop: asyncio.Event | None = None,
                     autoscaler_started: Callable[[asyncio.Task[Any]], None] | None = None) -> int:
     """Run until SIGINT/SIGTERM (or `stop`, for callers that own the signals): `sup` and `stop` let the
     failure drill run the same loop with fake replicas."""
-    sup = sup or Supervisor(isvc, run_dir, router_port=port, prometheus=prometheus)
+    sup = sup or Supervisor(isvc, run_dir, router_port=port, prometheus=prometheus, manifest=manifest)
     loop = asyncio.get_running_loop()
     if stop is None:
         stop = asyncio.Event()
@@ -129,8 +123,8 @@ async def supervise(isvc: InferenceService, run_dir: Path, port: int | None, das
 
 
 def run_foreground(isvc: InferenceService, run_dir: Path, port: int | None, dashboard: bool,
-                   prometheus: bool | None = None) -> int:
+                   prometheus: bool | None = None, manifest: Path | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s",
                         handlers=[logging.FileHandler(run_dir / "supervisor-events.log"),
                                   *([] if dashboard and sys.stdout.isatty() else [logging.StreamHandler()])])
-    return asyncio.run(supervise(isvc, run_dir, port, dashboard, prometheus))
+    return asyncio.run(supervise(isvc, run_dir, port, dashboard, prometheus, manifest))

@@ -12,7 +12,7 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from llmfleet.operator.config import PROMOTION_ANNOTATION
+from llmfleet.api.contracts import MODEL_ANNOTATION, PROMOTION_ANNOTATION
 
 PromotionState = Literal["Pending", "RollingOut", "Succeeded", "RolledBack"]
 # A rollout is rolled back when errors rise this much over the baseline (absolute fraction of requests).
@@ -71,7 +71,7 @@ def evaluate(
     for cond in status.get("conditions") or []:
         if cond.get("type") == "Progressing" and cond.get("reason") == "ProgressDeadlineExceeded":
             return "RolledBack", "the new model's replicas did not become ready in time"
-    rolled = (deployment.get("metadata") or {}).get("annotations", {}).get("llmfleet.io/model") == promo.model
+    rolled = (deployment.get("metadata") or {}).get("annotations", {}).get(MODEL_ANNOTATION) == promo.model
     generation_seen = int(status.get("observedGeneration") or 0) >= int(deployment["metadata"].get("generation") or 0)
     updated = int(status.get("updatedReplicas") or 0)
     ready = int(status.get("readyReplicas") or 0)
@@ -96,6 +96,18 @@ def pool_model_patch(body: dict[str, Any], pool: str, model_path: str) -> dict[s
                 "spec": {"fallback": {"pools": pools}},
             }
     return None
+
+
+def adapter_patch(body: dict[str, Any], name: str, uri: str) -> dict[str, Any] | None:
+    """Merge patch adding adapter `name` at `uri` to spec.adapters (replacing one of that name); None when the
+    InferenceService has no spec.lora (its replicas cannot serve adapters)."""
+    spec = body.get("spec") or {}
+    if not spec.get("lora"):
+        return None
+    adapters = [dict(a) for a in spec.get("adapters") or [] if a.get("name") != name]
+    adapters.append({"name": name, "uri": uri})
+    # resourceVersion makes the list replacement fail on a concurrent change instead of losing it.
+    return {"metadata": {"resourceVersion": body["metadata"].get("resourceVersion")}, "spec": {"adapters": adapters}}
 
 
 def pool_model(body: dict[str, Any], pool: str) -> str | None:

@@ -9,12 +9,19 @@ from typing import Any
 from pydantic import ValidationError
 
 from llmfleet.api import TrainingJob
+from llmfleet.api.contracts import API_VERSION, PROMOTION_ANNOTATION
 from llmfleet.api.inferenceservice import PRIMARY_POOL
+from llmfleet.kube.client import ApiError, KubeClient
 from llmfleet.operator.builders import build_trainingjob
 from llmfleet.operator.builders.trainingjob import job_name, service_name, uses_kueue
-from llmfleet.operator.config import PROMOTION_ANNOTATION, OperatorConfig
-from llmfleet.operator.kube import ApiError, KubeClient
-from llmfleet.operator.promotion import Promotion, from_annotations, pool_model, pool_model_patch
+from llmfleet.operator.config import OperatorConfig
+from llmfleet.operator.promotion import (
+    Promotion,
+    adapter_patch,
+    from_annotations,
+    pool_model,
+    pool_model_patch,
+)
 from llmfleet.operator.reconcile_isvc import ReconcileError, apply_all
 from llmfleet.operator.status import (
     Event,
@@ -82,9 +89,11 @@ async def _promote(
     if state in ("Succeeded", "RolledBack"):
         return prev
     base = {"inferenceService": target.inference_service, "pool": target.pool}
-    isvc = await client.get("llmfleet.io/v1alpha1", "InferenceService", ns, target.inference_service)
+    isvc = await client.get(API_VERSION, "InferenceService", ns, target.inference_service)
     if isvc is None:
         return {**base, "state": "Pending", "message": f"InferenceService {target.inference_service} not found"}
+    if tj.spec.method == "lora":
+        return await _promote_adapter(tj, isvc, client, out, base, output.path, target.adapter_name)
     ann = from_annotations((isvc.get("metadata") or {}).get("annotations"))
     if ann is not None and ann.training_job == tj.metadata.name:
         if ann.state != state:
@@ -109,7 +118,7 @@ async def _promote(
     )
     patch = pool_model_patch(isvc, target.pool, output.path) or {}
     patch.setdefault("metadata", {})["annotations"] = {PROMOTION_ANNOTATION: promo.to_annotation()}
-    await client.merge_patch("llmfleet.io/v1alpha1", "InferenceService", ns, target.inference_service, patch)
+    await client.merge_patch(API_VERSION, "InferenceService", ns, target.inference_service, patch)
     message = f"promoting {output.path} to {target.inference_service}/{target.pool} (was {previous})"
     out.event("Normal", "PromotionStarted", message)
     out.other_events.append(
@@ -124,7 +133,7 @@ async def _promotion_target(tj: TrainingJob, client: KubeClient) -> tuple[bool, 
     if target is None:
         raise ValueError("no promotion configured")
     ns = tj.metadata.namespace or "default"
-    isvc = await client.get("llmfleet.io/v1alpha1", "InferenceService", ns, target.inference_service)
+    isvc = await client.get(API_VERSION, "InferenceService", ns, target.inference_service)
     if isvc is None:
         return False, "InferenceServiceNotFound", f"InferenceService {ns}/{target.inference_service} does not exist"
     if pool_model(isvc, target.pool) is None:
@@ -161,6 +170,23 @@ async def _check_promotion_target(
         out.event("Normal", "PromotionTargetFound", found[2])
     base = out.status.get("conditions") or old.get("conditions")
     out.status["conditions"] = set_conditions(base, {"PromotionTarget": found}, generation, now)
+
+
+async def _promote_adapter(tj: TrainingJob, isvc: dict[str, Any], client: KubeClient, out: Outcome,
+                           base: dict[str, str], uri: str, adapter_name: str | None) -> dict[str, Any]:
+    """A trained LoRA adapter joins the InferenceService's spec.adapters: servable at once, loaded on demand by
+    the router (no rollout, no replica restart)."""
+    ns, svc = tj.metadata.namespace, base["inferenceService"]
+    name = adapter_name or tj.metadata.name
+    patch = adapter_patch(isvc, name, uri)
+    if patch is None:
+        return {**base, "state": "Pending",
+                "message": f"InferenceService {svc} has no spec.lora: set it to serve adapter {name}"}
+    await client.merge_patch("llmfleet.io/v1alpha1", "InferenceService", ns, svc, patch)
+    message = f"adapter {name} ({uri}) added to InferenceService {svc}"
+    out.event("Normal", "PromotionSucceeded", message)
+    out.other_events.append((isvc, Event("Normal", "AdapterAdded", f"{message} by TrainingJob {tj.metadata.name}")))
+    return {**base, "state": "Succeeded", "message": message}
 
 
 async def _apply(
