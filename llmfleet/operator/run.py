@@ -72,7 +72,7 @@ def _login(settings: kopf.OperatorSettings) -> kopf.ConnectionInfo | None:
 async def check_peering(settings: kopf.OperatorSettings, connection: kopf.ConnectionInfo) -> None:
     """Raise PeeringUnavailable when mandatory peering's resource is not served. An unreachable or
     refusing API server is left to kopf (it retries and logs); only a definite "not served" stops us."""
-    from llmfleet.operator.kube import ApiError, KubeClient
+    from llmfleet.kube.client import ApiError, KubeClient
 
     plural = PEERING_PLURALS[bool(settings.peering.clusterwide)]
     client = KubeClient.from_connection_info(connection)
