@@ -88,3 +88,12 @@ def test_validate_reports_every_file_and_exits_with_the_worst_status(tmp_path: P
     assert "inferenceservice-small.yaml" in result.output and "spec.optimization.precision" in result.output
     assert "non-utf8.yaml:4: not UTF-8 text" in result.output
     assert runner.invoke(app, ["validate", str(good), str(invalid)]).exit_code == 1
+
+
+def test_features_log_lines_that_cannot_be_decoded_are_counted_not_fatal() -> None:
+    """`llmfleet features generate` reads a JSON-lines request log: a hostile line is a bad line, not a crash."""
+    from llmfleet.store import generation
+
+    report = generation.Report()
+    generation.aggregate([b"[" * 5000 + b"]" * 5000 + b"\n", b"\xff\xfe\n", b'{"tenant": 1\n'], 16, report)
+    assert report.bad_lines == 3 and len(report.errors) == 3
