@@ -72,11 +72,11 @@ async def test_two_replicas_only_the_leader_acts(cluster: Any, operators: Any) -
 
 async def _service_and_promoting_job(emu: Any, operators: Any, pool: str) -> None:
     """An operator, the InferenceService `chat` (pools primary, student) and a running TrainingJob `train`
-    that promotes /models/distilled-v2 into `pool`."""
+    that promotes pvc://models/distilled-v2 into `pool`."""
     await operators()
     await emu.put(ISVC, isvc_manifest())
     await eventually(lambda: emu.get(DEPLOY, "ml", "chat-student"))
-    promote = {"path": "/models/distilled-v2", "promoteTo": {"inferenceService": "chat", "pool": pool}}
+    promote = {"path": "pvc://models/distilled-v2", "promoteTo": {"inferenceService": "chat", "pool": pool}}
     await emu.put(TJ, tj_manifest(output=promote))
     await eventually(lambda: emu.get(JOBS, "ml", "train-r0"))  # training is not held up by the promotion
 
@@ -89,11 +89,11 @@ async def test_promotion_rolls_out_then_rolls_back(cluster: Any, operators: Any)
     # The student pool's model becomes the exported one; its Deployment rolls (maxSurge 1, maxUnavailable 0).
     def rolled_spec() -> Any:
         dep = emu.get(DEPLOY, "ml", "chat-student")
-        return dep["metadata"]["annotations"]["llmfleet.io/model"] == "/models/distilled-v2" and dep
+        return dep["metadata"]["annotations"]["llmfleet.io/model"] == "pvc://models/distilled-v2" and dep
 
     dep = await eventually(rolled_spec)
     assert dep["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
-    assert emu.get(ISVC, "ml", "chat")["spec"]["fallback"]["pools"][0]["model"]["path"] == "/models/distilled-v2"
+    assert emu.get(ISVC, "ml", "chat")["spec"]["fallback"]["pools"][0]["model"]["path"] == "pvc://models/distilled-v2"
     await eventually(lambda: emu.get(TJ, "ml", "train")["status"].get("promotion", {}).get("state") == "RollingOut")
     gen = dep["metadata"]["generation"]
     await emu.patch(DEPLOY, "ml", "chat-student", {"status": {"observedGeneration": gen, "replicas": 1,
@@ -103,12 +103,12 @@ async def test_promotion_rolls_out_then_rolls_back(cluster: Any, operators: Any)
     assert {"PromotionStarted", "PromotionSucceeded"} <= reasons
 
     # A second promotion to the primary pool degrades TTFT during the rollout: rolled back.
-    promote2 = {"path": "/models/bad", "promoteTo": {"inferenceService": "chat", "pool": "primary"}}
+    promote2 = {"path": "s3://models/bad", "promoteTo": {"inferenceService": "chat", "pool": "primary"}}
     await emu.put(TJ, tj_manifest(name="train2", output=promote2))
     await eventually(lambda: emu.get(JOBS, "ml", "train2-r0"))
     await emu.patch(ISVC, "ml", "chat", {"status": {"metrics": {"ttftP95Ms": 300.0, "stale": False}}}, "status")
     await emu.patch(JOBS, "ml", "train2-r0", {"status": {"succeeded": 2}}, "status")
-    await eventually(lambda: emu.get(ISVC, "ml", "chat")["spec"]["model"]["path"] == "/models/bad")
+    await eventually(lambda: emu.get(ISVC, "ml", "chat")["spec"]["model"]["path"] == "s3://models/bad")
     await emu.patch(ISVC, "ml", "chat", {"status": {"metrics": {"ttftP95Ms": 5000.0, "stale": False}}}, "status")
     await eventually(lambda: emu.get(ISVC, "ml", "chat")["spec"]["model"]["path"] == "/models/llama")
     await eventually(lambda: emu.get(TJ, "ml", "train2")["status"]["promotion"]["state"] == "RolledBack")
@@ -145,14 +145,14 @@ async def test_promotion_into_a_missing_pool_is_a_condition_and_an_event(cluster
     await emu.patch(TJ, "ml", "train", {"spec": {"output": {"promoteTo": {"pool": "student"}}}})
     await eventually(lambda: target_condition()["status"] == "True")
     await eventually(
-        lambda: emu.get(ISVC, "ml", "chat")["spec"]["fallback"]["pools"][0]["model"]["path"] == "/models/distilled-v2")
+        lambda: emu.get(ISVC, "ml", "chat")["spec"]["fallback"]["pools"][0]["model"]["path"] == "pvc://models/distilled-v2")
     await eventually(lambda: {"PromotionTargetFound", "PromotionStarted"} <= {e["reason"] for e in emu.list("v1/events", "ml")})
 
 
 async def test_promotion_into_a_missing_inferenceservice(cluster: Any, operators: Any) -> None:
     emu, _ = cluster
     await operators()
-    promote = {"path": "/models/x", "promoteTo": {"inferenceService": "nope"}}
+    promote = {"path": "pvc://models/x", "promoteTo": {"inferenceService": "nope"}}
     await emu.put(TJ, tj_manifest(output=promote))
 
     def reason() -> Any:
