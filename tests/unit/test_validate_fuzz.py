@@ -88,6 +88,8 @@ def from_schema(node: dict[str, Any], depth: int = 0) -> st.SearchStrategy[Any]:
     t = node.get("type")
     if "enum" in node:
         return st.sampled_from(node["enum"])
+    if node.get("x-kubernetes-int-or-string"):
+        return st.integers(-2, 64) | st.sampled_from(["auto", "max", "8"])
     if t == "object" and "properties" in node:
         props = node["properties"]
         required = set(node.get("required", []))
@@ -164,8 +166,9 @@ def _render(path: tuple[Any, ...]) -> str:
 
 def _invalid_values(node: dict[str, Any]) -> list[Any]:
     """Values the schema at `node` refuses."""
-    t = node.get("type")
-    bad: list[Any] = {"string": [12, ["x"]], "integer": ["seven", 1.5, {"a": 1}], "number": ["fast", [1]],
+    t = "int-or-string" if node.get("x-kubernetes-int-or-string") else node.get("type")
+    bad: list[Any] = {"int-or-string": [1.5, ["x"], {"a": 1}],
+                      "string": [12, ["x"]], "integer": ["seven", 1.5, {"a": 1}], "number": ["fast", [1]],
                       "boolean": ["maybe", 3], "array": ["x", {"a": 1}], "object": ["x", 3, [1]]}[t]
     if "enum" in node:
         bad.append("not-" + str(node["enum"][0]))
