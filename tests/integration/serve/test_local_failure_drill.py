@@ -144,6 +144,25 @@ async def _until_healthy(url: str, timeout: float) -> None:
         await asyncio.sleep(0.1)
 
 
+async def _in_flight(router: str, replica: str) -> int:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as s, \
+            s.get(router + "/debug/replicas") as r:
+        found = [x["inFlight"] for x in (await r.json())["replicas"] if x["replica"] == replica]
+    return int(found[0]) if found else 0
+
+
+async def _until_streaming_on(router: str, replica: str, timeout: float) -> None:
+    """Until requests stay in flight on `replica` across 0.3 s (longer than a plain request's 0.15 s): streams."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if await _in_flight(router, replica) >= 2:
+            await asyncio.sleep(0.3)
+            if await _in_flight(router, replica) >= 2:
+                return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"no streams in flight on {replica} within {timeout}s")
+
+
 def _table(outcomes: list[Outcome]) -> str:
     counts = Counter((o.phase, "stream" if o.stream else "plain", o.result) for o in outcomes)
     rows = [f"{'phase':<16} {'kind':<7} {'result':<15} {'count':>5}"]
@@ -178,7 +197,7 @@ async def test_failure_drill(tmp_path: Path) -> None:
         load.phase = "replica-killed"
         victim = sup.slots["primary"][0]
         assert victim.proc is not None
-        await asyncio.sleep(1.0)
+        await _until_streaming_on(sup.url, victim.url, 10)
         os.kill(victim.proc.pid, signal.SIGKILL)
         await _until(lambda: victim.restarts == 1 and victim.ready, 30, "the replica restart")
         await asyncio.sleep(3)
