@@ -57,6 +57,9 @@ class _Memory:
 class _Memo:
     services: dict[str, _Memory] = field(default_factory=dict)
     api_client: Any = None
+    # Set when the operator stops: a timer kopf spawns during shutdown then returns at once instead of
+    # scraping (a slow DNS lookup of the router would hold the exit for seconds).
+    stopping: bool = False
 
 
 class _ScrapeSource:
@@ -154,8 +157,15 @@ def live_metrics(signals: Sequence[PoolSignals], now_iso: str) -> dict[str, Any]
     return out
 
 
+@kopf.on.cleanup()
+async def _stop_autoscaling(memo: kopf.Memo, **_: Any) -> None:
+    _memo(memo).stopping = True
+
+
 @kopf.timer(GROUP, VERSION, INFERENCESERVICE_PLURAL, interval=TICK, initial_delay=TICK)
 async def autoscale_inferenceservice(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, **_: Any) -> None:
+    if _memo(memo).stopping:
+        return
     try:
         isvc = parse_resource(dict(body))
     except ManifestError:

@@ -34,6 +34,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import IO, Any
@@ -93,10 +94,12 @@ class Supervisor:
 
     def __init__(self, isvc: InferenceService, run_dir: Path, *, router_port: int | None = None,
                  python: str | None = None, env: dict[str, str] | None = None, prometheus: bool | None = None,
-                 manifest: Path | None = None) -> None:
+                 manifest: Path | None = None, replica_command: Callable[[Replica], list[str]] | None = None) -> None:
+        """`replica_command` replaces the vLLM replica command (tests and drills run fake replicas)."""
         self.isvc = isvc
         self.manifest = manifest  # the file `llmfleet up -f` was given: watched for adapter edits
         self._manifest_mtime = _mtime(manifest)
+        self._replica_command = replica_command
         self.run_dir = run_dir
         self.python = python or sys.executable
         self.env = {**CPU_ENV_DEFAULTS, **os.environ, **(env or {})}
@@ -107,6 +110,7 @@ class Supervisor:
         self.events: list[tuple[float, str]] = []
         self.router: subprocess.Popen[bytes] | None = None
         self.router_restarts = 0
+        self.autoscaler_restarts = 0  # kept by the foreground loop, which runs the autoscaler as a task
         # Prometheus when its binary is installed (None = auto); the dashboard and autoscaler scrape directly.
         self.prometheus_bin = shutil.which("prometheus") if prometheus in (None, True) else None
         self.prometheus: subprocess.Popen[bytes] | None = None
@@ -142,6 +146,7 @@ class Supervisor:
             "url": self.url, "routerPort": self.router_port, "startedAt": self.started_at,
             "router": {"pid": self.router.pid if self.router else None, "restarts": self.router_restarts,
                        "log": str(self.run_dir / "logs" / "router.log")},
+            "autoscaler": {"restarts": self.autoscaler_restarts},
             "prometheus": {"pid": self.prometheus.pid if self.prometheus else None,
                            "url": f"http://127.0.0.1:{self.prometheus_port}" if self.prometheus_port else None},
             "desired": dict(self.desired), "replicas": [r.to_state() for r in self.replicas()],
@@ -170,6 +175,8 @@ class Supervisor:
                                 start_new_session=True, preexec_fn=_die_with_parent)
 
     def replica_command(self, r: Replica) -> list[str]:
+        if self._replica_command is not None:
+            return self._replica_command(r)
         return serve_command(self.isvc, self.pools[r.pool], port=r.port, host="127.0.0.1", python=self.python)
 
     def start_replica(self, r: Replica) -> None:
