@@ -29,7 +29,7 @@ from llmfleet.autoscaler.actuation import Actuator, KubernetesActuator
 from llmfleet.autoscaler.arbitration import SERVING_PRIORITY_ANNOTATION, serving_need
 from llmfleet.autoscaler.controller import autoscale_step
 from llmfleet.autoscaler.policy import PolicyState, PoolSignals
-from llmfleet.autoscaler.signals import PoolRef, PrometheusSignals, ScrapeSignals, parse_metrics
+from llmfleet.autoscaler.signals import PoolRef, PrometheusSignals, ScrapeSignals, live_metrics, parse_metrics
 from llmfleet.operator.status import now_iso
 
 TICK = float(os.environ.get("LLMFLEET_AUTOSCALER_TICK") or 5.0)
@@ -124,25 +124,6 @@ async def _pending_gpus(actuator: KubernetesActuator, isvc: InferenceService) ->
         if unschedulable:
             total += gpus_by_pool.get(pool, 0)
     return total
-
-
-def live_metrics(signals: Sequence[PoolSignals], now_iso: str) -> dict[str, Any] | None:
-    """status.metrics (LiveMetrics, camelCase) from the primary pool's signals; None without a primary.
-
-    The service's qps is the primary's arrival rate (the router's whole demand, degraded requests included).
-    The operator's promotion rollback reads these fields, and `kubectl get lis -o wide` shows TTFT p95.
-    """
-    primary = next((s for s in signals if s.role == "primary"), None)
-    if primary is None:
-        return None
-    values = {
-        "ttftP95Ms": primary.ttft_p95_ms, "tpotP95Ms": primary.tpot_p95_ms,
-        "prefixCacheHitRate": primary.prefix_hit_rate, "kvCacheUtilization": primary.kv_utilization,
-        "qps": primary.arrival_rate, "degradedFraction": primary.degraded_fraction,
-    }
-    out: dict[str, Any] = {k: round(v, 4) for k, v in values.items() if v is not None}
-    out.update(stale=primary.stale, updatedAt=now_iso)
-    return out
 
 
 @kopf.timer(GROUP, VERSION, "inferenceservices", interval=TICK, initial_delay=TICK)

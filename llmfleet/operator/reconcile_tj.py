@@ -13,7 +13,7 @@ from llmfleet.operator.builders import build_trainingjob
 from llmfleet.operator.builders.trainingjob import job_name, service_name, uses_kueue
 from llmfleet.operator.config import PROMOTION_ANNOTATION, OperatorConfig
 from llmfleet.operator.kube import ApiError, KubeClient
-from llmfleet.operator.promotion import Promotion, from_annotations, pool_model, pool_model_patch
+from llmfleet.operator.promotion import from_annotations, pool_model, pool_model_patch, start_promotion
 from llmfleet.operator.reconcile_isvc import ReconcileError, apply_all
 from llmfleet.operator.status import (
     Event,
@@ -94,17 +94,7 @@ async def _promote(
     if previous is None:
         return {**base, "state": "Pending", "message": f"InferenceService has no pool {target.pool!r}"}
     metrics = (isvc.get("status") or {}).get("metrics") or {}
-    fresh = not metrics.get("stale", True)
-    promo = Promotion(
-        training_job=tj.metadata.name,
-        pool=target.pool,
-        model=output.path,
-        previous=previous,
-        started_at=now,
-        baseline_ttft_ms=metrics.get("ttftP95Ms") if fresh else None,
-        baseline_error_rate=metrics.get("errorRate") if fresh else None,
-        message=f"rolling {output.path} out to pool {target.pool} one replica at a time",
-    )
+    promo = start_promotion(tj.metadata.name, target.pool, output.path, previous, metrics, now)
     patch = pool_model_patch(isvc, target.pool, output.path) or {}
     patch.setdefault("metadata", {})["annotations"] = {PROMOTION_ANNOTATION: promo.to_annotation()}
     await client.merge_patch("llmfleet.io/v1alpha1", "InferenceService", ns, target.inference_service, patch)
