@@ -316,6 +316,11 @@ class ScrapeSignals:
         self.timeout_s, self.stale_after_s = timeout_s, stale_after_s
         self._prev: _Snapshot | None = None
 
+    @property
+    def last_router(self) -> dict[Sample, float]:
+        """The router's series from the last `collect` (empty before the first)."""
+        return self._prev.router if self._prev is not None else {}
+
     async def _scrape(self, client: Any, url: str) -> dict[Sample, float] | None:
         import httpx
 

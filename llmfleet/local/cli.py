@@ -33,6 +33,20 @@ def _run_dir(name: str | None, run_dir: Path | None) -> Path:
 
 
 def register(app: typer.Typer) -> None:
+    from llmfleet.local.train_cli import register_train
+
+    register_train(app)
+
+    @app.command("demo", help="The whole loop on this machine: train + promote a student, route, burst, scale, "
+                              "report (what `make demo` runs).")
+    def demo(
+        quick: bool = typer.Option(False, "--quick", help="Serving and routing only (no training, no burst)."),
+        keep: bool = typer.Option(False, "--keep", help="Leave the service running at the end (URL printed)."),
+    ) -> None:
+        from llmfleet.local.demo import main as run_demo
+
+        raise typer.Exit(run_demo([*(["--quick"] if quick else []), *(["--keep"] if keep else [])]))
+
     @app.command("up", help="Run an InferenceService on this machine: replicas, router, dashboard (Ctrl-C drains).")
     def up(
         file: Path = typer.Option(..., "--file", "-f", help="InferenceService manifest (YAML)."),
@@ -156,18 +170,27 @@ def register(app: typer.Typer) -> None:
 def resolve_tiny_paths(isvc: InferenceService) -> InferenceService:
     """Replace `tiny://<name>` model paths by the built tiny model folders (building them on first use)."""
     from llmfleet.api import InferenceService
-    from llmfleet.local.tinymodel import SPECS, build_tiny
 
     data = isvc.model_dump(by_alias=True, exclude_none=True, mode="json")
     models = [data["spec"]["model"]] + [p["model"] for p in data["spec"].get("fallback", {}).get("pools", [])]
     for m in models:
-        if m["path"].startswith(TINY_SCHEME):
-            name = m["path"][len(TINY_SCHEME):]
-            if name not in SPECS:
-                raise _fail(f"llmfleet up: unknown tiny model {m['path']!r}; known: "
-                            f"{', '.join(TINY_SCHEME + n for n in SPECS)}")
-            m["path"] = str(build_tiny(SPECS[name]))
+        try:
+            m["path"] = tiny_path(m["path"])
+        except ValueError as err:
+            raise _fail(f"llmfleet up: {err}") from None
     return InferenceService.model_validate(data)
+
+
+def tiny_path(path: str) -> str:
+    """`tiny://<name>` -> the built tiny model folder (built on first use); any other path unchanged."""
+    from llmfleet.local.tinymodel import SPECS, build_tiny
+
+    if not path.startswith(TINY_SCHEME):
+        return path
+    name = path[len(TINY_SCHEME):]
+    if name not in SPECS:
+        raise ValueError(f"unknown tiny model {path!r}; known: {', '.join(TINY_SCHEME + n for n in SPECS)}")
+    return str(build_tiny(SPECS[name]))
 
 
 def _detach(file: Path, rdir: Path, port: int, ready_timeout: float, prometheus: bool) -> int:

@@ -13,12 +13,13 @@ from typing import Any
 
 from llmfleet.api.inferenceservice import InferenceService
 from llmfleet.local.dashboard import Collector, Window, render, scrape_texts
+from llmfleet.local.promote import PromotionFollower
 from llmfleet.local.runtime import Supervisor
 
 log = logging.getLogger("llmfleet.local")
 
 
-def _autoscaler_task(sup: Supervisor, stop: asyncio.Event) -> asyncio.Task[Any] | None:
+def _autoscaler_task(sup: Supervisor, stop: asyncio.Event, on_step: Any = None) -> asyncio.Task[Any] | None:
     """Run the autoscaler's local loop (llmfleet.autoscaler.local.run_local) against a LocalActuator.
 
     It scrapes the router and the ready replicas every `autoscaling.intervalSeconds` and scales through
@@ -39,7 +40,8 @@ def _autoscaler_task(sup: Supervisor, stop: asyncio.Event) -> asyncio.Task[Any] 
 
     a = sup.isvc.spec.autoscaling
     sup.event(f"autoscaler: {a.policy} policy every {a.interval_seconds:g}s")
-    task: asyncio.Task[Any] = asyncio.create_task(mod.run_local(sup.isvc, LocalActuator(sup), urls, stop))
+    task: asyncio.Task[Any] = asyncio.create_task(
+        mod.run_local(sup.isvc, LocalActuator(sup), urls, stop, on_step=on_step))
 
     def done(t: asyncio.Task[Any]) -> None:
         if not t.cancelled() and t.exception() is not None:
@@ -89,9 +91,11 @@ async def supervise(isvc: InferenceService, run_dir: Path, port: int | None, das
     try:
         sup_task = asyncio.create_task(sup.run(stop, on_tick=on_tick))
         await asyncio.sleep(0)
-        auto = _autoscaler_task(sup, stop)
+        follower = PromotionFollower(sup)
+        auto = _autoscaler_task(sup, stop, on_step=lambda r: follower.observe(r.signals))
         if auto is not None:
             tasks.append(auto)
+        tasks.append(asyncio.create_task(follower.run(stop)))
         await sup_task
     finally:
         for t in tasks:

@@ -65,6 +65,7 @@ class Replica:
     next_start: float = 0.0
     started_at: float | None = None
     ready: bool = False
+    model: str = ""  # the model path the running process serves (a promotion rolls it)
 
     @property
     def name(self) -> str:
@@ -164,6 +165,7 @@ class Supervisor:
     def start_replica(self, r: Replica) -> None:
         r.proc = self._spawn(self.replica_command(r), r.log)
         r.pid, r.stopping, r.ready, r.started_at = r.proc.pid, False, False, time.time()
+        r.model = self.pools[r.pool].model.path
 
     def write_router_config(self) -> Path:
         from llmfleet.router.config import router_config_from_service
