@@ -22,6 +22,7 @@ import asyncio
 import json
 import os
 import re
+import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -32,7 +33,6 @@ from llmfleet.local.demo_report import PhaseSpan, Timeline, report
 from llmfleet.local.demo_traffic import Sample, Traffic
 
 ROOT = Path(__file__).resolve().parents[2]
-TRAIN_DIR = ROOT / ".run" / "demo-train"
 STEP_LINE = re.compile(r"step (\d+) loss ([\d.]+) tok/s ([\d.]+) step ([\d.]+)s mfu (\S+)")
 
 
@@ -160,22 +160,17 @@ async def step_train(run: Run, up_ready: asyncio.Event) -> int:
     from llmfleet.local.tinymodel import PRIMARY, build_tiny, stdlib_files
 
     t0 = time.time()
+    train_dir = run.opts.run_dir / "train"
     say("step 1/4 train: tokenizing standard-library source with the primary's tokenizer (`llmfleet data prepare`)")
     files = [str(p) for p in stdlib_files()[:120]]
     tok = str(build_tiny(PRIMARY) / "tokenizer.json")
-    rc = await run_cmd(cli("data", "prepare", *files, "--out", str(TRAIN_DIR / "data"), "--tokenizer", tok), "[data]")
+    rc = await run_cmd(cli("data", "prepare", *files, "--out", str(train_dir / "data"), "--tokenizer", tok), "[data]")
     if rc != 0:
         return rc
-    job = run.opts.trainingjob
-    if run.opts.train_steps is not None:
-        import yaml
-
-        doc = yaml.safe_load(job.read_text())
-        doc["spec"]["optimization"]["steps"] = run.opts.train_steps
-        job = TRAIN_DIR / "trainingjob.yaml"
-        job.write_text(yaml.safe_dump(doc, sort_keys=False))
-    say(f"step 1/4 train: `llmfleet train -f {job.relative_to(ROOT)}` distills tiny-llama-student from tiny-llama "
-        "(KL to the teacher + LM loss, one CPU process); promoteTo: demo/student")
+    job = training_job(run.opts, train_dir)
+    say(f"step 1/4 train: `llmfleet train -f {run.opts.trainingjob.name}` (its paths moved under {train_dir}) "
+        "distills tiny-llama-student from tiny-llama: KL to the teacher + LM loss, one CPU process; "
+        "promoteTo demo/student")
     light = Traffic([run.url], "promotion", users=2, think_s=(0.5, 1.5), salt="P")
     light_task: asyncio.Task[Any] | None = None
     total_steps = 0
@@ -198,7 +193,7 @@ async def step_train(run: Run, up_ready: asyncio.Event) -> int:
     light.stop()
     if light_task is not None:
         await light_task
-    log_path = TRAIN_DIR / "ckpt" / "train_log.jsonl"
+    log_path = train_dir / "ckpt" / "train_log.jsonl"
     if log_path.exists():
         run.train_log = [json.loads(x) for x in log_path.read_text().splitlines() if x.strip()]
     from llmfleet.local.promote import read_promotion
@@ -209,14 +204,50 @@ async def step_train(run: Run, up_ready: asyncio.Event) -> int:
     return rc
 
 
+def training_job(opts: DemoOptions, train_dir: Path) -> Path:
+    """The example TrainingJob with its data/checkpoint/output paths under the run folder (and optional steps)."""
+    import yaml
+
+    doc = yaml.safe_load(opts.trainingjob.read_text())
+    spec = doc["spec"]
+    spec["data"]["path"] = str(train_dir / "data")
+    spec["checkpoint"]["uri"] = str(train_dir / "ckpt")
+    spec["output"]["path"] = str(train_dir / "student")
+    if opts.train_steps is not None:
+        spec["optimization"]["steps"] = opts.train_steps
+    train_dir.mkdir(parents=True, exist_ok=True)
+    for stale in ("ckpt", "student"):  # a new run trains from scratch (no resume from an old checkpoint)
+        shutil.rmtree(train_dir / stale, ignore_errors=True)
+    path = train_dir / "trainingjob.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
 async def _light_when_ready(run: Run, light: Traffic, up_ready: asyncio.Event) -> None:
     await up_ready.wait()
     say("  light chat traffic (2 users) while the promotion rolls out and its SLO is watched")
     await traffic_phase(run, light)
 
 
+async def wait_all_ready(run: Run, timeout_s: float = 600.0) -> bool:
+    """Until every pool has its desired replicas ready (`up` returns once each pool has one)."""
+    from llmfleet.local.runtime import read_state
+
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        state = read_state(run.opts.run_dir) or {}
+        ready = {p: sum(1 for r in state.get("replicas", []) if r["pool"] == p and r.get("ready"))
+                 for p in state.get("desired", {})}
+        if state and all(ready[p] >= n for p, n in state["desired"].items()):
+            return True
+        await asyncio.sleep(1.0)
+    return False
+
+
 async def step_route(run: Run) -> None:
     t0 = time.time()
+    if not await wait_all_ready(run):
+        say("  not every replica became ready in 10 minutes; routing what is there")
     urls = primary_urls(run)
     secs = run.opts.ab_seconds
     say(f"step 2/4 serve and route: {run.opts.users} users of 3 tenants (shared system prompts, 2-4 turns) for "
@@ -340,8 +371,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m llmfleet.local.demo", description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="serving and routing only (no training, no burst)")
     p.add_argument("--keep", action="store_true", help="leave the service running at the end (URL printed)")
+    p.add_argument("--no-burst", action="store_true", help="skip step 3 (the shortened run of the tests)")
+    p.add_argument("--run-dir", type=Path, default=DemoOptions.run_dir, help="run folder (default .run/demo)")
     a = p.parse_args(argv)
-    return asyncio.run(demo(DemoOptions(quick=a.quick, keep=a.keep)))
+    return asyncio.run(demo(DemoOptions(quick=a.quick, keep=a.keep, burst=not a.no_burst, run_dir=a.run_dir.resolve())))
 
 
 if __name__ == "__main__":

