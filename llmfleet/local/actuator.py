@@ -56,7 +56,7 @@ class LocalActuator:
         drained, waited, last = await wait_drained(replica, probe, timeout_s=timeout_s)
         slot.wanted = False
         self.sup.desired[replica.pool] = max(0, self.sup.desired[replica.pool] - 1)
-        self.sup.event(f"autoscaler: removed {replica.name} after {waited:.1f}s drain ({'clean' if drained else 'timeout'})")
+        self.sup.event(f"removed {replica.name} after {waited:.1f}s drain ({'clean' if drained else 'timeout'})")
         self.sup.reconcile()
         return DrainResult(replica=replica, drained=drained, removed=True, waited_s=waited, in_flight_at_removal=last)
 

@@ -10,8 +10,6 @@ import typer
 if TYPE_CHECKING:
     from llmfleet.api import InferenceService
 
-TINY_SCHEME = "tiny://"
-
 
 def _fail(msg: str, code: int = 2) -> typer.Exit:
     typer.echo(msg, err=True)
@@ -173,6 +171,8 @@ def resolve_tiny_paths(isvc: InferenceService) -> InferenceService:
 
     data = isvc.model_dump(by_alias=True, exclude_none=True, mode="json")
     models = [data["spec"]["model"]] + [p["model"] for p in data["spec"].get("fallback", {}).get("pools", [])]
+    from llmfleet.local.tinymodel import tiny_path
+
     for m in models:
         try:
             m["path"] = tiny_path(m["path"])
@@ -180,17 +180,6 @@ def resolve_tiny_paths(isvc: InferenceService) -> InferenceService:
             raise _fail(f"llmfleet up: {err}") from None
     return InferenceService.model_validate(data)
 
-
-def tiny_path(path: str) -> str:
-    """`tiny://<name>` -> the built tiny model folder (built on first use); any other path unchanged."""
-    from llmfleet.local.tinymodel import SPECS, build_tiny
-
-    if not path.startswith(TINY_SCHEME):
-        return path
-    name = path[len(TINY_SCHEME):]
-    if name not in SPECS:
-        raise ValueError(f"unknown tiny model {path!r}; known: {', '.join(TINY_SCHEME + n for n in SPECS)}")
-    return str(build_tiny(SPECS[name]))
 
 
 def _detach(file: Path, rdir: Path, port: int, ready_timeout: float, prometheus: bool) -> int:

@@ -20,55 +20,21 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import shutil
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from llmfleet.local.demo_report import PhaseSpan, Timeline, report
+from llmfleet.local.demo_report import ROOT, DemoOptions, PhaseSpan, Run, report
 from llmfleet.local.demo_traffic import Sample, Traffic
 
-ROOT = Path(__file__).resolve().parents[2]
 STEP_LINE = re.compile(r"step (\d+) loss ([\d.]+) tok/s ([\d.]+) step ([\d.]+)s mfu (\S+)")
 
 
 def say(msg: str) -> None:
     print(f"[demo {time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-@dataclass
-class DemoOptions:
-    quick: bool = False
-    keep: bool = False
-    burst: bool = True
-    manifest: Path = ROOT / "examples" / "local" / "inferenceservice.yaml"
-    trainingjob: Path = ROOT / "examples" / "local" / "trainingjob.yaml"
-    run_dir: Path = ROOT / ".run" / "demo"
-    ab_seconds: float = float(os.environ.get("LLMFLEET_DEMO_AB_SECONDS", "45"))
-    users: int = int(os.environ.get("LLMFLEET_DEMO_USERS", "4"))
-    spike_users: int = int(os.environ.get("LLMFLEET_DEMO_SPIKE_USERS", "16"))
-    train_steps: int | None = int(os.environ["LLMFLEET_DEMO_TRAIN_STEPS"]) if os.environ.get(
-        "LLMFLEET_DEMO_TRAIN_STEPS") else None
-    spike_max_s: float = 240.0
-    scale_in_timeout_s: float = 300.0
-
-
-@dataclass
-class Run:
-    """Everything the report needs, filled in as the demo goes."""
-
-    opts: DemoOptions
-    timeline: Timeline = field(default_factory=Timeline)
-    samples: list[Sample] = field(default_factory=list)
-    url: str = ""
-    train_log: list[dict[str, Any]] = field(default_factory=list)
-    promotion: dict[str, Any] | None = None
-    ab: dict[str, dict[str, Any]] = field(default_factory=dict)
-    phases_s: dict[str, float] = field(default_factory=dict)
 
 
 def cli(*args: str) -> list[str]:
@@ -280,18 +246,19 @@ async def step_burst(run: Run) -> None:
     t_spike = time.time()
     # The spike lasts until the added replica has served for a while (or spike_max_s).
     while time.time() - t_spike < run.opts.spike_max_s:
-        up = run.timeline.first_event("scale_up", after=t_spike)
+        up = run.timeline.first_event("scale_up", after=t_spike, pool="primary")
         ready = run.timeline.replica_ready_after(up) if up else None
         if ready is not None and time.time() - ready > 30:
             break
         await asyncio.sleep(2)
     spike.stop()
     await spike_task
-    got = [s for s in spike.samples]
+    got = spike.samples
     say(f"  spike over after {time.time() - t_spike:.0f} s: {len(got)} spike chats, "
         f"{sum(s.degraded for s in got)} degraded to the student; waiting for the scale-in (drain, then remove)")
     t_end = time.time()
-    while time.time() - t_end < run.opts.scale_in_timeout_s and run.timeline.first_event("scale_in", after=t_end) is None:
+    while (time.time() - t_end < run.opts.scale_in_timeout_s
+           and run.timeline.first_event("scale_in", after=t_spike, pool="primary") is None):
         await asyncio.sleep(2)
     await asyncio.sleep(5)
     steady.stop()

@@ -18,12 +18,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from llmfleet.local.demo_traffic import Sample
+
 if TYPE_CHECKING:
     from llmfleet.local.dashboard import Window
-    from llmfleet.local.demo import Run
+
+ROOT = Path(__file__).resolve().parents[2]
 
 SCALE_UP = re.compile(r"autoscaler: (\S+) (\d+) -> (\d+) replicas")
-REMOVED = re.compile(r"autoscaler: removed (\S+) after ([\d.]+)s drain \((\w+)\)")
+REMOVED = re.compile(r"removed (\S+) after ([\d.]+)s drain \((\w+)\)")
 EVENT_KINDS = {"scale_up": "scale-up", "scale_in": "drain+remove", "promotion_start": "promotion",
                "promotion_end": "promoted"}
 
@@ -35,12 +38,21 @@ def classify(message: str) -> str | None:
     m = SCALE_UP.search(message)
     if m:
         return "scale_up" if int(m.group(3)) > int(m.group(2)) else None
-    if REMOVED.search(message):
+    if REMOVED.search(message) and not message.startswith("promotion"):
         return "scale_in"
     if message.startswith("promotion: rolling"):
         return "promotion_start"
     if message.startswith(("promotion succeeded", "promotion rolled back")):
         return "promotion_end"
+    return None
+
+
+def event_pool(message: str) -> str | None:
+    """The pool a scaling event is about (a replica name is `<pool>-<slot>`)."""
+    if m := SCALE_UP.search(message):
+        return m.group(1)
+    if m := REMOVED.search(message):
+        return m.group(1).rsplit("-", 1)[0]
     return None
 
 
@@ -92,11 +104,43 @@ class Timeline:
     def mark(self, what: str, t: float) -> None:
         self.marks.append((t, what))
 
-    def first_event(self, kind: str, after: float = 0.0) -> float | None:
-        return next((t for t, m in sorted(self.events) if t >= after and classify(m) == kind), None)
+    def first_event(self, kind: str, after: float = 0.0, pool: str | None = None) -> float | None:
+        return next((t for t, m in sorted(self.events)
+                     if t >= after and classify(m) == kind and (pool is None or event_pool(m) == pool)), None)
 
     def replica_ready_after(self, t: float) -> float | None:
         return next((r for r, name, _ in self.ready_at if r >= t and name.startswith("primary")), None)
+
+
+@dataclass
+class DemoOptions:
+    quick: bool = False
+    keep: bool = False
+    burst: bool = True
+    manifest: Path = ROOT / "examples" / "local" / "inferenceservice.yaml"
+    trainingjob: Path = ROOT / "examples" / "local" / "trainingjob.yaml"
+    run_dir: Path = ROOT / ".run" / "demo"
+    ab_seconds: float = float(os.environ.get("LLMFLEET_DEMO_AB_SECONDS", "45"))
+    users: int = int(os.environ.get("LLMFLEET_DEMO_USERS", "4"))
+    spike_users: int = int(os.environ.get("LLMFLEET_DEMO_SPIKE_USERS", "16"))
+    train_steps: int | None = int(os.environ["LLMFLEET_DEMO_TRAIN_STEPS"]) if os.environ.get(
+        "LLMFLEET_DEMO_TRAIN_STEPS") else None
+    spike_max_s: float = 240.0
+    scale_in_timeout_s: float = 300.0
+
+
+@dataclass
+class Run:
+    """Everything the report needs, filled in as the demo goes."""
+
+    opts: DemoOptions
+    timeline: Timeline = field(default_factory=Timeline)
+    samples: list[Sample] = field(default_factory=list)
+    url: str = ""
+    train_log: list[dict[str, Any]] = field(default_factory=list)
+    promotion: dict[str, Any] | None = None
+    ab: dict[str, dict[str, Any]] = field(default_factory=dict)
+    phases_s: dict[str, float] = field(default_factory=dict)
 
 
 def pct(vals: list[float], q: float) -> float | None:
@@ -194,9 +238,9 @@ def _burst_lines(run: Run, line: Callable[[str, bool | None, str], str], cap: fl
     share = degraded / len(burst) if burst else 0.0
     spike = [s for s in burst if s.phase == "spike"]
     spike_span = next((sp for sp in tl.spans if sp.name == "spike"), None)
-    up = tl.first_event("scale_up", after=spike_span.start if spike_span else 0.0)
+    up = tl.first_event("scale_up", after=spike_span.start if spike_span else 0.0, pool="primary")
     ready = tl.replica_ready_after(up) if up else None
-    removed = tl.first_event("scale_in", after=spike_span.start if spike_span else 0.0)
+    removed = tl.first_event("scale_in", after=spike_span.start if spike_span else 0.0, pool="primary")
     removed_msg = next((m for t, m in tl.events if t == removed), "")
     window = [s for s in burst if removed and abs(s.ts - removed) < 60]
     out = [

@@ -155,6 +155,7 @@ class PromotionFollower:
         self.sup.reconcile()
 
     async def _drain(self, r: Replica) -> None:
+        self.sup.event(f"promotion: draining {r.name} ({r.model}), replaced by the new model")
         await self.actuator.drain_and_remove(ActuatorReplica(pool=r.pool, name=r.name, url=r.url, ready=r.ready),
                                              timeout_s=float(self.sup.isvc.spec.drain_seconds))
 

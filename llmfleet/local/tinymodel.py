@@ -53,6 +53,7 @@ PRIMARY = TinySpec("tiny-llama", hidden_size=256, intermediate_size=688, num_hid
 STUDENT = TinySpec("tiny-llama-student", hidden_size=128, intermediate_size=344, num_hidden_layers=2,
                    num_attention_heads=2, num_key_value_heads=1, seed=2)
 SPECS = {s.name: s for s in (PRIMARY, STUDENT)}
+TINY_SCHEME = "tiny://"  # a model path `tiny://<name>` means the cached tiny model <name>
 
 
 def cache_root() -> Path:
@@ -207,3 +208,13 @@ def param_count(spec: TinySpec, vocab_size: int = TOKENIZER_VOCAB) -> int:
     kv = spec.num_key_value_heads * (h // spec.num_attention_heads)
     layer = 2 * h * h + 2 * kv * h + 3 * h * i + 2 * h
     return 2 * vocab_size * h + h + spec.num_hidden_layers * layer
+
+
+def tiny_path(path: str) -> str:
+    """`tiny://<name>` -> the built tiny model folder (built on first use); any other path unchanged."""
+    if not path.startswith(TINY_SCHEME):
+        return path
+    name = path[len(TINY_SCHEME):]
+    if name not in SPECS:
+        raise ValueError(f"unknown tiny model {path!r}; known: {', '.join(TINY_SCHEME + n for n in SPECS)}")
+    return str(build_tiny(SPECS[name]))

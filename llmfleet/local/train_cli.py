@@ -47,7 +47,7 @@ def measure_cpu_peak_tflops(seconds: float = 0.5, n: int = 512) -> float:
 
 def resolve_local_paths(doc: dict[str, Any]) -> dict[str, Any]:
     """A TrainingJob document with tiny:// resolved and relative local paths made absolute."""
-    from llmfleet.local.cli import TINY_SCHEME, tiny_path
+    from llmfleet.local.tinymodel import TINY_SCHEME, tiny_path
 
     spec = doc.get("spec", doc)
 
