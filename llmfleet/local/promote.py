@@ -84,7 +84,6 @@ class PromotionFollower:
         self.actuator = actuator or LocalActuator(sup)
         self.metrics: dict[str, Any] | None = None
         self.promotion: Promotion | None = read_promotion(sup.run_dir)
-        self._surging: set[str] = set()
 
     def observe(self, signals: Any) -> None:
         """The autoscaler's signals of one step -> the live metrics (the operator's status.metrics)."""
@@ -124,8 +123,7 @@ class PromotionFollower:
     def progress(self, pool: str) -> RolloutProgress:
         target = self.sup.pools[pool].model.path
         running = [r for r in self.sup.replicas(pool) if r.proc is not None and not r.stopping]
-        desired = self.sup.desired[pool] - (1 if pool in self._surging else 0)
-        return RolloutProgress(desired=desired, updated=sum(r.model == target for r in running),
+        return RolloutProgress(desired=self.sup.desired[pool], updated=sum(r.model == target for r in running),
                                ready=sum(r.ready for r in running), total=len(running))
 
     async def converge(self, pool: str) -> None:
@@ -134,20 +132,24 @@ class PromotionFollower:
         running = [r for r in self.sup.replicas(pool) if r.proc is not None and not r.stopping]
         stale = [r for r in running if r.model != target]
         fresh = [r for r in running if r.model == target]
+        surging = self.sup.surge.get(pool, 0) > 0
         if not stale:
-            self._surging.discard(pool)
+            self.sup.surge.pop(pool, None)
+            return
+        if surging and not fresh and not any(r.wanted and r.proc is None for r in self.sup.replicas(pool)):
+            self.sup.surge.pop(pool, None)  # the surge replica is gone (crashed, or removed): start over
             return
         if any(not r.ready for r in fresh):
             return  # the replacement is still starting
-        if pool in self._surging:
-            if fresh:  # the surge replica is ready: the old one goes
+        if surging:
+            if fresh:  # the surge replica is ready: an old one goes, and the surge becomes a regular replica
                 await self._drain(stale[0])
-                self._surging.discard(pool)
+                self.sup.surge.pop(pool, None)
+                self.sup.desired[pool] += 1  # drain_and_remove lowered it; the replica count is unchanged
             return
         free = [r for r in self.sup.replicas(pool) if r.proc is None and not r.wanted]
         if free:
-            self._surging.add(pool)
-            self.sup.desired[pool] += 1
+            self.sup.surge[pool] = 1
             self.sup.event(f"promotion: surge replica in pool {pool} on {target}")
         else:
             await self._drain(stale[0])

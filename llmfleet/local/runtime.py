@@ -94,6 +94,9 @@ class Supervisor:
         self.pools: dict[str, PoolView] = {p.name: p for p in isvc.pools()}
         self.slots: dict[str, list[Replica]] = {}
         self.desired: dict[str, int] = {}
+        # Rollout surge replicas on top of `desired` (a Deployment's maxSurge): started by a promotion,
+        # not counted by the autoscaler's actuator.
+        self.surge: dict[str, int] = {}
         self.events: list[tuple[float, str]] = []
         self.router: subprocess.Popen[bytes] | None = None
         self.router_restarts = 0
@@ -250,7 +253,7 @@ class Supervisor:
         """One level-triggered pass: restart what crashed, start/stop slots to match `desired`."""
         now = time.time()
         for pool, rs in self.slots.items():
-            self._pick_wanted(rs, self.desired[pool])
+            self._pick_wanted(rs, self.desired[pool] + self.surge.get(pool, 0))
             for r in rs:
                 code = r.proc.poll() if r.proc is not None else None
                 if r.proc is not None and code is not None:

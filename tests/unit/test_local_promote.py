@@ -15,7 +15,7 @@ from llmfleet.autoscaler.actuation import Replica as ActuatorReplica
 from llmfleet.local.actuator import LocalActuator
 from llmfleet.local.promote import PromotionFollower, read_promotion, request_promotion, with_pool_model
 from llmfleet.local.runtime import Replica, Supervisor
-from llmfleet.operator.promotion import RolloutProgress, Promotion, apply_merge_patch, rollout_state
+from llmfleet.operator.promotion import Promotion, RolloutProgress, apply_merge_patch, rollout_state
 
 
 def _isvc(student_max: int = 2) -> InferenceService:
@@ -85,16 +85,36 @@ def test_promotion_surges_then_drains_then_succeeds(sup: Supervisor) -> None:
     assert promo.baseline_ttft_ms == 400.0
     running = [r for r in sup.replicas("student") if r.proc is not None]
     assert sorted(r.model for r in running) == ["/models/new", "/models/old"]
-    assert sup.desired["student"] == 2
+    assert sup.desired["student"] == 1 and sup.surge == {"student": 1}
+    # The autoscaler does not see the surge replica (a Deployment's maxSurge pod is not in spec.replicas).
+    assert [r.name for r in asyncio.run(follower.actuator.list_replicas("student"))] == ["student-0"]
 
     asyncio.run(follower.step())  # the surge replica is not ready yet: nothing is drained
     assert not old.stopping
     _ready(sup, "student")
     asyncio.run(follower.step())  # ready -> the old replica is drained and stopped -> every replica is updated
-    assert old.stopping and not old.wanted and sup.desired["student"] == 1
+    assert old.stopping and not old.wanted and sup.desired["student"] == 1 and not sup.surge
     promo = read_promotion(sup.run_dir)
     assert promo is not None and promo.state == "Succeeded", promo
     assert any("promotion succeeded" in m for _, m in sup.events)
+
+
+def test_a_removed_surge_replica_is_started_again(sup: Supervisor) -> None:
+    sup.reconcile()
+    _ready(sup, "student")
+    follower = PromotionFollower(sup, LocalActuator(sup, probe=_zero))
+    request_promotion(sup.run_dir, "distill", "student", "/models/new")
+    asyncio.run(follower.step())
+    surge = next(r for r in sup.replicas("student") if r.model == "/models/new")
+    surge.wanted = False  # e.g. removed by someone else while starting
+    sup.surge.clear()
+    sup.reconcile()
+    if surge.proc is not None:
+        surge.proc.wait(timeout=10)
+    sup.reconcile()
+    asyncio.run(follower.step())  # no replacement running: the rollout surges again
+    assert sup.surge == {"student": 1}
+    assert any(r.model == "/models/new" and r.proc is not None and not r.stopping for r in sup.replicas("student"))
 
 
 def test_promotion_rolls_back_on_an_slo_regression(sup: Supervisor) -> None:
