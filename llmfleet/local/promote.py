@@ -43,6 +43,10 @@ from llmfleet.operator.promotion import (
 REQUEST_FILE = "promotion-request.json"
 PROMOTION_FILE = "promotion.json"
 FINAL_STATES = ("Succeeded", "RolledBack")
+# Local counterparts of a Deployment's progressDeadlineSeconds (600 s by default) for a rollout that cannot
+# finish: the new model's replica keeps crashing, or the rollout takes longer than this.
+CRASH_LIMIT = 3
+PROGRESS_DEADLINE_S = 600.0
 
 
 def request_promotion(run_dir: Path, training_job: str, pool: str, model: str) -> Path:
@@ -84,6 +88,7 @@ class PromotionFollower:
         self.actuator = actuator or LocalActuator(sup)
         self.metrics: dict[str, Any] | None = None
         self.promotion: Promotion | None = read_promotion(sup.run_dir)
+        self._started_at: float | None = None
 
     def observe(self, signals: Any) -> None:
         """The autoscaler's signals of one step -> the live metrics (the operator's status.metrics)."""
@@ -102,6 +107,7 @@ class PromotionFollower:
             self.sup.event(f"promotion refused: {promo.message}")
             return
         promo = start_promotion(job, pool, model, previous, self.metrics, _now_iso())
+        self._started_at = time.time()
         self._set_model(pool, model)
         self._save(promo)
         base = f", baseline TTFT p95 {promo.baseline_ttft_ms:.0f} ms" if promo.baseline_ttft_ms is not None else ""
@@ -123,8 +129,14 @@ class PromotionFollower:
     def progress(self, pool: str) -> RolloutProgress:
         target = self.sup.pools[pool].model.path
         running = [r for r in self.sup.replicas(pool) if r.proc is not None and not r.stopping]
+        failed = None
+        crashing = [r for r in self.sup.replicas(pool) if r.wanted and r.model == target and r.restarts >= CRASH_LIMIT]
+        if crashing:
+            failed = f"the new model's replica {crashing[0].name} crashed {crashing[0].restarts} times (log {crashing[0].log})"
+        elif self._started_at is not None and time.time() - self._started_at > PROGRESS_DEADLINE_S:
+            failed = f"the new model's replicas did not become ready in {PROGRESS_DEADLINE_S:.0f} s"
         return RolloutProgress(desired=self.sup.desired[pool], updated=sum(r.model == target for r in running),
-                               ready=sum(r.ready for r in running), total=len(running))
+                               ready=sum(r.ready for r in running), total=len(running), failed=failed)
 
     async def converge(self, pool: str) -> None:
         """One step of replacing `pool`'s replicas that run another model than the spec's, one at a time."""

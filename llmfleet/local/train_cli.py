@@ -3,8 +3,8 @@
 The worker is the one the operator runs in the Job's pods (`python -m llmfleet.workers.train`, under
 torchrun for several processes). On top of that, for the local default:
 
-- `tiny://<name>` in `distillation.teacher`, `data.tokenizer` and `model.hfConfig` (a folder means its
-  config.json) is resolved to the cached tiny model, and relative paths become absolute;
+- `tiny://<name>` in `distillation.teacher` and `data.tokenizer` is resolved to the cached tiny model,
+  and relative paths become absolute;
 - the metrics endpoint takes any free port (`LLMFLEET_METRICS_PORT`, default 0) instead of `metrics.port`;
 - on CPU without a known peak, MFU is computed against this CPU's fp32 matmul rate measured at start
   (`LLMFLEET_PEAK_TFLOPS` for the worker);
@@ -47,25 +47,21 @@ def measure_cpu_peak_tflops(seconds: float = 0.5, n: int = 512) -> float:
 
 def resolve_local_paths(doc: dict[str, Any]) -> dict[str, Any]:
     """A TrainingJob document with tiny:// resolved and relative local paths made absolute."""
-    from llmfleet.local.tinymodel import TINY_SCHEME, tiny_path
+    from llmfleet.local.tinymodel import tiny_path
 
     spec = doc.get("spec", doc)
 
-    def local(value: Any, config_file: bool = False) -> Any:
+    def local(value: Any) -> Any:
         if not isinstance(value, str):
             return value
-        was_tiny = value.startswith(TINY_SCHEME)
         value = tiny_path(value)
-        if config_file and was_tiny:
-            value = str(Path(value) / "config.json")
         return value if "://" in value else str(Path(value).expanduser().resolve())
 
-    for section, key, is_config in (("data", "path", False), ("data", "tokenizer", False),
-                                    ("distillation", "teacher", False), ("model", "hfConfig", True),
-                                    ("checkpoint", "uri", False), ("output", "path", False)):
+    for section, key in (("data", "path"), ("data", "tokenizer"), ("distillation", "teacher"),
+                         ("checkpoint", "uri"), ("output", "path")):
         part = spec.get(section)
         if isinstance(part, dict) and key in part:
-            part[key] = local(part[key], is_config)
+            part[key] = local(part[key])
     return doc
 
 

@@ -131,6 +131,20 @@ def test_promotion_rolls_back_on_an_slo_regression(sup: Supervisor) -> None:
     assert sup.pools["student"].model.path == "/models/old"  # the spec is back; converge replaces new replicas
 
 
+def test_a_crash_looping_new_model_is_rolled_back(sup: Supervisor) -> None:
+    sup.reconcile()
+    _ready(sup, "student")
+    follower = PromotionFollower(sup, LocalActuator(sup, probe=_zero))
+    request_promotion(sup.run_dir, "distill", "student", "/models/broken")
+    asyncio.run(follower.step())
+    surge = next(r for r in sup.replicas("student") if r.model == "/models/broken")
+    surge.restarts = 3  # what the supervisor counts when the engine keeps exiting
+    asyncio.run(follower.step())
+    promo = read_promotion(sup.run_dir)
+    assert promo is not None and promo.state == "RolledBack" and "crashed 3 times" in promo.message
+    assert sup.pools["student"].model.path == "/models/old"
+
+
 def test_promotion_into_a_missing_pool_is_refused(sup: Supervisor) -> None:
     follower = PromotionFollower(sup, LocalActuator(sup, probe=_zero))
     request_promotion(sup.run_dir, "distill", "nope", "/models/new")
