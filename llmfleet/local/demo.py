@@ -19,6 +19,7 @@ LLMFLEET_DEMO_SPIKE_USERS (default 16), LLMFLEET_DEMO_TRAIN_STEPS (default: the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import shutil
@@ -47,12 +48,17 @@ async def run_cmd(cmd: list[str], prefix: str, on_line: Any = None) -> int:
                                                 stderr=asyncio.subprocess.STDOUT)
     if proc.stdout is None:
         raise RuntimeError("no pipe to the child's output")
-    async for raw in proc.stdout:
-        line = raw.decode(errors="replace").rstrip()
-        shown = on_line(line) if on_line is not None else line
-        if shown:
-            print(f"  {prefix} {shown}", flush=True)
-    return await proc.wait()
+    try:
+        async for raw in proc.stdout:
+            line = raw.decode(errors="replace").rstrip()
+            shown = on_line(line) if on_line is not None else line
+            if shown:
+                print(f"  {prefix} {shown}", flush=True)
+        return await proc.wait()
+    finally:
+        if proc.returncode is None:  # interrupted (Ctrl-C): the child goes too
+            with contextlib.suppress(ProcessLookupError):
+                proc.terminate()
 
 
 # -- watching the service --------------------------------------------------------------------------------
@@ -137,7 +143,7 @@ async def step_train(run: Run, up_ready: asyncio.Event) -> int:
     say(f"step 1/4 train: `llmfleet train -f {run.opts.trainingjob.name}` (its paths moved under {train_dir}) "
         "distills tiny-llama-student from tiny-llama: KL to the teacher + LM loss, one CPU process; "
         "promoteTo demo/student")
-    light = Traffic([run.url], "promotion", users=2, think_s=(0.5, 1.5), salt="P")
+    light: list[Traffic] = []  # created once `up` is ready (its URL is known then)
     light_task: asyncio.Task[Any] | None = None
     total_steps = 0
 
@@ -156,9 +162,13 @@ async def step_train(run: Run, up_ready: asyncio.Event) -> int:
         return line
 
     rc = await run_cmd(cli("train", "-f", str(job), "--run-dir", str(run.opts.run_dir)), "[train]", narrate)
-    light.stop()
     if light_task is not None:
-        await light_task
+        if light:
+            light[0].stop()
+        else:
+            light_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await light_task
     log_path = train_dir / "ckpt" / "train_log.jsonl"
     if log_path.exists():
         run.train_log = [json.loads(x) for x in log_path.read_text().splitlines() if x.strip()]
@@ -189,10 +199,11 @@ def training_job(opts: DemoOptions, train_dir: Path) -> Path:
     return path
 
 
-async def _light_when_ready(run: Run, light: Traffic, up_ready: asyncio.Event) -> None:
+async def _light_when_ready(run: Run, light: list[Traffic], up_ready: asyncio.Event) -> None:
     await up_ready.wait()
     say("  light chat traffic (2 users) while the promotion rolls out and its SLO is watched")
-    await traffic_phase(run, light)
+    light.append(Traffic([run.url], "promotion", users=2, think_s=(0.5, 1.5), salt="P"))
+    await traffic_phase(run, light[0])
 
 
 async def wait_all_ready(run: Run, timeout_s: float = 600.0) -> bool:
