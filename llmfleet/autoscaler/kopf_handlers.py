@@ -1,6 +1,6 @@
 """kopf timer per InferenceService: the autoscaler inside the operator. Registered on import.
 
-The operator imports this module from its entry point (`llmfleet.operator.handlers.load_autoscaler`).
+The operator imports this module from its entry point (`llmfleet.operator.run.run_async`).
 The handler is thin: it keeps per-service memory in kopf's memo, builds the signal source, the
 Kubernetes actuator and the arbitration client, and calls `controller.autoscale_step` (pure policy
 inside). Configuration by environment:
@@ -22,18 +22,27 @@ from typing import Any
 
 import kopf
 
-from llmfleet.api.common import GROUP, VERSION
+from llmfleet.api.contracts import (
+    AUTOSCALER_STATE_ANNOTATION,
+    GROUP,
+    INFERENCESERVICE_LABEL,
+    INFERENCESERVICE_PLURAL,
+    POOL_LABEL,
+    ROUTER_PORT,
+    SERVING_PRIORITY_ANNOTATION,
+    VERSION,
+    child_name,
+    now_iso,
+)
 from llmfleet.api.inferenceservice import InferenceService
 from llmfleet.api.loader import ManifestError, parse_resource
 from llmfleet.autoscaler.actuation import Actuator, KubernetesActuator
-from llmfleet.autoscaler.arbitration import SERVING_PRIORITY_ANNOTATION, serving_need
+from llmfleet.autoscaler.arbitration import serving_need
 from llmfleet.autoscaler.controller import autoscale_step
 from llmfleet.autoscaler.policy import PolicyState, PoolSignals
 from llmfleet.autoscaler.signals import PoolRef, PrometheusSignals, ScrapeSignals, live_metrics, parse_metrics
-from llmfleet.operator.status import now_iso
 
 TICK = float(os.environ.get("LLMFLEET_AUTOSCALER_TICK") or 5.0)
-ROUTER_PORT = 8080
 log = logging.getLogger("llmfleet.autoscaler")
 
 
@@ -90,7 +99,7 @@ async def _lost_blocks(router_url: str, pool_names: Sequence[str]) -> dict[str, 
     """Exclusive prefix blocks per replica from the router's /metrics (None when unreachable)."""
     import httpx
 
-    from llmfleet.autoscaler.scalein import lost_blocks_from_metrics
+    from llmfleet.autoscaler.scalein import lost_blocks_of_pools
 
     try:
         async with httpx.AsyncClient(timeout=2.0) as client:
@@ -99,11 +108,7 @@ async def _lost_blocks(router_url: str, pool_names: Sequence[str]) -> dict[str, 
         return None
     if resp.status_code != 200:
         return None
-    samples = parse_metrics(resp.text)
-    out: dict[str, int] = {}
-    for pool in pool_names:
-        out.update(lost_blocks_from_metrics(samples, pool))
-    return out
+    return lost_blocks_of_pools(parse_metrics(resp.text), pool_names)
 
 
 async def _pending_gpus(actuator: KubernetesActuator, isvc: InferenceService) -> int:
@@ -112,7 +117,7 @@ async def _pending_gpus(actuator: KubernetesActuator, isvc: InferenceService) ->
 
     pods = await asyncio.to_thread(
         actuator._core.list_namespaced_pod, actuator.namespace,
-        label_selector=f"llmfleet.io/inferenceservice={isvc.metadata.name}", _request_timeout=10,
+        label_selector=f"{INFERENCESERVICE_LABEL}={isvc.metadata.name}", _request_timeout=10,
     )
     gpus_by_pool = {p.name: max(p.resources.gpus, 0) for p in isvc.pools()}
     total = 0
@@ -120,13 +125,13 @@ async def _pending_gpus(actuator: KubernetesActuator, isvc: InferenceService) ->
         if pod.status is None or pod.status.phase != "Pending":
             continue
         unschedulable = any(c.type == "PodScheduled" and c.reason == "Unschedulable" for c in pod.status.conditions or [])
-        pool = ((pod.metadata.labels if pod.metadata else None) or {}).get("llmfleet.io/pool", "")
+        pool = ((pod.metadata.labels if pod.metadata else None) or {}).get(POOL_LABEL, "")
         if unschedulable:
             total += gpus_by_pool.get(pool, 0)
     return total
 
 
-@kopf.timer(GROUP, VERSION, "inferenceservices", interval=TICK, initial_delay=TICK)
+@kopf.timer(GROUP, VERSION, INFERENCESERVICE_PLURAL, interval=TICK, initial_delay=TICK)
 async def autoscale_inferenceservice(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, **_: Any) -> None:
     try:
         isvc = parse_resource(dict(body))
@@ -139,13 +144,13 @@ async def autoscale_inferenceservice(body: kopf.Body, memo: kopf.Memo, patch: ko
     now = time.monotonic()
     mem = m.services.get(uid)
     if mem is None:
-        mem = m.services[uid] = _Memory(PolicyState.from_json(isvc.metadata.annotations.get("llmfleet.io/autoscaler-state")))
+        mem = m.services[uid] = _Memory(PolicyState.from_json(isvc.metadata.annotations.get(AUTOSCALER_STATE_ANNOTATION)))
     if now - mem.last_run < isvc.spec.autoscaling.interval_seconds:
         return
     mem.last_run = now
     ns = isvc.metadata.namespace or "default"
     actuator = KubernetesActuator(isvc.metadata.name, ns, _api_client(m))
-    router_url = f"http://{isvc.metadata.name}-router.{ns}:{ROUTER_PORT}"
+    router_url = f"http://{child_name(isvc.metadata.name, 'router')}.{ns}:{ROUTER_PORT}"
     prom = os.environ.get("LLMFLEET_PROMETHEUS_URL")
     if prom:
         source: Any = PrometheusSignals(prom, isvc.metadata.name, ns)
@@ -182,7 +187,7 @@ async def _arbitrate(isvc: InferenceService, body: dict[str, Any], actuator: Kub
     import ssl
 
     from llmfleet.autoscaler.kube import apply_arbitration
-    from llmfleet.operator.kube import ApiError, KubeClient
+    from llmfleet.kube.client import ApiError, KubeClient
 
     decision = result.decision
     primary = decision.pools.get("primary")

@@ -17,7 +17,7 @@ from llmfleet.api.inferenceservice import InferenceService
 from llmfleet.autoscaler.actuation import Actuator
 from llmfleet.autoscaler.controller import StepResult, autoscale_step
 from llmfleet.autoscaler.policy import PolicyState, PoolSignals
-from llmfleet.autoscaler.scalein import lost_blocks_from_metrics
+from llmfleet.autoscaler.scalein import lost_blocks_of_pools
 from llmfleet.autoscaler.signals import PoolRef, PrometheusSignals, ScrapeSignals
 
 log = logging.getLogger("llmfleet.autoscaler")
@@ -41,10 +41,7 @@ class ScrapeSource:
 
     def lost_blocks(self, pools: Sequence[str]) -> dict[str, int]:
         """Per replica URL: hot prefix blocks only it holds (router gauge, last scrape), for cache-aware scale-in."""
-        out: dict[str, int] = {}
-        for pool in pools:
-            out.update(lost_blocks_from_metrics(self.scrape.last_router, pool))
-        return out
+        return lost_blocks_of_pools(self.scrape.last_router, pools)
 
 
 async def run_local(

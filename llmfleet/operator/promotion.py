@@ -15,7 +15,7 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from llmfleet.operator.config import PROMOTION_ANNOTATION
+from llmfleet.api.contracts import MODEL_ANNOTATION, PROMOTION_ANNOTATION
 
 PromotionState = Literal["Pending", "RollingOut", "Succeeded", "RolledBack"]
 # A rollout is rolled back when errors rise this much over the baseline (absolute fraction of requests).
@@ -114,7 +114,7 @@ def deployment_progress(promo: Promotion, deployment: dict[str, Any] | None) -> 
     for cond in status.get("conditions") or []:
         if cond.get("type") == "Progressing" and cond.get("reason") == "ProgressDeadlineExceeded":
             failed = "the new model's replicas did not become ready in time"
-    rolled = (deployment.get("metadata") or {}).get("annotations", {}).get("llmfleet.io/model") == promo.model
+    rolled = (deployment.get("metadata") or {}).get("annotations", {}).get(MODEL_ANNOTATION) == promo.model
     generation_seen = int(status.get("observedGeneration") or 0) >= int(deployment["metadata"].get("generation") or 0)
     return RolloutProgress(
         desired=int((deployment.get("spec") or {}).get("replicas") or 0),
