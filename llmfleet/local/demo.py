@@ -143,32 +143,27 @@ async def step_train(run: Run, up_ready: asyncio.Event) -> int:
     say(f"step 1/4 train: `llmfleet train -f {run.opts.trainingjob.name}` (its paths moved under {train_dir}) "
         "distills tiny-llama-student from tiny-llama: KL to the teacher + LM loss, one CPU process; "
         "promoteTo demo/student")
+    # Light traffic from the moment `up` is ready: the promotion's baseline and its SLO watch see real requests.
     light: list[Traffic] = []  # created once `up` is ready (its URL is known then)
-    light_task: asyncio.Task[Any] | None = None
-    total_steps = 0
+    light_task = asyncio.create_task(_light_when_ready(run, light, up_ready))
 
     def narrate(line: str) -> str | None:
-        nonlocal light_task, total_steps
         m = STEP_LINE.search(line)
         if m:
             step, loss, tps, step_s, mfu = m.groups()
             mfu_txt = f"{float(mfu):.1%}" if mfu != "n/a" else "n/a"
             return f"step {step:>3}  loss {float(loss):.3f}  {float(tps):,.0f} tokens/s  {float(step_s):.2f} s/step  MFU {mfu_txt}"
-        if line.startswith("promoting ") and light_task is None:
-            run.timeline.mark("training done", time.time())
-            light_task = asyncio.get_running_loop().create_task(_light_when_ready(run, light, up_ready))
         if " INFO " in line or " WARNING " in line:
             return None  # the worker's own logging (kept in the checkpoint folder)
         return line
 
     rc = await run_cmd(cli("train", "-f", str(job), "--run-dir", str(run.opts.run_dir)), "[train]", narrate)
-    if light_task is not None:
-        if light:
-            light[0].stop()
-        else:
-            light_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await light_task
+    if light:
+        light[0].stop()
+    else:
+        light_task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await light_task
     log_path = train_dir / "ckpt" / "train_log.jsonl"
     if log_path.exists():
         run.train_log = [json.loads(x) for x in log_path.read_text().splitlines() if x.strip()]
@@ -201,7 +196,7 @@ def training_job(opts: DemoOptions, train_dir: Path) -> Path:
 
 async def _light_when_ready(run: Run, light: list[Traffic], up_ready: asyncio.Event) -> None:
     await up_ready.wait()
-    say("  light chat traffic (2 users) while the promotion rolls out and its SLO is watched")
+    say("  service ready: light chat traffic (2 users) until the promotion's verdict (its baseline and SLO watch)")
     light.append(Traffic([run.url], "promotion", users=2, think_s=(0.5, 1.5), salt="P"))
     await traffic_phase(run, light[0])
 

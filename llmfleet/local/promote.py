@@ -155,7 +155,7 @@ class PromotionFollower:
             return  # the replacement is still starting
         if surging:
             if fresh:  # the surge replica is ready: an old one goes, and the surge becomes a regular replica
-                await self._drain(stale[0])
+                await self._drain(stale[0], target)
                 self.sup.surge.pop(pool, None)
                 self.sup.desired[pool] += 1  # drain_and_remove lowered it; the replica count is unchanged
             return
@@ -164,12 +164,12 @@ class PromotionFollower:
             self.sup.surge[pool] = 1
             self.sup.event(f"promotion: surge replica in pool {pool} on {target}")
         else:
-            await self._drain(stale[0])
+            await self._drain(stale[0], target)
             self.sup.desired[pool] += 1
         self.sup.reconcile()
 
-    async def _drain(self, r: Replica) -> None:
-        self.sup.event(f"promotion: draining {r.name} ({r.model}), replaced by the new model")
+    async def _drain(self, r: Replica, target: str) -> None:
+        self.sup.event(f"promotion: draining {r.name} ({r.model}), replaced by {target}")
         await self.actuator.drain_and_remove(ActuatorReplica(pool=r.pool, name=r.name, url=r.url, ready=r.ready),
                                              timeout_s=float(self.sup.isvc.spec.drain_seconds))
 
