@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from llmfleet.local.demo_report import ROOT, DemoOptions, PhaseSpan, Run, report
+from llmfleet.local.demo_report import ROOT, DemoOptions, Run, report
 from llmfleet.local.demo_traffic import Sample, Traffic
 
 STEP_LINE = re.compile(r"step (\d+) loss ([\d.]+) tok/s ([\d.]+) step ([\d.]+)s mfu (\S+)")
@@ -117,11 +117,11 @@ def _delta(before: dict[str, dict[str, float]], after: dict[str, dict[str, float
     return {u: {k: v - before.get(u, {}).get(k, 0.0) for k, v in a.items()} for u, a in after.items()}
 
 
-async def traffic_phase(run: Run, t: Traffic, seconds: float | None = None) -> list[Sample]:
-    span = PhaseSpan(t.phase, time.time())
-    run.timeline.spans.append(span)
+async def traffic_phase(run: Run, t: Traffic, seconds: float | None = None, span: bool = True) -> list[Sample]:
+    phase = run.timeline.begin(t.phase) if span else None
     got = await t.run(until=None if seconds is None else time.time() + seconds)
-    span.end = time.time()
+    if phase is not None:
+        phase.end = time.time()
     run.samples.extend(got)
     return got
 
@@ -133,6 +133,7 @@ async def step_train(run: Run, up_ready: asyncio.Event) -> int:
 
     t0 = time.time()
     train_dir = run.opts.run_dir / "train"
+    span = run.timeline.begin("train + promote")
     say("step 1/4 train: tokenizing standard-library source with the primary's tokenizer (`llmfleet data prepare`)")
     files = [str(p) for p in stdlib_files()[:120]]
     tok = str(build_tiny(PRIMARY) / "tokenizer.json")
@@ -172,6 +173,7 @@ async def step_train(run: Run, up_ready: asyncio.Event) -> int:
     promo = read_promotion(run.opts.run_dir)
     run.promotion = None if promo is None else {"state": promo.state, "message": promo.message, "model": promo.model}
     run.phases_s["train+promote"] = time.time() - t0
+    span.end = time.time()
     return rc
 
 
@@ -198,7 +200,7 @@ async def _light_when_ready(run: Run, light: list[Traffic], up_ready: asyncio.Ev
     await up_ready.wait()
     say("  service ready: light chat traffic (2 users) until the promotion's verdict (its baseline and SLO watch)")
     light.append(Traffic([run.url], "promotion", users=2, think_s=(0.5, 1.5), salt="P"))
-    await traffic_phase(run, light[0])
+    await traffic_phase(run, light[0], span=False)
 
 
 async def wait_all_ready(run: Run, timeout_s: float = 600.0) -> bool:
@@ -246,8 +248,10 @@ async def step_burst(run: Run) -> None:
         "time (beyond two primaries' capacity): watch degraded responses and the autoscaler")
     steady = Traffic([run.url], "steady", users=run.opts.users, salt="S", seed=11)
     spike = Traffic([run.url], "spike", users=run.opts.spike_users, think_s=(0.0, 0.1), salt="S", seed=13)
-    steady_task = asyncio.create_task(traffic_phase(run, steady))
+    steady_task = asyncio.create_task(traffic_phase(run, steady, span=False))
+    before = run.timeline.begin("before spike")
     await asyncio.sleep(15)
+    before.end = time.time()
     spike_task = asyncio.create_task(traffic_phase(run, spike))
     t_spike = time.time()
     # The spike lasts until the added replica has served for a while (or spike_max_s).
@@ -263,12 +267,14 @@ async def step_burst(run: Run) -> None:
     say(f"  spike over after {time.time() - t_spike:.0f} s: {len(got)} spike chats, "
         f"{sum(s.degraded for s in got)} degraded to the student; waiting for the scale-in (drain, then remove)")
     t_end = time.time()
+    after = run.timeline.begin("after spike")
     while (time.time() - t_end < run.opts.scale_in_timeout_s
            and run.timeline.first_event("scale_in", after=t_spike, pool="primary") is None):
         await asyncio.sleep(2)
     await asyncio.sleep(5)
     steady.stop()
     await steady_task
+    after.end = time.time()
     run.phases_s["burst+scale-in"] = time.time() - t0
 
 
@@ -289,10 +295,12 @@ async def demo(opts: DemoOptions) -> int:
     t_up = time.time()
 
     async def start_up() -> int:
+        span = run.timeline.begin("service starting")
         rc = await run_cmd(cli("up", "-f", str(opts.manifest), "--run-dir", str(opts.run_dir), "-d",
                                "--ready-timeout", "900"), "[up]")
         run.url = (read_state(opts.run_dir) or {}).get("url", "")
         run.phases_s["up (ready)"] = time.time() - t_up
+        span.end = time.time()
         if rc == 0:
             up_ready.set()
         return rc

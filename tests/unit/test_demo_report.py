@@ -17,7 +17,17 @@ def test_event_classification() -> None:
     assert event_pool("removed primary-2 after 1.5s drain (clean)") == "primary"
     assert classify("promotion: draining student-0 (/m), replaced by the new model") is None
     assert classify("promotion: rolling /new out to pool student (was /old), from TrainingJob t") == "promotion_start"
-    assert classify("promotion succeeded: /new serves on all 1 replicas of pool student") == "promotion_end"
+    assert classify("promotion succeeded: /new serves on all 1 replicas of pool student") == "promoted"
+    assert classify("promotion rolled back: pool student back to /old: TTFT p95 7000 ms exceeds") == "rolled_back"
+
+
+def test_a_rollout_drain_is_not_a_scale_in() -> None:
+    tl = Timeline()
+    tl.observe_state(T0, {"events": [
+        {"ts": T0, "message": "promotion: draining student-0 (/old), replaced by /new"},
+        {"ts": T0 + 1, "message": "removed student-0 after 0.1s drain (clean)"},
+        {"ts": T0 + 9, "message": "removed primary-1 after 2.0s drain (clean)"}]})
+    assert tl.first_event("scale_in") == T0 + 9
 
 
 def _run(tmp_path: Path, degraded: int, removed: bool = True) -> Run:
@@ -26,7 +36,7 @@ def _run(tmp_path: Path, degraded: int, removed: bool = True) -> Run:
     for i, n in enumerate((2, 2, 3, 3, 2)):
         tl.observe_state(T0 + 20 * i, {"replicas": [
             {"pool": "primary", "name": f"primary-{k}", "ready": k < n, "started_at": T0} for k in range(3)]})
-    tl.spans += [PhaseSpan("steady", T0, T0 + 100), PhaseSpan("spike", T0 + 5, T0 + 60)]
+    tl.spans += [PhaseSpan("before spike", T0, T0 + 5), PhaseSpan("spike", T0 + 5, T0 + 60)]
     events = [(T0 + 10, "autoscaler: primary 2 -> 3 replicas (scale out)")]
     if removed:
         events.append((T0 + 80, "removed primary-2 after 0.4s drain (clean)"))
