@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
 from llmfleet.api.common import ApiModel, Condition, ObjectMeta, StatusModel
 from llmfleet.api.contracts import TRAINING_METRICS_PORT
+from llmfleet.api.inferenceservice import LORA_RANKS
 
 
 class ModelShape(ApiModel):
@@ -86,16 +87,39 @@ class LRSchedule(ApiModel):
     decay: Literal["cosine", "linear", "constant"] = Field(default="cosine", description="Shape of the decay after warmup.")
 
 
+class Float8Spec(ApiModel):
+    """torchao float8 training of the transformer blocks' linear layers (precision: fp8)."""
+
+    scaling: Literal["tensorwise", "rowwise"] = Field(
+        default="tensorwise",
+        description="Scale granularity: tensorwise (one scale per tensor, fastest) or rowwise (one per row; "
+                    "more robust to outliers, slower on H100/H200).",
+    )
+    fsdp_all_gather: bool = Field(
+        default=True,
+        description="Under FSDP2, all-gather the weights in float8 (half the bytes of bf16); tensorwise scaling only.",
+    )
+
+
 class Optimization(ApiModel):
     """Batch sizes, steps, schedule and the compute knobs of the training loop."""
 
     global_batch_tokens: int = Field(default=4096, ge=1, description="Tokens per optimizer step across all ranks.")
-    micro_batch: int = Field(default=1, ge=1, description="Sequences per rank per forward/backward.")
+    micro_batch: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
+        default=1,
+        description="Sequences per rank per forward/backward; 'auto' probes once for the largest that fits with a "
+                    "memory margin (a divisor of the sequences per rank per step) and reports it in status.",
+    )
     steps: int = Field(default=100, ge=1, description="Optimizer steps to train.")
     lr: LRSchedule = Field(default_factory=LRSchedule, description="Learning-rate schedule.")
     weight_decay: float = Field(default=0.1, ge=0, description="AdamW weight decay.")
     grad_clip: float = Field(default=1.0, ge=0, description="Global gradient-norm clip; 0 disables.")
-    precision: Literal["bf16", "fp32"] = Field(default="bf16", description="Parameter/compute dtype (bf16 uses fp32 gradient reduction).")
+    precision: Literal["bf16", "fp32", "fp8"] = Field(
+        default="bf16",
+        description="Compute dtype: bf16 (fp32 master weights and gradient reduction), fp32, or fp8 (torchao float8 "
+                    "matmuls in the transformer blocks' linear layers, everything else bf16; needs fp8 tensor cores).",
+    )
+    float8: Float8Spec = Field(default_factory=Float8Spec, description="float8 settings, used when precision is fp8.")
     activation_checkpointing: Literal["none", "selective", "full"] = Field(
         default="none", description="Recompute activations in backward: none, selective (every other block) or full."
     )
@@ -119,6 +143,28 @@ class DistillationSpec(ApiModel):
     teacher: str = Field(min_length=1, description="Teacher model folder (HF format) or a TrainingJob output path.")
     temperature: float = Field(default=2.0, gt=0, le=100, description="Softmax temperature for KL(teacher || student).")
     alpha: float = Field(default=0.5, ge=0, le=1, description="Weight of the KL term; 1-alpha weighs the LM loss.")
+
+
+LoraTarget = Literal["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+DEFAULT_LORA_TARGETS: tuple[LoraTarget, ...] = ("q_proj", "v_proj")
+
+
+class LoraTrainingSpec(ApiModel):
+    """LoRA fine-tuning (method: lora): a frozen base model plus trained low-rank updates, exported as a PEFT
+    adapter (adapter_config.json + adapter_model.safetensors) that vLLM loads."""
+
+    base_model: str = Field(min_length=1, description="Hugging Face Llama folder whose weights are frozen and adapted; "
+                            "the model shape comes from its config.json (spec.model only sets seqLen).")
+    rank: int = Field(default=8, description=f"LoRA rank r (one of {', '.join(map(str, LORA_RANKS))}, the ranks vLLM serves).")
+    alpha: float = Field(default=16.0, gt=0, description="LoRA alpha: the update is scaled by alpha / rank.")
+    targets: list[LoraTarget] = Field(default_factory=lambda: list(DEFAULT_LORA_TARGETS), min_length=1,
+                                      description="Projections that get a LoRA update.")
+
+    @model_validator(mode="after")
+    def _check(self) -> LoraTrainingSpec:
+        if self.rank not in LORA_RANKS:
+            raise ValueError(f"rank {self.rank} is not one of {', '.join(map(str, LORA_RANKS))} (the ranks vLLM serves)")
+        return self
 
 
 class CheckpointSpec(ApiModel):
@@ -168,6 +214,11 @@ class PromotionTarget(ApiModel):
 
     inference_service: str = Field(min_length=1, description="InferenceService name in the same namespace.")
     pool: str = Field(default="primary", min_length=1, description="Pool name: 'primary' or a fallback pool's name.")
+    adapter_name: str | None = Field(
+        default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$",
+        description="method lora: the adapter is added to (or replaced in) the InferenceService's spec.adapters under "
+        "this name (the TrainingJob's name when unset), instead of replacing the pool's model.",
+    )
 
 
 class OutputSpec(ApiModel):
@@ -194,6 +245,9 @@ class TrainingJobSpec(ApiModel):
     optimization: Optimization = Field(default_factory=Optimization, description="Batching, schedule and compute settings.")
     fsdp: FSDPSpec = Field(default_factory=FSDPSpec, description="FSDP2/HSDP sharding.")
     distillation: DistillationSpec | None = Field(default=None, description="Distill from a teacher when set.")
+    method: Literal["full", "lora"] = Field(default="full", description="full: train every weight; lora: train a "
+                                            "LoRA adapter of spec.lora.baseModel and export it in the PEFT format.")
+    lora: LoraTrainingSpec | None = Field(default=None, description="LoRA settings (method: lora).")
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpointing.")
     workers: WorkersSpec = Field(default_factory=WorkersSpec, description="Worker pods and GPUs.")
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec, description="Priority, queue and gang scheduling.")
@@ -211,20 +265,40 @@ class TrainingJobSpec(ApiModel):
                 f"fsdp.replicateGroups ({self.fsdp.replicate_groups}) must divide the world size "
                 f"(workers.count x gpusPerWorker = {world})"
             )
-        per_step = self.optimization.micro_batch * self.model.seq_len * world
+        mb = self.optimization.micro_batch
+        per_step = (1 if mb == "auto" else mb) * self.model.seq_len * world
         if self.optimization.global_batch_tokens % per_step:
             raise ValueError(
                 f"optimization.globalBatchTokens ({self.optimization.global_batch_tokens}) must be a multiple of "
-                f"microBatch x seqLen x world size ({per_step})"
+                f"{'' if mb == 'auto' else 'microBatch x '}seqLen x world size ({per_step})"
             )
         if self.optimization.lr.min > self.optimization.lr.peak:
             raise ValueError("optimization.lr.min must not exceed optimization.lr.peak")
+        if self.method == "lora" and self.lora is None:
+            raise ValueError("method lora needs spec.lora (baseModel, rank, alpha, targets)")
+        if self.method != "lora" and self.lora is not None:
+            raise ValueError("spec.lora is set but spec.method is full; set method: lora")
+        if self.method == "lora" and self.distillation is not None:
+            raise ValueError("spec.distillation with method lora is not supported; distill a full model instead")
+        if self.method == "lora" and self.optimization.precision == "fp8":
+            raise ValueError("optimization.precision fp8 with method lora is not supported (the float8 linears are "
+                             "for full training); use bf16")
+        if self.output and self.output.promote_to and self.output.promote_to.adapter_name and self.method != "lora":
+            raise ValueError("output.promoteTo.adapterName is for method lora (a full model replaces the pool's model)")
         return self
 
     @property
+    def sequences_per_rank(self) -> int:
+        """Sequences each rank processes per optimizer step (micro-batch x accumulation steps)."""
+        return self.optimization.global_batch_tokens // (self.model.seq_len * self.workers.world_size)
+
+    @property
     def grad_accum_steps(self) -> int:
-        per_step = self.optimization.micro_batch * self.model.seq_len * self.workers.world_size
-        return self.optimization.global_batch_tokens // per_step
+        """Micro-batches per optimizer step; with microBatch 'auto' the worker's probe decides (None here)."""
+        mb = self.optimization.micro_batch
+        if mb == "auto":
+            raise ValueError("microBatch is 'auto': the worker chooses it (status.microBatch)")
+        return self.sequences_per_rank // mb
 
 
 TrainingPhase = Literal["Pending", "Running", "Suspended", "Restarting", "Succeeded", "Failed", "Invalid"]
@@ -250,6 +324,9 @@ class TrainingJobStatus(StatusModel):
     tokens_per_second: float | None = Field(default=None, description="Throughput across all ranks.")
     mfu: float | None = Field(default=None, description="Model FLOPs utilization, 0-1 (PaLM appendix B).")
     hfu: float | None = Field(default=None, description="Hardware FLOPs utilization, 0-1 (counts recomputation).")
+    micro_batch: int | None = Field(
+        default=None, description="Micro-batch in use (the probe's choice when spec.optimization.microBatch is auto)."
+    )
     last_checkpoint: str | None = Field(default=None, description="Path of the last complete checkpoint.")
     restarts: int = Field(default=0, description="Times the workers were recreated.")
     start_time: datetime | None = Field(default=None, description="When the workers first started.")

@@ -14,7 +14,13 @@ from llmfleet.kube.client import ApiError, KubeClient
 from llmfleet.operator.builders import build_trainingjob
 from llmfleet.operator.builders.trainingjob import job_name, service_name, uses_kueue
 from llmfleet.operator.config import OperatorConfig
-from llmfleet.operator.promotion import from_annotations, pool_model, pool_model_patch, start_promotion
+from llmfleet.operator.promotion import (
+    adapter_patch,
+    from_annotations,
+    pool_model,
+    pool_model_patch,
+    start_promotion,
+)
 from llmfleet.operator.reconcile_isvc import ReconcileError, apply_all
 from llmfleet.operator.status import (
     Event,
@@ -25,6 +31,7 @@ from llmfleet.operator.status import (
     set_conditions,
 )
 from llmfleet.operator.worker_status import StatusReader, WorkerStatusError, status_fields
+from llmfleet.plan.hardware import training_precision_problems
 
 TERMINAL = ("Succeeded", "Failed")
 
@@ -84,6 +91,8 @@ async def _promote(
     isvc = await client.get(API_VERSION, "InferenceService", ns, target.inference_service)
     if isvc is None:
         return {**base, "state": "Pending", "message": f"InferenceService {target.inference_service} not found"}
+    if tj.spec.method == "lora":
+        return await _promote_adapter(tj, isvc, client, out, base, output.path, target.adapter_name)
     ann = from_annotations((isvc.get("metadata") or {}).get("annotations"))
     if ann is not None and ann.training_job == tj.metadata.name:
         if ann.state != state:
@@ -105,6 +114,23 @@ async def _promote(
         (isvc, Event("Normal", "PromotionStarted", f"{message}, from TrainingJob {tj.metadata.name}"))
     )
     return {**base, "state": "RollingOut", "message": promo.message}
+
+
+async def _promote_adapter(tj: TrainingJob, isvc: dict[str, Any], client: KubeClient, out: Outcome,
+                           base: dict[str, str], uri: str, adapter_name: str | None) -> dict[str, Any]:
+    """A trained LoRA adapter joins the InferenceService's spec.adapters: servable at once, loaded on demand by
+    the router (no rollout, no replica restart)."""
+    ns, svc = tj.metadata.namespace, base["inferenceService"]
+    name = adapter_name or tj.metadata.name
+    patch = adapter_patch(isvc, name, uri)
+    if patch is None:
+        return {**base, "state": "Pending",
+                "message": f"InferenceService {svc} has no spec.lora: set it to serve adapter {name}"}
+    await client.merge_patch("llmfleet.io/v1alpha1", "InferenceService", ns, svc, patch)
+    message = f"adapter {name} ({uri}) added to InferenceService {svc}"
+    out.event("Normal", "PromotionSucceeded", message)
+    out.other_events.append((isvc, Event("Normal", "AdapterAdded", f"{message} by TrainingJob {tj.metadata.name}")))
+    return {**base, "state": "Succeeded", "message": message}
 
 
 async def _apply(
@@ -147,6 +173,11 @@ async def reconcile_trainingjob(
         tj = TrainingJob.model_validate(cr_dict(body))
     except ValidationError as err:
         invalid = invalid_spec_outcome(old, invalid_spec_message(err), generation, now, "TrainingJob")
+        invalid.compute_seconds = time.thread_time() - started
+        return invalid
+    if problems := training_precision_problems(tj.spec):  # e.g. fp8 on a GPU type without fp8 tensor cores
+        message = "; ".join(f"{path}: {msg}" for path, msg in problems)
+        invalid = invalid_spec_outcome(old, message, generation, now, "TrainingJob")
         invalid.compute_seconds = time.thread_time() - started
         return invalid
 
