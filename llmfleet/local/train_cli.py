@@ -118,6 +118,10 @@ def register_train(app: typer.Typer) -> None:
         target = spec.output.promote_to if spec.output else None
         if spec.output is None or target is None:
             return
+        if spec.method == "lora":  # an adapter, not a pool's model: `llmfleet up` applies spec.adapters edits live
+            typer.echo(f"output.promoteTo: add the adapter {spec.output.path} to spec.adapters of "
+                       f"{target.inference_service}'s manifest (`llmfleet up` applies adapter edits live)")
+            return
         _promote_locally(name, spec.output.path, target.inference_service, target.pool, run_dir, promote_timeout)
 
 
