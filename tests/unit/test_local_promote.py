@@ -53,6 +53,17 @@ def _ready(sup: Supervisor, pool: str) -> list[Replica]:
     return [r for r in sup.replicas(pool) if r.proc is not None and not r.stopping]
 
 
+def _promote(sup: Supervisor, model: str, metrics: dict[str, object] | None = None) -> PromotionFollower:
+    """A ready student replica, then a promotion of `model` started (first follower step)."""
+    sup.reconcile()
+    _ready(sup, "student")
+    follower = PromotionFollower(sup, LocalActuator(sup, probe=_zero))
+    follower.metrics = metrics
+    request_promotion(sup.run_dir, "distill", "student", model)
+    asyncio.run(follower.step())
+    return follower
+
+
 def test_merge_patch_and_pool_model() -> None:
     assert apply_merge_patch({"a": {"b": 1, "c": 2}, "l": [1]}, {"a": {"b": None, "d": 3}, "l": [2]}) == {
         "a": {"c": 2, "d": 3}, "l": [2]}
@@ -100,11 +111,7 @@ def test_promotion_surges_then_drains_then_succeeds(sup: Supervisor) -> None:
 
 
 def test_a_removed_surge_replica_is_started_again(sup: Supervisor) -> None:
-    sup.reconcile()
-    _ready(sup, "student")
-    follower = PromotionFollower(sup, LocalActuator(sup, probe=_zero))
-    request_promotion(sup.run_dir, "distill", "student", "/models/new")
-    asyncio.run(follower.step())
+    follower = _promote(sup, "/models/new")
     surge = next(r for r in sup.replicas("student") if r.model == "/models/new")
     surge.wanted = False  # e.g. removed by someone else while starting
     sup.surge.clear()
@@ -118,12 +125,7 @@ def test_a_removed_surge_replica_is_started_again(sup: Supervisor) -> None:
 
 
 def test_promotion_rolls_back_on_an_slo_regression(sup: Supervisor) -> None:
-    sup.reconcile()
-    _ready(sup, "student")
-    follower = PromotionFollower(sup, LocalActuator(sup, probe=_zero))
-    follower.metrics = {"ttftP95Ms": 400.0, "stale": False}
-    request_promotion(sup.run_dir, "distill", "student", "/models/new")
-    asyncio.run(follower.step())
+    follower = _promote(sup, "/models/new", {"ttftP95Ms": 400.0, "stale": False})
     follower.metrics = {"ttftP95Ms": 2500.0, "stale": False}  # over the 1000 ms SLO during the rollout
     asyncio.run(follower.step())
     promo = read_promotion(sup.run_dir)
@@ -132,11 +134,7 @@ def test_promotion_rolls_back_on_an_slo_regression(sup: Supervisor) -> None:
 
 
 def test_a_crash_looping_new_model_is_rolled_back(sup: Supervisor) -> None:
-    sup.reconcile()
-    _ready(sup, "student")
-    follower = PromotionFollower(sup, LocalActuator(sup, probe=_zero))
-    request_promotion(sup.run_dir, "distill", "student", "/models/broken")
-    asyncio.run(follower.step())
+    follower = _promote(sup, "/models/broken")
     surge = next(r for r in sup.replicas("student") if r.model == "/models/broken")
     surge.restarts = 3  # what the supervisor counts when the engine keeps exiting
     asyncio.run(follower.step())
