@@ -354,8 +354,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep", action="store_true", help="leave the service running at the end (URL printed)")
     p.add_argument("--no-burst", action="store_true", help="skip step 3 (the shortened run of the tests)")
     p.add_argument("--run-dir", type=Path, default=DemoOptions.run_dir, help="run folder (default .run/demo)")
+    p.add_argument("--manifest", type=Path, default=DemoOptions.manifest,
+                   help="InferenceService to run (default examples/local/inferenceservice.yaml)")
     a = p.parse_args(argv)
-    return asyncio.run(demo(DemoOptions(quick=a.quick, keep=a.keep, burst=not a.no_burst, run_dir=a.run_dir.resolve())))
+    return asyncio.run(demo(DemoOptions(quick=a.quick, keep=a.keep, burst=not a.no_burst, run_dir=a.run_dir.resolve(),
+                                        manifest=a.manifest.resolve())))
 
 
 if __name__ == "__main__":

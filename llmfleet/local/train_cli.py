@@ -134,6 +134,9 @@ def _promote_locally(job: str, model: str, service: str, pool: str, run_dir: Pat
     if not state or not pid_alive(state.get("supervisorPid")):
         typer.echo(f"output.promoteTo: {service} is not running here ({rdir}); the exported model is in {model}")
         return
+    deadline = time.monotonic() + timeout_s
+    while not (read_state(rdir) or {}).get("ready") and time.monotonic() < deadline:
+        time.sleep(1.0)  # still starting: promote once it serves, so the rollout has a live baseline to watch
     request_promotion(rdir, job, pool, model)
     typer.echo(f"promoting {model} into {service}/{pool} (the operator's promotion: rollout, then the SLO watch)")
     promo = wait_promotion(rdir, timeout_s, on_change=lambda p: typer.echo(f"  promotion {p.state}: {p.message}"))
