@@ -5,25 +5,21 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-from llmfleet.api.common import ApiModel, Condition, ObjectMeta, StatusModel
+from llmfleet.api.common import ApiModel, Condition, ObjectMeta, StatusModel, cel_rules
 from llmfleet.api.contracts import TRAINING_METRICS_PORT
 from llmfleet.api.inferenceservice import LORA_RANKS
+from llmfleet.api.storage import DataUri, OutputUri, SourceUri, StorageSpec, parse_uri
 
 
 class ModelShape(ApiModel):
     """A Llama-style decoder: RMSNorm, RoPE, SwiGLU, MHA/GQA/MQA chosen by kvHeads."""
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                {"rule": "!has(self.hidden) || !has(self.heads) || self.hidden % self.heads == 0",
-                 "message": "hidden must be divisible by heads"},
-                {"rule": "!has(self.heads) || !has(self.kvHeads) || self.heads % self.kvHeads == 0",
-                 "message": "heads must be divisible by kvHeads (GQA groups)"},
-            ]
-        }
+    model_config = cel_rules(
+        ("!has(self.hidden) || !has(self.heads) || self.hidden % self.heads == 0", "hidden must be divisible by heads"),
+        ("!has(self.heads) || !has(self.kvHeads) || self.heads % self.kvHeads == 0",
+         "heads must be divisible by kvHeads (GQA groups)"),
     )
 
     family: Literal["llama"] = Field(default="llama", description="Architecture family; only Llama-style decoders.")
@@ -74,8 +70,14 @@ class ModelShape(ApiModel):
 class DataSpec(ApiModel):
     """Tokenized training data (written by `llmfleet data prepare`)."""
 
-    path: str = Field(min_length=1, description="Folder or URI of token shards with a manifest.json.")
-    tokenizer: str | None = Field(default=None, description="Tokenizer folder or tokenizer.json; copied into exported models.")
+    path: DataUri = Field(
+        min_length=1, description="Token shards with a manifest.json: pvc://claim/path, s3://bucket/prefix or a "
+        "local folder."
+    )
+    tokenizer: SourceUri | None = Field(
+        default=None, description="Tokenizer folder or tokenizer.json: pvc://, s3://, hf:// or a local path; copied into "
+        "exported models."
+    )
 
 
 class LRSchedule(ApiModel):
@@ -140,7 +142,10 @@ class FSDPSpec(ApiModel):
 class DistillationSpec(ApiModel):
     """Train this (student) model on a teacher's soft targets."""
 
-    teacher: str = Field(min_length=1, description="Teacher model folder (HF format) or a TrainingJob output path.")
+    teacher: SourceUri = Field(
+        min_length=1, description="Teacher model in Hugging Face format (pvc://, s3://, hf:// or a local folder), e.g. "
+        "another TrainingJob's output.path."
+    )
     temperature: float = Field(default=2.0, gt=0, le=100, description="Softmax temperature for KL(teacher || student).")
     alpha: float = Field(default=0.5, ge=0, le=1, description="Weight of the KL term; 1-alpha weighs the LM loss.")
 
@@ -224,8 +229,14 @@ class PromotionTarget(ApiModel):
 class OutputSpec(ApiModel):
     """Export of the final model in a servable Hugging Face format."""
 
-    path: str = Field(min_length=1, description="Folder or URI for config.json, model.safetensors and the tokenizer.")
-    promote_to: PromotionTarget | None = Field(default=None, description="Roll the exported model out to this pool on success.")
+    path: OutputUri = Field(
+        min_length=1, description="Where config.json, model.safetensors and the tokenizer are written: pvc://claim/path "
+        "or s3://bucket/prefix (what promotion hands the serving pool), or a local folder (llmfleet train)."
+    )
+    promote_to: PromotionTarget | None = Field(
+        default=None, description="Roll the exported model out to this pool on success (a full model's path must then "
+        "be pvc:// or s3://: the pool reads the model from there)."
+    )
 
 
 class MetricsSpec(ApiModel):
@@ -239,6 +250,12 @@ class MetricsSpec(ApiModel):
 
 class TrainingJobSpec(ApiModel):
     """Desired state of a TrainingJob."""
+
+    model_config = cel_rules(
+        ("!has(self.output) || !has(self.output.promoteTo) || (has(self.method) && self.method == 'lora') || "
+         "self.output.path.startsWith('pvc://') || self.output.path.startsWith('s3://')",
+         "output.promoteTo needs a pvc:// or s3:// output.path (the serving pool reads the model from there)"),
+    )
 
     model: ModelShape = Field(description="Model architecture.")
     data: DataSpec = Field(description="Training data.")
@@ -256,6 +273,9 @@ class TrainingJobSpec(ApiModel):
     output: OutputSpec | None = Field(default=None, description="Export (and optional promotion) of the trained model.")
     max_restarts: int = Field(default=3, ge=0, le=100, description="Times the workers are recreated after a failure, resuming from the last checkpoint.")
     suspend: bool = Field(default=False, description="Suspend the workers (after a checkpoint); false resumes from it.")
+    storage: StorageSpec = Field(
+        default_factory=StorageSpec, description="Endpoints and credentials of s3:// and hf:// locations, and their cache."
+    )
 
     @model_validator(mode="after")
     def _check_batching(self) -> TrainingJobSpec:
@@ -285,6 +305,12 @@ class TrainingJobSpec(ApiModel):
                              "for full training); use bf16")
         if self.output and self.output.promote_to and self.output.promote_to.adapter_name and self.method != "lora":
             raise ValueError("output.promoteTo.adapterName is for method lora (a full model replaces the pool's model)")
+        out = self.output
+        if out and out.promote_to and self.method != "lora" and parse_uri(out.path).scheme not in ("pvc", "s3"):
+            raise ValueError(
+                f"output.path {out.path!r}: promoteTo hands this location to the serving pool, so it must be pvc:// "
+                "or s3:// (a local folder exists only inside the training pod)"
+            )
         return self
 
     @property

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import sysconfig
 import tempfile
@@ -58,8 +57,9 @@ TINY_SCHEME = "tiny://"  # a model path `tiny://<name>` means the cached tiny mo
 
 def cache_root() -> Path:
     """$LLMFLEET_CACHE/models, else ~/.cache/llmfleet/models."""
-    base = os.environ.get("LLMFLEET_CACHE")
-    return (Path(base) if base else Path.home() / ".cache" / "llmfleet") / "models"
+    from llmfleet.storage import cache_base
+
+    return cache_base() / "models"
 
 
 def stdlib_files() -> list[Path]:

@@ -95,12 +95,19 @@ def register_train(app: typer.Typer) -> None:
             spec = load_spec(str(resolved))
         except (OSError, ValueError, ValidationError) as err:
             raise _fail(str(err).splitlines()[0]) from None
+        from llmfleet.storage import FetchError
+        from llmfleet.workers.train.cli import local_spec_file
+
+        try:
+            spec_file = local_spec_file(resolved, spec)  # s3:// and hf:// inputs fetched into the cache
+        except FetchError as err:
+            raise _fail(str(err)) from None
         name = str((doc.get("metadata") or {}).get("name") or file.stem)
         n = nproc or (spec.workers.gpus_per_worker or spec.workers.count)
-        cmd = [sys.executable, "-m", "llmfleet.workers.train", "--spec", str(resolved)]
+        cmd = [sys.executable, "-m", "llmfleet.workers.train", "--spec", str(spec_file)]
         if n > 1:
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}",
-                   "-m", "llmfleet.workers.train", "--spec", str(resolved)]
+                   "-m", "llmfleet.workers.train", "--spec", str(spec_file)]
         env = dict(os.environ, NCCL_NVLS_ENABLE=os.environ.get("NCCL_NVLS_ENABLE", "0"))
         # On a shared machine the spec's fixed metrics port may be taken: any free port (0) unless one is given.
         env.setdefault("LLMFLEET_METRICS_PORT", "0")

@@ -5,13 +5,46 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
+
+if TYPE_CHECKING:
+    from llmfleet.api.trainingjob import TrainingJobSpec
 
 
 def _fail(msg: str) -> typer.Exit:
     typer.echo(f"error: {msg}", err=True)
     return typer.Exit(2)
+
+
+def local_spec_file(file: Path, spec: TrainingJobSpec) -> Path:
+    """The spec file the local workers read: `file` itself, or (with s3:// / hf:// inputs) a copy next to the
+    checkpoints whose input locations are their fetched local folders. pvc:// raises FetchError."""
+    import yaml
+
+    from llmfleet.api.storage import parse_uri
+    from llmfleet.storage import local_copy
+
+    def local(raw: str) -> str:
+        return raw if parse_uri(raw).scheme == "local" else str(local_copy(raw))
+
+    update: dict[str, object] = {}
+    data = {"path": local(spec.data.path)}
+    if spec.data.tokenizer:
+        data["tokenizer"] = local(spec.data.tokenizer)
+    update["data"] = spec.data.model_copy(update=data)
+    if spec.distillation is not None:
+        update["distillation"] = spec.distillation.model_copy(update={"teacher": local(spec.distillation.teacher)})
+    if spec.output is not None and parse_uri(spec.output.path).scheme == "pvc":
+        local_copy(spec.output.path)  # raises: no claims on this machine
+    resolved = spec.model_copy(update=update)
+    if resolved == spec:
+        return file
+    out = Path(spec.checkpoint.uri) / "job.local.yaml"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(yaml.safe_dump({"spec": resolved.to_wire()}, sort_keys=False))
+    return out
 
 
 def register(app: typer.Typer) -> None:

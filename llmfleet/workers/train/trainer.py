@@ -431,24 +431,33 @@ class Trainer:
             return None
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+        from llmfleet.api.storage import parse_uri
         from llmfleet.workers.train.export import export_hf
 
         sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        out = Path(self.spec.output.path)
+        target = parse_uri(self.spec.output.path)
+        # An s3:// output is written here first, then uploaded (and checked) by rank 0.
+        out = Path(target.path) if target.scheme == "local" else self.ckpt_root / "export"
         lora = self.spec.lora if self.spec.method == "lora" else None
         if self.rank == 0 and lora is not None:
             from llmfleet.workers.train.lora import export_peft, peft_tensors
 
             export_peft(peft_tensors(cast(dict[str, torch.Tensor], sd)), out, rank=lora.rank, alpha=lora.alpha,
                         targets=lora.targets, base_model=lora.base_model)
-            self.status["exported"] = str(out)
         elif self.rank == 0:
             tok = self.spec.data.tokenizer
             if tok is None and (Path(self.spec.data.path) / "tokenizer.json").is_file():
                 tok = str(Path(self.spec.data.path) / "tokenizer.json")
             export_hf(cast(dict[str, torch.Tensor], sd), self.args, out, tokenizer=tok)
-            self.status["exported"] = str(out)
         dist.barrier()
+        # After the barrier: the other ranks may finish while rank 0 uploads (a long upload would otherwise
+        # run into the process group's timeout).
+        if self.rank == 0:
+            if target.scheme == "s3":
+                from llmfleet.storage import upload
+
+                upload(out, target)
+            self.status["exported"] = str(target)
         return out
 
     def close(self, done: bool) -> None:
