@@ -143,7 +143,7 @@ async def step_train(run: Run, up_ready: asyncio.Event) -> int:
     job = training_job(run.opts, train_dir)
     say(f"step 1/4 train: `llmfleet train -f {run.opts.trainingjob.name}` (its paths moved under {train_dir}) "
         "distills tiny-llama-student from tiny-llama: KL to the teacher + LM loss, one CPU process; "
-        "promoteTo demo/student")
+        "--promote-to demo/student")
     # Light traffic from the moment `up` is ready: the promotion's baseline and its SLO watch see real requests.
     light: list[Traffic] = []  # created once `up` is ready (its URL is known then)
     light_task = asyncio.create_task(_light_when_ready(run, light, up_ready))
@@ -158,7 +158,8 @@ async def step_train(run: Run, up_ready: asyncio.Event) -> int:
             return None  # the worker's own logging (kept in the checkpoint folder)
         return line
 
-    rc = await run_cmd(cli("train", "-f", str(job), "--run-dir", str(run.opts.run_dir)), "[train]", narrate)
+    rc = await run_cmd(cli("train", "-f", str(job), "--run-dir", str(run.opts.run_dir), "--promote-to",
+                           "demo/student"), "[train]", narrate)
     if light:
         light[0].stop()
     else:

@@ -8,9 +8,10 @@ torchrun for several processes). On top of that, for the local default:
 - the metrics endpoint takes any free port (`LLMFLEET_METRICS_PORT`, default 0) instead of `metrics.port`;
 - on CPU without a known peak, MFU is computed against this CPU's fp32 matmul rate measured at start
   (`LLMFLEET_PEAK_TFLOPS` for the worker);
-- with `output.promoteTo`, when that InferenceService runs locally (`.run/<name>`, or `--run-dir`), the
-  exported model is promoted through llmfleet.local.promote (the operator's promotion logic) and the
-  command waits for the rollout's verdict.
+- with `--promote-to SERVICE/POOL`, when that InferenceService runs locally (`.run/<name>`, or `--run-dir`),
+  the exported model (a local folder) is promoted through llmfleet.local.promote (the operator's promotion
+  logic) and the command waits for the rollout's verdict. (`output.promoteTo` is the cluster's way: it
+  needs a pvc:// or s3:// output that the serving pods can read.)
 """
 
 from __future__ import annotations
@@ -76,6 +77,10 @@ def register_train(app: typer.Typer) -> None:
         run_dir: Path | None = typer.Option(None, "--run-dir", help="Run folder of the local InferenceService to "
                                                                     "promote into; .run/<promoteTo name> by default."),
         promote_timeout: float = typer.Option(600.0, "--promote-timeout", help="Seconds to wait for the rollout."),
+        promote_to: str | None = typer.Option(
+            None, "--promote-to", metavar="SERVICE/POOL",
+            help="Promote the exported model (a local folder) into this pool of a local `llmfleet up`; the spec's "
+                 "output.promoteTo needs a pvc:// or s3:// output, which only a cluster serves from."),
     ) -> None:
         import yaml
         from pydantic import ValidationError
@@ -122,14 +127,16 @@ def register_train(app: typer.Typer) -> None:
         if rc != 0:
             raise _fail(f"training exited with status {rc}")
         typer.echo(f"done; status in {Path(spec.checkpoint.uri) / 'status.json'}")
-        target = spec.output.promote_to if spec.output else None
-        if spec.output is None or target is None:
+        if promote_to is None or spec.output is None:
             return
+        service, _, pool = promote_to.partition("/")
+        if not service or not pool or "://" in spec.output.path:
+            raise _fail(f"--promote-to {promote_to!r}: give SERVICE/POOL, with output.path a local folder")
         if spec.method == "lora":  # an adapter, not a pool's model: `llmfleet up` applies spec.adapters edits live
-            typer.echo(f"output.promoteTo: add the adapter {spec.output.path} to spec.adapters of "
-                       f"{target.inference_service}'s manifest (`llmfleet up` applies adapter edits live)")
+            typer.echo(f"--promote-to: add the adapter {spec.output.path} to spec.adapters of {service}'s manifest "
+                       "(`llmfleet up` applies adapter edits live)")
             return
-        _promote_locally(name, spec.output.path, target.inference_service, target.pool, run_dir, promote_timeout)
+        _promote_locally(name, spec.output.path, service, pool, run_dir, promote_timeout)
 
 
 def _promote_locally(job: str, model: str, service: str, pool: str, run_dir: Path | None, timeout_s: float) -> None:
@@ -139,7 +146,7 @@ def _promote_locally(job: str, model: str, service: str, pool: str, run_dir: Pat
     rdir = (run_dir or run_dir_for(service)).resolve()
     state = read_state(rdir)
     if not state or not pid_alive(state.get("supervisorPid")):
-        typer.echo(f"output.promoteTo: {service} is not running here ({rdir}); the exported model is in {model}")
+        typer.echo(f"--promote-to: {service} is not running here ({rdir}); the exported model is in {model}")
         return
     deadline = time.monotonic() + timeout_s
     while not (read_state(rdir) or {}).get("ready") and time.monotonic() < deadline:
