@@ -15,12 +15,13 @@ from llmfleet.api.inferenceservice import InferenceService
 from llmfleet.autoscaler.local import run_local
 from llmfleet.local.actuator import LocalActuator
 from llmfleet.local.dashboard import Collector, Window, render, scrape_texts
+from llmfleet.local.promote import PromotionFollower
 from llmfleet.local.runtime import RESTART_BACKOFF_MAX_S, Supervisor
 
 log = logging.getLogger("llmfleet.local")
 
 
-def _autoscaler_task(sup: Supervisor, stop: asyncio.Event) -> asyncio.Task[Any] | None:
+def _autoscaler_task(sup: Supervisor, stop: asyncio.Event, on_step: Any = None) -> asyncio.Task[Any] | None:
     """Run the autoscaler's local loop (llmfleet.autoscaler.local.run_local) against a LocalActuator.
 
     It scrapes the router and the ready replicas every `autoscaling.intervalSeconds` and scales through
@@ -34,16 +35,18 @@ def _autoscaler_task(sup: Supervisor, stop: asyncio.Event) -> asyncio.Task[Any] 
 
     a = sup.isvc.spec.autoscaling
     sup.event(f"autoscaler: {a.policy} policy every {a.interval_seconds:g}s")
-    return asyncio.create_task(run_local(sup.isvc, LocalActuator(sup), urls, stop), name="autoscaler")
+    return asyncio.create_task(run_local(sup.isvc, LocalActuator(sup), urls, stop, on_step=on_step),
+                               name="autoscaler")
 
 
 async def keep_autoscaler(sup: Supervisor, stop: asyncio.Event,
-                          started: Callable[[asyncio.Task[Any]], None] | None = None) -> None:
+                          started: Callable[[asyncio.Task[Any]], None] | None = None,
+                          on_step: Any = None) -> None:
     """Run the autoscaler and restart it, with the replicas' backoff, whenever it dies (an exception, or
     cancelled from outside) while the supervisor runs. It restarts with fresh policy state (no cooldowns);
     meanwhile replicas stay where they are. `started` sees every task (the failure drill kills them)."""
     while not stop.is_set():
-        task = _autoscaler_task(sup, stop)
+        task = _autoscaler_task(sup, stop, on_step=on_step)
         if task is None:
             return
         if started is not None:
@@ -108,7 +111,10 @@ async def supervise(isvc: InferenceService, run_dir: Path, port: int | None, das
     try:
         sup_task = asyncio.create_task(sup.run(stop, on_tick=on_tick))
         await asyncio.sleep(0)
-        tasks.append(asyncio.create_task(keep_autoscaler(sup, stop, autoscaler_started)))
+        follower = PromotionFollower(sup)
+        tasks.append(asyncio.create_task(
+            keep_autoscaler(sup, stop, autoscaler_started, on_step=lambda r: follower.observe(r.signals))))
+        tasks.append(asyncio.create_task(follower.run(stop)))
         await sup_task
     finally:
         for t in tasks:

@@ -74,6 +74,7 @@ class Replica:
     next_start: float = 0.0
     started_at: float | None = None
     ready: bool = False
+    model: str = ""  # the model path the running process serves (a promotion rolls it)
 
     @property
     def name(self) -> str:
@@ -107,6 +108,9 @@ class Supervisor:
         self.pools: dict[str, PoolView] = {p.name: p for p in isvc.pools()}
         self.slots: dict[str, list[Replica]] = {}
         self.desired: dict[str, int] = {}
+        # Rollout surge replicas on top of `desired` (a Deployment's maxSurge): started by a promotion,
+        # not counted by the autoscaler's actuator.
+        self.surge: dict[str, int] = {}
         self.events: list[tuple[float, str]] = []
         self.router: subprocess.Popen[bytes] | None = None
         self.router_restarts = 0
@@ -182,6 +186,7 @@ class Supervisor:
     def start_replica(self, r: Replica) -> None:
         r.proc = self._spawn(self.replica_command(r), r.log)
         r.pid, r.stopping, r.ready, r.started_at = r.proc.pid, False, False, time.time()
+        r.model = self.pools[r.pool].model.path
 
     def write_router_config(self) -> Path:
         from llmfleet.router.config import router_config_from_service
@@ -291,7 +296,7 @@ class Supervisor:
         self.apply_manifest_edits()
         now = time.time()
         for pool, rs in self.slots.items():
-            self._pick_wanted(rs, self.desired[pool])
+            self._pick_wanted(rs, self.desired[pool] + self.surge.get(pool, 0))
             for r in rs:
                 code = r.proc.poll() if r.proc is not None else None
                 if r.proc is not None and code is not None:

@@ -16,11 +16,11 @@ from llmfleet.operator.builders import build_trainingjob
 from llmfleet.operator.builders.trainingjob import job_name, service_name, uses_kueue
 from llmfleet.operator.config import OperatorConfig
 from llmfleet.operator.promotion import (
-    Promotion,
     adapter_patch,
     from_annotations,
     pool_model,
     pool_model_patch,
+    start_promotion,
 )
 from llmfleet.operator.reconcile_isvc import ReconcileError, apply_all
 from llmfleet.operator.status import (
@@ -106,17 +106,7 @@ async def _promote(
     if previous is None:
         return {**base, "state": "Pending", "message": f"InferenceService has no pool {target.pool!r}"}
     metrics = (isvc.get("status") or {}).get("metrics") or {}
-    fresh = not metrics.get("stale", True)
-    promo = Promotion(
-        training_job=tj.metadata.name,
-        pool=target.pool,
-        model=output.path,
-        previous=previous,
-        started_at=now,
-        baseline_ttft_ms=metrics.get("ttftP95Ms") if fresh else None,
-        baseline_error_rate=metrics.get("errorRate") if fresh else None,
-        message=f"rolling {output.path} out to pool {target.pool} one replica at a time",
-    )
+    promo = start_promotion(tj.metadata.name, target.pool, output.path, previous, metrics, now)
     patch = pool_model_patch(isvc, target.pool, output.path) or {}
     patch.setdefault("metadata", {})["annotations"] = {PROMOTION_ANNOTATION: promo.to_annotation()}
     await client.merge_patch(API_VERSION, "InferenceService", ns, target.inference_service, patch)
