@@ -39,19 +39,10 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
         from rich.table import Table
 
-        from llmfleet.sim import (
-            PoolSpec,
-            SimConfig,
-            SyntheticSpec,
-            WorkloadError,
-            load_azure,
-            load_mooncake,
-            make_router,
-            oracle_hit_rate,
-            plot,
-            simulate,
-            synthetic,
-        )
+        from llmfleet.sim.engine import PoolSpec, SimConfig, simulate
+        from llmfleet.sim.report import oracle_hit_rate, plot
+        from llmfleet.sim.routers import make_router
+        from llmfleet.sim.workload import SyntheticSpec, WorkloadError, load_azure, load_mooncake, synthetic
 
         try:
             if trace is None:
