@@ -121,7 +121,7 @@ async def _apply(
     generation: int | None, now: str, attempt: int, job_created: bool, job_only: bool = False,
 ) -> list[dict[str, Any]]:
     started = time.thread_time()
-    manifests = build_trainingjob(tj, config, attempt, old.get("lastCheckpoint"), job_created=job_created)
+    manifests = build_trainingjob(tj, config, attempt, job_created=job_created)
     if job_only:
         manifests = manifests[-1:]
     out.compute_seconds += time.thread_time() - started

@@ -182,12 +182,12 @@ def test_builder_errors_name_the_field() -> None:
 
 def test_builders_are_pure() -> None:
     assert build_inferenceservice(_isvc(), FULL) == build_inferenceservice(_isvc(), FULL)
-    assert build_trainingjob(_tj(), FULL, 1, "/ckpt/step-5") == build_trainingjob(_tj(), FULL, 1, "/ckpt/step-5")
+    assert build_trainingjob(_tj(), FULL, 1) == build_trainingjob(_tj(), FULL, 1)
 
 
 def test_trainingjob_children() -> None:
     tj = _tj()
-    ms = build_trainingjob(tj, FULL, attempt=1, resume_from="/ckpt/step-50")
+    ms = build_trainingjob(tj, FULL, attempt=1)
     _validate(ms)
     _check_contract(ms, "uid-2")
     assert [m["kind"] for m in ms] == ["ConfigMap", "Service", "PodGroup", "PodMonitor", "Job"]
@@ -211,7 +211,9 @@ def test_trainingjob_children() -> None:
         "-m", "llmfleet.workers.train", "--spec", "/etc/llmfleet/job.yaml",
     ]
     env = {e["name"]: e["value"] for e in c["env"]}
-    assert env["NCCL_NVLS_ENABLE"] == "0" and env["LLMFLEET_RESUME_FROM"] == "/ckpt/step-50"
+    assert env["NCCL_NVLS_ENABLE"] == "0" and "LLMFLEET_RESUME_FROM" not in env
+    # The workers' SIGTERM budget is the pod's grace period (capped by torchrun's 30 s close timeout).
+    assert int(env["LLMFLEET_STOP_GRACE_SECONDS"]) == job["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
     assert c["resources"]["requests"]["nvidia.com/gpu"] == "8"
     mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
     assert mounts["checkpoints"] == "/ckpt" and mounts["spec"] == "/etc/llmfleet"
