@@ -241,17 +241,34 @@ class PoolStatus(StatusModel):
     model: str | None = Field(default=None, description="Model path currently rolled out.")
 
 
+class PoolLiveMetrics(StatusModel):
+    """One pool's recent latency and errors, as measured by the router (the promotion rollback reads these)."""
+
+    name: str = Field(description="Pool name: primary or a fallback pool's name.")
+    ttft_p95_ms: float | None = Field(default=None, description="Time to first token, p95, of this pool's requests.")
+    tpot_p95_ms: float | None = Field(default=None, description="Time per output token, p95, of this pool's requests.")
+    error_rate: float | None = Field(
+        default=None,
+        description="Fraction of the router's tries on this pool's replicas that failed (HTTP 5xx, connection "
+        "failure, timeout, broken stream), retried tries included; 0-1.",
+    )
+    qps: float | None = Field(default=None, description="Requests per second this pool received.")
+    stale: bool = Field(default=True, description="True when this pool's metrics are older than two scrape intervals.")
+
+
 class LiveMetrics(StatusModel):
     """Recent serving metrics, as seen by the autoscaler."""
 
     ttft_p95_ms: float | None = Field(default=None, description="Time to first token, p95.")
     tpot_p95_ms: float | None = Field(default=None, description="Time per output token, p95.")
+    error_rate: float | None = Field(default=None, description="The primary pool's error rate (see pools[].errorRate), 0-1.")
     prefix_cache_hit_rate: float | None = Field(default=None, description="Prefix-cache hit rate, 0-1.")
     kv_cache_utilization: float | None = Field(default=None, description="KV-cache usage, 0-1.")
     qps: float | None = Field(default=None, description="Requests per second.")
     degraded_fraction: float | None = Field(default=None, description="Fraction of requests served by student pools.")
     stale: bool = Field(default=True, description="True when the metrics are older than two scrape intervals.")
     updated_at: datetime | None = Field(default=None, description="When these were computed.")
+    pools: list[PoolLiveMetrics] = Field(default_factory=list, description="Per-pool latency and error rate.")
 
 
 ServicePhase = Literal["Pending", "Progressing", "Ready", "Degraded", "Invalid"]

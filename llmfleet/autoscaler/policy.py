@@ -82,6 +82,7 @@ class PoolSignals:
     prefill_tokens_per_s: float | None = None
     decode_tokens_per_s: float | None = None
     ttft_slo_miss_fraction: float | None = None
+    error_rate: float | None = None  # failed tries / all tries on this pool's replicas (router-measured)
     stale: bool = False
 
     @property

@@ -9,6 +9,7 @@ Series read (router series are the llmfleet router's; `vllm:` are vLLM's own, pa
 |                      | vLLM's `vllm:time_to_first_token_seconds` / `vllm:time_per_output_token_seconds`    |
 | mean in/out tokens   | `llmfleet_router_input_tokens` / `llmfleet_router_output_tokens` (histogram sum/count) |
 | degraded fraction    | `llmfleet_router_requests_total{degraded="true"}` / all                              |
+| error rate           | `llmfleet_router_upstream_attempts_total{pool, outcome="error"}` / all outcomes      |
 | queue, running       | `vllm:num_requests_waiting`, `vllm:num_requests_running` (gauges, summed per pool)   |
 | KV utilization       | `vllm:kv_cache_usage_perc` (or the older `vllm:gpu_cache_usage_perc`), averaged      |
 | prefix hit rate      | `vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total`                     |
@@ -76,6 +77,8 @@ def build_queries(service: str, namespace: str, pool: str, role: Role, sel: Sele
     return {
         "arrival_rate": arrival,
         "degraded_fraction": f'sum(rate(llmfleet_router_requests_total{{{r},degraded="true"}}[{window}])) / {total}',
+        "error_rate": (f'sum(rate(llmfleet_router_upstream_attempts_total{{{rp},outcome="error"}}[{window}])) / '
+                       f"sum(rate(llmfleet_router_upstream_attempts_total{{{rp}}}[{window}]))"),
         "ttft_p95_ms": q95("llmfleet_router_ttft_seconds", rp),
         "tpot_p95_ms": q95("llmfleet_router_tpot_seconds", rp),
         "ttft_p95_ms_engine": q95("vllm:time_to_first_token_seconds", v),
@@ -130,6 +133,7 @@ def assemble(
         kv_utilization=v.get("kv_utilization"),
         prefix_hit_rate=hit,
         degraded_fraction=v.get("degraded_fraction"),
+        error_rate=v.get("error_rate"),
         prefill_tokens_per_s=prefill,
         decode_tokens_per_s=v.get("decode_tokens_per_s"),
         stale=stale,
@@ -266,6 +270,8 @@ def values_from_scrapes(
     total = _rate(router_prev, router_cur, "llmfleet_router_requests_total", dt)
     arrival = total if pool.role == "primary" else _rate(router_prev, router_cur, "llmfleet_router_requests_total", dt, pm)
     degraded = _rate(router_prev, router_cur, "llmfleet_router_requests_total", dt, {"degraded": "true"})
+    tries = _rate(router_prev, router_cur, "llmfleet_router_upstream_attempts_total", dt, pm)
+    failed = _rate(router_prev, router_cur, "llmfleet_router_upstream_attempts_total", dt, {**pm, "outcome": "error"})
 
     def p95(metric: str, prev: Mapping[Sample, float], cur: Mapping[Sample, float],
             match: Mapping[str, str] | None) -> float | None:
@@ -286,6 +292,7 @@ def values_from_scrapes(
     return {
         "arrival_rate": arrival,
         "degraded_fraction": (degraded or 0.0) / total if total else None,
+        "error_rate": (failed or 0.0) / tries if tries else None,
         "ttft_p95_ms": p95("llmfleet_router_ttft_seconds", router_prev, router_cur, pm),
         "tpot_p95_ms": p95("llmfleet_router_tpot_seconds", router_prev, router_cur, pm),
         "ttft_p95_ms_engine": p95("vllm:time_to_first_token_seconds", replicas_prev, replicas_cur, None),

@@ -4,6 +4,11 @@ The TrainingJob reconcile starts a promotion: it writes the exported model into 
 an annotation with the previous model and a metrics baseline. The InferenceService reconcile renders the new
 model (the Deployment rolls one replica at a time: maxSurge 1, maxUnavailable 0) and calls `evaluate` each
 pass; on degradation it writes the previous model back (rollback). Both sides emit Events.
+
+Degradation is judged on the promoted pool's own metrics (status.metrics.pools[<pool>], written by the
+autoscaler from the router's per-pool series): its TTFT or TPOT p95 over the service's SLO when it met the SLO
+before, or its error rate (the router's failed tries on that pool's replicas) above the baseline plus
+ERROR_RATE_MARGIN.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ class Promotion:
     state: PromotionState = "RollingOut"
     started_at: str = ""
     baseline_ttft_ms: float | None = None
+    baseline_tpot_ms: float | None = None
     baseline_error_rate: float | None = None
     message: str = ""
 
@@ -50,20 +56,40 @@ def _num(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
+def pool_metrics(metrics: dict[str, Any] | None, pool: str) -> dict[str, Any] | None:
+    """The pool's entry of status.metrics.pools; for the primary, the top-level fields when no entry exists
+    (status written before per-pool metrics). None when nothing was measured for the pool."""
+    if not metrics:
+        return None
+    for entry in metrics.get("pools") or []:
+        if isinstance(entry, dict) and entry.get("name") == pool:
+            return entry
+    return metrics if pool == "primary" and "pools" not in metrics else None
+
+
+def _over_slo(value: float | None, slo: float, baseline: float | None) -> bool:
+    """Over the objective now while it met it before (or nothing was known): the new model is to blame."""
+    return value is not None and value > slo and (baseline is None or baseline <= slo)
+
+
 def evaluate(
-    promo: Promotion, slo_ttft_ms: float, metrics: dict[str, Any] | None, deployment: dict[str, Any] | None
+    promo: Promotion, slo_ttft_ms: float, metrics: dict[str, Any] | None, deployment: dict[str, Any] | None,
+    slo_tpot_ms: float | None = None,
 ) -> tuple[PromotionState, str]:
     """Next state of a rollout from live metrics (status.metrics) and the pool Deployment's status."""
     if promo.state != "RollingOut":
         return promo.state, promo.message
-    if metrics and not metrics.get("stale", True):
-        ttft = _num(metrics.get("ttftP95Ms"))
-        errors = _num(metrics.get("errorRate"))
-        base_ttft = promo.baseline_ttft_ms
-        if ttft is not None and ttft > slo_ttft_ms and (base_ttft is None or base_ttft <= slo_ttft_ms):
-            return "RolledBack", f"TTFT p95 {ttft:.0f} ms exceeds the SLO {slo_ttft_ms:.0f} ms during the rollout"
+    pm = pool_metrics(metrics, promo.pool)
+    if pm and not pm.get("stale", True):
+        ttft, tpot, errors = _num(pm.get("ttftP95Ms")), _num(pm.get("tpotP95Ms")), _num(pm.get("errorRate"))
+        where = f"pool {promo.pool}"
+        if _over_slo(ttft, slo_ttft_ms, promo.baseline_ttft_ms):
+            return "RolledBack", f"{where}: TTFT p95 {ttft:.0f} ms exceeds the SLO {slo_ttft_ms:.0f} ms during the rollout"
+        if slo_tpot_ms is not None and _over_slo(tpot, slo_tpot_ms, promo.baseline_tpot_ms):
+            return "RolledBack", f"{where}: TPOT p95 {tpot:.0f} ms exceeds the SLO {slo_tpot_ms:.0f} ms during the rollout"
         if errors is not None and errors > (promo.baseline_error_rate or 0.0) + ERROR_RATE_MARGIN:
-            return "RolledBack", f"error rate {errors:.1%} rose above the baseline {promo.baseline_error_rate or 0:.1%}"
+            return "RolledBack", (f"{where}: error rate {errors:.1%} rose above the baseline "
+                                  f"{promo.baseline_error_rate or 0:.1%}")
     if deployment is None:
         return "RollingOut", "waiting for the pool Deployment"
     status = deployment.get("status") or {}

@@ -13,7 +13,13 @@ from llmfleet.operator.builders import build_trainingjob
 from llmfleet.operator.builders.trainingjob import job_name, service_name, uses_kueue
 from llmfleet.operator.config import PROMOTION_ANNOTATION, OperatorConfig
 from llmfleet.operator.kube import ApiError, KubeClient
-from llmfleet.operator.promotion import Promotion, from_annotations, pool_model, pool_model_patch
+from llmfleet.operator.promotion import (
+    Promotion,
+    from_annotations,
+    pool_metrics,
+    pool_model,
+    pool_model_patch,
+)
 from llmfleet.operator.reconcile_isvc import ReconcileError, apply_all
 from llmfleet.operator.status import (
     Event,
@@ -93,7 +99,8 @@ async def _promote(
     previous = pool_model(isvc, target.pool)
     if previous is None:
         return {**base, "state": "Pending", "message": f"InferenceService has no pool {target.pool!r}"}
-    metrics = (isvc.get("status") or {}).get("metrics") or {}
+    # The baseline is the target pool's own metrics (a student pool's, not the primary's).
+    metrics = pool_metrics((isvc.get("status") or {}).get("metrics"), target.pool) or {}
     fresh = not metrics.get("stale", True)
     promo = Promotion(
         training_job=tj.metadata.name,
@@ -102,6 +109,7 @@ async def _promote(
         previous=previous,
         started_at=now,
         baseline_ttft_ms=metrics.get("ttftP95Ms") if fresh else None,
+        baseline_tpot_ms=metrics.get("tpotP95Ms") if fresh else None,
         baseline_error_rate=metrics.get("errorRate") if fresh else None,
         message=f"rolling {output.path} out to pool {target.pool} one replica at a time",
     )

@@ -362,6 +362,7 @@ class Router:
                 return await upstream.proxy(request, parsed, body, replica, pool.name, headers, self, tenant,
                                             degraded, n_tokens, t0, info, after_send=routed)
             except UpstreamFailed as e:
+                m.child(m.upstream_attempts, pool.name, "overloaded" if e.overloaded else "error").inc()
                 last_error = f"replica {replica.id}: {e}"
                 if e.mark_down:
                     pool.replicas.mark_failed(replica.id)
@@ -406,6 +407,8 @@ class Router:
         """Called by the proxy at the end of every request that reached a replica or the store."""
         m = self.metrics
         m.child(m.requests, pool, model, endpoint, str(status), "true" if degraded else "false").inc()
+        if pool in self.pools:  # a replica answered (502: its stream broke mid-response); not the feature store
+            m.child(m.upstream_attempts, pool, "error" if status >= 500 else "ok").inc()
         if status < 400:
             h = m.latency_children(pool, model)
             h.e2e.observe(e2e)

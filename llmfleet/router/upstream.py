@@ -28,11 +28,13 @@ _JSON_HEADER = b"Content-Type: application/json\r\n"
 
 
 class UpstreamFailed(Exception):
-    """The replica failed before anything reached the client: safe to retry elsewhere."""
+    """The replica failed before anything reached the client: safe to retry elsewhere. `overloaded` (HTTP 429)
+    is back-pressure, not a failure of the replica: the pool's error rate leaves it out."""
 
-    def __init__(self, message: str, mark_down: bool) -> None:
+    def __init__(self, message: str, mark_down: bool, overloaded: bool = False) -> None:
         super().__init__(message)
         self.mark_down = mark_down
+        self.overloaded = overloaded
 
 
 def first_byte_timeout(limits: LimitsConfig, slo: SLOConfig) -> float:
@@ -87,7 +89,7 @@ class Upstream:
                     text = (await resp.read())[:300].decode(errors="replace")
                 except UpstreamError as e:
                     text = f"(body unreadable: {e})"
-                raise UpstreamFailed(f"HTTP {resp.status}: {text}", mark_down=False)
+                raise UpstreamFailed(f"HTTP {resp.status}: {text}", mark_down=False, overloaded=resp.status == 429)
             out_headers = {**headers, "x-llmfleet-replica": replica.id,
                            "Content-Type": resp.content_type or "application/json"}
             if parsed.stream and resp.status == 200:

@@ -91,6 +91,28 @@ async def test_retry_on_another_replica_before_first_byte(fakes, routers, http) 
     assert state[dead_url]["healthy"] is False  # connection refused marks it down at once
 
 
+async def test_upstream_failures_are_counted_per_pool_for_the_error_rate(fakes, routers, http) -> None:
+    """Every try on a replica counts (ok / error / overloaded), retried ones included: one failing replica shows
+    in its pool's error rate even while retries keep every client answer a 200."""
+    from llmfleet.autoscaler.signals import PoolRef, parse_metrics, values_from_scrapes
+
+    bad, good, student = await fakes(name="bad", fail="500"), await fakes(name="good"), await fakes(name="s")
+    r = await routers(config({"primary": ("m", [bad.url, good.url]), "small": ("s", [student.url])},
+                             limits={"scrape_interval_seconds": 30}))
+    for _ in range(6):
+        async with http.post(r.url + "/v1/chat/completions", json=CHAT) as resp:
+            assert resp.status == 200, await resp.text()
+    async with http.post(r.url + "/v1/chat/completions", json={**CHAT, "model": "s"}) as resp:
+        assert resp.status == 200
+    samples = parse_metrics(await (await http.get(r.url + "/metrics")).text())
+    attempts = {dict(labels)["pool"] + "/" + dict(labels)["outcome"]: v for (name, labels), v in samples.items()
+                if name == "llmfleet_router_upstream_attempts_total"}
+    assert attempts["primary/ok"] == 6 and attempts["primary/error"] >= 1 and "small/error" not in attempts
+    primary = values_from_scrapes(PoolRef("primary", "primary", 2, 2), {}, samples, {}, {}, 1.0)["error_rate"]
+    small = values_from_scrapes(PoolRef("small", "student", 1, 1), {}, samples, {}, {}, 1.0)["error_rate"]
+    assert 0 < primary < 1 and small == 0.0  # type: ignore[operator]
+
+
 async def test_all_replicas_failing_gives_503_json(fakes, routers, http) -> None:
     bad = await fakes(fail="close")
     r = await routers(config({"primary": ("m", [bad.url])}, limits={"scrape_interval_seconds": 30}))
