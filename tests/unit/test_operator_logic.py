@@ -13,7 +13,14 @@ from llmfleet.operator import rbac
 from llmfleet.operator.builders import build_inferenceservice, build_trainingjob
 from llmfleet.operator.config import PROMOTION_ANNOTATION, Capabilities, OperatorConfig
 from llmfleet.operator.kube import RESOURCES, path_for
-from llmfleet.operator.promotion import Promotion, evaluate, from_annotations, pool_metrics, pool_model, pool_model_patch
+from llmfleet.operator.promotion import (
+    Promotion,
+    evaluate,
+    from_annotations,
+    pool_metrics,
+    pool_model,
+    pool_model_patch,
+)
 from llmfleet.operator.reconcile_tj import job_failed, job_succeeded
 from llmfleet.operator.status import invalid_spec_outcome, set_conditions
 from llmfleet.operator.worker_status import status_fields
