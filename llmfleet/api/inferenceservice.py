@@ -90,6 +90,16 @@ class RouterSpec(ApiModel):
     request_timeout_seconds: float = Field(default=120.0, gt=0, description="Upper bound on one request's time at the router.")
     max_request_bytes: int = Field(default=4 * 1024 * 1024, ge=1024, description="Reject larger request bodies with 413.")
     api_keys_secret: str | None = Field(default=None, description="Secret holding per-tenant API keys and rate limits.")
+    upstream_key_secret: str | None = Field(
+        default=None,
+        description="Secret whose `apiKey` every replica requires as a Bearer key (vLLM's VLLM_API_KEY); only the "
+        "router's pods read it and send it upstream, so clients cannot call the replicas directly.",
+    )
+    isolate_pools: bool = Field(
+        default=True,
+        description="A NetworkPolicy that admits to the replica pods only this service's router, the operator "
+        "(drain, autoscaler scrapes) and the metrics scraper (operator setting LLMFLEET_REPLICA_INGRESS_FROM).",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> RouterSpec:

@@ -31,7 +31,8 @@ from llmfleet.operator.status import (
 )
 
 # Kinds whose stale instances (e.g. of a removed student pool) are deleted after a spec change.
-PRUNED_KINDS = (("apps/v1", "Deployment"), ("v1", "Service"), ("policy/v1", "PodDisruptionBudget"))
+PRUNED_KINDS = (("apps/v1", "Deployment"), ("v1", "Service"), ("policy/v1", "PodDisruptionBudget"),
+                ("networking.k8s.io/v1", "NetworkPolicy"))
 
 
 class ReconcileError(Exception):

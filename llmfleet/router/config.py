@@ -23,6 +23,10 @@ ROUTER_CONFIG_KEY = "router.yaml"
 REPLICA_PORT = 8000
 ROUTER_PORT = 8080
 TENANTS_MOUNT_PATH = "/etc/llmfleet/tenants/tenants.yaml"
+# Environment variable of the router pods that holds the replicas' API key (from spec.router.upstreamKeySecret),
+# and that Secret's data key.
+UPSTREAM_API_KEY_ENV = "LLMFLEET_UPSTREAM_API_KEY"
+UPSTREAM_KEY_SECRET_KEY = "apiKey"
 KNOWN_SCORERS = ("estimated-ttft", "prefix-cache", "queue-depth", "running-requests", "kv-cache", "session-affinity")
 
 
@@ -155,6 +159,11 @@ class TenantsConfig(_Model):
     tenants: list[TenantConfig] = Field(default_factory=list, description="Inline tenants.")
     require_api_key: bool = Field(default=False, description="Reject requests without a known key (401).")
     default_tenant: str = Field(default="default", description="Tenant of requests without a key when keys are optional.")
+    limit_share: float = Field(
+        default=1.0, gt=0, le=1,
+        description="Fraction of every tenant's requestsPerSecond and burst this router enforces: 1/N for N router "
+        "replicas behind one Service (set by the operator), so together they allow the tenant's limit.",
+    )
 
 
 class RouterConfig(_Model):
@@ -178,6 +187,11 @@ class RouterConfig(_Model):
     limits: LimitsConfig = Field(default_factory=LimitsConfig, description="Timeouts and sizes.")
     tenants: TenantsConfig = Field(default_factory=TenantsConfig, description="API keys and rate limits.")
     request_log: str | None = Field(default=None, description="JSONL request log path (DEVELOPERS.md format).")
+    upstream_api_key_env: str | None = Field(
+        default=None,
+        description="Environment variable holding the key the replicas require: sent upstream as a Bearer token "
+        "(clients' own Authorization headers never are).",
+    )
     log_prompts: bool = Field(default=True, description="Include prompt text in the request log.")
     seed: int = Field(default=0, description="Picker RNG seed (deterministic tie breaks).")
 
@@ -289,5 +303,7 @@ def router_config_from_service(
             secret_name=spec.router.api_keys_secret,
             file=TENANTS_MOUNT_PATH if spec.router.api_keys_secret else None,
             require_api_key=spec.router.api_keys_secret is not None,
+            limit_share=1.0 / spec.router.replicas,
         ),
+        upstream_api_key_env=UPSTREAM_API_KEY_ENV if spec.router.upstream_key_secret else None,
     )

@@ -36,6 +36,7 @@ class FakeBackend:
     requests: list[dict[str, Any]] = field(default_factory=list)
     cancelled: int = 0
     record: bool = True
+    api_key: str | None = None  # like vLLM's --api-key: /v1 requests without `Bearer <key>` get 401
     port: int = 0
     _runner: web.AppRunner | None = None
 
@@ -84,6 +85,8 @@ class FakeBackend:
         return await self._serve(request, "completions")
 
     async def _serve(self, request: web.Request, endpoint: str) -> web.StreamResponse:
+        if self.api_key is not None and request.headers.get("Authorization") != f"Bearer {self.api_key}":
+            return web.json_response({"error": "Unauthorized"}, status=401)
         body = await request.json()
         if self.record:
             self.requests.append(body)

@@ -62,6 +62,16 @@ class PoolRuntime:
         self.session_scorer = next((s for s, _ in self.pipeline.scorers if s.name == "session-affinity"), None)
 
 
+def upstream_api_key(cfg: RouterConfig) -> str | None:
+    """The replicas' key from the environment variable the config names; a clear error when it is missing."""
+    if cfg.upstream_api_key_env is None:
+        return None
+    key = os.environ.get(cfg.upstream_api_key_env, "").strip()
+    if not key:
+        raise ValueError(f"upstreamApiKeyEnv: environment variable {cfg.upstream_api_key_env} is unset or empty")
+    return key
+
+
 def error_response(status: int, message: str, type_: str = "invalid_request_error", code: str | None = None,
                    headers: dict[str, str] | None = None) -> web.Response:
     body = {"error": {"message": message, "type": type_, "param": None, "code": code}}
@@ -71,6 +81,7 @@ def error_response(status: int, message: str, type_: str = "invalid_request_erro
 class Router:
     def __init__(self, cfg: RouterConfig, lookup: Any | None = None) -> None:
         self.cfg = cfg
+        self._upstream_key = upstream_api_key(cfg)  # first: a missing key stops the router before it listens
         self.metrics = RouterMetrics()
         self.tenants = Tenants(cfg.tenants)
         self.policy = FallbackPolicy(cfg.fallback, cfg.slo, self.tenants.caps())
@@ -133,7 +144,7 @@ class Router:
 
     async def _on_startup(self, app: web.Application) -> None:
         lim = self.cfg.limits
-        self.upstream = Upstream(lim, self.cfg.slo)
+        self.upstream = Upstream(lim, self.cfg.slo, self._upstream_key)
         self._tasks.append(asyncio.create_task(self._health_loop()))
         if any(p.replicas.pool.discovery for p in self.pools.values()):
             self._tasks.append(asyncio.create_task(self._discovery_loop()))

@@ -45,8 +45,10 @@ def first_byte_timeout(limits: LimitsConfig, slo: SLOConfig) -> float:
 
 
 class Upstream:
-    def __init__(self, limits: LimitsConfig, slo: SLOConfig) -> None:
+    def __init__(self, limits: LimitsConfig, slo: SLOConfig, api_key: str | None = None) -> None:
         self.limits = limits
+        # The replicas' key (spec.router.upstreamKeySecret) on every proxied request.
+        self.headers = _JSON_HEADER + (b"authorization: Bearer " + api_key.encode() + b"\r\n" if api_key else b"")
         self.first_byte = min(first_byte_timeout(limits, slo), limits.request_timeout_seconds)
         # aiohttp for health checks and /metrics scraping; the lean client for the proxied requests.
         conn = aiohttp.TCPConnector(limit=0, ttl_dns_cache=60, keepalive_timeout=30)
@@ -68,7 +70,7 @@ class Upstream:
         `after_send`: the router's bookkeeping for this routing decision, run once the request is on the wire.
         Metrics of a non-streaming response are recorded after it is written (not before)."""
         path = "/v1/chat/completions" if parsed.endpoint == "chat" else "/v1/completions"
-        up_headers = _JSON_HEADER
+        up_headers = self.headers
         rid = request.headers.get("x-request-id")
         if rid and rid.isprintable():
             up_headers += b"x-request-id: " + rid.encode("utf-8") + b"\r\n"

@@ -263,6 +263,45 @@ async def test_api_keys_and_rate_limit(fakes, routers, http, tmp_path) -> None:
     assert statuses == [200, 200, 429] and retry_after is not None
 
 
+async def test_router_sends_the_replicas_key_and_never_the_clients(fakes, routers, http, monkeypatch) -> None:
+    """A replica that requires a key (vLLM --api-key) answers the router, which holds the key, and refuses a
+    direct caller; the client's own tenant key is not passed upstream."""
+    replica = await fakes(api_key="replica-secret")
+    async with http.post(replica.url + "/v1/chat/completions", json=CHAT) as resp:
+        assert resp.status == 401  # a pod calling the pool directly
+    monkeypatch.setenv("TEST_UPSTREAM_KEY", "replica-secret")
+    tenants = TenantsConfig(require_api_key=True, tenants=[TenantConfig(name="t1", api_keys=["client-key"])])
+    r = await routers(config({"primary": ("m", [replica.url])}, tenants=tenants, upstream_api_key_env="TEST_UPSTREAM_KEY"))
+    async with http.post(r.url + "/v1/chat/completions", json=CHAT, headers={"Authorization": "Bearer client-key"}) as resp:
+        assert resp.status == 200, await resp.text()
+    # Without the key the router does not start: a clear error, not 401s from every replica.
+    monkeypatch.delenv("TEST_UPSTREAM_KEY")
+    with pytest.raises(ValueError, match="TEST_UPSTREAM_KEY is unset"):
+        await routers(config({"primary": ("m", [replica.url])}, upstream_api_key_env="TEST_UPSTREAM_KEY"))
+
+
+def test_rate_limit_share_per_router_replica() -> None:
+    """N routers behind one Service each enforce 1/N of a tenant's rate and burst (the operator sets the share)."""
+    from llmfleet.router.tenants import AuthError, Tenants
+
+    tenant = TenantConfig(name="t", api_keys=["k"], requests_per_second=10, burst=8)
+    whole, quarter = Tenants(TenantsConfig(tenants=[tenant])), Tenants(TenantsConfig(tenants=[tenant], limit_share=0.25))
+
+    def admitted(t: Tenants, seconds: float) -> int:
+        n, now = 0, 0.0
+        while now < seconds:
+            try:
+                t.authenticate("Bearer k", now=now)
+                n += 1
+            except AuthError:
+                pass
+            now += 0.01
+        return n
+
+    assert admitted(whole, 10.0) == pytest.approx(8 + 100, abs=2)  # burst + 10 rps x 10 s
+    assert 4 * admitted(quarter, 10.0) == pytest.approx(8 + 100, abs=8)  # four routers together: the same
+
+
 async def test_feature_store_lookup_hit_miss_opt_out(fakes, routers, http) -> None:
     class Hit:
         kind = "exact"
