@@ -10,6 +10,7 @@ Series read (router series are the llmfleet router's; `vllm:` are vLLM's own, pa
 | mean in/out tokens   | `llmfleet_router_input_tokens` / `llmfleet_router_output_tokens` (histogram sum/count) |
 | degraded fraction    | `llmfleet_router_requests_total{degraded="true"}` / all                              |
 | error rate           | `llmfleet_router_upstream_attempts_total{pool, outcome="error"}` / all outcomes      |
+| held requests        | `llmfleet_router_held_requests{pool}` (gauge: waiting for a pool at zero replicas)   |
 | queue, running       | `vllm:num_requests_waiting`, `vllm:num_requests_running` (gauges, summed per pool)   |
 | KV utilization       | `vllm:kv_cache_usage_perc` (or the older `vllm:gpu_cache_usage_perc`), averaged      |
 | prefix hit rate      | `vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total`                     |
@@ -79,6 +80,7 @@ def build_queries(service: str, namespace: str, pool: str, role: Role, sel: Sele
         "degraded_fraction": f'sum(rate(llmfleet_router_requests_total{{{r},degraded="true"}}[{window}])) / {total}',
         "error_rate": (f'sum(rate(llmfleet_router_upstream_attempts_total{{{rp},outcome="error"}}[{window}])) / '
                        f"sum(rate(llmfleet_router_upstream_attempts_total{{{rp}}}[{window}]))"),
+        "held_requests": f"sum(llmfleet_router_held_requests{{{rp}}})",
         "ttft_p95_ms": q95("llmfleet_router_ttft_seconds", rp),
         "tpot_p95_ms": q95("llmfleet_router_tpot_seconds", rp),
         "ttft_p95_ms_engine": q95("vllm:time_to_first_token_seconds", v),
@@ -134,6 +136,7 @@ def assemble(
         prefix_hit_rate=hit,
         degraded_fraction=v.get("degraded_fraction"),
         error_rate=v.get("error_rate"),
+        held_requests=v.get("held_requests"),
         prefill_tokens_per_s=prefill,
         decode_tokens_per_s=v.get("decode_tokens_per_s"),
         stale=stale,
@@ -293,6 +296,7 @@ def values_from_scrapes(
         "arrival_rate": arrival,
         "degraded_fraction": (degraded or 0.0) / total if total else None,
         "error_rate": (failed or 0.0) / tries if tries else None,
+        "held_requests": _sum(router_cur, "llmfleet_router_held_requests", pm),
         "ttft_p95_ms": p95("llmfleet_router_ttft_seconds", router_prev, router_cur, pm),
         "tpot_p95_ms": p95("llmfleet_router_tpot_seconds", router_prev, router_cur, pm),
         "ttft_p95_ms_engine": p95("vllm:time_to_first_token_seconds", replicas_prev, replicas_cur, None),

@@ -76,6 +76,11 @@ class PoolConfig(_Model):
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         default="auto", description="The engine's model dtype; the KV dtype when its cache dtype is auto.",
     )
+    scales_from_zero: bool = Field(
+        default=False,
+        description="The pool may have no replica (minReplicas 0): requests for it are held while the autoscaler "
+        "starts one (limits.holdTimeoutSeconds) instead of answered 503.",
+    )
     kv_events_port: int | None = Field(
         default=None, ge=1, le=65535,
         description="vLLM KV-event ZMQ PUB port on each replica (--kv-events-config); corrects the prefix index.",
@@ -139,6 +144,13 @@ class LimitsConfig(_Model):
     scrape_timeout_seconds: float = Field(default=0.5, gt=0, description="Timeout of one scrape or health check.")
     stale_after_seconds: float = Field(default=3.0, gt=0, description="Scraped load older than this is stale.")
     health_failures_to_down: int = Field(default=2, ge=1, description="Consecutive failed checks that mark a replica down.")
+    max_held_requests: int = Field(
+        default=1000, ge=0, description="Requests held at once for pools scaling from zero; more get 503 + Retry-After.",
+    )
+    hold_timeout_seconds: float | None = Field(
+        default=None, gt=0,
+        description="Deadline of a held request (scale from zero) before 503; requestTimeoutSeconds when unset.",
+    )
 
 
 class TenantConfig(_Model):
@@ -267,6 +279,7 @@ def router_config_from_service(
                 tensor_parallel_size=view.vllm.tensor_parallel_size,
                 dtype=view.model.dtype,
                 kv_events_port=kv_events_port,
+                scales_from_zero=view.min_replicas == 0,
                 endpoints=static,
                 discovery=discovery,
             )

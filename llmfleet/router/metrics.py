@@ -59,6 +59,9 @@ class RouterMetrics:
             "llmfleet_router_upstream_attempts",
             "Requests sent to a replica, by outcome: ok, error (HTTP 5xx, connection failure, timeout, broken "
             "stream) or overloaded (HTTP 429).", ["pool", "outcome"], registry=r)
+        self.held_requests = Gauge("llmfleet_router_held_requests",
+                                   "Requests waiting for a pool at zero replicas to get one (scale from zero).",
+                                   ["pool"], registry=r)
         self.retries = Counter("llmfleet_router_retries", "Retries on another replica before the first byte.",
                                ["pool"], registry=r)
         self.lookups = Counter("llmfleet_router_lookups", "Feature-store lookups.", ["result"], registry=r)

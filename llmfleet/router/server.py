@@ -26,6 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from llmfleet.router.chat_template import ChatTemplate
 from llmfleet.router.config import RouterConfig
 from llmfleet.router.fallback import FallbackPolicy, PoolSignals
+from llmfleet.router.held import HeldRequests, HoldRejected
 from llmfleet.router.kv_events import KVEventSubscribers
 from llmfleet.router.metrics import RouterMetrics
 from llmfleet.router.plugins import build_pipeline
@@ -83,6 +84,8 @@ class Router:
         self.cfg = cfg
         self._upstream_key = upstream_api_key(cfg)  # first: a missing key stops the router before it listens
         self.metrics = RouterMetrics()
+        self.held = HeldRequests(cfg.limits.max_held_requests,
+                                 gauge=lambda pool: self.metrics.child(self.metrics.held_requests, pool))
         self.tenants = Tenants(cfg.tenants)
         self.policy = FallbackPolicy(cfg.fallback, cfg.slo, self.tenants.caps())
         self._tenants_version = self.tenants.version
@@ -137,6 +140,7 @@ class Router:
         app.router.add_get("/health", self._health)
         app.router.add_get("/debug/replicas", self._debug_replicas)
         app.router.add_post("/admin/drain", self._admin_drain)
+        app.router.add_get("/admin/held", self._admin_held)
         app.router.add_route("*", "/{tail:.*}", self._not_found)
         app.on_startup.append(self._on_startup)
         app.on_cleanup.append(self._on_cleanup)
@@ -171,6 +175,8 @@ class Router:
             for pool in self.pools.values():
                 await pool.replicas.check_all(upstream.session)
                 self._update_gauges(pool)
+                if pool.replicas.routable():
+                    self.held.replica_ready(pool.name)
                 if pool.kv_events is not None:
                     pool.kv_events.reconcile(list(pool.replicas.replicas))
             await asyncio.sleep(self.cfg.limits.scrape_interval_seconds)
@@ -246,6 +252,16 @@ class Router:
             return error_response(404, f"no replica {url}", code="replica_not_found")
         return web.json_response({"replica": url, "draining": draining})
 
+    async def _admin_held(self, request: web.Request) -> web.Response:
+        """Long poll for the autoscaler (llmfleet.router.held): {"held": {pool: n}, "episode": e}."""
+        try:
+            wait = min(max(float(request.query.get("wait", "0")), 0.0), 60.0)
+            since = int(request.query.get("since", "-1"))
+        except ValueError:
+            return error_response(400, "wait (seconds) and since (an episode number) must be numbers")
+        held, episode = await self.held.wait_held(since, wait)
+        return web.json_response({"held": held, "episode": episode})
+
     async def _not_found(self, request: web.Request) -> web.Response:
         known = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/metrics", "/health"}
         if request.path in known:
@@ -312,7 +328,7 @@ class Router:
     def _signals(self, pool: PoolRuntime) -> PoolSignals:
         routable = pool.replicas.routable()
         return PoolSignals(pool.name, len(routable), waiting=sum(r.waiting for r in routable),
-                           running=sum(r.running for r in routable))
+                           running=sum(r.running for r in routable), scales_from_zero=pool.replicas.pool.scales_from_zero)
 
     async def _route_and_proxy(self, request: web.Request, parsed: ParsedRequest, raw: bytes, tenant: str,
                                pool_name: str, t0: float) -> web.StreamResponse:
@@ -334,6 +350,14 @@ class Router:
                 keys, n_tokens = await self._keys(pool, parsed)
                 m.child(m.fallbacks, pool.name, reason).inc()
                 m.child(m.degraded, tenant).inc()
+        if pool.replicas.pool.scales_from_zero and not pool.replicas.routable():
+            try:  # scale from zero: wait for the autoscaler's replica (it is woken through /admin/held)
+                await self.held.wait_for_replica(pool.name, pool.replicas.routable,
+                                                 self.cfg.limits.hold_timeout_seconds or self.cfg.limits.request_timeout_seconds)
+            except HoldRejected as e:
+                m.child(m.requests, pool.name, parsed.model, parsed.endpoint, "503", "true" if degraded else "false").inc()
+                return error_response(503, str(e), "service_unavailable", headers={"Retry-After": f"{e.retry_after_s:.0f}"})
+            t_route = time.perf_counter()
         sh = self.cfg.session_affinity_header
         info = RequestInfo(model=pool.served_name, block_hashes=keys, input_tokens=n_tokens,
                            session_id=request.headers.get(sh) if sh else None, tenant=tenant, stream=parsed.stream,

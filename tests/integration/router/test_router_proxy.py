@@ -451,3 +451,38 @@ async def test_estimated_ttft_gets_prefix_keys_and_prefill_is_released(fakes, ro
     assert rep.prefill_tokens == 0.0
     text = await (await http.get(r.url + "/metrics")).text()
     assert 'llmfleet_router_prefix_affinity_hits_total{pool="primary"} 1.0' in text  # the second one matched
+
+
+async def test_scale_from_zero_holds_requests_and_wakes_the_autoscaler(fakes, routers, http) -> None:
+    """A pool that scales from zero and has no routable replica: requests wait (bounded, with a deadline)
+    instead of 503, `/admin/held` wakes a long-polling autoscaler at once, and the requests go through as soon
+    as a replica is healthy."""
+    from llmfleet.router.config import PoolConfig, RouterConfig
+
+    replica = await fakes(healthy=False)
+
+    def cfg(**limits: object) -> RouterConfig:
+        base = config({"primary": ("m", [replica.url])}, limits={"scrape_interval_seconds": 0.05, **limits})
+        return base.model_copy(update={"pools": [PoolConfig(**{**base.pools[0].model_dump(), "scales_from_zero": True})]})
+
+    r = await routers(cfg(max_held_requests=2, hold_timeout_seconds=30))
+    first = await http.get(r.url + "/admin/held", params={"since": -1, "wait": 0})
+    episode = (await first.json())["episode"]
+    poll = asyncio.create_task(http.get(r.url + "/admin/held", params={"since": episode, "wait": 30}))
+    sends = [asyncio.create_task(http.post(r.url + "/v1/chat/completions", json=CHAT)) for _ in range(3)]
+    woke = await asyncio.wait_for(poll, 5)  # the autoscaler hears about it at once, not at its next interval
+    assert (await woke.json())["held"]["primary"] >= 1
+    await wait_for(lambda: r.router.held.total() == 2)
+    metrics = await (await http.get(r.url + "/metrics")).text()
+    assert 'llmfleet_router_held_requests{pool="primary"} 2.0' in metrics
+    replica.healthy = True  # the autoscaler's replica is up
+    statuses = sorted([(await asyncio.wait_for(s, 10)).status for s in sends])
+    assert statuses == [200, 200, 503]  # the queue holds two; the third is told to retry (Retry-After)
+    assert r.router.held.total() == 0
+
+    # The deadline: no replica in time -> 503 with Retry-After, nothing hangs.
+    replica.healthy = False
+    late = await routers(cfg(hold_timeout_seconds=0.3))
+    async with http.post(late.url + "/v1/chat/completions", json=CHAT) as resp:
+        assert resp.status == 503 and "became ready within" in (await resp.json())["error"]["message"]
+        assert resp.headers["Retry-After"]
