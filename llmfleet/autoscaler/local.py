@@ -52,14 +52,15 @@ class Wakeup:
                     resp = await client.get(f"{self.router_url}/admin/held", params={"since": self.episode, "wait": left})
                 resp.raise_for_status()
                 body = resp.json()
-            except (httpx.HTTPError, ValueError) as err:
+            except (httpx.HTTPError, ValueError) as err:  # e.g. the router is (re)starting: retry shortly
                 log.debug("router wake-up poll failed: %s", err)
-                break
+                await asyncio.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+                continue
             self.episode = int(body.get("episode", self.episode))
             if body.get("held"):
                 return {str(k): int(v) for k, v in body["held"].items()}
             # {} before the deadline: the first poll (it learns the current episode) or a poll cut short
-        await asyncio.sleep(max(0.0, deadline - time.monotonic()))
+        await asyncio.sleep(max(0.0, deadline - time.monotonic()))  # no router to ask
         return {}
 
 

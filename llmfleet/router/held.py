@@ -77,9 +77,10 @@ class HeldRequests:
 
     async def wait_held(self, since: int, wait_s: float) -> tuple[dict[str, int], int]:
         """Long poll: (pools with held requests, episode) once an episode after `since` began, else after
-        `wait_s` ({} and the current episode)."""
+        `wait_s` ({} and the current episode). A `since` this router never reached (it restarted since the
+        caller's last poll) answers at once, so the caller learns the new count."""
         deadline = time.monotonic() + wait_s
-        while self.episode <= since:
+        while self.episode == since:
             left = deadline - time.monotonic()
             if left <= 0:
                 return {}, self.episode
