@@ -221,9 +221,13 @@ class Router:
         return web.Response(body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _health(self, request: web.Request) -> web.Response:
-        primary = self.pools[self.cfg.pools[0].name]
-        ok = bool(primary.replicas.routable()) or any(p.replicas.routable() for p in self.pools.values())
-        return web.json_response({"status": "ok" if ok else "no routable replica"}, status=200 if ok else 503)
+        if any(p.replicas.routable() for p in self.pools.values()):
+            return web.json_response({"status": "ok"})
+        # A pool at zero replicas that scales from zero is not an outage: the router must stay ready (in its
+        # Service) to take the requests that wake the autoscaler, and holds them.
+        if any(p.replicas.pool.scales_from_zero for p in self.pools.values()):
+            return web.json_response({"status": "scaling from zero"})
+        return web.json_response({"status": "no routable replica"}, status=503)
 
     async def _debug_replicas(self, request: web.Request) -> web.Response:
         out = []

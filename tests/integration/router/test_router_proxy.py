@@ -466,6 +466,9 @@ async def test_scale_from_zero_holds_requests_and_wakes_the_autoscaler(fakes, ro
         return base.model_copy(update={"pools": [PoolConfig(**{**base.pools[0].model_dump(), "scales_from_zero": True})]})
 
     r = await routers(cfg(max_held_requests=2, hold_timeout_seconds=30))
+    await asyncio.sleep(0.2)  # a few health checks: the replica is down
+    async with http.get(r.url + "/health") as resp:  # still ready: it must take the requests that wake us
+        assert resp.status == 200 and (await resp.json())["status"] == "scaling from zero"
     first = await http.get(r.url + "/admin/held", params={"since": -1, "wait": 0})
     episode = (await first.json())["episode"]
     poll = asyncio.create_task(http.get(r.url + "/admin/held", params={"since": episode, "wait": 30}))

@@ -27,14 +27,14 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(120
 START_TIMEOUT_S = float(os.environ.get("LLMFLEET_TEST_START_TIMEOUT", "420"))
 
 
-def _manifest(tmp: Path) -> Path:
+def _manifest(tmp: Path, name: str = "uptest", **spec: Any) -> Path:
     doc = {
-        "apiVersion": "llmfleet.io/v1alpha1", "kind": "InferenceService", "metadata": {"name": "uptest"},
+        "apiVersion": "llmfleet.io/v1alpha1", "kind": "InferenceService", "metadata": {"name": name},
         "spec": {
             "model": {"path": "tiny://tiny-llama", "servedName": "uptest", "maxModelLen": 512},
             "vllm": {"blockSize": 32, "enforceEager": True, "maxNumSeqs": 4},
             "replicas": 1, "minReplicas": 1, "maxReplicas": 1, "drainSeconds": 10,
-            "router": {"blockSizeTokens": 32}, "autoscaling": {"policy": "static"},
+            "router": {"blockSizeTokens": 32}, "autoscaling": {"policy": "static"}, **spec,
         },
     }
     path = tmp / "isvc.yaml"
@@ -135,18 +135,11 @@ def test_up_at_zero_replicas_holds_the_first_requests_through_the_cold_start(tmp
     every request succeeds after about one cold start."""
     from concurrent.futures import ThreadPoolExecutor
 
-    doc = {
-        "apiVersion": "llmfleet.io/v1alpha1", "kind": "InferenceService", "metadata": {"name": "zerotest"},
-        "spec": {
-            "model": {"path": "tiny://tiny-llama", "servedName": "uptest", "maxModelLen": 512},
-            "vllm": {"blockSize": 32, "enforceEager": True, "maxNumSeqs": 4},
-            "replicas": 0, "minReplicas": 0, "maxReplicas": 1, "drainSeconds": 10,
-            "router": {"blockSizeTokens": 32, "requestTimeoutSeconds": START_TIMEOUT_S},
-            "autoscaling": {"policy": "slo", "intervalSeconds": 60, "scaleDownStabilizationSeconds": 600},
-        },
-    }
-    manifest = tmp_path / "isvc.yaml"
-    manifest.write_text(yaml.safe_dump(doc))
+    manifest = _manifest(
+        tmp_path, "zerotest", replicas=0, minReplicas=0,
+        router={"blockSizeTokens": 32, "requestTimeoutSeconds": START_TIMEOUT_S},
+        autoscaling={"policy": "slo", "intervalSeconds": 60, "scaleDownStabilizationSeconds": 600},
+    )
     run_dir = tmp_path / "run"
     up = _llmfleet("up", "-f", str(manifest), "--run-dir", str(run_dir), "-d", "--ready-timeout", "120", timeout=180)
     state = read_state(run_dir) or {}
