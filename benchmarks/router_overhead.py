@@ -25,7 +25,6 @@ import os
 import platform
 import random
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -45,14 +44,9 @@ from llmfleet.router.config import PoolConfig, RouterConfig  # noqa: E402
 from llmfleet.router.plugins import PrefixIndex, ReplicaState, RequestInfo, build_pipeline  # noqa: E402
 from llmfleet.router.prefix_index import BlockHasher  # noqa: E402
 from llmfleet.router.upstream_client import UpstreamClient, UpstreamError  # noqa: E402
+from llmfleet.util.net import free_port  # noqa: E402
 
 ROUTER_CPU, LOAD_CPU = "1", "0"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def pin(cpu: str) -> list[str]:

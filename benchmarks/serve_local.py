@@ -33,8 +33,8 @@ sys.path.insert(0, str(ROOT))
 from llmfleet.api import InferenceService  # noqa: E402
 from llmfleet.local.dashboard import parse, total  # noqa: E402
 from llmfleet.local.tinymodel import PRIMARY, build_tiny  # noqa: E402
+from llmfleet.util.net import free_port  # noqa: E402
 from llmfleet.workers.serve.vllm_args import serve_command  # noqa: E402
-from llmfleet.workers.serve.worker import free_port  # noqa: E402
 
 
 def machine() -> dict[str, Any]:

@@ -186,9 +186,11 @@ def _machine() -> dict:
 
 
 def run_case(name: str, case: dict, steps: int, warmup: int, work: Path, timeout: int) -> dict:
+    from llmfleet.api.trainingjob import ModelShape
+    from llmfleet.plan.models import total_params
+    from llmfleet.plan.training import hardware_flops_per_token, model_flops_per_token
     from llmfleet.workers.train.analyze import analyze_trace
-    from llmfleet.workers.train.metrics import hardware_flops_per_token, model_flops_per_token, peak_tflops
-    from llmfleet.workers.train.model import ModelArgs
+    from llmfleet.workers.train.metrics import peak_tflops, utilization
 
     shape = CONFIGS[case["config"]]
     data = work / f"data-{case['config']}"
@@ -220,19 +222,18 @@ def run_case(name: str, case: dict, steps: int, warmup: int, work: Path, timeout
         row["error"] = (proc.stderr or proc.stdout)[-1500:]
         return row
     res = json.loads(result_file.read_text())
-    args = ModelArgs.from_shape(__import__("llmfleet.api.trainingjob", fromlist=["ModelShape"]).ModelShape
-                                .model_validate(shape))
+    model = ModelShape.model_validate(shape)
     tokens = case["mb"] * shape["seqLen"] * case["nproc"] * case.get("accum", 1)
     step = statistics.median(res["stepTimes"]) if res["stepTimes"] else float("nan")
     gpu_name = (_machine().get("gpus") or [None])[0] if case.get("device") != "cpu" else None
     peak = peak_tflops(gpu_name)
     tps = tokens / step
     row.update(
-        params=args.num_params(), stepSeconds=step, stepSecondsAll=res["stepTimes"], tokensPerSecond=tps,
+        params=total_params(model), stepSeconds=step, stepSecondsAll=res["stepTimes"], tokensPerSecond=tps,
         tokensPerSecondPerGpu=tps / case["nproc"], peakTflops=peak,
-        mfu=model_flops_per_token(args) * tps / case["nproc"] / (peak * 1e12) if peak else None,
-        hfu=hardware_flops_per_token(args, case.get("ac", "none")) * tps / case["nproc"] / (peak * 1e12)
-        if peak else None,
+        mfu=utilization(model_flops_per_token(model), tps / case["nproc"], peak),
+        hfu=utilization(hardware_flops_per_token(model, activation_checkpointing=case.get("ac", "none")),
+                        tps / case["nproc"], peak),
         memoryPeakGiB=res["memoryPeakBytes"] / 2**30, lossFirst=res["lossFirst"], lossLast=res["lossLast"],
     )
     trace = ckpt / "traces" / "trace-rank0.json"

@@ -1,6 +1,7 @@
 """llmfleet.io/v1alpha1 API: pydantic models that are the single source of the CRD schemas."""
 
-from llmfleet.api.common import API_VERSION, GROUP, VERSION, Condition, ObjectMeta, Resources
+from llmfleet.api.common import Condition, ObjectMeta, Resources
+from llmfleet.api.contracts import API_VERSION, GROUP, VERSION
 from llmfleet.api.inferenceservice import (
     PRIMARY_POOL,
     InferenceService,

@@ -12,10 +12,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-GROUP = "llmfleet.io"
-VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
-
 
 class ApiModel(BaseModel):
     """Base for every spec/status model: camelCase aliases, no unknown fields."""

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from llmfleet.api.common import GROUP, VERSION
+from llmfleet.api.contracts import GROUP, INFERENCESERVICE_PLURAL, TRAININGJOB_PLURAL, VERSION
 from llmfleet.api.inferenceservice import InferenceServiceSpec, InferenceServiceStatus
 from llmfleet.api.trainingjob import TrainingJobSpec, TrainingJobStatus
 
@@ -168,7 +168,7 @@ def _crd(
 def trainingjob_crd() -> dict[str, Any]:
     return _crd(
         "TrainingJob",
-        "trainingjobs",
+        TRAININGJOB_PLURAL,
         ["tj"],
         TrainingJobSpec,
         TrainingJobStatus,
@@ -188,7 +188,7 @@ def trainingjob_crd() -> dict[str, Any]:
 def inferenceservice_crd() -> dict[str, Any]:
     return _crd(
         "InferenceService",
-        "inferenceservices",
+        INFERENCESERVICE_PLURAL,
         ["lis", "llmisvc"],
         InferenceServiceSpec,
         InferenceServiceStatus,
@@ -212,8 +212,8 @@ def inferenceservice_crd() -> dict[str, Any]:
 def all_crds() -> dict[str, dict[str, Any]]:
     """File name -> CRD."""
     return {
-        "llmfleet.io_trainingjobs.yaml": trainingjob_crd(),
-        "llmfleet.io_inferenceservices.yaml": inferenceservice_crd(),
+        f"{GROUP}_{TRAININGJOB_PLURAL}.yaml": trainingjob_crd(),
+        f"{GROUP}_{INFERENCESERVICE_PLURAL}.yaml": inferenceservice_crd(),
     }
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from llmfleet.api.common import API_VERSION
+from llmfleet.api.contracts import API_VERSION
 from llmfleet.api.inferenceservice import InferenceService
 from llmfleet.api.trainingjob import TrainingJob
 

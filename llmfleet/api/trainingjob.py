@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import ConfigDict, Field, model_validator
 
 from llmfleet.api.common import ApiModel, Condition, ObjectMeta, StatusModel
+from llmfleet.api.contracts import TRAINING_METRICS_PORT
 
 
 class ModelShape(ApiModel):
@@ -179,7 +180,7 @@ class OutputSpec(ApiModel):
 class MetricsSpec(ApiModel):
     """Training metrics and straggler detection."""
 
-    port: int = Field(default=9400, ge=1024, le=65535, description="Prometheus endpoint port on every rank.")
+    port: int = Field(default=TRAINING_METRICS_PORT, ge=1024, le=65535, description="Prometheus endpoint port on every rank.")
     peak_tflops: float | None = Field(default=None, gt=0, description="Peak dense bf16 TFLOP/s per GPU for MFU; from the GPU table when omitted.")
     straggler_factor: float = Field(default=1.3, gt=1, description="Flag ranks whose step time exceeds the median by this factor.")
     log_every: int = Field(default=10, ge=1, description="Log and report every N steps.")

@@ -20,17 +20,22 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from llmfleet.api.common import GROUP, VERSION
+from llmfleet.api.contracts import (
+    AUTOSCALER_STATE_ANNOTATION,
+    DRAINING_LABEL,
+    GROUP,
+    INFERENCESERVICE_PLURAL,
+    REPLICA_PORT,
+    SERVING_LABEL,
+    VERSION,
+    pool_selector,
+)
 from llmfleet.api.inferenceservice import PRIMARY_POOL
 
-STATE_ANNOTATION = "llmfleet.io/autoscaler-state"
-DRAINING_LABEL = "llmfleet.io/draining"
-# Pods carry `llmfleet.io/serving: "true"`; the pool's Service selects on it and the Deployment's selector
-# does not, so flipping it to "false" takes the pod out of the EndpointSlices (routers stop sending new
-# requests) while the ReplicaSet keeps it running until its in-flight requests are done.
-SERVING_LABEL = "llmfleet.io/serving"
+# Pods carry SERVING_LABEL "true"; the pool's Service selects on it and the Deployment's selector does not,
+# so flipping it to "false" takes the pod out of the EndpointSlices (routers stop sending new requests)
+# while the ReplicaSet keeps it running until its in-flight requests are done.
 DELETION_COST_ANNOTATION = "controller.kubernetes.io/pod-deletion-cost"
-PLURAL = "inferenceservices"
 
 
 @dataclass(frozen=True)
@@ -160,7 +165,7 @@ class KubernetesActuator:
 
     async def _get(self) -> dict[str, Any]:
         obj: Any = await asyncio.to_thread(
-            self._custom.get_namespaced_custom_object, GROUP, VERSION, self.namespace, PLURAL, self.name,
+            self._custom.get_namespaced_custom_object, GROUP, VERSION, self.namespace, INFERENCESERVICE_PLURAL, self.name,
             _request_timeout=self._timeout,
         )
         if not isinstance(obj, dict):
@@ -168,7 +173,7 @@ class KubernetesActuator:
         return obj
 
     async def list_replicas(self, pool: str) -> list[Replica]:
-        selector = f"llmfleet.io/inferenceservice={self.name},llmfleet.io/pool={pool}"
+        selector = pool_selector(self.name, pool)
         pods = await asyncio.to_thread(
             self._core.list_namespaced_pod, self.namespace, label_selector=selector, _request_timeout=self._timeout
         )
@@ -179,7 +184,7 @@ class KubernetesActuator:
             conditions = (pod.status.conditions if pod.status else None) or []
             ready = any(c.type == "Ready" and c.status == "True" for c in conditions)
             ip = pod.status.pod_ip if pod.status else None
-            out.append(Replica(pool=pool, name=pod.metadata.name, url=f"http://{ip}:8000" if ip else None, ready=ready))
+            out.append(Replica(pool=pool, name=pod.metadata.name, url=f"http://{ip}:{REPLICA_PORT}" if ip else None, ready=ready))
         return sorted(out, key=lambda r: r.name)
 
     async def set_replicas(self, desired: Mapping[str, int], *, reason: str, state_json: str | None = None) -> None:
@@ -188,14 +193,14 @@ class KubernetesActuator:
         if state_json is not None:
             annotations = (obj.get("metadata") or {}).get("annotations")
             if annotations is None:
-                ops.append({"op": "add", "path": "/metadata/annotations", "value": {STATE_ANNOTATION: state_json}})
+                ops.append({"op": "add", "path": "/metadata/annotations", "value": {AUTOSCALER_STATE_ANNOTATION: state_json}})
             else:
-                ops.append({"op": "add", "path": "/metadata/annotations/" + STATE_ANNOTATION.replace("/", "~1"),
+                ops.append({"op": "add", "path": "/metadata/annotations/" + AUTOSCALER_STATE_ANNOTATION.replace("/", "~1"),
                             "value": state_json})
         if not ops:
             return
         await asyncio.to_thread(
-            self._custom.patch_namespaced_custom_object, GROUP, VERSION, self.namespace, PLURAL, self.name, ops,
+            self._custom.patch_namespaced_custom_object, GROUP, VERSION, self.namespace, INFERENCESERVICE_PLURAL, self.name, ops,
             _request_timeout=self._timeout, _content_type="application/json-patch+json",
         )
 

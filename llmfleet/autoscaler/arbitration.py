@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-SUSPENDED_BY_ANNOTATION = "llmfleet.io/suspended-by"
+from llmfleet.api.contracts import SUSPENDED_BY_ANNOTATION
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,6 @@ def job_patch(action: ArbitrationAction, service: str) -> dict[str, Any]:
     return {"metadata": {"annotations": {SUSPENDED_BY_ANNOTATION: None}}, "spec": {"suspend": False}}
 
 
-SERVING_PRIORITY_ANNOTATION = "llmfleet.io/priority"
 UNBOUNDED = 1 << 30
 
 

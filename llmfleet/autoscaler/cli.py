@@ -122,6 +122,7 @@ def register(app: typer.Typer) -> None:
         if kube:
             from kubernetes import client, config
 
+            from llmfleet.api.contracts import ROUTER_PORT, child_name
             from llmfleet.autoscaler.actuation import KubernetesActuator
 
             try:
@@ -130,7 +131,9 @@ def register(app: typer.Typer) -> None:
                 raise _fail(f"no kubeconfig: {err}") from err
             actuator: Any = KubernetesActuator(isvc.metadata.name, isvc.metadata.namespace or "default",
                                                client.ApiClient())
-            router_url = router or f"http://{isvc.metadata.name}-router.{isvc.metadata.namespace or 'default'}:8080"
+            router_url = router or (
+                f"http://{child_name(isvc.metadata.name, 'router')}.{isvc.metadata.namespace or 'default'}:{ROUTER_PORT}"
+            )
         elif local is not None:
             actuator = _ObserveActuator(local)
             router_url = router or str(actuator._state().get("url", ""))

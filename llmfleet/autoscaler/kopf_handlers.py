@@ -1,6 +1,6 @@
 """kopf timer per InferenceService: the autoscaler inside the operator. Registered on import.
 
-The operator imports this module from its entry point (`llmfleet.operator.handlers.load_autoscaler`).
+The operator imports this module from its entry point (`llmfleet.operator.run.run_async`).
 The handler is thin: it keeps per-service memory in kopf's memo, builds the signal source, the
 Kubernetes actuator and the arbitration client, and calls `controller.autoscale_step` (pure policy
 inside). Configuration by environment:
@@ -23,18 +23,27 @@ from typing import Any
 
 import kopf
 
-from llmfleet.api.common import GROUP, VERSION
+from llmfleet.api.contracts import (
+    AUTOSCALER_STATE_ANNOTATION,
+    GROUP,
+    INFERENCESERVICE_LABEL,
+    INFERENCESERVICE_PLURAL,
+    POOL_LABEL,
+    ROUTER_PORT,
+    SERVING_PRIORITY_ANNOTATION,
+    VERSION,
+    child_name,
+    now_iso,
+)
 from llmfleet.api.inferenceservice import InferenceService
 from llmfleet.api.loader import ManifestError, parse_resource
 from llmfleet.autoscaler.actuation import Actuator, KubernetesActuator
-from llmfleet.autoscaler.arbitration import SERVING_PRIORITY_ANNOTATION, serving_need
+from llmfleet.autoscaler.arbitration import serving_need
 from llmfleet.autoscaler.controller import autoscale_step
 from llmfleet.autoscaler.policy import PolicyState, PoolSignals
 from llmfleet.autoscaler.signals import PoolRef, PrometheusSignals, ScrapeSignals, parse_metrics
-from llmfleet.operator.status import now_iso
 
 TICK = float(os.environ.get("LLMFLEET_AUTOSCALER_TICK") or 5.0)
-ROUTER_PORT = 8080
 log = logging.getLogger("llmfleet.autoscaler")
 
 
@@ -114,7 +123,7 @@ async def _pending_gpus(actuator: KubernetesActuator, isvc: InferenceService) ->
 
     pods = await asyncio.to_thread(
         actuator._core.list_namespaced_pod, actuator.namespace,
-        label_selector=f"llmfleet.io/inferenceservice={isvc.metadata.name}", _request_timeout=10,
+        label_selector=f"{INFERENCESERVICE_LABEL}={isvc.metadata.name}", _request_timeout=10,
     )
     gpus_by_pool = {p.name: max(p.resources.gpus, 0) for p in isvc.pools()}
     total = 0
@@ -122,7 +131,7 @@ async def _pending_gpus(actuator: KubernetesActuator, isvc: InferenceService) ->
         if pod.status is None or pod.status.phase != "Pending":
             continue
         unschedulable = any(c.type == "PodScheduled" and c.reason == "Unschedulable" for c in pod.status.conditions or [])
-        pool = ((pod.metadata.labels if pod.metadata else None) or {}).get("llmfleet.io/pool", "")
+        pool = ((pod.metadata.labels if pod.metadata else None) or {}).get(POOL_LABEL, "")
         if unschedulable:
             total += gpus_by_pool.get(pool, 0)
     return total
@@ -156,7 +165,7 @@ def live_metrics(signals: Sequence[PoolSignals], now_iso: str) -> dict[str, Any]
     return out
 
 
-@kopf.timer(GROUP, VERSION, "inferenceservices", interval=TICK, initial_delay=TICK)
+@kopf.timer(GROUP, VERSION, INFERENCESERVICE_PLURAL, interval=TICK, initial_delay=TICK)
 async def autoscale_inferenceservice(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, **_: Any) -> None:
     try:
         isvc = parse_resource(dict(body))
@@ -198,14 +207,14 @@ async def autoscale_inferenceservice(body: kopf.Body, memo: kopf.Memo, patch: ko
 
 
 def _router_url(isvc: InferenceService) -> str:
-    return f"http://{isvc.metadata.name}-router.{isvc.metadata.namespace or 'default'}:{ROUTER_PORT}"
+    return f"http://{child_name(isvc.metadata.name, 'router')}.{isvc.metadata.namespace or 'default'}:{ROUTER_PORT}"
 
 
 def _service_memory(m: _Memo, isvc: InferenceService) -> _Memory:
     uid = isvc.metadata.uid or isvc.metadata.name
     mem = m.services.get(uid)
     if mem is None:
-        mem = m.services[uid] = _Memory(PolicyState.from_json(isvc.metadata.annotations.get("llmfleet.io/autoscaler-state")))
+        mem = m.services[uid] = _Memory(PolicyState.from_json(isvc.metadata.annotations.get(AUTOSCALER_STATE_ANNOTATION)))
     return mem
 
 
@@ -246,7 +255,7 @@ async def _arbitrate(isvc: InferenceService, body: dict[str, Any], actuator: Kub
     import ssl
 
     from llmfleet.autoscaler.kube import apply_arbitration
-    from llmfleet.operator.kube import ApiError, KubeClient
+    from llmfleet.kube.client import ApiError, KubeClient
 
     decision = result.decision
     primary = decision.pools.get("primary")

@@ -10,9 +10,8 @@ import uuid
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from llmfleet.api.common import API_VERSION
+from llmfleet.api.contracts import API_VERSION, now_iso
 from llmfleet.autoscaler.arbitration import ArbitrationAction, ServingNeed, arbitrate, job_info, job_patch
-from llmfleet.operator.status import now_iso
 
 
 class KubeLike(Protocol):

@@ -22,12 +22,9 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Literal
+from dataclasses import replace
 
 from llmfleet.autoscaler.capacity import (
-    DEFAULT_SEED,
-    CapacitySeed,
     learn_efficiency,
     prefill_seconds,
     replicas_for_ttft,
@@ -36,170 +33,20 @@ from llmfleet.autoscaler.capacity import (
 )
 from llmfleet.autoscaler.stabilize import stabilize
 from llmfleet.autoscaler.state import Action, PolicyState, PoolState
+from llmfleet.autoscaler.types import (
+    Decision,
+    PolicyConfig,
+    PolicyName,
+    PoolConfig,
+    PoolDecision,
+    PoolSignals,
+    Role,
+)
 
-__all__ = ["Action", "Decision", "PolicyConfig", "PolicyState", "PoolConfig", "PoolDecision", "PoolSignals",
-           "PoolState", "decide"]
-
-if TYPE_CHECKING:
-    from llmfleet.api.inferenceservice import InferenceService
-
-Role = Literal["primary", "student"]
-PolicyName = Literal["slo", "queue", "static"]
+__all__ = ["Action", "Decision", "PolicyConfig", "PolicyName", "PolicyState", "PoolConfig", "PoolDecision",
+           "PoolSignals", "PoolState", "Role", "decide"]
 
 DEFAULT_COLD_START_S = 60.0
-# Fraction of the TTFT SLO the model plans for; the rest is headroom for noise and model error.
-TTFT_TARGET_FRACTION = 0.7
-MAX_UTILIZATION = 0.85
-BURST_FORECAST_CAP = 2.0
-IDLE_FRACTION = 0.5
-STATE_ANNOTATION = "llmfleet.io/autoscaler-state"
-
-
-@dataclass(frozen=True)
-class PoolSignals:
-    """What the autoscaler knows about one pool at `now` (None = not measured).
-
-    `arrival_rate` of the primary is the demand of the whole service (requests/s reaching the router,
-    degraded ones included: they are load the primary should have served); a student pool's is the
-    traffic it actually receives.
-    """
-
-    pool: str
-    role: Role
-    now: float
-    replicas: int
-    ready_replicas: int
-    arrival_rate: float | None = None
-    mean_input_tokens: float | None = None
-    mean_output_tokens: float | None = None
-    ttft_p95_ms: float | None = None
-    tpot_p95_ms: float | None = None
-    queue_depth: float | None = None
-    running: float | None = None
-    kv_utilization: float | None = None
-    prefix_hit_rate: float | None = None
-    degraded_fraction: float | None = None
-    prefill_tokens_per_s: float | None = None
-    decode_tokens_per_s: float | None = None
-    ttft_slo_miss_fraction: float | None = None
-    error_rate: float | None = None  # failed tries / all tries on this pool's replicas (router-measured)
-    held_requests: float | None = None  # requests the router holds for this pool while it has no replica
-    stale: bool = False
-
-    @property
-    def usable(self) -> bool:
-        return not self.stale and self.arrival_rate is not None
-
-
-@dataclass(frozen=True)
-class PoolConfig:
-    """One pool's bounds and capacity seed."""
-
-    name: str
-    role: Role
-    min_replicas: int
-    max_replicas: int
-    static_replicas: int
-    gpus_per_replica: int = 1
-    seed: CapacitySeed = DEFAULT_SEED
-    cold_start_s: float | None = None
-
-
-@dataclass(frozen=True)
-class PolicyConfig:
-    """Policy parameters, normally from an InferenceService's spec.autoscaling and spec.slo."""
-
-    policy: PolicyName
-    pools: tuple[PoolConfig, ...]
-    ttft_slo_ms: float = 1000.0
-    tpot_slo_ms: float = 100.0
-    interval_s: float = 15.0
-    up_window_s: float = 0.0
-    down_window_s: float = 300.0
-    cooldown_s: float = 60.0
-    max_up_step: int = 4
-    max_down_step: int = 1
-    target_queue_depth: float = 4.0
-    cold_start_s: float | None = None
-    ttft_target_fraction: float = TTFT_TARGET_FRACTION
-    max_utilization: float = MAX_UTILIZATION
-    # Student pools are sized for the demand one primary cold start ahead with the last jump's slope kept,
-    # up to this multiple of the current rate (they start fast and shrink fast, so overshoot is cheap).
-    burst_forecast_cap: float = BURST_FORECAST_CAP
-    # Scale-down by the excess (halving the gap per cooldown) when, over a short window, the forecast
-    # needs at most this fraction of the current replicas ("clearly idle"); 0 disables. See _stabilize.
-    idle_fraction: float = IDLE_FRACTION
-
-    def pool(self, name: str) -> PoolConfig:
-        for p in self.pools:
-            if p.name == name:
-                return p
-        raise KeyError(name)
-
-    @classmethod
-    def from_service(
-        cls, isvc: InferenceService, seeds: Mapping[str, CapacitySeed] | None = None, **overrides: object
-    ) -> PolicyConfig:
-        """Build the config of `isvc`; `seeds` maps pool name to its capacity seed (planner estimate)."""
-        spec, auto = isvc.spec, isvc.spec.autoscaling
-        pools = tuple(
-            PoolConfig(
-                name=p.name,
-                role=p.role,
-                min_replicas=p.min_replicas,
-                max_replicas=p.max_replicas,
-                static_replicas=p.replicas,
-                gpus_per_replica=max(p.resources.gpus, 1),
-                seed=(seeds or {}).get(p.name, DEFAULT_SEED),
-            )
-            for p in isvc.pools()
-        )
-        values: dict[str, object] = dict(
-            policy=auto.policy,
-            pools=pools,
-            ttft_slo_ms=spec.slo.ttft_p95_ms,
-            tpot_slo_ms=spec.slo.tpot_p95_ms,
-            interval_s=auto.interval_seconds,
-            up_window_s=auto.scale_up_stabilization_seconds,
-            down_window_s=auto.scale_down_stabilization_seconds,
-            cooldown_s=auto.cooldown_seconds,
-            max_up_step=auto.max_scale_up_step,
-            max_down_step=auto.max_scale_down_step,
-            target_queue_depth=auto.target_queue_depth,
-            cold_start_s=auto.cold_start_seconds,
-        )
-        values.update(overrides)
-        return cls(**values)  # type: ignore[arg-type]
-
-
-@dataclass(frozen=True)
-class PoolDecision:
-    """The outcome for one pool."""
-
-    pool: str
-    current: int
-    desired: int
-    recommended: int  # raw recommendation before stabilization/steps/cooldown
-    action: Action
-    reasons: tuple[str, ...]
-    predicted_ttft_ms: float | None = None
-    capacity_rps: float | None = None  # per replica, at the observed mix
-
-
-@dataclass(frozen=True)
-class Decision:
-    """Desired replicas for every pool, why, and the state for the next call."""
-
-    now: float
-    policy: PolicyName
-    pools: dict[str, PoolDecision]
-    state: PolicyState
-
-    def desired(self) -> dict[str, int]:
-        return {name: d.desired for name, d in self.pools.items()}
-
-    def changed(self) -> dict[str, int]:
-        return {name: d.desired for name, d in self.pools.items() if d.desired != d.current}
 
 
 def _clamp(n: int, cfg: PoolConfig) -> int:

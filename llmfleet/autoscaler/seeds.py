@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from llmfleet.api.contracts import MODEL_PRESET_ANNOTATION
 from llmfleet.autoscaler.capacity import DEFAULT_SEED, CapacitySeed
 
 if TYPE_CHECKING:
@@ -50,9 +51,6 @@ def seed_for_pool(
     cap = replica_capacity(model, gpu, w, kv_dtype=kv, tensor_parallel=pool.vllm.tensor_parallel_size,
                            max_num_seqs=pool.vllm.max_num_seqs or 256)
     return seed_from_capacity(cap, w)
-
-
-MODEL_PRESET_ANNOTATION = "llmfleet.io/model-preset"
 
 
 def seeds_for_service(isvc: InferenceService) -> dict[str, CapacitySeed]:

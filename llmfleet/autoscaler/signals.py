@@ -29,6 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from llmfleet.api.contracts import INFERENCESERVICE_LABEL, POOL_LABEL, prometheus_label
 from llmfleet.autoscaler.policy import PoolSignals, Role
 
 
@@ -50,8 +51,8 @@ class Selectors:
     label `llmfleet.io/inferenceservice` into `llmfleet_io_inferenceservice`.
     """
 
-    router: str = 'llmfleet_io_inferenceservice="{service}"'
-    replica: str = 'llmfleet_io_inferenceservice="{service}",llmfleet_io_pool="{pool}"'
+    router: str = f'{prometheus_label(INFERENCESERVICE_LABEL)}="{{service}}"'
+    replica: str = f'{prometheus_label(INFERENCESERVICE_LABEL)}="{{service}}",{prometheus_label(POOL_LABEL)}="{{pool}}"'
 
 
 def build_queries(service: str, namespace: str, pool: str, role: Role, sel: Selectors, window: str) -> dict[str, str]:

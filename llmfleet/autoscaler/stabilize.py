@@ -7,12 +7,9 @@ pool's state it is given.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 from llmfleet.autoscaler.state import Action, PoolState
-
-if TYPE_CHECKING:
-    from llmfleet.autoscaler.policy import PolicyConfig, PoolConfig, PoolSignals
+from llmfleet.autoscaler.types import PolicyConfig, PoolConfig, PoolSignals
 
 
 def stabilize(

@@ -7,9 +7,17 @@ inside the command bodies, so `llmfleet --help` is fast and the operator image n
 
 from __future__ import annotations
 
-import importlib
-
 import typer
+
+from llmfleet.api import cli as api_cli
+from llmfleet.autoscaler import cli as autoscaler_cli
+from llmfleet.local import cli as local_cli
+from llmfleet.operator import cli as operator_cli
+from llmfleet.plan import cli as plan_cli
+from llmfleet.router import cli as router_cli
+from llmfleet.sim import cli as sim_cli
+from llmfleet.store import cli as store_cli
+from llmfleet.workers.train import cli as train_cli
 
 app = typer.Typer(
     name="llmfleet",
@@ -20,20 +28,20 @@ app = typer.Typer(
 )
 
 # Modules that contribute commands, in the order they appear in --help.
-COMMAND_MODULES = [
-    "llmfleet.api.cli",            # crds generate, validate
-    "llmfleet.operator.cli",       # operator
-    "llmfleet.local.cli",          # up, down, model build-tiny
-    "llmfleet.workers.train.cli",  # train, data prepare, analyze trace
-    "llmfleet.router.cli",         # router
-    "llmfleet.autoscaler.cli",     # autoscaler
-    "llmfleet.store.cli",          # features ...
-    "llmfleet.plan.cli",           # plan
-    "llmfleet.sim.cli",            # sim
-]
+COMMAND_MODULES = (
+    api_cli,         # crds generate, validate
+    operator_cli,    # operator
+    local_cli,       # up, down, model build-tiny
+    train_cli,       # train, data prepare, analyze trace
+    router_cli,      # router
+    autoscaler_cli,  # autoscaler
+    store_cli,       # features ...
+    plan_cli,        # plan
+    sim_cli,         # sim
+)
 
-for _name in COMMAND_MODULES:
-    importlib.import_module(_name).register(app)
+for _module in COMMAND_MODULES:
+    _module.register(app)
 
 
 def main() -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import logging
 import signal
 import sys
@@ -12,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from llmfleet.api.inferenceservice import InferenceService
+from llmfleet.autoscaler.local import run_local
+from llmfleet.local.actuator import LocalActuator
 from llmfleet.local.dashboard import Collector, Window, render, scrape_texts
 from llmfleet.local.runtime import Supervisor
 
@@ -22,24 +23,17 @@ def _autoscaler_task(sup: Supervisor, stop: asyncio.Event) -> asyncio.Task[Any] 
     """Run the autoscaler's local loop (llmfleet.autoscaler.local.run_local) against a LocalActuator.
 
     It scrapes the router and the ready replicas every `autoscaling.intervalSeconds` and scales through
-    the actuator; with `policy: static`, or without the autoscaler package, pools stay at spec replicas
-    (crashed replicas are still restarted).
+    the actuator; with `policy: static` pools stay at spec replicas (crashed replicas are still restarted).
     """
     if sup.isvc.spec.autoscaling.policy == "static":
         return None
-    try:
-        mod = importlib.import_module("llmfleet.autoscaler.local")
-    except ImportError as err:
-        sup.event(f"autoscaler unavailable ({err}); replicas stay at spec")
-        return None
-    from llmfleet.local.actuator import LocalActuator
 
     def urls(pool: str) -> list[str]:
         return [r.url for r in sup.replicas(pool) if r.ready]
 
     a = sup.isvc.spec.autoscaling
     sup.event(f"autoscaler: {a.policy} policy every {a.interval_seconds:g}s")
-    task: asyncio.Task[Any] = asyncio.create_task(mod.run_local(sup.isvc, LocalActuator(sup), urls, stop))
+    task: asyncio.Task[Any] = asyncio.create_task(run_local(sup.isvc, LocalActuator(sup), urls, stop))
 
     def done(t: asyncio.Task[Any]) -> None:
         if not t.cancelled() and t.exception() is not None:

@@ -33,9 +33,11 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import IO, Any
 
+from llmfleet.api.contracts import COMPONENT_LABEL, INFERENCESERVICE_LABEL, POOL_LABEL, prometheus_label
 from llmfleet.api.inferenceservice import InferenceService, PoolView
+from llmfleet.util.net import free_port
 from llmfleet.workers.serve.vllm_args import serve_command
-from llmfleet.workers.serve.worker import _die_with_parent, free_port
+from llmfleet.workers.serve.worker import _die_with_parent
 
 log = logging.getLogger("llmfleet.local")
 STATE_FILE = "state.json"
@@ -201,8 +203,8 @@ class Supervisor:
         name = self.isvc.metadata.name
         replica_groups = [
             {"targets": [r.url.removeprefix("http://") for r in rs],
-             "labels": {"llmfleet_io_inferenceservice": name, "llmfleet_io_pool": pool,
-                        "llmfleet_io_component": "replica"}}
+             "labels": {prometheus_label(INFERENCESERVICE_LABEL): name, prometheus_label(POOL_LABEL): pool,
+                        prometheus_label(COMPONENT_LABEL): "replica"}}
             for pool, rs in self.slots.items() if rs
         ]
         cfg = {
@@ -210,7 +212,8 @@ class Supervisor:
             "scrape_configs": [
                 {"job_name": "llmfleet-router", "static_configs": [{
                     "targets": [f"127.0.0.1:{self.router_port}"],
-                    "labels": {"llmfleet_io_inferenceservice": name, "llmfleet_io_component": "router"}}]},
+                    "labels": {prometheus_label(INFERENCESERVICE_LABEL): name,
+                               prometheus_label(COMPONENT_LABEL): "router"}}]},
                 {"job_name": "llmfleet-replicas", "static_configs": replica_groups},
             ],
         }

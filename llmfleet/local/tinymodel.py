@@ -197,11 +197,6 @@ def build_tiny(spec: TinySpec, root: Path | None = None, force: bool = False) ->
     return final
 
 
-def ensure_tiny_models(root: Path | None = None, force: bool = False) -> dict[str, Path]:
-    """The primary and the student, built on first use."""
-    return {name: build_tiny(spec, root, force) for name, spec in SPECS.items()}
-
-
 def param_count(spec: TinySpec, vocab_size: int = TOKENIZER_VOCAB) -> int:
     h, i = spec.hidden_size, spec.intermediate_size
     kv = spec.num_key_value_heads * (h // spec.num_attention_heads)

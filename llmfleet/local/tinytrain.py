@@ -43,7 +43,7 @@ def trained_tiny(spec: TinySpec, steps: int, root: Path | None = None, force: bo
     """Build (or reuse) the tiny model trained for `steps` optimizer steps; returns its folder."""
     import yaml
 
-    from llmfleet.workers.serve.worker import free_port
+    from llmfleet.util.net import free_port
     from llmfleet.workers.train.data import prepare
 
     base = build_tiny(spec, root)

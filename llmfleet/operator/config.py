@@ -11,12 +11,6 @@ from typing import Any
 
 import yaml
 
-FIELD_MANAGER = "llmfleet-operator"
-LABEL_PREFIX = "llmfleet.io"
-# Annotation on an InferenceService that records a model promotion in progress (written by the
-# TrainingJob reconcile, advanced by the InferenceService reconcile).
-PROMOTION_ANNOTATION = "llmfleet.io/promotion"
-
 DEFAULT_ROUTER_IMAGE = "ghcr.io/llmfleet/llmfleet:0.1.0"
 DEFAULT_SERVE_IMAGE = "ghcr.io/llmfleet/llmfleet-serve:0.1.0"
 DEFAULT_TRAIN_IMAGE = "ghcr.io/llmfleet/llmfleet-train:0.1.0"

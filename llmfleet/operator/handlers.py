@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import importlib
 import logging
 import os
 import time
@@ -18,17 +17,25 @@ from typing import Any
 
 import kopf
 
+from llmfleet.api.contracts import (
+    GROUP,
+    INFERENCESERVICE_PLURAL,
+    MANAGED_BY_LABEL,
+    MANAGED_LABELS,
+    TRAININGJOB_PLURAL,
+    VERSION,
+    now_iso,
+)
+from llmfleet.kube.client import ApiError, KubeClient, start_api_timer
 from llmfleet.operator.config import Capabilities, OperatorConfig
-from llmfleet.operator.kube import ApiError, KubeClient, start_api_timer
 from llmfleet.operator.metrics import ERRORS, observe
 from llmfleet.operator.reconcile_isvc import ReconcileError, reconcile_inferenceservice
 from llmfleet.operator.reconcile_tj import reconcile_trainingjob
-from llmfleet.operator.status import Outcome, now_iso
+from llmfleet.operator.status import Outcome
 from llmfleet.operator.worker_status import HttpStatusReader, StatusReader
 
-GROUP, VERSION = "llmfleet.io", "v1alpha1"
-ISVC = (GROUP, VERSION, "inferenceservices")
-TJ = (GROUP, VERSION, "trainingjobs")
+ISVC = (GROUP, VERSION, INFERENCESERVICE_PLURAL)
+TJ = (GROUP, VERSION, TRAININGJOB_PLURAL)
 # Read once at import: kopf fixes a timer's interval when it is registered.
 TIMER_INTERVAL = float(os.environ.get("LLMFLEET_RECONCILE_INTERVAL") or 30.0)
 RETRY_DELAY = float(os.environ.get("LLMFLEET_RETRY_DELAY") or 10.0)
@@ -106,9 +113,9 @@ def runtime(memo: Any) -> Runtime:
 def configure(settings: kopf.OperatorSettings) -> None:
     """kopf settings shared by the CLI and tests."""
     # Progress and the last-handled spec live in llmfleet.io annotations, keeping status for llmfleet.
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="llmfleet.io")
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix="llmfleet.io", key="last-handled-configuration"
+        prefix=GROUP, key="last-handled-configuration"
     )
     # Only our explicit Events and warnings become Kubernetes Events, not every handler log line.
     settings.posting.level = logging.WARNING
@@ -117,19 +124,10 @@ def configure(settings: kopf.OperatorSettings) -> None:
     settings.watching.client_timeout = 330
 
 
-# Modules the builders import lazily: loaded at start-up so the first reconciles do not pay for it.
-WARM_MODULES = ("llmfleet.router.config", "llmfleet.workers.serve.vllm_args", "llmfleet.store.manifests")
-
-
 @kopf.on.startup()
 async def _startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     configure(settings)
     runtime(memo)
-    for name in WARM_MODULES:
-        try:
-            importlib.import_module(name)
-        except ModuleNotFoundError as err:
-            log.info("optional builder module %s not available: %s", name, err)
 
 
 @kopf.on.login()
@@ -248,7 +246,7 @@ async def trainingjob_timer(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo,
 # ---- children: a change made by someone else (a controller's status, a hand edit or deletion) reconciles
 # the owner right away instead of at the next timer tick.
 OWNER_KINDS = {"InferenceService": _isvc, "TrainingJob": _tj(read=False)}
-MANAGED = {"app.kubernetes.io/managed-by": "llmfleet"}
+MANAGED = {MANAGED_BY_LABEL: MANAGED_LABELS[MANAGED_BY_LABEL]}
 
 
 async def on_child_event(event: Mapping[str, Any], memo: Any) -> None:
@@ -345,14 +343,3 @@ def configure_timers(interval: float, registry: kopf.OperatorRegistry | None = N
 
 
 configure_timers(TIMER_INTERVAL)
-
-
-def load_autoscaler() -> bool:
-    """Register the autoscaler's kopf timers when that package provides them."""
-    try:
-        importlib.import_module("llmfleet.autoscaler.kopf_handlers")
-    except ModuleNotFoundError as err:
-        if err.name != "llmfleet.autoscaler.kopf_handlers":
-            raise
-        return False
-    return True

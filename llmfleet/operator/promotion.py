@@ -17,7 +17,7 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from llmfleet.operator.config import PROMOTION_ANNOTATION
+from llmfleet.api.contracts import MODEL_ANNOTATION, PROMOTION_ANNOTATION
 
 PromotionState = Literal["Pending", "RollingOut", "Succeeded", "RolledBack"]
 # A rollout is rolled back when errors rise this much over the baseline (absolute fraction of requests).
@@ -97,7 +97,7 @@ def evaluate(
     for cond in status.get("conditions") or []:
         if cond.get("type") == "Progressing" and cond.get("reason") == "ProgressDeadlineExceeded":
             return "RolledBack", "the new model's replicas did not become ready in time"
-    rolled = (deployment.get("metadata") or {}).get("annotations", {}).get("llmfleet.io/model") == promo.model
+    rolled = (deployment.get("metadata") or {}).get("annotations", {}).get(MODEL_ANNOTATION) == promo.model
     generation_seen = int(status.get("observedGeneration") or 0) >= int(deployment["metadata"].get("generation") or 0)
     updated = int(status.get("updatedReplicas") or 0)
     ready = int(status.get("readyReplicas") or 0)

@@ -17,13 +17,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from llmfleet.api.contracts import GROUP, INFERENCESERVICE_PLURAL, TRAININGJOB_PLURAL
+
 _CHILD_VERBS = ["get", "list", "create", "patch", "delete"]
 _WATCHED_CHILD_VERBS = ["get", "list", "watch", "create", "patch", "delete"]  # kopf watches these kinds
 
 OPERATOR_RULES: list[dict[str, Any]] = [
-    {"apiGroups": ["llmfleet.io"], "resources": ["inferenceservices", "trainingjobs"],
+    {"apiGroups": [GROUP], "resources": [INFERENCESERVICE_PLURAL, TRAININGJOB_PLURAL],
      "verbs": ["get", "list", "watch", "patch", "update"]},
-    {"apiGroups": ["llmfleet.io"], "resources": ["inferenceservices/status", "trainingjobs/status"],
+    {"apiGroups": [GROUP], "resources": [f"{INFERENCESERVICE_PLURAL}/status", f"{TRAININGJOB_PLURAL}/status"],
      "verbs": ["get", "patch", "update"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
     {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]},

@@ -10,16 +10,16 @@ from typing import Any
 from pydantic import ValidationError
 
 from llmfleet.api import InferenceService
+from llmfleet.api.contracts import API_VERSION, COMPONENT_LABEL, PROMOTION_ANNOTATION, ROUTER_PORT
+from llmfleet.kube.client import ApiError, KubeClient
 from llmfleet.operator.builders import ServiceSpecError, build_inferenceservice
 from llmfleet.operator.builders.inferenceservice import (
-    ROUTER_PORT,
     isvc_labels,
     pool_name,
     pool_selector,
     router_name,
 )
-from llmfleet.operator.config import PROMOTION_ANNOTATION, OperatorConfig, with_spec_defaults
-from llmfleet.operator.kube import ApiError, KubeClient
+from llmfleet.operator.config import OperatorConfig, with_spec_defaults
 from llmfleet.operator.promotion import evaluate, from_annotations, pool_model_patch
 from llmfleet.operator.status import (
     Outcome,
@@ -64,7 +64,7 @@ async def prune(client: KubeClient, isvc: InferenceService, desired: set[tuple[s
     """Delete pool children that the spec no longer asks for; names of what was deleted."""
     deleted = []
     ns = isvc.metadata.namespace
-    labels = {**isvc_labels(isvc), "llmfleet.io/component": "replica"}
+    labels = {**isvc_labels(isvc), COMPONENT_LABEL: "replica"}
     for api_version, kind in PRUNED_KINDS:
         for obj in await client.list(api_version, kind, ns, labels):
             name = obj["metadata"]["name"]
@@ -162,7 +162,7 @@ async def reconcile_inferenceservice(
                 out.event("Normal", "PromotionSucceeded", message)
             ns, name = meta.get("namespace"), meta["name"]
             out.compute_seconds += time.thread_time() - started
-            await client.merge_patch("llmfleet.io/v1alpha1", "InferenceService", ns, name, patch)
+            await client.merge_patch(API_VERSION, "InferenceService", ns, name, patch)
             started = time.thread_time()
 
     failing = [

@@ -9,10 +9,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from llmfleet.api import TrainingJob
+from llmfleet.api.contracts import API_VERSION, PROMOTION_ANNOTATION
+from llmfleet.kube.client import ApiError, KubeClient
 from llmfleet.operator.builders import build_trainingjob
 from llmfleet.operator.builders.trainingjob import job_name, service_name, uses_kueue
-from llmfleet.operator.config import PROMOTION_ANNOTATION, OperatorConfig
-from llmfleet.operator.kube import ApiError, KubeClient
+from llmfleet.operator.config import OperatorConfig
 from llmfleet.operator.promotion import (
     Promotion,
     from_annotations,
@@ -86,7 +87,7 @@ async def _promote(
     if state in ("Succeeded", "RolledBack"):
         return prev
     base = {"inferenceService": target.inference_service, "pool": target.pool}
-    isvc = await client.get("llmfleet.io/v1alpha1", "InferenceService", ns, target.inference_service)
+    isvc = await client.get(API_VERSION, "InferenceService", ns, target.inference_service)
     if isvc is None:
         return {**base, "state": "Pending", "message": f"InferenceService {target.inference_service} not found"}
     ann = from_annotations((isvc.get("metadata") or {}).get("annotations"))
@@ -115,7 +116,7 @@ async def _promote(
     )
     patch = pool_model_patch(isvc, target.pool, output.path) or {}
     patch.setdefault("metadata", {})["annotations"] = {PROMOTION_ANNOTATION: promo.to_annotation()}
-    await client.merge_patch("llmfleet.io/v1alpha1", "InferenceService", ns, target.inference_service, patch)
+    await client.merge_patch(API_VERSION, "InferenceService", ns, target.inference_service, patch)
     message = f"promoting {output.path} to {target.inference_service}/{target.pool} (was {previous})"
     out.event("Normal", "PromotionStarted", message)
     out.other_events.append(

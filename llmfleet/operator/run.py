@@ -10,6 +10,7 @@ from typing import Any, cast
 
 import kopf
 
+from llmfleet.api.contracts import OPERATOR_LIVENESS_PORT, OPERATOR_METRICS_PORT
 from llmfleet.operator.config import OperatorConfig
 
 
@@ -17,15 +18,15 @@ from llmfleet.operator.config import OperatorConfig
 class RunOptions:
     namespaces: Sequence[str] = ()
     all_namespaces: bool = False
-    metrics_port: int | None = 8080
-    liveness_port: int | None = 8081
+    metrics_port: int | None = OPERATOR_METRICS_PORT
+    liveness_port: int | None = OPERATOR_LIVENESS_PORT
     peering: str | None = "llmfleet"
     standalone: bool = False
     priority: int = 0
     identity: str | None = None
     connection: kopf.ConnectionInfo | None = None  # tests: skip kubeconfig/service-account login
     config: OperatorConfig | None = None
-    autoscaler: bool = True  # also run the autoscaler's kopf timers when that package provides them
+    autoscaler: bool = True  # also run the autoscaler's kopf timers
     runtime: Any = None  # a pre-made handlers.Runtime (tests inspect it)
 
 
@@ -53,7 +54,9 @@ async def run_async(
     from llmfleet.operator import handlers
 
     if opts.autoscaler:
-        handlers.load_autoscaler()  # its timers then lose their finalizer too (configure_timers below)
+        # Importing the module registers the autoscaler's kopf timers (they then lose their finalizer too,
+        # configure_timers below); without it only the operator's handlers run.
+        from llmfleet.autoscaler import kopf_handlers  # noqa: F401
     memo = kopf.Memo()
     memo.llmfleet = opts.runtime or handlers.Runtime(
         config=opts.config or OperatorConfig.from_env(), connection=opts.connection

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any, Literal
 
 from pydantic import ValidationError
@@ -12,10 +11,6 @@ from llmfleet.api.loader import problems_from
 
 EventType = Literal["Normal", "Warning"]
 CONDITION_TYPES = ("Ready", "Progressing", "Degraded")
-
-
-def now_iso() -> str:
-    return datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,22 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
+# Dense bf16 peak TFLOP/s per GPU (vendor datasheets, without sparsity), keyed by a substring of the device
+# name: a device matches the first key it contains, so longer names come before their prefixes (A10G, A10).
+BF16_PEAK_TFLOPS: dict[str, float] = {
+    "H200": 989.0, "H100": 989.0, "H800": 989.0, "GH200": 989.0, "B200": 2250.0, "B100": 1750.0,
+    "A100": 312.0, "A800": 312.0, "A10G": 70.0, "A10": 125.0, "L40S": 362.0, "L40": 181.0,
+    "L4": 121.0, "V100": 125.0, "T4": 65.0, "MI300X": 1307.0, "MI250": 362.0,
+}
+
+
+def bf16_peak_tflops(device_name: str | None) -> float | None:
+    """Dense bf16 peak TFLOP/s of a device by name (e.g. torch's "NVIDIA H200"); None when unknown."""
+    if not device_name:
+        return None
+    name = device_name.upper()
+    return next((tflops for key, tflops in BF16_PEAK_TFLOPS.items() if key in name), None)
+
 
 @dataclass(frozen=True)
 class GPUProfile:
@@ -59,10 +75,10 @@ class GPUProfile:
 
 # H100 SXM5 80GB, H200 SXM 141GB, A100 SXM4 80GB, L40S 48GB (PCIe Gen4 x16).
 GPUS: dict[str, GPUProfile] = {
-    "H100": GPUProfile("H100", 989.0, 1979.0, 3.35, 79.6, 450.0, 228.0, 132, host_link_gbs=52.5),
-    "H200": GPUProfile("H200", 989.0, 1979.0, 4.8, 139.8, 450.0, 228.0, 132, host_link_gbs=52.5),
-    "A100": GPUProfile("A100", 312.0, None, 2.039, 79.2, 300.0, 192.0, 108, host_link_gbs=25.0),
-    "L40S": GPUProfile("L40S", 362.0, 733.0, 0.864, 44.4, 32.0, 128.0, 142, host_link_gbs=25.0),
+    "H100": GPUProfile("H100", BF16_PEAK_TFLOPS["H100"], 1979.0, 3.35, 79.6, 450.0, 228.0, 132, host_link_gbs=52.5),
+    "H200": GPUProfile("H200", BF16_PEAK_TFLOPS["H200"], 1979.0, 4.8, 139.8, 450.0, 228.0, 132, host_link_gbs=52.5),
+    "A100": GPUProfile("A100", BF16_PEAK_TFLOPS["A100"], None, 2.039, 79.2, 300.0, 192.0, 108, host_link_gbs=25.0),
+    "L40S": GPUProfile("L40S", BF16_PEAK_TFLOPS["L40S"], 733.0, 0.864, 44.4, 32.0, 128.0, 142, host_link_gbs=25.0),
 }
 
 _FIELD_ALIASES = {

@@ -19,7 +19,7 @@ PRESETS: dict[str, ModelShape] = {
 # Bytes per element of weights / KV-cache dtypes. int4 ignores the (small) per-group scales.
 DTYPE_BYTES: dict[str, float] = {
     "fp32": 4.0, "float32": 4.0, "bf16": 2.0, "bfloat16": 2.0, "fp16": 2.0, "float16": 2.0, "auto": 2.0,
-    "fp8": 1.0, "fp8_e4m3": 1.0, "fp8_e5m2": 1.0, "int8": 1.0, "int4": 0.5,
+    "fp8": 1.0, "fp8_e4m3": 1.0, "fp8_e5m2": 1.0, "fp8_inc": 1.0, "int8": 1.0, "int4": 0.5,
 }
 
 
@@ -64,9 +64,14 @@ def matmul_params(m: ModelShape) -> int:
     return m.layers * (attention_params_per_layer(m) + mlp_params_per_layer(m)) + m.vocab * m.hidden
 
 
+def kv_bytes_per_token_for(layers: int, kv_heads: int, head_dim: int, element_bytes: float) -> float:
+    """K and V for every layer: 2 · layers · kvHeads · headDim · bytes (exact for integer element sizes)."""
+    return 2 * layers * kv_heads * head_dim * element_bytes
+
+
 def kv_bytes_per_token(m: ModelShape, kv_dtype: str = "bf16") -> float:
-    """K and V for every layer: 2 · layers · kvHeads · headDim · bytes."""
-    return 2 * m.layers * m.n_kv_heads * m.head_dim * dtype_bytes(kv_dtype)
+    """KV-cache bytes of one token of a model shape in `kv_dtype`."""
+    return kv_bytes_per_token_for(m.layers, m.n_kv_heads, m.head_dim, dtype_bytes(kv_dtype))
 
 
 def attention_kind(m: ModelShape) -> str:

@@ -1,31 +1,65 @@
-"""Training math: FLOPs per token (PaLM appendix B), MFU/HFU, FSDP memory per GPU."""
+"""Training math: FLOPs per token (PaLM appendix B), MFU/HFU, FSDP memory per GPU.
+
+The one home of the FLOPs accounting: the planner and the trainer's live MFU/HFU both use it.
+FLOPs per token follow PaLM (Chowdhery et al. 2022), appendix B: 6N + 12·L·H·Q·T, where N counts the
+parameters that do matrix work (all but the input embedding lookup), L layers, H heads, Q head dim,
+T attended tokens (the sequence, capped by a sliding window). HFU adds the forward recomputed by activation
+checkpointing: 2·N_block + 4·H·Q·T per token for every checkpointed block.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from llmfleet.api.trainingjob import ModelShape
-from llmfleet.plan.models import embedding_params, total_params
+from llmfleet.plan.models import embedding_params, layer_params, total_params
 
 
-def model_flops_per_token(m: ModelShape, seq_len: int | None = None) -> float:
-    """6·N + 12·L·H·Q·T: forward + backward of the dense weights and of attention (PaLM, Chowdhery et al.).
+def flops_params(m: ModelShape) -> int:
+    """N of PaLM's 6N: every parameter except the input embedding table (a lookup, not a matmul).
 
-    N excludes the input embedding (a lookup, no FLOPs); the untied LM head is a matmul and counts.
+    With tied embeddings the table is also the LM head, which is a matmul: then it counts.
     """
+    n = total_params(m)
+    return n if m.tie_embeddings else n - embedding_params(m)
+
+
+def attended_tokens(m: ModelShape, seq_len: int | None = None) -> int:
+    """T of 12·L·H·Q·T: the sequence length, capped by the sliding window."""
     t = seq_len or m.seq_len
-    n = total_params(m) - embedding_params(m)
-    return 6.0 * n + 12.0 * m.layers * m.heads * m.head_dim * t
+    return min(t, m.sliding_window) if m.sliding_window else t
 
 
-def hardware_flops_per_token(m: ModelShape, seq_len: int | None = None, activation_checkpointing: str = "none") -> float:
-    """FLOPs the hardware really executes: recomputed forwards add 2·N + 4·L·H·Q·T per recomputed block."""
-    base = model_flops_per_token(m, seq_len)
-    fwd = base / 3.0
-    share = {"none": 0.0, "selective": 0.5, "full": 1.0}.get(activation_checkpointing)
-    if share is None:
-        raise ValueError("activation_checkpointing must be none, selective or full")
-    return base + share * fwd
+def attention_flops_per_token(m: ModelShape, seq_len: int | None = None) -> int:
+    """12·L·H·Q·T (forward + backward of QK^T and AV, counted as full S x S as PaLM does)."""
+    return 12 * m.layers * m.heads * m.head_dim * attended_tokens(m, seq_len)
+
+
+def model_flops_per_token(m: ModelShape, seq_len: int | None = None) -> int:
+    """6·N + 12·L·H·Q·T: forward + backward of the dense weights and of attention."""
+    return 6 * flops_params(m) + attention_flops_per_token(m, seq_len)
+
+
+def recomputed_blocks(layers: int, activation_checkpointing: str) -> int:
+    """Blocks whose forward runs twice: all with full checkpointing, every other one (0, 2, 4...) with selective."""
+    if activation_checkpointing == "full":
+        return layers
+    if activation_checkpointing == "selective":
+        return (layers + 1) // 2
+    if activation_checkpointing == "none":
+        return 0
+    raise ValueError("activation_checkpointing must be none, selective or full")
+
+
+def hardware_flops_per_token(m: ModelShape, seq_len: int | None = None, activation_checkpointing: str = "none") -> int:
+    """FLOPs the hardware really executes: one more forward (2·N_block + 4·H·Q·T) per recomputed block."""
+    per_block_fwd = 2 * layer_params(m) + 4 * m.heads * m.head_dim * attended_tokens(m, seq_len)
+    return model_flops_per_token(m, seq_len) + recomputed_blocks(m.layers, activation_checkpointing) * per_block_fwd
+
+
+def flops_utilization(flops_per_token: float, tokens_per_s_per_gpu: float, peak_flops_per_gpu: float) -> float:
+    """MFU (with model FLOPs) or HFU (with hardware FLOPs): achieved FLOP/s per GPU over its peak."""
+    return flops_per_token * tokens_per_s_per_gpu / peak_flops_per_gpu
 
 
 @dataclass(frozen=True)
@@ -45,9 +79,9 @@ def utilization(m: ModelShape, tokens_per_s: float, n_gpus: int, peak_flops_per_
         raise ValueError("tokens_per_s >= 0, n_gpus >= 1 and peak > 0 are required")
     mf = model_flops_per_token(m, seq_len)
     hf = hardware_flops_per_token(m, seq_len, activation_checkpointing)
-    per_gpu = tokens_per_s * mf / n_gpus
-    return Utilization(tokens_per_s, mf, hf, per_gpu / 1e12, per_gpu / peak_flops_per_gpu,
-                       tokens_per_s * hf / n_gpus / peak_flops_per_gpu)
+    per_gpu = tokens_per_s / n_gpus
+    return Utilization(tokens_per_s, mf, hf, per_gpu * mf / 1e12, flops_utilization(mf, per_gpu, peak_flops_per_gpu),
+                       flops_utilization(hf, per_gpu, peak_flops_per_gpu))
 
 
 @dataclass(frozen=True)

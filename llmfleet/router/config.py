@@ -17,12 +17,14 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
+from llmfleet.api.contracts import REPLICA_PORT, ROUTER_PORT, pool_selector
 from llmfleet.api.inferenceservice import InferenceService
 
+# The router's ConfigMap key and where the operator mounts it (and the tenants Secret) in the router's pod.
 ROUTER_CONFIG_KEY = "router.yaml"
-REPLICA_PORT = 8000
-ROUTER_PORT = 8080
-TENANTS_MOUNT_PATH = "/etc/llmfleet/tenants/tenants.yaml"
+ROUTER_CONFIG_DIR = "/etc/llmfleet"
+TENANTS_DIR = f"{ROUTER_CONFIG_DIR}/tenants"
+TENANTS_MOUNT_PATH = f"{TENANTS_DIR}/tenants.yaml"
 # Environment variable of the router pods that holds the replicas' API key (from spec.router.upstreamKeySecret),
 # and that Secret's data key.
 UPSTREAM_API_KEY_ENV = "LLMFLEET_UPSTREAM_API_KEY"
@@ -238,10 +240,6 @@ class RouterConfig(_Model):
 def load_router_config(path: str | Path) -> RouterConfig:
     """Read router.yaml; raises ValueError (pydantic ValidationError is one) on bad content."""
     return RouterConfig.from_yaml(Path(path).read_text())
-
-
-def pool_selector(service: str, pool: str) -> str:
-    return f"llmfleet.io/inferenceservice={service},llmfleet.io/pool={pool}"
 
 
 def _tokenizer_path(model_path: str) -> str | None:

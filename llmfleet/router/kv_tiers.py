@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from llmfleet.plan.models import DTYPE_BYTES, kv_bytes_per_token_for
+
 # -- media ------------------------------------------------------------------------------------------------------
 # Per (engine hash, medium) reference counts, packed into one int per hash: a 16-bit field per medium slot
 # (a dict per block would cost ~200 bytes on an index of a million blocks).
@@ -49,8 +51,13 @@ GIB = 1 << 30
 # vLLM's CPU offload spec rounds each offloaded block (all TP ranks together) up to a memory page
 # (CPUOffloadingSpec.BLOCK_SIZE_ALIGNMENT = mmap.PAGESIZE).
 PAGE_BYTES = 4096
-# Bytes per KV element by vLLM cache dtype; "auto" follows the model dtype (see kv_element_bytes).
-_CACHE_DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8_inc": 1}
+# vLLM's cache dtypes with a fixed element size (bytes from plan.models.DTYPE_BYTES); "auto" follows the model
+# dtype (see kv_element_bytes).
+_CACHE_DTYPES = frozenset({"float16", "bfloat16", "float32", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc"})
+
+
+def _element_bytes(dtype: str) -> int | None:
+    return int(DTYPE_BYTES[dtype]) if dtype in _CACHE_DTYPES else None
 
 
 class HostTierUnknown(ValueError):
@@ -66,12 +73,12 @@ def kv_element_bytes(cache_dtype: str = "auto", model_dtype: str = "auto") -> in
     have no fixed element size here and raise HostTierUnknown.
     """
     if cache_dtype != "auto":
-        size = _CACHE_DTYPE_BYTES.get(cache_dtype)
+        size = _element_bytes(cache_dtype)
         if size is None:
             raise HostTierUnknown(f"KV cache dtype {cache_dtype!r} has no known bytes per element")
         return size
     if model_dtype != "auto":
-        size = _CACHE_DTYPE_BYTES.get(model_dtype)
+        size = _element_bytes(model_dtype)
         if size is None:
             raise HostTierUnknown(f"model dtype {model_dtype!r} has no known bytes per element")
         return size
@@ -115,7 +122,7 @@ def kv_bytes_per_token(
                               "head_dim/hidden_size")
     tp = max(1, tensor_parallel_size)
     heads_all_ranks = max(1, kv_heads // tp) * tp
-    return 2 * layers * heads_all_ranks * head_dim * kv_element_bytes(cache_dtype, model_dtype)
+    return int(kv_bytes_per_token_for(layers, heads_all_ranks, head_dim, kv_element_bytes(cache_dtype, model_dtype)))
 
 
 def cached_capacity(gpu_blocks: int, host_blocks: int) -> int:

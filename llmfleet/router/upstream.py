@@ -8,18 +8,16 @@ import logging
 import re
 import time
 from collections.abc import Callable
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
 
 import aiohttp
 from aiohttp import web
 
 from llmfleet.router.config import LimitsConfig, SLOConfig
+from llmfleet.router.observer import RequestObserver
 from llmfleet.router.plugins.base import ReplicaState, RequestInfo, release_prefill
 from llmfleet.router.requests import ParsedRequest
 from llmfleet.router.upstream_client import UpstreamClient, UpstreamError, UpstreamResponse, UpstreamTimeout
-
-if TYPE_CHECKING:
-    from llmfleet.router.server import Router
 
 log = logging.getLogger("llmfleet.router.upstream")
 _USAGE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
@@ -62,7 +60,7 @@ class Upstream:
         await self.session.close()
 
     async def proxy(self, request: web.Request, parsed: ParsedRequest, body: bytes, replica: ReplicaState,
-                    pool: str, headers: dict[str, str], router: Router, tenant: str, degraded: bool,
+                    pool: str, headers: dict[str, str], router: RequestObserver, tenant: str, degraded: bool,
                     input_tokens: int, t0: float, info: RequestInfo | None = None,
                     after_send: Callable[[], None] | None = None) -> web.StreamResponse:
         """Send the request to `replica` and relay the answer. `info` carries the prefill charged at routing
@@ -117,7 +115,7 @@ class Upstream:
                 release_prefill(info, first_byte=False)  # no-op when the first byte already released it
 
     async def _stream(self, request: web.Request, parsed: ParsedRequest, resp: UpstreamResponse,
-                      out_headers: dict[str, str], router: Router, pool: str, tenant: str,
+                      out_headers: dict[str, str], router: RequestObserver, pool: str, tenant: str,
                       degraded: bool, input_tokens: int, t0: float, info: RequestInfo | None) -> web.StreamResponse:
         out_headers["Cache-Control"] = "no-cache"
         out = web.StreamResponse(status=200, headers=out_headers)
@@ -167,7 +165,7 @@ class Upstream:
         return out
 
 
-def _observe_body(router: Router, pool: str, parsed: ParsedRequest, status: int, tenant: str, degraded: bool,
+def _observe_body(router: RequestObserver, pool: str, parsed: ParsedRequest, status: int, tenant: str, degraded: bool,
                   data: bytes, input_tokens: int, e2e: float) -> None:
     out_tokens, in_tokens = _usage(data, input_tokens)
     router.observe(pool, parsed.model, parsed.endpoint, status, tenant, degraded, parsed, in_tokens, out_tokens,
@@ -239,7 +237,7 @@ def _as_sse(resp: dict[str, Any], endpoint: str) -> bytes:
     return b"data: " + json.dumps(chunk).encode() + b"\n\ndata: [DONE]\n\n"
 
 
-async def lookup_response(request: web.Request, parsed: ParsedRequest, hit: Any, t0: float, router: Router,
+async def lookup_response(request: web.Request, parsed: ParsedRequest, hit: Any, t0: float, router: RequestObserver,
                           tenant: str) -> web.StreamResponse:
     """Answer from the feature store (pool `feature-store`, never degraded)."""
     headers = {"x-llmfleet-pool": "feature-store", "x-llmfleet-degraded": "false",

@@ -221,9 +221,6 @@ class FeatureStoreLookup:
         if self._engine is not None:
             self._engine.dispose()
 
-    def invalidate_cache(self) -> None:
-        self._cache.clear()
-
     @property
     def index_size(self) -> int:
         return sum(len(i) for i in self._indexes.values())

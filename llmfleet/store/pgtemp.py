@@ -10,11 +10,12 @@ from __future__ import annotations
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
+
+from llmfleet.util.net import free_port
 
 
 class PostgresUnavailableError(RuntimeError):
@@ -30,12 +31,6 @@ def find_bin_dir() -> Path | None:
         if os.path.exists(os.path.join(d, "initdb")):
             return Path(d)
     return None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class TempPostgres:

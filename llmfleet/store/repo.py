@@ -50,10 +50,6 @@ class VersionChange:
     invalidated: int = 0
 
 
-def _lock_clause(conn: Connection) -> dict[str, Any]:
-    return {"with_for_update": True} if conn.dialect.name == "postgresql" else {}
-
-
 def set_current_version(engine: Engine, model: str, version: str) -> VersionChange:
     """Make `version` current for `model`; responses made by every other version are invalidated."""
     now = time.time()

@@ -18,6 +18,8 @@ from typing import Any, TypeVar
 
 import pytest
 
+from llmfleet.util.net import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
 
@@ -76,12 +78,6 @@ def poll(what: str, fn: Callable[[], T | None], timeout: float, interval: float 
 def run_id() -> str:
     """Shared by the separate pytest calls of one e2e/run.sh run, so phases find each other's namespace."""
     return os.environ.get("LLMFLEET_E2E_RUN_ID") or uuid.uuid4().hex[:6]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture()

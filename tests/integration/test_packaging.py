@@ -39,9 +39,8 @@ def _image_extras(dockerfile: str) -> list[str]:
 IMAGES = {
     "operator.Dockerfile": [
         ["--help"], ["operator", "--help"],
-        # What `llmfleet operator` loads: kopf, the handlers, the autoscaler's timers, the builders' lazy modules.
-        ["-c", "import importlib, llmfleet.operator.run, llmfleet.operator.handlers as h; "
-               "assert h.load_autoscaler(), 'autoscaler timers'; [importlib.import_module(m) for m in h.WARM_MODULES]"],
+        # What `llmfleet operator` loads: kopf, the handlers (reconciles and builders), the autoscaler's timers.
+        ["-c", "import llmfleet.operator.run, llmfleet.operator.handlers, llmfleet.autoscaler.kopf_handlers"],
     ],
     "router.Dockerfile": [
         ["--help"], ["router", "--help"], ["autoscaler", "--help"], ["features", "--help"],

@@ -11,9 +11,9 @@ import pytest
 from typer.testing import CliRunner
 
 from llmfleet.api import InferenceService, parse_resource
+from llmfleet.api.contracts import SUSPENDED_BY_ANNOTATION
 from llmfleet.autoscaler.actuation import Replica, replicas_patch, wait_drained
 from llmfleet.autoscaler.arbitration import (
-    SUSPENDED_BY_ANNOTATION,
     UNBOUNDED,
     ServingNeed,
     TrainingJobInfo,

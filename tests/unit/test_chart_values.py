@@ -79,6 +79,15 @@ def test_readme_is_generated_and_fresh() -> None:
             assert f"| `{d.key}` |" in readme
 
 
+def test_readme_names_the_operator_workload_the_template_renders() -> None:
+    kinds = re.findall(r"^kind:\s*(\w+)", (CHART / "templates" / "operator.yaml").read_text(), re.MULTILINE)
+    assert len(kinds) == 1, kinds
+    header = (CHART / "hack" / "README.header.md").read_text()
+    assert f"operator {kinds[0]}" in " ".join(header.split())
+    others = {"Deployment", "StatefulSet", "DaemonSet"} - {kinds[0]}
+    assert not any(f"operator {k}" in " ".join(header.split()) for k in others)
+
+
 def test_values_match_the_schema() -> None:
     jsonschema.Draft7Validator.check_schema(SCHEMA)
     jsonschema.validate(VALUES, SCHEMA)

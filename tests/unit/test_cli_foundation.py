@@ -59,7 +59,7 @@ def test_cli_and_operator_never_import_torch_or_vllm() -> None:
     """The operator image has no torch: importing the CLI and the operator must not pull it in."""
     code = (
         "import sys, importlib\n"
-        f"for m in {COMMAND_MODULES!r} + ['llmfleet.cli.main', 'llmfleet.api']:\n"
+        f"for m in {[m.__name__ for m in COMMAND_MODULES]!r} + ['llmfleet.cli.main', 'llmfleet.api']:\n"
         "    importlib.import_module(m)\n"
         "import pkgutil, llmfleet.operator as op\n"
         "for info in pkgutil.walk_packages(op.__path__, 'llmfleet.operator.'):\n"

@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from llmfleet.api import InferenceService, TrainingJob, load_manifest
+from llmfleet.api.contracts import child_name
 from llmfleet.operator.builders import ServiceSpecError, build_inferenceservice, build_trainingjob
-from llmfleet.operator.builders.common import child_name
 from llmfleet.operator.builders.trainingjob import job_name
 from llmfleet.operator.config import Capabilities, OperatorConfig
 from llmfleet.router.config import RouterConfig

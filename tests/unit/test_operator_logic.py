@@ -9,10 +9,11 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from llmfleet.api.contracts import PROMOTION_ANNOTATION
+from llmfleet.kube.client import RESOURCES, path_for
 from llmfleet.operator import rbac
 from llmfleet.operator.builders import build_inferenceservice, build_trainingjob
-from llmfleet.operator.config import PROMOTION_ANNOTATION, Capabilities, OperatorConfig
-from llmfleet.operator.kube import RESOURCES, path_for
+from llmfleet.operator.config import Capabilities, OperatorConfig
 from llmfleet.operator.promotion import (
     Promotion,
     evaluate,

@@ -82,7 +82,9 @@ def test_training_flops_mfu_fsdp() -> None:
     u = utilization(L3, 24_000, 8, 989e12)
     assert u.mfu == pytest.approx(24_000 * 57_914_449_920 / 8 / 989e12)
     full = utilization(L3, 24_000, 8, 989e12, activation_checkpointing="full")
-    assert full.hfu == pytest.approx(u.mfu * 4 / 3) and full.mfu == u.mfu
+    # one more forward of every block: 32 · (2 · 218,112,000 + 4 · 32 · 128 · 8192) FLOPs per token
+    assert full.hardware_flops_per_token == 57_914_449_920 + 32 * (2 * 218_112_000 + 4 * 32 * 128 * 8192)
+    assert full.hfu == pytest.approx(u.mfu * full.hardware_flops_per_token / 57_914_449_920) and full.mfu == u.mfu
     m = fsdp_memory_per_gpu(L3, 8)
     assert m.params_bytes + m.grads_bytes + m.optimizer_bytes == pytest.approx(16 * 8_030_261_248 / 8)
     assert fsdp_memory_per_gpu(L3, 16, replicate_groups=2).params_bytes == m.params_bytes

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from llmfleet.api.inferenceservice import InferenceService
-from llmfleet.store.manifests import build_generation_cronjob
+from llmfleet.operator.builders.featurestore import build_generation_cronjob
 
 
 def _isvc(store: dict[str, Any] | None, name: str = "chat") -> InferenceService:

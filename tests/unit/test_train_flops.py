@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from llmfleet.plan import training as tr
+from llmfleet.plan.models import layer_params
 from llmfleet.workers.train import metrics as fl
 from llmfleet.workers.train.model import ModelArgs
 
-REF = ModelArgs(layers=16, hidden=2048, heads=16, kv_heads=8, ffn=5632, vocab=32768, seq_len=4096)
+REF_ARGS = ModelArgs(layers=16, hidden=2048, heads=16, kv_heads=8, ffn=5632, vocab=32768, seq_len=4096)
+REF = REF_ARGS.shape()  # the trainer's FLOPs come from the planner's formulas on the job's ModelShape
 
 
 def test_param_count_of_reference_config_by_hand() -> None:
@@ -15,22 +18,27 @@ def test_param_count_of_reference_config_by_hand() -> None:
     attn = d * h * q + 2 * d * kv * q + h * q * d  # q, k, v, o
     block = attn + 3 * d * f + 2 * d  # SwiGLU + two norms
     total = L * block + d + 2 * v * d  # final norm, embedding, output projection
-    assert REF.num_params() == total == 889_260_032
-    assert fl.matmul_params(REF) == total - v * d  # the input embedding is a lookup
+    assert REF_ARGS.num_params() == total == 889_260_032
+    assert tr.flops_params(REF) == total - v * d  # the input embedding is a lookup
+    tied = ModelArgs(**{**REF_ARGS.__dict__, "tie_embeddings": True})
+    assert tied.num_params() == total - v * d
+    assert tr.flops_params(tied.shape()) == total - v * d  # the shared table is the LM head: a matmul
 
 
 def test_model_flops_per_token_palm_appendix_b() -> None:
     n = 889_260_032 - 32768 * 2048
     expected = 6 * n + 12 * 16 * 16 * 128 * 4096
-    assert fl.model_flops_per_token(REF) == expected == 6_543_519_744
+    assert tr.model_flops_per_token(REF) == expected == 6_543_519_744
 
 
 def test_hfu_adds_one_forward_per_checkpointed_block() -> None:
-    per_block_fwd = 2 * fl.block_params(REF) + 4 * 16 * 128 * 4096
-    mfu_flops = fl.model_flops_per_token(REF)
-    assert fl.hardware_flops_per_token(REF, "none") == mfu_flops
-    assert fl.hardware_flops_per_token(REF, "full") == mfu_flops + 16 * per_block_fwd
-    assert fl.hardware_flops_per_token(REF, "selective") == mfu_flops + 8 * per_block_fwd
+    per_block_fwd = 2 * layer_params(REF) + 4 * 16 * 128 * 4096
+    mfu_flops = tr.model_flops_per_token(REF)
+    assert tr.hardware_flops_per_token(REF, activation_checkpointing="none") == mfu_flops
+    assert tr.hardware_flops_per_token(REF, activation_checkpointing="full") == mfu_flops + 16 * per_block_fwd
+    assert tr.hardware_flops_per_token(REF, activation_checkpointing="selective") == mfu_flops + 8 * per_block_fwd
+    with pytest.raises(ValueError, match="activation_checkpointing"):
+        tr.hardware_flops_per_token(REF, activation_checkpointing="some")
 
 
 def test_utilization_hand_computed() -> None:
@@ -43,7 +51,7 @@ def test_utilization_hand_computed() -> None:
 
 def test_sliding_window_caps_attention_flops() -> None:
     windowed = ModelArgs(layers=2, hidden=64, heads=4, kv_heads=4, ffn=128, vocab=100, seq_len=1024, sliding_window=128)
-    assert fl.attention_flops_per_token(windowed) == 12 * 2 * 4 * 16 * 128
+    assert tr.attention_flops_per_token(windowed.shape()) == 12 * 2 * 4 * 16 * 128
 
 
 def test_peak_table_and_override(monkeypatch: pytest.MonkeyPatch) -> None:

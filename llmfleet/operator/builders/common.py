@@ -1,26 +1,13 @@
-"""Pieces every builder uses: labels, owner references, child names."""
+"""Pieces every builder uses: metadata with the managed labels, owner references, resources."""
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 from llmfleet.api import InferenceService, TrainingJob
+from llmfleet.api.contracts import MANAGED_LABELS
 
 Manifest = dict[str, Any]
-
-MANAGED_LABELS = {"app.kubernetes.io/managed-by": "llmfleet", "app.kubernetes.io/part-of": "llmfleet"}
-
-
-def child_name(owner: str, suffix: str = "", limit: int = 63) -> str:
-    """`<owner>-<suffix>`, shortened with a stable hash when longer than `limit` (DNS-1123 label)."""
-    name = f"{owner}-{suffix}" if suffix else owner
-    if len(name) <= limit:
-        return name
-    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
-    keep = limit - len(digest) - 1
-    return f"{name[:keep].rstrip('-')}-{digest}"
-
 
 def owner_reference(cr: InferenceService | TrainingJob) -> dict[str, Any]:
     """Owner reference to the CR: Kubernetes garbage-collects the child when the CR goes."""

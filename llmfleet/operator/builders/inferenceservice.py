@@ -6,26 +6,44 @@ Pure: the same CR, config and promotion state always give the same manifests (no
 from __future__ import annotations
 
 import hashlib
-import importlib
 from typing import Any
 
 from llmfleet.api import InferenceService, PoolView
+from llmfleet.api.contracts import (
+    COMPONENT_LABEL,
+    CONFIG_HASH_ANNOTATION,
+    INFERENCESERVICE_LABEL,
+    MODEL_ANNOTATION,
+    POOL_LABEL,
+    REPLICA_PORT,
+    ROUTER_PORT,
+    SERVING_LABEL,
+    child_name,
+)
 from llmfleet.operator.builders.common import (
     Manifest,
-    child_name,
     gpu_node_selector,
     gpu_tolerations,
     metadata,
     resource_requests,
 )
+from llmfleet.operator.builders.featurestore import (
+    LOG_FILE,
+    LOG_MOUNT,
+    build_generation_cronjob,
+    build_request_log_claim,
+)
 from llmfleet.operator.config import OperatorConfig
-from llmfleet.router.config import UPSTREAM_API_KEY_ENV, UPSTREAM_KEY_SECRET_KEY
+from llmfleet.router.config import (
+    ROUTER_CONFIG_DIR,
+    ROUTER_CONFIG_KEY,
+    TENANTS_DIR,
+    UPSTREAM_API_KEY_ENV,
+    UPSTREAM_KEY_SECRET_KEY,
+    router_config_from_service,
+)
+from llmfleet.workers.serve.vllm_args import InvalidServeSpec, serve_command
 
-REPLICA_PORT = 8000
-ROUTER_PORT = 8080
-ROUTER_CONFIG_KEY = "router.yaml"
-ROUTER_CONFIG_DIR = "/etc/llmfleet"
-TENANTS_DIR = "/etc/llmfleet/tenants"
 # Pool names that would collide with the router's children.
 RESERVED_POOL_NAMES = frozenset({"router"})
 
@@ -35,15 +53,15 @@ class ServiceSpecError(ValueError):
 
 
 def isvc_labels(isvc: InferenceService) -> dict[str, str]:
-    return {"llmfleet.io/inferenceservice": isvc.metadata.name}
+    return {INFERENCESERVICE_LABEL: isvc.metadata.name}
 
 
 def pool_labels(isvc: InferenceService, pool: str) -> dict[str, str]:
-    return {**isvc_labels(isvc), "llmfleet.io/pool": pool, "llmfleet.io/component": "replica"}
+    return {**isvc_labels(isvc), POOL_LABEL: pool, COMPONENT_LABEL: "replica"}
 
 
 def router_labels(isvc: InferenceService) -> dict[str, str]:
-    return {**isvc_labels(isvc), "llmfleet.io/component": "router"}
+    return {**isvc_labels(isvc), COMPONENT_LABEL: "router"}
 
 
 def pool_name(isvc: InferenceService, pool: str) -> str:
@@ -59,13 +77,7 @@ def pool_selector(isvc: InferenceService, pool: str) -> str:
     return ",".join(f"{k}={v}" for k, v in pool_labels(isvc, pool).items())
 
 
-# Pods taken out of rotation by the autoscaler's cache-aware scale-in carry "false".
-SERVING_LABEL = "llmfleet.io/serving"
-
-
 def _serve_command(isvc: InferenceService, pool: PoolView) -> list[str]:
-    from llmfleet.workers.serve.vllm_args import InvalidServeSpec, serve_command
-
     try:
         return serve_command(isvc, pool, port=REPLICA_PORT)
     except InvalidServeSpec as err:
@@ -126,7 +138,7 @@ def build_pool_deployment(isvc: InferenceService, pool: PoolView, config: Operat
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": metadata(isvc, pool_name(isvc, pool.name), labels, {"llmfleet.io/model": pool.model.path}),
+        "metadata": metadata(isvc, pool_name(isvc, pool.name), labels, {MODEL_ANNOTATION: pool.model.path}),
         "spec": {
             "replicas": pool.replicas,
             "selector": {"matchLabels": labels},
@@ -135,7 +147,7 @@ def build_pool_deployment(isvc: InferenceService, pool: PoolView, config: Operat
             "template": {
                 # The serving label is outside the Deployment selector: the autoscaler flips it to "false" to
                 # take a chosen replica out of the Service (drain) before removing it.
-                "metadata": {"labels": {**labels, SERVING_LABEL: "true"}, "annotations": {"llmfleet.io/model": pool.model.path}},
+                "metadata": {"labels": {**labels, SERVING_LABEL: "true"}, "annotations": {MODEL_ANNOTATION: pool.model.path}},
                 "spec": pod_spec,
             },
         },
@@ -167,19 +179,13 @@ def build_pool_pdb(isvc: InferenceService, pool: PoolView) -> Manifest:
 
 def _request_log_claim(isvc: InferenceService) -> tuple[Manifest, str, str] | None:
     """(claim, mount folder, log file) of the request log the router writes and the generation CronJob reads."""
-    try:
-        module = importlib.import_module("llmfleet.store.manifests")
-    except ModuleNotFoundError:
-        return None
-    claim: Manifest | None = module.build_request_log_claim(isvc)
+    claim = build_request_log_claim(isvc)
     if claim is None:
         return None
-    return claim, str(module.LOG_MOUNT), f"{module.LOG_MOUNT}/{module.LOG_FILE}"
+    return claim, LOG_MOUNT, f"{LOG_MOUNT}/{LOG_FILE}"
 
 
 def router_config_yaml(isvc: InferenceService, request_log: str | None = None) -> str:
-    from llmfleet.router.config import router_config_from_service
-
     cfg = router_config_from_service(isvc)
     if request_log:
         cfg = cfg.model_copy(update={"request_log": request_log})
@@ -189,7 +195,7 @@ def router_config_yaml(isvc: InferenceService, request_log: str | None = None) -
 def build_replica_network_policy(isvc: InferenceService, config: OperatorConfig) -> Manifest:
     """Ingress to every replica pod of `isvc` from its router only, plus the operator and the metrics scraper
     (config.replica_ingress_from). All ports: the router also subscribes to the replicas' KV-cache events."""
-    replicas = {**isvc_labels(isvc), "llmfleet.io/component": "replica"}
+    replicas = {**isvc_labels(isvc), COMPONENT_LABEL: "replica"}
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -265,7 +271,7 @@ def build_router(isvc: InferenceService, config: OperatorConfig) -> list[Manifes
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
             "template": {
                 # The config hash restarts the router when its ConfigMap changes.
-                "metadata": {"labels": labels, "annotations": {"llmfleet.io/config-hash": digest}},
+                "metadata": {"labels": labels, "annotations": {CONFIG_HASH_ANNOTATION: digest}},
                 "spec": {
                     "serviceAccountName": name,
                     "containers": [container],
@@ -306,20 +312,13 @@ def build_pod_monitor(isvc: InferenceService) -> Manifest:
 
 
 def build_feature_store_job(isvc: InferenceService, config: OperatorConfig) -> Manifest | None:
-    """The store's offline generation CronJob, when the store package provides its builder."""
-    try:
-        module = importlib.import_module("llmfleet.store.manifests")
-    except ModuleNotFoundError:
-        return None
-    build = getattr(module, "build_generation_cronjob", None)
-    if build is None:
-        return None
-    manifest: Manifest | None = build(isvc, config.router_image)
+    """The store's offline generation CronJob, or None without a generationSchedule."""
+    manifest = build_generation_cronjob(isvc, config.router_image)
     if manifest is None:
         return None
     meta = manifest.setdefault("metadata", {})
     meta.setdefault("namespace", isvc.metadata.namespace or "default")
-    meta["labels"] = {**meta.get("labels", {}), **isvc_labels(isvc), "llmfleet.io/component": "featurestore"}
+    meta["labels"] = {**meta.get("labels", {}), **isvc_labels(isvc), COMPONENT_LABEL: "featurestore"}
     meta["ownerReferences"] = metadata(isvc, "x", {})["ownerReferences"]
     return manifest
 

@@ -10,9 +10,15 @@ from typing import Any
 import yaml
 
 from llmfleet.api import TrainingJob
+from llmfleet.api.contracts import (
+    ATTEMPT_ANNOTATION,
+    COMPONENT_LABEL,
+    RENDEZVOUS_PORT,
+    TRAININGJOB_LABEL,
+    child_name,
+)
 from llmfleet.operator.builders.common import (
     Manifest,
-    child_name,
     gpu_node_selector,
     gpu_tolerations,
     metadata,
@@ -21,7 +27,6 @@ from llmfleet.operator.builders.common import (
 from llmfleet.operator.config import OperatorConfig
 from llmfleet.workers.train.graceful import GRACE_ENV
 
-RDZV_PORT = 29400
 SPEC_DIR = "/etc/llmfleet"
 SPEC_KEY = "job.yaml"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -29,7 +34,7 @@ POD_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
 
 
 def tj_labels(tj: TrainingJob) -> dict[str, str]:
-    return {"llmfleet.io/trainingjob": tj.metadata.name, "llmfleet.io/component": "worker"}
+    return {TRAININGJOB_LABEL: tj.metadata.name, COMPONENT_LABEL: "worker"}
 
 
 def service_name(tj: TrainingJob) -> str:
@@ -86,7 +91,7 @@ def build_headless_service(tj: TrainingJob) -> Manifest:
             "publishNotReadyAddresses": True,
             "selector": labels,
             "ports": [
-                {"name": "rdzv", "port": RDZV_PORT, "targetPort": RDZV_PORT, "protocol": "TCP"},
+                {"name": "rdzv", "port": RENDEZVOUS_PORT, "targetPort": RENDEZVOUS_PORT, "protocol": "TCP"},
                 {"name": "metrics", "port": tj.spec.metrics.port, "targetPort": tj.spec.metrics.port, "protocol": "TCP"},
             ],
         },
@@ -100,7 +105,7 @@ def worker_command(tj: TrainingJob, attempt: int) -> list[str]:
         f"--nnodes={w.count}",
         f"--nproc-per-node={max(1, w.gpus_per_worker)}",
         "--rdzv-backend=c10d",
-        f"--rdzv-endpoint={rank0_host(tj, attempt)}:{RDZV_PORT}",
+        f"--rdzv-endpoint={rank0_host(tj, attempt)}:{RENDEZVOUS_PORT}",
         f"--rdzv-id={job_name(tj, attempt)}",
         # The operator restarts the whole gang from the last checkpoint; torchrun must not restart alone.
         "--max-restarts=0",
@@ -151,7 +156,7 @@ def build_job(
         "command": worker_command(tj, attempt),
         "env": worker_env(tj, attempt),
         "ports": [
-            {"name": "rdzv", "containerPort": RDZV_PORT, "protocol": "TCP"},
+            {"name": "rdzv", "containerPort": RENDEZVOUS_PORT, "protocol": "TCP"},
             {"name": "metrics", "containerPort": tj.spec.metrics.port, "protocol": "TCP"},
         ],
         "resources": resource_requests(w.cpu, w.memory, gpus),
@@ -205,7 +210,7 @@ def build_job(
     manifest: Manifest = {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": metadata(tj, job_name(tj, attempt), meta_labels, {"llmfleet.io/attempt": str(attempt)}),
+        "metadata": metadata(tj, job_name(tj, attempt), meta_labels, {ATTEMPT_ANNOTATION: str(attempt)}),
         "spec": job_spec,
     }
     return manifest

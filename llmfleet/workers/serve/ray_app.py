@@ -20,9 +20,6 @@ from typing import Any
 
 from llmfleet.workers.serve.worker import split_listen
 
-# Readiness path on the Ray Serve proxy: 200 once the OpenAI app is deployed and routable.
-READY_PATH = "/v1/models"
-
 
 def llm_config_kwargs(argv: Sequence[str]) -> dict[str, Any]:
     """vLLM argv -> keyword arguments of ray.serve.llm.LLMConfig (imports vllm; not for the operator)."""

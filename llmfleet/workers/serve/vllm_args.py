@@ -12,14 +12,13 @@ application for `engine: ray-serve`) from that same argv and owns graceful drain
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Sequence
 
+from llmfleet.api.contracts import REPLICA_PORT
 from llmfleet.api.inferenceservice import InferenceService, PoolView
 
 VLLM_ENTRYPOINT = "vllm.entrypoints.openai.api_server"
 WRAPPER_MODULE = "llmfleet.workers.serve"
-DEFAULT_PORT = 8000
 # Quantization methods whose kernels have no float32 path in vLLM (activations must be fp16/bf16).
 _NO_FP32_QUANT = {"awq", "gptq", "fp8", "compressed-tensors"}
 # The CPU attention kernel splits KV blocks into kernel blocks of a multiple of 32 tokens.
@@ -158,7 +157,7 @@ def render_vllm_args(
     isvc: InferenceService,
     pool: PoolView,
     *,
-    port: int = DEFAULT_PORT,
+    port: int = REPLICA_PORT,
     host: str = "0.0.0.0",
     kv_events_port: int | None = None,
 ) -> list[str]:
@@ -209,7 +208,7 @@ def serve_command(
     isvc: InferenceService,
     pool: PoolView,
     *,
-    port: int = DEFAULT_PORT,
+    port: int = REPLICA_PORT,
     host: str = "0.0.0.0",
     python: str = "python",
     kv_events_port: int | None = None,
@@ -231,8 +230,3 @@ def serve_command(
         "--",
         *render_vllm_args(isvc, pool, port=port, host=host, kv_events_port=kv_events_port),
     ]
-
-
-def vllm_command(argv: Sequence[str], python: str | None = None) -> list[str]:
-    """`python -m vllm.entrypoints.openai.api_server <argv>` (vLLM's `vllm` script fails on CPU builds)."""
-    return [python or sys.executable, "-m", VLLM_ENTRYPOINT, *argv]

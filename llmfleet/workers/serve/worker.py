@@ -18,7 +18,6 @@ import ctypes
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -26,7 +25,9 @@ from collections.abc import Sequence
 import aiohttp
 from aiohttp import web
 
+from llmfleet.api.contracts import REPLICA_PORT
 from llmfleet.router.kv_tiers import HostTierUnknown, kv_bytes_per_token, load_model_config
+from llmfleet.util.net import free_port
 from llmfleet.workers.serve.drain import DrainProxy
 from llmfleet.workers.serve.vllm_args import VLLM_ENTRYPOINT
 
@@ -37,16 +38,10 @@ READY_PATHS = {"vllm": "/health", "ray-serve": "/v1/models"}
 ENGINE_STOP_GRACE_S = 20.0
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
 def split_listen(argv: Sequence[str]) -> tuple[list[str], str, int]:
     """Remove --host/--port (both `--x v` and `--x=v`) from an engine argv; return (rest, host, port)."""
     rest: list[str] = []
-    host, port = "0.0.0.0", 8000
+    host, port = "0.0.0.0", REPLICA_PORT
     it = iter(range(len(argv)))
     for i in it:
         a = argv[i]

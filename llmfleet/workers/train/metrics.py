@@ -1,9 +1,6 @@
-"""FLOPs accounting (MFU/HFU), the Prometheus endpoint and /status, and straggler detection.
+"""MFU/HFU of the running job, the Prometheus endpoint and /status, and straggler detection.
 
-FLOPs per token follow PaLM (Chowdhery et al. 2022), appendix B: 6N + 12·L·H·Q·T, where N counts the
-parameters that do matrix work (all but the input embedding lookup), L layers, H heads, Q head dim,
-T sequence length. HFU adds the forward recomputed by activation checkpointing: 2·N_block + 4·H·Q·T
-per token for every checkpointed block.
+FLOPs per token and the GPU peak table live in the planner (llmfleet.plan.training, llmfleet.plan.hardware).
 """
 
 from __future__ import annotations
@@ -17,73 +14,25 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from llmfleet.workers.train.model import ModelArgs
-
-# Dense bf16 peak TFLOP/s per GPU (vendor datasheets, without sparsity); matched by substring of the
-# device name, first match wins. Override with metrics.peakTflops or LLMFLEET_PEAK_TFLOPS.
-GPU_PEAK_TFLOPS: list[tuple[str, float]] = [
-    ("H200", 989.0), ("H100", 989.0), ("H800", 989.0), ("GH200", 989.0), ("B200", 2250.0), ("B100", 1750.0),
-    ("A100", 312.0), ("A800", 312.0), ("A10G", 70.0), ("A10", 125.0), ("L40S", 362.0), ("L40", 181.0),
-    ("L4", 121.0), ("V100", 125.0), ("T4", 65.0), ("MI300X", 1307.0), ("MI250", 362.0),
-]
+from llmfleet.plan.hardware import bf16_peak_tflops
+from llmfleet.plan.training import flops_utilization
 
 
 def peak_tflops(device_name: str | None, override: float | None = None) -> float | None:
+    """Peak dense bf16 TFLOP/s per device: `override` (metrics.peakTflops), LLMFLEET_PEAK_TFLOPS, else the table."""
     if override:
         return override
     env = os.environ.get("LLMFLEET_PEAK_TFLOPS")
     if env:
         return float(env)
-    if not device_name:
-        return None
-    name = device_name.upper()
-    for key, value in GPU_PEAK_TFLOPS:
-        if key in name:
-            return value
-    return None
-
-
-def matmul_params(args: ModelArgs) -> int:
-    """N of PaLM's 6N: every parameter except the input embedding table (a lookup, not a matmul)."""
-    n = args.num_params()
-    return n if args.tie_embeddings else n - args.vocab * args.hidden
-
-
-def block_params(args: ModelArgs) -> int:
-    d, q = args.hidden, args.head_dim
-    return d * args.heads * q * 2 + d * args.kv_heads * q * 2 + 3 * d * args.ffn + 2 * d
-
-
-def attention_flops_per_token(args: ModelArgs) -> int:
-    """12·L·H·Q·T (forward + backward of QK^T and AV, counted as full S x S as PaLM does)."""
-    t = min(args.seq_len, args.sliding_window) if args.sliding_window else args.seq_len
-    return 12 * args.layers * args.heads * args.head_dim * t
-
-
-def model_flops_per_token(args: ModelArgs) -> int:
-    return 6 * matmul_params(args) + attention_flops_per_token(args)
-
-
-def recomputed_blocks(layers: int, activation_checkpointing: str) -> int:
-    if activation_checkpointing == "full":
-        return layers
-    if activation_checkpointing == "selective":
-        return (layers + 1) // 2  # blocks 0, 2, 4, ...
-    return 0
-
-
-def hardware_flops_per_token(args: ModelArgs, activation_checkpointing: str) -> int:
-    """Model FLOPs plus one extra forward of each checkpointed block."""
-    t = min(args.seq_len, args.sliding_window) if args.sliding_window else args.seq_len
-    per_block_fwd = 2 * block_params(args) + 4 * args.heads * args.head_dim * t
-    return model_flops_per_token(args) + recomputed_blocks(args.layers, activation_checkpointing) * per_block_fwd
+    return bf16_peak_tflops(device_name)
 
 
 def utilization(flops_per_token: int, tokens_per_second_per_device: float, peak: float | None) -> float | None:
-    """Fraction of peak (peak in TFLOP/s per device)."""
+    """Fraction of peak (peak in TFLOP/s per device); None without a peak."""
     if not peak:
         return None
-    return flops_per_token * tokens_per_second_per_device / (peak * 1e12)
+    return flops_utilization(flops_per_token, tokens_per_second_per_device, peak * 1e12)
 
 
 def stragglers(step_times: list[float], factor: float, min_gap: float = 0.0) -> list[int]:

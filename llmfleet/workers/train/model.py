@@ -16,6 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from llmfleet.api.trainingjob import ModelShape
+from llmfleet.plan.models import embedding_params, total_params
+
 
 @dataclass(frozen=True)
 class ModelArgs:
@@ -36,20 +39,25 @@ class ModelArgs:
         return self.hidden // self.heads
 
     @classmethod
-    def from_shape(cls, shape: Any) -> ModelArgs:
-        """From llmfleet.api.trainingjob.ModelShape."""
+    def from_shape(cls, shape: ModelShape) -> ModelArgs:
         return cls(
             layers=shape.layers, hidden=shape.hidden, heads=shape.heads, kv_heads=shape.n_kv_heads,
             ffn=shape.ffn_dim, vocab=shape.vocab, seq_len=shape.seq_len, rope_theta=shape.rope_theta,
             sliding_window=shape.sliding_window, tie_embeddings=shape.tie_embeddings,
         )
 
+    def shape(self) -> ModelShape:
+        """The API's ModelShape of these args (what the planner's parameter and FLOPs formulas take)."""
+        return ModelShape(
+            layers=self.layers, hidden=self.hidden, heads=self.heads, kv_heads=self.kv_heads, ffn=self.ffn,
+            vocab=self.vocab, seq_len=self.seq_len, rope_theta=self.rope_theta, sliding_window=self.sliding_window,
+            tie_embeddings=self.tie_embeddings,
+        )
+
     def num_params(self, include_embedding: bool = True) -> int:
-        d, h = self.hidden, self.head_dim
-        attn = d * self.heads * h * 2 + d * self.kv_heads * h * 2
-        block = attn + 3 * d * self.ffn + 2 * d
-        n = self.layers * block + d + self.vocab * d * (1 if self.tie_embeddings else 2)
-        return n if include_embedding else n - self.vocab * d
+        shape = self.shape()
+        n = total_params(shape)
+        return n if include_embedding else n - embedding_params(shape)
 
 
 class RMSNorm(nn.Module):

@@ -7,7 +7,6 @@ import logging
 import math
 import os
 import resource
-import socket
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -18,6 +17,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from llmfleet.api.trainingjob import TrainingJobSpec
+from llmfleet.plan.training import hardware_flops_per_token, model_flops_per_token
+from llmfleet.util.net import free_port
 from llmfleet.workers.train import metrics as fl
 from llmfleet.workers.train.checkpoint import Checkpointer
 from llmfleet.workers.train.data import TokenData
@@ -28,17 +29,11 @@ from llmfleet.workers.train.parallelize import build_mesh, parallelize
 log = logging.getLogger("llmfleet.train")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def init_distributed() -> tuple[int, int, int, torch.device]:
     """Rank, world size, local rank and device; a lone process (no torchrun) becomes a world of one."""
     if "RANK" not in os.environ:
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=str(_free_port()))
+                          MASTER_PORT=str(free_port()))
     rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
     use_cuda = torch.cuda.is_available() and os.environ.get("LLMFLEET_DEVICE", "") != "cpu"
     if use_cuda:
@@ -133,8 +128,8 @@ class Trainer:
         self.peak = fl.peak_tflops(
             torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None, spec.metrics.peak_tflops
         )
-        self.flops_token = fl.model_flops_per_token(self.args)
-        self.hw_flops_token = fl.hardware_flops_per_token(self.args, opt.activation_checkpointing)
+        self.flops_token = model_flops_per_token(spec.model)
+        self.hw_flops_token = hardware_flops_per_token(spec.model, activation_checkpointing=opt.activation_checkpointing)
         self.metrics = fl.TrainMetrics(self.rank)
         self.status: dict[str, Any] = {
             "step": 0, "totalSteps": opt.steps, "loss": None, "tokensPerSecond": None, "mfu": None, "hfu": None,

@@ -9,10 +9,11 @@ from typing import Any
 import kubeemu  # tests/conftest.py puts tests/ on sys.path
 import pytest
 
-from llmfleet.autoscaler.actuation import STATE_ANNOTATION, KubernetesActuator
-from llmfleet.autoscaler.arbitration import SUSPENDED_BY_ANNOTATION, ServingNeed
+from llmfleet.api.contracts import AUTOSCALER_STATE_ANNOTATION, SUSPENDED_BY_ANNOTATION
+from llmfleet.autoscaler.actuation import KubernetesActuator
+from llmfleet.autoscaler.arbitration import ServingNeed
 from llmfleet.autoscaler.kube import apply_arbitration
-from llmfleet.operator.kube import KubeClient
+from llmfleet.kube.client import KubeClient
 
 ROOT = Path(__file__).resolve().parents[3]
 TJ, IS = "llmfleet.io/v1alpha1/trainingjobs", "llmfleet.io/v1alpha1/inferenceservices"
@@ -89,7 +90,7 @@ async def test_kubernetes_actuator_patches_pool_replicas_and_state_annotation() 
             obj = emu.get(IS, "default", "chat")
             assert obj["spec"]["replicas"] == 5
             assert obj["spec"]["fallback"]["pools"][0]["replicas"] == 2
-            assert obj["metadata"]["annotations"][STATE_ANNOTATION] == '{"primary":{}}'
+            assert obj["metadata"]["annotations"][AUTOSCALER_STATE_ANNOTATION] == '{"primary":{}}'
             with pytest.raises(KeyError, match="nope"):
                 await act.set_replicas({"nope": 1}, reason="test")
         finally:

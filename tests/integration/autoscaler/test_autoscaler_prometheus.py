@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -14,6 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 
 from llmfleet.autoscaler.policy import PolicyConfig, PolicyState, PoolConfig, decide
 from llmfleet.autoscaler.signals import PoolRef, PrometheusSignals
+from llmfleet.util.net import free_port
 
 pytestmark = [
     pytest.mark.integration,
@@ -21,12 +21,6 @@ pytestmark = [
     pytest.mark.timeout(120),
     pytest.mark.skipif(shutil.which("prometheus") is None, reason="needs the prometheus binary (apt-get install prometheus)"),
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class FakeFleet:

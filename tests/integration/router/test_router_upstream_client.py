@@ -11,6 +11,7 @@ import pytest
 from llmfleet.router import upstream_client as uc
 from llmfleet.router.fake_backend import serve_lean
 from llmfleet.router.upstream_client import ConnectFailed, UpstreamBroken, UpstreamClient, UpstreamTimeout
+from llmfleet.util.net import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
 
@@ -143,11 +144,7 @@ async def test_closed_before_headers_on_a_fresh_connection_is_broken(raw, client
 
 
 async def test_connect_refused_is_connect_failed(client) -> None:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # released again: nothing listens there
     with pytest.raises(ConnectFailed):
         await post(client, f"http://127.0.0.1:{port}")
 

@@ -11,7 +11,6 @@ import asyncio
 import inspect
 import json as jsonlib
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -22,17 +21,12 @@ import pytest
 
 from llmfleet.router.config import PoolConfig, RouterConfig
 from llmfleet.router.replicas import parse_vllm_metrics
+from llmfleet.util.net import free_port
 
 from .conftest import start_router
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]
 BLOCK = 32  # the CPU attention backend needs a multiple of 32
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +40,7 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, li
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1", "OMP_NUM_THREADS": "1"}
     try:
         for i in range(2):
-            port, ev_port = _free_port(), _free_port()
+            port, ev_port = free_port(), free_port()
             kv_cfg = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{ev_port}"}  # * = bind
             argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
                     "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port), "--enforce-eager",

@@ -16,7 +16,7 @@ import pytest
 
 from llmfleet.api import InferenceService
 from llmfleet.local.tinymodel import PRIMARY, build_tiny
-from llmfleet.workers.serve.worker import free_port
+from llmfleet.util.net import free_port
 
 START_TIMEOUT_S = float(os.environ.get("LLMFLEET_TEST_START_TIMEOUT", "420"))
 

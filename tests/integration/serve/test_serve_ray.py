@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from openai import OpenAI
 
-from llmfleet.workers.serve.worker import free_port
+from llmfleet.util.net import free_port
 
 from .conftest import stop, tiny_service, wait_healthy
 

@@ -1,6 +1,6 @@
 """The offline generation CronJob of an InferenceService (a pure builder: CR -> manifest dict).
 
-The operator adds namespace, labels and the owner reference (llmfleet.operator.builders.inferenceservice).
+`llmfleet.operator.builders.inferenceservice` adds the owner's labels and the owner reference.
 The Job reads the router's request log from the `<isvc>-requests` PersistentVolumeClaim (the router writes
 `requests.jsonl` there), and asks the primary pool's Service directly (not the router, whose log would count
 the generation's own requests). With no `featureStore.url`, the SQLite default lives on the same volume.
@@ -8,22 +8,21 @@ the generation's own requests). With no `featureStore.url`, the SQLite default l
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
+from llmfleet.api.contracts import (
+    COMPONENT_LABEL,
+    INFERENCESERVICE_LABEL,
+    MANAGED_LABELS,
+    REPLICA_PORT,
+    child_name,
+)
 from llmfleet.api.inferenceservice import InferenceService
 
-SERVING_PORT = 8000
 LOG_MOUNT = "/var/lib/llmfleet"
 LOG_FILE = "requests.jsonl"
-
-
-def _child_name(owner: str, suffix: str) -> str:
-    name = f"{owner}-{suffix}"
-    if len(name) <= 52:  # CronJob names are limited to 52 characters (the Job suffix takes the rest)
-        return name
-    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
-    return f"{name[: 52 - 9].rstrip('-')}-{digest}"
+# CronJob names are limited to 52 characters (the Job suffix takes the rest).
+CRONJOB_NAME_LIMIT = 52
 
 
 def request_log_claim(isvc: InferenceService) -> str:
@@ -55,7 +54,7 @@ def build_generation_cronjob(isvc: InferenceService, image: str) -> dict[str, An
     name = isvc.metadata.name
     namespace = isvc.metadata.namespace or "default"
     primary = isvc.pools()[0]
-    endpoint = f"http://{name}-{primary.name}.{namespace}.svc:{SERVING_PORT}/v1"
+    endpoint = f"http://{name}-{primary.name}.{namespace}.svc:{REPLICA_PORT}/v1"
     args = [
         "llmfleet", "features", "generate",
         "--log", f"{LOG_MOUNT}/{LOG_FILE}",
@@ -71,18 +70,14 @@ def build_generation_cronjob(isvc: InferenceService, image: str) -> dict[str, An
     ]
     if store.url:
         env.append({"name": "LLMFLEET_STORE_URL", "value": store.url})
-    labels = {"llmfleet.io/inferenceservice": name, "llmfleet.io/component": "featurestore"}
+    labels = {INFERENCESERVICE_LABEL: name, COMPONENT_LABEL: "featurestore"}
     return {
         "apiVersion": "batch/v1",
         "kind": "CronJob",
         "metadata": {
-            "name": _child_name(name, "features"),
+            "name": child_name(name, "features", limit=CRONJOB_NAME_LIMIT),
             "namespace": namespace,
-            "labels": {
-                "app.kubernetes.io/managed-by": "llmfleet",
-                "app.kubernetes.io/part-of": "llmfleet",
-                **labels,
-            },
+            "labels": {**MANAGED_LABELS, **labels},
         },
         "spec": {
             "schedule": store.generation_schedule,

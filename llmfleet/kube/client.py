@@ -1,4 +1,4 @@
-"""A small async Kubernetes client (aiohttp) for what the operator does besides watching: server-side apply,
+"""A small async Kubernetes client (aiohttp) for what the control plane does besides watching: server-side apply,
 get, merge-patch and delete of children, and API discovery. Shares the operator's kopf credentials.
 
 Time spent waiting for the API server is accumulated per task (see `api_seconds`) so reconcile timings can
@@ -20,7 +20,7 @@ from typing import Any
 import aiohttp
 import kopf
 
-from llmfleet.operator.config import FIELD_MANAGER
+from llmfleet.api.contracts import API_VERSION, FIELD_MANAGER, INFERENCESERVICE_PLURAL, TRAININGJOB_PLURAL
 
 # (apiVersion, kind) -> (plural, namespaced) for every kind the operator touches.
 RESOURCES: dict[tuple[str, str], tuple[str, bool]] = {
@@ -39,8 +39,8 @@ RESOURCES: dict[tuple[str, str], tuple[str, bool]] = {
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): ("rolebindings", True),
     ("scheduling.x-k8s.io/v1alpha1", "PodGroup"): ("podgroups", True),
     ("monitoring.coreos.com/v1", "PodMonitor"): ("podmonitors", True),
-    ("llmfleet.io/v1alpha1", "InferenceService"): ("inferenceservices", True),
-    ("llmfleet.io/v1alpha1", "TrainingJob"): ("trainingjobs", True),
+    (API_VERSION, "InferenceService"): (INFERENCESERVICE_PLURAL, True),
+    (API_VERSION, "TrainingJob"): (TRAININGJOB_PLURAL, True),
 }
 
 _API_SECONDS: contextvars.ContextVar[ApiTimer | None] = contextvars.ContextVar("api_seconds", default=None)

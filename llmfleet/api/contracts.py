@@ -1,0 +1,86 @@
+"""The names every llmfleet component agrees on: API group and version, ports, label and annotation keys.
+
+The bottom floor of the package: the operator writes these names into manifests, the router, autoscaler,
+workers and the local runtime read them back. Each is defined here once; everything else imports it.
+This module imports nothing from llmfleet.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import UTC, datetime
+
+# ---- API
+GROUP = "llmfleet.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+INFERENCESERVICE_PLURAL = "inferenceservices"
+TRAININGJOB_PLURAL = "trainingjobs"
+# Server-side apply field manager of everything the control plane writes.
+FIELD_MANAGER = "llmfleet-operator"
+
+# ---- ports
+REPLICA_PORT = 8000  # a serving replica's OpenAI API (vLLM or the drain wrapper in front of it)
+ROUTER_PORT = 8080  # the router's OpenAI API and /metrics
+TRAINING_METRICS_PORT = 9400  # Prometheus /metrics and /status on every training rank
+RENDEZVOUS_PORT = 29400  # torch elastic rendezvous of a TrainingJob
+OPERATOR_METRICS_PORT = 8080  # the operator's /metrics
+OPERATOR_LIVENESS_PORT = 8081  # the operator's /healthz
+
+# ---- labels
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+PART_OF_LABEL = "app.kubernetes.io/part-of"
+MANAGED_LABELS = {MANAGED_BY_LABEL: "llmfleet", PART_OF_LABEL: "llmfleet"}
+INFERENCESERVICE_LABEL = f"{GROUP}/inferenceservice"
+TRAININGJOB_LABEL = f"{GROUP}/trainingjob"
+POOL_LABEL = f"{GROUP}/pool"
+# Values: replica, router, featurestore (InferenceService children), worker (TrainingJob pods).
+COMPONENT_LABEL = f"{GROUP}/component"
+# On serving pods; the autoscaler's cache-aware scale-in sets "false" to take a pod out of its Service.
+SERVING_LABEL = f"{GROUP}/serving"
+# On a pod the autoscaler is draining before it deletes it.
+DRAINING_LABEL = f"{GROUP}/draining"
+
+# ---- annotations
+# The model path a pool's pods serve (on the Deployment and its pod template).
+MODEL_ANNOTATION = f"{GROUP}/model"
+# Hash of the router's ConfigMap on the router's pod template: a changed config rolls the router.
+CONFIG_HASH_ANNOTATION = f"{GROUP}/config-hash"
+# The attempt number on a TrainingJob's Job.
+ATTEMPT_ANNOTATION = f"{GROUP}/attempt"
+# On an InferenceService: a model promotion in progress (written by the TrainingJob reconcile, advanced by
+# the InferenceService reconcile).
+PROMOTION_ANNOTATION = f"{GROUP}/promotion"
+# On an InferenceService: the autoscaler's persisted policy state (JSON).
+AUTOSCALER_STATE_ANNOTATION = f"{GROUP}/autoscaler-state"
+# On a TrainingJob the autoscaler suspended to free GPUs: who suspended it.
+SUSPENDED_BY_ANNOTATION = f"{GROUP}/suspended-by"
+# On an InferenceService: its priority when serving competes with training for GPUs.
+SERVING_PRIORITY_ANNOTATION = f"{GROUP}/priority"
+# On an InferenceService: the planner preset that seeds capacity, `<key>` or `<key>.<pool>`.
+MODEL_PRESET_ANNOTATION = f"{GROUP}/model-preset"
+
+
+def prometheus_label(key: str) -> str:
+    """A label key as Prometheus relabelling writes it: `llmfleet.io/pool` -> `llmfleet_io_pool`."""
+    return key.replace(".", "_").replace("/", "_").replace("-", "_")
+
+
+def pool_selector(service: str, pool: str) -> str:
+    """Label selector of the pods of one pool of an InferenceService."""
+    return f"{INFERENCESERVICE_LABEL}={service},{POOL_LABEL}={pool}"
+
+
+def child_name(owner: str, suffix: str = "", limit: int = 63) -> str:
+    """`<owner>-<suffix>`, shortened with a stable hash when longer than `limit` (DNS-1123 label)."""
+    name = f"{owner}-{suffix}" if suffix else owner
+    if len(name) <= limit:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+    keep = limit - len(digest) - 1
+    return f"{name[:keep].rstrip('-')}-{digest}"
+
+
+def now_iso() -> str:
+    """The current UTC time as Kubernetes writes timestamps (RFC 3339, seconds, `Z`)."""
+    return datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
