@@ -469,12 +469,17 @@ async def test_scale_from_zero_holds_requests_and_wakes_the_autoscaler(fakes, ro
     await asyncio.sleep(0.2)  # a few health checks: the replica is down
     async with http.get(r.url + "/health") as resp:  # still ready: it must take the requests that wake us
         assert resp.status == 200 and (await resp.json())["status"] == "scaling from zero"
-    first = await http.get(r.url + "/admin/held", params={"since": -1, "wait": 0})
-    episode = (await first.json())["episode"]
-    poll = asyncio.create_task(http.get(r.url + "/admin/held", params={"since": episode, "wait": 30}))
+    # The autoscaler's side (the local loop and the Kubernetes daemon both use it): a long poll that returns
+    # as soon as requests are held, not at its next interval.
+    from llmfleet.autoscaler.local import Wakeup
+
+    wakeup = Wakeup(r.url)
+    assert await wakeup.wait(asyncio.Event(), 0.3) == {}  # nothing held: it waits out its timeout
+    poll = asyncio.create_task(wakeup.wait(asyncio.Event(), 30))
+    await asyncio.sleep(0.1)
     sends = [asyncio.create_task(http.post(r.url + "/v1/chat/completions", json=CHAT)) for _ in range(3)]
-    woke = await asyncio.wait_for(poll, 5)  # the autoscaler hears about it at once, not at its next interval
-    assert (await woke.json())["held"]["primary"] >= 1
+    woke = await asyncio.wait_for(poll, 5)
+    assert woke["primary"] >= 1
     await wait_for(lambda: r.router.held.total() == 2)
     metrics = await (await http.get(r.url + "/metrics")).text()
     assert 'llmfleet_router_held_requests{pool="primary"} 2.0' in metrics
@@ -482,6 +487,14 @@ async def test_scale_from_zero_holds_requests_and_wakes_the_autoscaler(fakes, ro
     statuses = sorted([(await asyncio.wait_for(s, 10)).status for s in sends])
     assert statuses == [200, 200, 503]  # the queue holds two; the third is told to retry (Retry-After)
     assert r.router.held.total() == 0
+    # The same cold start does not wake it again; a new one (after the pool emptied) does.
+    assert await wakeup.wait(asyncio.Event(), 0.3) == {}
+    replica.healthy = False
+    await wait_for(lambda: not r.router.pools["primary"].replicas.routable())
+    again = asyncio.create_task(http.post(r.url + "/v1/chat/completions", json=CHAT))
+    assert await asyncio.wait_for(wakeup.wait(asyncio.Event(), 30), 5) == {"primary": 1}
+    replica.healthy = True
+    assert (await asyncio.wait_for(again, 10)).status == 200
 
     # The deadline: no replica in time -> 503 with Retry-After, nothing hangs.
     replica.healthy = False
