@@ -280,4 +280,4 @@ def test_replica_network_policy_admits_the_charts_operator_and_scrapers(rendered
         "metadata": {"name": "chat", "namespace": "ml", "uid": "u"}, "spec": {"model": {"path": "/m"}}})
     policy = build_replica_network_policy(isvc, OperatorConfig(replica_ingress_from=peers))
     kubernetes_validate.validate(copy.deepcopy(policy), "1.30", strict=True)
-    assert policy["spec"]["ingress"][0]["from"][1:] == list(peers)
+    assert policy["spec"]["ingress"][0]["from"][2:] == list(peers)  # after the router and the generation Job

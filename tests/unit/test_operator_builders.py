@@ -182,7 +182,10 @@ def test_secured_pools_key_only_for_router_and_replicas_network_policy() -> None
     assert rcfg.tenants.limit_share == 0.25  # 4 routers: each enforces a quarter of every tenant's limit
     # Only pool Deployments and the router reference the Secret (not the CronJob, not the PVC).
     holders = {(m["kind"], m["metadata"]["name"]) for m in ms if "chat-upstream" in json.dumps(m)}
-    assert holders == {("Deployment", "chat-primary"), ("Deployment", "chat-student"), ("Deployment", "chat-router")}
+    assert holders == {("Deployment", "chat-primary"), ("Deployment", "chat-student"), ("Deployment", "chat-router"),
+                       ("CronJob", "chat-features")}  # the generation Job asks the primary pool directly
+    cron = _by(ms, "CronJob", "chat-features")["spec"]["jobTemplate"]["spec"]["template"]
+    assert {"name": "OPENAI_API_KEY", "valueFrom": ref} in cron["spec"]["containers"][0]["env"]
 
     np = _by(ms, "NetworkPolicy", "chat-replicas")["spec"]
     assert np["policyTypes"] == ["Ingress"]
@@ -193,7 +196,8 @@ def test_secured_pools_key_only_for_router_and_replicas_network_policy() -> None
     peers = np["ingress"][0]["from"]
     assert peers[0]["podSelector"]["matchLabels"].items() <= router_labels.items()
     assert not peers[0]["podSelector"]["matchLabels"].items() <= replica_labels.items()  # replicas cannot call replicas
-    assert peers[1:] == scraper
+    assert peers[1]["podSelector"]["matchLabels"].items() <= cron["metadata"]["labels"].items()
+    assert peers[2:] == scraper
     # Off: no policy and no key.
     open_isvc = _isvc(router={"isolatePools": False})
     assert not [m for m in build_inferenceservice(open_isvc, FULL) if m["kind"] == "NetworkPolicy"]

@@ -204,6 +204,8 @@ def build_replica_network_policy(isvc: InferenceService, config: OperatorConfig)
             "podSelector": {"matchLabels": replicas},
             "policyTypes": ["Ingress"],
             "ingress": [{"from": [{"podSelector": {"matchLabels": router_labels(isvc)}},
+                                  # the feature store's generation Job asks the primary pool directly
+                                  {"podSelector": {"matchLabels": {**isvc_labels(isvc), COMPONENT_LABEL: "featurestore"}}},
                                   *config.replica_ingress_from]}],
         },
     }
@@ -320,6 +322,12 @@ def build_feature_store_job(isvc: InferenceService, config: OperatorConfig) -> M
     meta.setdefault("namespace", isvc.metadata.namespace or "default")
     meta["labels"] = {**meta.get("labels", {}), **isvc_labels(isvc), COMPONENT_LABEL: "featurestore"}
     meta["ownerReferences"] = metadata(isvc, "x", {})["ownerReferences"]
+    if secret := isvc.spec.router.upstream_key_secret:
+        # The generation Job asks the primary pool directly: it needs the replicas' key too (read by
+        # `llmfleet features generate` from OPENAI_API_KEY, its --api-key-env default).
+        pod = manifest["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+        for container in pod["containers"]:
+            container["env"] = [*container.get("env", []), _secret_env("OPENAI_API_KEY", secret)]
     return manifest
 
 
