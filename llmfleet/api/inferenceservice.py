@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
@@ -63,6 +64,68 @@ class VLLMSpec(ApiModel):
         return self
 
 
+# vLLM's LoRAConfig.max_lora_rank accepts exactly these values (vllm/config/lora.py, MaxLoRARanks).
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+# A URI (scheme://...) or a filesystem path: no whitespace or control characters.
+_URI_SCHEME = re.compile(r"^[a-z][a-z0-9+.-]*://\S+$")
+_PATH = re.compile(r"^[^\s\x00-\x1f]+$")
+
+
+class AdapterSpec(ApiModel):
+    """A LoRA adapter served on top of the primary pool's model, under its own model name."""
+
+    name: str = Field(
+        min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$",
+        description="Model name clients use in the OpenAI API `model` field to get this adapter.",
+    )
+    uri: str = Field(
+        min_length=1,
+        description="Adapter folder in the PEFT format (adapter_config.json + adapter_model.safetensors): a local "
+        "path, or file:// URI; other storage schemes where the model storage supports them.",
+    )
+    base_model: str | None = Field(
+        default=None,
+        description="The base model the adapter was trained on (model path or served name); when set it must be "
+        "the primary pool's model, so an adapter for another base is refused instead of producing garbage.",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> AdapterSpec:
+        if not (_URI_SCHEME.match(self.uri) or _PATH.match(self.uri)):
+            raise ValueError(f"uri {self.uri!r} is neither a path nor a scheme://... URI")
+        return self
+
+    @property
+    def engine_path(self) -> str:
+        """What the engine's load call gets as lora_path: a file:// URI becomes its local path."""
+        return self.uri.removeprefix("file://")
+
+
+class LoraSpec(ApiModel):
+    """LoRA serving on the primary pool (vLLM --enable-lora); adapters are loaded at run time, on demand."""
+
+    max_loras: int = Field(default=4, ge=1, le=256, description="Adapters that can be active in one engine batch "
+                           "(GPU slots per replica; --max-loras).")
+    max_lora_rank: int = Field(default=16, description=f"Largest adapter rank the engine accepts (--max-lora-rank; "
+                               f"one of {', '.join(map(str, LORA_RANKS))}).")
+    max_cpu_loras: int | None = Field(default=None, ge=1, description="Adapters kept in host memory per replica "
+                                      "(--max-cpu-loras, >= maxLoras); maxLoras when unset.")
+
+    @model_validator(mode="after")
+    def _check(self) -> LoraSpec:
+        if self.max_lora_rank not in LORA_RANKS:
+            raise ValueError(f"maxLoraRank {self.max_lora_rank} is not one of {', '.join(map(str, LORA_RANKS))} "
+                             "(the ranks vLLM accepts)")
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ValueError(f"maxCpuLoras ({self.max_cpu_loras}) must be >= maxLoras ({self.max_loras})")
+        return self
+
+    @property
+    def slots(self) -> int:
+        """Adapters a replica holds loaded at once (its host cache; maxLoras of them active per batch)."""
+        return self.max_cpu_loras or self.max_loras
+
+
 class SLOSpec(ApiModel):
     """Service-level objectives the router and autoscaler work towards."""
 
@@ -78,7 +141,7 @@ class RouterSpec(ApiModel):
     scorers: dict[str, float] = Field(
         default_factory=lambda: {"estimated-ttft": 1.0, "queue-depth": 0.1},
         description="Scorer plugin name -> weight (estimated-ttft, prefix-cache, queue-depth, running-requests, kv-cache, "
-        "session-affinity).",
+        "session-affinity, adapter-loaded; a service with spec.lora gets adapter-loaded at 1.0 unless named here).",
     )
     session_affinity_header: str | None = Field(
         default="x-session-id", description="Header whose value pins a session to a replica (session-affinity scorer)."
@@ -205,15 +268,36 @@ class InferenceServiceSpec(ApiModel):
     autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec, description="Autoscaler settings.")
     feature_store: FeatureStoreSpec | None = Field(default=None, description="Feature store for lookups and offline generation.")
     drain_seconds: int = Field(default=60, ge=0, le=3600, description="Grace period for in-flight requests when a replica stops.")
+    lora: LoraSpec | None = Field(default=None, description="LoRA serving on the primary pool; needed for adapters.")
+    adapters: list[AdapterSpec] = Field(
+        default_factory=list,
+        description="LoRA adapters of the primary model, each served under its own model name; loaded on a replica "
+        "when first asked for (adding one never restarts a replica).",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> InferenceServiceSpec:
         if self.min_replicas > self.max_replicas:
             raise ValueError("minReplicas must be <= maxReplicas")
+        self._check_adapters()
         tp = self.vllm.tensor_parallel_size
         if self.resources.gpus and self.resources.gpus % tp:
             raise ValueError(f"resources.gpus ({self.resources.gpus}) must be a multiple of vllm.tensorParallelSize ({tp})")
         return self
+
+    def _check_adapters(self) -> None:
+        if self.adapters and self.lora is None:
+            raise ValueError(f"spec.adapters[0] ({self.adapters[0].name!r}) needs LoRA enabled: set spec.lora "
+                             "(e.g. lora: {maxLoras: 4, maxLoraRank: 16})")
+        seen: dict[str, int] = {}
+        for i, a in enumerate(self.adapters):
+            if a.name in seen:
+                raise ValueError(f"spec.adapters[{i}].name {a.name!r} duplicates spec.adapters[{seen[a.name]}].name")
+            seen[a.name] = i
+            if a.base_model is not None and a.base_model not in (self.model.path, self.model.served_name):
+                raise ValueError(f"spec.adapters[{i}].baseModel {a.base_model!r} is not the primary model "
+                                 f"(spec.model.path {self.model.path!r}): adapters only run on the model they were "
+                                 "trained for")
 
 
 @dataclass(frozen=True)
@@ -305,6 +389,16 @@ class InferenceService(ApiModel):
     metadata: ObjectMeta = Field(description="Standard object metadata.")
     spec: InferenceServiceSpec = Field(description="Desired state.")
     status: InferenceServiceStatus | None = Field(default=None, description="Observed state.")
+
+    @model_validator(mode="after")
+    def _check_adapter_names(self) -> InferenceService:
+        # The served names are only known here (they default to metadata.name): an adapter may not shadow one.
+        models = {p.served_name: p.name for p in self.pools()}
+        for i, a in enumerate(self.spec.adapters):
+            if a.name in models:
+                raise ValueError(f"spec.adapters[{i}].name {a.name!r} is the model name of pool {models[a.name]}; "
+                                 "give the adapter its own name")
+        return self
 
     def pools(self) -> list[PoolView]:
         """The primary pool then each student pool, with inherited defaults resolved."""

@@ -9,6 +9,7 @@ from pydantic import ConfigDict, Field, model_validator
 
 from llmfleet.api.common import ApiModel, Condition, ObjectMeta, StatusModel
 from llmfleet.api.contracts import TRAINING_METRICS_PORT
+from llmfleet.api.inferenceservice import LORA_RANKS
 
 
 class ModelShape(ApiModel):
@@ -121,6 +122,28 @@ class DistillationSpec(ApiModel):
     alpha: float = Field(default=0.5, ge=0, le=1, description="Weight of the KL term; 1-alpha weighs the LM loss.")
 
 
+LoraTarget = Literal["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+DEFAULT_LORA_TARGETS: tuple[LoraTarget, ...] = ("q_proj", "v_proj")
+
+
+class LoraTrainingSpec(ApiModel):
+    """LoRA fine-tuning (method: lora): a frozen base model plus trained low-rank updates, exported as a PEFT
+    adapter (adapter_config.json + adapter_model.safetensors) that vLLM loads."""
+
+    base_model: str = Field(min_length=1, description="Hugging Face Llama folder whose weights are frozen and adapted; "
+                            "the model shape comes from its config.json (spec.model only sets seqLen).")
+    rank: int = Field(default=8, description=f"LoRA rank r (one of {', '.join(map(str, LORA_RANKS))}, the ranks vLLM serves).")
+    alpha: float = Field(default=16.0, gt=0, description="LoRA alpha: the update is scaled by alpha / rank.")
+    targets: list[LoraTarget] = Field(default_factory=lambda: list(DEFAULT_LORA_TARGETS), min_length=1,
+                                      description="Projections that get a LoRA update.")
+
+    @model_validator(mode="after")
+    def _check(self) -> LoraTrainingSpec:
+        if self.rank not in LORA_RANKS:
+            raise ValueError(f"rank {self.rank} is not one of {', '.join(map(str, LORA_RANKS))} (the ranks vLLM serves)")
+        return self
+
+
 class CheckpointSpec(ApiModel):
     """Where and how often to save sharded checkpoints (torch.distributed.checkpoint)."""
 
@@ -168,6 +191,11 @@ class PromotionTarget(ApiModel):
 
     inference_service: str = Field(min_length=1, description="InferenceService name in the same namespace.")
     pool: str = Field(default="primary", min_length=1, description="Pool name: 'primary' or a fallback pool's name.")
+    adapter_name: str | None = Field(
+        default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$",
+        description="method lora: the adapter is added to (or replaced in) the InferenceService's spec.adapters under "
+        "this name (the TrainingJob's name when unset), instead of replacing the pool's model.",
+    )
 
 
 class OutputSpec(ApiModel):
@@ -194,6 +222,9 @@ class TrainingJobSpec(ApiModel):
     optimization: Optimization = Field(default_factory=Optimization, description="Batching, schedule and compute settings.")
     fsdp: FSDPSpec = Field(default_factory=FSDPSpec, description="FSDP2/HSDP sharding.")
     distillation: DistillationSpec | None = Field(default=None, description="Distill from a teacher when set.")
+    method: Literal["full", "lora"] = Field(default="full", description="full: train every weight; lora: train a "
+                                            "LoRA adapter of spec.lora.baseModel and export it in the PEFT format.")
+    lora: LoraTrainingSpec | None = Field(default=None, description="LoRA settings (method: lora).")
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpointing.")
     workers: WorkersSpec = Field(default_factory=WorkersSpec, description="Worker pods and GPUs.")
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec, description="Priority, queue and gang scheduling.")
@@ -219,6 +250,14 @@ class TrainingJobSpec(ApiModel):
             )
         if self.optimization.lr.min > self.optimization.lr.peak:
             raise ValueError("optimization.lr.min must not exceed optimization.lr.peak")
+        if self.method == "lora" and self.lora is None:
+            raise ValueError("method lora needs spec.lora (baseModel, rank, alpha, targets)")
+        if self.method != "lora" and self.lora is not None:
+            raise ValueError("spec.lora is set but spec.method is full; set method: lora")
+        if self.method == "lora" and self.distillation is not None:
+            raise ValueError("spec.distillation with method lora is not supported; distill a full model instead")
+        if self.output and self.output.promote_to and self.output.promote_to.adapter_name and self.method != "lora":
+            raise ValueError("output.promoteTo.adapterName is for method lora (a full model replaces the pool's model)")
         return self
 
     @property

@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import typer
 
-if TYPE_CHECKING:
-    from llmfleet.api import InferenceService
-
-TINY_SCHEME = "tiny://"
+from llmfleet.local.manifest import InvalidManifest, load_service
 
 
 def _fail(msg: str, code: int = 2) -> typer.Exit:
@@ -44,39 +40,25 @@ def register(app: typer.Typer) -> None:
         prometheus: bool = typer.Option(True, "--prometheus/--no-prometheus",
                                         help="Start Prometheus (scraping router + replicas) when its binary is installed."),
     ) -> None:
-        from llmfleet.api import InferenceService, ManifestError, load_manifest
         from llmfleet.local.runtime import pid_alive, read_state, run_dir_for
-        from llmfleet.workers.serve.vllm_args import InvalidServeSpec, render_vllm_args
 
         try:
-            res = load_manifest(file)
-        except ManifestError as err:
+            isvc = load_service(file)
+        except InvalidManifest as err:
             raise _fail(f"llmfleet up: {err}") from None
-        if not isinstance(res, InferenceService):
-            raise _fail(f"llmfleet up: {file} is a {res.kind}; `llmfleet up` runs an InferenceService "
-                        "(use `llmfleet train` for a TrainingJob)")
-        isvc = resolve_tiny_paths(res)
-        try:
-            for pool in isvc.pools():
-                render_vllm_args(isvc, pool)
-        except InvalidServeSpec as err:
-            raise _fail(f"llmfleet up: {file}: {err}") from None
-        for pool in isvc.pools():
-            local = pool.model.path.removeprefix("file://")
-            # A missing local folder would only show as replicas crash-looping in the background.
-            if local.startswith(("/", "./", "../", "~")) and not Path(local).expanduser().exists():
-                raise _fail(f"llmfleet up: {file}: model path {pool.model.path!r} of pool {pool.name} does not exist")
         rdir = (run_dir or run_dir_for(isvc.metadata.name)).resolve()
         old = read_state(rdir)
         if old and pid_alive(old.get("supervisorPid")):
             raise _fail(f"llmfleet up: {isvc.metadata.name} is already running (pid {old['supervisorPid']}, "
-                        f"{old.get('url')}); run `llmfleet down {isvc.metadata.name}` first", 1)
+                        f"{old.get('url')}); edits to spec.adapters in the manifest it was started from are applied "
+                        f"live; for anything else run `llmfleet down {isvc.metadata.name}` first", 1)
         rdir.mkdir(parents=True, exist_ok=True)
         if detach:
             raise typer.Exit(_detach(file, rdir, port, ready_timeout, prometheus))
         from llmfleet.local.foreground import run_foreground
 
-        raise typer.Exit(run_foreground(isvc, rdir, port or None, dashboard, None if prometheus else False))
+        raise typer.Exit(run_foreground(isvc, rdir, port or None, dashboard, None if prometheus else False,
+                                        manifest=file.resolve()))
 
     @app.command("down", help="Stop a local InferenceService started by `llmfleet up` (drains first).")
     def down(
@@ -151,23 +133,6 @@ def register(app: typer.Typer) -> None:
                 except RuntimeError as err:
                     raise _fail(f"llmfleet model build-tiny: {err}", 1) from None
                 typer.echo(f"{name}: {trained}  (trained {train_steps} steps; log in train.log)")
-
-
-def resolve_tiny_paths(isvc: InferenceService) -> InferenceService:
-    """Replace `tiny://<name>` model paths by the built tiny model folders (building them on first use)."""
-    from llmfleet.api import InferenceService
-    from llmfleet.local.tinymodel import SPECS, build_tiny
-
-    data = isvc.model_dump(by_alias=True, exclude_none=True, mode="json")
-    models = [data["spec"]["model"]] + [p["model"] for p in data["spec"].get("fallback", {}).get("pools", [])]
-    for m in models:
-        if m["path"].startswith(TINY_SCHEME):
-            name = m["path"][len(TINY_SCHEME):]
-            if name not in SPECS:
-                raise _fail(f"llmfleet up: unknown tiny model {m['path']!r}; known: "
-                            f"{', '.join(TINY_SCHEME + n for n in SPECS)}")
-            m["path"] = str(build_tiny(SPECS[name]))
-    return InferenceService.model_validate(data)
 
 
 def _detach(file: Path, rdir: Path, port: int, ready_timeout: float, prometheus: bool) -> int:

@@ -44,8 +44,8 @@ def _autoscaler_task(sup: Supervisor, stop: asyncio.Event) -> asyncio.Task[Any] 
 
 
 async def supervise(isvc: InferenceService, run_dir: Path, port: int | None, dashboard: bool,
-                    prometheus: bool | None = None) -> int:
-    sup = Supervisor(isvc, run_dir, router_port=port, prometheus=prometheus)
+                    prometheus: bool | None = None, manifest: Path | None = None) -> int:
+    sup = Supervisor(isvc, run_dir, router_port=port, prometheus=prometheus, manifest=manifest)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -100,8 +100,8 @@ async def supervise(isvc: InferenceService, run_dir: Path, port: int | None, das
 
 
 def run_foreground(isvc: InferenceService, run_dir: Path, port: int | None, dashboard: bool,
-                   prometheus: bool | None = None) -> int:
+                   prometheus: bool | None = None, manifest: Path | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s",
                         handlers=[logging.FileHandler(run_dir / "supervisor-events.log"),
                                   *([] if dashboard and sys.stdout.isatty() else [logging.StreamHandler()])])
-    return asyncio.run(supervise(isvc, run_dir, port, dashboard, prometheus))
+    return asyncio.run(supervise(isvc, run_dir, port, dashboard, prometheus, manifest))

@@ -12,6 +12,11 @@ Every pool gets `maxReplicas` slots with ports fixed at start; all slots are lis
 config, so a replica started later (autoscaler scale-up, crash restart) is picked up by the router's
 health checks without reconfiguring it. A slot without a healthy process is simply unhealthy to the router.
 
+Edits to the manifest file the service was started from are checked every tick: a change to spec.adapters only
+is applied live (router.yaml rewritten; the router re-reads it and loads a new adapter on a replica when it is
+first asked for, so no replica restarts); any other change is reported as an event and needs `llmfleet down` and
+`llmfleet up`.
+
 Replicas run `python -m llmfleet.workers.serve` (the same command the operator renders into a Deployment,
 with a loopback host and the slot's port), each in its own session so a terminal Ctrl-C reaches only the
 supervisor, which then drains everything; each also gets PDEATHSIG so a killed supervisor leaves no engine.
@@ -35,6 +40,7 @@ from typing import IO, Any
 
 from llmfleet.api.contracts import COMPONENT_LABEL, INFERENCESERVICE_LABEL, POOL_LABEL, prometheus_label
 from llmfleet.api.inferenceservice import InferenceService, PoolView
+from llmfleet.local.manifest import InvalidManifest, load_service
 from llmfleet.util.net import free_port
 from llmfleet.workers.serve.vllm_args import serve_command
 from llmfleet.workers.serve.worker import _die_with_parent
@@ -86,8 +92,11 @@ class Supervisor:
     """Starts, watches, restarts and stops the processes of one InferenceService."""
 
     def __init__(self, isvc: InferenceService, run_dir: Path, *, router_port: int | None = None,
-                 python: str | None = None, env: dict[str, str] | None = None, prometheus: bool | None = None) -> None:
+                 python: str | None = None, env: dict[str, str] | None = None, prometheus: bool | None = None,
+                 manifest: Path | None = None) -> None:
         self.isvc = isvc
+        self.manifest = manifest  # the file `llmfleet up -f` was given: watched for adapter edits
+        self._manifest_mtime = _mtime(manifest)
         self.run_dir = run_dir
         self.python = python or sys.executable
         self.env = {**CPU_ENV_DEFAULTS, **os.environ, **(env or {})}
@@ -248,8 +257,32 @@ class Supervisor:
         self.event(f"started router on {self.url}{prom} and {sum(self.desired.values())} replica(s)")
         self.write_state()
 
+    def apply_manifest_edits(self) -> None:
+        """Apply an edit of the manifest file: adapters live, anything else reported (see the module doc)."""
+        mtime = _mtime(self.manifest)
+        if self.manifest is None or mtime is None or mtime == self._manifest_mtime:
+            return
+        self._manifest_mtime = mtime
+        try:
+            new = load_service(self.manifest)
+        except InvalidManifest as err:
+            self.event(f"manifest edit not applied: {err}")
+            return
+        old = self.isvc
+        if new.metadata.name != old.metadata.name or new.spec.model_copy(update={"adapters": old.spec.adapters}) != old.spec:
+            self.event(f"manifest {self.manifest} changed outside spec.adapters: not applied (only adapters are applied "
+                       f"live; run `llmfleet down {old.metadata.name}` and `llmfleet up` for the rest)")
+            return
+        if new.spec.adapters == old.spec.adapters:
+            return
+        self.isvc = new
+        self.write_router_config()
+        (self.run_dir / "manifest.yaml").write_text(_manifest_yaml(new))
+        self.event(f"adapters now {', '.join(a.name for a in new.spec.adapters) or 'none'} (applied without a restart)")
+
     def reconcile(self) -> None:
         """One level-triggered pass: restart what crashed, start/stop slots to match `desired`."""
+        self.apply_manifest_edits()
         now = time.time()
         for pool, rs in self.slots.items():
             self._pick_wanted(rs, self.desired[pool])
@@ -351,6 +384,13 @@ class Supervisor:
                     await asyncio.wait_for(stop.wait(), timeout=tick_s)
         finally:
             await self.stop()
+
+
+def _mtime(path: Path | None) -> int | None:
+    try:
+        return path.stat().st_mtime_ns if path is not None else None
+    except OSError:
+        return None
 
 
 async def _wait_all(procs: list[subprocess.Popen[bytes]], timeout_s: float) -> None:

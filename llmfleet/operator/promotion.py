@@ -124,6 +124,18 @@ def pool_model_patch(body: dict[str, Any], pool: str, model_path: str) -> dict[s
     return None
 
 
+def adapter_patch(body: dict[str, Any], name: str, uri: str) -> dict[str, Any] | None:
+    """Merge patch adding adapter `name` at `uri` to spec.adapters (replacing one of that name); None when the
+    InferenceService has no spec.lora (its replicas cannot serve adapters)."""
+    spec = body.get("spec") or {}
+    if not spec.get("lora"):
+        return None
+    adapters = [dict(a) for a in spec.get("adapters") or [] if a.get("name") != name]
+    adapters.append({"name": name, "uri": uri})
+    # resourceVersion makes the list replacement fail on a concurrent change instead of losing it.
+    return {"metadata": {"resourceVersion": body["metadata"].get("resourceVersion")}, "spec": {"adapters": adapters}}
+
+
 def pool_model(body: dict[str, Any], pool: str) -> str | None:
     spec = body.get("spec") or {}
     if pool == "primary":

@@ -16,6 +16,7 @@ from llmfleet.operator.builders.trainingjob import job_name, service_name, uses_
 from llmfleet.operator.config import OperatorConfig
 from llmfleet.operator.promotion import (
     Promotion,
+    adapter_patch,
     from_annotations,
     pool_metrics,
     pool_model,
@@ -90,6 +91,8 @@ async def _promote(
     isvc = await client.get(API_VERSION, "InferenceService", ns, target.inference_service)
     if isvc is None:
         return {**base, "state": "Pending", "message": f"InferenceService {target.inference_service} not found"}
+    if tj.spec.method == "lora":
+        return await _promote_adapter(tj, isvc, client, out, base, output.path, target.adapter_name)
     ann = from_annotations((isvc.get("metadata") or {}).get("annotations"))
     if ann is not None and ann.training_job == tj.metadata.name:
         if ann.state != state:
@@ -123,6 +126,23 @@ async def _promote(
         (isvc, Event("Normal", "PromotionStarted", f"{message}, from TrainingJob {tj.metadata.name}"))
     )
     return {**base, "state": "RollingOut", "message": promo.message}
+
+
+async def _promote_adapter(tj: TrainingJob, isvc: dict[str, Any], client: KubeClient, out: Outcome,
+                           base: dict[str, str], uri: str, adapter_name: str | None) -> dict[str, Any]:
+    """A trained LoRA adapter joins the InferenceService's spec.adapters: servable at once, loaded on demand by
+    the router (no rollout, no replica restart)."""
+    ns, svc = tj.metadata.namespace, base["inferenceService"]
+    name = adapter_name or tj.metadata.name
+    patch = adapter_patch(isvc, name, uri)
+    if patch is None:
+        return {**base, "state": "Pending",
+                "message": f"InferenceService {svc} has no spec.lora: set it to serve adapter {name}"}
+    await client.merge_patch("llmfleet.io/v1alpha1", "InferenceService", ns, svc, patch)
+    message = f"adapter {name} ({uri}) added to InferenceService {svc}"
+    out.event("Normal", "PromotionSucceeded", message)
+    out.other_events.append((isvc, Event("Normal", "AdapterAdded", f"{message} by TrainingJob {tj.metadata.name}")))
+    return {**base, "state": "Succeeded", "message": message}
 
 
 async def _apply(

@@ -42,7 +42,7 @@ def serve(config: Path, port: int | None = None, host: str | None = None, log_le
     except ImportError:
         pass
     try:
-        runner(run_router(cfg, lookup))
+        runner(run_router(cfg, lookup, config_path=str(config)))
     except KeyboardInterrupt:
         pass
     except OSError as e:

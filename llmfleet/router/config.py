@@ -29,7 +29,10 @@ TENANTS_MOUNT_PATH = f"{TENANTS_DIR}/tenants.yaml"
 # and that Secret's data key.
 UPSTREAM_API_KEY_ENV = "LLMFLEET_UPSTREAM_API_KEY"
 UPSTREAM_KEY_SECRET_KEY = "apiKey"
-KNOWN_SCORERS = ("estimated-ttft", "prefix-cache", "queue-depth", "running-requests", "kv-cache", "session-affinity")
+KNOWN_SCORERS = ("estimated-ttft", "prefix-cache", "queue-depth", "running-requests", "kv-cache", "session-affinity",
+                 "adapter-loaded")
+# Weight of the adapter-loaded scorer added to a service with adapters whose spec.router.scorers does not name it.
+DEFAULT_ADAPTER_WEIGHT = 1.0
 
 
 class _Model(BaseModel):
@@ -44,6 +47,13 @@ class KubernetesDiscovery(_Model):
     port: int = Field(default=REPLICA_PORT, ge=1, le=65535, description="Replica OpenAI port.")
     interval_seconds: float = Field(default=5.0, gt=0, description="Seconds between EndpointSlice lists.")
     timeout_seconds: float = Field(default=3.0, gt=0, description="Timeout of one Kubernetes API call.")
+
+
+class AdapterConfig(_Model):
+    """A LoRA adapter of a pool's model: clients ask for it by name; the router loads it where needed."""
+
+    name: str = Field(min_length=1, description="Model name of the adapter (the engine's lora_name).")
+    path: str = Field(min_length=1, description="What the engine's /v1/load_lora_adapter gets as lora_path.")
 
 
 class PoolConfig(_Model):
@@ -90,6 +100,11 @@ class PoolConfig(_Model):
     kv_events_endpoints: dict[str, str] | None = Field(
         default=None, description="Replica base URL -> its KV-event ZMQ endpoint (static setups on one host)."
     )
+    adapters: list[AdapterConfig] = Field(default_factory=list, description="LoRA adapters served by this pool.")
+    adapter_slots: int = Field(
+        default=0, ge=0, description="Adapters one replica holds at once (spec.lora maxCpuLoras); beyond it the router "
+        "unloads the least recently used idle one before loading another. 0 = no limit known.",
+    )
     endpoints: list[str] | None = Field(default=None, description="Static replica base URLs (http://host:port).")
     discovery: KubernetesDiscovery | None = Field(default=None, description="EndpointSlice discovery (in cluster).")
 
@@ -97,6 +112,9 @@ class PoolConfig(_Model):
     def _check(self) -> PoolConfig:
         if self.endpoints is None and self.discovery is None:
             raise ValueError(f"pool {self.name}: set endpoints or discovery")
+        names = [a.name for a in self.adapters]
+        if len(set(names)) != len(names):
+            raise ValueError(f"pool {self.name}: adapter names must be unique")
         return self
 
 
@@ -247,6 +265,14 @@ def _tokenizer_path(model_path: str) -> str | None:
     return None if "://" in model_path else model_path
 
 
+def _scorers(isvc: InferenceService) -> dict[str, float]:
+    """spec.router.scorers, plus the adapter-loaded scorer for a service with LoRA unless the spec weighs it."""
+    scorers = {k: v for k, v in isvc.spec.router.scorers.items() if k in KNOWN_SCORERS}
+    if isvc.spec.lora is not None:
+        scorers.setdefault("adapter-loaded", DEFAULT_ADAPTER_WEIGHT)
+    return scorers
+
+
 def router_config_from_service(
     isvc: InferenceService, endpoints: dict[str, list[str]] | None = None, *, kv_events_port: int | None = None
 ) -> RouterConfig:
@@ -258,7 +284,9 @@ def router_config_from_service(
     spec = isvc.spec
     namespace = isvc.metadata.namespace or "default"
     pools = []
+    lora = spec.lora
     for view in isvc.pools():
+        primary_lora = view.role == "primary" and lora is not None
         static = None if endpoints is None else list(endpoints.get(view.name, []))
         discovery = (
             None if endpoints is not None
@@ -278,6 +306,8 @@ def router_config_from_service(
                 dtype=view.model.dtype,
                 kv_events_port=kv_events_port,
                 scales_from_zero=view.min_replicas == 0,
+                adapters=[AdapterConfig(name=a.name, path=a.engine_path) for a in spec.adapters] if primary_lora else [],
+                adapter_slots=lora.slots if primary_lora and lora is not None else 0,
                 endpoints=static,
                 discovery=discovery,
             )
@@ -288,7 +318,7 @@ def router_config_from_service(
         service=isvc.metadata.name,
         namespace=namespace,
         pools=pools,
-        scorers={k: v for k, v in spec.router.scorers.items() if k in KNOWN_SCORERS},
+        scorers=_scorers(isvc),
         session_affinity_header=spec.router.session_affinity_header,
         block_size=spec.router.block_size_tokens or isvc.pools()[0].block_size,
         slo=SLOConfig(ttft_p95_ms=spec.slo.ttft_p95_ms, tpot_p95_ms=spec.slo.tpot_p95_ms, e2e_p99_ms=spec.slo.e2e_p99_ms),

@@ -37,6 +37,12 @@ class FakeBackend:
     cancelled: int = 0
     record: bool = True
     api_key: str | None = None  # like vLLM's --api-key: /v1 requests without `Bearer <key>` get 401
+    # LoRA (vLLM's runtime adapter endpoints): loaded adapter name -> path, every load call, the load time, and
+    # paths whose load fails (404, as vLLM answers for a missing adapter folder)
+    adapters: dict[str, str] = field(default_factory=dict)
+    load_calls: list[str] = field(default_factory=list)
+    load_delay_s: float = 0.0
+    bad_paths: set[str] = field(default_factory=set)
     port: int = 0
     _runner: web.AppRunner | None = None
 
@@ -46,6 +52,9 @@ class FakeBackend:
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/v1/load_lora_adapter", self._load_adapter)
+        app.router.add_post("/v1/unload_lora_adapter", self._unload_adapter)
         return app
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
@@ -77,6 +86,32 @@ class FakeBackend:
             base = name.removesuffix("_total")
             lines += [f"# TYPE {base} {kind}", f'{name}{{model_name="{self.name}"}} {value}']
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+
+    async def _models(self, request: web.Request) -> web.Response:
+        cards = [{"id": self.name, "object": "model", "root": self.name, "parent": None}]
+        cards += [{"id": n, "object": "model", "root": p, "parent": self.name} for n, p in self.adapters.items()]
+        return web.json_response({"object": "list", "data": cards})
+
+    async def _load_adapter(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        name, path = body.get("lora_name"), body.get("lora_path")
+        self.load_calls.append(name)
+        if self.load_delay_s:
+            await asyncio.sleep(self.load_delay_s)
+        if name in self.adapters:
+            return web.json_response({"error": {"message": f"The lora adapter '{name}' has already been loaded."}},
+                                     status=400)
+        if path in self.bad_paths:
+            return web.json_response({"error": {"message": f"Loading lora {name} failed: No adapter found for {path}"}},
+                                     status=404)
+        self.adapters[name] = path
+        return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
+
+    async def _unload_adapter(self, request: web.Request) -> web.Response:
+        name = (await request.json()).get("lora_name")
+        if self.adapters.pop(name, None) is None:
+            return web.json_response({"error": {"message": f"The lora adapter '{name}' cannot be found."}}, status=404)
+        return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, "chat")

@@ -65,6 +65,8 @@ class RouterMetrics:
         self.retries = Counter("llmfleet_router_retries", "Retries on another replica before the first byte.",
                                ["pool"], registry=r)
         self.lookups = Counter("llmfleet_router_lookups", "Feature-store lookups.", ["result"], registry=r)
+        self.adapter_loads = Counter("llmfleet_router_adapter_loads", "LoRA adapter loads and unloads on replicas.",
+                                     ["adapter", "outcome"], registry=r)
         self.rejected = Counter("llmfleet_router_rejected", "Requests rejected at the router.", ["reason"], registry=r)
         self.client_disconnects = Counter("llmfleet_router_client_disconnects", "Clients gone before the end.",
                                           ["pool"], registry=r)

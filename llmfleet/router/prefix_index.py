@@ -16,6 +16,7 @@ autoscaler what scaling a replica in would cost in cache.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import struct
@@ -39,6 +40,15 @@ TEXT_BYTES_PER_TOKEN = 4
 # Up to this many blocks a prompt is hashed in plain Python (BlockHasher.small_keys), beyond it with numpy:
 # the crossover measured in a running router, where numpy's fixed per-call cost is paid with cold caches.
 SMALL_PROMPT_BLOCKS = 8
+
+
+def adapter_seed(adapter: str | None) -> int:
+    """The chain's start for a prompt run with a LoRA adapter (0 for the base model): KV blocks of the same
+    tokens differ per adapter (vLLM puts the LoRA name in its block hashes), so their keys must too. Stable
+    across processes (no Python hash()), so the router and KV events (their `lora_name`) agree."""
+    if not adapter:
+        return 0
+    return int.from_bytes(hashlib.blake2b(adapter.encode(), digest_size=8).digest(), "little") or 1
 
 
 class BlockKeys(Sequence[int]):
@@ -213,18 +223,20 @@ class PromptBlocks:
         self.block_size = block_size
         self.hasher = BlockHasher(block_size if tokenizer is not None else block_size * TEXT_BYTES_PER_TOKEN)
 
-    def __call__(self, text: str) -> tuple[Sequence[int], int]:
+    def __call__(self, text: str, adapter: str | None = None) -> tuple[Sequence[int], int]:
+        """`adapter`: the LoRA adapter the prompt runs with (its keys differ from the base model's)."""
         small = SMALL_PROMPT_BLOCKS * self.hasher.block_size
+        seed = adapter_seed(adapter)
         if self.tokenizer is not None:
             ids = self.tokenizer.encode(text, add_special_tokens=True).ids
             if len(ids) <= small:
-                return self.hasher.small_keys(ids), len(ids)
-            return self.hasher.block_keys(np.asarray(ids, dtype=np.uint32)), len(ids)
+                return self.hasher.small_keys(ids, seed), len(ids)
+            return self.hasher.block_keys(np.asarray(ids, dtype=np.uint32), seed), len(ids)
         data = text.encode("utf-8", "surrogatepass")
         n_tokens = max(1, len(data) // TEXT_BYTES_PER_TOKEN)
         if len(data) <= small:
-            return self.hasher.small_keys(data), n_tokens
-        return self.hasher.block_keys(np.frombuffer(data, dtype=np.uint8)), n_tokens
+            return self.hasher.small_keys(data, seed), n_tokens
+        return self.hasher.block_keys(np.frombuffer(data, dtype=np.uint8), seed), n_tokens
 
 
 class PrefixIndex:
@@ -460,7 +472,8 @@ class PrefixIndex:
             if hasher is None:
                 hasher = self._engine_hasher[block_size] = BlockHasher(block_size)
             parent_hash = event.get("parent_block_hash")
-            parent = emap.get(parent_hash, 0) if parent_hash is not None else 0
+            # a chain's first block starts from its adapter's seed (vLLM names the adapter in lora_name)
+            parent = emap.get(parent_hash, 0) if parent_hash is not None else adapter_seed(event.get("lora_name"))
             if parent_hash is not None and parent_hash not in emap:
                 return  # a chain we never saw the start of: cannot key it
             keys = hasher.keys(tokens, parent)

@@ -17,6 +17,7 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from llmfleet.router.adapters import scrape_adapters
 from llmfleet.router.config import LimitsConfig, PoolConfig
 from llmfleet.router.kv_tiers import (
     HostTierUnknown,
@@ -94,7 +95,7 @@ class PoolReplicas:
             if r is None:
                 r = self.replicas[url] = ReplicaState(
                     id=url, pool=self.pool.name, models=tuple(self.pool.served_names),
-                    cache_capacity_blocks=self.pool.cache_capacity_blocks,
+                    cache_capacity_blocks=self.pool.cache_capacity_blocks, adapter_slots=self.pool.adapter_slots,
                 )
                 if self.pool.cache_capacity_blocks:
                     self._report_capacity(url, self.pool.cache_capacity_blocks, self.pool.host_cache_blocks or 0)
@@ -142,6 +143,8 @@ class PoolReplicas:
                 r.healthy = False
         if not ok:
             return
+        if self.pool.adapter_slots or self.pool.adapters:  # LoRA on: which adapters does the engine hold?
+            await scrape_adapters(session, r, self.pool.served_names, timeout)
         try:
             async with session.get(f"{r.id}/metrics", timeout=timeout) as resp:
                 if resp.status != 200:

@@ -23,6 +23,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from llmfleet.router.adapters import AdapterLoader, AdapterLoadFailed, ConfigFile, adapter_table
 from llmfleet.router.chat_template import ChatTemplate
 from llmfleet.router.config import RouterConfig
 from llmfleet.router.fallback import FallbackPolicy, PoolSignals
@@ -35,7 +36,7 @@ from llmfleet.router.prefix_index import PrefixIndex, PromptBlocks, load_tokeniz
 from llmfleet.router.replicas import PoolReplicas
 from llmfleet.router.requests import Endpoint, ParsedRequest, RequestError, parse_request
 from llmfleet.router.tenants import AuthError, Tenants
-from llmfleet.router.upstream import RequestLog, Upstream, UpstreamFailed, lookup_response
+from llmfleet.router.upstream import RequestLog, Upstream, UpstreamFailed, lookup_response, upstream_api_key
 
 log = logging.getLogger("llmfleet.router")
 LONG_PROMPT_CHARS = 4096
@@ -63,16 +64,6 @@ class PoolRuntime:
         self.session_scorer = next((s for s, _ in self.pipeline.scorers if s.name == "session-affinity"), None)
 
 
-def upstream_api_key(cfg: RouterConfig) -> str | None:
-    """The replicas' key from the environment variable the config names; a clear error when it is missing."""
-    if cfg.upstream_api_key_env is None:
-        return None
-    key = os.environ.get(cfg.upstream_api_key_env, "").strip()
-    if not key:
-        raise ValueError(f"upstreamApiKeyEnv: environment variable {cfg.upstream_api_key_env} is unset or empty")
-    return key
-
-
 def error_response(status: int, message: str, type_: str = "invalid_request_error", code: str | None = None,
                    headers: dict[str, str] | None = None) -> web.Response:
     body = {"error": {"message": message, "type": type_, "param": None, "code": code}}
@@ -80,9 +71,11 @@ def error_response(status: int, message: str, type_: str = "invalid_request_erro
 
 
 class Router:
-    def __init__(self, cfg: RouterConfig, lookup: Any | None = None) -> None:
+    def __init__(self, cfg: RouterConfig, lookup: Any | None = None, config_path: str | None = None) -> None:
         self.cfg = cfg
         self._upstream_key = upstream_api_key(cfg)  # first: a missing key stops the router before it listens
+        # re-read for adapter changes (a ConfigMap update, `llmfleet up`)
+        self._config_file = ConfigFile(config_path) if config_path else None
         self.metrics = RouterMetrics()
         self.held = HeldRequests(cfg.limits.max_held_requests,
                                  gauge=lambda pool: self.metrics.child(self.metrics.held_requests, pool))
@@ -116,6 +109,10 @@ class Router:
                     on_events=self.metrics.child(self.metrics.kv_events, p.name).inc, endpoints=p.kv_events_endpoints)
             for name in p.served_names:
                 self.model_to_pool.setdefault(name, p.name)
+        self.adapters: dict[str, tuple[str, str]] = {}  # adapter name -> (pool, lora_path)
+        self.adapter_loader = AdapterLoader(cfg.limits.request_timeout_seconds,
+                                            on_load=lambda a, o: self.metrics.child(self.metrics.adapter_loads, a, o).inc())
+        self.set_adapters(cfg)
         self.use_prefix = use_prefix
         self.request_log = RequestLog(cfg.request_log, cfg.log_prompts) if cfg.request_log else None
         self.upstream: Upstream | None = None
@@ -125,6 +122,7 @@ class Router:
     def _replica_removed_hook(self, index: PrefixIndex) -> Callable[[str], None]:
         def removed(replica_id: str) -> None:
             index.remove_replica(replica_id)
+            self.adapter_loader.forget(replica_id)
             if self.upstream is not None:
                 self.upstream.client.forget(replica_id)  # close its idle keep-alive connections
 
@@ -179,7 +177,30 @@ class Router:
                     self.held.replica_ready(pool.name)
                 if pool.kv_events is not None:
                     pool.kv_events.reconcile(list(pool.replicas.replicas))
+            await self._reload_adapters()
             await asyncio.sleep(self.cfg.limits.scrape_interval_seconds)
+
+    def set_adapters(self, cfg: RouterConfig) -> None:
+        """Serve the adapters `cfg` lists (added ones become model names, removed ones 404)."""
+        table = adapter_table(cfg)
+        for name in set(self.adapters) - set(table):
+            if self.model_to_pool.get(name) == self.adapters[name][0]:
+                del self.model_to_pool[name]
+        for name, (pool, _path) in table.items():
+            self.model_to_pool.setdefault(name, pool)
+        self.adapters = {n: v for n, v in table.items() if self.model_to_pool.get(n) == v[0]}
+
+    async def _reload_adapters(self) -> None:
+        """Pick up adapter changes in the config file (the only settings applied without a restart); unload
+        removed adapters, and those whose path changed (reloaded from the new path when next asked for)."""
+        cfg = self._config_file.changed() if self._config_file is not None else None
+        if cfg is None or self.upstream is None:
+            return
+        before = dict(self.adapters)
+        self.set_adapters(cfg)
+        gone = {n for n, v in before.items() if self.adapters.get(n) != v}
+        await asyncio.gather(*(self.adapter_loader.unload(self.upstream.session, r, name) for p in self.pools.values()
+                               for r in p.replicas.replicas.values() for name in gone & r.adapters))
 
     async def _discovery_loop(self) -> None:
         from kubernetes import client, config
@@ -208,8 +229,12 @@ class Router:
 
     # -- small endpoints ------------------------------------------------------------------------------------
     async def _models(self, request: web.Request) -> web.Response:
-        data = [{"id": name, "object": "model", "created": 0, "owned_by": "llmfleet", "root": name,
-                 "pool": pool} for name, pool in self.model_to_pool.items()]
+        data = []
+        for name, pool in self.model_to_pool.items():
+            card = {"id": name, "object": "model", "created": 0, "owned_by": "llmfleet", "root": name, "pool": pool}
+            if name in self.adapters:  # a LoRA adapter: its base model is the pool's, as vLLM lists it
+                card |= {"root": self.adapters[name][1], "parent": self.pools[pool].served_name}
+            data.append(card)
         return web.json_response({"object": "list", "data": data})
 
     async def _metrics(self, request: web.Request) -> web.Response:
@@ -235,7 +260,8 @@ class Router:
             for r in pool.replicas.replicas.values():
                 out.append({"pool": pool.name, "replica": r.id, "healthy": r.healthy, "draining": r.draining,
                             "stale": r.stale, "running": r.running, "waiting": r.waiting, "kvUsage": r.kv_usage,
-                            "inFlight": r.in_flight, "indexedBlocks": pool.index.blocks_of(r.id),
+                            "inFlight": r.in_flight, "adapters": sorted(r.adapters),
+                            "indexedBlocks": pool.index.blocks_of(r.id),
                             "exclusiveBlocks": pool.index.hot_blocks_lost_if_removed(r.id)})
         return web.json_response({"replicas": out})
 
@@ -339,9 +365,11 @@ class Router:
         m = self.metrics
         t_route = time.perf_counter()
         pool = self.pools[pool_name]
-        keys, n_tokens = await self._keys(pool, parsed)
+        adapter, adapter_path = (parsed.model, self.adapters[parsed.model][1]) if parsed.model in self.adapters else (None, "")
+        keys, n_tokens = await self._keys(pool, parsed, adapter)
         degraded, reason = False, "primary"
-        if pool.role == "primary" and len(self.pools) > 1:
+        # An adapter request never goes to a student pool: a student does not hold the adapter (another base).
+        if pool.role == "primary" and len(self.pools) > 1 and adapter is None:
             now = time.monotonic()
             if self.tenants.version != self._tenants_version:  # the Secret file changed: new per-tenant caps
                 self.policy.tenant_caps, self._tenants_version = self.tenants.caps(), self.tenants.version
@@ -365,9 +393,9 @@ class Router:
         sh = self.cfg.session_affinity_header
         info = RequestInfo(model=pool.served_name, block_hashes=keys, input_tokens=n_tokens,
                            session_id=request.headers.get(sh) if sh else None, tenant=tenant, stream=parsed.stream,
-                           block_size=pool.blocks.block_size)
+                           block_size=pool.blocks.block_size, adapter=adapter)
         body = raw
-        if parsed.model != pool.served_name:
+        if parsed.model != pool.served_name and adapter is None:
             body = json.dumps({**parsed.body, "model": pool.served_name}).encode()
         headers = {"x-llmfleet-pool": pool.name, "x-llmfleet-degraded": "true" if degraded else "false"}
         if degraded:
@@ -397,6 +425,14 @@ class Router:
                 if retry:
                     m.child(m.retries, pool.name).inc()
 
+            if adapter is not None:
+                try:
+                    await self.adapter_loader.ensure(upstream.session, replica, adapter, adapter_path)
+                except AdapterLoadFailed as e:
+                    last_error = str(e)
+                    log.warning("retrying after %s", last_error)
+                    continue
+                self.adapter_loader.begin(replica, adapter)
             try:
                 return await upstream.proxy(request, parsed, body, replica, pool.name, headers, self, tenant,
                                             degraded, n_tokens, t0, info, after_send=routed)
@@ -406,26 +442,30 @@ class Router:
                 if e.mark_down:
                     pool.replicas.mark_failed(replica.id)
                 log.warning("retrying after %s", last_error)
+            finally:
+                if adapter is not None:
+                    self.adapter_loader.end(replica, adapter)
             t_route = time.perf_counter()
         m.child(m.requests, pool.name, parsed.model, parsed.endpoint, "503", "true" if degraded else "false").inc()
         return error_response(503, f"no replica could serve the request ({last_error})", "service_unavailable",
                               headers=headers)
 
-    async def _keys(self, pool: PoolRuntime, parsed: ParsedRequest) -> tuple[Sequence[int], int]:
+    async def _keys(self, pool: PoolRuntime, parsed: ParsedRequest,
+                    adapter: str | None = None) -> tuple[Sequence[int], int]:
         if not self.use_prefix:
             return [], max(1, len(parsed.prompt_text) // 4)
         if pool.blocks.tokenizer is not None and len(parsed.prompt_text) > LONG_PROMPT_CHARS:
             # Rendering the chat template and tokenizing 8k tokens take milliseconds: keep the event loop serving
             # other requests meanwhile.
-            return await asyncio.to_thread(self._prompt_keys, pool, parsed)
-        return self._prompt_keys(pool, parsed)
+            return await asyncio.to_thread(self._prompt_keys, pool, parsed, adapter)
+        return self._prompt_keys(pool, parsed, adapter)
 
     @staticmethod
-    def _prompt_keys(pool: PoolRuntime, parsed: ParsedRequest) -> tuple[Sequence[int], int]:
+    def _prompt_keys(pool: PoolRuntime, parsed: ParsedRequest, adapter: str | None) -> tuple[Sequence[int], int]:
         text = parsed.prompt_text
         if parsed.messages is not None and pool.chat_template is not None:
             text = pool.chat_template.render(parsed.messages) or text
-        return pool.blocks(text)
+        return pool.blocks(text, adapter)
 
     def _count_affinity(self, pool: PoolRuntime, replica: ReplicaState, keys: Sequence[int]) -> None:
         sess = pool.session_scorer
@@ -466,9 +506,11 @@ class Router:
                                    status=status)
 
 
-async def run_router(cfg: RouterConfig, lookup: Any | None = None, ready: asyncio.Event | None = None) -> None:
-    """Serve until cancelled or SIGTERM/SIGINT; then stop accepting and let in-flight requests finish."""
-    router = Router(cfg, lookup)
+async def run_router(cfg: RouterConfig, lookup: Any | None = None, ready: asyncio.Event | None = None,
+                     config_path: str | None = None) -> None:
+    """Serve until cancelled or SIGTERM/SIGINT; then stop accepting and let in-flight requests finish.
+    `config_path`: the file `cfg` came from, re-read for adapter changes."""
+    router = Router(cfg, lookup, config_path)
     runner = web.AppRunner(router.app, handler_cancellation=True, access_log=None,
                            shutdown_timeout=cfg.limits.request_timeout_seconds)
     await runner.setup()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import re
 import time
 from collections.abc import Callable
@@ -13,7 +14,7 @@ from typing import IO, Any
 import aiohttp
 from aiohttp import web
 
-from llmfleet.router.config import LimitsConfig, SLOConfig
+from llmfleet.router.config import LimitsConfig, RouterConfig, SLOConfig
 from llmfleet.router.observer import RequestObserver
 from llmfleet.router.plugins.base import ReplicaState, RequestInfo, release_prefill
 from llmfleet.router.requests import ParsedRequest
@@ -23,6 +24,16 @@ log = logging.getLogger("llmfleet.router.upstream")
 _USAGE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 _PROMPT_USAGE = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
 _JSON_HEADER = b"Content-Type: application/json\r\n"
+
+
+def upstream_api_key(cfg: RouterConfig) -> str | None:
+    """The replicas' key from the environment variable the config names; a clear error when it is missing."""
+    if cfg.upstream_api_key_env is None:
+        return None
+    key = os.environ.get(cfg.upstream_api_key_env, "").strip()
+    if not key:
+        raise ValueError(f"upstreamApiKeyEnv: environment variable {cfg.upstream_api_key_env} is unset or empty")
+    return key
 
 
 class UpstreamFailed(Exception):
@@ -50,7 +61,9 @@ class Upstream:
         self.first_byte = min(first_byte_timeout(limits, slo), limits.request_timeout_seconds)
         # aiohttp for health checks and /metrics scraping; the lean client for the proxied requests.
         conn = aiohttp.TCPConnector(limit=0, ttl_dns_cache=60, keepalive_timeout=30)
-        self.session = aiohttp.ClientSession(connector=conn, auto_decompress=False)
+        # The key also rides on this session's calls: health checks, scrapes, LoRA adapter loads (/v1: guarded).
+        auth = {"Authorization": f"Bearer {api_key}"} if api_key else None
+        self.session = aiohttp.ClientSession(connector=conn, auto_decompress=False, headers=auth)
         # Idle connections are dropped after 4 s, before uvicorn's (vLLM's server) default 5 s keep-alive closes
         # them under us; the client still retries once when that race happens.
         self.client = UpstreamClient(limits.connect_timeout_seconds, keepalive=4.0)

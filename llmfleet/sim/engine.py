@@ -54,6 +54,8 @@ class PoolSpec:
     chunked_prefill: bool = True
     kv_blocks: int | None = None  # override the planner's KV capacity (in simulator blocks)
     host_kv_gib: float = 0.0  # host-memory KV tier per replica (vLLM --kv-offloading-size); 0 = none
+    adapter_slots: int = 0  # LoRA adapters a replica holds at once (spec.lora maxCpuLoras); 0 = no LoRA limit
+    adapter_load_s: float = 0.0  # seconds one adapter load stalls the replica
     cold_start_s: float = 60.0
     calibration: str | None = None  # JSON: {"points": [...]} for plan.roofline.calibrate, or StepCostModel fields
     cost: StepCostModel | None = None  # use this step-cost model as is (tests, custom hardware)
@@ -139,7 +141,8 @@ class Fleet:
         r = Replica(len(self.replicas), pool, self.pool_blocks[pool], self.block_size, self.costs[pool],
                     max_num_seqs=spec.max_num_seqs, max_batched_tokens=spec.max_batched_tokens,
                     chunked_prefill=spec.chunked_prefill, ready_at=ready_at, host_blocks=host_blocks,
-                    host_load_s_per_block=host_load_s)
+                    host_load_s_per_block=host_load_s, adapter_slots=spec.adapter_slots,
+                    adapter_load_s=spec.adapter_load_s)
         r.started_at = now
         self.replicas.append(r)
         return r
@@ -278,6 +281,8 @@ def _simulate(workload: Workload, cfg: SimConfig, router: Router | str,
             return
         req.replica, req.pool = rep.id, rep.pool
         req.degraded = fleet.specs[rep.pool].role == "student"
+        if req.adapter is not None:
+            rep.use_adapter(req.adapter)
         rep.waiting.append(req)
         if not rep.plan:
             push_step(rep, rep.schedule(now))

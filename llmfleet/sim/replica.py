@@ -11,6 +11,11 @@ on the GPU, not recomputed). A request that finishes refreshes its blocks in the
 recent, as vLLM's LRU policy does. The load time (bytes over the host link) is added to the step that
 admits the request: pessimistic for the rest of that batch, since vLLM overlaps the copy with other steps.
 
+Optional LoRA adapters (`adapter_slots` > 0): the replica holds at most that many adapters, least recently used
+evicted first. A request routed to a replica that does not hold its adapter loads it there (`use_adapter`, at
+dispatch; a later request for it finds it held): the load time stalls the replica's next step, as vLLM's adapter
+load runs in the engine between steps. Adapters are not limited per batch (vLLM's maxLoras).
+
 A step is planned when the previous one ends (vLLM V1 scheduler order): running requests first (one token
 per decode, a chunk per unfinished prefill, within the token budget), preempting the newest running request
 (recompute) when blocks run out; then waiting requests in arrival order, each looked up in the prefix cache.
@@ -45,7 +50,8 @@ def _series(a: float, b: float, lo: int, hi: int) -> float:
 class Replica:
     def __init__(self, rid: int, pool: str, blocks: int, block_size: int, cost: StepCostModel, *,
                  max_num_seqs: int = 256, max_batched_tokens: int = 8192, chunked_prefill: bool = True,
-                 ready_at: float = 0.0, host_blocks: int = 0, host_load_s_per_block: float = 0.0) -> None:
+                 ready_at: float = 0.0, host_blocks: int = 0, host_load_s_per_block: float = 0.0,
+                 adapter_slots: int = 0, adapter_load_s: float = 0.0) -> None:
         self.id = rid
         self.pool = pool
         self.total = blocks
@@ -63,6 +69,11 @@ class Replica:
         self.host_total = host_blocks
         self.host: OrderedDict[int, None] = OrderedDict()  # host-tier block keys, least recently used first
         self.host_load_s = host_load_s_per_block
+        self.adapter_slots = adapter_slots
+        self.adapter_load_s = adapter_load_s
+        self.adapters: OrderedDict[str, None] = OrderedDict()  # held adapters, least recently used first
+        self.adapter_loads = 0
+        self.adapter_pending_s = 0.0  # adapter load time the next step pays
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.ready_at = ready_at
@@ -270,11 +281,23 @@ class Replica:
                 raise RuntimeError(f"replica {self.id}: block {k} refcount {c} != {refs.get(k, 0)}")
 
     # -- scheduling ----------------------------------------------------------------------------------------
+    def use_adapter(self, name: str) -> None:
+        """A request for adapter `name` arrives: refresh it, or load it (evicting the least recently used)."""
+        if name in self.adapters:
+            self.adapters.move_to_end(name)
+            return
+        if self.adapter_slots and len(self.adapters) >= self.adapter_slots:
+            self.adapters.popitem(last=False)
+        self.adapters[name] = None
+        self.adapter_loads += 1
+        self.adapter_pending_s += self.adapter_load_s
+
     def schedule(self, now: float) -> float | None:
         """Plan the next step (or decode run) starting at `now`; returns its end time, None when idle."""
         budget = self.budget
         bs = self.bs
-        load_s = 0.0  # host-tier blocks loaded for the requests this step admits
+        # host-tier blocks loaded for the requests this step admits, plus adapter loads since the last step
+        load_s, self.adapter_pending_s = self.adapter_pending_s, 0.0
         preempted_before = self.preemptions
         plan: list[tuple[Request, int]] = []
         tokens = 0
@@ -377,13 +400,14 @@ class Replica:
             tokens += n
             budget -= n
         if not plan:
+            self.adapter_pending_s += load_s  # nothing runs: the next step pays the adapter loads
             self.plan = []
             self.run = None
             return None
         self.plan = plan
         self.step_start = now
         c = self.cost
-        if all_decode and len(plan) == len(running) and (not self.waiting or admit_blocked):
+        if all_decode and len(plan) == len(running) and (not self.waiting or admit_blocked) and not load_s:
             k = min(map(sub, map(_output_len, running), map(_generated, running)))
             k, grow = self._fit_run(k)
             if k > 1:

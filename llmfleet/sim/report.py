@@ -67,6 +67,7 @@ def summarize(reqs: Sequence[Request], fleet: Fleet, cfg: SimConfig, t0: float, 
         "gpuSeconds": gpu_s,
         "degradedFraction": sum(1 for r in done if r.degraded) / len(done) if done else 0.0,
         "preemptions": sum(r.preemptions for r in reqs),
+        "adapterLoads": sum(r.adapter_loads for r in fleet.replicas),  # LoRA adapters loaded on replicas
         "balance": {
             "servedCv": float(served.std() / served.mean()) if served.size and served.mean() > 0 else 0.0,
             "busyMaxOverMean": float(busy.max() / busy.mean()) if busy.size and busy.mean() > 0 else 0.0,

@@ -227,7 +227,7 @@ class LlmfleetRouter(Router):
     def _on_fleet(self, what: str, rep: Replica) -> None:
         if what == "add":
             st = self._State(id=str(rep.id), pool=rep.pool, stale=False, cache_capacity_blocks=rep.total,
-                             prefill_tokens_per_s=self.prefill_rate)
+                             prefill_tokens_per_s=self.prefill_rate, adapter_slots=rep.adapter_slots)
             self.states[rep.id] = st
             self.state_lists[rep.pool].append(st)
             self.index.set_capacity(str(rep.id), rep.cached_capacity)
@@ -252,6 +252,8 @@ class LlmfleetRouter(Router):
             st.waiting = float(waiting)
             st.in_flight = running + waiting
             st.kv_usage = rep.kv_usage()
+            if rep.adapter_slots:  # what the production router reads from the engine's /v1/models
+                st.adapters = set(rep.adapters)
 
     def _signals(self, fleet: Fleet, pool: str) -> Any:
         from llmfleet.router.fallback import PoolSignals
@@ -273,7 +275,7 @@ class LlmfleetRouter(Router):
             return None
         info = self._RequestInfo(model="model", block_hashes=req.keys, input_tokens=req.prompt_len,
                                  session_id=req.session, tenant=req.tenant, request_class=req.cls,
-                                 block_size=fleet.block_size, now=now)
+                                 block_size=fleet.block_size, now=now, adapter=req.adapter)
         dec = self.pipeline.pick(info, cands)
         if dec.replica is None:
             return None

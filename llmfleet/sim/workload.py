@@ -32,14 +32,15 @@ class Request:
     """One request. Static fields come from the workload; the rest is filled by the simulation."""
 
     __slots__ = (
-        "rid", "arrival", "prompt_len", "output_len", "keys", "tenant", "session", "cls",
+        "rid", "arrival", "prompt_len", "output_len", "keys", "tenant", "session", "cls", "adapter",
         # simulation state
         "replica", "pool", "degraded", "tokens", "target", "generated", "held", "shared", "registered",
         "hit_tokens", "first_token", "finish", "preemptions", "admitted",
     )
 
     def __init__(self, rid: int, arrival: float, prompt_len: int, output_len: int, keys: tuple[int, ...] = (),
-                 tenant: str = "default", session: str | None = None, cls: str | None = None) -> None:
+                 tenant: str = "default", session: str | None = None, cls: str | None = None,
+                 adapter: str | None = None) -> None:
         self.rid = rid
         self.arrival = arrival
         self.prompt_len = max(1, int(prompt_len))
@@ -48,6 +49,7 @@ class Request:
         self.tenant = tenant
         self.session = session
         self.cls = cls
+        self.adapter = adapter  # the LoRA adapter it asks for (None: the base model)
         self.reset()
 
     def reset(self) -> None:
@@ -81,8 +83,8 @@ class Workload:
         """Replay at k x the rate (arrival times divided by k)."""
         if k <= 0:
             raise ValueError("time scale must be > 0")
-        reqs = [Request(r.rid, r.arrival / k, r.prompt_len, r.output_len, r.keys, r.tenant, r.session, r.cls)
-                for r in self.requests]
+        reqs = [Request(r.rid, r.arrival / k, r.prompt_len, r.output_len, r.keys, r.tenant, r.session, r.cls,
+                        r.adapter) for r in self.requests]
         return Workload(f"{self.name}x{k:g}", reqs, self.block_size)
 
     def head(self, n: int | None = None, seconds: float | None = None) -> Workload:
@@ -93,7 +95,7 @@ class Workload:
         if n is not None:
             reqs = reqs[:n]
         return Workload(self.name, [Request(r.rid, r.arrival, r.prompt_len, r.output_len, r.keys, r.tenant,
-                                            r.session, r.cls) for r in reqs], self.block_size)
+                                            r.session, r.cls, r.adapter) for r in reqs], self.block_size)
 
     def fresh(self) -> Workload:
         """A copy with simulation state cleared (workloads are reused across runs)."""

@@ -22,6 +22,7 @@ from llmfleet.router.plugins.base import (
 )
 from llmfleet.router.plugins.builtin import (
     DEFAULT_PREFILL_TOKENS_PER_S,
+    AdapterLoadedScorer,
     EstimatedTTFTScorer,
     HealthyFilter,
     KVCacheScorer,
@@ -53,7 +54,7 @@ def build_pipeline(weights: Mapping[str, float], index: PrefixIndex | None = Non
 
 
 __all__ = [
-    "DEFAULT_MAX_CANDIDATES", "DEFAULT_PREFILL_TOKENS_PER_S", "Decision", "EstimatedTTFTScorer", "Filter",
+    "AdapterLoadedScorer", "DEFAULT_MAX_CANDIDATES", "DEFAULT_PREFILL_TOKENS_PER_S", "Decision", "EstimatedTTFTScorer", "Filter",
     "HealthyFilter", "KVCacheScorer", "ModelFilter", "Pipeline", "PrefixCacheScorer", "PrefixIndex",
     "PrefixSampledPreselector", "Preselector", "QueueDepthScorer", "ReplicaState", "RequestInfo",
     "RunningRequestsScorer", "Scorer", "SessionAffinityScorer", "build_pipeline", "build_scorer",

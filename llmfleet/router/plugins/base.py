@@ -48,6 +48,11 @@ class ReplicaState:
     prefill_tokens: float = 0.0
     prefill_busy_until: float = 0.0  # on the clock of RequestInfo.now
     prefill_tokens_per_s: float | None = None  # configured or measured prefill rate (None: the scorer's default)
+    # LoRA adapters the replica holds (the engine's /v1/models, plus loads this router has under way) and how
+    # many it holds at once (spec.lora: maxCpuLoras; 0 = unknown / no LoRA).
+    adapters: set[str] = field(default_factory=set)
+    adapters_loading: set[str] = field(default_factory=set)
+    adapter_slots: int = 0
 
     @property
     def load(self) -> float:
@@ -68,6 +73,7 @@ class RequestInfo:
     stream: bool = False
     now: float | None = None  # the routing time on the clock release_prefill uses (None: time.monotonic())
     block_size: int = 0  # tokens per prefix-index block (0: inferred as input_tokens // len(block_hashes))
+    adapter: str | None = None  # the LoRA adapter asked for (its name is the request's `model`); None: base model
     # (replica, tokens, predicted end of its prefill) charged at routing; `release_prefill` undoes it
     prefill_charge: tuple[ReplicaState, float, float] | None = None
 

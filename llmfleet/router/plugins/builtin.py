@@ -130,6 +130,31 @@ class SessionAffinityScorer(Scorer):
             self.sessions.popitem(last=False)
 
 
+class AdapterLoadedScorer(Scorer):
+    """LoRA adapter affinity: 1 on a replica that holds the request's adapter; elsewhere 0.5 x the fraction of
+    its adapter slots still free (a load there evicts nothing), 0 on a full one. Base-model requests: 1 on all.
+
+    Load scorers weigh against it, so a hot adapter's requests move to a second replica (which then loads it)
+    once the replicas holding it are busy enough: hot adapters spread, cold ones stay where they are warm.
+    """
+
+    name = "adapter-loaded"
+
+    def score(self, req: RequestInfo, replicas: Sequence[ReplicaState]) -> list[float]:
+        adapter = req.adapter
+        if adapter is None:
+            return [1.0] * len(replicas)
+        out = []
+        for r in replicas:
+            if adapter in r.adapters:
+                out.append(1.0)
+            elif r.adapter_slots <= 0:
+                out.append(0.5)  # slots unknown: a load is needed, eviction unknown
+            else:
+                out.append(0.5 * max(0, r.adapter_slots - len(r.adapters)) / r.adapter_slots)
+        return out
+
+
 # Prefill rate assumed when a replica has none configured or measured. Only ratios of estimates matter in
 # a pool of identical replicas (the scale cancels); the figure is Llama-3-8B bf16 on one H200 at the
 # planner's roofline (0.6 compute efficiency), see docs/router.md.
@@ -342,4 +367,6 @@ def build_scorer(name: str, index: PrefixIndex) -> Scorer:
         return SessionAffinityScorer()
     if name == "estimated-ttft":
         return EstimatedTTFTScorer(index)
+    if name == "adapter-loaded":
+        return AdapterLoadedScorer()
     raise ValueError(f"unknown scorer {name!r}")

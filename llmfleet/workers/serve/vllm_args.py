@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from pathlib import Path
 
 from llmfleet.api.contracts import REPLICA_PORT
 from llmfleet.api.inferenceservice import InferenceService, PoolView
@@ -88,12 +89,41 @@ def validate_pool(isvc: InferenceService, pool: PoolView) -> None:
             )
     if v.kv_offload_gib is not None:
         _check_kv_offload(pool, vp, where)
-    rendered = _RENDERED_FLAGS | (_KV_OFFLOAD_FLAGS if v.kv_offload_gib is not None else set())
+    lora = lora_enabled(isvc, pool)
+    if lora and isvc.spec.engine == "ray-serve":
+        raise InvalidServeSpec(
+            "spec.lora with spec.engine ray-serve is not supported: Ray Serve LLM loads adapters from its own "
+            "dynamic_lora_loading_path by `base:adapter` model ids, not through vLLM's load endpoint that llmfleet's "
+            "router drives; use engine: vllm for adapters"
+        )
+    rendered = (_RENDERED_FLAGS | (_KV_OFFLOAD_FLAGS if v.kv_offload_gib is not None else set())
+                | (_LORA_FLAGS if lora else set()))
     clashes = sorted(_flags_in(v.extra_args) & rendered)
     if clashes:
         raise InvalidServeSpec(
             f"{vp}.extraArgs sets {', '.join(clashes)}, which llmfleet renders from the spec; set the field instead"
         )
+
+
+def validate_adapter_files(isvc: InferenceService) -> None:
+    """Check the adapters this machine can read (local paths): the folder holds a PEFT adapter_config.json whose
+    rank `r` fits spec.lora.maxLoraRank. Remote URIs are checked by the engine when it loads them."""
+    lora = isvc.spec.lora
+    for i, a in enumerate(isvc.spec.adapters):
+        if "://" in a.engine_path:
+            continue
+        cfg_path = Path(a.engine_path).expanduser() / "adapter_config.json"
+        try:
+            cfg = json.loads(cfg_path.read_text())
+        except OSError:
+            raise InvalidServeSpec(f"spec.adapters[{i}].uri {a.uri!r}: no readable adapter_config.json "
+                                   "(a PEFT LoRA adapter folder)") from None
+        except ValueError as err:
+            raise InvalidServeSpec(f"spec.adapters[{i}].uri {a.uri!r}: adapter_config.json is not JSON: {err}") from None
+        rank = cfg.get("r") if isinstance(cfg, dict) else None
+        if lora is not None and isinstance(rank, int) and rank > lora.max_lora_rank:
+            raise InvalidServeSpec(f"spec.adapters[{i}] ({a.name!r}) has rank {rank}, above spec.lora.maxLoraRank "
+                                   f"({lora.max_lora_rank}); raise maxLoraRank")
 
 
 def kv_offload_headroom_gib(pool: PoolView) -> float:
@@ -131,6 +161,18 @@ def _check_kv_offload(pool: PoolView, vp: str, where: str) -> None:
 
 # Rendered only when kvOffloadGiB is set; otherwise extraArgs may pass them (e.g. the lmcache backend).
 _KV_OFFLOAD_FLAGS = {"--kv-offloading-size", "--kv-offloading-backend"}
+
+# Rendered only when spec.lora is set (primary pool); otherwise extraArgs may pass them as before.
+_LORA_FLAGS = {"--enable-lora", "--max-loras", "--max-lora-rank", "--max-cpu-loras", "--lora-modules"}
+# The serving wrapper sets this in the engine's environment when --enable-lora is in its argv: vLLM then
+# exposes /v1/load_lora_adapter and /v1/unload_lora_adapter, through which the router loads adapters on demand.
+RUNTIME_LORA_ENV = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+
+
+def lora_enabled(isvc: InferenceService, pool: PoolView) -> bool:
+    """LoRA serving is on for the primary pool when spec.lora is set (adapters are of the primary's model)."""
+    return pool.role == "primary" and isvc.spec.lora is not None
+
 
 # Every flag render_vllm_args may emit; extraArgs may not repeat them (two values would silently conflict).
 _RENDERED_FLAGS = {
@@ -197,6 +239,12 @@ def render_vllm_args(
     if v.kv_offload_gib is not None:
         # native = vLLM's OffloadingConnector with cpu_bytes_to_use = size GiB (the total over TP ranks).
         args += ["--kv-offloading-size", _number(v.kv_offload_gib), "--kv-offloading-backend", "native"]
+    lora = isvc.spec.lora
+    if lora is not None and lora_enabled(isvc, pool):
+        # Adapters themselves are not in the argv: they are loaded at run time (the router's load call), so
+        # adding one to spec.adapters changes no Deployment and restarts no replica.
+        args += ["--enable-lora", "--max-loras", str(lora.max_loras), "--max-lora-rank", str(lora.max_lora_rank),
+                 "--max-cpu-loras", str(lora.slots)]
     if kv_events_port is not None:
         cfg = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{kv_events_port}"}
         args += ["--kv-events-config", json.dumps(cfg, separators=(",", ":"))]

@@ -29,7 +29,7 @@ from llmfleet.api.contracts import REPLICA_PORT
 from llmfleet.router.kv_tiers import HostTierUnknown, kv_bytes_per_token, load_model_config
 from llmfleet.util.net import free_port
 from llmfleet.workers.serve.drain import DrainProxy
-from llmfleet.workers.serve.vllm_args import VLLM_ENTRYPOINT
+from llmfleet.workers.serve.vllm_args import RUNTIME_LORA_ENV, VLLM_ENTRYPOINT
 
 log = logging.getLogger("llmfleet.serve")
 RAY_ENTRYPOINT = "llmfleet.workers.serve.ray_app"
@@ -75,10 +75,17 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def start_engine(cmd: list[str]) -> subprocess.Popen[bytes]:
+def engine_env(argv: Sequence[str]) -> dict[str, str] | None:
+    """The engine's environment: ours, plus runtime adapter loading when LoRA is on (None: inherit as is)."""
+    if "--enable-lora" not in argv:
+        return None
+    return {**os.environ, **RUNTIME_LORA_ENV}
+
+
+def start_engine(cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     log.info("starting engine: %s", " ".join(cmd))
     # Own session: a terminal's Ctrl-C reaches the wrapper, which drains before stopping the engine.
-    return subprocess.Popen(cmd, start_new_session=True, preexec_fn=_die_with_parent)  # noqa: PLW1509
+    return subprocess.Popen(cmd, start_new_session=True, preexec_fn=_die_with_parent, env=env)  # noqa: PLW1509
 
 
 def stop_engine(proc: subprocess.Popen[bytes], grace_s: float = ENGINE_STOP_GRACE_S) -> int:
@@ -162,7 +169,7 @@ async def serve(engine: str, engine_argv: Sequence[str], drain_seconds: float) -
     site = web.TCPSite(runner, host, port, reuse_address=True)
     await site.start()
     log.info("replica listening on %s:%d (engine %s on %s)", host, port, engine, upstream)
-    proc = start_engine(engine_command(engine, argv, inner))
+    proc = start_engine(engine_command(engine, argv, inner), engine_env(argv))
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -84,24 +84,37 @@ class Trainer:
         torch.manual_seed(opt.seed)
         self.args = ModelArgs.from_shape(spec.model)
         self.data = TokenData.open(spec.data.path, spec.model.seq_len, opt.seed)
-        if self.data.vocab > self.args.vocab:
-            raise ValueError(f"data vocabulary ({self.data.vocab}) exceeds model.vocab ({self.args.vocab})")
 
         self.mesh = build_mesh(self.device.type, self.world, spec.fsdp.replicate_groups)
-        with torch.device("meta"):
-            model = Transformer(self.args)
         param_dtype = torch.bfloat16 if opt.precision == "bf16" else torch.float32
         # Without FSDP (a world of one) mixed precision comes from autocast: fp32 weights, bf16 matmuls.
         self.autocast = self.world == 1 and param_dtype == torch.bfloat16
+        lora = spec.lora if spec.method == "lora" else None
+        if lora is not None:
+            # The base model's weights (frozen) plus LoRA updates, wrapped before sharding: FSDP2 shards the
+            # frozen and the trainable parameters of a block together and reduces gradients of the trainable only.
+            from llmfleet.workers.train.export import load_hf
+            from llmfleet.workers.train.lora import apply_lora
+
+            model = load_hf(lora.base_model, dtype=torch.float32, device=self.device)
+            self.args = model.args
+            apply_lora(model, lora.rank, lora.alpha, lora.targets)
+        else:
+            with torch.device("meta"):
+                model = Transformer(self.args)
+        if self.data.vocab > self.args.vocab:
+            raise ValueError(f"data vocabulary ({self.data.vocab}) exceeds the model's vocabulary ({self.args.vocab})")
         self.model = parallelize(
             model, self.mesh, activation_checkpointing=opt.activation_checkpointing, compile=opt.compile,
             param_dtype=param_dtype, reshard_after_forward=spec.fsdp.reshard_after_forward,
         )
-        self.model.to_empty(device=self.device)
-        self.model.init_weights(opt.seed)
+        if lora is None:
+            self.model.to_empty(device=self.device)
+            self.model.init_weights(opt.seed)
 
-        decay = [p for p in self.model.parameters() if p.ndim >= 2]
-        no_decay = [p for p in self.model.parameters() if p.ndim < 2]
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        decay = [p for p in trainable if p.ndim >= 2]
+        no_decay = [p for p in trainable if p.ndim < 2]
         groups = [{"params": decay, "weight_decay": opt.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
         fused = self.device.type == "cuda"
         self.optimizer = torch.optim.AdamW(groups, lr=opt.lr.peak, betas=(0.9, 0.95), eps=1e-8,
@@ -398,7 +411,8 @@ class Trainer:
 
     # ------------------------------------------------------------------ finish
     def export(self) -> Path | None:
-        """Gather the full model and write the HF folder of spec.output (rank 0 writes)."""
+        """Gather the full model and write spec.output (rank 0 writes): the HF model folder, or with method lora
+        the PEFT adapter folder."""
         if self.spec.output is None:
             return None
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -407,7 +421,14 @@ class Trainer:
 
         sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         out = Path(self.spec.output.path)
-        if self.rank == 0:
+        lora = self.spec.lora if self.spec.method == "lora" else None
+        if self.rank == 0 and lora is not None:
+            from llmfleet.workers.train.lora import export_peft, peft_tensors
+
+            export_peft(peft_tensors(cast(dict[str, torch.Tensor], sd)), out, rank=lora.rank, alpha=lora.alpha,
+                        targets=lora.targets, base_model=lora.base_model)
+            self.status["exported"] = str(out)
+        elif self.rank == 0:
             tok = self.spec.data.tokenizer
             if tok is None and (Path(self.spec.data.path) / "tokenizer.json").is_file():
                 tok = str(Path(self.spec.data.path) / "tokenizer.json")

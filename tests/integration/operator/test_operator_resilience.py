@@ -106,3 +106,23 @@ async def test_promotion_rolls_out_then_rolls_back(cluster: Any, operators: Any)
     await eventually(lambda: emu.get(ISVC, "ml", "chat")["spec"]["model"]["path"] == "/models/llama")
     await eventually(lambda: emu.get(TJ, "ml", "train2")["status"]["promotion"]["state"] == "RolledBack")
     assert "PromotionRolledBack" in {e["reason"] for e in emu.list("v1/events", "ml")}
+
+
+async def test_lora_training_promotion_adds_the_adapter_without_touching_the_replicas(cluster: Any,
+                                                                                   operators: Any) -> None:
+    emu, _ = cluster
+    await operators()
+    await emu.put(ISVC, isvc_manifest(lora={"maxLoras": 2}, adapters=[{"name": "old", "uri": "/adapters/old"}]))
+    dep = await eventually(lambda: emu.get(DEPLOY, "ml", "chat-primary"))
+    promote = {"path": "/adapters/sql-v2", "promoteTo": {"inferenceService": "chat", "adapterName": "sql"}}
+    await emu.put(TJ, tj_manifest(method="lora", lora={"baseModel": "/models/llama"}, output=promote))
+    await eventually(lambda: emu.get(JOBS, "ml", "train-r0"))
+    await emu.patch(JOBS, "ml", "train-r0", {"status": {"succeeded": 2}}, "status")
+    await eventually(lambda: emu.get(TJ, "ml", "train")["status"].get("promotion", {}).get("state") == "Succeeded")
+    assert emu.get(ISVC, "ml", "chat")["spec"]["adapters"] == [{"name": "old", "uri": "/adapters/old"},
+                                                                {"name": "sql", "uri": "/adapters/sql-v2"}]
+    # the router's config lists the adapter; the replicas' Deployment keeps its template (no restart)
+    await eventually(lambda: "sql-v2" in emu.get("v1/configmaps", "ml", "chat-router")["data"]["router.yaml"])
+    after = emu.get(DEPLOY, "ml", "chat-primary")
+    assert after["spec"]["template"] == dep["spec"]["template"]
+    assert "AdapterAdded" in {e["reason"] for e in emu.list("v1/events", "ml")}
