@@ -47,7 +47,7 @@ class FakeBackend:
     _runner: web.AppRunner | None = None
 
     def app(self) -> web.Application:
-        app = web.Application()
+        app = web.Application(middlewares=[self._require_key])
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_get("/health", self._health)
@@ -87,6 +87,15 @@ class FakeBackend:
             lines += [f"# TYPE {base} {kind}", f'{name}{{model_name="{self.name}"}} {value}']
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
+    @web.middleware
+    async def _require_key(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """vLLM's --api-key: every /v1 path needs `Bearer <key>`; /health and /metrics stay open."""
+        if (self.api_key is not None and request.path.startswith("/v1")
+                and request.headers.get("Authorization") != f"Bearer {self.api_key}"):
+            return web.json_response({"error": "Unauthorized"}, status=401)
+        response: web.StreamResponse = await handler(request)
+        return response
+
     async def _models(self, request: web.Request) -> web.Response:
         cards = [{"id": self.name, "object": "model", "root": self.name, "parent": None}]
         cards += [{"id": n, "object": "model", "root": p, "parent": self.name} for n, p in self.adapters.items()]
@@ -120,8 +129,6 @@ class FakeBackend:
         return await self._serve(request, "completions")
 
     async def _serve(self, request: web.Request, endpoint: str) -> web.StreamResponse:
-        if self.api_key is not None and request.headers.get("Authorization") != f"Bearer {self.api_key}":
-            return web.json_response({"error": "Unauthorized"}, status=401)
         body = await request.json()
         if self.record:
             self.requests.append(body)

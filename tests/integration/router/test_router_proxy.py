@@ -274,6 +274,15 @@ async def test_router_sends_the_replicas_key_and_never_the_clients(fakes, router
     r = await routers(config({"primary": ("m", [replica.url])}, tenants=tenants, upstream_api_key_env="TEST_UPSTREAM_KEY"))
     async with http.post(r.url + "/v1/chat/completions", json=CHAT, headers={"Authorization": "Bearer client-key"}) as resp:
         assert resp.status == 200, await resp.text()
+    # The router's own calls to the replicas' /v1 (LoRA adapter loads) carry the key too.
+    from llmfleet.router.config import AdapterConfig
+
+    base = config({"primary": ("m", [replica.url])}, tenants=tenants, upstream_api_key_env="TEST_UPSTREAM_KEY")
+    pool = base.pools[0].model_copy(update={"adapters": [AdapterConfig(name="sql", path="/a/sql")], "adapter_slots": 2})
+    lora = await routers(base.model_copy(update={"pools": [pool]}))
+    async with http.post(lora.url + "/v1/chat/completions", json={**CHAT, "model": "sql"},
+                         headers={"Authorization": "Bearer client-key"}) as resp:
+        assert resp.status == 200 and replica.adapters == {"sql": "/a/sql"}, await resp.text()
     # Without the key the router does not start: a clear error, not 401s from every replica.
     monkeypatch.delenv("TEST_UPSTREAM_KEY")
     with pytest.raises(ValueError, match="TEST_UPSTREAM_KEY is unset"):
