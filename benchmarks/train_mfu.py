@@ -1,13 +1,18 @@
-"""MFU of the llmfleet FSDP2 training worker vs a plain-PyTorch torch.compile loop (issue 4 / issue 11).
+"""MFU of the llmfleet FSDP2 training worker vs a plain-PyTorch torch.compile loop and torchtitan, bf16 and fp8.
 
-    python benchmarks/train_mfu.py --cases plain-1,llmfleet-1 [--steps 30] [--json benchmarks/results/train_mfu.json]
+    python benchmarks/train_mfu.py --cases plain-bf16,llmfleet-bf16,llmfleet-fp8,torchtitan-bf16,torchtitan-fp8
+    python benchmarks/train_mfu.py --cases conv-bf16,conv-fp8 --corpus DIR    # 300 steps on stdlib source
+    python benchmarks/train_mfu.py --plot docs/img/train_convergence.png      # loss curves from the JSON
 
-Each case runs in its own process group (torchrun for the llmfleet worker) on synthetic uniform tokens, times
-optimizer steps after a warm-up (compilation) window, and reports tokens/s, tokens/s per GPU, MFU/HFU (PaLM
-appendix B against the GPU's dense bf16 peak, 989 TFLOP/s for H200), peak memory, and for profiled cases the
-trace analyzer's summary of one step. Results are merged by case name into the JSON file, so a one-GPU call
-and a two-GPU call of the device tool make one table; scaling efficiency = tokens/s/GPU of an N-GPU case over
-the one-GPU llmfleet case of the same config. NCCL_NVLS_ENABLE=0 is always set.
+Each case runs in its own process group (torchrun for the llmfleet worker and torchtitan) on synthetic uniform
+tokens (or, for conv-* cases, a BPE-tokenized corpus of the Python standard library's source built on the
+machine), times optimizer steps after a warm-up (compilation) window, and reports tokens/s, tokens/s per GPU,
+MFU/HFU (PaLM appendix B against the GPU's dense bf16 peak, 989 TFLOP/s for H200; fp8 runs are measured
+against the same bf16 peak, so their MFU says how much faster than bf16 they go), the causal convention's MFU
+beside it, peak memory, and for profiled cases the trace analyzer's summary of one step. Results are merged by
+case name into the JSON file; scaling efficiency = tokens/s/GPU of an N-GPU case over the one-GPU llmfleet case
+of the same config and session. `--smoke` runs the chosen cases on a small model for a few steps (a check of
+the wiring, results to a separate JSON). NCCL_NVLS_ENABLE=0 is always set.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import gzip
 import json
 import os
 import platform
+import re
 import shutil
 import statistics
 import subprocess
@@ -36,6 +42,8 @@ CONFIGS = {
     "8b": dict(layers=32, hidden=4096, heads=32, kvHeads=8, ffn=14336, vocab=128256, seqLen=8192, ropeTheta=500000.0),
     # CPU smoke test of this script.
     "tiny": dict(layers=2, hidden=64, heads=4, kvHeads=2, ffn=128, vocab=512, seqLen=64),
+    # GPU smoke test (--smoke): every case's code path in seconds; dims multiples of 16 for fp8.
+    "smoke": dict(layers=2, hidden=256, heads=4, kvHeads=2, ffn=768, vocab=2048, seqLen=512),
 }
 
 CASES = {
@@ -50,21 +58,44 @@ CASES = {
     "llmfleet-2-hsdp2x1": dict(mode="llmfleet", nproc=2, config="0.9b", mb=4, replicate=2),
     "llmfleet-2-fsdp-8b": dict(mode="llmfleet", nproc=2, config="8b", mb=1, ac="selective", profile=True),
     "llmfleet-2-fsdp-8b-noac": dict(mode="llmfleet", nproc=2, config="8b", mb=1),
+    # One GPU, 8 sequences x 4096 tokens per optimizer step (32,768 tokens) in every case.
+    "plain-bf16": dict(mode="plain", nproc=1, config="0.9b", mb=4, accum=2),
+    "plain-bf16-mb8": dict(mode="plain", nproc=1, config="0.9b", mb=8),
+    "llmfleet-bf16": dict(mode="llmfleet", nproc=1, config="0.9b", mb="auto", seqs=8),
+    "llmfleet-fp8": dict(mode="llmfleet", nproc=1, config="0.9b", mb="auto", seqs=8, precision="fp8", profile=True),
+    "torchtitan-bf16": dict(mode="torchtitan", nproc=1, config="0.9b", mb=8),
+    "torchtitan-fp8": dict(mode="torchtitan", nproc=1, config="0.9b", mb=8, precision="fp8"),
+    # What each part of the lean step buys (same 8-sequence step).
+    "llmfleet-bf16-mb4": dict(mode="llmfleet", nproc=1, config="0.9b", mb=4, accum=2),
+    "llmfleet-bf16-mb4-noclipfold": dict(mode="llmfleet", nproc=1, config="0.9b", mb=4, accum=2,
+                                         env={"LLMFLEET_CLIP_IN_OPTIMIZER": "0"}),
+    "llmfleet-fp8-rowwise": dict(mode="llmfleet", nproc=1, config="0.9b", mb="auto", seqs=8, precision="fp8",
+                                 scaling="rowwise"),
+    # Convergence on real text: 300 steps of 4 x 4096 tokens, same seed and data order.
+    "conv-bf16": dict(mode="llmfleet", nproc=1, config="0.9b", mb=4, steps=300, corpus=True),
+    "conv-fp8": dict(mode="llmfleet", nproc=1, config="0.9b", mb=4, steps=300, corpus=True, precision="fp8"),
     "tiny-plain-cpu": dict(mode="plain", nproc=1, config="tiny", mb=2, device="cpu"),
     "tiny-cpu-2": dict(mode="llmfleet", nproc=2, config="tiny", mb=2, device="cpu", profile=True),
 }
 
 
+def sequences_per_rank(case: dict) -> int:
+    """Sequences per rank per optimizer step (micro-batch x accumulation, or the case's `seqs` for auto)."""
+    return int(case.get("seqs") or case["mb"] * case.get("accum", 1))
+
+
 def _spec(case: dict, data: str, ckpt: str, steps: int, log_every: int) -> dict:
     shape = CONFIGS[case["config"]]
-    world, mb, accum = case["nproc"], case["mb"], case.get("accum", 1)
+    world = case["nproc"]
     cpu = case.get("device") == "cpu"
+    warm = 30 if case.get("corpus") else 5
     spec = {
         "model": shape, "data": {"path": data},
         "optimization": {
-            "globalBatchTokens": mb * shape["seqLen"] * world * accum, "microBatch": mb, "steps": steps,
-            "precision": "bf16", "compile": case.get("compile", not cpu),
-            "activationCheckpointing": case.get("ac", "none"), "lr": {"peak": 3e-4, "warmupSteps": 5},
+            "globalBatchTokens": sequences_per_rank(case) * shape["seqLen"] * world, "microBatch": case["mb"],
+            "steps": steps, "precision": case.get("precision", "bf16"),
+            "float8": {"scaling": case.get("scaling", "tensorwise")}, "compile": case.get("compile", not cpu),
+            "activationCheckpointing": case.get("ac", "none"), "lr": {"peak": 3e-4, "warmupSteps": warm},
         },
         "fsdp": {"replicateGroups": case.get("replicate", 1), "reshardAfterForward": case.get("raf", True)},
         "workers": {"count": world if cpu else 1, "gpusPerWorker": 0 if cpu else world},
@@ -102,7 +133,9 @@ def run_llmfleet(case: dict, spec_dict: dict, warmup: int) -> dict | None:
     last_of_window = [h for h in history if h["step"] % spec.metrics.log_every == 0]
     times = _window_times(last_of_window, warmup, prof_from + 1 if prof_from is not None else None)
     return {"stepTimes": times, "wallSeconds": wall, "memoryPeakBytes": history[-1]["memoryPeakBytes"],
-            "lossFirst": history[0]["loss"], "lossLast": history[-1]["loss"]}
+            "lossFirst": history[0]["loss"], "lossLast": history[-1]["loss"], "losses": [h["loss"] for h in history],
+            "microBatch": trainer.micro_batch, "gradAccumulation": trainer.accum,
+            "microBatchReason": trainer.status.get("microBatchReason")}
 
 
 def run_plain(case: dict, spec_dict: dict, warmup: int) -> dict:
@@ -151,6 +184,36 @@ def run_plain(case: dict, spec_dict: dict, warmup: int) -> dict:
     return {"stepTimes": times, "memoryPeakBytes": mem, "lossFirst": first, "lossLast": float(loss or 0)}
 
 
+TT_LINE = re.compile(r"step:\s*(\d+).*?loss:\s*([\d.]+).*?memory:\s*([\d.]+)GiB.*?tps:\s*([\d,]+).*?mfu:\s*([\d.]+)%")
+
+
+def torchtitan_command(case: dict, steps: int, log_every: int) -> list[str]:
+    """torchtitan's own trainer (its llama3 + parallelize_llama + AdamW + loss) on the llmfleet shape."""
+    shape = CONFIGS[case["config"]]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={case['nproc']}",
+           "-m", "torchtitan.train", "--experimental.custom_import", "benchmarks.torchtitan_llmfleet",
+           "--model.name", "llmfleet_llama3", "--model.flavor", "ref",
+           "--training.local_batch_size", str(case["mb"]), "--training.seq_len", str(shape["seqLen"]),
+           "--training.steps", str(steps), "--training.max_norm", "1.0", "--optimizer.lr", "3e-4",
+           "--lr_scheduler.warmup_steps", "5", "--metrics.log_freq", str(log_every), "--checkpoint.no-enable",
+           "--activation_checkpoint.mode", "none", "--compile.enable", "--compile.components", "model,loss"]
+    if case.get("precision") == "fp8":
+        # Like llmfleet: the blocks' linears in float8 (tensorwise), the output projection left in bf16.
+        cmd += ["--model.converters", "quantize.linear.float8", "--quantize.linear.float8.filter_fqns", "output"]
+    return cmd
+
+
+def parse_torchtitan(log: str, warmup: int, tokens_per_step: int) -> dict:
+    """Step times from torchtitan's metric lines (tps = tokens/s per device over each logging window)."""
+    rows = [(int(m[1]), float(m[2]), float(m[3]), float(m[4].replace(",", "")), float(m[5]))
+            for m in TT_LINE.finditer(re.sub(r"\x1b\[[0-9;]*m", "", log))]
+    if not rows:
+        raise RuntimeError("no metric lines in torchtitan's output")
+    timed = [r for r in rows if r[0] > warmup]
+    return {"stepTimes": [tokens_per_step / r[3] for r in timed], "memoryPeakBytes": max(r[2] for r in rows) * 2**30,
+            "lossFirst": rows[0][1], "lossLast": rows[-1][1], "torchtitanMfu": [r[4] / 100 for r in timed]}
+
+
 def worker_main(ns: argparse.Namespace) -> None:
     case = json.loads(ns.case)
     spec_dict = json.loads(ns.spec)
@@ -185,24 +248,32 @@ def _machine() -> dict:
     return info
 
 
-def run_case(name: str, case: dict, steps: int, warmup: int, work: Path, timeout: int) -> dict:
+def run_case(name: str, case: dict, steps: int, warmup: int, work: Path, timeout: int, corpus: Path | None) -> dict:
     from llmfleet.api.trainingjob import ModelShape
     from llmfleet.plan.models import total_params
-    from llmfleet.plan.training import hardware_flops_per_token, model_flops_per_token
-    from llmfleet.workers.train.analyze import analyze_trace
+    from llmfleet.plan.training import causal_flops_per_token, hardware_flops_per_token, model_flops_per_token
+    from llmfleet.workers.train.analyze import analyze_trace, format_summary
     from llmfleet.workers.train.metrics import peak_tflops, utilization
 
     shape = CONFIGS[case["config"]]
-    data = work / f"data-{case['config']}"
-    if not data.exists():
-        _synthetic_data(data, shape["vocab"], 64 * (shape["seqLen"] + 1) * 8)
+    steps = case.get("steps", steps)
+    if case.get("corpus"):
+        if corpus is None or not (corpus / "manifest.json").exists():
+            return {"case": name, **case, "error": "conv cases need --corpus DIR (built with --build-corpus DIR)"}
+        data = corpus
+    else:
+        data = work / f"data-{case['config']}"
+        if not data.exists():
+            _synthetic_data(data, shape["vocab"], 64 * (shape["seqLen"] + 1) * 8)
     ckpt = work / f"ckpt-{name}"
     shutil.rmtree(ckpt, ignore_errors=True)
-    spec = _spec(case, str(data), str(ckpt), steps, log_every=5)
+    log_every = 5
+    spec = _spec(case, str(data), str(ckpt), steps, log_every)
     result_file = work / f"result-{name}.json"
     result_file.unlink(missing_ok=True)
     env = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1",
-               LLMFLEET_METRICS_PORT="-1", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+               LLMFLEET_METRICS_PORT="-1", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               LLMFLEET_TT_DATA=str(data), LLMFLEET_TT_SHAPE=json.dumps(shape))
     env.update(case.get("env", {}))
     if case.get("device") == "cpu":
         env["LLMFLEET_DEVICE"] = "cpu"
@@ -212,34 +283,51 @@ def run_case(name: str, case: dict, steps: int, warmup: int, work: Path, timeout
           "--result", str(result_file), "--warmup", str(warmup)]
     if case["mode"] == "plain":
         cmd = [sys.executable, *me]
+    elif case["mode"] == "torchtitan":
+        cmd = torchtitan_command(case, steps, log_every)
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={case['nproc']}", *me]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        return {"case": name, **case, "error": f"timed out after {timeout}s"}
     row: dict = {"case": name, **case, "seconds": round(time.perf_counter() - t0, 1),
-                 "command": " ".join(cmd[:4] if case["mode"] != "plain" else cmd[:2]) + " ..."}
-    if proc.returncode != 0 or not result_file.exists():
-        row["error"] = (proc.stderr or proc.stdout)[-1500:]
+                 "command": " ".join(cmd[:4] if case["mode"] == "llmfleet" else cmd[:2]) + " ..."}
+    if case["mode"] == "torchtitan":
+        row["command"] = " ".join(cmd[2:])
+    tokens = sequences_per_rank(case) * shape["seqLen"] * case["nproc"]
+    try:
+        if case["mode"] == "torchtitan":
+            if proc.returncode != 0:
+                raise RuntimeError(f"exit {proc.returncode}")
+            res = parse_torchtitan(proc.stdout + proc.stderr, warmup, tokens // case["nproc"])
+        else:
+            res = json.loads(result_file.read_text())
+    except (OSError, ValueError, RuntimeError) as err:
+        row["error"] = f"{err}: " + (proc.stderr or proc.stdout)[-2500:]
         return row
-    res = json.loads(result_file.read_text())
-    model = ModelShape.model_validate(shape)
-    tokens = case["mb"] * shape["seqLen"] * case["nproc"] * case.get("accum", 1)
+    m = ModelShape.model_validate(shape)
     step = statistics.median(res["stepTimes"]) if res["stepTimes"] else float("nan")
     gpu_name = (_machine().get("gpus") or [None])[0] if case.get("device") != "cpu" else None
     peak = peak_tflops(gpu_name)
     tps = tokens / step
+    per_gpu = tps / case["nproc"]
+
     row.update(
-        params=total_params(model), stepSeconds=step, stepSecondsAll=res["stepTimes"], tokensPerSecond=tps,
-        tokensPerSecondPerGpu=tps / case["nproc"], peakTflops=peak,
-        mfu=utilization(model_flops_per_token(model), tps / case["nproc"], peak),
-        hfu=utilization(hardware_flops_per_token(model, activation_checkpointing=case.get("ac", "none")),
-                        tps / case["nproc"], peak),
-        memoryPeakGiB=res["memoryPeakBytes"] / 2**30, lossFirst=res["lossFirst"], lossLast=res["lossLast"],
+        params=total_params(m), stepSeconds=step, stepSecondsAll=res["stepTimes"], tokensPerSecond=tps,
+        tokensPerSecondPerGpu=per_gpu, peakTflops=peak, mfu=utilization(model_flops_per_token(m), per_gpu, peak),
+        mfuCausal=utilization(causal_flops_per_token(m), per_gpu, peak),
+        hfu=utilization(hardware_flops_per_token(m, activation_checkpointing=case.get("ac", "none")), per_gpu, peak),
+        memoryPeakGiB=res["memoryPeakBytes"] / 2**30,
+        **{k: res[k] for k in ("lossFirst", "lossLast", "losses", "microBatch", "gradAccumulation",
+                               "microBatchReason", "torchtitanMfu") if k in res},
     )
     trace = ckpt / "traces" / "trace-rank0.json"
     if trace.exists():
         s = analyze_trace(trace)
         row["trace"] = s.to_dict()
+        row["traceText"] = format_summary(s)  # what `llmfleet analyze trace` prints
         out = os.environ.get("OUT")
         if out:
             with open(trace, "rb") as src, gzip.open(Path(out) / f"trace-{name}.json.gz", "wb") as dst:
@@ -261,22 +349,23 @@ def _pct(v: float | None) -> str:
 
 def print_table(rows: list[dict]) -> None:
     base = baselines(rows)
-    hdr = f"{'session':8} {'case':24} {'GPUs':>4} {'mesh':>7} {'step s':>7} {'tok/s':>9} {'tok/s/GPU':>9} {'MFU':>6} {'HFU':>6} " \
-          f"{'mem GiB':>7} {'scaling':>7}"
+    hdr = f"{'session':14} {'case':28} {'GPUs':>4} {'mb':>7} {'step s':>7} {'tok/s':>9} {'tok/s/GPU':>9} {'MFU':>6} " \
+          f"{'causal':>6} {'HFU':>6} {'mem GiB':>7} {'scaling':>7}"
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
         if r.get("superseded"):
             continue
         if "error" in r:
-            print(f"{str(r.get('session')):8} {r['case']:24} {r['nproc']:>4}  FAILED: {r['error'].strip().splitlines()[-1][:80]}")
+            print(f"{str(r.get('session')):14} {r['case']:28} {r['nproc']:>4}  FAILED: "
+                  f"{r['error'].strip().splitlines()[-1][:80]}")
             continue
-        mesh = f"{r.get('replicate', 1)}x{r['nproc'] // r.get('replicate', 1)}" if r["mode"] == "llmfleet" else "-"
         b = base.get((r["config"], r.get("session")))
         scale = r["tokensPerSecondPerGpu"] / b["tokensPerSecondPerGpu"] if b and r["nproc"] > 1 else None
-        pct = _pct
-        print(f"{str(r.get('session')):8} {r['case']:24} {r['nproc']:>4} {mesh:>7} {r['stepSeconds']:7.3f} {r['tokensPerSecond']:9.0f} "
-              f"{r['tokensPerSecondPerGpu']:9.0f} {pct(r['mfu'])} {pct(r['hfu'])} {r['memoryPeakGiB']:7.1f} "
+        mb = f"{r.get('microBatch', r['mb'])}x{r.get('gradAccumulation', r.get('accum', 1))}"
+        print(f"{str(r.get('session')):14} {r['case']:28} {r['nproc']:>4} {mb:>7} {r['stepSeconds']:7.3f} "
+              f"{r['tokensPerSecond']:9.0f} {r['tokensPerSecondPerGpu']:9.0f} {_pct(r['mfu'])} "
+              f"{_pct(r.get('mfuCausal'))} {_pct(r['hfu'])} {r['memoryPeakGiB']:7.1f} "
               f"{(f'{scale:7.1%}' if scale else '      -')}")
     for r in rows:
         if "trace" in r:
@@ -285,15 +374,95 @@ def print_table(rows: list[dict]) -> None:
                   f"(exposed {t['shares']['commExposed']:.0%}), idle {t['shares']['idle']:.0%}; {t['diagnosis']}")
 
 
+TAIL = 20  # convergence: compare the mean loss of the last TAIL steps (one step's loss is noisy)
+
+
+def targets(runs: dict[str, dict]) -> dict[str, object]:
+    """The issue's targets from one session's rows (None where a case is missing or failed)."""
+    ok = {k: v for k, v in runs.items() if "error" not in v}
+
+    def tps(case: str) -> float | None:
+        return ok[case]["tokensPerSecond"] if case in ok else None
+
+    def ratio(a: str, b: str) -> float | None:
+        x, y = tps(a), tps(b)
+        return x / y if x and y else None
+
+    out: dict[str, object] = {
+        "llmfleetBf16Mfu": ok["llmfleet-bf16"]["mfu"] if "llmfleet-bf16" in ok else None,
+        "llmfleetBf16OverPlain": ratio("llmfleet-bf16", "plain-bf16"),
+        "llmfleetBf16OverPlainMb8": ratio("llmfleet-bf16", "plain-bf16-mb8"),
+        "llmfleetFp8OverPlainBf16": ratio("llmfleet-fp8", "plain-bf16"),
+        "llmfleetBf16OverTorchtitanBf16": ratio("llmfleet-bf16", "torchtitan-bf16"),
+        "llmfleetFp8OverTorchtitanFp8": ratio("llmfleet-fp8", "torchtitan-fp8"),
+    }
+    if "conv-bf16" in ok and "conv-fp8" in ok:
+        a = statistics.fmean(ok["conv-bf16"]["losses"][-TAIL:])
+        b = statistics.fmean(ok["conv-fp8"]["losses"][-TAIL:])
+        out.update(convergenceSteps=len(ok["conv-bf16"]["losses"]), convergenceBf16Loss=a, convergenceFp8Loss=b,
+                   convergenceFp8OverBf16=b / a - 1)
+    return out
+
+
+def plot(doc: dict, png: Path) -> None:
+    """The conv-bf16 and conv-fp8 loss curves overlaid (raw and a 10-step moving average)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for case, color in (("conv-bf16", "tab:blue"), ("conv-fp8", "tab:orange")):
+        losses = doc["runs"][case]["losses"]
+        steps = range(1, len(losses) + 1)
+        avg = [statistics.fmean(losses[max(0, i - 9):i + 1]) for i in range(len(losses))]
+        ax.plot(steps, losses, color=color, alpha=0.25, linewidth=0.8)
+        ax.plot(steps, avg, color=color, label=f"{case.removeprefix('conv-')} (last {TAIL} steps: "
+                                               f"{statistics.fmean(losses[-TAIL:]):.3f})")
+    ax.set_xlabel("optimizer step (16,384 tokens)")
+    ax.set_ylabel("training loss (cross-entropy, nats/token)")
+    ax.set_yscale("log")
+    ax.set_title("0.9B reference model on BPE-tokenized Python stdlib source, one H200, same seed")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=110)
+
+
+def build_corpus(out: Path) -> dict:
+    """All of this Python's standard-library .py files, BPE-tokenized (vocabulary 32,768) by `data prepare`."""
+    import sysconfig
+
+    from llmfleet.workers.train.data import prepare
+
+    def utf8(q: Path) -> bool:  # a few test files are deliberately not UTF-8
+        try:
+            q.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            return False
+        return True
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(str(q) for q in root.rglob("*.py") if "site-packages" not in q.parts and utf8(q))
+    manifest = prepare(files, out, tokenizer="bpe", vocab_size=32768)
+    return {"python": platform.python_version(), "files": len(files), "tokens": manifest["tokens"],
+            "vocab": manifest["vocab"]}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--cases", default="plain-1,llmfleet-1", help=f"comma-separated, from {sorted(CASES)}")
+    p.add_argument("--cases", default="plain-bf16,llmfleet-bf16", help=f"comma-separated, from {sorted(CASES)}")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=10, help="steps excluded from timing (compilation)")
     p.add_argument("--json", default=str(ROOT / "benchmarks/results/train_mfu.json"))
     p.add_argument("--session", default=datetime.now(UTC).strftime("%Y%m%dT%H%M"),
                    help="label of this machine/run; scaling efficiency divides by the 1-GPU run of the same session")
     p.add_argument("--timeout", type=int, default=400, help="seconds per case")
+    p.add_argument("--corpus", type=Path, help="token folder for the conv-* cases (see --build-corpus)")
+    p.add_argument("--build-corpus", type=Path, help="tokenize this Python's stdlib source into DIR and exit")
+    p.add_argument("--smoke", action="store_true", help="small model, few steps: check every case's code path")
+    p.add_argument("--plot", type=Path, help="write the conv-bf16/conv-fp8 loss curves from --json to this PNG")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--case", help=argparse.SUPPRESS)
     p.add_argument("--spec", help=argparse.SUPPRESS)
@@ -302,32 +471,44 @@ def main() -> None:
     if ns.worker:
         worker_main(ns)
         return
+    path = Path(ns.json)
+    doc = json.loads(path.read_text()) if path.exists() else {"runs": {}}
+    if ns.build_corpus:
+        print(json.dumps(build_corpus(ns.build_corpus)))
+        return
+    if ns.plot:
+        plot(doc, ns.plot)
+        return
     names = [c for c in ns.cases.split(",") if c]
     unknown = [c for c in names if c not in CASES]
     if unknown:
         sys.exit(f"unknown cases {unknown}; choose from {sorted(CASES)}")
-    path = Path(ns.json)
-    doc = json.loads(path.read_text()) if path.exists() else {"runs": {}}
     work = Path(tempfile.mkdtemp(prefix="train_mfu-"))
     rows = []
     for name in names:
-        row = run_case(name, CASES[name], ns.steps, ns.warmup, work, ns.timeout)
+        case = dict(CASES[name])
+        if ns.smoke:
+            case.update(config="smoke", corpus=False, steps=min(case.get("steps", ns.steps), ns.steps))
+        row = run_case(name, case, ns.steps, ns.warmup, work, ns.timeout, ns.corpus)
         row["machine"] = _machine()
         row["date"] = datetime.now(UTC).isoformat(timespec="seconds")
         row["invocation"] = "python benchmarks/train_mfu.py " + " ".join(sys.argv[1:])
         row["session"] = ns.session
+        if ns.corpus and case.get("corpus") and (ns.corpus / "manifest.json").exists():
+            row["corpus"] = {k: v for k, v in json.loads((ns.corpus / "manifest.json").read_text()).items()
+                             if k != "shards"}
         rows.append(row)
         doc["runs"][name] = row
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(doc, indent=2))
-        print(f"[{name}] done in {row['seconds']}s" + (" (FAILED)" if "error" in row else ""), flush=True)
+        print(f"[{name}] done in {row.get('seconds')}s" + (" (FAILED)" if "error" in row else ""), flush=True)
         if "error" in row:
-            print(row["error"][-1200:], flush=True)
-    doc["torchtitan"] = doc.get("torchtitan") or (
-        "not run: torchtitan 0.3.0 (PyPI) needs spmd_types, torch_checkpointing, torchdata, datasets and its own "
-        "config system; not carried to the device machine in this session")
+            print(row["error"][-2500:], flush=True)
+    session_runs = {k: v for k, v in doc["runs"].items() if v.get("session") == ns.session}
+    doc.setdefault("targets", {})[ns.session] = targets(session_runs)
     path.write_text(json.dumps(doc, indent=2))
-    print_table(list(doc["runs"].values()))
+    print_table(rows)
+    print(json.dumps(doc["targets"][ns.session], indent=1))
     shutil.rmtree(work, ignore_errors=True)
 
 

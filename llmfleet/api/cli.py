@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -10,6 +12,11 @@ from rich.markup import escape
 
 # Copies kept byte-identical with crds/ (the Helm chart ships the same CRDs).
 CHART_CRD_DIR = Path("charts/llmfleet/crds")
+
+# Checks that need knowledge above the API layer (the GPU table of llmfleet.plan, say), added by those
+# layers' CLI modules when they register: each takes a loaded resource and returns (field path, message)
+# problems; `llmfleet validate` runs them all after the schema checks pass.
+RESOURCE_CHECKS: list[Callable[[Any], list[tuple[str, str]]]] = []
 
 
 def register(app: typer.Typer) -> None:
@@ -75,6 +82,13 @@ def register(app: typer.Typer) -> None:
                     console.print(f"[red]✗[/red] {escape(err.source)}: [bold]{escape(path)}[/bold]: {escape(msg)}", highlight=False)
                 continue
             for r in resources:
+                problems = [p for check in RESOURCE_CHECKS for p in check(r)]
+                for path, msg in problems:
+                    console.print(f"[red]✗[/red] {escape(str(f))}: {r.kind}/{r.metadata.name}: [bold]{escape(path)}"
+                                  f"[/bold]: {escape(msg)}", highlight=False)
+                if problems:
+                    failed += 1
+                    continue
                 console.print(f"[green]✓[/green] {escape(str(f))}: {r.kind}/{r.metadata.name}", highlight=False)
         if failed:
             raise typer.Exit(1)

@@ -28,6 +28,11 @@ class ApiModel(BaseModel):
         return self.model_dump(by_alias=True, exclude_none=True, mode="json")
 
 
+def cel_rules(*rules: tuple[str, str]) -> ConfigDict:
+    """Model config carrying CEL validation rules (rule, message) into the CRD (x-kubernetes-validations)."""
+    return ConfigDict(json_schema_extra={"x-kubernetes-validations": [{"rule": r, "message": m} for r, m in rules]})
+
+
 class StatusModel(ApiModel):
     """Status written by controllers: tolerate fields added by newer versions."""
 

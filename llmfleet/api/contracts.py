@@ -27,6 +27,10 @@ RENDEZVOUS_PORT = 29400  # torch elastic rendezvous of a TrainingJob
 OPERATOR_METRICS_PORT = 8080  # the operator's /metrics
 OPERATOR_LIVENESS_PORT = 8081  # the operator's /healthz
 
+# ---- files
+# The SQLite file of the default feature store, in a run folder (local) or on the request-log volume (cluster).
+FEATURE_STORE_DB_FILE = "featurestore.db"
+
 # ---- labels
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 PART_OF_LABEL = "app.kubernetes.io/part-of"

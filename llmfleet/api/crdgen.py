@@ -37,6 +37,25 @@ def _resolve(node: Schema, defs: dict[str, Schema]) -> Schema:
     return node
 
 
+def _int_or_string(options: list[Schema], description: str | None, default: Any) -> Schema:
+    """int | Literal[...] (e.g. microBatch: 4 or "auto"): Kubernetes' int-or-string, with a CEL rule that
+    keeps the integer's minimum and the string's allowed values."""
+    num = next(o for o in options if o["type"] == "integer")
+    text = next(o for o in options if o["type"] == "string")
+    words = [text["const"]] if "const" in text else list(text.get("enum", []))
+    int_rule = f"self >= {num['minimum']}" if "minimum" in num else "true"
+    str_rule = " || ".join(f"self == '{w}'" for w in words) or "true"
+    out: Schema = {"x-kubernetes-int-or-string": True, "x-kubernetes-validations": [
+        {"rule": f"type(self) == int ? {int_rule} : ({str_rule})",
+         "message": f"must be an integer{' >= ' + str(num['minimum']) if 'minimum' in num else ''}"
+                    f" or " + " or ".join(repr(w) for w in words)}]}
+    if description:
+        out["description"] = description
+    if default is not None:
+        out["default"] = default
+    return out
+
+
 def _structural(node: Schema, defs: dict[str, Schema]) -> Schema:
     node = _resolve(node, defs)
     description = node.get("description")
@@ -45,6 +64,8 @@ def _structural(node: Schema, defs: dict[str, Schema]) -> Schema:
     # Optional[X] arrives as anyOf [X, null]: the CRD field is simply not required.
     if "anyOf" in node:
         options = [o for o in node["anyOf"] if o.get("type") != "null"]
+        if sorted(o.get("type", "") for o in options) == ["integer", "string"]:
+            return _int_or_string(options, description, default)
         if len(options) != 1:
             raise ValueError(f"cannot express a union in a structural schema: {node}")
         inner = _structural(options[0], defs)
@@ -225,7 +246,7 @@ def render(crd: dict[str, Any]) -> str:
 def _md_rows(node: Schema, path: str, rows: list[tuple[str, str, str, str]]) -> None:
     for name, sub in node.get("properties", {}).items():
         here = f"{path}.{name}" if path else name
-        kind = sub.get("type", "object")
+        kind = sub.get("type", "integer or string" if sub.get("x-kubernetes-int-or-string") else "object")
         if kind == "array" and isinstance(sub.get("items"), dict):
             kind = f"[]{sub['items'].get('type', 'object')}"
         extra = []

@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import ConfigDict, Field, model_validator
 
 from llmfleet.api.common import ApiModel, Condition, ObjectMeta, Resources, StatusModel
+from llmfleet.api.storage import ModelUri, StorageSpec
 
 PRIMARY_POOL = "primary"
 
@@ -17,7 +18,11 @@ PRIMARY_POOL = "primary"
 class ServedModel(ApiModel):
     """The model a pool serves."""
 
-    path: str = Field(min_length=1, description="Model folder or URI (HF format: config.json, safetensors, tokenizer).")
+    path: ModelUri = Field(
+        min_length=1,
+        description="Model folder in Hugging Face format (config.json, safetensors, tokenizer): pvc://claim/path, "
+        "s3://bucket/prefix, hf://org/name[@revision], a local path, or tiny://name (local runtime).",
+    )
     served_name: str | None = Field(
         default=None, description="Name clients use in the OpenAI API `model` field; defaults to the InferenceService name."
     )
@@ -273,6 +278,9 @@ class InferenceServiceSpec(ApiModel):
         default_factory=list,
         description="LoRA adapters of the primary model, each served under its own model name; loaded on a replica "
         "when first asked for (adding one never restarts a replica).",
+    )
+    storage: StorageSpec = Field(
+        default_factory=StorageSpec, description="Endpoints and credentials of s3:// and hf:// models, and their cache."
     )
 
     @model_validator(mode="after")

@@ -3,27 +3,23 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-from llmfleet.api.common import ApiModel, Condition, ObjectMeta, StatusModel
+from llmfleet.api.common import ApiModel, Condition, ObjectMeta, StatusModel, cel_rules
 from llmfleet.api.contracts import TRAINING_METRICS_PORT
 from llmfleet.api.inferenceservice import LORA_RANKS
+from llmfleet.api.storage import DataUri, OutputUri, SourceUri, StorageSpec, parse_uri
 
 
 class ModelShape(ApiModel):
     """A Llama-style decoder: RMSNorm, RoPE, SwiGLU, MHA/GQA/MQA chosen by kvHeads."""
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                {"rule": "!has(self.hidden) || !has(self.heads) || self.hidden % self.heads == 0",
-                 "message": "hidden must be divisible by heads"},
-                {"rule": "!has(self.heads) || !has(self.kvHeads) || self.heads % self.kvHeads == 0",
-                 "message": "heads must be divisible by kvHeads (GQA groups)"},
-            ]
-        }
+    model_config = cel_rules(
+        ("!has(self.hidden) || !has(self.heads) || self.hidden % self.heads == 0", "hidden must be divisible by heads"),
+        ("!has(self.heads) || !has(self.kvHeads) || self.heads % self.kvHeads == 0",
+         "heads must be divisible by kvHeads (GQA groups)"),
     )
 
     family: Literal["llama"] = Field(default="llama", description="Architecture family; only Llama-style decoders.")
@@ -74,8 +70,14 @@ class ModelShape(ApiModel):
 class DataSpec(ApiModel):
     """Tokenized training data (written by `llmfleet data prepare`)."""
 
-    path: str = Field(min_length=1, description="Folder or URI of token shards with a manifest.json.")
-    tokenizer: str | None = Field(default=None, description="Tokenizer folder or tokenizer.json; copied into exported models.")
+    path: DataUri = Field(
+        min_length=1, description="Token shards with a manifest.json: pvc://claim/path, s3://bucket/prefix or a "
+        "local folder."
+    )
+    tokenizer: SourceUri | None = Field(
+        default=None, description="Tokenizer folder or tokenizer.json: pvc://, s3://, hf:// or a local path; copied into "
+        "exported models."
+    )
 
 
 class LRSchedule(ApiModel):
@@ -87,16 +89,39 @@ class LRSchedule(ApiModel):
     decay: Literal["cosine", "linear", "constant"] = Field(default="cosine", description="Shape of the decay after warmup.")
 
 
+class Float8Spec(ApiModel):
+    """torchao float8 training of the transformer blocks' linear layers (precision: fp8)."""
+
+    scaling: Literal["tensorwise", "rowwise"] = Field(
+        default="tensorwise",
+        description="Scale granularity: tensorwise (one scale per tensor, fastest) or rowwise (one per row; "
+                    "more robust to outliers, slower on H100/H200).",
+    )
+    fsdp_all_gather: bool = Field(
+        default=True,
+        description="Under FSDP2, all-gather the weights in float8 (half the bytes of bf16); tensorwise scaling only.",
+    )
+
+
 class Optimization(ApiModel):
     """Batch sizes, steps, schedule and the compute knobs of the training loop."""
 
     global_batch_tokens: int = Field(default=4096, ge=1, description="Tokens per optimizer step across all ranks.")
-    micro_batch: int = Field(default=1, ge=1, description="Sequences per rank per forward/backward.")
+    micro_batch: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
+        default=1,
+        description="Sequences per rank per forward/backward; 'auto' probes once for the largest that fits with a "
+                    "memory margin (a divisor of the sequences per rank per step) and reports it in status.",
+    )
     steps: int = Field(default=100, ge=1, description="Optimizer steps to train.")
     lr: LRSchedule = Field(default_factory=LRSchedule, description="Learning-rate schedule.")
     weight_decay: float = Field(default=0.1, ge=0, description="AdamW weight decay.")
     grad_clip: float = Field(default=1.0, ge=0, description="Global gradient-norm clip; 0 disables.")
-    precision: Literal["bf16", "fp32"] = Field(default="bf16", description="Parameter/compute dtype (bf16 uses fp32 gradient reduction).")
+    precision: Literal["bf16", "fp32", "fp8"] = Field(
+        default="bf16",
+        description="Compute dtype: bf16 (fp32 master weights and gradient reduction), fp32, or fp8 (torchao float8 "
+                    "matmuls in the transformer blocks' linear layers, everything else bf16; needs fp8 tensor cores).",
+    )
+    float8: Float8Spec = Field(default_factory=Float8Spec, description="float8 settings, used when precision is fp8.")
     activation_checkpointing: Literal["none", "selective", "full"] = Field(
         default="none", description="Recompute activations in backward: none, selective (every other block) or full."
     )
@@ -117,7 +142,10 @@ class FSDPSpec(ApiModel):
 class DistillationSpec(ApiModel):
     """Train this (student) model on a teacher's soft targets."""
 
-    teacher: str = Field(min_length=1, description="Teacher model folder (HF format) or a TrainingJob output path.")
+    teacher: SourceUri = Field(
+        min_length=1, description="Teacher model in Hugging Face format (pvc://, s3://, hf:// or a local folder), e.g. "
+        "another TrainingJob's output.path."
+    )
     temperature: float = Field(default=2.0, gt=0, le=100, description="Softmax temperature for KL(teacher || student).")
     alpha: float = Field(default=0.5, ge=0, le=1, description="Weight of the KL term; 1-alpha weighs the LM loss.")
 
@@ -201,8 +229,14 @@ class PromotionTarget(ApiModel):
 class OutputSpec(ApiModel):
     """Export of the final model in a servable Hugging Face format."""
 
-    path: str = Field(min_length=1, description="Folder or URI for config.json, model.safetensors and the tokenizer.")
-    promote_to: PromotionTarget | None = Field(default=None, description="Roll the exported model out to this pool on success.")
+    path: OutputUri = Field(
+        min_length=1, description="Where config.json, model.safetensors and the tokenizer are written: pvc://claim/path "
+        "or s3://bucket/prefix (what promotion hands the serving pool), or a local folder (llmfleet train)."
+    )
+    promote_to: PromotionTarget | None = Field(
+        default=None, description="Roll the exported model out to this pool on success (a full model's path must then "
+        "be pvc:// or s3://: the pool reads the model from there)."
+    )
 
 
 class MetricsSpec(ApiModel):
@@ -216,6 +250,12 @@ class MetricsSpec(ApiModel):
 
 class TrainingJobSpec(ApiModel):
     """Desired state of a TrainingJob."""
+
+    model_config = cel_rules(
+        ("!has(self.output) || !has(self.output.promoteTo) || (has(self.method) && self.method == 'lora') || "
+         "self.output.path.startsWith('pvc://') || self.output.path.startsWith('s3://')",
+         "output.promoteTo needs a pvc:// or s3:// output.path (the serving pool reads the model from there)"),
+    )
 
     model: ModelShape = Field(description="Model architecture.")
     data: DataSpec = Field(description="Training data.")
@@ -233,6 +273,9 @@ class TrainingJobSpec(ApiModel):
     output: OutputSpec | None = Field(default=None, description="Export (and optional promotion) of the trained model.")
     max_restarts: int = Field(default=3, ge=0, le=100, description="Times the workers are recreated after a failure, resuming from the last checkpoint.")
     suspend: bool = Field(default=False, description="Suspend the workers (after a checkpoint); false resumes from it.")
+    storage: StorageSpec = Field(
+        default_factory=StorageSpec, description="Endpoints and credentials of s3:// and hf:// locations, and their cache."
+    )
 
     @model_validator(mode="after")
     def _check_batching(self) -> TrainingJobSpec:
@@ -242,11 +285,12 @@ class TrainingJobSpec(ApiModel):
                 f"fsdp.replicateGroups ({self.fsdp.replicate_groups}) must divide the world size "
                 f"(workers.count x gpusPerWorker = {world})"
             )
-        per_step = self.optimization.micro_batch * self.model.seq_len * world
+        mb = self.optimization.micro_batch
+        per_step = (1 if mb == "auto" else mb) * self.model.seq_len * world
         if self.optimization.global_batch_tokens % per_step:
             raise ValueError(
                 f"optimization.globalBatchTokens ({self.optimization.global_batch_tokens}) must be a multiple of "
-                f"microBatch x seqLen x world size ({per_step})"
+                f"{'' if mb == 'auto' else 'microBatch x '}seqLen x world size ({per_step})"
             )
         if self.optimization.lr.min > self.optimization.lr.peak:
             raise ValueError("optimization.lr.min must not exceed optimization.lr.peak")
@@ -256,14 +300,31 @@ class TrainingJobSpec(ApiModel):
             raise ValueError("spec.lora is set but spec.method is full; set method: lora")
         if self.method == "lora" and self.distillation is not None:
             raise ValueError("spec.distillation with method lora is not supported; distill a full model instead")
+        if self.method == "lora" and self.optimization.precision == "fp8":
+            raise ValueError("optimization.precision fp8 with method lora is not supported (the float8 linears are "
+                             "for full training); use bf16")
         if self.output and self.output.promote_to and self.output.promote_to.adapter_name and self.method != "lora":
             raise ValueError("output.promoteTo.adapterName is for method lora (a full model replaces the pool's model)")
+        out = self.output
+        if out and out.promote_to and self.method != "lora" and parse_uri(out.path).scheme not in ("pvc", "s3"):
+            raise ValueError(
+                f"output.path {out.path!r}: promoteTo hands this location to the serving pool, so it must be pvc:// "
+                "or s3:// (a local folder exists only inside the training pod)"
+            )
         return self
 
     @property
+    def sequences_per_rank(self) -> int:
+        """Sequences each rank processes per optimizer step (micro-batch x accumulation steps)."""
+        return self.optimization.global_batch_tokens // (self.model.seq_len * self.workers.world_size)
+
+    @property
     def grad_accum_steps(self) -> int:
-        per_step = self.optimization.micro_batch * self.model.seq_len * self.workers.world_size
-        return self.optimization.global_batch_tokens // per_step
+        """Micro-batches per optimizer step; with microBatch 'auto' the worker's probe decides (None here)."""
+        mb = self.optimization.micro_batch
+        if mb == "auto":
+            raise ValueError("microBatch is 'auto': the worker chooses it (status.microBatch)")
+        return self.sequences_per_rank // mb
 
 
 TrainingPhase = Literal["Pending", "Running", "Suspended", "Restarting", "Succeeded", "Failed", "Invalid"]
@@ -289,6 +350,9 @@ class TrainingJobStatus(StatusModel):
     tokens_per_second: float | None = Field(default=None, description="Throughput across all ranks.")
     mfu: float | None = Field(default=None, description="Model FLOPs utilization, 0-1 (PaLM appendix B).")
     hfu: float | None = Field(default=None, description="Hardware FLOPs utilization, 0-1 (counts recomputation).")
+    micro_batch: int | None = Field(
+        default=None, description="Micro-batch in use (the probe's choice when spec.optimization.microBatch is auto)."
+    )
     last_checkpoint: str | None = Field(default=None, description="Path of the last complete checkpoint.")
     restarts: int = Field(default=0, description="Times the workers were recreated.")
     start_time: datetime | None = Field(default=None, description="When the workers first started.")

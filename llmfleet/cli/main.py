@@ -16,6 +16,7 @@ from llmfleet.operator import cli as operator_cli
 from llmfleet.plan import cli as plan_cli
 from llmfleet.router import cli as router_cli
 from llmfleet.sim import cli as sim_cli
+from llmfleet.storage import cli as storage_cli
 from llmfleet.store import cli as store_cli
 from llmfleet.workers.train import cli as train_cli
 
@@ -32,6 +33,7 @@ COMMAND_MODULES = (
     api_cli,         # crds generate, validate
     operator_cli,    # operator
     local_cli,       # up, down, model build-tiny
+    storage_cli,     # fetch
     train_cli,       # train, data prepare, analyze trace
     router_cli,      # router
     autoscaler_cli,  # autoscaler

@@ -1,4 +1,4 @@
-"""The InferenceService manifest as `llmfleet up` runs it: loaded, tiny:// model paths resolved, checked.
+"""The InferenceService manifest as `llmfleet up` runs it: loaded, model locations made local folders, checked.
 
 Used at start (`llmfleet up -f`) and by the running supervisor when that file is edited.
 """
@@ -19,8 +19,9 @@ class InvalidManifest(ValueError):
 
 
 def load_service(file: Path) -> InferenceService:
-    """The InferenceService of `file`, ready to run here: tiny:// paths resolved, engine arguments and local
-    model/adapter folders checked. Raises InvalidManifest (also what the running supervisor uses on an edit)."""
+    """The InferenceService of `file`, ready to run here: model locations resolved to local folders, engine
+    arguments and model/adapter folders checked. Raises InvalidManifest (also what the running supervisor uses
+    on an edit)."""
     from llmfleet.api import InferenceService, ManifestError, load_manifest
     from llmfleet.workers.serve.vllm_args import InvalidServeSpec, render_vllm_args, validate_adapter_files
 
@@ -31,7 +32,7 @@ def load_service(file: Path) -> InferenceService:
     if not isinstance(res, InferenceService):
         raise InvalidManifest(f"{file} is a {res.kind}; `llmfleet up` runs an InferenceService "
                               "(use `llmfleet train` for a TrainingJob)")
-    isvc = resolve_tiny_paths(res)
+    isvc = resolve_model_paths(res)
     try:
         for pool in isvc.pools():
             render_vllm_args(isvc, pool)
@@ -39,25 +40,42 @@ def load_service(file: Path) -> InferenceService:
     except InvalidServeSpec as err:
         raise InvalidManifest(f"{file}: {err}") from None
     for pool in isvc.pools():
-        local = pool.model.path.removeprefix("file://")
         # A missing local folder would only show as replicas crash-looping in the background.
-        if local.startswith(("/", "./", "../", "~")) and not Path(local).expanduser().exists():
+        if not Path(pool.model.path).expanduser().exists():
             raise InvalidManifest(f"{file}: model path {pool.model.path!r} of pool {pool.name} does not exist")
     return isvc
 
 
-def resolve_tiny_paths(isvc: InferenceService) -> InferenceService:
-    """Replace `tiny://<name>` model paths by the built tiny model folders (building them on first use)."""
-    from llmfleet.api import InferenceService
-    from llmfleet.local.tinymodel import SPECS, build_tiny
+def resolve_model_paths(isvc: InferenceService) -> InferenceService:
+    """Every pool's model as a local folder: tiny:// built (first use), s3:// and hf:// fetched into the cache
+    ($LLMFLEET_CACHE/fetched; resumable and checked, a second `up` finds them complete), file:// stripped.
+    pvc:// exists only on Kubernetes."""
+    import logging
 
+    from llmfleet.api import InferenceService
+    from llmfleet.api.storage import parse_uri
+    from llmfleet.local.tinymodel import SPECS, build_tiny
+    from llmfleet.storage import FetchError, local_copy
+
+    progress = logging.getLogger("llmfleet.storage")
+    if not progress.handlers:  # the fetch's progress lines on stderr while `up` waits for it
+        progress.addHandler(logging.StreamHandler())
+        progress.setLevel(logging.INFO)
     data = isvc.model_dump(by_alias=True, exclude_none=True, mode="json")
     models = [data["spec"]["model"]] + [p["model"] for p in data["spec"].get("fallback", {}).get("pools", [])]
     for m in models:
-        if m["path"].startswith(TINY_SCHEME):
-            name = m["path"][len(TINY_SCHEME):]
-            if name not in SPECS:
+        uri = parse_uri(m["path"])
+        if uri.scheme == "tiny":
+            if uri.location not in SPECS:
                 raise InvalidManifest(f"unknown tiny model {m['path']!r}; known: "
                                       f"{', '.join(TINY_SCHEME + n for n in SPECS)}")
-            m["path"] = str(build_tiny(SPECS[name]))
+            m["path"] = str(build_tiny(SPECS[uri.location]))
+        elif uri.scheme == "pvc":
+            raise InvalidManifest(f"model {m['path']!r}: pvc:// claims exist only on Kubernetes; give the claim's "
+                                  "local folder here")
+        else:
+            try:
+                m["path"] = str(local_copy(uri))
+            except FetchError as err:
+                raise InvalidManifest(f"model {m['path']!r}: {err}") from None
     return InferenceService.model_validate(data)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import sysconfig
 import tempfile
@@ -57,8 +56,9 @@ SPECS = {s.name: s for s in (PRIMARY, STUDENT)}
 
 def cache_root() -> Path:
     """$LLMFLEET_CACHE/models, else ~/.cache/llmfleet/models."""
-    base = os.environ.get("LLMFLEET_CACHE")
-    return (Path(base) if base else Path.home() / ".cache" / "llmfleet") / "models"
+    from llmfleet.storage import cache_base
+
+    return cache_base() / "models"
 
 
 def stdlib_files() -> list[Path]:

@@ -51,6 +51,8 @@ class OperatorConfig:
     router_image: str = DEFAULT_ROUTER_IMAGE
     serve_image: str = DEFAULT_SERVE_IMAGE
     train_image: str = DEFAULT_TRAIN_IMAGE
+    # Image of the `llmfleet fetch` init containers (needs the storage extra); the training image when unset.
+    fetch_image: str | None = None
     status_url_template: str = DEFAULT_STATUS_URL
     status_timeout_seconds: float = 2.0
     timer_interval_seconds: float = 30.0
@@ -69,6 +71,7 @@ class OperatorConfig:
             router_image=env.get("LLMFLEET_ROUTER_IMAGE") or DEFAULT_ROUTER_IMAGE,
             serve_image=env.get("LLMFLEET_SERVE_IMAGE") or DEFAULT_SERVE_IMAGE,
             train_image=env.get("LLMFLEET_TRAIN_IMAGE") or DEFAULT_TRAIN_IMAGE,
+            fetch_image=env.get("LLMFLEET_FETCH_IMAGE") or None,
             status_url_template=env.get("LLMFLEET_TRAIN_STATUS_URL") or DEFAULT_STATUS_URL,
             status_timeout_seconds=_env_float("LLMFLEET_TRAIN_STATUS_TIMEOUT", 2.0),
             timer_interval_seconds=_env_float("LLMFLEET_RECONCILE_INTERVAL", 30.0),

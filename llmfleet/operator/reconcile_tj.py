@@ -32,6 +32,7 @@ from llmfleet.operator.status import (
     set_conditions,
 )
 from llmfleet.operator.worker_status import StatusReader, WorkerStatusError, status_fields
+from llmfleet.plan.hardware import training_precision_problems
 
 TERMINAL = ("Succeeded", "Failed")
 
@@ -185,6 +186,11 @@ async def reconcile_trainingjob(
         tj = TrainingJob.model_validate(cr_dict(body))
     except ValidationError as err:
         invalid = invalid_spec_outcome(old, invalid_spec_message(err), generation, now, "TrainingJob")
+        invalid.compute_seconds = time.thread_time() - started
+        return invalid
+    if problems := training_precision_problems(tj.spec):  # e.g. fp8 on a GPU type without fp8 tensor cores
+        message = "; ".join(f"{path}: {msg}" for path, msg in problems)
+        invalid = invalid_spec_outcome(old, message, generation, now, "TrainingJob")
         invalid.compute_seconds = time.thread_time() - started
         return invalid
 

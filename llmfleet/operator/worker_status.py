@@ -23,6 +23,7 @@ STATUS_FIELDS = {
     "hfu": "hfu",
     "lastCheckpoint": "lastCheckpoint",
     "stragglers": "stragglers",
+    "microBatch": "microBatch",
 }
 
 
@@ -69,7 +70,7 @@ def status_fields(doc: dict[str, Any]) -> dict[str, Any]:
         elif src == "lastCheckpoint":
             if isinstance(value, str):
                 out[dst] = value
-        elif src == "step":
+        elif src in ("step", "microBatch"):
             if isinstance(value, int) and not isinstance(value, bool):
                 out[dst] = value
         elif isinstance(value, int | float) and not isinstance(value, bool):

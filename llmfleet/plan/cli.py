@@ -79,7 +79,21 @@ def _overrides(items: list[str]) -> dict[str, Any]:
     return out
 
 
+def _gpu_checks(resource: Any) -> list[tuple[str, str]]:
+    """`llmfleet validate`: what the GPU table says a TrainingJob's GPUs cannot do (fp8 without fp8 cores)."""
+    if getattr(resource, "kind", None) != "TrainingJob":
+        return []
+    from llmfleet.plan.hardware import training_precision_problems
+
+    return training_precision_problems(resource.spec)
+
+
 def register(app: typer.Typer) -> None:
+    from llmfleet.api.cli import RESOURCE_CHECKS
+
+    if _gpu_checks not in RESOURCE_CHECKS:
+        RESOURCE_CHECKS.append(_gpu_checks)
+
     @app.command("plan", help="Roofline, KV-cache capacity, attention cost, training FLOPs/MFU and replicas at an SLO.")
     def plan(
         model: str = typer.Option("llama-3-8b", help="Model preset (llama-3-8b, llama-3-70b, llama-2-7b, llama-3.2-1b)."),

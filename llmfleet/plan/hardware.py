@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
+from llmfleet.api.trainingjob import TrainingJobSpec
+
 # Dense bf16 peak TFLOP/s per GPU (vendor datasheets, without sparsity), keyed by a substring of the device
 # name: a device matches the first key it contains, so longer names come before their prefixes (A10G, A10).
 BF16_PEAK_TFLOPS: dict[str, float] = {
@@ -104,3 +106,19 @@ def get_gpu(name: str, overrides: dict[str, Any] | None = None) -> GPUProfile:
             clean[field] = int(v) if field == "sms" else (None if v is None else float(v))
         gpu = replace(gpu, **clean)
     return gpu
+
+
+def training_precision_problems(spec: TrainingJobSpec, prefix: str = "spec") -> list[tuple[str, str]]:
+    """(field path, message) for a precision the job's GPUs cannot run: fp8 on CPU workers or on a GPU of
+    the table without fp8 tensor cores. A GPU type the table does not know is left to the worker, which
+    checks the device it gets."""
+    if spec.optimization.precision != "fp8":
+        return []
+    path = f"{prefix}.optimization.precision"
+    if spec.workers.gpus_per_worker == 0:
+        return [(path, "fp8 needs GPUs with fp8 tensor cores; workers.gpusPerWorker is 0 (CPU workers): "
+                       "use bf16 or fp32")]
+    gpu = GPUS.get((spec.workers.gpu_type or "").upper())
+    if gpu is not None and gpu.fp8_tflops is None:
+        return [(path, f"fp8 needs fp8 tensor cores and {gpu.name} (workers.gpuType) has none: use bf16")]
+    return []

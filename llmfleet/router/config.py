@@ -19,6 +19,7 @@ from pydantic.alias_generators import to_camel
 
 from llmfleet.api.contracts import REPLICA_PORT, ROUTER_PORT, pool_selector
 from llmfleet.api.inferenceservice import InferenceService
+from llmfleet.api.storage import parse_uri
 
 # The router's ConfigMap key and where the operator mounts it (and the tenants Secret) in the router's pod.
 ROUTER_CONFIG_KEY = "router.yaml"
@@ -29,6 +30,12 @@ TENANTS_MOUNT_PATH = f"{TENANTS_DIR}/tenants.yaml"
 # and that Secret's data key.
 UPSTREAM_API_KEY_ENV = "LLMFLEET_UPSTREAM_API_KEY"
 UPSTREAM_KEY_SECRET_KEY = "apiKey"
+# What the router reads of a model folder (tokenizer, chat template, shape for the KV tiers): on Kubernetes it
+# fetches only these files, never the weights.
+ROUTER_MODEL_FILES = (
+    "config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+    "generation_config.json",
+)
 KNOWN_SCORERS = ("estimated-ttft", "prefix-cache", "queue-depth", "running-requests", "kv-cache", "session-affinity",
                  "adapter-loaded")
 # Weight of the adapter-loaded scorer added to a service with adapters whose spec.router.scorers does not name it.
@@ -260,9 +267,10 @@ def load_router_config(path: str | Path) -> RouterConfig:
     return RouterConfig.from_yaml(Path(path).read_text())
 
 
-def _tokenizer_path(model_path: str) -> str | None:
-    # Only local folders can be read by the router; URIs (s3://, hf://) fall back to text blocks.
-    return None if "://" in model_path else model_path
+def _local_folder(model_path: str) -> str | None:
+    # Only local folders can be read by the router; other locations need a folder from model_folders.
+    uri = parse_uri(model_path)
+    return uri.path if uri.scheme == "local" else None
 
 
 def _scorers(isvc: InferenceService) -> dict[str, float]:
@@ -274,18 +282,26 @@ def _scorers(isvc: InferenceService) -> dict[str, float]:
 
 
 def router_config_from_service(
-    isvc: InferenceService, endpoints: dict[str, list[str]] | None = None, *, kv_events_port: int | None = None
+    isvc: InferenceService,
+    endpoints: dict[str, list[str]] | None = None,
+    *,
+    kv_events_port: int | None = None,
+    model_folders: dict[str, str] | None = None,
 ) -> RouterConfig:
     """The router config for `isvc`. `endpoints` (pool -> base URLs) = static; None = EndpointSlice discovery.
 
     `kv_events_port`: the port given to `render_vllm_args(..., kv_events_port=...)`; the router then subscribes
     to every replica's KV-cache events on it.
+    `model_folders`: pool -> the folder where the router finds that pool's model files (the operator mounts or
+    fetches them into the router pod); a pool's local model path otherwise.
     """
     spec = isvc.spec
     namespace = isvc.metadata.namespace or "default"
     pools = []
+    folders = model_folders or {}
     lora = spec.lora
     for view in isvc.pools():
+        folder = folders.get(view.name) or _local_folder(view.model.path)
         primary_lora = view.role == "primary" and lora is not None
         static = None if endpoints is None else list(endpoints.get(view.name, []))
         discovery = (
@@ -297,8 +313,8 @@ def router_config_from_service(
                 name=view.name,
                 role=view.role,
                 served_names=[view.served_name],
-                model_path=view.model.path,
-                tokenizer_path=_tokenizer_path(view.model.path),
+                model_path=folder,
+                tokenizer_path=folder,
                 block_size=spec.router.block_size_tokens or view.block_size,
                 max_model_len=view.model.max_model_len,
                 kv_offload_gib=view.vllm.kv_offload_gib,

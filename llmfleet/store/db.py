@@ -12,8 +12,10 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.pool import NullPool
 
+from llmfleet.api.contracts import FEATURE_STORE_DB_FILE
+
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
-DB_FILE = "featurestore.db"
+DB_FILE = FEATURE_STORE_DB_FILE
 
 
 class StoreConfigError(ValueError):

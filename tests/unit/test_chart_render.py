@@ -7,44 +7,17 @@ helm comes from `make tools` (.tools/bin/helm); `make test` fetches it first.
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from helmchart import CHART, NAMESPACE, ROOT, helm, render
 
-ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "charts" / "llmfleet"
 CI_VALUES = sorted((CHART / "ci").glob("*.yaml"))
 K8S_VERSION = "1.34.0"  # the kind node image in e2e/kind.yaml
-NAMESPACE = "llmfleet-system"
-
-
-def helm_binary() -> str:
-    local = ROOT / ".tools" / "bin" / "helm"
-    if local.exists():
-        return str(local)
-    found = shutil.which("helm")
-    if not found:
-        pytest.skip("helm not found: run `make tools` (make test does)")
-    return found
-
-
-def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([helm_binary(), *args], capture_output=True, text=True, timeout=120, cwd=ROOT)
-    if check and proc.returncode:
-        raise AssertionError(f"helm {' '.join(args)} failed:\n{proc.stderr}")
-    return proc
-
-
-def render(*extra: str) -> list[dict[str, Any]]:
-    out = helm("template", "rel", str(CHART), "--namespace", NAMESPACE, "--include-crds", *extra).stdout
-    return [d for d in yaml.safe_load_all(out) if d]
 
 
 @pytest.fixture(scope="module")

@@ -44,7 +44,9 @@ def _walk(node: dict[str, Any], path: str, problems: list[str]) -> None:
     for banned in ("$ref", "anyOf", "oneOf", "allOf", "not", "const", "title", "$defs"):
         if banned in node:
             problems.append(f"{path}: has {banned}")
-    if "type" not in node and not node.get("x-kubernetes-preserve-unknown-fields"):
+    # int-or-string fields carry no type (Kubernetes accepts both JSON types there).
+    if "type" not in node and not node.get("x-kubernetes-preserve-unknown-fields") \
+            and not node.get("x-kubernetes-int-or-string"):
         problems.append(f"{path}: no type")
     if ".properties." in path and not path.endswith((".items", ".additionalProperties", "metadata")) \
             and "description" not in node:

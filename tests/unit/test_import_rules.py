@@ -2,7 +2,7 @@
 
 Floors, lowest first; a module may import its own floor and the floors below it, never one above:
 
-    api (contracts), util -> kube -> plan -> router, workers, store -> autoscaler -> operator, local, sim -> cli
+    api (contracts), util -> kube, storage -> plan -> router, workers, store -> autoscaler -> operator, local, sim -> cli
 
 Also: no import cycles between modules (type-checking-only imports count: they couple the modules just the
 same), and no import by string (importlib.import_module, __import__), which would hide an edge from this check.
@@ -23,7 +23,7 @@ PACKAGE = "llmfleet"
 
 FLOORS: tuple[tuple[str, ...], ...] = (
     ("api", "util"),
-    ("kube",),
+    ("kube", "storage"),
     ("plan",),
     ("router", "workers", "store"),
     ("autoscaler",),

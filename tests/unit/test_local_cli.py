@@ -29,6 +29,8 @@ def _write(tmp: Path, spec: dict[str, object], kind: str = "InferenceService") -
         ({"model": {"path": "tiny://nope"}, "vllm": {"blockSize": 32}}, "unknown tiny model 'tiny://nope'"),
         ({"model": {}}, "spec.model.path"),
         ({"model": {"path": "/nonexistent/model"}}, "model path '/nonexistent/model' of pool primary does not exist"),
+        ({"model": {"path": "pvc://models/llama"}}, "pvc:// claims exist only on Kubernetes"),
+        ({"model": {"path": "s3://B/x"}}, "bucket name"),
     ],
 )
 def test_up_rejects_bad_spec(tmp_path: Path, spec: dict[str, object], needle: str) -> None:

@@ -58,3 +58,52 @@ def test_no_generation_no_claim_and_no_request_log() -> None:
         assert _by(ms, "PersistentVolumeClaim") == [] and _by(ms, "CronJob") == []
         configmap = next(m for m in _by(ms, "ConfigMap") if m["metadata"]["name"] == "chat-router")
         assert RouterConfig.from_yaml(configmap["data"]["router.yaml"]).request_log is None
+
+
+def _store_path_claim(pod: dict[str, Any], container: dict[str, Any], path: str) -> str | None:
+    """The claim that holds `path` in this pod (the volume mounted at a folder above it)."""
+    for m in container["volumeMounts"]:
+        if path.startswith(m["mountPath"].rstrip("/") + "/"):
+            vol = next(v for v in pod["volumes"] if v["name"] == m["name"])
+            return str(vol.get("persistentVolumeClaim", {}).get("claimName"))
+    return None
+
+
+def test_router_reads_the_store_the_cronjob_writes() -> None:
+    """One location by construction (featurestore.store_url): SQLite on the shared claim, or the spec's URL."""
+    from sqlalchemy.engine import make_url
+
+    from llmfleet.operator.builders.featurestore import LOG_MOUNT
+    from llmfleet.store.db import default_url
+
+    pg = "postgresql+psycopg://llmfleet@db.ml.svc/features"
+    for store, want in (({"generationSchedule": "0 3 * * *"}, default_url(LOG_MOUNT)),
+                        ({"generationSchedule": "0 3 * * *", "url": pg}, pg)):
+        isvc = _isvc(store)
+        isvc.spec.router.feature_store_lookup = True
+        ms = build_inferenceservice(isvc, OperatorConfig())
+        configmap = next(m for m in _by(ms, "ConfigMap") if m["metadata"]["name"] == "chat-router")
+        router_url = RouterConfig.from_yaml(configmap["data"]["router.yaml"]).feature_store.url
+        (cron,) = _by(ms, "CronJob")
+        job_pod = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+        job_env = {e["name"]: e.get("value") for e in job_pod["containers"][0]["env"]}
+        assert router_url == job_env["LLMFLEET_STORE_URL"] == want
+        if want.startswith("sqlite"):
+            db = str(make_url(want).database)
+            router = next(m for m in _by(ms, "Deployment") if m["metadata"]["name"] == "chat-router")
+            router_pod = router["spec"]["template"]["spec"]
+            claim = _store_path_claim(router_pod, router_pod["containers"][0], db)
+            assert claim == "chat-requests"
+            assert _store_path_claim(job_pod, job_pod["containers"][0], db) == claim
+
+
+def test_lookups_without_a_shared_store_are_an_invalid_spec() -> None:
+    import pytest
+
+    from llmfleet.operator.builders import ServiceSpecError
+
+    for store in (None, {"semanticThreshold": 0.9}):
+        isvc = _isvc(store)
+        isvc.spec.router.feature_store_lookup = True
+        with pytest.raises(ServiceSpecError, match=r"^spec\.router\.featureStoreLookup: "):
+            build_inferenceservice(isvc, OperatorConfig())

@@ -16,7 +16,7 @@ def _isvc(**spec: object) -> InferenceService:
 
 
 def test_discovery_when_no_endpoints() -> None:
-    cfg = router_config_from_service(_isvc(fallback={"pools": [{"name": "small", "model": {"path": "s3://b/m"}}]}))
+    cfg = router_config_from_service(_isvc(fallback={"pools": [{"name": "small", "model": {"path": "s3://bkt/m"}}]}))
     assert [p.name for p in cfg.pools] == ["primary", "small"]
     assert cfg.pools[0].discovery is not None and cfg.pools[0].endpoints is None
     assert cfg.pools[0].discovery.selector == "llmfleet.io/inferenceservice=chat,llmfleet.io/pool=primary"
@@ -26,6 +26,15 @@ def test_discovery_when_no_endpoints() -> None:
     assert cfg.fallback.enabled
     assert cfg.pools[0].kv_events_port is None
     assert router_config_from_service(_isvc(), kv_events_port=5557).pools[0].kv_events_port == 5557
+
+
+def test_model_folders_give_the_router_its_tokenizer() -> None:
+    """A pool whose model is a URI reads the tokenizer from the folder the operator put it in."""
+    isvc = _isvc(model={"path": "hf://org/model@v1"}, fallback={"pools": [{"name": "small", "model": {"path": "pvc://m/s"}}]})
+    bare = router_config_from_service(isvc)
+    assert [p.tokenizer_path for p in bare.pools] == [None, None]
+    cfg = router_config_from_service(isvc, model_folders={"primary": "/mnt/a", "small": "/mnt/b"})
+    assert [(p.model_path, p.tokenizer_path) for p in cfg.pools] == [("/mnt/a", "/mnt/a"), ("/mnt/b", "/mnt/b")]
 
 
 def test_static_endpoints_and_roundtrip(tmp_path) -> None:

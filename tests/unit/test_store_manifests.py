@@ -47,8 +47,9 @@ def test_cronjob_runs_generate_against_the_primary_pool() -> None:
 def test_long_names_are_shortened_for_cronjobs() -> None:
     cj = build_generation_cronjob(_isvc({"generationSchedule": "@hourly"}, name="a" * 60), "img")
     assert cj is not None and len(cj["metadata"]["name"]) <= 52
-    env = {e["name"] for e in cj["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["env"]}
-    assert "LLMFLEET_STORE_URL" not in env  # SQLite default on the mounted volume
+    env = {e["name"]: e["value"] for e in cj["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["env"]}
+    # SQLite default on the mounted volume, named explicitly (the router is given the same URL).
+    assert env["LLMFLEET_STORE_URL"] == "sqlite:////var/lib/llmfleet/featurestore.db"
 
 
 def test_cronjob_validates_against_kubernetes_schema() -> None:

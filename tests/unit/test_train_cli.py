@@ -20,6 +20,15 @@ def test_train_rejects_an_invalid_spec_with_one_line(tmp_path: Path) -> None:
     assert "error:" in result.output and "divisible" in result.output
 
 
+def test_train_refuses_pvc_locations_off_kubernetes(tmp_path: Path) -> None:
+    for spec in ("data: {path: pvc://datasets/tokens}\n",
+                 "data: {path: /x}\noutput: {path: pvc://models/out}\n"):
+        job = tmp_path / "job.yaml"
+        job.write_text("model: {hidden: 64, heads: 4, seqLen: 64}\noptimization: {globalBatchTokens: 64}\n" + spec)
+        result = runner.invoke(app, ["train", "-f", str(job)])
+        assert result.exit_code == 2 and "claims exist only on Kubernetes" in result.output, result.output
+
+
 def test_train_rejects_a_missing_file(tmp_path: Path) -> None:
     result = runner.invoke(app, ["train", "-f", str(tmp_path / "nope.yaml")])
     assert result.exit_code == 2 and "error:" in result.output

@@ -3,7 +3,8 @@
 `llmfleet.operator.builders.inferenceservice` adds the owner's labels and the owner reference.
 The Job reads the router's request log from the `<isvc>-requests` PersistentVolumeClaim (the router writes
 `requests.jsonl` there), and asks the primary pool's Service directly (not the router, whose log would count
-the generation's own requests). With no `featureStore.url`, the SQLite default lives on the same volume.
+the generation's own requests). Where it writes and the router reads is one value, `store_url(isvc)`: the
+spec's `featureStore.url`, else SQLite on that same volume, which both pods mount at LOG_MOUNT.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 
 from llmfleet.api.contracts import (
     COMPONENT_LABEL,
+    FEATURE_STORE_DB_FILE,
     INFERENCESERVICE_LABEL,
     MANAGED_LABELS,
     REPLICA_PORT,
@@ -23,6 +25,22 @@ LOG_MOUNT = "/var/lib/llmfleet"
 LOG_FILE = "requests.jsonl"
 # CronJob names are limited to 52 characters (the Job suffix takes the rest).
 CRONJOB_NAME_LIMIT = 52
+
+
+def store_url(isvc: InferenceService) -> str | None:
+    """The feature store the router reads and the generation CronJob writes, or None when there is none.
+
+    `featureStore.url` when set (PostgreSQL for several nodes); else, with a generationSchedule, SQLite on the
+    request-log claim that both pods mount at LOG_MOUNT (the URL store.db.default_url(LOG_MOUNT) gives).
+    """
+    store = isvc.spec.feature_store
+    if store is None:
+        return None
+    if store.url:
+        return store.url
+    if store.generation_schedule:
+        return f"sqlite:///{LOG_MOUNT}/{FEATURE_STORE_DB_FILE}"
+    return None
 
 
 def request_log_claim(isvc: InferenceService) -> str:
@@ -66,10 +84,9 @@ def build_generation_cronjob(isvc: InferenceService, image: str) -> dict[str, An
     ]
     env: list[dict[str, Any]] = [
         {"name": "LLMFLEET_RUN_DIR", "value": LOG_MOUNT},
+        {"name": "LLMFLEET_STORE_URL", "value": store_url(isvc)},
         {"name": "HF_HUB_OFFLINE", "value": "1"},
     ]
-    if store.url:
-        env.append({"name": "LLMFLEET_STORE_URL", "value": store.url})
     labels = {INFERENCESERVICE_LABEL: name, COMPONENT_LABEL: "featurestore"}
     return {
         "apiVersion": "batch/v1",

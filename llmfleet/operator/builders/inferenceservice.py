@@ -20,6 +20,7 @@ from llmfleet.api.contracts import (
     SERVING_LABEL,
     child_name,
 )
+from llmfleet.api.storage import CacheSpec
 from llmfleet.operator.builders.common import (
     Manifest,
     gpu_node_selector,
@@ -32,20 +33,25 @@ from llmfleet.operator.builders.featurestore import (
     LOG_MOUNT,
     build_generation_cronjob,
     build_request_log_claim,
+    store_url,
 )
+from llmfleet.operator.builders.storage import PodStorage, StorageSpecError, fetch_image
 from llmfleet.operator.config import OperatorConfig
 from llmfleet.router.config import (
     ROUTER_CONFIG_DIR,
     ROUTER_CONFIG_KEY,
+    ROUTER_MODEL_FILES,
     TENANTS_DIR,
     UPSTREAM_API_KEY_ENV,
     UPSTREAM_KEY_SECRET_KEY,
     router_config_from_service,
 )
-from llmfleet.workers.serve.vllm_args import InvalidServeSpec, serve_command
+from llmfleet.workers.serve.vllm_args import InvalidServeSpec, model_location_field, serve_command
 
 # Pool names that would collide with the router's children.
 RESERVED_POOL_NAMES = frozenset({"router"})
+# The router fetches only these files of each pool's model (tokenizer, chat template, shape): no weights.
+ROUTER_CACHE = CacheSpec(size_limit="2Gi")
 
 
 class ServiceSpecError(ValueError):
@@ -77,10 +83,17 @@ def pool_selector(isvc: InferenceService, pool: str) -> str:
     return ",".join(f"{k}={v}" for k, v in pool_labels(isvc, pool).items())
 
 
-def _serve_command(isvc: InferenceService, pool: PoolView) -> list[str]:
+def _serve_command(isvc: InferenceService, pool: PoolView, model_dir: str) -> list[str]:
     try:
-        return serve_command(isvc, pool, port=REPLICA_PORT)
+        return serve_command(isvc, pool, port=REPLICA_PORT, model_dir=model_dir)
     except InvalidServeSpec as err:
+        raise ServiceSpecError(str(err)) from None
+
+
+def add_model(store: PodStorage, isvc: InferenceService, pool: PoolView, role: str, include: tuple[str, ...] = ()) -> str:
+    try:
+        return store.add_input(model_location_field(pool), role, pool.model.path, include)
+    except StorageSpecError as err:
         raise ServiceSpecError(str(err)) from None
 
 
@@ -101,12 +114,15 @@ def build_pool_deployment(isvc: InferenceService, pool: PoolView, config: Operat
     labels = pool_labels(isvc, pool.name)
     key_secret = isvc.spec.router.upstream_key_secret
     gpus = pool.resources.gpus
-    volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}}]
-    mounts = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    # The model: a pvc:// claim mounted read-only, or s3:// / hf:// fetched once into the cache volume.
+    store = PodStorage(isvc.spec.storage, fetch_image(config))
+    model_dir = add_model(store, isvc, pool, "model")
+    volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}}, *store.volumes]
+    mounts = [{"name": "dshm", "mountPath": "/dev/shm"}, *store.mounts]
     container: dict[str, Any] = {
         "name": "engine",
         "image": isvc.spec.image or config.serve_image,
-        "command": _serve_command(isvc, pool),
+        "command": _serve_command(isvc, pool, model_dir),
         "ports": [{"name": "http", "containerPort": REPLICA_PORT, "protocol": "TCP"}],
         "env": [
             {"name": "LLMFLEET_INFERENCESERVICE", "value": isvc.metadata.name},
@@ -125,6 +141,7 @@ def build_pool_deployment(isvc: InferenceService, pool: PoolView, config: Operat
         "volumeMounts": mounts,
     }
     pod_spec: dict[str, Any] = {
+        **({"initContainers": store.init_containers} if store.init_containers else {}),
         "containers": [container],
         "volumes": volumes,
         # The serving wrapper drains in-flight requests for drainSeconds after SIGTERM.
@@ -185,11 +202,21 @@ def _request_log_claim(isvc: InferenceService) -> tuple[Manifest, str, str] | No
     return claim, LOG_MOUNT, f"{LOG_MOUNT}/{LOG_FILE}"
 
 
-def router_config_yaml(isvc: InferenceService, request_log: str | None = None) -> str:
-    cfg = router_config_from_service(isvc)
+def router_config_yaml(
+    isvc: InferenceService, request_log: str | None = None, model_folders: dict[str, str] | None = None
+) -> str:
+    cfg = router_config_from_service(isvc, model_folders=model_folders)
     if request_log:
         cfg = cfg.model_copy(update={"request_log": request_log})
-    return cfg.to_yaml()
+    # The store the generation CronJob writes (store_url), never a file inside the router's own container.
+    url = store_url(isvc)
+    if cfg.feature_store.enabled and url is None:
+        raise ServiceSpecError(
+            "spec.router.featureStoreLookup: the router would look up an empty store of its own; set "
+            "spec.featureStore.url (PostgreSQL) or spec.featureStore.generationSchedule (SQLite on the shared "
+            "request-log volume)"
+        )
+    return cfg.model_copy(update={"feature_store": cfg.feature_store.model_copy(update={"url": url})}).to_yaml()
 
 
 def build_replica_network_policy(isvc: InferenceService, config: OperatorConfig) -> Manifest:
@@ -215,9 +242,12 @@ def build_router(isvc: InferenceService, config: OperatorConfig) -> list[Manifes
     """ConfigMap, ServiceAccount + Role for EndpointSlice discovery, Deployment and Service of the router."""
     name = router_name(isvc)
     labels = router_labels(isvc)
+    # Each pool's tokenizer and chat template, so prefix keys are the engine's token blocks.
+    store = PodStorage(isvc.spec.storage, fetch_image(config), cache=ROUTER_CACHE)
+    folders = {pool.name: add_model(store, isvc, pool, f"model-{pool.name}", ROUTER_MODEL_FILES) for pool in isvc.pools()}
     # With offline generation on, the router logs requests where the generation CronJob reads them.
     request_log = _request_log_claim(isvc)
-    config_yaml = router_config_yaml(isvc, request_log[2] if request_log else None)
+    config_yaml = router_config_yaml(isvc, request_log[2] if request_log else None, folders)
     digest = hashlib.sha256(config_yaml.encode()).hexdigest()[:16]
     configmap = {
         "apiVersion": "v1",
@@ -248,6 +278,8 @@ def build_router(isvc: InferenceService, config: OperatorConfig) -> list[Manifes
         claim_name = request_log[0]["metadata"]["name"]
         volumes.append({"name": "requests", "persistentVolumeClaim": {"claimName": claim_name}})
         mounts.append({"name": "requests", "mountPath": request_log[1]})
+    volumes += store.volumes
+    mounts += store.mounts
     container = {
         "name": "router",
         "image": config.router_image,
@@ -276,6 +308,7 @@ def build_router(isvc: InferenceService, config: OperatorConfig) -> list[Manifes
                 "metadata": {"labels": labels, "annotations": {CONFIG_HASH_ANNOTATION: digest}},
                 "spec": {
                     "serviceAccountName": name,
+                    **({"initContainers": store.init_containers} if store.init_containers else {}),
                     "containers": [container],
                     "volumes": volumes,
                     "terminationGracePeriodSeconds": int(isvc.spec.router.request_timeout_seconds) + 5,

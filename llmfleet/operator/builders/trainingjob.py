@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from llmfleet.api import TrainingJob
+from llmfleet.api import TrainingJob, TrainingJobSpec
 from llmfleet.api.contracts import (
     ATTEMPT_ANNOTATION,
     COMPONENT_LABEL,
@@ -24,6 +24,7 @@ from llmfleet.operator.builders.common import (
     metadata,
     resource_requests,
 )
+from llmfleet.operator.builders.storage import PodStorage, fetch_image
 from llmfleet.operator.config import OperatorConfig
 from llmfleet.workers.train.graceful import GRACE_ENV
 
@@ -64,12 +65,35 @@ def uses_pod_group(tj: TrainingJob, config: OperatorConfig) -> bool:
     return s.gang and s.queue is None and tj.spec.workers.count > 1 and config.capabilities.pod_group
 
 
-def build_spec_configmap(tj: TrainingJob) -> Manifest:
+def worker_storage(tj: TrainingJob, config: OperatorConfig) -> tuple[PodStorage, TrainingJobSpec]:
+    """The workers' storage (volumes, fetch init containers, upload environment) and the spec they read.
+
+    In that spec every input location (data, tokenizer, teacher) is the folder it has inside the pod, and the
+    output is a mounted folder (pvc://) or the s3:// URI the trainer uploads its export to.
+    """
+    spec = tj.spec
+    store = PodStorage(spec.storage, fetch_image(config))
+    data = spec.data.model_copy(update={
+        "path": store.add_input("spec.data.path", "data", spec.data.path),
+        "tokenizer": store.add_input("spec.data.tokenizer", "tokenizer", spec.data.tokenizer)
+        if spec.data.tokenizer else None,
+    })
+    update: dict[str, Any] = {"data": data}
+    if spec.distillation is not None:
+        teacher = store.add_input("spec.distillation.teacher", "teacher", spec.distillation.teacher)
+        update["distillation"] = spec.distillation.model_copy(update={"teacher": teacher})
+    if spec.output is not None:
+        update["output"] = spec.output.model_copy(update={"path": store.add_output("output", spec.output.path)})
+    return store, spec.model_copy(update=update)
+
+
+def build_spec_configmap(tj: TrainingJob, worker_spec: TrainingJobSpec | None = None) -> Manifest:
+    """The spec the workers read: `worker_spec` (locations resolved to pod folders), else the CR's."""
     doc = {
         "apiVersion": tj.api_version,
         "kind": tj.kind,
         "metadata": {"name": tj.metadata.name, "namespace": tj.metadata.namespace or "default"},
-        "spec": tj.spec.to_wire(),
+        "spec": (worker_spec or tj.spec).to_wire(),
     }
     return {
         "apiVersion": "v1",
@@ -138,9 +162,14 @@ def worker_env(tj: TrainingJob, attempt: int) -> list[dict[str, Any]]:
 
 
 def build_job(
-    tj: TrainingJob, config: OperatorConfig, attempt: int, created: bool = False
+    tj: TrainingJob,
+    config: OperatorConfig,
+    attempt: int,
+    created: bool = False,
+    store: PodStorage | None = None,
 ) -> Manifest:
     """The Indexed Job of one attempt. `created`: the Job exists already (Kueue now owns `suspend`)."""
+    store = store or worker_storage(tj, config)[0]
     w = tj.spec.workers
     labels = tj_labels(tj)
     gpus = w.gpus_per_worker
@@ -154,7 +183,7 @@ def build_job(
         "name": "worker",
         "image": w.image or config.train_image,
         "command": worker_command(tj, attempt),
-        "env": worker_env(tj, attempt),
+        "env": worker_env(tj, attempt) + store.env,
         "ports": [
             {"name": "rdzv", "containerPort": RENDEZVOUS_PORT, "protocol": "TCP"},
             {"name": "metrics", "containerPort": tj.spec.metrics.port, "protocol": "TCP"},
@@ -164,17 +193,20 @@ def build_job(
             {"name": "spec", "mountPath": SPEC_DIR, "readOnly": True},
             {"name": "checkpoints", "mountPath": ckpt.uri},
             {"name": "dshm", "mountPath": "/dev/shm"},
+            *store.mounts,
         ],
     }
     pod_labels = dict(labels)
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "subdomain": service_name(tj),
+        **({"initContainers": store.init_containers} if store.init_containers else {}),
         "containers": [container],
         "volumes": [
             {"name": "spec", "configMap": {"name": spec_configmap_name(tj)}},
             ckpt_volume,
             {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+            *store.volumes,
         ],
         "terminationGracePeriodSeconds": STOP_GRACE_S,
         "enableServiceLinks": False,
@@ -245,10 +277,11 @@ def build_trainingjob(
     job_created: bool = False,
 ) -> list[Manifest]:
     """Every child of `tj` for the given attempt, in apply order."""
-    out = [build_spec_configmap(tj), build_headless_service(tj)]
+    store, worker_spec = worker_storage(tj, config)
+    out = [build_spec_configmap(tj, worker_spec), build_headless_service(tj)]
     if uses_pod_group(tj, config):
         out.append(build_pod_group(tj))
     if config.capabilities.pod_monitor:
         out.append(build_worker_pod_monitor(tj))
-    out.append(build_job(tj, config, attempt, created=job_created))
+    out.append(build_job(tj, config, attempt, created=job_created, store=store))
     return out

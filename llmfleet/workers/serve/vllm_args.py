@@ -17,6 +17,7 @@ from pathlib import Path
 
 from llmfleet.api.contracts import REPLICA_PORT
 from llmfleet.api.inferenceservice import InferenceService, PoolView
+from llmfleet.api.storage import parse_uri
 
 VLLM_ENTRYPOINT = "vllm.entrypoints.openai.api_server"
 WRAPPER_MODULE = "llmfleet.workers.serve"
@@ -190,9 +191,24 @@ def _number(value: float) -> str:
     return short if float(short) == value else repr(value)
 
 
-def _model_path(path: str) -> str:
-    # vLLM takes a local folder or a Hugging Face repo id; accept file:// URIs for local folders.
-    return path.removeprefix("file://")
+def model_location_field(pool: PoolView) -> str:
+    """The manifest field path of a pool's model location, for error messages."""
+    return f"{_pool_prefix(pool)}.model.path"
+
+
+def _model_path(pool: PoolView, model_dir: str | None) -> str:
+    """What vLLM loads: `model_dir` (where the operator or `llmfleet up` put the model), else the location itself.
+
+    Without a model_dir a local path is the folder and hf://org/name the Hub repository id vLLM downloads;
+    other schemes are left as written (only for checking a spec: the operator and `llmfleet up` always
+    fetch or mount them and pass the folder).
+    """
+    if model_dir is not None:
+        return model_dir
+    uri = parse_uri(pool.model.path)
+    if uri.scheme == "local":
+        return uri.path
+    return uri.location if uri.scheme == "hf" and uri.revision is None else pool.model.path
 
 
 def render_vllm_args(
@@ -202,18 +218,20 @@ def render_vllm_args(
     port: int = REPLICA_PORT,
     host: str = "0.0.0.0",
     kv_events_port: int | None = None,
+    model_dir: str | None = None,
 ) -> list[str]:
     """The argv after `python -m vllm.entrypoints.openai.api_server` for one replica of `pool`.
 
     Every spec knob is rendered explicitly (also when it equals vLLM's default) so the engine never
     drifts from the spec when vLLM changes a default. `kv_events_port` turns on vLLM's KV-cache event
     stream (ZMQ PUB on that port), which a router can consume for exact prefix-cache routing.
+    `model_dir`: the folder holding the pool's model when its path is a pvc://, s3:// or hf:// location.
     Raises InvalidServeSpec naming the field for combinations the engine cannot run.
     """
     validate_pool(isvc, pool)
     v, m = pool.vllm, pool.model
     args = [
-        "--model", _model_path(m.path),
+        "--model", _model_path(pool, model_dir),
         "--served-model-name", pool.served_name,
         "--host", host,
         "--port", str(port),
@@ -260,6 +278,7 @@ def serve_command(
     host: str = "0.0.0.0",
     python: str = "python",
     kv_events_port: int | None = None,
+    model_dir: str | None = None,
 ) -> list[str]:
     """The full command of one replica: llmfleet's serving wrapper around the engine.
 
@@ -276,5 +295,5 @@ def serve_command(
         "--engine", isvc.spec.engine,
         "--drain-seconds", str(isvc.spec.drain_seconds),
         "--",
-        *render_vllm_args(isvc, pool, port=port, host=host, kv_events_port=kv_events_port),
+        *render_vllm_args(isvc, pool, port=port, host=host, kv_events_port=kv_events_port, model_dir=model_dir),
     ]

@@ -7,13 +7,46 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
+
+if TYPE_CHECKING:
+    from llmfleet.api.trainingjob import TrainingJobSpec
 
 
 def _fail(msg: str) -> typer.Exit:
     typer.echo(f"error: {msg}", err=True)
     return typer.Exit(2)
+
+
+def local_spec_file(file: Path, spec: TrainingJobSpec) -> Path:
+    """The spec file the local workers read: `file` itself, or (with s3:// / hf:// inputs) a copy next to the
+    checkpoints whose input locations are their fetched local folders. pvc:// raises FetchError."""
+    import yaml
+
+    from llmfleet.api.storage import parse_uri
+    from llmfleet.storage import local_copy
+
+    def local(raw: str) -> str:
+        return raw if parse_uri(raw).scheme == "local" else str(local_copy(raw))
+
+    update: dict[str, object] = {}
+    data = {"path": local(spec.data.path)}
+    if spec.data.tokenizer:
+        data["tokenizer"] = local(spec.data.tokenizer)
+    update["data"] = spec.data.model_copy(update=data)
+    if spec.distillation is not None:
+        update["distillation"] = spec.distillation.model_copy(update={"teacher": local(spec.distillation.teacher)})
+    if spec.output is not None and parse_uri(spec.output.path).scheme == "pvc":
+        local_copy(spec.output.path)  # raises: no claims on this machine
+    resolved = spec.model_copy(update=update)
+    if resolved == spec:
+        return file
+    out = Path(spec.checkpoint.uri) / "job.local.yaml"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(yaml.safe_dump({"spec": resolved.to_wire()}, sort_keys=False))
+    return out
 
 
 def register(app: typer.Typer) -> None:
@@ -32,11 +65,17 @@ def register(app: typer.Typer) -> None:
             spec = load_spec(str(file))
         except (OSError, ValueError, ValidationError) as err:
             raise _fail(str(err).splitlines()[0]) from None
+        from llmfleet.storage import FetchError
+
+        try:
+            spec_file = local_spec_file(file, spec)
+        except FetchError as err:
+            raise _fail(str(err)) from None
         n = nproc or (spec.workers.gpus_per_worker or spec.workers.count)
-        cmd = [sys.executable, "-m", "llmfleet.workers.train", "--spec", str(file)]
+        cmd = [sys.executable, "-m", "llmfleet.workers.train", "--spec", str(spec_file)]
         if n > 1:
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}",
-                   "-m", "llmfleet.workers.train", "--spec", str(file)]
+                   "-m", "llmfleet.workers.train", "--spec", str(spec_file)]
         rc = subprocess.call(cmd, env=dict(os.environ, NCCL_NVLS_ENABLE=os.environ.get("NCCL_NVLS_ENABLE", "0")))
         if rc != 0:
             raise _fail(f"training exited with status {rc}")

@@ -1,10 +1,15 @@
 """Parallelize the model, always in this order (each step wraps what the previous one produced):
 
-1. activation checkpointing  - per block, so recompute happens inside a block's backward;
-2. torch.compile             - per block (and the loss head), after AC so the compiler sees the
-                               checkpoint region and can pick what to save; before FSDP so the
+1. float8 conversion         - (precision fp8) swaps the blocks' nn.Linear for torchao Float8Linear. First,
+                               because it replaces modules: AC, compile and FSDP must wrap the float8
+                               modules, not the originals, and FSDP's float8 all-gather needs the
+                               Float8Linear weights to exist when fully_shard is applied;
+2. activation checkpointing  - per block, so recompute happens inside a block's backward;
+3. torch.compile             - per block (and the loss head), after AC so the compiler sees the
+                               checkpoint region and can pick what to save (and fuses float8's
+                               amax/scale/cast into neighbouring kernels); before FSDP so the
                                compiled code never traces FSDP's hooks;
-3. FSDP2 fully_shard         - per block, then the root; bf16 params with fp32 gradient reduction;
+4. FSDP2 fully_shard         - per block, then the root; bf16 params with fp32 gradient reduction;
                                HSDP when the mesh is 2-D (replicate x shard). Skipped on a world of one:
                                there FSDP only adds copies (all-gather copy-in/out, gradient chunk-cat:
                                ~3% of an H200 step measured) and the trainer uses bf16 autocast instead.
@@ -19,6 +24,7 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from llmfleet.workers.train import float8
 from llmfleet.workers.train.model import Transformer, cross_entropy
 
 
@@ -46,10 +52,11 @@ def apply_activation_checkpointing(model: Transformer, mode: str) -> None:
 
 def apply_compile(model: Transformer, mode: str | None = None) -> None:
     """Compile each block on its own (one graph reused L times: short compile, no recompiles) and the
-    output projection + cross-entropy as one fused region."""
+    output projection + cross-entropy as one fused region. Static shapes: the microBatch probe runs other
+    batch sizes first, and a dynamic-shape recompile would leave the run on slower symbolic kernels."""
     for i, block in enumerate(model.layers):
-        model.layers[i] = torch.compile(block, fullgraph=True, mode=mode)  # type: ignore[assignment]
-    model.loss_fn = torch.compile(cross_entropy, fullgraph=True, mode=mode)
+        model.layers[i] = torch.compile(block, fullgraph=True, mode=mode, dynamic=False)  # type: ignore[assignment]
+    model.loss_fn = torch.compile(cross_entropy, fullgraph=True, mode=mode, dynamic=False)
 
 
 def apply_fsdp(
@@ -75,10 +82,18 @@ def parallelize(
     compile: bool,
     param_dtype: torch.dtype,
     reshard_after_forward: bool,
+    float8_scaling: str | None = None,
+    float8_all_gather: bool = True,
+    float8_emulate: bool = False,
 ) -> Transformer:
-    apply_activation_checkpointing(model, activation_checkpointing)  # 1
+    """float8_scaling (tensorwise|rowwise) turns on precision fp8; float8_emulate is for CPU tests only."""
+    fsdp = mesh.size() > 1
+    if float8_scaling is not None:
+        float8.convert(model, float8_scaling, fsdp_all_gather=fsdp and float8_all_gather,
+                       emulate=float8_emulate)  # 1
+    apply_activation_checkpointing(model, activation_checkpointing)  # 2
     if compile:
-        apply_compile(model, os.environ.get("LLMFLEET_COMPILE_MODE") or None)  # 2
-    if mesh.size() > 1:
-        apply_fsdp(model, mesh, param_dtype, reshard_after_forward)  # 3
+        apply_compile(model, os.environ.get("LLMFLEET_COMPILE_MODE") or None)  # 3
+    if fsdp:
+        apply_fsdp(model, mesh, param_dtype, reshard_after_forward)  # 4
     return model

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from llmfleet.api.trainingjob import TrainingJobSpec
 from llmfleet.plan.training import hardware_flops_per_token, model_flops_per_token
 from llmfleet.util.net import free_port
+from llmfleet.workers.train import float8, microbatch
 from llmfleet.workers.train import metrics as fl
 from llmfleet.workers.train.checkpoint import Checkpointer
 from llmfleet.workers.train.data import TokenData
@@ -73,11 +74,16 @@ class Trainer:
         self.stop.install()
         self.rank, self.world, self.local_rank, self.device = init_distributed()
         opt = spec.optimization
-        per_step_seqs = opt.global_batch_tokens // spec.model.seq_len
-        if opt.global_batch_tokens % (opt.micro_batch * spec.model.seq_len * self.world):
+        seqs_per_rank, rest = divmod(opt.global_batch_tokens, spec.model.seq_len * self.world)
+        if rest or (opt.micro_batch != "auto" and seqs_per_rank % opt.micro_batch):
             raise ValueError(f"globalBatchTokens ({opt.global_batch_tokens}) is not a multiple of microBatch x "
                              f"seqLen x world size ({opt.micro_batch} x {spec.model.seq_len} x {self.world})")
-        self.accum = per_step_seqs // (opt.micro_batch * self.world)
+        self.seqs_per_rank = seqs_per_rank
+        self.micro_batch = 1 if opt.micro_batch == "auto" else opt.micro_batch  # the probe may raise it
+        self.accum = seqs_per_rank // self.micro_batch
+        emulate = os.environ.get("LLMFLEET_FLOAT8_EMULATE") == "1"  # CPU tests of the fp8 path only
+        if opt.precision == "fp8":
+            float8.check_device(self.device, emulate=emulate)
         if opt.deterministic:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
             torch.use_deterministic_algorithms(True, warn_only=True)
@@ -86,9 +92,11 @@ class Trainer:
         self.data = TokenData.open(spec.data.path, spec.model.seq_len, opt.seed)
 
         self.mesh = build_mesh(self.device.type, self.world, spec.fsdp.replicate_groups)
-        param_dtype = torch.bfloat16 if opt.precision == "bf16" else torch.float32
-        # Without FSDP (a world of one) mixed precision comes from autocast: fp32 weights, bf16 matmuls.
+        param_dtype = torch.float32 if opt.precision == "fp32" else torch.bfloat16
+        # Without FSDP (a world of one) mixed precision comes from autocast: fp32 weights, bf16 matmuls
+        # (fp8 ones in the float8 linears, which run under the same autocast).
         self.autocast = self.world == 1 and param_dtype == torch.bfloat16
+        fp8 = opt.precision == "fp8"
         lora = spec.lora if spec.method == "lora" else None
         if lora is not None:
             # The base model's weights (frozen) plus LoRA updates, wrapped before sharding: FSDP2 shards the
@@ -107,7 +115,12 @@ class Trainer:
         self.model = parallelize(
             model, self.mesh, activation_checkpointing=opt.activation_checkpointing, compile=opt.compile,
             param_dtype=param_dtype, reshard_after_forward=spec.fsdp.reshard_after_forward,
+            float8_scaling=opt.float8.scaling if fp8 else None, float8_all_gather=opt.float8.fsdp_all_gather,
+            float8_emulate=emulate,
         )
+        # Float8 all-gather (FSDP2, tensorwise): the weights' scales are computed once after each optimizer step.
+        self.float8_precompute = (fp8 and self.world > 1 and opt.float8.scaling == "tensorwise"
+                                  and opt.float8.fsdp_all_gather)
         if lora is None:
             self.model.to_empty(device=self.device)
             self.model.init_weights(opt.seed)
@@ -120,6 +133,11 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(groups, lr=opt.lr.peak, betas=(0.9, 0.95), eps=1e-8,
                                            fused=fused, foreach=None if fused else True)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(spec))
+        # Gradient clipping folded into fused AdamW: the clip factor goes in as the optimizer's grad_scale
+        # (the kernel divides each gradient by it while it reads it), which saves a read + write of every
+        # gradient. Plain tensors only (one device, no FSDP DTensors); LLMFLEET_CLIP_IN_OPTIMIZER=0 turns it off.
+        self.clip_in_optimizer = (fused and self.world == 1
+                                  and os.environ.get("LLMFLEET_CLIP_IN_OPTIMIZER", "1") != "0")
 
         self.teacher: Transformer | None = None
         if spec.distillation:
@@ -147,6 +165,7 @@ class Trainer:
         self.status: dict[str, Any] = {
             "step": 0, "totalSteps": opt.steps, "loss": None, "tokensPerSecond": None, "mfu": None, "hfu": None,
             "lastCheckpoint": None, "stragglers": [], "done": False, "worldSize": self.world,
+            "microBatch": self.micro_batch, "gradAccumulation": self.accum, "precision": opt.precision,
         }
         self.history: list[dict[str, Any]] = []
         # Straggler detection measures per-rank local work (data loading + optimizer step), not wall time:
@@ -248,7 +267,7 @@ class Trainer:
         for micro in range(self.accum):
             t0 = time.perf_counter()
             with torch.profiler.record_function("llmfleet.data"):
-                x, y = self.data.batch(self.step, micro, micro_batch=opt.micro_batch, accum=self.accum,
+                x, y = self.data.batch(self.step, micro, micro_batch=self.micro_batch, accum=self.accum,
                                        rank=self.rank, world=self.world)
                 x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
                 if self._slow_rank and self._slow_rank[0] == self.rank:
@@ -262,10 +281,7 @@ class Trainer:
             loss_sum += loss.detach() / self.accum
             if kl is not None:
                 kl_sum = (kl / self.accum) if kl_sum is None else kl_sum + kl / self.accum
-        max_norm = opt.grad_clip if opt.grad_clip > 0 else float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-        if hasattr(norm, "full_tensor"):
-            norm = norm.full_tensor()
+        norm = self._clip(opt.grad_clip)
         # The optimizer step is purely local work (no collective): timing it per rank exposes a slow device
         # that FSDP's per-layer collectives would otherwise hide (fast ranks just wait for it).
         if self.device.type == "cuda":
@@ -279,9 +295,51 @@ class Trainer:
             t0 = time.perf_counter()
             self.optimizer.step()
             self._local_host_s += time.perf_counter() - t0
+        if self.float8_precompute:
+            float8.precompute_scales(self.model)
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return loss_sum, norm, kl_sum
+
+    def _clip(self, max_norm: float) -> torch.Tensor:
+        """Global gradient norm (multi-tensor kernels) and clipping to max_norm (0 = no clipping)."""
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm(grads)
+        if max_norm > 0:
+            if self.clip_in_optimizer:
+                # fused AdamW divides every gradient by grad_scale as it reads it: 1 / clip coefficient.
+                self.optimizer.grad_scale = torch.clamp(norm / max_norm, min=1.0)  # type: ignore[attr-defined]
+            else:
+                torch.nn.utils.clip_grads_with_norm_(self.model.parameters(), max_norm, norm)
+        if hasattr(norm, "full_tensor"):  # FSDP: a DTensor of partial norms -> the global norm
+            norm = norm.full_tensor()
+        return norm
+
+    def _probe_step(self, mb: int) -> None:
+        """One forward + backward at micro-batch mb on random tokens (microBatch auto's probe)."""
+        gen = torch.Generator(device=self.device).manual_seed(0)
+        tokens = torch.randint(0, self.args.vocab, (mb, self.args.seq_len + 1), device=self.device, generator=gen)
+        loss, _ = self._loss(tokens[:, :-1], tokens[:, 1:])
+        loss.backward()  # type: ignore[no-untyped-call]
+
+    def choose_micro_batch(self) -> microbatch.ProbeResult:
+        """microBatch auto: probe once (before the first step), then fix micro-batch and accumulation."""
+        state_bytes = 2.0 * sum(
+            (p.to_local() if hasattr(p, "to_local") else p).numel() * 4 for p in self.model.parameters()
+        )  # AdamW's exp_avg and exp_avg_sq in fp32, not allocated until the first step
+
+        def agree(v: int) -> int:
+            t = torch.tensor([v], device=self.device)
+            dist.all_reduce(t, op=dist.ReduceOp.MIN)
+            return int(t.item())
+
+        result = microbatch.probe(self._probe_step, self.seqs_per_rank, self.device, state_bytes, agree, self.world)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.micro_batch, self.accum = result.micro_batch, self.seqs_per_rank // result.micro_batch
+        self.status.update(microBatch=self.micro_batch, gradAccumulation=self.accum, microBatchReason=result.reason)
+        if self.rank == 0:
+            log.info("microBatch auto: %d x %d accumulation (%s)", self.micro_batch, self.accum, result.reason)
+        return result
 
     def train(self, save_checkpoints: bool = True) -> list[dict[str, Any]]:
         """Run to spec.optimization.steps; returns one history entry per step (rank 0 also appends them to
@@ -293,6 +351,8 @@ class Trainer:
         tokens_per_step = opt.global_batch_tokens
         pending: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
         window_start, window_steps = time.perf_counter(), 0
+        if opt.micro_batch == "auto" and "microBatchReason" not in self.status:
+            self.choose_micro_batch()
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         while self.step < opt.steps:
@@ -417,24 +477,33 @@ class Trainer:
             return None
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+        from llmfleet.api.storage import parse_uri
         from llmfleet.workers.train.export import export_hf
 
         sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        out = Path(self.spec.output.path)
+        target = parse_uri(self.spec.output.path)
+        # An s3:// output is written here first, then uploaded (and checked) by rank 0.
+        out = Path(target.path) if target.scheme == "local" else self.ckpt_root / "export"
         lora = self.spec.lora if self.spec.method == "lora" else None
         if self.rank == 0 and lora is not None:
             from llmfleet.workers.train.lora import export_peft, peft_tensors
 
             export_peft(peft_tensors(cast(dict[str, torch.Tensor], sd)), out, rank=lora.rank, alpha=lora.alpha,
                         targets=lora.targets, base_model=lora.base_model)
-            self.status["exported"] = str(out)
         elif self.rank == 0:
             tok = self.spec.data.tokenizer
             if tok is None and (Path(self.spec.data.path) / "tokenizer.json").is_file():
                 tok = str(Path(self.spec.data.path) / "tokenizer.json")
             export_hf(cast(dict[str, torch.Tensor], sd), self.args, out, tokenizer=tok)
-            self.status["exported"] = str(out)
         dist.barrier()
+        # After the barrier: the other ranks may finish while rank 0 uploads (a long upload would otherwise
+        # run into the process group's timeout).
+        if self.rank == 0:
+            if target.scheme == "s3":
+                from llmfleet.storage import upload
+
+                upload(out, target)
+            self.status["exported"] = str(target)
         return out
 
     @property

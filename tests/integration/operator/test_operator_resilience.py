@@ -74,7 +74,7 @@ async def test_promotion_rolls_out_then_rolls_back(cluster: Any, operators: Any)
     await operators()
     await emu.put(ISVC, isvc_manifest())
     await eventually(lambda: emu.get(DEPLOY, "ml", "chat-student"))
-    promote = {"path": "/models/distilled-v2", "promoteTo": {"inferenceService": "chat", "pool": "student"}}
+    promote = {"path": "pvc://models/distilled-v2", "promoteTo": {"inferenceService": "chat", "pool": "student"}}
     await emu.put(TJ, tj_manifest(output=promote))
     await eventually(lambda: emu.get(JOBS, "ml", "train-r0"))
     await emu.patch(JOBS, "ml", "train-r0", {"status": {"succeeded": 2}}, "status")
@@ -82,11 +82,11 @@ async def test_promotion_rolls_out_then_rolls_back(cluster: Any, operators: Any)
     # The student pool's model becomes the exported one; its Deployment rolls (maxSurge 1, maxUnavailable 0).
     def rolled_spec() -> Any:
         dep = emu.get(DEPLOY, "ml", "chat-student")
-        return dep["metadata"]["annotations"]["llmfleet.io/model"] == "/models/distilled-v2" and dep
+        return dep["metadata"]["annotations"]["llmfleet.io/model"] == "pvc://models/distilled-v2" and dep
 
     dep = await eventually(rolled_spec)
     assert dep["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
-    assert emu.get(ISVC, "ml", "chat")["spec"]["fallback"]["pools"][0]["model"]["path"] == "/models/distilled-v2"
+    assert emu.get(ISVC, "ml", "chat")["spec"]["fallback"]["pools"][0]["model"]["path"] == "pvc://models/distilled-v2"
     await eventually(lambda: emu.get(TJ, "ml", "train")["status"].get("promotion", {}).get("state") == "RollingOut")
     gen = dep["metadata"]["generation"]
     await emu.patch(DEPLOY, "ml", "chat-student", {"status": {"observedGeneration": gen, "replicas": 1,
@@ -96,12 +96,12 @@ async def test_promotion_rolls_out_then_rolls_back(cluster: Any, operators: Any)
     assert {"PromotionStarted", "PromotionSucceeded"} <= reasons
 
     # A second promotion to the primary pool degrades TTFT during the rollout: rolled back.
-    promote2 = {"path": "/models/bad", "promoteTo": {"inferenceService": "chat", "pool": "primary"}}
+    promote2 = {"path": "s3://models/bad", "promoteTo": {"inferenceService": "chat", "pool": "primary"}}
     await emu.put(TJ, tj_manifest(name="train2", output=promote2))
     await eventually(lambda: emu.get(JOBS, "ml", "train2-r0"))
     await emu.patch(ISVC, "ml", "chat", {"status": {"metrics": {"ttftP95Ms": 300.0, "stale": False}}}, "status")
     await emu.patch(JOBS, "ml", "train2-r0", {"status": {"succeeded": 2}}, "status")
-    await eventually(lambda: emu.get(ISVC, "ml", "chat")["spec"]["model"]["path"] == "/models/bad")
+    await eventually(lambda: emu.get(ISVC, "ml", "chat")["spec"]["model"]["path"] == "s3://models/bad")
     await emu.patch(ISVC, "ml", "chat", {"status": {"metrics": {"ttftP95Ms": 5000.0, "stale": False}}}, "status")
     await eventually(lambda: emu.get(ISVC, "ml", "chat")["spec"]["model"]["path"] == "/models/llama")
     await eventually(lambda: emu.get(TJ, "ml", "train2")["status"]["promotion"]["state"] == "RolledBack")

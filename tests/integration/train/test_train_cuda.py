@@ -30,14 +30,19 @@ def _run(spec: dict, tmp: Path, nproc: int, env: dict | None = None) -> subproce
     return subprocess.run(cmd, env=full, capture_output=True, text=True, timeout=400)
 
 
-def test_cuda_compile_async_checkpoint_resume_and_export(tmp_path: Path) -> None:
-    nproc = min(2, torch.cuda.device_count())
+def _ramp_data(tmp_path: Path) -> Path:
+    """A repeating ramp of 1000 tokens: learnable (the loss must fall), unlike uniform random tokens."""
     data = tmp_path / "data"
     data.mkdir()
-    # A repeating ramp: learnable (the loss must fall), unlike uniform random tokens.
     np.tile(np.arange(1000, dtype=np.uint16), 200).tofile(data / "shard-00000.bin")
     (data / "manifest.json").write_text(json.dumps({"dtype": "uint16", "vocab": 1024, "eos": 1023, "tokens": 200_000,
                                                     "shards": [{"file": "shard-00000.bin", "tokens": 200_000}]}))
+    return data
+
+
+def test_cuda_compile_async_checkpoint_resume_and_export(tmp_path: Path) -> None:
+    nproc = min(2, torch.cuda.device_count())
+    data = _ramp_data(tmp_path)
     spec = {
         "model": {"layers": 4, "hidden": 256, "heads": 8, "kvHeads": 2, "vocab": 1024, "seqLen": 256,
                   "slidingWindow": 128},
@@ -73,5 +78,36 @@ def test_cuda_compile_async_checkpoint_resume_and_export(tmp_path: Path) -> None
 
     cfg = json.loads((tmp_path / "model" / "config.json").read_text())
     assert cfg["architectures"] == ["MistralForCausalLM"] and cfg["sliding_window"] == 128
+    model = load_hf(tmp_path / "model")
+    assert model(torch.randint(0, 1000, (1, 32))).shape == (1, 32, 1024)
+
+
+def test_cuda_fp8_with_auto_micro_batch(tmp_path: Path) -> None:
+    """precision fp8 (torchao float8 linears; float8 all-gather with 2 GPUs) and microBatch auto: the probe
+    picks the whole per-rank batch for a tiny model, the loss falls, and the export is a plain bf16 model."""
+    pytest.importorskip("torchao.float8")
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("needs fp8 tensor cores")
+    nproc = min(2, torch.cuda.device_count())
+    data = _ramp_data(tmp_path)
+    spec = {
+        "model": {"layers": 2, "hidden": 256, "heads": 8, "kvHeads": 2, "vocab": 1024, "seqLen": 256},
+        "data": {"path": str(data)},
+        "optimization": {"globalBatchTokens": 256 * 8 * nproc, "microBatch": "auto", "steps": 12,
+                         "precision": "fp8", "compile": True, "lr": {"peak": 3e-3, "warmupSteps": 2}},
+        "workers": {"count": 1, "gpusPerWorker": nproc},
+        "checkpoint": {"uri": str(tmp_path / "ckpt"), "interval": 6, "asyncSave": False},
+        "metrics": {"logEvery": 3},
+        "output": {"path": str(tmp_path / "model")},
+    }
+    run = _run(spec, tmp_path, nproc)
+    assert run.returncode == 0, run.stderr[-4000:]
+    status = json.loads((tmp_path / "ckpt" / "status.json").read_text())
+    assert status["done"] and status["precision"] == "fp8"
+    assert (status["microBatch"], status["gradAccumulation"]) == (8, 1), status.get("microBatchReason")
+    entries = [json.loads(x) for x in (tmp_path / "ckpt" / "train_log.jsonl").read_text().splitlines()]
+    assert entries[-1]["loss"] < entries[0]["loss"] - 0.5
+    from llmfleet.workers.train.export import load_hf
+
     model = load_hf(tmp_path / "model")
     assert model(torch.randint(0, 1000, (1, 32))).shape == (1, 32, 1024)
