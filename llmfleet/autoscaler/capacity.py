@@ -5,7 +5,7 @@ prefill tokens/s (prompt tokens not served from the prefix cache) and decode tok
 the running batch). A request of `i` input and `o` output tokens with prefix hit rate `h` costs
 `i*(1-h)/P + o/D` replica-seconds, so one replica completes `mu = 1 / that` requests per second at
 the observed mix. The seed comes from the planner's roofline estimate; `learn_efficiency` corrects
-it online from what the replicas really did while they were saturated.
+it online from the tokens the replicas computed while every one of them had requests waiting all interval.
 
 The TTFT estimate is M/M/c (Erlang C) over the pool's replicas with a per-replica "slot" count: a
 replica with k slots is treated as k servers of rate mu/k (continuous batching admits several
@@ -97,34 +97,53 @@ def replicas_for_ttft(
     return max(upper, start)
 
 
+# Capacity learning (docs/autoscaler.md, "Capacity learning", says why each value generalizes):
+# weight of one saturated interval's measurement; a few saturated intervals (~1 minute) make a measurement
+LEARN_ALPHA = 0.3
+# most the estimate moves in one interval, either way: a run of misread intervals cannot collapse it
+MAX_STEP = 0.1
+# the learned factor stays within 4x of the planner's seed either way: farther off is a wrong preset or GPU
+EFFICIENCY_BOUNDS = (0.25, 4.0)
+# with no saturation and TTFT headroom, a lowered estimate returns half-way to the seed per this many seconds
+RECOVERY_HALF_LIFE_S = 600.0
+
+
+def work_per_replica(prefill_tps: float | None, decode_tps: float | None, ready: int, seed: CapacitySeed) -> float | None:
+    """Token-level work one ready replica did per second, in seed units (1.0 = exactly the seed's capacity)."""
+    if ready <= 0 or prefill_tps is None or decode_tps is None:
+        return None
+    return (prefill_tps / seed.prefill_tokens_per_s + decode_tps / seed.decode_tokens_per_s) / ready
+
+
 def learn_efficiency(
     current: float,
-    prefill_tps: float | None,
-    decode_tps: float | None,
-    ready: int,
-    seed: CapacitySeed,
+    work: float | None,
+    *,
     saturated: bool,
-    alpha: float = 0.3,
+    headroom: bool,
+    interval_s: float,
+    alpha: float = LEARN_ALPHA,
 ) -> float:
-    """Update the capacity correction factor from observed per-pool token throughput.
+    """Update the capacity correction factor (learned capacity / seeded capacity) from one interval.
 
-    Work done per replica in seed-capacity units is `prefill/P + decode/D` (1.0 = exactly the seed).
-    While saturated (requests waiting) that work IS the capacity: move towards it (EWMA). When not
-    saturated it is only a lower bound: raise the estimate if the replicas did more than we thought.
+    `work`: token-level work per ready replica in seed units (`work_per_replica`). `saturated`: every replica
+    ready for the whole interval had requests waiting all along, so the work it did IS its capacity (EWMA towards
+    it). Otherwise the work is only a lower bound: the estimate rises to it when the replicas did more than
+    estimated, and never falls. `headroom`: the measured TTFT left the planned headroom; then, without saturation,
+    an estimate below the seed recovers towards it (half-way per RECOVERY_HALF_LIFE_S): a lowered estimate keeps
+    the fleet large enough that no saturation can show it wrong, so without this it could never come back.
+    Each interval moves the factor by at most MAX_STEP, within EFFICIENCY_BOUNDS.
     """
-    if ready <= 0 or prefill_tps is None or decode_tps is None:
-        return current
-    used = (prefill_tps / seed.prefill_tokens_per_s + decode_tps / seed.decode_tokens_per_s) / ready
-    if used <= 0:
-        return current
-    if saturated:
-        updated = (1 - alpha) * current + alpha * used
-    elif used > current:
-        updated = used
-    else:
-        return current
-    # Bounds: a seed more than 10x off is a configuration error, not something to follow.
-    return min(max(updated, 0.1), 10.0)
+    target = current
+    if work is not None and work > 0:
+        if saturated:
+            target = (1 - alpha) * current + alpha * work
+        elif work > current:
+            target = work
+    if target == current and not saturated and headroom and current < 1.0:
+        target = 1.0 - (1.0 - current) * 0.5 ** (max(interval_s, 0.0) / RECOVERY_HALF_LIFE_S)
+    target = min(max(target, current * (1 - MAX_STEP)), current * (1 + MAX_STEP))
+    return min(max(target, EFFICIENCY_BOUNDS[0]), EFFICIENCY_BOUNDS[1])
 
 
 @dataclass

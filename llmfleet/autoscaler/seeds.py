@@ -53,14 +53,20 @@ def seed_for_pool(
     return seed_from_capacity(cap, w)
 
 
+def preset_for_pool(isvc: InferenceService, pool: PoolView) -> str | None:
+    """The planner preset a pool serves: annotation `llmfleet.io/model-preset.<pool>`, for the primary also the
+    unsuffixed one."""
+    ann = isvc.metadata.annotations
+    return ann.get(f"{MODEL_PRESET_ANNOTATION}.{pool.name}") or (
+        ann.get(MODEL_PRESET_ANNOTATION) if pool.role == "primary" else None
+    )
+
+
 def seeds_for_service(isvc: InferenceService) -> dict[str, CapacitySeed]:
     """Seeds for every pool; the planner preset comes from annotation `llmfleet.io/model-preset[.<pool>]`."""
-    ann = isvc.metadata.annotations
     out = {}
     for pool in isvc.pools():
-        preset = ann.get(f"{MODEL_PRESET_ANNOTATION}.{pool.name}") or (
-            ann.get(MODEL_PRESET_ANNOTATION) if pool.role == "primary" else None
-        )
+        preset = preset_for_pool(isvc, pool)
         out[pool.name] = seed_for_pool(
             pool, preset, ttft_slo_s=isvc.spec.slo.ttft_p95_ms / 1000.0, tpot_slo_s=isvc.spec.slo.tpot_p95_ms / 1000.0
         )

@@ -89,6 +89,7 @@ def build_queries(service: str, namespace: str, pool: str, role: Role, sel: Sele
         "mean_input_tokens": mean("llmfleet_router_input_tokens"),
         "mean_output_tokens": mean("llmfleet_router_output_tokens"),
         "queue_depth": f"sum({vs('num_requests_waiting')})",
+        "min_queue_depth": f"min(min_over_time({vs('num_requests_waiting')}[{window}]))",
         "running": f"sum({vs('num_requests_running')})",
         "kv_utilization": f"avg({vs('kv_cache_usage_perc')}) or avg({vs('gpu_cache_usage_perc')})",
         "prefix_hit_rate": (
@@ -132,6 +133,7 @@ def assemble(
         ttft_p95_ms=v.get("ttft_p95_ms") if v.get("ttft_p95_ms") is not None else v.get("ttft_p95_ms_engine"),
         tpot_p95_ms=v.get("tpot_p95_ms") if v.get("tpot_p95_ms") is not None else v.get("tpot_p95_ms_engine"),
         queue_depth=v.get("queue_depth"),
+        min_queue_depth=v.get("min_queue_depth"),
         running=v.get("running"),
         kv_utilization=v.get("kv_utilization"),
         prefix_hit_rate=hit,
@@ -220,6 +222,12 @@ def _sum(snap: Mapping[Sample, float], name: str, match: Mapping[str, str] | Non
     return sum(vals) if vals else None
 
 
+def _min_of_two(prev: Mapping[Sample, float], cur: Mapping[Sample, float], name: str) -> float | None:
+    """The smallest value of any series of `name` in either scrape (only series present in the current one)."""
+    vals = [min(v, prev.get(k, v)) for k, v in cur.items() if k[0] == name]
+    return min(vals) if vals else None
+
+
 def _matches(labels: Iterable[tuple[str, str]], match: Mapping[str, str] | None) -> bool:
     if not match:
         return True
@@ -305,6 +313,7 @@ def values_from_scrapes(
         "mean_input_tokens": mean("llmfleet_router_input_tokens"),
         "mean_output_tokens": mean("llmfleet_router_output_tokens"),
         "queue_depth": _sum(replicas_cur, "vllm:num_requests_waiting"),
+        "min_queue_depth": _min_of_two(replicas_prev, replicas_cur, "vllm:num_requests_waiting"),
         "running": _sum(replicas_cur, "vllm:num_requests_running"),
         "kv_utilization": kv / n_rep if kv is not None else None,
         "prefix_hit_rate": hits / queries if hits is not None and queries else None,

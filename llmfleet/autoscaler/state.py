@@ -27,12 +27,12 @@ class PoolState:
     cold_start_s: float | None = None  # measured
     pending: tuple[float, int] | None = None  # (since, target) of a scale-up not ready yet
     first_seen: float | None = None
-    # The previous sample: capacity is learned from saturated intervals only when the same replicas were
-    # ready and saturated at both ends (see _slo_primary); the rate's last jump sizes burst capacity.
+    # The previous sample: capacity is learned only from intervals with the same replicas ready at both ends
+    # (policy._saturated); the rate's last jump sizes burst capacity.
     prev_ready: int | None = None
-    prev_saturated: bool = False
     prev_rate: float | None = None
     burst_until: float | None = None  # a level shift was detected: plan for the burst rate until then
+    last_burst_at: float | None = None  # the last level shift (bursty traffic keeps a student warm for a while)
     violated_before: bool = False  # the SLO was violated in the previous interval too
 
 

@@ -7,6 +7,9 @@ from llmfleet.api.trainingjob import ModelShape
 PRESETS: dict[str, ModelShape] = {
     "llama-3-8b": ModelShape(layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336, vocab=128256, seq_len=8192,
                              rope_theta=500000.0),
+    # Llama-3.1-8B: Llama-3-8B's shape with a 128k context (RoPE scaling; the roofline does not model it)
+    "llama-3.1-8b": ModelShape(layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336, vocab=128256, seq_len=131072,
+                               rope_theta=500000.0),
     "llama-3-70b": ModelShape(layers=80, hidden=8192, heads=64, kv_heads=8, ffn=28672, vocab=128256, seq_len=8192,
                               rope_theta=500000.0),
     # the ~0.9B reference config of the training benchmark (benchmarks/train_mfu.py, config "0.9b")

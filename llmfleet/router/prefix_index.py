@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import operator
 import struct
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -110,6 +111,7 @@ class BlockHasher:
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
         self._inner: dict[int, np.ndarray] = {}  # words per block -> B^j table
+        self._inner_ints: dict[int, list[int]] = {}  # the same tables as Python ints (small_keys)
         self._grow(64)
 
     def _inner_table(self, words: int) -> np.ndarray:
@@ -179,14 +181,14 @@ class BlockHasher:
         else:
             words = [v & 0xFFFFFFFF for v in values[: n * bs]]
         wpb = len(words) // n
-        table = self._inner_table(wpb).tolist()
+        table = self._inner_ints.get(wpb)
+        if table is None:
+            table = self._inner_ints[wpb] = self._inner_table(wpb).tolist()
         out = []
         c = parent
         for i in range(0, n * wpb, wpb):
-            inner = 1
-            for w, b in zip(words[i : i + wpb], table, strict=True):
-                inner += w * b
-            c = (c * _M + inner) & _MASK
+            # sum + map: the block's multiply-adds in C (exact ints; only the chain is reduced mod 2^64)
+            c = (c * _M + 1 + sum(map(operator.mul, words[i : i + wpb], table))) & _MASK
             out.append(c)
         return out
 

@@ -23,6 +23,8 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from llmfleet.router import dispatch
+from llmfleet.router.accounting import Accounting, RequestContext
 from llmfleet.router.adapters import AdapterLoader, AdapterLoadFailed, ConfigFile, adapter_table
 from llmfleet.router.chat_template import ChatTemplate
 from llmfleet.router.config import RouterConfig
@@ -33,10 +35,12 @@ from llmfleet.router.metrics import RouterMetrics
 from llmfleet.router.plugins import build_pipeline
 from llmfleet.router.plugins.base import Pipeline, ReplicaState, RequestInfo
 from llmfleet.router.prefix_index import PrefixIndex, PromptBlocks, load_tokenizer
+from llmfleet.router.proxy import Upstream, UpstreamFailed, upstream_api_key
 from llmfleet.router.replicas import PoolReplicas
+from llmfleet.router.request_log import RequestLog
 from llmfleet.router.requests import Endpoint, ParsedRequest, RequestError, parse_request
+from llmfleet.router.store_response import lookup_response
 from llmfleet.router.tenants import AuthError, Tenants
-from llmfleet.router.upstream import RequestLog, Upstream, UpstreamFailed, lookup_response, upstream_api_key
 
 log = logging.getLogger("llmfleet.router")
 LONG_PROMPT_CHARS = 4096
@@ -115,6 +119,9 @@ class Router:
         self.set_adapters(cfg)
         self.use_prefix = use_prefix
         self.request_log = RequestLog(cfg.request_log, cfg.log_prompts) if cfg.request_log else None
+        self.accounting = Accounting(self.metrics, self.policy, self.request_log,
+                                     primary_pools=[p.name for p in cfg.pools if p.role == "primary"],
+                                     replica_pools=[p.name for p in cfg.pools])
         self.upstream: Upstream | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.app = self._build_app()
@@ -331,15 +338,16 @@ class Router:
             m.child(m.rejected, f"http-{e.status}").inc()
             return web.json_response(e.body(), status=e.status)
 
+        ctx = RequestContext(request, parsed, tenant, t0, body=raw)
         if self.lookup is not None and self.cfg.feature_store.enabled:
             if self.cfg.feature_store.opt_out_header in request.headers:
                 m.child(m.lookups, "skipped").inc()
             else:
                 hit = await self._lookup(tenant, parsed)
                 if hit is not None:
-                    return await lookup_response(request, parsed, hit, t0, self, tenant)
+                    return await lookup_response(ctx, hit, self.accounting)
 
-        return await self._route_and_proxy(request, parsed, raw, tenant, pool_name, t0)
+        return await self._route_and_proxy(ctx, pool_name)
 
     async def _lookup(self, tenant: str, parsed: ParsedRequest) -> Any:
         lookup = self.lookup
@@ -360,9 +368,9 @@ class Router:
         return PoolSignals(pool.name, len(routable), waiting=sum(r.waiting for r in routable),
                            running=sum(r.running for r in routable), scales_from_zero=pool.replicas.pool.scales_from_zero)
 
-    async def _route_and_proxy(self, request: web.Request, parsed: ParsedRequest, raw: bytes, tenant: str,
-                               pool_name: str, t0: float) -> web.StreamResponse:
+    async def _route_and_proxy(self, ctx: RequestContext, pool_name: str) -> web.StreamResponse:
         m = self.metrics
+        request, parsed, tenant = ctx.request, ctx.parsed, ctx.tenant
         t_route = time.perf_counter()
         pool = self.pools[pool_name]
         adapter, adapter_path = (parsed.model, self.adapters[parsed.model][1]) if parsed.model in self.adapters else (None, "")
@@ -374,9 +382,9 @@ class Router:
             if self.tenants.version != self._tenants_version:  # the Secret file changed: new per-tenant caps
                 self.policy.tenant_caps, self._tenants_version = self.tenants.caps(), self.tenants.version
             students = [self._signals(p) for p in self.pools.values() if p.role == "student"]
-            dec = self.policy.decide(now, self._signals(pool), students, tenant=tenant, input_tokens=n_tokens,
+            dec = dispatch.pick_pool(self.policy, now, self._signals(pool), students, tenant=tenant,
+                                     input_tokens=n_tokens,
                                      request_class=request.headers.get(self.cfg.fallback.class_header))
-            self.policy.record(now, tenant, dec)
             if dec.pool != pool.name:
                 pool, degraded, reason = self.pools[dec.pool], dec.degraded, dec.reason
                 keys, n_tokens = await self._keys(pool, parsed)
@@ -394,20 +402,19 @@ class Router:
         info = RequestInfo(model=pool.served_name, block_hashes=keys, input_tokens=n_tokens,
                            session_id=request.headers.get(sh) if sh else None, tenant=tenant, stream=parsed.stream,
                            block_size=pool.blocks.block_size, adapter=adapter)
-        body = raw
         if parsed.model != pool.served_name and adapter is None:
-            body = json.dumps({**parsed.body, "model": pool.served_name}).encode()
+            ctx.body = json.dumps({**parsed.body, "model": pool.served_name}).encode()
         headers = {"x-llmfleet-pool": pool.name, "x-llmfleet-degraded": "true" if degraded else "false"}
         if degraded:
             headers["x-llmfleet-fallback-reason"] = reason
+        ctx.pool, ctx.degraded, ctx.input_tokens, ctx.info, ctx.headers = pool.name, degraded, n_tokens, info, headers
         tried: set[str] = set()
         last_error = "no routable replica"
         upstream = self.upstream
         if upstream is None:
             return error_response(503, "router is starting", "service_unavailable")
         for attempt in range(self.cfg.limits.max_retries + 1):
-            cands = [r for r in pool.replicas.replicas.values() if r.id not in tried]
-            decision = pool.pipeline.pick(info, cands, commit=False)
+            decision = dispatch.pick_replica(pool.pipeline, info, pool.replicas.replicas.values(), tried)
             replica = decision.replica
             if replica is None:
                 last_error = decision.reason if not tried else last_error
@@ -420,7 +427,7 @@ class Router:
                 # Runs as soon as the request is on the wire, in the same step (no other request is routed
                 # in between): the replica works on it while the index learns and the metrics record.
                 self._count_affinity(pool, replica, keys)  # before the commit teaches the index this prompt
-                pool.pipeline.commit(info, replica)
+                dispatch.commit(pool.pipeline, info, replica)
                 m.route_decision.observe(route_s)
                 if retry:
                     m.child(m.retries, pool.name).inc()
@@ -434,8 +441,7 @@ class Router:
                     continue
                 self.adapter_loader.begin(replica, adapter)
             try:
-                return await upstream.proxy(request, parsed, body, replica, pool.name, headers, self, tenant,
-                                            degraded, n_tokens, t0, info, after_send=routed)
+                return await upstream.proxy(ctx, replica, self.accounting, after_send=routed)
             except UpstreamFailed as e:
                 m.child(m.upstream_attempts, pool.name, "overloaded" if e.overloaded else "error").inc()
                 last_error = f"replica {replica.id}: {e}"
@@ -479,31 +485,6 @@ class Router:
             hit.inc()
         blocks_hit.inc(matched)
         blocks_miss.inc(len(keys) - matched)
-
-    def observe(self, pool: str, model: str, endpoint: str, status: int, tenant: str, degraded: bool,
-                parsed: ParsedRequest, input_tokens: int, output_tokens: int, ttft: float | None,
-                tpot: float | None, e2e: float) -> None:
-        """Called by the proxy at the end of every request that reached a replica or the store."""
-        m = self.metrics
-        m.child(m.requests, pool, model, endpoint, str(status), "true" if degraded else "false").inc()
-        if pool in self.pools:  # a replica answered (502: its stream broke mid-response); not the feature store
-            m.child(m.upstream_attempts, pool, "error" if status >= 500 else "ok").inc()
-        if status < 400:
-            h = m.latency_children(pool, model)
-            h.e2e.observe(e2e)
-            h.input_tokens.observe(input_tokens)
-            h.output_tokens.observe(output_tokens)
-            if ttft is not None:
-                h.ttft.observe(ttft)
-            if tpot is not None:
-                h.tpot.observe(tpot)
-            if pool in self.pools and self.pools[pool].role == "primary":
-                self.policy.observe_primary(time.monotonic(), None if ttft is None else ttft * 1000,
-                                            None if tpot is None else tpot * 1000, e2e * 1000)
-        if self.request_log is not None:
-            self.request_log.write(tenant=tenant, model=model, parsed=parsed, input_tokens=input_tokens,
-                                   output_tokens=output_tokens, pool=pool, degraded=degraded, ttft=ttft, e2e=e2e,
-                                   status=status)
 
 
 async def run_router(cfg: RouterConfig, lookup: Any | None = None, ready: asyncio.Event | None = None,

@@ -1,91 +1,240 @@
-"""`llmfleet sim run`: replay a trace or a synthetic workload through simulated replicas and routers."""
+"""`llmfleet sim run` / `llmfleet sim hindsight`: replay a trace or a synthetic workload through simulated replicas,
+routers and (optionally) the production autoscaler; the cheapest schedule a clairvoyant scaler finds."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
+
+if TYPE_CHECKING:
+    from llmfleet.sim.types import SimResult
+    from llmfleet.sim.workload import Workload
+
+AUTOSCALERS = ("slo", "queue", "static")
+# workload options shared by `run` and `hindsight`
+TimeScale = Annotated[float, typer.Option(help="Replay at k x the trace's rate.")]
+MaxRequests = Annotated[int | None, typer.Option(help="Use the first N requests.")]
+Duration = Annotated[float, typer.Option(help="Synthetic workload length, s.")]
+Rate = Annotated[float, typer.Option(help="Synthetic mean rate, requests/s.")]
+Tenants = Annotated[int, typer.Option(help="Synthetic tenants.")]
+
+
+def _fail(e: BaseException) -> typer.Exit:
+    typer.echo(f"llmfleet sim: {str(e).splitlines()[0] if str(e) else type(e).__name__}", err=True)
+    return typer.Exit(2)
+
+
+def _workload(trace: Path | None, fmt: str, duration: float, rate: float, tenants: int, seed: int,
+              max_requests: int | None, time_scale: float) -> Workload:
+    from llmfleet.sim.workload import SyntheticSpec, load_trace, synthetic
+
+    if trace is None:
+        if duration <= 0 or rate <= 0 or tenants < 1:
+            raise ValueError("--duration and --rate must be > 0 and --tenants >= 1")
+        w = synthetic(SyntheticSpec(duration_s=duration, rate_rps=rate, tenants=tenants, seed=seed))
+    else:
+        w = load_trace(trace, fmt)
+    if max_requests is not None:
+        if max_requests < 1:
+            raise ValueError(f"--max-requests must be >= 1, got {max_requests}")
+        w = w.head(max_requests)
+    if time_scale != 1.0:
+        w = w.scaled(time_scale)
+    if not w.requests:
+        raise ValueError("the workload has no requests")
+    return w
+
+
+def _table(title: str, results: list[SimResult], slo_s: float) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=title)
+    for c in ("router", "hit rate", "TTFT p50", "TTFT p99", "TPOT p50", "e2e p99", "SLO att.", "TTFT att.",
+              "goodput", "GPU-s", "degraded", "rejected", "preempt", "balance CV"):
+        t.add_column(c)
+    for res in results:
+        s = res.summary
+
+        def sec(v: float | None, fmt: str = ".3f") -> str:
+            return "-" if v is None else f"{v:{fmt}}s"
+
+        rejected = f"{s['rejected']}" + (f" ({s['rejectedContext']} > context)" if s.get("rejectedContext") else "")
+        if s.get("clippedContext"):
+            rejected += f", {s['clippedContext']} clipped"
+        ttft_ok = sum(1 for r in res.records if r["ttft"] is not None and r["ttft"] <= slo_s) / max(1, s["requests"])
+        t.add_row(res.router, f"{s['prefixHitRate']:.3f}", sec(s["ttft"]["p50"]), sec(s["ttft"]["p99"]),
+                  f"{(s['tpot']['p50'] or 0) * 1e3:.1f}ms", sec(s["e2e"]["p99"], ".2f"), f"{s['sloAttainment']:.3f}",
+                  f"{ttft_ok:.3f}", f"{s['goodputRps']:.2f}/s", f"{s['gpuSeconds']:.0f}",
+                  f"{s['degradedFraction']:.3f}", rejected, str(s["preemptions"]), f"{s['balance']['servedCv']:.2f}")
+    Console(width=220).print(t)
 
 
 def register(app: typer.Typer) -> None:
     sim = typer.Typer(help="Fleet simulator: vLLM-like replicas behind routing policies.", no_args_is_help=True)
     app.add_typer(sim, name="sim")
 
-    @sim.command("run", help="Simulate a workload on a fleet with one or more routers; print a table, write JSON/PNG.")
+    @sim.command("run", help="Simulate a workload on a fleet with one or more routers, or with the production "
+                             "autoscaler (--autoscaler); print a table, write JSON/PNG.")
     def run(
         trace: Path | None = typer.Option(None, help="Trace file (Mooncake JSONL or Azure CSV); synthetic when omitted."),
         fmt: str = typer.Option("auto", "--format", help="auto, mooncake, azure."),
-        router: list[str] = typer.Option(["least-request", "llmfleet"], help="Routers to compare (repeatable): "
-                                         "round-robin, least-request, power-of-two, sglang, llm-d, llmfleet."),
-        replicas: int = typer.Option(8, help="Primary replicas."),
+        router: list[str] | None = typer.Option(None, help="Routers to compare (repeatable): round-robin, "
+                                                "least-request, power-of-two, sglang, llm-d, llmfleet (default: "
+                                                "least-request and llmfleet). With --autoscaler: llmfleet only."),
+        autoscaler: str | None = typer.Option(None, help="Run the production autoscaler: slo, queue or static "
+                                                         "(the InferenceService's spec.autoscaling.policy)."),
+        replicas: int = typer.Option(8, help="Primary replicas (the start size with --autoscaler)."),
+        min_replicas: int = typer.Option(1, help="With --autoscaler: primary minReplicas."),
+        max_replicas: int = typer.Option(64, help="With --autoscaler: primary maxReplicas."),
         model: str = typer.Option("llama-3-8b", help="Model preset of the primary pool."),
+        max_model_len: int | None = typer.Option(None, help="Context the engine accepts (prompt + output tokens); "
+                                                            "default: the model's. Longer requests are rejected."),
+        clip_context: bool = typer.Option(False, help="Clip requests longer than the context instead of rejecting them."),
         gpu: str = typer.Option("H200", help="GPU profile."),
         kv_dtype: str = typer.Option("bf16", help="KV-cache dtype."),
         tp: int = typer.Option(1, help="Tensor parallelism per replica."),
         host_kv_gib: float = typer.Option(0.0, help="Host-memory KV tier per replica, GiB (vLLM CPU offloading); 0 = none."),
-        student: str | None = typer.Option(None, help="Add a student pool: MODEL:REPLICAS, e.g. llama-3.2-1b:2."),
-        time_scale: float = typer.Option(1.0, help="Replay at k x the trace's rate."),
-        max_requests: int | None = typer.Option(None, help="Use the first N requests."),
-        duration: float = typer.Option(600.0, help="Synthetic workload length, s."),
-        rate: float = typer.Option(10.0, help="Synthetic mean rate, requests/s."),
-        tenants: int = typer.Option(8, help="Synthetic tenants."),
+        student: str | None = typer.Option(None, help="Add a student pool: MODEL:REPLICAS, e.g. llama-3.2-1b:2 "
+                                                      "(with --autoscaler: REPLICAS is its minReplicas, 0 = scale to zero)."),
+        time_scale: TimeScale = 1.0,
+        max_requests: MaxRequests = None,
+        duration: Duration = 600.0,
+        rate: Rate = 10.0,
+        tenants: Tenants = 8,
         ttft_slo_ms: float = typer.Option(2000.0, help="TTFT SLO for attainment/goodput, ms."),
         tpot_slo_ms: float = typer.Option(100.0, help="TPOT SLO, ms."),
         calibration: Path | None = typer.Option(None, help="Step-time calibration JSON (see docs/simulator.md)."),
         seed: int = typer.Option(0, help="Random seed (synthetic workload, randomized routers)."),
         out: Path | None = typer.Option(None, help="Folder for result.json and PNG plots."),
     ) -> None:
-        from rich.console import Console
-        from rich.table import Table
-
-        from llmfleet.sim.engine import PoolSpec, SimConfig, simulate
+        from llmfleet.sim.engine import simulate
+        from llmfleet.sim.production import make_service, simulate_service
         from llmfleet.sim.report import oracle_hit_rate, plot
         from llmfleet.sim.routers import make_router
-        from llmfleet.sim.workload import SyntheticSpec, WorkloadError, load_azure, load_mooncake, synthetic
+        from llmfleet.sim.types import PoolSpec, SimConfig
+        from llmfleet.sim.workload import WorkloadError
 
+        timeline = None
         try:
-            if trace is None:
-                w = synthetic(SyntheticSpec(duration_s=duration, rate_rps=rate, tenants=tenants, seed=seed))
-            else:
-                kind = fmt if fmt != "auto" else ("azure" if trace.suffix.lower() == ".csv" else "mooncake")
-                if kind not in ("mooncake", "azure"):
-                    raise ValueError(f"unknown --format {fmt!r}")
-                w = load_mooncake(trace) if kind == "mooncake" else load_azure(trace)
-            if max_requests:
-                w = w.head(max_requests)
-            if time_scale != 1.0:
-                w = w.scaled(time_scale)
+            if replicas < 1:
+                raise ValueError(f"--replicas must be >= 1, got {replicas}")
             if host_kv_gib < 0:
                 raise ValueError(f"--host-kv-gib must be >= 0, got {host_kv_gib:g}")
-            pools = [PoolSpec(replicas=replicas, model=model, gpu=gpu, kv_dtype=kv_dtype, tensor_parallel=tp,
-                              host_kv_gib=host_kv_gib, calibration=str(calibration) if calibration else None)]
+            if max_model_len is not None and max_model_len < 2:
+                raise ValueError(f"--max-model-len must be >= 2, got {max_model_len}")
+            sm, sn = None, 0
             if student:
-                sm, _, sn = student.partition(":")
-                pools.append(PoolSpec(name="student", role="student", model=sm, gpu=gpu, replicas=int(sn or 1)))
-            cfg = SimConfig(pools=pools, ttft_slo_s=ttft_slo_ms / 1e3, tpot_slo_s=tpot_slo_ms / 1e3, seed=seed)
-            routers = [make_router(r, seed) for r in router]
-            results = [simulate(w, cfg, router=r) for r in routers]
+                sm, _, count = student.partition(":")
+                try:
+                    sn = int(count or 1)
+                except ValueError:
+                    raise ValueError(f"--student must be MODEL:REPLICAS, got {student!r}") from None
+                if sn < 0:
+                    raise ValueError(f"--student replicas must be >= 0, got {sn}")
+            w = _workload(trace, fmt, duration, rate, tenants, seed, max_requests, time_scale)
+            overflow: Literal["reject", "clip"] = "clip" if clip_context else "reject"
+            if autoscaler is not None:
+                if autoscaler not in AUTOSCALERS:
+                    raise ValueError(f"unknown --autoscaler {autoscaler!r}; known: {', '.join(AUTOSCALERS)}")
+                if router and set(router) != {"llmfleet"}:
+                    raise ValueError("--autoscaler runs the production router (llmfleet); drop --router")
+                isvc = make_service(policy=autoscaler, ttft_slo_ms=ttft_slo_ms, tpot_slo_ms=tpot_slo_ms,
+                                    replicas=replicas, model=model, gpu=gpu, min_replicas=min_replicas,
+                                    max_replicas=max_replicas, max_model_len=max_model_len, student=sm,
+                                    student_min=sn)
+                res, hook = simulate_service(w, isvc, seed=seed, context_overflow=overflow)
+                res.router = f"llmfleet + {autoscaler}"
+                results = [res]
+                timeline = hook.timeline if hook else None
+            else:
+                pools = [PoolSpec(replicas=replicas, model=model, gpu=gpu, kv_dtype=kv_dtype, tensor_parallel=tp,
+                                  host_kv_gib=host_kv_gib, max_model_len=max_model_len,
+                                  calibration=str(calibration) if calibration else None)]
+                if sm:
+                    pools.append(PoolSpec(name="student", role="student", model=sm, gpu=gpu, replicas=sn))
+                cfg = SimConfig(pools=pools, ttft_slo_s=ttft_slo_ms / 1e3, tpot_slo_s=tpot_slo_ms / 1e3, seed=seed,
+                                context_overflow=overflow)
+                results = [simulate(w, cfg, router=make_router(r, seed)) for r in router or ("least-request", "llmfleet")]
         except (ValueError, OSError, WorkloadError) as e:
-            typer.echo(f"llmfleet sim: {str(e).splitlines()[0]}", err=True)
-            raise typer.Exit(2) from None
+            raise _fail(e) from None
         oracle = oracle_hit_rate(w)
-        t = Table(title=f"{w.name}: {len(w.requests)} requests, {replicas} x {model} on {gpu}, "
-                        f"oracle hit rate {oracle:.3f}")
-        for c in ("router", "hit rate", "TTFT p50", "TTFT p99", "TPOT p50", "e2e p99", "SLO att.", "goodput",
-                  "GPU-s", "degraded", "preempt", "balance CV"):
-            t.add_column(c)
-        for res in results:
-            s = res.summary
-            t.add_row(res.router, f"{s['prefixHitRate']:.3f}", f"{s['ttft']['p50']:.3f}s", f"{s['ttft']['p99']:.3f}s",
-                      f"{(s['tpot']['p50'] or 0) * 1e3:.1f}ms", f"{s['e2e']['p99']:.2f}s", f"{s['sloAttainment']:.3f}",
-                      f"{s['goodputRps']:.2f}/s", f"{s['gpuSeconds']:.0f}", f"{s['degradedFraction']:.3f}",
-                      str(s["preemptions"]), f"{s['balance']['servedCv']:.2f}")
-        Console(width=200).print(t)
+        scaled = f", {autoscaler} autoscaler from {replicas}" if autoscaler else ""
+        _table(f"{w.name}: {len(w.requests)} requests, {replicas} x {model} on {gpu}{scaled}, "
+               f"oracle hit rate {oracle:.3f}", results, ttft_slo_ms / 1e3)
+        if timeline:
+            peak = {k: max(x[k] for x in timeline) for k in timeline[0] if k not in ("t", "why")}
+            actions = sum(1 for a, b in zip(timeline, timeline[1:], strict=False)
+                          if any(a[k] != b[k] for k in peak))
+            typer.echo("autoscaler: peak replicas " + ", ".join(f"{k} {v}" for k, v in peak.items())
+                       + f"; {actions} changes of the desired sizes")
         if out is not None:
             out.mkdir(parents=True, exist_ok=True)
-            (out / "result.json").write_text(json.dumps(
-                {"oracleHitRate": oracle, "results": [r.to_json() for r in results]}, indent=1))
+            doc = {"oracleHitRate": oracle, "results": [r.to_json() for r in results]}
+            if timeline:
+                doc["autoscalerTimeline"] = timeline
+            (out / "result.json").write_text(json.dumps(doc, indent=1))
             for p in plot(results, out, w.name):
                 typer.echo(f"wrote {p}")
             typer.echo(f"wrote {out / 'result.json'}")
+
+    @sim.command("hindsight", help="The cheapest replica schedule a clairvoyant scaler finds for a workload "
+                                   "(llmfleet.sim.oracle): a replica count per window meeting the TTFT target.")
+    def hindsight(
+        trace: Path | None = typer.Option(None, help="Trace file (Mooncake JSONL or Azure CSV); synthetic when omitted."),
+        fmt: str = typer.Option("auto", "--format", help="auto, mooncake, azure."),
+        start_replicas: int = typer.Option(..., help="Replicas in every window to start from; must meet the target "
+                                                     "(the static-at-peak size)."),
+        model: str = typer.Option("llama-3-8b", help="Model preset."),
+        max_model_len: int | None = typer.Option(None, help="Context the engine accepts; default: the model's."),
+        gpu: str = typer.Option("H200", help="GPU profile."),
+        cold_start_s: float = typer.Option(60.0, help="Replica start time, s."),
+        window_s: float = typer.Option(60.0, help="Schedule window, s."),
+        target: float = typer.Option(0.99, help="TTFT attainment to keep over the whole run."),
+        ttft_slo_ms: float = typer.Option(2000.0, help="TTFT SLO, ms."),
+        instant: bool = typer.Option(False, help="Replicas ready at once (no cold start): a looser estimate."),
+        order: list[str] = typer.Option(["highest"], help="Window orders, one descent each: highest, forward, backward."),
+        time_scale: TimeScale = 1.0,
+        max_requests: MaxRequests = None,
+        duration: Duration = 600.0,
+        rate: Rate = 10.0,
+        tenants: Tenants = 8,
+        seed: int = typer.Option(0, help="Random seed (synthetic workload, router ties)."),
+        out: Path | None = typer.Option(None, help="Write the schedule as JSON here."),
+    ) -> None:
+        from functools import partial
+
+        from llmfleet.sim.oracle import hindsight_schedule
+        from llmfleet.sim.routers import LlmfleetRouter
+        from llmfleet.sim.types import PoolSpec
+        from llmfleet.sim.workload import WorkloadError
+
+        try:
+            if start_replicas < 1:
+                raise ValueError(f"--start-replicas must be >= 1, got {start_replicas}")
+            if not 0 < target <= 1:
+                raise ValueError(f"--target must be in (0, 1], got {target:g}")
+            if bad := [o for o in order if o not in ("highest", "forward", "backward")]:
+                raise ValueError(f"unknown --order {bad[0]!r}; known: highest, forward, backward")
+            w = _workload(trace, fmt, duration, rate, tenants, seed, max_requests, time_scale)
+            pool = PoolSpec(model=model, gpu=gpu, cold_start_s=cold_start_s, max_model_len=max_model_len,
+                            max_replicas=max(start_replicas, 1))
+            found = hindsight_schedule(w, pool, ttft_slo_ms / 1e3, start_replicas,
+                                       router=partial(LlmfleetRouter, seed=seed), target=target, window_s=window_s,
+                                       instant=instant, orders=tuple(order))  # type: ignore[arg-type]
+        except (ValueError, OSError, WorkloadError) as e:
+            raise _fail(e) from None
+        typer.echo(f"{w.name}: {len(w.requests)} requests; schedule per {window_s:g} s from {start_replicas}: "
+                   f"{' '.join(map(str, found.replicas))}")
+        typer.echo(f"attainment {found.attainment:.4f} (target {target:g}), {found.gpu_seconds:.0f} GPU-s, "
+                   f"{found.simulations} replays")
+        if out is not None:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps({"workload": w.name, "windowS": window_s, "instant": instant,
+                                       "replicas": list(found.replicas), "attainment": found.attainment,
+                                       "gpuSeconds": found.gpu_seconds, "simulations": found.simulations,
+                                       "startReplicas": start_replicas, "ttftSloMs": ttft_slo_ms}, indent=1))
+            typer.echo(f"wrote {out}")

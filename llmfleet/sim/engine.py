@@ -13,201 +13,22 @@ step events that a truncated decode run made obsolete.
 from __future__ import annotations
 
 import heapq
-import json
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any, Literal
+from dataclasses import asdict
+from typing import Any
 
-from llmfleet.api.trainingjob import ModelShape
 from llmfleet.autoscaler.actuation import Replica as ScaleInReplica
-from llmfleet.autoscaler.policy import PoolSignals
 from llmfleet.autoscaler.scalein import choose_victims
-from llmfleet.plan.hardware import get_gpu
-from llmfleet.plan.models import get_model
-from llmfleet.plan.roofline import StepCostModel, calibrate, host_kv_tier, kv_capacity
 from llmfleet.sim.replica import Replica
+from llmfleet.sim.report import summarize
+from llmfleet.sim.routers import make_router
+from llmfleet.sim.types import Autoscaler, Fleet, PoolSpec, Router, SimConfig, SimPoolSignals, SimResult
 from llmfleet.sim.workload import Request, Workload, gc_paused
 
+__all__ = ["Autoscaler", "Fleet", "PoolSpec", "Router", "SimConfig", "SimPoolSignals", "SimResult", "simulate"]
+
 _STEP, _READY, _TICK, _SAMPLE = 0, 1, 2, 3
-
-
-@dataclass
-class PoolSpec:
-    """One pool of identical replicas."""
-
-    name: str = "primary"
-    role: Literal["primary", "student"] = "primary"
-    model: str | ModelShape = "llama-3-8b"
-    gpu: str = "H200"
-    gpu_overrides: dict[str, float] = field(default_factory=dict)
-    replicas: int = 8
-    min_replicas: int = 1
-    max_replicas: int = 64
-    weight_dtype: str = "bf16"
-    kv_dtype: str = "bf16"
-    tensor_parallel: int = 1
-    gpu_memory_utilization: float = 0.9
-    max_num_seqs: int = 256
-    max_batched_tokens: int = 8192
-    chunked_prefill: bool = True
-    kv_blocks: int | None = None  # override the planner's KV capacity (in simulator blocks)
-    host_kv_gib: float = 0.0  # host-memory KV tier per replica (vLLM --kv-offloading-size); 0 = none
-    adapter_slots: int = 0  # LoRA adapters a replica holds at once (spec.lora maxCpuLoras); 0 = no LoRA limit
-    adapter_load_s: float = 0.0  # seconds one adapter load stalls the replica
-    cold_start_s: float = 60.0
-    calibration: str | None = None  # JSON: {"points": [...]} for plan.roofline.calibrate, or StepCostModel fields
-    cost: StepCostModel | None = None  # use this step-cost model as is (tests, custom hardware)
-
-    def shape(self) -> ModelShape:
-        return self.model if isinstance(self.model, ModelShape) else get_model(self.model)
-
-    def cost_model(self) -> StepCostModel:
-        if self.cost is not None:
-            return self.cost
-        g = get_gpu(self.gpu, self.gpu_overrides)
-        cost = StepCostModel.build(self.shape(), g, weight_dtype=self.weight_dtype, kv_dtype=self.kv_dtype,
-                                   tensor_parallel=self.tensor_parallel)
-        if self.calibration:
-            data = json.loads(Path(self.calibration).read_text())
-            if "points" in data:
-                cost = calibrate(cost, data["points"])
-            else:
-                cost = StepCostModel(**{**cost.__dict__, **{k: float(v) for k, v in data.items()}})
-        return cost
-
-    def blocks(self, block_size: int) -> int:
-        if self.kv_blocks is not None:
-            return self.kv_blocks
-        cap = kv_capacity(self.shape(), get_gpu(self.gpu, self.gpu_overrides), weight_dtype=self.weight_dtype,
-                          kv_dtype=self.kv_dtype, tensor_parallel=self.tensor_parallel,
-                          gpu_memory_utilization=self.gpu_memory_utilization, block_size=block_size)
-        return cap.blocks
-
-    def host_tier(self, block_size: int) -> tuple[int, float]:
-        """Host-tier blocks per replica and the seconds to load one block back over the host link."""
-        if self.host_kv_gib <= 0:
-            return 0, 0.0
-        tier = host_kv_tier(self.shape(), get_gpu(self.gpu, self.gpu_overrides), self.host_kv_gib,
-                            block_size=block_size, kv_dtype=self.kv_dtype, weight_dtype=self.weight_dtype,
-                            tensor_parallel=self.tensor_parallel)
-        return tier.blocks, tier.load_s_per_token * block_size
-
-
-@dataclass
-class SimConfig:
-    pools: list[PoolSpec] = field(default_factory=lambda: [PoolSpec()])
-    ttft_slo_s: float = 2.0
-    tpot_slo_s: float = 0.1
-    autoscale_interval_s: float = 15.0
-    # Which replicas a scale-in drains: "cache-aware" is the production choice (llmfleet.autoscaler.scalein:
-    # not-ready ones, then the fewest prefix blocks only that replica caches per the router's index, then the
-    # fewest in flight); "least-loaded" ignores the index (what the simulator did before; for comparison).
-    scale_in: Literal["cache-aware", "least-loaded"] = "cache-aware"
-    series_interval_s: float = 10.0
-    seed: int = 0
-    check_invariants: bool = False  # verify block accounting after every step (slow; tests)
-    keep_records: bool = True  # per-request records in the result (drop them for million-request runs)
-
-
-# The simulator hands the autoscaler hook the production policy's own signal type, so a policy runs here
-# exactly as it runs against a cluster.
-SimPoolSignals = PoolSignals
-
-
-# (now, signals) -> desired replicas per pool (pools left out keep their size)
-Autoscaler = Callable[[float, list[SimPoolSignals]], dict[str, int]]
-
-
-class Fleet:
-    """What routers see: the replicas by pool. Routers read replica state directly (it is the truth)."""
-
-    def __init__(self, cfg: SimConfig, block_size: int) -> None:
-        self.cfg = cfg
-        self.block_size = block_size
-        self.specs = {p.name: p for p in cfg.pools}
-        self.costs = {p.name: p.cost_model() for p in cfg.pools}
-        self.pool_blocks = {p.name: p.blocks(block_size) for p in cfg.pools}
-        self.pool_host = {p.name: p.host_tier(block_size) for p in cfg.pools}
-        self.primary = next((p.name for p in cfg.pools if p.role == "primary"), cfg.pools[0].name)
-        self.replicas: list[Replica] = []
-        self.routable: dict[str, list[Replica]] = {p.name: [] for p in cfg.pools}
-        self.listeners: list[Callable[[str, Replica], None]] = []  # ("add"|"remove", replica)
-
-    def add(self, pool: str, now: float, ready_at: float) -> Replica:
-        spec = self.specs[pool]
-        host_blocks, host_load_s = self.pool_host[pool]
-        r = Replica(len(self.replicas), pool, self.pool_blocks[pool], self.block_size, self.costs[pool],
-                    max_num_seqs=spec.max_num_seqs, max_batched_tokens=spec.max_batched_tokens,
-                    chunked_prefill=spec.chunked_prefill, ready_at=ready_at, host_blocks=host_blocks,
-                    host_load_s_per_block=host_load_s, adapter_slots=spec.adapter_slots,
-                    adapter_load_s=spec.adapter_load_s)
-        r.started_at = now
-        self.replicas.append(r)
-        return r
-
-    def make_routable(self, r: Replica) -> None:
-        self.routable[r.pool].append(r)
-        for f in self.listeners:
-            f("add", r)
-
-    def unroute(self, r: Replica) -> None:
-        if r in self.routable[r.pool]:
-            self.routable[r.pool].remove(r)
-            for f in self.listeners:
-                f("remove", r)
-
-    def load(self, r: Replica) -> int:
-        return len(r.running) + len(r.waiting)
-
-
-class Router:
-    """Routing hook: pick a replica (of any pool) for a request. Subclasses in llmfleet.sim.routers."""
-
-    name = "router"
-
-    def attach(self, fleet: Fleet) -> None:
-        self.fleet = fleet
-
-    def route(self, req: Request, fleet: Fleet, now: float) -> Replica | None:
-        raise NotImplementedError
-
-    def on_first_token(self, req: Request, now: float) -> None:
-        """Called when a request's first token is produced (the router's first byte from the replica)."""
-
-    def on_complete(self, req: Request, now: float) -> None:
-        """Called when a request finishes (policies that learn from latency use it)."""
-
-    # Routers that keep their own copy of the replicas' load set this and implement replica_changed: the
-    # engine calls it after every change of a replica's queues or blocks (dispatch, step end).
-    watches_replicas = False
-
-    def replica_changed(self, rep: Replica) -> None:
-        """The replica's running/waiting queues or KV blocks may have changed."""
-
-    def blocks_lost_if_removed(self, reps: list[Replica]) -> dict[str, int] | None:
-        """Per replica id: cached prefix blocks no other replica holds, as the production router's index
-        reports them to the autoscaler for scale-in. None: this router keeps no prefix index."""
-        return None
-
-
-@dataclass
-class SimResult:
-    workload: str
-    router: str
-    records: list[dict[str, Any]]
-    series: list[dict[str, Any]]
-    replicas: list[dict[str, Any]]
-    summary: dict[str, Any]
-    config: dict[str, Any]
-
-    def to_json(self, records: bool = False) -> dict[str, Any]:
-        d = {"workload": self.workload, "router": self.router, "summary": self.summary, "series": self.series,
-             "replicas": self.replicas, "config": self.config}
-        if records:
-            d["records"] = self.records
-        return d
 
 
 def _check_unchunked_budget(cfg: SimConfig, reqs: list[Request]) -> None:
@@ -221,6 +42,50 @@ def _check_unchunked_budget(cfg: SimConfig, reqs: list[Request]) -> None:
                              "as vLLM requires max_num_batched_tokens >= max_model_len")
 
 
+def check_inputs(workload: Workload, cfg: SimConfig) -> None:
+    """Refuse what no engine or cluster would run, with one clear line (ValueError): pools without replicas to start
+    from, bounds that contradict each other, requests with negative or non-finite arrival times or lengths < 1."""
+    if not cfg.pools:
+        raise ValueError("no pools to simulate")
+    names = [p.name for p in cfg.pools]
+    if len(set(names)) != len(names):
+        raise ValueError(f"pool names must be unique: {', '.join(names)}")
+    if cfg.context_overflow not in ("reject", "clip"):
+        raise ValueError(f"context_overflow must be 'reject' or 'clip', got {cfg.context_overflow!r}")
+    for p in cfg.pools:
+        floor = 1 if p.role == "primary" else 0  # a student pool may start (and stay) at zero
+        if p.replicas < floor:
+            raise ValueError(f"pool {p.name}: replicas must be >= {floor}, got {p.replicas}")
+        if not 0 <= p.min_replicas <= p.max_replicas or p.max_replicas < 1:
+            raise ValueError(f"pool {p.name}: need 0 <= min_replicas <= max_replicas and max_replicas >= 1, got "
+                             f"{p.min_replicas}..{p.max_replicas}")
+        if p.cold_start_s < 0 or not math.isfinite(p.cold_start_s):
+            raise ValueError(f"pool {p.name}: cold_start_s must be a finite number >= 0, got {p.cold_start_s}")
+        if p.max_model_len is not None and p.max_model_len < 2:
+            raise ValueError(f"pool {p.name}: max_model_len must be >= 2, got {p.max_model_len}")
+    for r in workload.requests:
+        if not math.isfinite(r.arrival) or r.arrival < 0:
+            raise ValueError(f"request {r.rid}: arrival time must be a finite number >= 0, got {r.arrival}")
+        if r.prompt_len < 1 or r.output_len < 1:
+            raise ValueError(f"request {r.rid}: prompt and output lengths must be >= 1 token, got "
+                             f"{r.prompt_len} and {r.output_len}")
+
+
+def clip_to_context(reqs: list[Request], context: int, block_size: int) -> int:
+    """Cut requests longer than `context` (prompt + output): the output to context - 1, the prompt (its head kept,
+    with its full-block keys) to what remains. Returns how many were cut."""
+    cut = 0
+    for r in reqs:
+        if r.prompt_len + r.output_len <= context:
+            continue
+        cut += 1
+        r.output_len = min(r.output_len, context - 1)
+        r.prompt_len = min(r.prompt_len, context - r.output_len)
+        r.keys = r.keys[: r.prompt_len // block_size]
+        r.reset()
+    return cut
+
+
 def simulate(workload: Workload, cfg: SimConfig, router: Router | str = "least-request",
              autoscaler: Autoscaler | None = None) -> SimResult:
     with gc_paused():  # see gc_paused: measured 5% of the CPU at 100k requests, growing with the heap
@@ -229,13 +94,14 @@ def simulate(workload: Workload, cfg: SimConfig, router: Router | str = "least-r
 
 def _simulate(workload: Workload, cfg: SimConfig, router: Router | str,
               autoscaler: Autoscaler | None) -> SimResult:
-    from llmfleet.sim.report import summarize
-    from llmfleet.sim.routers import make_router
-
     rt = make_router(router, cfg.seed) if isinstance(router, str) else router
     changed = rt.replica_changed if rt.watches_replicas else None
     bs = workload.block_size
+    check_inputs(workload, cfg)
     reqs = workload.fresh().requests
+    primary_spec = next((p for p in cfg.pools if p.role == "primary"), cfg.pools[0])
+    clipped = clip_to_context(reqs, primary_spec.context_len(), bs) if cfg.context_overflow == "clip" else 0
+    context = {p.name: p.context_len() for p in cfg.pools}
     _check_unchunked_budget(cfg, reqs)
     if cfg.scale_in not in ("cache-aware", "least-loaded"):
         raise ValueError(f"scale_in must be 'cache-aware' or 'least-loaded', got {cfg.scale_in!r}")
@@ -260,6 +126,7 @@ def _simulate(workload: Workload, cfg: SimConfig, router: Router | str,
             fleet.make_routable(fleet.add(p.name, t0, t0))
     pending: list[Request] = []  # arrived while no replica could take them
     rejected: list[Request] = []
+    too_long: set[int] = set()  # request ids rejected as longer than the chosen pool's context (the engine's 400)
     finished = 0
     window: list[Request] = []  # arrivals since the last autoscaler tick
     done_window: list[Request] = []
@@ -276,7 +143,11 @@ def _simulate(workload: Workload, cfg: SimConfig, router: Router | str,
         if rep is None:
             pending.append(req)
             return
-        if rep.pool not in fleet.pool_blocks or -(-(req.prompt_len + req.output_len) // bs) > rep.total:
+        if req.prompt_len + req.output_len > context[rep.pool]:
+            too_long.add(req.rid)
+            rejected.append(req)
+            return
+        if -(-(req.prompt_len + req.output_len) // bs) > rep.total:
             rejected.append(req)
             return
         req.replica, req.pool = rep.id, rep.pool
@@ -290,6 +161,8 @@ def _simulate(workload: Workload, cfg: SimConfig, router: Router | str,
             end = rep.truncate(now)
             if end is not None:
                 push_step(rep, end)
+        if len(rep.waiting) < rep.min_waiting:
+            rep.min_waiting = len(rep.waiting)
         if changed is not None:
             changed(rep)
 
@@ -322,6 +195,8 @@ def _simulate(workload: Workload, cfg: SimConfig, router: Router | str,
                     done_window.append(r)
                     rt.on_complete(r, now)
                 push_step(rep, rep.schedule(now))
+                if len(rep.waiting) < rep.min_waiting:
+                    rep.min_waiting = len(rep.waiting)
                 if changed is not None:
                     changed(rep)
                 stop_if_drained(rep, now)
@@ -356,15 +231,19 @@ def _simulate(workload: Workload, cfg: SimConfig, router: Router | str,
     if lost:
         raise RuntimeError(f"simulation lost {lost} requests (bug)")
     summary = summarize(reqs, fleet, cfg, t0, end, rejected, pending)
+    summary["rejectedContext"] = len(too_long)
+    summary["clippedContext"] = clipped
     cfg_dict = {"pools": [{**asdict(p), "model": p.model if isinstance(p.model, str) else p.model.to_wire(),
                            "kvBlocks": fleet.pool_blocks[p.name], "hostKvBlocks": fleet.pool_host[p.name][0]}
                           for p in cfg.pools],
                 "ttftSloS": cfg.ttft_slo_s, "tpotSloS": cfg.tpot_slo_s, "blockSize": bs, "seed": cfg.seed}
+    rejected_ids = {r.rid for r in rejected}
     records = [{"rid": r.rid, "arrival": r.arrival, "prompt": r.prompt_len, "output": r.output_len,
                 "pool": r.pool, "replica": r.replica, "degraded": r.degraded, "hitTokens": r.hit_tokens,
                 "ttft": (r.first_token - r.arrival) if r.first_token >= 0 else None,
                 "e2e": (r.finish - r.arrival) if r.finish >= 0 else None, "preemptions": r.preemptions,
-                "tenant": r.tenant} for r in reqs] if cfg.keep_records else []
+                "tenant": r.tenant, "rejected": "context" if r.rid in too_long
+                else "kv" if r.rid in rejected_ids else None} for r in reqs] if cfg.keep_records else []
     reps = [{"id": r.id, "pool": r.pool, "served": r.served, "busyS": round(r.busy_s, 3),
              "gpuS": round((r.stopped_at or end) - r.started_at, 3), "promptTokens": r.prompt_tokens,
              "hitTokens": r.hit_tokens, "hostHitTokens": r.host_hit_tokens, "preemptions": r.preemptions, "steps": r.steps} for r in fleet.replicas]
@@ -399,6 +278,8 @@ def _autoscale(fleet: Fleet, autoscaler: Autoscaler, router: Router, cfg: SimCon
         ttfts = [(r.first_token - r.arrival) * 1e3 for r in mine]
         tpots = [(r.finish - r.first_token) * 1e3 / (r.output_len - 1) for r in mine if r.output_len > 1]
         prompt = sum(r.prompt_len for r in mine)
+        # the shortest queue any replica ready for the whole interval had (saturation: >= 1 all along)
+        whole = [r.min_waiting for r in fleet.routable[spec.name] if r.ready_at <= now - iv]
         sigs.append(SimPoolSignals(
             pool=spec.name, role=spec.role, now=now, replicas=len(reps), ready_replicas=len(fleet.routable[spec.name]),
             arrival_rate=len(arr) / iv,
@@ -409,10 +290,15 @@ def _autoscale(fleet: Fleet, autoscaler: Autoscaler, router: Router, cfg: SimCon
             kv_utilization=sum(r.kv_usage() for r in reps) / len(reps) if reps else None,
             prefix_hit_rate=sum(r.hit_tokens for r in mine) / prompt if prompt else None,
             degraded_fraction=(sum(1 for r in arrivals if r.degraded) / len(arrivals)) if arrivals else None,
-            prefill_tokens_per_s=sum(r.prompt_len - r.hit_tokens for r in mine) / iv,
-            decode_tokens_per_s=sum(r.output_len for r in mine) / iv,
+            # token-level work done in the interval (not the work of the requests that happened to finish in it)
+            prefill_tokens_per_s=sum(r.computed_prompt - r.tick_marks[0] for r in reps) / iv,
+            decode_tokens_per_s=sum(r.generated - r.tick_marks[1] for r in reps) / iv,
+            min_queue_depth=float(min(whole)) if whole else None,
             ttft_slo_miss_fraction=(sum(1 for x in ttfts if x > cfg.ttft_slo_s * 1e3) / len(ttfts)) if ttfts else None,
         ))
+    for r in fleet.replicas:
+        if r.stopped_at is None:
+            r.tick_marks, r.min_waiting = (r.computed_prompt, r.generated), len(r.waiting)
     desired = autoscaler(now, sigs)
     for spec in cfg.pools:
         if spec.name not in desired:

@@ -23,7 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from llmfleet.sim.engine import PoolSpec, Router, SimConfig, SimResult, simulate
+from llmfleet.sim.engine import simulate
+from llmfleet.sim.types import PoolSpec, Router, SimConfig, SimResult
 from llmfleet.sim.workload import Workload
 
 Order = Literal["highest", "forward", "backward"]
@@ -42,9 +43,11 @@ class HindsightSchedule:
 
 
 def attainment(res: SimResult, ttft_slo_s: float) -> float:
-    """Share of all requests whose first token came within the SLO (unfinished ones count as misses)."""
-    ok = sum(1 for r in res.records if r["ttft"] is not None and r["ttft"] <= ttft_slo_s)
-    return ok / max(len(res.records), 1)
+    """Share of the servable requests whose first token came within the SLO: unfinished ones count as misses;
+    requests longer than the model's context do not count (every engine rejects them, whatever the fleet)."""
+    servable = [r for r in res.records if r.get("rejected") != "context"]
+    ok = sum(1 for r in servable if r["ttft"] is not None and r["ttft"] <= ttft_slo_s)
+    return ok / max(len(servable), 1)
 
 
 def replay_schedule(workload: Workload, pool: PoolSpec, schedule: tuple[int, ...], ttft_slo_s: float,

@@ -93,6 +93,12 @@ class Replica:
         self.steps = 0
         self.preemptions = 0
         self.served = 0
+        # token-level work, counted as steps complete: prompt tokens computed (cache hits are not computed;
+        # recomputation after a preemption is) and tokens generated; the autoscaler's tokens/s come from these
+        self.computed_prompt = 0
+        self.generated = 0
+        self.min_waiting = 0  # the shortest waiting queue since the last autoscaler tick (the engine resets it)
+        self.tick_marks = (0, 0)  # (computed_prompt, generated) at the last autoscaler tick
         self.first_tokens: list[Request] = []  # got their first token in the last completed step (engine drains)
         self.on_evict: Callable[[int, int], None] | None = None
         self.on_store: Callable[[int, int], None] | None = None
@@ -501,6 +507,7 @@ class Replica:
                     continue  # preempted since planning (cannot happen within a step, kept for safety)
                 r.tokens += steps
                 r.generated += steps
+                self.generated += steps
                 if r.generated >= r.output_len:
                     r.finish = now
                     done.append(r)
@@ -510,10 +517,12 @@ class Replica:
                     continue
                 if r.tokens < r.target:  # prefill chunk
                     r.tokens += n
+                    self.computed_prompt += n
                     if r.tokens >= r.target:
                         if r.registered < len(r.keys):
                             self._register(r)
                         r.generated += 1
+                        self.generated += 1
                         if r.first_token < 0:
                             r.first_token = now
                             self.first_tokens.append(r)
@@ -522,6 +531,7 @@ class Replica:
                 else:  # decode (tokens >= target stays true)
                     r.tokens += 1
                     r.generated += 1
+                    self.generated += 1
                 if r.generated >= r.output_len:
                     r.finish = now
                     done.append(r)

@@ -12,7 +12,7 @@ from llmfleet.plan.roofline import StepCostModel
 from llmfleet.sim.workload import Request, Workload
 
 if TYPE_CHECKING:
-    from llmfleet.sim.engine import Fleet, SimConfig, SimResult
+    from llmfleet.sim.types import Fleet, SimConfig, SimResult
 
 
 

@@ -16,8 +16,8 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
-from llmfleet.sim.engine import Fleet, Router
 from llmfleet.sim.replica import Replica
+from llmfleet.sim.types import Fleet, Router
 from llmfleet.sim.workload import Request
 
 ROUTERS = ("round-robin", "least-request", "power-of-two", "sglang", "llm-d", "llmfleet")
@@ -197,19 +197,14 @@ class LlmfleetRouter(Router):
         self.prefill_rate = prefill_tokens_per_s
 
     def attach(self, fleet: Fleet) -> None:
+        from llmfleet.router import dispatch
         from llmfleet.router.config import FallbackConfig, SLOConfig
         from llmfleet.router.fallback import FallbackPolicy
-        from llmfleet.router.plugins import (
-            PrefixIndex,
-            ReplicaState,
-            RequestInfo,
-            build_pipeline,
-            release_prefill,
-        )
+        from llmfleet.router.plugins import PrefixIndex, ReplicaState, RequestInfo, build_pipeline
 
         super().attach(fleet)
         self._RequestInfo = RequestInfo
-        self._release = release_prefill
+        self._dispatch = dispatch
         self.index = PrefixIndex(max_blocks=10_000_000)
         self.pipeline = build_pipeline(self.weights, self.index, seed=self.seed, max_candidates=self.max_candidates)
         self.states: dict[int, Any] = {}
@@ -263,39 +258,36 @@ class LlmfleetRouter(Router):
                            float(sum(len(r.running) for r in reps)))
 
     def route(self, req: Request, fleet: Fleet, now: float) -> Replica | None:
+        dispatch = self._dispatch
         pool = fleet.primary
         if self.policy is not None:
-            d = self.policy.decide(now, self._signals(fleet, fleet.primary),
-                                   [self._signals(fleet, s) for s in self.students], tenant=req.tenant,
-                                   input_tokens=req.prompt_len, request_class=req.cls)
-            self.policy.record(now, req.tenant, d)
-            pool = d.pool
+            pool = dispatch.pick_pool(self.policy, now, self._signals(fleet, fleet.primary),
+                                      [self._signals(fleet, s) for s in self.students], tenant=req.tenant,
+                                      input_tokens=req.prompt_len, request_class=req.cls).pool
         cands = self.state_lists[pool]
         if not cands:
             return None
         info = self._RequestInfo(model="model", block_hashes=req.keys, input_tokens=req.prompt_len,
                                  session_id=req.session, tenant=req.tenant, request_class=req.cls,
                                  block_size=fleet.block_size, now=now, adapter=req.adapter)
-        dec = self.pipeline.pick(info, cands)
+        dec = dispatch.pick_replica(self.pipeline, info, cands)
         if dec.replica is None:
             return None
+        dispatch.commit(self.pipeline, info, dec.replica)  # at once: a simulated request is on the wire when routed
         if info.prefill_charge is not None:
             self.infos[req.rid] = info
         return fleet.replicas[int(dec.replica.id)]
 
     def on_first_token(self, req: Request, now: float) -> None:
-        info = self.infos.pop(req.rid, None)
-        if info is not None:
-            self._release(info, now)
+        self._dispatch.on_first_byte(self.infos.pop(req.rid, None), now)
 
     def on_complete(self, req: Request, now: float) -> None:
-        info = self.infos.pop(req.rid, None)  # dispatch rejected it, or no first token was seen
-        if info is not None:
-            self._release(info, now, first_byte=False)
+        latency = None
         if self.policy is not None and req.pool == self.fleet.primary:
             tpot = (req.finish - req.first_token) * 1e3 / (req.output_len - 1) if req.output_len > 1 else None
-            self.policy.observe_primary(now, (req.first_token - req.arrival) * 1e3, tpot,
-                                        (req.finish - req.arrival) * 1e3)
+            latency = self._dispatch.Latency((req.first_token - req.arrival) * 1e3, tpot, (req.finish - req.arrival) * 1e3)
+        # info still there: the engine rejected the request, or no first token was seen
+        self._dispatch.on_done(self.infos.pop(req.rid, None), now, self.policy, latency)
 
 
 def make_router(name: str, seed: int = 0) -> Router:

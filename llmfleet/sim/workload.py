@@ -43,8 +43,8 @@ class Request:
                  adapter: str | None = None) -> None:
         self.rid = rid
         self.arrival = arrival
-        self.prompt_len = max(1, int(prompt_len))
-        self.output_len = max(1, int(output_len))
+        self.prompt_len = int(prompt_len)  # >= 1: the loaders and simulate() refuse anything else
+        self.output_len = int(output_len)
         self.keys = keys
         self.tenant = tenant
         self.session = session
@@ -112,25 +112,58 @@ def chain(ids: list[int] | tuple[int, ...]) -> tuple[int, ...]:
     return tuple(out)
 
 
+def _lengths(where: str, prompt: object, output: object) -> tuple[int, int]:
+    """Token counts of one record: whole numbers >= 1 (a zero or negative length is an error, not a 1)."""
+    out = []
+    for what, v in (("prompt", prompt), ("output", output)):
+        if isinstance(v, bool) or not isinstance(v, int | float | str):
+            raise WorkloadError(f"{where}: {what} length must be a number, got {v!r}")
+        f = float(v)
+        if not math.isfinite(f) or f != int(f) or f < 1:
+            raise WorkloadError(f"{where}: {what} length must be a whole number >= 1, got {v!r}")
+        out.append(int(f))
+    return out[0], out[1]
+
+
+def _arrival(where: str, seconds: float) -> float:
+    if not math.isfinite(seconds) or seconds < 0:
+        raise WorkloadError(f"{where}: timestamp must be a finite number >= 0, got {seconds!r}")
+    return seconds
+
+
 def load_mooncake(path: str | Path, block_size: int = MOONCAKE_BLOCK) -> Workload:
     """Mooncake JSONL: timestamp (ms), input_length, output_length, hash_ids (512-token blocks)."""
     p = Path(path)
     reqs: list[Request] = []
     try:
-        with p.open() as f:
+        with p.open(encoding="utf-8") as f:
             for n, line in enumerate(f, 1):
                 if not line.strip():
                     continue
+                where = f"{p}:{n}"
                 try:
                     d = json.loads(line)
-                    inp = int(d["input_length"])
-                    ids = list(d.get("hash_ids") or [])
-                    reqs.append(Request(len(reqs), float(d["timestamp"]) / 1000.0, inp, int(d["output_length"]),
+                    if not isinstance(d, dict):
+                        raise WorkloadError(f"{where}: not a JSON object")
+                    inp, out = _lengths(where, d["input_length"], d["output_length"])
+                    ts = d["timestamp"]
+                    if isinstance(ts, bool) or not isinstance(ts, int | float):
+                        raise WorkloadError(f"{where}: timestamp must be a number, got {ts!r}")
+                    ids = d.get("hash_ids") or []
+                    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+                        raise WorkloadError(f"{where}: hash_ids must be a list of integers")
+                    reqs.append(Request(len(reqs), _arrival(where, float(ts) / 1000.0), inp, out,
                                         chain(ids[: inp // block_size])))
-                except (KeyError, TypeError, ValueError) as e:
-                    raise WorkloadError(f"{p}:{n}: not a Mooncake record ({e})") from None
+                except KeyError as e:
+                    raise WorkloadError(f"{where}: not a Mooncake record (no {e})") from None
+                except (TypeError, ValueError, OverflowError) as e:
+                    if isinstance(e, WorkloadError):
+                        raise
+                    raise WorkloadError(f"{where}: not a Mooncake record ({e})") from None
     except OSError as e:
         raise WorkloadError(f"{p}: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise WorkloadError(f"{p}: not a text file (Mooncake JSONL expected)") from None
     if not reqs:
         raise WorkloadError(f"{p}: no requests")
     reqs.sort(key=lambda r: r.arrival)
@@ -152,19 +185,29 @@ def load_azure(path: str | Path, block_size: int = 16) -> Workload:
     p = Path(path)
     reqs: list[Request] = []
     try:
-        with p.open(newline="") as f:
+        with p.open(newline="", encoding="utf-8") as f:
             rd = csv.DictReader(f)
             missing = {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} - set(rd.fieldnames or [])
             if missing:
                 raise WorkloadError(f"{p}: missing columns {', '.join(sorted(missing))}")
             for n, row in enumerate(rd, 2):
+                where = f"{p}:{n}"
                 try:
-                    reqs.append(Request(0, _parse_ts(row["TIMESTAMP"]), int(row["ContextTokens"]),
-                                        int(row["GeneratedTokens"])))
-                except (TypeError, ValueError) as e:
-                    raise WorkloadError(f"{p}:{n}: bad row ({e})") from None
+                    ts = row["TIMESTAMP"]
+                    if not isinstance(ts, str):
+                        raise WorkloadError(f"{where}: no TIMESTAMP")
+                    inp, out = _lengths(where, row["ContextTokens"], row["GeneratedTokens"])
+                    reqs.append(Request(0, _parse_ts(ts), inp, out))
+                except (TypeError, ValueError, OverflowError) as e:
+                    if isinstance(e, WorkloadError):
+                        raise
+                    raise WorkloadError(f"{where}: bad row ({e})") from None
     except OSError as e:
         raise WorkloadError(f"{p}: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise WorkloadError(f"{p}: not a text file (Azure CSV expected)") from None
+    except csv.Error as e:
+        raise WorkloadError(f"{p}: not a CSV file ({e})") from None
     if not reqs:
         raise WorkloadError(f"{p}: no requests")
     reqs.sort(key=lambda r: r.arrival)
@@ -172,6 +215,19 @@ def load_azure(path: str | Path, block_size: int = 16) -> Workload:
     for i, r in enumerate(reqs):
         r.rid, r.arrival = i, r.arrival - t0
     return Workload(p.stem, reqs, block_size)
+
+
+TRACE_FORMATS = ("mooncake", "azure")
+
+
+def load_trace(path: str | Path, fmt: str = "auto") -> Workload:
+    """Any trace format the simulator knows: `fmt` "mooncake" (JSONL), "azure" (CSV) or "auto" (by suffix: .csv is
+    Azure, anything else Mooncake)."""
+    p = Path(path)
+    kind = fmt if fmt != "auto" else ("azure" if p.suffix.lower() == ".csv" else "mooncake")
+    if kind not in TRACE_FORMATS:
+        raise WorkloadError(f"unknown trace format {fmt!r}; known: auto, {', '.join(TRACE_FORMATS)}")
+    return load_azure(p) if kind == "azure" else load_mooncake(p)
 
 
 @dataclass

@@ -89,7 +89,7 @@ def test_decode_run_time_matches_step_sum() -> None:
 
 def test_mooncake_invariants_under_preemption() -> None:
     w = load_mooncake(HEAD300).scaled(4)
-    cfg = SimConfig(pools=[PoolSpec(replicas=2, kv_blocks=300)], check_invariants=True)
+    cfg = SimConfig(pools=[PoolSpec(replicas=2, kv_blocks=300, max_model_len=131072)], check_invariants=True)
     for router in ("least-request", "sglang", "llmfleet"):
         res = simulate(w, cfg, router=router)
         s = res.summary
@@ -146,7 +146,7 @@ def test_autoscaler_hook_cold_start_and_drain() -> None:
         seen.extend(sigs)
         return {"primary": 3 if now < 150 else 1}
 
-    cfg = SimConfig(pools=[PoolSpec(replicas=1, min_replicas=1, max_replicas=3, cold_start_s=30)],
+    cfg = SimConfig(pools=[PoolSpec(replicas=1, min_replicas=1, max_replicas=3, cold_start_s=30, max_model_len=131072)],
                     autoscale_interval_s=15, series_interval_s=5)
     res = simulate(w, cfg, router="least-request", autoscaler=scaler)
     ready = [(s["t"], s["primary"]["ready"]) for s in res.series]
@@ -160,8 +160,8 @@ def test_autoscaler_hook_cold_start_and_drain() -> None:
 
 def test_student_pool_fallback_runs_router_code() -> None:
     w = synthetic(SyntheticSpec(duration_s=120, rate_rps=30, seed=4))
-    cfg = SimConfig(pools=[PoolSpec(replicas=1), PoolSpec(name="student", role="student", model="llama-3.2-1b",
-                                                           replicas=1)], ttft_slo_s=0.2)
+    cfg = SimConfig(pools=[PoolSpec(replicas=1, max_model_len=131072), PoolSpec(name="student", role="student", model="llama-3.2-1b",
+                                                           replicas=1, max_model_len=131072)], ttft_slo_s=0.2)
     res = simulate(w, cfg, router="llmfleet")
     pools = {r["pool"] for r in res.records}
     assert pools == {"primary", "student"}

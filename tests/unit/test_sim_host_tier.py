@@ -83,8 +83,10 @@ def test_finished_requests_refresh_their_blocks_prefix_last() -> None:
 
 def test_host_tier_keeps_block_accounting_under_preemption_and_only_adds_hits() -> None:
     w = load_mooncake(HEAD300).scaled(4)
-    base = simulate(w, SimConfig(pools=[PoolSpec(replicas=2, kv_blocks=300)], check_invariants=True), router="llmfleet")
-    host = simulate(w, SimConfig(pools=[PoolSpec(replicas=2, kv_blocks=300, host_kv_gib=64.0)], check_invariants=True),
+    base = simulate(w, SimConfig(pools=[PoolSpec(replicas=2, kv_blocks=300, max_model_len=131072)], check_invariants=True),
+                    router="llmfleet")
+    host = simulate(w, SimConfig(pools=[PoolSpec(replicas=2, kv_blocks=300, host_kv_gib=64.0, max_model_len=131072)],
+                                  check_invariants=True),
                     router="llmfleet")
     s = host.summary
     assert s["completed"] + s["rejected"] == 300 and s["pending"] == 0

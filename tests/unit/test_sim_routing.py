@@ -50,7 +50,9 @@ def test_finite_cache_bounds_order_on_a_real_trace() -> None:
 
 def _run(w: Workload, replicas: int, seed: int = 0, **router_kw: object) -> tuple[dict, LlmfleetRouter]:
     rt = LlmfleetRouter(seed=seed, **router_kw)  # type: ignore[arg-type]
-    res = simulate(w, SimConfig(pools=[PoolSpec(replicas=replicas)], seed=seed, check_invariants=True), router=rt)
+    # a context above the trace's longest request (191k tokens): nothing rejected
+    pool = PoolSpec(replicas=replicas, max_model_len=1 << 18)
+    res = simulate(w, SimConfig(pools=[pool], seed=seed, check_invariants=True), router=rt)
     return res.summary, rt
 
 
@@ -61,7 +63,7 @@ def test_llmfleet_router_releases_every_prefill_charge() -> None:
     assert not rt.infos  # every routed request got its first token (or finished) and was released
     for st in rt.states.values():
         assert st.prefill_tokens == 0.0
-    rr = simulate(w, SimConfig(pools=[PoolSpec(replicas=4)]), router="round-robin").summary
+    rr = simulate(w, SimConfig(pools=[PoolSpec(replicas=4, max_model_len=1 << 18)]), router="round-robin").summary
     assert summary["prefixHitRate"] > 1.5 * rr["prefixHitRate"]  # the prefill-time estimate values cache hits
 
 
@@ -96,6 +98,29 @@ def test_llmfleet_router_states_track_the_replicas_exactly() -> None:
     # would leave a stale queue or KV figure that the scorers read. Small KV: preemptions and evictions too.
     w = synthetic(SyntheticSpec(duration_s=60, rate_rps=20, tenants=4, seed=3))
     rt = _CheckingRouter()
-    res = simulate(w, SimConfig(pools=[PoolSpec(replicas=3, kv_blocks=600)]), router=rt)
+    res = simulate(w, SimConfig(pools=[PoolSpec(replicas=3, kv_blocks=600, max_model_len=131072)]), router=rt)
     assert res.summary["completed"] == len(w.requests)
     assert rt.checked >= 3 * len(w.requests)
+
+
+def test_llmfleet_router_routes_through_the_routing_core(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The simulator runs the router's own dispatch functions, not a copy of them."""
+    from llmfleet.router import dispatch
+
+    calls: dict[str, int] = {}
+
+    def counting(name: str):  # type: ignore[no-untyped-def]
+        real = getattr(dispatch, name)
+
+        def wrapper(*a, **kw):  # type: ignore[no-untyped-def]
+            calls[name] = calls.get(name, 0) + 1
+            return real(*a, **kw)
+
+        return wrapper
+
+    for name in ("pick_replica", "commit", "on_first_byte", "on_done"):
+        monkeypatch.setattr(dispatch, name, counting(name))
+    w = _abx()
+    _run(w, 2)
+    n = len(w.requests)
+    assert calls == {"pick_replica": n, "commit": n, "on_first_byte": n, "on_done": n}

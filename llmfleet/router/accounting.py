@@ -1,0 +1,78 @@
+"""One request's state on its way through the router, and where its outcome is recorded.
+
+`RequestContext` is built once per request by the server and handed to the proxy (`proxy.py`) or the
+feature-store answer (`store_response.py`); `Accounting` records the end of every request that reached a
+replica or the store: metrics, the fallback policy's SLO window (through `dispatch.on_done`), the request
+log. Below both `server.py` and `proxy.py`, so the proxy never sees the server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from typing import Any
+
+from llmfleet.router.dispatch import Latency, on_done
+from llmfleet.router.fallback import FallbackPolicy
+from llmfleet.router.metrics import RouterMetrics
+from llmfleet.router.plugins.base import RequestInfo
+from llmfleet.router.request_log import RequestLog
+from llmfleet.router.requests import ParsedRequest
+
+
+@dataclass(slots=True)
+class RequestContext:
+    """What the router knows about one request once it is parsed and routed to a pool."""
+
+    request: Any  # the client's aiohttp web.Request
+    parsed: ParsedRequest
+    tenant: str
+    t0: float  # perf_counter at arrival
+    body: bytes = b""  # what is sent upstream (the client's bytes unless the model name was rewritten)
+    pool: str = ""
+    degraded: bool = False
+    input_tokens: int = 0
+    info: RequestInfo | None = None  # the request as the plugins saw it (carries the prefill charge)
+    headers: dict[str, str] = field(default_factory=dict)  # response headers for the client (x-llmfleet-*)
+
+
+class Accounting:
+    """The end of a request: counters and histograms by pool and model, the SLO window of the primary pools,
+    the request log."""
+
+    def __init__(self, metrics: RouterMetrics, policy: FallbackPolicy | None = None,
+                 request_log: RequestLog | None = None, primary_pools: Collection[str] = (),
+                 replica_pools: Collection[str] = ()) -> None:
+        self.metrics = metrics
+        self.policy = policy
+        self.request_log = request_log
+        self.primary_pools = frozenset(primary_pools)
+        self.replica_pools = frozenset(replica_pools)  # pools of replicas (not the feature store's answers)
+
+    def finish(self, ctx: RequestContext, status: int, input_tokens: int, output_tokens: int, ttft: float | None,
+               tpot: float | None, e2e: float) -> None:
+        """Record a request that reached a replica or the store (seconds; ttft/tpot None when not seen)."""
+        m = self.metrics
+        pool, model = ctx.pool, ctx.parsed.model
+        m.child(m.requests, pool, model, ctx.parsed.endpoint, str(status), "true" if ctx.degraded else "false").inc()
+        if pool in self.replica_pools:  # a replica answered (502: its stream broke mid-response): the error rate
+            m.child(m.upstream_attempts, pool, "error" if status >= 500 else "ok").inc()
+        if status < 400:
+            h = m.latency_children(pool, model)
+            h.e2e.observe(e2e)
+            h.input_tokens.observe(input_tokens)
+            h.output_tokens.observe(output_tokens)
+            if ttft is not None:
+                h.ttft.observe(ttft)
+            if tpot is not None:
+                h.tpot.observe(tpot)
+            if pool in self.primary_pools:
+                on_done(None, None, self.policy, Latency(None if ttft is None else ttft * 1000,
+                                                          None if tpot is None else tpot * 1000, e2e * 1000))
+        if self.request_log is not None:
+            self.request_log.write(tenant=ctx.tenant, model=model, parsed=ctx.parsed, input_tokens=input_tokens,
+                                   output_tokens=output_tokens, pool=pool, degraded=ctx.degraded, ttft=ttft, e2e=e2e,
+                                   status=status)
+
+    def client_gone(self, pool: str) -> None:
+        self.metrics.child(self.metrics.client_disconnects, pool).inc()

@@ -1,0 +1,74 @@
+"""The routing core: pick a pool, pick a replica, commit the choice, and the request's first byte and end.
+
+Pure and synchronous (no I/O, no clock of its own unless `now` is left out), so the router's HTTP server
+(`server.py`, `proxy.py`) and the simulator (`sim/routers.py`) run the same decisions on the same state:
+
+    decision = pick_pool(policy, now, primary, students, ...)   # only for a primary pool with students
+    choice = pick_replica(pipeline, info, replicas, tried)      # plugins' filters, scorers, picker
+    commit(pipeline, info, choice.replica)                      # once the request is on its way
+    on_first_byte(info, now)                                    # the replica is through the prefill
+    on_done(info, now, policy, latency)                         # release what routing charged; SLO window
+
+`info` is the request as the plugins see it (`RequestInfo`); it carries the prefill charged at routing
+(estimated-ttft scorer) until the first byte or the end releases it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection, Iterable, Sequence
+from typing import NamedTuple
+
+from llmfleet.router.fallback import FallbackDecision, FallbackPolicy, PoolSignals
+from llmfleet.router.plugins.base import Decision, Pipeline, ReplicaState, RequestInfo, release_prefill
+
+
+class Latency(NamedTuple):
+    """A finished request's latencies in milliseconds (ttft/tpot None when not seen: non-streaming)."""
+
+    ttft_ms: float | None
+    tpot_ms: float | None
+    e2e_ms: float
+
+
+def pick_pool(policy: FallbackPolicy, now: float, primary: PoolSignals, students: Sequence[PoolSignals], *,
+              tenant: str, input_tokens: int, request_class: str | None) -> FallbackDecision:
+    """The fallback policy's choice between the primary pool and its students, recorded in the tenant's window
+    (the degraded-fraction cap counts it)."""
+    decision = policy.decide(now, primary, list(students), tenant=tenant, input_tokens=input_tokens,
+                             request_class=request_class)
+    policy.record(now, tenant, decision)
+    return decision
+
+
+def pick_replica(pipeline: Pipeline, info: RequestInfo, replicas: Iterable[ReplicaState],
+                 tried: Collection[str] = ()) -> Decision:
+    """The pool pipeline's choice among `replicas` not yet `tried` (earlier attempts of this request).
+    Nothing is learned yet: `commit` does that once the request is sent."""
+    if tried:
+        cands: Sequence[ReplicaState] = [r for r in replicas if r.id not in tried]
+    else:
+        cands = replicas if isinstance(replicas, Sequence) else list(replicas)
+    return pipeline.pick(info, cands, commit=False)
+
+
+def commit(pipeline: Pipeline, info: RequestInfo, replica: ReplicaState) -> None:
+    """The request went to `replica`: the plugins learn it (prefix index insert, session pin)."""
+    pipeline.commit(info, replica)
+
+
+def on_first_byte(info: RequestInfo | None, now: float | None = None) -> None:
+    """The replica answered the first byte: its queue of prefill work shrinks by this request's."""
+    if info is not None:
+        release_prefill(info, now)
+
+
+def on_done(info: RequestInfo | None, now: float | None = None, policy: FallbackPolicy | None = None,
+            latency: Latency | None = None) -> None:
+    """The request (or this attempt of it) ended. Releases a prefill charge no first byte released
+    (idempotent); with `policy` and the `latency` of a request the primary pool served, feeds the policy's SLO
+    window. `now` None: time.monotonic() (the production clock; the simulator passes its own)."""
+    if info is not None:
+        release_prefill(info, now, first_byte=False)
+    if policy is not None and latency is not None:
+        policy.observe_primary(time.monotonic() if now is None else now, latency.ttft_ms, latency.tpot_ms, latency.e2e_ms)

@@ -1,0 +1,208 @@
+"""The simulator's types: pools, configuration, the fleet routers see, the router and autoscaler hooks, results.
+
+Kept apart from the event loop (engine.py) so that routers, reports and oracles import these without importing
+the loop, and the loop imports them all.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from llmfleet.api.trainingjob import ModelShape
+from llmfleet.autoscaler.policy import PoolSignals
+from llmfleet.plan.hardware import get_gpu
+from llmfleet.plan.models import get_model
+from llmfleet.plan.roofline import StepCostModel, calibrate, host_kv_tier, kv_capacity
+from llmfleet.sim.replica import Replica
+from llmfleet.sim.workload import Request
+
+
+@dataclass
+class PoolSpec:
+    """One pool of identical replicas."""
+
+    name: str = "primary"
+    role: Literal["primary", "student"] = "primary"
+    model: str | ModelShape = "llama-3-8b"
+    gpu: str = "H200"
+    gpu_overrides: dict[str, float] = field(default_factory=dict)
+    replicas: int = 8
+    min_replicas: int = 1
+    max_replicas: int = 64
+    weight_dtype: str = "bf16"
+    kv_dtype: str = "bf16"
+    tensor_parallel: int = 1
+    gpu_memory_utilization: float = 0.9
+    max_num_seqs: int = 256
+    max_batched_tokens: int = 8192
+    chunked_prefill: bool = True
+    kv_blocks: int | None = None  # override the planner's KV capacity (in simulator blocks)
+    host_kv_gib: float = 0.0  # host-memory KV tier per replica (vLLM --kv-offloading-size); 0 = none
+    adapter_slots: int = 0  # LoRA adapters a replica holds at once (spec.lora maxCpuLoras); 0 = no LoRA limit
+    adapter_load_s: float = 0.0  # seconds one adapter load stalls the replica
+    cold_start_s: float = 60.0
+    # Context (prompt + output tokens) the engine accepts, as vLLM's max_model_len: longer requests are rejected
+    # (the OpenAI server answers 400) or clipped (SimConfig.context_overflow). None: the model's seq_len.
+    max_model_len: int | None = None
+    calibration: str | None = None  # JSON: {"points": [...]} for plan.roofline.calibrate, or StepCostModel fields
+    cost: StepCostModel | None = None  # use this step-cost model as is (tests, custom hardware)
+
+    def shape(self) -> ModelShape:
+        return self.model if isinstance(self.model, ModelShape) else get_model(self.model)
+
+    def context_len(self) -> int:
+        return self.max_model_len if self.max_model_len is not None else self.shape().seq_len
+
+    def cost_model(self) -> StepCostModel:
+        if self.cost is not None:
+            return self.cost
+        g = get_gpu(self.gpu, self.gpu_overrides)
+        cost = StepCostModel.build(self.shape(), g, weight_dtype=self.weight_dtype, kv_dtype=self.kv_dtype,
+                                   tensor_parallel=self.tensor_parallel)
+        if self.calibration:
+            data = json.loads(Path(self.calibration).read_text())
+            if "points" in data:
+                cost = calibrate(cost, data["points"])
+            else:
+                cost = StepCostModel(**{**cost.__dict__, **{k: float(v) for k, v in data.items()}})
+        return cost
+
+    def blocks(self, block_size: int) -> int:
+        if self.kv_blocks is not None:
+            return self.kv_blocks
+        cap = kv_capacity(self.shape(), get_gpu(self.gpu, self.gpu_overrides), weight_dtype=self.weight_dtype,
+                          kv_dtype=self.kv_dtype, tensor_parallel=self.tensor_parallel,
+                          gpu_memory_utilization=self.gpu_memory_utilization, block_size=block_size)
+        return cap.blocks
+
+    def host_tier(self, block_size: int) -> tuple[int, float]:
+        """Host-tier blocks per replica and the seconds to load one block back over the host link."""
+        if self.host_kv_gib <= 0:
+            return 0, 0.0
+        tier = host_kv_tier(self.shape(), get_gpu(self.gpu, self.gpu_overrides), self.host_kv_gib,
+                            block_size=block_size, kv_dtype=self.kv_dtype, weight_dtype=self.weight_dtype,
+                            tensor_parallel=self.tensor_parallel)
+        return tier.blocks, tier.load_s_per_token * block_size
+
+
+@dataclass
+class SimConfig:
+    pools: list[PoolSpec] = field(default_factory=lambda: [PoolSpec()])
+    ttft_slo_s: float = 2.0
+    tpot_slo_s: float = 0.1
+    autoscale_interval_s: float = 15.0
+    # Which replicas a scale-in drains: "cache-aware" is the production choice (llmfleet.autoscaler.scalein:
+    # not-ready ones, then the fewest prefix blocks only that replica caches per the router's index, then the
+    # fewest in flight); "least-loaded" ignores the index (what the simulator did before; for comparison).
+    scale_in: Literal["cache-aware", "least-loaded"] = "cache-aware"
+    series_interval_s: float = 10.0
+    seed: int = 0
+    check_invariants: bool = False  # verify block accounting after every step (slow; tests)
+    keep_records: bool = True  # per-request records in the result (drop them for million-request runs)
+    # A request longer than its pool's context (PoolSpec.max_model_len): "reject" it as the engine does (counted
+    # in the summary's `rejected`), or "clip" it before the run: the prompt keeps its head, cut to the primary's
+    # context minus the output (the output to the context minus one token).
+    context_overflow: Literal["reject", "clip"] = "reject"
+
+
+# The simulator hands the autoscaler hook the production policy's own signal type, so a policy runs here
+# exactly as it runs against a cluster.
+SimPoolSignals = PoolSignals
+
+
+# (now, signals) -> desired replicas per pool (pools left out keep their size)
+Autoscaler = Callable[[float, list[SimPoolSignals]], dict[str, int]]
+
+
+class Fleet:
+    """What routers see: the replicas by pool. Routers read replica state directly (it is the truth)."""
+
+    def __init__(self, cfg: SimConfig, block_size: int) -> None:
+        self.cfg = cfg
+        self.block_size = block_size
+        self.specs = {p.name: p for p in cfg.pools}
+        self.costs = {p.name: p.cost_model() for p in cfg.pools}
+        self.pool_blocks = {p.name: p.blocks(block_size) for p in cfg.pools}
+        self.pool_host = {p.name: p.host_tier(block_size) for p in cfg.pools}
+        self.primary = next((p.name for p in cfg.pools if p.role == "primary"), cfg.pools[0].name)
+        self.replicas: list[Replica] = []
+        self.routable: dict[str, list[Replica]] = {p.name: [] for p in cfg.pools}
+        self.listeners: list[Callable[[str, Replica], None]] = []  # ("add"|"remove", replica)
+
+    def add(self, pool: str, now: float, ready_at: float) -> Replica:
+        spec = self.specs[pool]
+        host_blocks, host_load_s = self.pool_host[pool]
+        r = Replica(len(self.replicas), pool, self.pool_blocks[pool], self.block_size, self.costs[pool],
+                    max_num_seqs=spec.max_num_seqs, max_batched_tokens=spec.max_batched_tokens,
+                    chunked_prefill=spec.chunked_prefill, ready_at=ready_at, host_blocks=host_blocks,
+                    host_load_s_per_block=host_load_s, adapter_slots=spec.adapter_slots,
+                    adapter_load_s=spec.adapter_load_s)
+        r.started_at = now
+        self.replicas.append(r)
+        return r
+
+    def make_routable(self, r: Replica) -> None:
+        self.routable[r.pool].append(r)
+        for f in self.listeners:
+            f("add", r)
+
+    def unroute(self, r: Replica) -> None:
+        if r in self.routable[r.pool]:
+            self.routable[r.pool].remove(r)
+            for f in self.listeners:
+                f("remove", r)
+
+    def load(self, r: Replica) -> int:
+        return len(r.running) + len(r.waiting)
+
+
+class Router:
+    """Routing hook: pick a replica (of any pool) for a request. Subclasses in llmfleet.sim.routers."""
+
+    name = "router"
+
+    def attach(self, fleet: Fleet) -> None:
+        self.fleet = fleet
+
+    def route(self, req: Request, fleet: Fleet, now: float) -> Replica | None:
+        raise NotImplementedError
+
+    def on_first_token(self, req: Request, now: float) -> None:
+        """Called when a request's first token is produced (the router's first byte from the replica)."""
+
+    def on_complete(self, req: Request, now: float) -> None:
+        """Called when a request finishes (policies that learn from latency use it)."""
+
+    # Routers that keep their own copy of the replicas' load set this and implement replica_changed: the
+    # engine calls it after every change of a replica's queues or blocks (dispatch, step end).
+    watches_replicas = False
+
+    def replica_changed(self, rep: Replica) -> None:
+        """The replica's running/waiting queues or KV blocks may have changed."""
+
+    def blocks_lost_if_removed(self, reps: list[Replica]) -> dict[str, int] | None:
+        """Per replica id: cached prefix blocks no other replica holds, as the production router's index
+        reports them to the autoscaler for scale-in. None: this router keeps no prefix index."""
+        return None
+
+
+@dataclass
+class SimResult:
+    workload: str
+    router: str
+    records: list[dict[str, Any]]
+    series: list[dict[str, Any]]
+    replicas: list[dict[str, Any]]
+    summary: dict[str, Any]
+    config: dict[str, Any]
+
+    def to_json(self, records: bool = False) -> dict[str, Any]:
+        d = {"workload": self.workload, "router": self.router, "summary": self.summary, "series": self.series,
+             "replicas": self.replicas, "config": self.config}
+        if records:
+            d["records"] = self.records
+        return d

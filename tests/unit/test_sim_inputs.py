@@ -1,0 +1,202 @@
+"""Simulator input checks: context length as the engine enforces it, clear errors for impossible fleets and
+traces (one line, exit 2 from the CLI), and a fuzz test of the trace loaders (valid workload or WorkloadError)."""
+
+from __future__ import annotations
+
+import json
+import string
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from llmfleet.cli.main import app
+from llmfleet.sim.engine import simulate
+from llmfleet.sim.oracle import attainment
+from llmfleet.sim.types import PoolSpec, SimConfig
+from llmfleet.sim.workload import Request, Workload, WorkloadError, load_azure, load_mooncake, load_trace
+
+HEAD300 = Path(__file__).parent / "sim_data" / "mooncake_head300.jsonl"
+
+
+def _w(*reqs: Request) -> Workload:
+    return Workload("t", list(reqs), block_size=16)
+
+
+def test_requests_longer_than_the_context_are_rejected_and_counted() -> None:
+    w = _w(Request(0, 0.0, 100, 10), Request(1, 0.1, 8000, 300), Request(2, 0.2, 50, 5))
+    res = simulate(w, SimConfig(pools=[PoolSpec(replicas=1)]))  # llama-3-8b: 8,192 tokens
+    assert res.summary["rejected"] == 1 and res.summary["rejectedContext"] == 1
+    assert res.summary["completed"] == 2
+    assert [r["rejected"] for r in res.records] == [None, "context", None]
+    # not servable by any fleet: not a miss of the fleet's attainment
+    assert attainment(res, 10.0) == 1.0
+    # a larger context (an explicit max_model_len) serves it
+    res = simulate(w, SimConfig(pools=[PoolSpec(replicas=1, max_model_len=16384)]))
+    assert res.summary["rejected"] == 0 and res.summary["completed"] == 3
+
+
+def test_clipping_is_explicit_and_keeps_the_prompt_head() -> None:
+    keys = tuple(range(600))  # 600 blocks of 16 tokens
+    w = _w(Request(0, 0.0, 9600, 400, keys))
+    res = simulate(w, SimConfig(pools=[PoolSpec(replicas=1)], context_overflow="clip"))
+    assert res.summary["rejected"] == 0 and res.summary["clippedContext"] == 1
+    rec = res.records[0]
+    assert rec["prompt"] + rec["output"] == 8192 and rec["output"] == 400
+    assert w.requests[0].prompt_len == 9600  # the workload itself is untouched
+    with pytest.raises(ValueError, match="context_overflow"):
+        simulate(w, SimConfig(pools=[PoolSpec(replicas=1)], context_overflow="drop"))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("pools", "match"), [
+    ([PoolSpec(replicas=0)], "replicas must be >= 1"),
+    ([PoolSpec(replicas=-2)], "replicas must be >= 1"),
+    ([PoolSpec(replicas=2, min_replicas=3, max_replicas=2)], "min_replicas"),
+    ([PoolSpec(replicas=1), PoolSpec(replicas=1)], "unique"),
+    ([], "no pools"),
+])
+def test_impossible_fleets_are_refused(pools: list[PoolSpec], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        simulate(_w(Request(0, 0.0, 10, 1)), SimConfig(pools=pools))
+
+
+def test_a_student_pool_may_start_at_zero() -> None:
+    pools = [PoolSpec(replicas=1), PoolSpec(name="s", role="student", model="llama-3.2-1b", replicas=0, min_replicas=0)]
+    assert simulate(_w(Request(0, 0.0, 10, 1)), SimConfig(pools=pools)).summary["completed"] == 1
+
+
+@pytest.mark.parametrize(("req", "match"), [
+    (Request(0, -1.0, 10, 1), "arrival time"),
+    (Request(0, float("nan"), 10, 1), "arrival time"),
+    (Request(0, 0.0, 0, 1), "lengths must be >= 1"),
+    (Request(0, 0.0, 10, 0), "lengths must be >= 1"),
+])
+def test_bad_requests_are_refused_not_dropped(req: Request, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        simulate(_w(req), SimConfig(pools=[PoolSpec(replicas=1)]))
+
+
+@pytest.mark.parametrize(("line", "match"), [
+    ({"timestamp": -5, "input_length": 10, "output_length": 2}, "timestamp must be"),
+    ({"timestamp": 0, "input_length": 0, "output_length": 2}, "prompt length"),
+    ({"timestamp": 0, "input_length": 10, "output_length": -1}, "output length"),
+    ({"timestamp": 0, "input_length": 10.5, "output_length": 1}, "whole number"),
+    ({"timestamp": "x", "input_length": 10, "output_length": 1}, "timestamp must be a number"),
+    ({"timestamp": 0, "input_length": 10}, "no 'output_length'"),
+    ({"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1, "a"]}, "hash_ids"),
+])
+def test_mooncake_loader_names_the_bad_line(tmp_path: Path, line: dict[str, object], match: str) -> None:
+    p = tmp_path / "t.jsonl"
+    p.write_text(json.dumps({"timestamp": 0, "input_length": 5, "output_length": 1}) + "\n" + json.dumps(line) + "\n")
+    with pytest.raises(WorkloadError, match=match) as e:
+        load_mooncake(p)
+    assert f"{p}:2" in str(e.value)
+
+
+def test_azure_loader_refuses_zero_lengths(tmp_path: Path) -> None:
+    p = tmp_path / "a.csv"
+    p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9799600,0,10\n")
+    with pytest.raises(WorkloadError, match=r"a.csv:2: prompt length"):
+        load_azure(p)
+
+
+def test_cli_errors_are_one_line_with_exit_2(tmp_path: Path) -> None:
+    bad = tmp_path / "neg.jsonl"
+    bad.write_text(json.dumps({"timestamp": -1000, "input_length": 10, "output_length": 1}) + "\n")
+    for args in (["--replicas", "0"], ["--trace", str(bad)], ["--autoscaler", "magic"],
+                 ["--student", "llama-3.2-1b:x"], ["--max-model-len", "1"]):
+        r = CliRunner().invoke(app, ["sim", "run", "--duration", "20", "--rate", "2", *args])
+        assert r.exit_code == 2, (args, r.output)
+        assert r.output.startswith("llmfleet sim: ") and r.output.count("\n") == 1, r.output
+    r = CliRunner().invoke(app, ["sim", "hindsight", "--start-replicas", "0"])
+    assert r.exit_code == 2 and "--start-replicas" in r.output
+
+
+def test_cli_table_shows_rejected_requests() -> None:
+    r = CliRunner().invoke(app, ["sim", "run", "--trace", str(HEAD300), "--max-requests", "40", "--replicas", "2",
+                                 "--router", "least-request"])
+    assert r.exit_code == 0, r.output
+    n = sum(1 for x in load_mooncake(HEAD300).head(40).requests if x.prompt_len + x.output_len > 8192)
+    assert n > 0 and f"{n} ({n} > context)" in r.output
+
+
+def test_cli_runs_the_production_autoscaler(tmp_path: Path) -> None:
+    r = CliRunner().invoke(app, ["sim", "run", "--duration", "120", "--rate", "4", "--replicas", "1",
+                                 "--autoscaler", "slo", "--student", "llama-3.2-1b:0", "--out", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    assert "llmfleet + slo" in r.output and "autoscaler: peak replicas primary" in r.output
+    doc = json.loads((tmp_path / "result.json").read_text())
+    assert doc["autoscalerTimeline"] and {"primary", "small"} <= set(doc["autoscalerTimeline"][0])
+
+
+def test_cli_hindsight(tmp_path: Path) -> None:
+    out = tmp_path / "h.json"
+    r = CliRunner().invoke(app, ["sim", "hindsight", "--trace", str(HEAD300), "--max-requests", "60",
+                                 "--max-model-len", "131072", "--start-replicas", "2", "--window-s", "30",
+                                 "--ttft-slo-ms", "20000", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(out.read_text())
+    assert doc["attainment"] >= 0.99 and all(1 <= n <= 2 for n in doc["replicas"])
+
+
+# ---- fuzz: any file gives a valid workload or a WorkloadError (a ValueError), never another exception ----
+
+_num = st.one_of(st.integers(-10, 10**7), st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=5),
+                 st.none(), st.booleans())
+_record = st.dictionaries(st.sampled_from(["timestamp", "input_length", "output_length", "hash_ids", "x"]),
+                          st.one_of(_num, st.lists(st.one_of(st.integers(-5, 5), st.text(max_size=2)), max_size=4)),
+                          max_size=5)
+_line = st.one_of(_record.map(json.dumps), st.text(string.printable, max_size=30))
+_csv_cell = st.one_of(st.integers(-3, 10**6).map(str), st.text(string.printable.replace("\n", ""), max_size=12),
+                      st.sampled_from(["2023-11-16 18:17:03.9799600", "2023-11-16T18:17:04", "9999-99-99", ""]))
+_csv = st.lists(st.lists(_csv_cell, min_size=0, max_size=4).map(",".join), max_size=6)
+
+
+def _valid(w: Workload) -> None:
+    assert w.requests
+    assert all(r.arrival >= 0 and r.prompt_len >= 1 and r.output_len >= 1 for r in w.requests)
+    assert [r.arrival for r in w.requests] == sorted(r.arrival for r in w.requests)
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lines=st.lists(_line, max_size=6), raw=st.binary(max_size=20))
+def test_fuzz_mooncake_loader(tmp_path: Path, lines: list[str], raw: bytes) -> None:
+    p = tmp_path / "f.jsonl"
+    p.write_bytes("\n".join(lines).encode() + raw)
+    try:
+        w = load_trace(p)
+    except WorkloadError:
+        return
+    _valid(w)
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(header=st.sampled_from(["TIMESTAMP,ContextTokens,GeneratedTokens", "TIMESTAMP,ContextTokens", ""]),
+       rows=_csv, raw=st.binary(max_size=12))
+def test_fuzz_azure_loader(tmp_path: Path, header: str, rows: list[str], raw: bytes) -> None:
+    p = tmp_path / "f.csv"
+    p.write_bytes(("\n".join([header, *rows])).encode() + raw)
+    try:
+        w = load_trace(p)
+    except WorkloadError:
+        return
+    _valid(w)
+
+
+def test_production_adapter_maps_the_service_to_pools() -> None:
+    from llmfleet.api import parse_resource
+    from llmfleet.sim.production import make_service, pool_specs
+
+    isvc = make_service(policy="queue", replicas=2, model="llama-3.1-8b", max_model_len=65536,
+                        student="llama-3.2-1b", student_min=0, student_max=3)
+    primary, student = pool_specs(isvc, cold_start_s={"small": 15.0})
+    assert (primary.model, primary.replicas, primary.max_model_len, primary.cold_start_s) == ("llama-3.1-8b", 2,
+                                                                                              65536, 60.0)
+    assert (student.role, student.model, student.min_replicas, student.max_replicas, student.cold_start_s) == (
+        "student", "llama-3.2-1b", 0, 3, 15.0)
+    doc = isvc.model_dump(by_alias=True, exclude_none=True)
+    doc["metadata"]["annotations"] = {}
+    with pytest.raises(ValueError, match="no model preset"):
+        pool_specs(parse_resource(doc))  # type: ignore[arg-type]
