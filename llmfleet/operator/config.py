@@ -11,6 +11,8 @@ from typing import Any
 
 import yaml
 
+from llmfleet.api.contracts import APP_COMPONENT_LABEL, APP_NAME_LABEL
+
 DEFAULT_ROUTER_IMAGE = "ghcr.io/llmfleet/llmfleet:0.1.0"
 DEFAULT_SERVE_IMAGE = "ghcr.io/llmfleet/llmfleet-serve:0.1.0"
 DEFAULT_TRAIN_IMAGE = "ghcr.io/llmfleet/llmfleet-train:0.1.0"
@@ -20,9 +22,8 @@ DEFAULT_STATUS_URL = "http://{pod}.{service}.{namespace}.svc:{port}/status"
 # the autoscaler's direct scrapes: the chart's operator pod labels) and Prometheus (the Prometheus Operator's
 # pod label), in any namespace. The chart sets LLMFLEET_REPLICA_INGRESS_FROM (a JSON list of peers).
 DEFAULT_REPLICA_INGRESS_FROM: tuple[dict[str, Any], ...] = (
-    {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "llmfleet",
-                                                              "app.kubernetes.io/component": "operator"}}},
-    {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}},
+    {"namespaceSelector": {}, "podSelector": {"matchLabels": {APP_NAME_LABEL: "llmfleet", APP_COMPONENT_LABEL: "operator"}}},
+    {"namespaceSelector": {}, "podSelector": {"matchLabels": {APP_NAME_LABEL: "prometheus"}}},
 )
 
 
