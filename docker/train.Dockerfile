@@ -20,6 +20,8 @@ FROM ${PYTHON_IMAGE} AS runtime
 ARG UID=10001
 RUN groupadd --gid ${UID} llmfleet \
  && useradd --uid ${UID} --gid ${UID} --home-dir /home/llmfleet --create-home --shell /usr/sbin/nologin llmfleet
+# (versions come from the wheels built above with -c constraints.txt; --no-index installs nothing else)
+# hadolint ignore=DL3013
 RUN --mount=type=bind,from=wheels,source=/wheels,target=/wheels \
     pip install --no-cache-dir --no-index --find-links /wheels "llmfleet[train]" \
  && python -c "import torch.distributed.fsdp, llmfleet.workers.train" \
@@ -35,6 +37,7 @@ CMD ["llmfleet", "train", "--help"]
 FROM runtime AS e2e
 ARG UID=10001
 USER root
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 RUN mkdir -p /data /checkpoints \
  && python -c "import sysconfig; from llmfleet.workers.train.data import prepare; \
 m = prepare([sysconfig.get_paths()['stdlib'] + '/*.py'], '/data/stdlib-tokens', tokenizer='bpe', vocab_size=4096); \

@@ -34,6 +34,10 @@ FEATURE_STORE_DB_FILE = "featurestore.db"
 # ---- labels
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 PART_OF_LABEL = "app.kubernetes.io/part-of"
+# Recommended labels the chart puts on the operator's pods (and the Prometheus Operator on Prometheus'): the
+# replicas' NetworkPolicy admits pods by them.
+APP_NAME_LABEL = "app.kubernetes.io/name"
+APP_COMPONENT_LABEL = "app.kubernetes.io/component"
 MANAGED_LABELS = {MANAGED_BY_LABEL: "llmfleet", PART_OF_LABEL: "llmfleet"}
 INFERENCESERVICE_LABEL = f"{GROUP}/inferenceservice"
 TRAININGJOB_LABEL = f"{GROUP}/trainingjob"

@@ -177,6 +177,16 @@ class RouterSpec(ApiModel):
     request_timeout_seconds: float = Field(default=120.0, gt=0, description="Upper bound on one request's time at the router.")
     max_request_bytes: int = Field(default=4 * 1024 * 1024, ge=1024, description="Reject larger request bodies with 413.")
     api_keys_secret: str | None = Field(default=None, description="Secret holding per-tenant API keys and rate limits.")
+    upstream_key_secret: str | None = Field(
+        default=None,
+        description="Secret whose `apiKey` every replica requires as a Bearer key (vLLM's VLLM_API_KEY); only the "
+        "router's pods read it and send it upstream, so clients cannot call the replicas directly.",
+    )
+    isolate_pools: bool = Field(
+        default=True,
+        description="A NetworkPolicy that admits to the replica pods only this service's router, the operator "
+        "(drain, autoscaler scrapes) and the metrics scraper (operator setting LLMFLEET_REPLICA_INGRESS_FROM).",
+    )
 
     @field_validator("scorers")
     @classmethod
@@ -371,17 +381,34 @@ class PoolStatus(StatusModel):
     model: str | None = Field(default=None, description="Model path currently rolled out.")
 
 
+class PoolLiveMetrics(StatusModel):
+    """One pool's recent latency and errors, as measured by the router (the promotion rollback reads these)."""
+
+    name: str = Field(description="Pool name: primary or a fallback pool's name.")
+    ttft_p95_ms: float | None = Field(default=None, description="Time to first token, p95, of this pool's requests.")
+    tpot_p95_ms: float | None = Field(default=None, description="Time per output token, p95, of this pool's requests.")
+    error_rate: float | None = Field(
+        default=None,
+        description="Fraction of the router's tries on this pool's replicas that failed (HTTP 5xx, connection "
+        "failure, timeout, broken stream), retried tries included; 0-1.",
+    )
+    qps: float | None = Field(default=None, description="Requests per second this pool received.")
+    stale: bool = Field(default=True, description="True when this pool's metrics are older than two scrape intervals.")
+
+
 class LiveMetrics(StatusModel):
     """Recent serving metrics, as seen by the autoscaler."""
 
     ttft_p95_ms: float | None = Field(default=None, description="Time to first token, p95.")
     tpot_p95_ms: float | None = Field(default=None, description="Time per output token, p95.")
+    error_rate: float | None = Field(default=None, description="The primary pool's error rate (see pools[].errorRate), 0-1.")
     prefix_cache_hit_rate: float | None = Field(default=None, description="Prefix-cache hit rate, 0-1.")
     kv_cache_utilization: float | None = Field(default=None, description="KV-cache usage, 0-1.")
     qps: float | None = Field(default=None, description="Requests per second.")
     degraded_fraction: float | None = Field(default=None, description="Fraction of requests served by student pools.")
     stale: bool = Field(default=True, description="True when the metrics are older than two scrape intervals.")
     updated_at: datetime | None = Field(default=None, description="When these were computed.")
+    pools: list[PoolLiveMetrics] = Field(default_factory=list, description="Per-pool latency and error rate.")
 
 
 ServicePhase = Literal["Pending", "Progressing", "Ready", "Degraded", "Invalid"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from llmfleet.api.inferenceservice import InferenceService
@@ -48,6 +48,7 @@ async def autoscale_step(
     lost_blocks: LostBlocks | None = None,
     drain_timeout_s: float | None = None,
     replicas_from_spec: bool = True,
+    held: Mapping[str, int] | None = None,
 ) -> StepResult:
     """Run the policy once for `isvc` and apply its decision through `actuator`.
 
@@ -63,6 +64,9 @@ async def autoscale_step(
         current = view.replicas if replicas_from_spec else len(reps)
         refs.append(PoolRef(view.name, view.role, replicas=current, ready_replicas=sum(r.ready for r in reps)))
     sigs = await signals.collect(refs, now)
+    if held:  # the router's wake-up call carries the count before any scrape or Prometheus sees it
+        sigs = [replace(s, held_requests=max(s.held_requests or 0, held[s.pool])) if held.get(s.pool) else s
+                for s in sigs]
     decision = decide(cfg, sigs, state)
     result = StepResult(decision=decision, signals=sigs)
     ups = {n: d.desired for n, d in decision.pools.items() if d.desired > d.current}

@@ -8,7 +8,8 @@ inside). Configuration by environment:
 - `LLMFLEET_PROMETHEUS_URL`: query Prometheus; otherwise scrape the router (`http://<isvc>-router.<ns>:8080`)
   and the replicas directly.
 - `LLMFLEET_AUTOSCALER_TICK`: seconds between timer calls (default 5); each service is decided every
-  `spec.autoscaling.intervalSeconds`.
+  `spec.autoscaling.intervalSeconds`, and at the next tick when its router holds requests for a pool at zero
+  replicas (a daemon per service long-polls the router's /admin/held: scale from zero).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ class _Memory:
     state: PolicyState
     last_run: float = 0.0
     scrape: ScrapeSignals | None = None
+    held: dict[str, int] = field(default_factory=dict)  # the router's wake-up: pool -> requests held
 
 
 @dataclass
@@ -149,18 +151,16 @@ async def autoscale_inferenceservice(body: kopf.Body, memo: kopf.Memo, patch: ko
         return  # the operator reports invalid specs
     if not isinstance(isvc, InferenceService) or isvc.spec.autoscaling.policy == "static":
         return
+    mem = _service_memory(_memo(memo), isvc)
     m = _memo(memo)
-    uid = isvc.metadata.uid or isvc.metadata.name
     now = time.monotonic()
-    mem = m.services.get(uid)
-    if mem is None:
-        mem = m.services[uid] = _Memory(PolicyState.from_json(isvc.metadata.annotations.get(AUTOSCALER_STATE_ANNOTATION)))
-    if now - mem.last_run < isvc.spec.autoscaling.interval_seconds:
+    if now - mem.last_run < isvc.spec.autoscaling.interval_seconds and not mem.held:
         return
     mem.last_run = now
+    held, mem.held = mem.held, {}
     ns = isvc.metadata.namespace or "default"
     actuator = KubernetesActuator(isvc.metadata.name, ns, _api_client(m))
-    router_url = f"http://{child_name(isvc.metadata.name, 'router')}.{ns}:{ROUTER_PORT}"
+    router_url = _router_url(isvc)
     prom = os.environ.get("LLMFLEET_PROMETHEUS_URL")
     if prom:
         source: Any = PrometheusSignals(prom, isvc.metadata.name, ns)
@@ -172,7 +172,7 @@ async def autoscale_inferenceservice(body: kopf.Body, memo: kopf.Memo, patch: ko
     from urllib3.exceptions import HTTPError
 
     try:
-        result = await autoscale_step(isvc, actuator, source, mem.state, now, lost_blocks=lost)
+        result = await autoscale_step(isvc, actuator, source, mem.state, now, lost_blocks=lost, held=held)
     except (ApiException, HTTPError) as err:
         raise kopf.TemporaryError(f"autoscaler: Kubernetes API call failed: {err}", delay=30) from err
     mem.state = result.decision.state
@@ -182,6 +182,42 @@ async def autoscale_inferenceservice(body: kopf.Body, memo: kopf.Memo, patch: ko
         if d.action != "hold":
             kopf.info(body, reason="Scaled", message=f"{name}: {d.current} -> {d.desired}: {'; '.join(d.reasons)}"[:1000])
     await _arbitrate(isvc, dict(body), actuator, result)
+
+
+def _router_url(isvc: InferenceService) -> str:
+    return f"http://{child_name(isvc.metadata.name, 'router')}.{isvc.metadata.namespace or 'default'}:{ROUTER_PORT}"
+
+
+def _service_memory(m: _Memo, isvc: InferenceService) -> _Memory:
+    uid = isvc.metadata.uid or isvc.metadata.name
+    mem = m.services.get(uid)
+    if mem is None:
+        mem = m.services[uid] = _Memory(PolicyState.from_json(isvc.metadata.annotations.get(AUTOSCALER_STATE_ANNOTATION)))
+    return mem
+
+
+@kopf.daemon(GROUP, VERSION, "inferenceservices", cancellation_timeout=5.0)
+async def wake_from_zero(body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped, **_: Any) -> None:
+    """Long-poll the service's router for requests held at a pool with zero replicas; the timer then decides
+    at its next tick (seconds) instead of at the next autoscaling interval."""
+    import asyncio
+
+    from llmfleet.autoscaler.local import Wakeup
+
+    try:
+        isvc = parse_resource(dict(body))
+    except ManifestError:
+        return
+    if not isinstance(isvc, InferenceService) or isvc.spec.autoscaling.policy == "static":
+        return
+    ns = isvc.metadata.namespace or "default"
+    wakeup = Wakeup(_router_url(isvc))
+    never = asyncio.Event()  # kopf cancels this task when the daemon stops
+    while not stopped:
+        held = await wakeup.wait(never, 30.0)
+        if held:
+            log.info("%s/%s: router holds requests for %s; deciding at the next tick", ns, isvc.metadata.name, held)
+            _service_memory(_memo(memo), isvc).held = held
 
 
 def _burning(isvc: InferenceService, signals: Sequence[PoolSignals]) -> bool:

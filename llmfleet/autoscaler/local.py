@@ -2,13 +2,14 @@
 
 `run_local(isvc, actuator, replica_urls)` is the contract llmfleet.local.foreground calls: every
 `spec.autoscaling.intervalSeconds` it scrapes the router and the replicas (or queries Prometheus when
-`prometheus_url` is given) and runs one `controller.autoscale_step` through `actuator`.
+`prometheus_url` is given) and runs one `controller.autoscale_step` through `actuator`. Between steps it
+long-polls the router's `/admin/held` (llmfleet.router.held): when the router starts holding requests for a
+pool at zero replicas, the next step runs at once and starts a replica (scale from zero).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -21,6 +22,47 @@ from llmfleet.autoscaler.scalein import lost_blocks_of_pools
 from llmfleet.autoscaler.signals import PoolRef, PrometheusSignals, ScrapeSignals
 
 log = logging.getLogger("llmfleet.autoscaler")
+
+
+class Wakeup:
+    """The router's scale-from-zero long poll; without a router (or when it fails) a plain sleep."""
+
+    def __init__(self, router_url: str | None) -> None:
+        self.router_url = router_url
+        self.episode = -1
+
+    async def wait(self, stop: asyncio.Event, timeout_s: float) -> dict[str, int]:
+        """Until `stop`, a new held-requests episode at the router ({pool: held}), or `timeout_s` ({})."""
+        stopping = asyncio.ensure_future(stop.wait())
+        polling = asyncio.ensure_future(self._poll(timeout_s))
+        try:
+            done, _ = await asyncio.wait({stopping, polling}, timeout=timeout_s + 5,
+                                         return_when=asyncio.FIRST_COMPLETED)
+            return polling.result() if polling in done else {}
+        finally:
+            for t in (stopping, polling):
+                t.cancel()
+
+    async def _poll(self, timeout_s: float) -> dict[str, int]:
+        import httpx
+
+        deadline = time.monotonic() + timeout_s
+        while self.router_url is not None and (left := deadline - time.monotonic()) > 0:
+            try:
+                async with httpx.AsyncClient(timeout=left + 5) as client:
+                    resp = await client.get(f"{self.router_url}/admin/held", params={"since": self.episode, "wait": left})
+                resp.raise_for_status()
+                body = resp.json()
+            except (httpx.HTTPError, ValueError) as err:  # e.g. the router is (re)starting: retry shortly
+                log.debug("router wake-up poll failed: %s", err)
+                await asyncio.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+                continue
+            self.episode = int(body.get("episode", self.episode))
+            if body.get("held"):
+                return {str(k): int(v) for k, v in body["held"].items()}
+            # {} before the deadline: the first poll (it learns the current episode) or a poll cut short
+        await asyncio.sleep(max(0.0, deadline - time.monotonic()))  # no router to ask
+        return {}
 
 
 class ScrapeSource:
@@ -68,10 +110,12 @@ async def run_local(
     stop = stop or asyncio.Event()
     state = PolicyState()
     interval = isvc.spec.autoscaling.interval_seconds
+    wakeup = Wakeup(router_url)
+    held: dict[str, int] = {}
     while not stop.is_set():
         lost = source.lost_blocks([p.name for p in isvc.pools()]) if isinstance(source, ScrapeSource) else None
         result = await autoscale_step(isvc, actuator, source, state, time.monotonic(), replicas_from_spec=False,
-                                      lost_blocks=lost or None)
+                                      lost_blocks=lost or None, held=held)
         state = result.decision.state
         for name, d in result.decision.pools.items():
             if d.action != "hold":
@@ -80,6 +124,7 @@ async def run_local(
             on_step(result)
         if once:
             break
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), timeout=interval)
+        held = await wakeup.wait(stop, interval)
+        if held:
+            log.info("router holds requests for %s: stepping now", held)
     return state

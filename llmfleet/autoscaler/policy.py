@@ -304,6 +304,11 @@ def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState
             action = "up" if rec > sig.replicas else "down" if rec < sig.replicas else "hold"
         else:
             desired, action = stabilize(cfg, pool, st, sig, rec, reasons, cold_start_seconds(cfg, pool, st))
+        if sig.replicas == 0 and (sig.held_requests or 0) > 0 and desired < 1 <= pool.max_replicas:
+            # Scale from zero: requests wait at the router for this pool; start a replica now, whatever the
+            # stabilization windows say (there is nothing to keep stable at zero).
+            desired, action = 1, "up"
+            reasons = [*reasons, f"scale from zero: {sig.held_requests:g} request(s) held at the router"]
         if desired == sig.replicas:
             action = "hold"
         if action != "hold":

@@ -9,6 +9,8 @@ Series read (router series are the llmfleet router's; `vllm:` are vLLM's own, pa
 |                      | vLLM's `vllm:time_to_first_token_seconds` / `vllm:time_per_output_token_seconds`    |
 | mean in/out tokens   | `llmfleet_router_input_tokens` / `llmfleet_router_output_tokens` (histogram sum/count) |
 | degraded fraction    | `llmfleet_router_requests_total{degraded="true"}` / all                              |
+| error rate           | `llmfleet_router_upstream_attempts_total{pool, outcome="error"}` / all outcomes      |
+| held requests        | `llmfleet_router_held_requests{pool}` (gauge: waiting for a pool at zero replicas)   |
 | queue, running       | `vllm:num_requests_waiting`, `vllm:num_requests_running` (gauges, summed per pool)   |
 | KV utilization       | `vllm:kv_cache_usage_perc` (or the older `vllm:gpu_cache_usage_perc`), averaged      |
 | prefix hit rate      | `vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total`                     |
@@ -77,6 +79,9 @@ def build_queries(service: str, namespace: str, pool: str, role: Role, sel: Sele
     return {
         "arrival_rate": arrival,
         "degraded_fraction": f'sum(rate(llmfleet_router_requests_total{{{r},degraded="true"}}[{window}])) / {total}',
+        "error_rate": (f'sum(rate(llmfleet_router_upstream_attempts_total{{{rp},outcome="error"}}[{window}])) / '
+                       f"sum(rate(llmfleet_router_upstream_attempts_total{{{rp}}}[{window}]))"),
+        "held_requests": f"sum(llmfleet_router_held_requests{{{rp}}})",
         "ttft_p95_ms": q95("llmfleet_router_ttft_seconds", rp),
         "tpot_p95_ms": q95("llmfleet_router_tpot_seconds", rp),
         "ttft_p95_ms_engine": q95("vllm:time_to_first_token_seconds", v),
@@ -133,6 +138,8 @@ def assemble(
         kv_utilization=v.get("kv_utilization"),
         prefix_hit_rate=hit,
         degraded_fraction=v.get("degraded_fraction"),
+        error_rate=v.get("error_rate"),
+        held_requests=v.get("held_requests"),
         prefill_tokens_per_s=prefill,
         decode_tokens_per_s=v.get("decode_tokens_per_s"),
         stale=stale,
@@ -275,6 +282,8 @@ def values_from_scrapes(
     total = _rate(router_prev, router_cur, "llmfleet_router_requests_total", dt)
     arrival = total if pool.role == "primary" else _rate(router_prev, router_cur, "llmfleet_router_requests_total", dt, pm)
     degraded = _rate(router_prev, router_cur, "llmfleet_router_requests_total", dt, {"degraded": "true"})
+    tries = _rate(router_prev, router_cur, "llmfleet_router_upstream_attempts_total", dt, pm)
+    failed = _rate(router_prev, router_cur, "llmfleet_router_upstream_attempts_total", dt, {**pm, "outcome": "error"})
 
     def p95(metric: str, prev: Mapping[Sample, float], cur: Mapping[Sample, float],
             match: Mapping[str, str] | None) -> float | None:
@@ -295,6 +304,8 @@ def values_from_scrapes(
     return {
         "arrival_rate": arrival,
         "degraded_fraction": (degraded or 0.0) / total if total else None,
+        "error_rate": (failed or 0.0) / tries if tries else None,
+        "held_requests": _sum(router_cur, "llmfleet_router_held_requests", pm),
         "ttft_p95_ms": p95("llmfleet_router_ttft_seconds", router_prev, router_cur, pm),
         "tpot_p95_ms": p95("llmfleet_router_tpot_seconds", router_prev, router_cur, pm),
         "ttft_p95_ms_engine": p95("vllm:time_to_first_token_seconds", replicas_prev, replicas_cur, None),
@@ -387,20 +398,30 @@ def _merge(snaps: Mapping[str, Mapping[Sample, float]]) -> dict[Sample, float]:
     return out
 
 
+def _rounded(values: dict[str, float | None]) -> dict[str, Any]:
+    return {k: round(v, 4) for k, v in values.items() if v is not None}
+
+
 def live_metrics(signals: Sequence[PoolSignals], now_iso: str) -> dict[str, Any] | None:
-    """status.metrics (LiveMetrics, camelCase) from the primary pool's signals; None without a primary.
+    """status.metrics (LiveMetrics, camelCase) from the primary pool's signals, plus every pool's own latency
+    and error rate under `pools`; None without a primary.
 
     The service's qps is the primary's arrival rate (the router's whole demand, degraded requests included).
-    The promotion rollback (operator and local runtime) reads these fields, and `kubectl get lis -o wide` shows TTFT p95.
+    The promotion rollback (operator and local runtime) reads the promoted pool's entry, and
+    `kubectl get lis -o wide` shows TTFT p95.
     """
     primary = next((s for s in signals if s.role == "primary"), None)
     if primary is None:
         return None
-    values = {
-        "ttftP95Ms": primary.ttft_p95_ms, "tpotP95Ms": primary.tpot_p95_ms,
+    out: dict[str, Any] = _rounded({
+        "ttftP95Ms": primary.ttft_p95_ms, "tpotP95Ms": primary.tpot_p95_ms, "errorRate": primary.error_rate,
         "prefixCacheHitRate": primary.prefix_hit_rate, "kvCacheUtilization": primary.kv_utilization,
         "qps": primary.arrival_rate, "degradedFraction": primary.degraded_fraction,
-    }
-    out: dict[str, Any] = {k: round(v, 4) for k, v in values.items() if v is not None}
+    })
     out.update(stale=primary.stale, updatedAt=now_iso)
+    out["pools"] = [
+        {"name": s.pool, **_rounded({"ttftP95Ms": s.ttft_p95_ms, "tpotP95Ms": s.tpot_p95_ms, "errorRate": s.error_rate,
+                                     "qps": s.arrival_rate}), "stale": s.stale}
+        for s in signals
+    ]
     return out

@@ -34,6 +34,7 @@ RESOURCES: dict[tuple[str, str], tuple[str, bool]] = {
     ("batch/v1", "Job"): ("jobs", True),
     ("batch/v1", "CronJob"): ("cronjobs", True),
     ("policy/v1", "PodDisruptionBudget"): ("poddisruptionbudgets", True),
+    ("networking.k8s.io/v1", "NetworkPolicy"): ("networkpolicies", True),
     ("rbac.authorization.k8s.io/v1", "Role"): ("roles", True),
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): ("rolebindings", True),
     ("scheduling.x-k8s.io/v1alpha1", "PodGroup"): ("podgroups", True),

@@ -188,8 +188,9 @@ class PromotionFollower:
         promo = self.promotion
         if promo is None or promo.state != "RollingOut" or promo.pool not in self.sup.pools:
             return
-        state, message = rollout_state(promo, self.sup.isvc.spec.slo.ttft_p95_ms, self.metrics,
-                                       self.progress(promo.pool))
+        slo = self.sup.isvc.spec.slo
+        state, message = rollout_state(promo, slo.ttft_p95_ms, self.metrics, self.progress(promo.pool),
+                                       slo_tpot_ms=slo.tpot_p95_ms)
         if (state, message) == (promo.state, promo.message):
             return
         promo.state, promo.message = state, message

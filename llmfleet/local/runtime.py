@@ -115,6 +115,7 @@ class Supervisor:
         self.router: subprocess.Popen[bytes] | None = None
         self.router_restarts = 0
         self.autoscaler_restarts = 0  # kept by the foreground loop, which runs the autoscaler as a task
+        self.router_ready = False
         # Prometheus when its binary is installed (None = auto); the dashboard and autoscaler scrape directly.
         self.prometheus_bin = shutil.which("prometheus") if prometheus in (None, True) else None
         self.prometheus: subprocess.Popen[bytes] | None = None
@@ -164,8 +165,8 @@ class Supervisor:
         tmp.replace(self.run_dir / STATE_FILE)
 
     def is_ready(self) -> bool:
-        """Router up and every pool that wants replicas has at least one ready."""
-        if self.router is None or self.router.poll() is not None:
+        """Router answering /health and every pool that wants replicas has at least one ready."""
+        if self.router is None or self.router.poll() is not None or not self.router_ready:
             return False
         return all(any(r.ready for r in self.slots[p]) for p, n in self.desired.items() if n > 0)
 
@@ -353,7 +354,12 @@ class Supervisor:
                     r.ready = (await client.get(r.url + "/health")).status_code == 200
                 except httpx.HTTPError:
                     r.ready = False
-            await asyncio.gather(*(check(r) for r in self.replicas()))
+            async def check_router() -> None:
+                try:  # 200 once it listens and can take requests (a pool routable, or scaling from zero)
+                    self.router_ready = (await client.get(self.url + "/health")).status_code == 200
+                except httpx.HTTPError:
+                    self.router_ready = False
+            await asyncio.gather(check_router(), *(check(r) for r in self.replicas()))
 
     async def stop(self, grace_s: float | None = None) -> None:
         """Drain every replica (SIGTERM: the wrapper finishes in-flight requests), then the router."""

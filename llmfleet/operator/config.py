@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -10,11 +11,20 @@ from typing import Any
 
 import yaml
 
+from llmfleet.api.contracts import APP_COMPONENT_LABEL, APP_NAME_LABEL
+
 DEFAULT_ROUTER_IMAGE = "ghcr.io/llmfleet/llmfleet:0.1.0"
 DEFAULT_SERVE_IMAGE = "ghcr.io/llmfleet/llmfleet-serve:0.1.0"
 DEFAULT_TRAIN_IMAGE = "ghcr.io/llmfleet/llmfleet-train:0.1.0"
 # How the operator reaches rank 0's /status: {pod} {service} {namespace} {port} {name} are filled in.
 DEFAULT_STATUS_URL = "http://{pod}.{service}.{namespace}.svc:{port}/status"
+# Who besides the router may reach replica pods (NetworkPolicy peers): the operator itself (drain checks and
+# the autoscaler's direct scrapes: the chart's operator pod labels) and Prometheus (the Prometheus Operator's
+# pod label), in any namespace. The chart sets LLMFLEET_REPLICA_INGRESS_FROM (a JSON list of peers).
+DEFAULT_REPLICA_INGRESS_FROM: tuple[dict[str, Any], ...] = (
+    {"namespaceSelector": {}, "podSelector": {"matchLabels": {APP_NAME_LABEL: "llmfleet", APP_COMPONENT_LABEL: "operator"}}},
+    {"namespaceSelector": {}, "podSelector": {"matchLabels": {APP_NAME_LABEL: "prometheus"}}},
+)
 
 
 def _env_float(name: str, default: float) -> float:
@@ -52,6 +62,8 @@ class OperatorConfig:
     # Cluster-wide defaults for InferenceService spec sections (Helm `defaults:`), filled in under the CR's
     # own values: {"router": {...}, "autoscaling": {...}}.
     spec_defaults: Mapping[str, Any] = field(default_factory=dict)
+    # NetworkPolicy peers admitted to replica pods besides the service's own router.
+    replica_ingress_from: tuple[dict[str, Any], ...] = DEFAULT_REPLICA_INGRESS_FROM
 
     @classmethod
     def from_env(cls, capabilities: Capabilities | None = None) -> OperatorConfig:
@@ -67,7 +79,21 @@ class OperatorConfig:
             gang_scheduler_name=env.get("LLMFLEET_GANG_SCHEDULER") or "scheduler-plugins-scheduler",
             capabilities=capabilities or Capabilities(),
             spec_defaults=load_spec_defaults(env.get("LLMFLEET_DEFAULTS_FILE")),
+            replica_ingress_from=load_peers(env.get("LLMFLEET_REPLICA_INGRESS_FROM")),
         )
+
+
+def load_peers(raw: str | None) -> tuple[dict[str, Any], ...]:
+    """NetworkPolicy peers from JSON (a list of objects); unset or empty = the defaults."""
+    if not raw:
+        return DEFAULT_REPLICA_INGRESS_FROM
+    try:
+        peers = json.loads(raw)
+    except ValueError as err:
+        raise ValueError(f"LLMFLEET_REPLICA_INGRESS_FROM: not JSON: {err}") from None
+    if not isinstance(peers, list) or not all(isinstance(p, dict) for p in peers):
+        raise ValueError("LLMFLEET_REPLICA_INGRESS_FROM: expected a JSON list of NetworkPolicy peers")
+    return tuple(peers)
 
 
 # Sections of InferenceService.spec that cluster-wide defaults may fill.

@@ -7,6 +7,11 @@ pass; on degradation it writes the previous model back (rollback). Both sides em
 
 The local runtime (`llmfleet train` + `llmfleet up`, llmfleet.local.promote) runs the same functions:
 `start_promotion`, `pool_model_patch` and `rollout_state`, with its own replicas as the RolloutProgress.
+
+Degradation is judged on the promoted pool's own metrics (status.metrics.pools[<pool>], written by the
+autoscaler from the router's per-pool series): its TTFT or TPOT p95 over the service's SLO when it met the SLO
+before, or its error rate (the router's failed tries on that pool's replicas) above the baseline plus
+ERROR_RATE_MARGIN.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ class Promotion:
     state: PromotionState = "RollingOut"
     started_at: str = ""
     baseline_ttft_ms: float | None = None
+    baseline_tpot_ms: float | None = None
     baseline_error_rate: float | None = None
     message: str = ""
 
@@ -65,36 +71,60 @@ class RolloutProgress:
     failed: str | None = None  # why the rollout cannot finish, when it cannot
 
 
+def pool_metrics(metrics: dict[str, Any] | None, pool: str) -> dict[str, Any] | None:
+    """The pool's entry of status.metrics.pools; for the primary, the top-level fields when no entry exists
+    (status written before per-pool metrics). None when nothing was measured for the pool."""
+    if not metrics:
+        return None
+    for entry in metrics.get("pools") or []:
+        if isinstance(entry, dict) and entry.get("name") == pool:
+            return entry
+    return metrics if pool == "primary" and "pools" not in metrics else None
+
+
+def _over_slo(value: float | None, slo: float, baseline: float | None) -> bool:
+    """Over the objective now while it met it before (or nothing was known): the new model is to blame."""
+    return value is not None and value > slo and (baseline is None or baseline <= slo)
+
+
 def start_promotion(training_job: str, pool: str, model: str, previous: str, metrics: dict[str, Any] | None,
                     now: str) -> Promotion:
-    """A new rollout of `model` into `pool`, with the live metrics (status.metrics) as the rollback baseline."""
-    fresh = bool(metrics) and not (metrics or {}).get("stale", True)
+    """A new rollout of `model` into `pool`; the rollback baseline is the target pool's own live metrics
+    (a student pool's, not the primary's) from status.metrics."""
+    pm = pool_metrics(metrics, pool) or {}
+    fresh = bool(pm) and not pm.get("stale", True)
     return Promotion(
         training_job=training_job,
         pool=pool,
         model=model,
         previous=previous,
         started_at=now,
-        baseline_ttft_ms=_num((metrics or {}).get("ttftP95Ms")) if fresh else None,
-        baseline_error_rate=_num((metrics or {}).get("errorRate")) if fresh else None,
+        baseline_ttft_ms=_num(pm.get("ttftP95Ms")) if fresh else None,
+        baseline_tpot_ms=_num(pm.get("tpotP95Ms")) if fresh else None,
+        baseline_error_rate=_num(pm.get("errorRate")) if fresh else None,
         message=f"rolling {model} out to pool {pool} one replica at a time",
     )
 
 
 def rollout_state(
-    promo: Promotion, slo_ttft_ms: float, metrics: dict[str, Any] | None, progress: RolloutProgress | None
+    promo: Promotion, slo_ttft_ms: float, metrics: dict[str, Any] | None, progress: RolloutProgress | None,
+    slo_tpot_ms: float | None = None,
 ) -> tuple[PromotionState, str]:
-    """Next state of a rollout: roll back on an SLO or error regression, succeed once every replica is updated."""
+    """Next state of a rollout: roll back on an SLO or error regression of the promoted pool, succeed once every
+    replica is updated."""
     if promo.state != "RollingOut":
         return promo.state, promo.message
-    if metrics and not metrics.get("stale", True):
-        ttft = _num(metrics.get("ttftP95Ms"))
-        errors = _num(metrics.get("errorRate"))
-        base_ttft = promo.baseline_ttft_ms
-        if ttft is not None and ttft > slo_ttft_ms and (base_ttft is None or base_ttft <= slo_ttft_ms):
-            return "RolledBack", f"TTFT p95 {ttft:.0f} ms exceeds the SLO {slo_ttft_ms:.0f} ms during the rollout"
+    pm = pool_metrics(metrics, promo.pool)
+    if pm and not pm.get("stale", True):
+        ttft, tpot, errors = _num(pm.get("ttftP95Ms")), _num(pm.get("tpotP95Ms")), _num(pm.get("errorRate"))
+        where = f"pool {promo.pool}"
+        if _over_slo(ttft, slo_ttft_ms, promo.baseline_ttft_ms):
+            return "RolledBack", f"{where}: TTFT p95 {ttft:.0f} ms exceeds the SLO {slo_ttft_ms:.0f} ms during the rollout"
+        if slo_tpot_ms is not None and _over_slo(tpot, slo_tpot_ms, promo.baseline_tpot_ms):
+            return "RolledBack", f"{where}: TPOT p95 {tpot:.0f} ms exceeds the SLO {slo_tpot_ms:.0f} ms during the rollout"
         if errors is not None and errors > (promo.baseline_error_rate or 0.0) + ERROR_RATE_MARGIN:
-            return "RolledBack", f"error rate {errors:.1%} rose above the baseline {promo.baseline_error_rate or 0:.1%}"
+            return "RolledBack", (f"{where}: error rate {errors:.1%} rose above the baseline "
+                                  f"{promo.baseline_error_rate or 0:.1%}")
     if progress is None:
         return "RollingOut", "waiting for the pool's replicas"
     if progress.failed:
@@ -127,10 +157,11 @@ def deployment_progress(promo: Promotion, deployment: dict[str, Any] | None) -> 
 
 
 def evaluate(
-    promo: Promotion, slo_ttft_ms: float, metrics: dict[str, Any] | None, deployment: dict[str, Any] | None
+    promo: Promotion, slo_ttft_ms: float, metrics: dict[str, Any] | None, deployment: dict[str, Any] | None,
+    slo_tpot_ms: float | None = None,
 ) -> tuple[PromotionState, str]:
     """Next state of a rollout from live metrics (status.metrics) and the pool Deployment's status."""
-    return rollout_state(promo, slo_ttft_ms, metrics, deployment_progress(promo, deployment))
+    return rollout_state(promo, slo_ttft_ms, metrics, deployment_progress(promo, deployment), slo_tpot_ms)
 
 
 def pool_model_patch(body: dict[str, Any], pool: str, model_path: str) -> dict[str, Any] | None:

@@ -38,6 +38,7 @@ OPERATOR_RULES: list[dict[str, Any]] = [
     {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": _WATCHED_CHILD_VERBS},
     {"apiGroups": ["batch"], "resources": ["cronjobs"], "verbs": _CHILD_VERBS},
     {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": _CHILD_VERBS},
+    {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": _CHILD_VERBS},
     {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles", "rolebindings"], "verbs": _CHILD_VERBS},
     {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]},
     {"apiGroups": ["scheduling.x-k8s.io"], "resources": ["podgroups"], "verbs": _CHILD_VERBS},

@@ -31,7 +31,8 @@ from llmfleet.operator.status import (
 )
 
 # Kinds whose stale instances (e.g. of a removed student pool) are deleted after a spec change.
-PRUNED_KINDS = (("apps/v1", "Deployment"), ("v1", "Service"), ("policy/v1", "PodDisruptionBudget"))
+PRUNED_KINDS = (("apps/v1", "Deployment"), ("v1", "Service"), ("policy/v1", "PodDisruptionBudget"),
+                ("networking.k8s.io/v1", "NetworkPolicy"))
 
 
 class ReconcileError(Exception):
@@ -148,7 +149,8 @@ async def reconcile_inferenceservice(
     promo = from_annotations(meta.get("annotations"))
     if promo is not None and promo.state == "RollingOut":
         pool_dep = by_name.get(("Deployment", pool_name(isvc, promo.pool)))
-        state, message = evaluate(promo, isvc.spec.slo.ttft_p95_ms, old_status.get("metrics"), pool_dep)
+        state, message = evaluate(promo, isvc.spec.slo.ttft_p95_ms, old_status.get("metrics"), pool_dep,
+                                  slo_tpot_ms=isvc.spec.slo.tpot_p95_ms)
         if state != "RollingOut" or message != promo.message:
             promo.state, promo.message = state, message
             patch: dict[str, Any] = {"metadata": {"annotations": {PROMOTION_ANNOTATION: promo.to_annotation()}}}

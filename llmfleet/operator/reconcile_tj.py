@@ -105,6 +105,7 @@ async def _promote(
     previous = pool_model(isvc, target.pool)
     if previous is None:
         return {**base, "state": "Pending", "message": f"InferenceService has no pool {target.pool!r}"}
+    # The baseline is the target pool's own metrics (a student pool's, not the primary's): start_promotion.
     metrics = (isvc.get("status") or {}).get("metrics") or {}
     promo = start_promotion(tj.metadata.name, target.pool, output.path, previous, metrics, now)
     patch = pool_model_patch(isvc, target.pool, output.path) or {}
@@ -185,7 +186,7 @@ async def _apply(
     generation: int | None, now: str, attempt: int, job_created: bool, job_only: bool = False,
 ) -> list[dict[str, Any]]:
     started = time.thread_time()
-    manifests = build_trainingjob(tj, config, attempt, old.get("lastCheckpoint"), job_created=job_created)
+    manifests = build_trainingjob(tj, config, attempt, job_created=job_created)
     if job_only:
         manifests = manifests[-1:]
     out.compute_seconds += time.thread_time() - started

@@ -41,11 +41,13 @@ class Accounting:
     the request log."""
 
     def __init__(self, metrics: RouterMetrics, policy: FallbackPolicy | None = None,
-                 request_log: RequestLog | None = None, primary_pools: Collection[str] = ()) -> None:
+                 request_log: RequestLog | None = None, primary_pools: Collection[str] = (),
+                 replica_pools: Collection[str] = ()) -> None:
         self.metrics = metrics
         self.policy = policy
         self.request_log = request_log
         self.primary_pools = frozenset(primary_pools)
+        self.replica_pools = frozenset(replica_pools)  # pools of replicas (not the feature store's answers)
 
     def finish(self, ctx: RequestContext, status: int, input_tokens: int, output_tokens: int, ttft: float | None,
                tpot: float | None, e2e: float) -> None:
@@ -53,6 +55,8 @@ class Accounting:
         m = self.metrics
         pool, model = ctx.pool, ctx.parsed.model
         m.child(m.requests, pool, model, ctx.parsed.endpoint, str(status), "true" if ctx.degraded else "false").inc()
+        if pool in self.replica_pools:  # a replica answered (502: its stream broke mid-response): the error rate
+            m.child(m.upstream_attempts, pool, "error" if status >= 500 else "ok").inc()
         if status < 400:
             h = m.latency_children(pool, model)
             h.e2e.observe(e2e)

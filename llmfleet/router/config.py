@@ -26,6 +26,10 @@ ROUTER_CONFIG_KEY = "router.yaml"
 ROUTER_CONFIG_DIR = "/etc/llmfleet"
 TENANTS_DIR = f"{ROUTER_CONFIG_DIR}/tenants"
 TENANTS_MOUNT_PATH = f"{TENANTS_DIR}/tenants.yaml"
+# Environment variable of the router pods that holds the replicas' API key (from spec.router.upstreamKeySecret),
+# and that Secret's data key.
+UPSTREAM_API_KEY_ENV = "LLMFLEET_UPSTREAM_API_KEY"
+UPSTREAM_KEY_SECRET_KEY = "apiKey"
 # What the router reads of a model folder (tokenizer, chat template, shape for the KV tiers): on Kubernetes it
 # fetches only these files, never the weights.
 ROUTER_MODEL_FILES = (
@@ -89,6 +93,11 @@ class PoolConfig(_Model):
     tensor_parallel_size: int = Field(default=1, ge=1, description="GPUs per replica (sizes KV bytes per block).")
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         default="auto", description="The engine's model dtype; the KV dtype when its cache dtype is auto.",
+    )
+    scales_from_zero: bool = Field(
+        default=False,
+        description="The pool may have no replica (minReplicas 0): requests for it are held while the autoscaler "
+        "starts one (limits.holdTimeoutSeconds) instead of answered 503.",
     )
     kv_events_port: int | None = Field(
         default=None, ge=1, le=65535,
@@ -161,6 +170,13 @@ class LimitsConfig(_Model):
     scrape_timeout_seconds: float = Field(default=0.5, gt=0, description="Timeout of one scrape or health check.")
     stale_after_seconds: float = Field(default=3.0, gt=0, description="Scraped load older than this is stale.")
     health_failures_to_down: int = Field(default=2, ge=1, description="Consecutive failed checks that mark a replica down.")
+    max_held_requests: int = Field(
+        default=1000, ge=0, description="Requests held at once for pools scaling from zero; more get 503 + Retry-After.",
+    )
+    hold_timeout_seconds: float | None = Field(
+        default=None, gt=0,
+        description="Deadline of a held request (scale from zero) before 503; requestTimeoutSeconds when unset.",
+    )
 
 
 class TenantConfig(_Model):
@@ -181,6 +197,11 @@ class TenantsConfig(_Model):
     tenants: list[TenantConfig] = Field(default_factory=list, description="Inline tenants.")
     require_api_key: bool = Field(default=False, description="Reject requests without a known key (401).")
     default_tenant: str = Field(default="default", description="Tenant of requests without a key when keys are optional.")
+    limit_share: float = Field(
+        default=1.0, gt=0, le=1,
+        description="Fraction of every tenant's requestsPerSecond and burst this router enforces: 1/N for N router "
+        "replicas behind one Service (set by the operator), so together they allow the tenant's limit.",
+    )
 
 
 class RouterConfig(_Model):
@@ -204,6 +225,11 @@ class RouterConfig(_Model):
     limits: LimitsConfig = Field(default_factory=LimitsConfig, description="Timeouts and sizes.")
     tenants: TenantsConfig = Field(default_factory=TenantsConfig, description="API keys and rate limits.")
     request_log: str | None = Field(default=None, description="JSONL request log path (DEVELOPERS.md format).")
+    upstream_api_key_env: str | None = Field(
+        default=None,
+        description="Environment variable holding the key the replicas require: sent upstream as a Bearer token "
+        "(clients' own Authorization headers never are).",
+    )
     log_prompts: bool = Field(default=True, description="Include prompt text in the request log.")
     seed: int = Field(default=0, description="Picker RNG seed (deterministic tie breaks).")
 
@@ -294,6 +320,7 @@ def router_config_from_service(
                 tensor_parallel_size=view.vllm.tensor_parallel_size,
                 dtype=view.model.dtype,
                 kv_events_port=kv_events_port,
+                scales_from_zero=view.min_replicas == 0,
                 adapters=[AdapterConfig(name=a.name, path=a.engine_path) for a in spec.adapters] if primary_lora else [],
                 adapter_slots=lora.slots if primary_lora and lora is not None else 0,
                 endpoints=static,
@@ -332,5 +359,7 @@ def router_config_from_service(
             secret_name=spec.router.api_keys_secret,
             file=TENANTS_MOUNT_PATH if spec.router.api_keys_secret else None,
             require_api_key=spec.router.api_keys_secret is not None,
+            limit_share=1.0 / spec.router.replicas,
         ),
+        upstream_api_key_env=UPSTREAM_API_KEY_ENV if spec.router.upstream_key_secret else None,
     )

@@ -38,6 +38,7 @@ class FakeBackend:
     requests: list[dict[str, Any]] = field(default_factory=list)
     cancelled: int = 0
     record: bool = True
+    api_key: str | None = None  # like vLLM's --api-key: /v1 requests without `Bearer <key>` get 401
     # LoRA (vLLM's runtime adapter endpoints): loaded adapter name -> path, every load call, the load time, and
     # paths whose load fails (404, as vLLM answers for a missing adapter folder)
     adapters: dict[str, str] = field(default_factory=dict)
@@ -48,7 +49,7 @@ class FakeBackend:
     _runner: web.AppRunner | None = None
 
     def app(self) -> web.Application:
-        app = web.Application()
+        app = web.Application(middlewares=[self._require_key])
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_get("/health", self._health)
@@ -87,6 +88,15 @@ class FakeBackend:
             base = name.removesuffix("_total")
             lines += [f"# TYPE {base} {kind}", f'{name}{{model_name="{self.name}"}} {value}']
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+
+    @web.middleware
+    async def _require_key(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """vLLM's --api-key: every /v1 path needs `Bearer <key>`; /health and /metrics stay open."""
+        if (self.api_key is not None and request.path.startswith("/v1")
+                and request.headers.get("Authorization") != f"Bearer {self.api_key}"):
+            return web.json_response({"error": "Unauthorized"}, status=401)
+        response: web.StreamResponse = await handler(request)
+        return response
 
     async def _models(self, request: web.Request) -> web.Response:
         cards = [{"id": self.name, "object": "model", "root": self.name, "parent": None}]

@@ -1,7 +1,10 @@
 """Student-pool fallback: a pure, deterministic policy (time is passed in) shared with the simulator.
 
 Per request `FallbackPolicy.decide` picks the primary pool or a student pool from:
-  * availability: no routable primary replica -> a student pool (not capped: better than a 503);
+  * availability: no routable primary replica -> a student pool (not capped: better than a 503), unless the
+    primary scales from zero (minReplicas 0): then the rules below decide, and a request they keep on the
+    primary waits for its cold start (llmfleet.router.held). With `maxQueueDelayMs` set, the predicted delay
+    of a pool at zero is infinite, so requests go to a student up to the tenant's cap;
   * explicit model: a client asking for a student's served name simply gets that pool (not degraded);
   * request class in `sheddable_classes` -> a student (not capped);
   * prompt longer than `long_context_tokens` -> a student (capped);
@@ -30,6 +33,7 @@ class PoolSignals:
     waiting: float = 0.0  # requests queued at the pool's replicas (sum)
     running: float = 0.0  # requests running at the pool's replicas (sum)
     mean_e2e_ms: float | None = None  # recent mean end-to-end latency of the pool
+    scales_from_zero: bool = False  # no routable replica means a cold start, not an outage
 
 
 @dataclass
@@ -141,16 +145,17 @@ class FallbackPolicy:
         student = next((s for s in students if s.routable_replicas > 0), None)
         if not self.cfg.enabled or student is None:
             return FallbackDecision(primary.name, False, "primary")
-        if primary.routable_replicas == 0:
+        if primary.routable_replicas == 0 and not primary.scales_from_zero:
             return FallbackDecision(student.name, True, "unavailable")
         if request_class is not None and request_class in self.cfg.sheddable_classes:
             return FallbackDecision(student.name, True, "sheddable")
         why = self._capped_reason(now, primary, input_tokens)
         if why is None:
-            return FallbackDecision(primary.name, False, "primary")
+            # At zero replicas of a pool that scales from zero: the router holds the request for the cold start.
+            return FallbackDecision(primary.name, False, "cold-start" if primary.routable_replicas == 0 else "primary")
         cap = self.tenant_caps.get(tenant, self.cfg.max_degraded_fraction)
         if cap <= 0 or self.tenants.fraction_if_degraded(tenant, now) > cap:
-            return FallbackDecision(primary.name, False, f"capped:{why}")
+            return FallbackDecision(primary.name, False, f"capped:{why}")  # at zero replicas: held
         return FallbackDecision(student.name, True, why)
 
     def _capped_reason(self, now: float, primary: PoolSignals, input_tokens: int) -> str | None:

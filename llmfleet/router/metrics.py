@@ -53,6 +53,15 @@ class RouterMetrics:
         self.fallbacks = Counter("llmfleet_router_fallbacks", "Requests sent to a student pool.", ["pool", "reason"],
                                  registry=r)
         self.degraded = Counter("llmfleet_router_degraded_requests", "Requests served degraded.", ["tenant"], registry=r)
+        # The promotion rollback's error rate: error / all, per pool. Every try counts, retried ones included, so
+        # one failing replica among healthy ones shows although the retries hide it from clients.
+        self.upstream_attempts = Counter(
+            "llmfleet_router_upstream_attempts",
+            "Requests sent to a replica, by outcome: ok, error (HTTP 5xx, connection failure, timeout, broken "
+            "stream) or overloaded (HTTP 429).", ["pool", "outcome"], registry=r)
+        self.held_requests = Gauge("llmfleet_router_held_requests",
+                                   "Requests waiting for a pool at zero replicas to get one (scale from zero).",
+                                   ["pool"], registry=r)
         self.retries = Counter("llmfleet_router_retries", "Retries on another replica before the first byte.",
                                ["pool"], registry=r)
         self.lookups = Counter("llmfleet_router_lookups", "Feature-store lookups.", ["result"], registry=r)

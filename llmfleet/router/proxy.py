@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import re
 import time
 from collections.abc import Callable
@@ -14,7 +15,7 @@ import aiohttp
 from aiohttp import web
 
 from llmfleet.router.accounting import Accounting, RequestContext
-from llmfleet.router.config import LimitsConfig, SLOConfig
+from llmfleet.router.config import LimitsConfig, RouterConfig, SLOConfig
 from llmfleet.router.dispatch import on_done, on_first_byte
 from llmfleet.router.plugins.base import ReplicaState
 from llmfleet.router.upstream_client import UpstreamClient, UpstreamError, UpstreamResponse, UpstreamTimeout
@@ -25,12 +26,24 @@ _PROMPT_USAGE = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
 _JSON_HEADER = b"Content-Type: application/json\r\n"
 
 
-class UpstreamFailed(Exception):
-    """The replica failed before anything reached the client: safe to retry elsewhere."""
+def upstream_api_key(cfg: RouterConfig) -> str | None:
+    """The replicas' key from the environment variable the config names; a clear error when it is missing."""
+    if cfg.upstream_api_key_env is None:
+        return None
+    key = os.environ.get(cfg.upstream_api_key_env, "").strip()
+    if not key:
+        raise ValueError(f"upstreamApiKeyEnv: environment variable {cfg.upstream_api_key_env} is unset or empty")
+    return key
 
-    def __init__(self, message: str, mark_down: bool) -> None:
+
+class UpstreamFailed(Exception):
+    """The replica failed before anything reached the client: safe to retry elsewhere. `overloaded` (HTTP 429)
+    is back-pressure, not a failure of the replica: the pool's error rate leaves it out."""
+
+    def __init__(self, message: str, mark_down: bool, overloaded: bool = False) -> None:
         super().__init__(message)
         self.mark_down = mark_down
+        self.overloaded = overloaded
 
 
 def first_byte_timeout(limits: LimitsConfig, slo: SLOConfig) -> float:
@@ -41,12 +54,16 @@ def first_byte_timeout(limits: LimitsConfig, slo: SLOConfig) -> float:
 
 
 class Upstream:
-    def __init__(self, limits: LimitsConfig, slo: SLOConfig) -> None:
+    def __init__(self, limits: LimitsConfig, slo: SLOConfig, api_key: str | None = None) -> None:
         self.limits = limits
+        # The replicas' key (spec.router.upstreamKeySecret) on every proxied request.
+        self.headers = _JSON_HEADER + (b"authorization: Bearer " + api_key.encode() + b"\r\n" if api_key else b"")
         self.first_byte = min(first_byte_timeout(limits, slo), limits.request_timeout_seconds)
         # aiohttp for health checks and /metrics scraping; the lean client for the proxied requests.
         conn = aiohttp.TCPConnector(limit=0, ttl_dns_cache=60, keepalive_timeout=30)
-        self.session = aiohttp.ClientSession(connector=conn, auto_decompress=False)
+        # The key also rides on this session's calls: health checks, scrapes, LoRA adapter loads (/v1: guarded).
+        auth = {"Authorization": f"Bearer {api_key}"} if api_key else None
+        self.session = aiohttp.ClientSession(connector=conn, auto_decompress=False, headers=auth)
         # Idle connections are dropped after 4 s, before uvicorn's (vLLM's server) default 5 s keep-alive closes
         # them under us; the client still retries once when that race happens.
         self.client = UpstreamClient(limits.connect_timeout_seconds, keepalive=4.0)
@@ -63,7 +80,7 @@ class Upstream:
         Metrics of a non-streaming response are recorded after it is written (not before)."""
         parsed = ctx.parsed
         path = "/v1/chat/completions" if parsed.endpoint == "chat" else "/v1/completions"
-        up_headers = _JSON_HEADER
+        up_headers = self.headers
         rid = ctx.request.headers.get("x-request-id")
         if rid and rid.isprintable():
             up_headers += b"x-request-id: " + rid.encode("utf-8") + b"\r\n"
@@ -84,7 +101,7 @@ class Upstream:
                     text = (await resp.read())[:300].decode(errors="replace")
                 except UpstreamError as e:
                     text = f"(body unreadable: {e})"
-                raise UpstreamFailed(f"HTTP {resp.status}: {text}", mark_down=False)
+                raise UpstreamFailed(f"HTTP {resp.status}: {text}", mark_down=False, overloaded=resp.status == 429)
             out_headers = {**ctx.headers, "x-llmfleet-replica": replica.id,
                            "Content-Type": resp.content_type or "application/json"}
             if parsed.stream and resp.status == 200:

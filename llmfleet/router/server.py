@@ -29,12 +29,13 @@ from llmfleet.router.adapters import AdapterLoader, AdapterLoadFailed, ConfigFil
 from llmfleet.router.chat_template import ChatTemplate
 from llmfleet.router.config import RouterConfig
 from llmfleet.router.fallback import FallbackPolicy, PoolSignals
+from llmfleet.router.held import HeldRequests, HoldRejected
 from llmfleet.router.kv_events import KVEventSubscribers
 from llmfleet.router.metrics import RouterMetrics
 from llmfleet.router.plugins import build_pipeline
 from llmfleet.router.plugins.base import Pipeline, ReplicaState, RequestInfo
 from llmfleet.router.prefix_index import PrefixIndex, PromptBlocks, load_tokenizer
-from llmfleet.router.proxy import Upstream, UpstreamFailed
+from llmfleet.router.proxy import Upstream, UpstreamFailed, upstream_api_key
 from llmfleet.router.replicas import PoolReplicas
 from llmfleet.router.request_log import RequestLog
 from llmfleet.router.requests import Endpoint, ParsedRequest, RequestError, decode_json_body, parse_request
@@ -76,9 +77,12 @@ def error_response(status: int, message: str, type_: str = "invalid_request_erro
 class Router:
     def __init__(self, cfg: RouterConfig, lookup: Any | None = None, config_path: str | None = None) -> None:
         self.cfg = cfg
+        self._upstream_key = upstream_api_key(cfg)  # first: a missing key stops the router before it listens
         # re-read for adapter changes (a ConfigMap update, `llmfleet up`)
         self._config_file = ConfigFile(config_path) if config_path else None
         self.metrics = RouterMetrics()
+        self.held = HeldRequests(cfg.limits.max_held_requests,
+                                 gauge=lambda pool: self.metrics.child(self.metrics.held_requests, pool))
         self.tenants = Tenants(cfg.tenants)
         self.policy = FallbackPolicy(cfg.fallback, cfg.slo, self.tenants.caps())
         self._tenants_version = self.tenants.version
@@ -116,7 +120,8 @@ class Router:
         self.use_prefix = use_prefix
         self.request_log = RequestLog(cfg.request_log, cfg.log_prompts) if cfg.request_log else None
         self.accounting = Accounting(self.metrics, self.policy, self.request_log,
-                                     primary_pools=[p.name for p in cfg.pools if p.role == "primary"])
+                                     primary_pools=[p.name for p in cfg.pools if p.role == "primary"],
+                                     replica_pools=[p.name for p in cfg.pools])
         self.upstream: Upstream | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.app = self._build_app()
@@ -140,6 +145,7 @@ class Router:
         app.router.add_get("/health", self._health)
         app.router.add_get("/debug/replicas", self._debug_replicas)
         app.router.add_post("/admin/drain", self._admin_drain)
+        app.router.add_get("/admin/held", self._admin_held)
         app.router.add_route("*", "/{tail:.*}", self._not_found)
         app.on_startup.append(self._on_startup)
         app.on_cleanup.append(self._on_cleanup)
@@ -147,7 +153,7 @@ class Router:
 
     async def _on_startup(self, app: web.Application) -> None:
         lim = self.cfg.limits
-        self.upstream = Upstream(lim, self.cfg.slo)
+        self.upstream = Upstream(lim, self.cfg.slo, self._upstream_key)
         self._tasks.append(asyncio.create_task(self._health_loop()))
         if any(p.replicas.pool.discovery for p in self.pools.values()):
             self._tasks.append(asyncio.create_task(self._discovery_loop()))
@@ -174,6 +180,8 @@ class Router:
             for pool in self.pools.values():
                 await pool.replicas.check_all(upstream.session)
                 self._update_gauges(pool)
+                if pool.replicas.routable():
+                    self.held.replica_ready(pool.name)
                 if pool.kv_events is not None:
                     pool.kv_events.reconcile(list(pool.replicas.replicas))
             await self._reload_adapters()
@@ -245,9 +253,13 @@ class Router:
         return web.Response(body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _health(self, request: web.Request) -> web.Response:
-        primary = self.pools[self.cfg.pools[0].name]
-        ok = bool(primary.replicas.routable()) or any(p.replicas.routable() for p in self.pools.values())
-        return web.json_response({"status": "ok" if ok else "no routable replica"}, status=200 if ok else 503)
+        if any(p.replicas.routable() for p in self.pools.values()):
+            return web.json_response({"status": "ok"})
+        # A pool at zero replicas that scales from zero is not an outage: the router must stay ready (in its
+        # Service) to take the requests that wake the autoscaler, and holds them.
+        if any(p.replicas.pool.scales_from_zero for p in self.pools.values()):
+            return web.json_response({"status": "scaling from zero"})
+        return web.json_response({"status": "no routable replica"}, status=503)
 
     async def _debug_replicas(self, request: web.Request) -> web.Response:
         out = []
@@ -276,6 +288,16 @@ class Router:
         if not any(p.replicas.set_draining(url, draining) for p in self.pools.values()):
             return error_response(404, f"no replica {url}", code="replica_not_found")
         return web.json_response({"replica": url, "draining": draining})
+
+    async def _admin_held(self, request: web.Request) -> web.Response:
+        """Long poll for the autoscaler (llmfleet.router.held): {"held": {pool: n}, "episode": e}."""
+        try:
+            wait = min(max(float(request.query.get("wait", "0")), 0.0), 60.0)
+            since = int(request.query.get("since", "-1"))
+        except ValueError:
+            return error_response(400, "wait (seconds) and since (an episode number) must be numbers")
+        held, episode = await self.held.wait_held(since, wait)
+        return web.json_response({"held": held, "episode": episode})
 
     async def _not_found(self, request: web.Request) -> web.Response:
         known = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/metrics", "/health"}
@@ -344,7 +366,7 @@ class Router:
     def _signals(self, pool: PoolRuntime) -> PoolSignals:
         routable = pool.replicas.routable()
         return PoolSignals(pool.name, len(routable), waiting=sum(r.waiting for r in routable),
-                           running=sum(r.running for r in routable))
+                           running=sum(r.running for r in routable), scales_from_zero=pool.replicas.pool.scales_from_zero)
 
     async def _route_and_proxy(self, ctx: RequestContext, pool_name: str) -> web.StreamResponse:
         m = self.metrics
@@ -368,6 +390,14 @@ class Router:
                 keys, n_tokens = await self._keys(pool, parsed)
                 m.child(m.fallbacks, pool.name, reason).inc()
                 m.child(m.degraded, tenant).inc()
+        if pool.replicas.pool.scales_from_zero and not pool.replicas.routable():
+            try:  # scale from zero: wait for the autoscaler's replica (it is woken through /admin/held)
+                await self.held.wait_for_replica(pool.name, pool.replicas.routable,
+                                                 self.cfg.limits.hold_timeout_seconds or self.cfg.limits.request_timeout_seconds)
+            except HoldRejected as e:
+                m.child(m.requests, pool.name, parsed.model, parsed.endpoint, "503", "true" if degraded else "false").inc()
+                return error_response(503, str(e), "service_unavailable", headers={"Retry-After": f"{e.retry_after_s:.0f}"})
+            t_route = time.perf_counter()
         sh = self.cfg.session_affinity_header
         info = RequestInfo(model=pool.served_name, block_hashes=keys, input_tokens=n_tokens,
                            session_id=request.headers.get(sh) if sh else None, tenant=tenant, stream=parsed.stream,
@@ -413,6 +443,7 @@ class Router:
             try:
                 return await upstream.proxy(ctx, replica, self.accounting, after_send=routed)
             except UpstreamFailed as e:
+                m.child(m.upstream_attempts, pool.name, "overloaded" if e.overloaded else "error").inc()
                 last_error = f"replica {replica.id}: {e}"
                 if e.mark_down:
                     pool.replicas.mark_failed(replica.id)

@@ -108,7 +108,9 @@ class Tenants:
         if tenant.requests_per_second is not None:
             b = self._buckets.get(tenant.name)
             if b is None:
-                b = self._buckets[tenant.name] = TokenBucket.new(tenant.requests_per_second, tenant.burst, now)
+                share = self.cfg.limit_share
+                burst = None if tenant.burst is None else max(1.0, tenant.burst * share)
+                b = self._buckets[tenant.name] = TokenBucket.new(tenant.requests_per_second * share, burst, now)
             if not b.take(now):
                 raise AuthError(429, f"rate limit exceeded for tenant {tenant.name}", b.retry_after())
         return tenant.name

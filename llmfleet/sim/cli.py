@@ -113,16 +113,12 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, help="Random seed (synthetic workload, randomized routers)."),
         out: Path | None = typer.Option(None, help="Folder for result.json and PNG plots."),
     ) -> None:
-        from llmfleet.sim import (
-            PoolSpec,
-            SimConfig,
-            WorkloadError,
-            make_router,
-            oracle_hit_rate,
-            plot,
-            simulate,
-        )
+        from llmfleet.sim.engine import simulate
         from llmfleet.sim.production import make_service, simulate_service
+        from llmfleet.sim.report import oracle_hit_rate, plot
+        from llmfleet.sim.routers import make_router
+        from llmfleet.sim.types import PoolSpec, SimConfig
+        from llmfleet.sim.workload import WorkloadError
 
         timeline = None
         try:
@@ -215,9 +211,10 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         from functools import partial
 
-        from llmfleet.sim import PoolSpec, WorkloadError
         from llmfleet.sim.oracle import hindsight_schedule
         from llmfleet.sim.routers import LlmfleetRouter
+        from llmfleet.sim.types import PoolSpec
+        from llmfleet.sim.workload import WorkloadError
 
         try:
             if start_replicas < 1:

@@ -116,7 +116,9 @@ def test_saturation_signals_from_prometheus_and_scrapes() -> None:
 
 
 def test_the_simulator_reports_token_level_work_and_the_interval_queue() -> None:
-    from llmfleet.sim import PoolSpec, Request, SimConfig, Workload, simulate
+    from llmfleet.sim.engine import simulate
+    from llmfleet.sim.types import PoolSpec, SimConfig
+    from llmfleet.sim.workload import Request, Workload
 
     seen: list[PoolSignals] = []
 

@@ -140,6 +140,9 @@ def test_build_queries_select_pool_and_service() -> None:
     assert 'vllm[:_]num_requests_waiting' in q["queue_depth"] and 'llmfleet_io_pool="small"' in q["queue_depth"]
     primary = build_queries("chat", "ml", "primary", "primary", Selectors(), "1m")
     assert 'pool="primary"' not in primary["arrival_rate"]  # the primary is sized for the whole service
+    # The error rate is the pool's own, for the primary too.
+    assert 'pool="primary",outcome="error"' in primary["error_rate"]
+    assert 'llmfleet_router_upstream_attempts_total{llmfleet_io_inferenceservice="chat",pool="small"}' in q["error_rate"]
 
 
 def test_values_from_two_scrapes_and_staleness() -> None:
@@ -152,7 +155,12 @@ def test_values_from_two_scrapes_and_staleness() -> None:
                 f'llmfleet_router_ttft_seconds_bucket{{pool="primary",le="2.0"}} {n}\n'
                 f'llmfleet_router_ttft_seconds_bucket{{pool="primary",le="+Inf"}} {n}\n'
                 f'llmfleet_router_ttft_seconds_count{{pool="primary"}} {n}\n'
-                f'llmfleet_router_ttft_seconds_sum{{pool="primary"}} {n * 0.3}\n')
+                f'llmfleet_router_ttft_seconds_sum{{pool="primary"}} {n * 0.3}\n'
+                '# TYPE llmfleet_router_upstream_attempts counter\n'
+                f'llmfleet_router_upstream_attempts_total{{pool="primary",outcome="ok"}} {n}\n'
+                f'llmfleet_router_upstream_attempts_total{{pool="primary",outcome="error"}} {slow * 3}\n'
+                f'llmfleet_router_upstream_attempts_total{{pool="primary",outcome="overloaded"}} {slow}\n'
+                f'llmfleet_router_upstream_attempts_total{{pool="small",outcome="error"}} {n}\n')
     replica = ('# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 4\n'
                '# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 2\n')
     pool = PoolRef("primary", "primary", 2, 2)
@@ -160,6 +168,7 @@ def test_values_from_two_scrapes_and_staleness() -> None:
                             {}, parse_metrics(replica), 10.0)
     assert v["arrival_rate"] == pytest.approx(11.0)  # (100 + 10) / 10 s, the service's whole demand
     assert v["degraded_fraction"] == pytest.approx(10 / 110)
+    assert v["error_rate"] == pytest.approx(30 / (100 + 30 + 10))  # this pool's failed tries / all its tries
     assert 500 < v["ttft_p95_ms"] <= 2000  # type: ignore[operator]
     assert v["queue_depth"] == 4 and v["running"] == 2
     fresh = assemble(pool, 0.0, {**v, "router_age_s": 1.0, "replica_age_s": 1.0}, stale_after_s=30)
@@ -258,12 +267,17 @@ def test_live_metrics_status_from_the_primary_signals() -> None:
 
     primary = PoolSignals(pool="primary", role="primary", now=0.0, replicas=2, ready_replicas=2, arrival_rate=12.5,
                           ttft_p95_ms=420.0, tpot_p95_ms=31.0, prefix_hit_rate=0.8, kv_utilization=0.4,
-                          degraded_fraction=0.05)
-    student = PoolSignals(pool="student", role="student", now=0.0, replicas=1, ready_replicas=1, ttft_p95_ms=99.0)
+                          degraded_fraction=0.05, error_rate=0.001)
+    student = PoolSignals(pool="student", role="student", now=0.0, replicas=1, ready_replicas=1, ttft_p95_ms=99.0,
+                          error_rate=0.25, arrival_rate=0.6)
     out = live_metrics([student, primary], "2026-11-30T00:00:00Z")
-    assert out == {"ttftP95Ms": 420.0, "tpotP95Ms": 31.0, "prefixCacheHitRate": 0.8, "kvCacheUtilization": 0.4,
-                   "qps": 12.5, "degradedFraction": 0.05, "stale": False, "updatedAt": "2026-11-30T00:00:00Z"}
+    assert out == {"ttftP95Ms": 420.0, "tpotP95Ms": 31.0, "errorRate": 0.001, "prefixCacheHitRate": 0.8,
+                   "kvCacheUtilization": 0.4, "qps": 12.5, "degradedFraction": 0.05, "stale": False,
+                   "updatedAt": "2026-11-30T00:00:00Z",
+                   "pools": [{"name": "student", "ttftP95Ms": 99.0, "errorRate": 0.25, "qps": 0.6, "stale": False},
+                             {"name": "primary", "ttftP95Ms": 420.0, "tpotP95Ms": 31.0, "errorRate": 0.001,
+                              "qps": 12.5, "stale": False}]}
     LiveMetrics.model_validate(out)  # the status schema accepts it
     stale = PoolSignals(pool="primary", role="primary", now=0.0, replicas=1, ready_replicas=0, stale=True)
-    assert live_metrics([stale], "t") == {"stale": True, "updatedAt": "t"}
+    assert live_metrics([stale], "t") == {"stale": True, "updatedAt": "t", "pools": [{"name": "primary", "stale": True}]}
     assert live_metrics([student], "t") is None

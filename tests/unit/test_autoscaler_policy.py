@@ -419,3 +419,15 @@ def test_queue_policy_scale_down_ignores_ttft() -> None:
     for k in range(60):
         w.tick(k * 15.0, 5.0, ttft=1900.0)
     assert w.replicas["primary"] < 4
+
+
+def test_requests_held_at_the_router_start_a_replica_at_once() -> None:
+    """Scale from zero: a pool at zero replicas with requests held at the router goes to one replica in the
+    same step, whatever the stabilization windows (and stale metrics) say; without held requests it stays."""
+    cfg = config(up_window_s=300.0, cooldown_s=600.0)
+    cfg = replace(cfg, pools=[replace(p, min_replicas=0) for p in cfg.pools])
+    idle = [_sig("primary", 10.0, 0, 0, 0.0), _sig("small", 10.0, 0, 0, 0.0)]
+    assert decide(cfg, idle, PolicyState()).pools["primary"].desired == 0
+    held = [replace(idle[0], held_requests=3.0, stale=True), idle[1]]
+    d = decide(cfg, held, PolicyState()).pools["primary"]
+    assert (d.desired, d.action) == (1, "up") and "scale from zero: 3 request(s) held" in " ".join(d.reasons)

@@ -11,8 +11,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from test_autoscaler_policy import World, config  # noqa: E402
 
-from llmfleet.sim import SyntheticSpec, synthetic  # noqa: E402
 from llmfleet.sim.production import make_service, simulate_service  # noqa: E402
+from llmfleet.sim.workload import SyntheticSpec, synthetic  # noqa: E402
 
 
 def test_an_idle_student_pool_scales_to_zero_when_the_primary_has_headroom() -> None:

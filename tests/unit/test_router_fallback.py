@@ -94,3 +94,33 @@ def test_sheddable_not_capped() -> None:
 )
 def test_predicted_queue_delay(pool: PoolSignals, ms: float) -> None:
     assert predicted_queue_delay_ms(pool) == ms
+
+
+P_COLD = PoolSignals("primary", routable_replicas=0, scales_from_zero=True)
+
+
+@pytest.mark.parametrize(
+    "cfg, kw, expected",
+    [
+        # A primary scaling from zero is not down: the request waits for it (the router holds it) ...
+        (FallbackConfig(), {}, ("primary", False, "cold-start")),
+        # ... unless a rule of the policy sends it to a student: its class, its length, or the predicted
+        # queueing delay, which is infinite at zero replicas (capped per tenant like every capped rule).
+        (CFG, {"request_class": "batch"}, ("small", True, "sheddable")),
+        (FallbackConfig(long_context_tokens=100), {"input_tokens": 500}, ("small", True, "long-context")),
+        (FallbackConfig(max_queue_delay_ms=1000), {}, ("small", True, "queue-delay")),
+    ],
+)
+def test_scale_from_zero_waits_unless_the_policy_degrades(cfg: FallbackConfig, kw: dict, expected: tuple) -> None:
+    d = FallbackPolicy(cfg, SLOConfig()).decide(100.0, P_COLD, [S_OK], **kw)
+    assert (d.pool, d.degraded, d.reason) == expected
+
+
+def test_scale_from_zero_degrades_only_up_to_the_tenant_cap() -> None:
+    policy = FallbackPolicy(FallbackConfig(max_queue_delay_ms=1000, max_degraded_fraction=0.25), SLOConfig())
+    picks = []
+    for i in range(8):
+        d = policy.decide(float(i), P_COLD, [S_OK])
+        policy.record(float(i), "default", d)
+        picks.append(d.pool)
+    assert picks.count("small") == 2 and picks.count("primary") == 6  # the rest wait for the cold start

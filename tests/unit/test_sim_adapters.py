@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from llmfleet.plan.roofline import StepCostModel
-from llmfleet.sim import PoolSpec, Request, SimConfig, Workload, simulate
+from llmfleet.sim.engine import PoolSpec, SimConfig, simulate
 from llmfleet.sim.replica import Replica
 from llmfleet.sim.routers import LlmfleetRouter
+from llmfleet.sim.workload import Request, Workload
 
 UNIT = StepCostModel(flops_per_token=1.0, attn_flops_per_ctx=0.0, weight_bytes=0.0, kv_bytes=0.0,
                      peak_flops=1000.0, bandwidth=1e30, compute_eff=1.0, bandwidth_eff=1.0, overhead_s=0.0)

@@ -10,21 +10,18 @@ from typer.testing import CliRunner
 
 from llmfleet.cli.main import app
 from llmfleet.plan.roofline import StepCostModel
-from llmfleet.sim import (
-    PoolSpec,
+from llmfleet.sim.engine import PoolSpec, SimConfig, SimPoolSignals, simulate
+from llmfleet.sim.replica import Replica
+from llmfleet.sim.report import oracle_hit_rate
+from llmfleet.sim.workload import (
     Request,
-    SimConfig,
-    SimPoolSignals,
     SyntheticSpec,
     Workload,
     WorkloadError,
     load_azure,
     load_mooncake,
-    oracle_hit_rate,
-    simulate,
     synthetic,
 )
-from llmfleet.sim.replica import Replica
 
 # the first 300 lines of the Mooncake FAST'25 synthetic trace (Apache-2.0), so CI needs no shared folder
 HEAD300 = Path(__file__).parent / "sim_data" / "mooncake_head300.jsonl"

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from llmfleet.plan.roofline import StepCostModel
-from llmfleet.sim import PoolSpec, Request, SimConfig, Workload, load_mooncake, simulate
+from llmfleet.sim.engine import PoolSpec, SimConfig, simulate
+from llmfleet.sim.workload import Request, Workload, load_mooncake
 
 HEAD300 = Path(__file__).parent / "sim_data" / "mooncake_head300.jsonl"
 # step time = tokens / 1000 s: no overhead, no memory term, no attention term

@@ -13,18 +13,10 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from llmfleet.cli.main import app
-from llmfleet.sim import (
-    PoolSpec,
-    Request,
-    SimConfig,
-    Workload,
-    WorkloadError,
-    load_azure,
-    load_mooncake,
-    simulate,
-)
+from llmfleet.sim.engine import simulate
 from llmfleet.sim.oracle import attainment
-from llmfleet.sim.workload import load_trace
+from llmfleet.sim.types import PoolSpec, SimConfig
+from llmfleet.sim.workload import Request, Workload, WorkloadError, load_azure, load_mooncake, load_trace
 
 HEAD300 = Path(__file__).parent / "sim_data" / "mooncake_head300.jsonl"
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from llmfleet.plan.roofline import StepCostModel
-from llmfleet.sim import PoolSpec, Request, Workload
+from llmfleet.sim.engine import PoolSpec
 from llmfleet.sim.oracle import hindsight_schedule, replay_schedule
 from llmfleet.sim.routers import LlmfleetRouter
+from llmfleet.sim.workload import Request, Workload
 
 # step time = tokens / 1000 s, so a 500-token prompt takes 0.5 s on its own replica
 UNIT = StepCostModel(flops_per_token=1.0, attn_flops_per_ctx=0.0, weight_bytes=0.0, kv_bytes=0.0,

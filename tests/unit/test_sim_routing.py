@@ -8,19 +8,10 @@ from pathlib import Path
 import pytest
 
 from llmfleet.plan.roofline import StepCostModel
-from llmfleet.sim import (
-    PoolSpec,
-    Request,
-    SimConfig,
-    SyntheticSpec,
-    Workload,
-    load_mooncake,
-    oracle_hit_rate,
-    simulate,
-    synthetic,
-)
-from llmfleet.sim.report import finite_cache_hit_bound
+from llmfleet.sim.engine import PoolSpec, SimConfig, simulate
+from llmfleet.sim.report import finite_cache_hit_bound, oracle_hit_rate
 from llmfleet.sim.routers import LlmfleetRouter
+from llmfleet.sim.workload import Request, SyntheticSpec, Workload, load_mooncake, synthetic
 
 HEAD300 = Path(__file__).parent / "sim_data" / "mooncake_head300.jsonl"
 UNIT = StepCostModel(flops_per_token=1.0, attn_flops_per_ctx=0.0, weight_bytes=0.0, kv_bytes=0.0,

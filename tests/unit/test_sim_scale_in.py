@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from llmfleet.plan.roofline import StepCostModel
-from llmfleet.sim import PoolSpec, Request, SimConfig, Workload, simulate
-from llmfleet.sim.engine import Fleet, Router
+from llmfleet.sim.engine import Fleet, PoolSpec, Router, SimConfig, simulate
 from llmfleet.sim.replica import Replica
 from llmfleet.sim.routers import LlmfleetRouter
+from llmfleet.sim.workload import Request, Workload
 
 # step time = tokens / 1000 s
 UNIT = StepCostModel(flops_per_token=1.0, attn_flops_per_ctx=0.0, weight_bytes=0.0, kv_bytes=0.0,

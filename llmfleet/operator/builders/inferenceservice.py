@@ -43,6 +43,8 @@ from llmfleet.router.config import (
     ROUTER_CONFIG_KEY,
     ROUTER_MODEL_FILES,
     TENANTS_DIR,
+    UPSTREAM_API_KEY_ENV,
+    UPSTREAM_KEY_SECRET_KEY,
     router_config_from_service,
 )
 from llmfleet.workers.serve.vllm_args import InvalidServeSpec, model_location_field, serve_command
@@ -103,8 +105,13 @@ def _probe(path: str, port: str, period: int, failures: int) -> dict[str, Any]:
     }
 
 
+def _secret_env(name: str, secret: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": UPSTREAM_KEY_SECRET_KEY}}}
+
+
 def build_pool_deployment(isvc: InferenceService, pool: PoolView, config: OperatorConfig) -> Manifest:
     labels = pool_labels(isvc, pool.name)
+    key_secret = isvc.spec.router.upstream_key_secret
     gpus = pool.resources.gpus
     # The model: a pvc:// claim mounted read-only, or s3:// / hf:// fetched once into the cache volume.
     store = PodStorage(isvc.spec.storage, fetch_image(config))
@@ -121,6 +128,9 @@ def build_pool_deployment(isvc: InferenceService, pool: PoolView, config: Operat
             {"name": "LLMFLEET_POOL", "value": pool.name},
             {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
             {"name": "NCCL_NVLS_ENABLE", "value": "0"},
+            # vLLM's --api-key, from the environment so the key stays out of the pod spec and `ps`: /v1 requests
+            # without it get 401 (/health and /metrics stay open for probes and scrapers).
+            *([_secret_env("VLLM_API_KEY", key_secret)] if key_secret else []),
         ],
         "resources": resource_requests(pool.resources.cpu, pool.resources.memory, gpus),
         # Model loading can take minutes: the startup probe holds liveness off until /health answers.
@@ -208,6 +218,25 @@ def router_config_yaml(
     return cfg.model_copy(update={"feature_store": cfg.feature_store.model_copy(update={"url": url})}).to_yaml()
 
 
+def build_replica_network_policy(isvc: InferenceService, config: OperatorConfig) -> Manifest:
+    """Ingress to every replica pod of `isvc` from its router only, plus the operator and the metrics scraper
+    (config.replica_ingress_from). All ports: the router also subscribes to the replicas' KV-cache events."""
+    replicas = {**isvc_labels(isvc), COMPONENT_LABEL: "replica"}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": metadata(isvc, child_name(isvc.metadata.name, "replicas"), replicas),
+        "spec": {
+            "podSelector": {"matchLabels": replicas},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": [{"podSelector": {"matchLabels": router_labels(isvc)}},
+                                  # the feature store's generation Job asks the primary pool directly
+                                  {"podSelector": {"matchLabels": {**isvc_labels(isvc), COMPONENT_LABEL: "featurestore"}}},
+                                  *config.replica_ingress_from]}],
+        },
+    }
+
+
 def build_router(isvc: InferenceService, config: OperatorConfig) -> list[Manifest]:
     """ConfigMap, ServiceAccount + Role for EndpointSlice discovery, Deployment and Service of the router."""
     name = router_name(isvc)
@@ -257,6 +286,9 @@ def build_router(isvc: InferenceService, config: OperatorConfig) -> list[Manifes
             "llmfleet", "router", "--config", f"{ROUTER_CONFIG_DIR}/{ROUTER_CONFIG_KEY}", "--port", str(ROUTER_PORT),
         ],
         "ports": [{"name": "http", "containerPort": ROUTER_PORT, "protocol": "TCP"}],
+        # Only the router's pods read the replicas' key; clients never see it.
+        "env": ([_secret_env(UPSTREAM_API_KEY_ENV, isvc.spec.router.upstream_key_secret)]
+                if isvc.spec.router.upstream_key_secret else []),
         "resources": resource_requests("1", "1Gi", 0),
         "readinessProbe": _probe("/health", "http", 5, 3),
         "livenessProbe": _probe("/health", "http", 10, 3),
@@ -322,6 +354,12 @@ def build_feature_store_job(isvc: InferenceService, config: OperatorConfig) -> M
     meta.setdefault("namespace", isvc.metadata.namespace or "default")
     meta["labels"] = {**meta.get("labels", {}), **isvc_labels(isvc), COMPONENT_LABEL: "featurestore"}
     meta["ownerReferences"] = metadata(isvc, "x", {})["ownerReferences"]
+    if secret := isvc.spec.router.upstream_key_secret:
+        # The generation Job asks the primary pool directly: it needs the replicas' key too (read by
+        # `llmfleet features generate` from OPENAI_API_KEY, its --api-key-env default).
+        pod = manifest["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+        for container in pod["containers"]:
+            container["env"] = [*container.get("env", []), _secret_env("OPENAI_API_KEY", secret)]
     return manifest
 
 
@@ -331,6 +369,8 @@ def build_inferenceservice(isvc: InferenceService, config: OperatorConfig) -> li
     for pool in isvc.pools():
         out += [build_pool_deployment(isvc, pool, config), build_pool_service(isvc, pool), build_pool_pdb(isvc, pool)]
     out += build_router(isvc, config)
+    if isvc.spec.router.isolate_pools:
+        out.append(build_replica_network_policy(isvc, config))
     if config.capabilities.pod_monitor:
         out.append(build_pod_monitor(isvc))
     if (job := build_feature_store_job(isvc, config)) is not None:

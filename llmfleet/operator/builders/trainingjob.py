@@ -28,6 +28,7 @@ from llmfleet.operator.builders.common import (
 )
 from llmfleet.operator.builders.storage import PodStorage, fetch_image
 from llmfleet.operator.config import OperatorConfig
+from llmfleet.workers.train.graceful import GRACE_ENV
 
 SPEC_DIR = "/etc/llmfleet"
 SPEC_KEY = "job.yaml"
@@ -137,11 +138,19 @@ def worker_command(tj: TrainingJob, attempt: int) -> list[str]:
     ]
 
 
-def worker_env(tj: TrainingJob, attempt: int, resume_from: str | None) -> list[dict[str, Any]]:
+# Pod grace on SIGTERM (suspend, preemption): the workers finish their step and flush a checkpoint. torchrun
+# SIGKILLs its workers 30 s after forwarding the signal, so their budget is min(this, 30 s); the rest covers
+# torchrun's own shutdown.
+STOP_GRACE_S = 120
+
+
+def worker_env(tj: TrainingJob, attempt: int) -> list[dict[str, Any]]:
+    # No resume variable: every attempt resumes from the newest complete checkpoint under checkpoint.uri, which
+    # is never older than status.lastCheckpoint (a flush on SIGTERM can land after the operator's last read).
     env: list[dict[str, Any]] = [
         {"name": "LLMFLEET_TRAININGJOB", "value": tj.metadata.name},
         {"name": "LLMFLEET_ATTEMPT", "value": str(attempt)},
-        {"name": "LLMFLEET_RESUME", "value": "auto"},
+        {"name": GRACE_ENV, "value": str(STOP_GRACE_S)},
         {"name": "NCCL_NVLS_ENABLE", "value": "0"},
         {"name": "NCCL_ASYNC_ERROR_HANDLING", "value": "1"},
         {"name": "TORCH_NCCL_ASYNC_ERROR_HANDLING", "value": "1"},
@@ -149,8 +158,6 @@ def worker_env(tj: TrainingJob, attempt: int, resume_from: str | None) -> list[d
         {"name": "NCCL_SOCKET_IFNAME", "value": "eth0"},
         {"name": "OMP_NUM_THREADS", "value": "1"},
     ]
-    if resume_from:
-        env.append({"name": "LLMFLEET_RESUME_FROM", "value": resume_from})
     return env
 
 
@@ -158,7 +165,6 @@ def build_job(
     tj: TrainingJob,
     config: OperatorConfig,
     attempt: int,
-    resume_from: str | None = None,
     created: bool = False,
     store: PodStorage | None = None,
 ) -> Manifest:
@@ -177,7 +183,7 @@ def build_job(
         "name": "worker",
         "image": w.image or config.train_image,
         "command": worker_command(tj, attempt),
-        "env": worker_env(tj, attempt, resume_from) + store.env,
+        "env": worker_env(tj, attempt) + store.env,
         "ports": [
             {"name": "rdzv", "containerPort": RENDEZVOUS_PORT, "protocol": "TCP"},
             {"name": "metrics", "containerPort": tj.spec.metrics.port, "protocol": "TCP"},
@@ -202,8 +208,7 @@ def build_job(
             {"name": "dshm", "emptyDir": {"medium": "Memory"}},
             *store.volumes,
         ],
-        # Time for an in-flight asynchronous checkpoint to finish when suspended.
-        "terminationGracePeriodSeconds": 120,
+        "terminationGracePeriodSeconds": STOP_GRACE_S,
         "enableServiceLinks": False,
     }
     if tj.spec.scheduling.priority_class_name:
@@ -269,7 +274,6 @@ def build_trainingjob(
     tj: TrainingJob,
     config: OperatorConfig,
     attempt: int = 0,
-    resume_from: str | None = None,
     job_created: bool = False,
 ) -> list[Manifest]:
     """Every child of `tj` for the given attempt, in apply order."""
@@ -279,5 +283,5 @@ def build_trainingjob(
         out.append(build_pod_group(tj))
     if config.capabilities.pod_monitor:
         out.append(build_worker_pod_monitor(tj))
-    out.append(build_job(tj, config, attempt, resume_from, created=job_created, store=store))
+    out.append(build_job(tj, config, attempt, created=job_created, store=store))
     return out

@@ -53,8 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         trainer.resume()
         trainer.train()
-        trainer.export()
-        done = True
+        if not trainer.stopped:  # a SIGTERM stop exits 0 too: the checkpoint it flushed is where it resumes
+            trainer.export()
+            done = True
     finally:
         trainer.close(done)
     return 0

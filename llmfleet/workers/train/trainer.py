@@ -23,6 +23,7 @@ from llmfleet.workers.train import float8, microbatch
 from llmfleet.workers.train import metrics as fl
 from llmfleet.workers.train.checkpoint import Checkpointer
 from llmfleet.workers.train.data import TokenData
+from llmfleet.workers.train.graceful import StopRequest
 from llmfleet.workers.train.model import ModelArgs, Transformer
 from llmfleet.workers.train.parallelize import build_mesh, parallelize
 
@@ -68,6 +69,9 @@ def lr_lambda(spec: TrainingJobSpec) -> Any:
 class Trainer:
     def __init__(self, spec: TrainingJobSpec) -> None:
         self.spec = spec
+        # First: a SIGTERM during set-up (loading a teacher can take minutes) must not kill the process either.
+        self.stop = StopRequest()
+        self.stop.install()
         self.rank, self.world, self.local_rank, self.device = init_distributed()
         opt = spec.optimization
         seqs_per_rank, rest = divmod(opt.global_batch_tokens, spec.model.seq_len * self.world)
@@ -150,6 +154,8 @@ class Trainer:
             self.ckpt_root.mkdir(parents=True, exist_ok=True)
         self.checkpointer = Checkpointer(self.ckpt_root, spec.checkpoint.keep, spec.checkpoint.async_save, self.rank)
         self.step = 0
+        self._save_s = 0.0  # duration of the last save (its synchronous part): the stop's flush estimate
+        self._saved_step: int | None = None
         self.peak = fl.peak_tflops(
             torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None, spec.metrics.peak_tflops
         )
@@ -182,6 +188,7 @@ class Trainer:
             return False
         self.step = int(state["step"])
         self.scheduler.load_state_dict(state["scheduler"])
+        self._saved_step = self.step
         self.status.update(step=self.step, lastCheckpoint=self.checkpointer.last)
         if self.rank == 0:
             log.info("resumed from %s at step %d (saved by %s ranks, now %d)", self.checkpointer.last, self.step,
@@ -191,9 +198,42 @@ class Trainer:
     def save(self) -> None:
         state = {"step": self.step, "scheduler": self.scheduler.state_dict(), "world_size": self.world,
                  "samples": self.step * self.spec.optimization.global_batch_tokens // self.spec.model.seq_len}
+        t0 = time.perf_counter()
         self.checkpointer.save(self.step, self.model, self.optimizer, state)
+        self._save_s = time.perf_counter() - t0
+        self._saved_step = self.step
         self.metrics.checkpoints.inc()
         self.status["lastCheckpoint"] = self.checkpointer.last
+
+    def _stop_agreed(self) -> bool:
+        """Whether any rank got SIGTERM: a one-element all-reduce on the CPU (gloo), so no GPU sync."""
+        flag = torch.tensor([1.0 if self.stop.requested else 0.0])
+        if self.world > 1:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item() > 0)
+
+    def _stop_now(self, save_checkpoints: bool) -> None:
+        """Flush a checkpoint of the current step (unless the last save will not fit in the time left: then
+        the previous checkpoint stands), wait for in-flight saves, and say so in the status."""
+        self.checkpointer.wait()
+        remaining = self.stop.remaining_s()
+        flushed = False
+        if save_checkpoints and self._saved_step != self.step:
+            if self._save_s * 1.5 < remaining:
+                self.save()
+                self.checkpointer.wait()
+                flushed = True
+            elif self.rank == 0:
+                log.warning("no time to save step %d (last save took %.1f s, %.1f s left): resuming from %s",
+                            self.step, self._save_s, remaining, self.checkpointer.last)
+        self.status["stopped"] = {
+            "reason": self.stop.signal or "SIGTERM", "step": self.step, "checkpoint": self.checkpointer.last,
+            "checkpointStep": self._saved_step, "flushed": flushed,
+            "at": now_iso(),
+        }
+        if self.rank == 0:
+            log.info("stopped at step %d on %s; resume from %s", self.step, self.status["stopped"]["reason"],
+                     self.checkpointer.last)
 
     def _publish(self) -> None:
         if self.rank != 0:
@@ -340,6 +380,12 @@ class Trainer:
                 self.checkpointer.wait()
                 log.warning("LLMFLEET_FAIL_AT_STEP=%d: exiting without cleanup", fail_at)
                 os._exit(17)
+            if self.step < opt.steps and self._stop_agreed():
+                if pending:  # report the steps of the open logging window before leaving
+                    self._report(pending, (time.perf_counter() - window_start) / window_steps, tokens_per_step)
+                    pending = []
+                self._stop_now(save_checkpoints)
+                break
         if prof is not None:
             self._stop_profiler(prof)
         self.checkpointer.wait()
@@ -459,6 +505,11 @@ class Trainer:
                 upload(out, target)
             self.status["exported"] = str(target)
         return out
+
+    @property
+    def stopped(self) -> bool:
+        """Stopped early by a signal (the status says where; the process exits 0 and resumes later)."""
+        return "stopped" in self.status
 
     def close(self, done: bool) -> None:
         self.status["done"] = done

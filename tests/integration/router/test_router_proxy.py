@@ -91,6 +91,28 @@ async def test_retry_on_another_replica_before_first_byte(fakes, routers, http) 
     assert state[dead_url]["healthy"] is False  # connection refused marks it down at once
 
 
+async def test_upstream_failures_are_counted_per_pool_for_the_error_rate(fakes, routers, http) -> None:
+    """Every try on a replica counts (ok / error / overloaded), retried ones included: one failing replica shows
+    in its pool's error rate even while retries keep every client answer a 200."""
+    from llmfleet.autoscaler.signals import PoolRef, parse_metrics, values_from_scrapes
+
+    bad, good, student = await fakes(name="bad", fail="500"), await fakes(name="good"), await fakes(name="s")
+    r = await routers(config({"primary": ("m", [bad.url, good.url]), "small": ("s", [student.url])},
+                             limits={"scrape_interval_seconds": 30}))
+    for _ in range(6):
+        async with http.post(r.url + "/v1/chat/completions", json=CHAT) as resp:
+            assert resp.status == 200, await resp.text()
+    async with http.post(r.url + "/v1/chat/completions", json={**CHAT, "model": "s"}) as resp:
+        assert resp.status == 200
+    samples = parse_metrics(await (await http.get(r.url + "/metrics")).text())
+    attempts = {dict(labels)["pool"] + "/" + dict(labels)["outcome"]: v for (name, labels), v in samples.items()
+                if name == "llmfleet_router_upstream_attempts_total"}
+    assert attempts["primary/ok"] == 6 and attempts["primary/error"] >= 1 and "small/error" not in attempts
+    primary = values_from_scrapes(PoolRef("primary", "primary", 2, 2), {}, samples, {}, {}, 1.0)["error_rate"]
+    small = values_from_scrapes(PoolRef("small", "student", 1, 1), {}, samples, {}, {}, 1.0)["error_rate"]
+    assert 0 < primary < 1 and small == 0.0  # type: ignore[operator]
+
+
 async def test_all_replicas_failing_gives_503_json(fakes, routers, http) -> None:
     bad = await fakes(fail="close")
     r = await routers(config({"primary": ("m", [bad.url])}, limits={"scrape_interval_seconds": 30}))
@@ -239,6 +261,54 @@ async def test_api_keys_and_rate_limit(fakes, routers, http, tmp_path) -> None:
             statuses.append(resp.status)
             retry_after = resp.headers.get("Retry-After")
     assert statuses == [200, 200, 429] and retry_after is not None
+
+
+async def test_router_sends_the_replicas_key_and_never_the_clients(fakes, routers, http, monkeypatch) -> None:
+    """A replica that requires a key (vLLM --api-key) answers the router, which holds the key, and refuses a
+    direct caller; the client's own tenant key is not passed upstream."""
+    replica = await fakes(api_key="replica-secret")
+    async with http.post(replica.url + "/v1/chat/completions", json=CHAT) as resp:
+        assert resp.status == 401  # a pod calling the pool directly
+    monkeypatch.setenv("TEST_UPSTREAM_KEY", "replica-secret")
+    tenants = TenantsConfig(require_api_key=True, tenants=[TenantConfig(name="t1", api_keys=["client-key"])])
+    r = await routers(config({"primary": ("m", [replica.url])}, tenants=tenants, upstream_api_key_env="TEST_UPSTREAM_KEY"))
+    async with http.post(r.url + "/v1/chat/completions", json=CHAT, headers={"Authorization": "Bearer client-key"}) as resp:
+        assert resp.status == 200, await resp.text()
+    # The router's own calls to the replicas' /v1 (LoRA adapter loads) carry the key too.
+    from llmfleet.router.config import AdapterConfig
+
+    base = config({"primary": ("m", [replica.url])}, tenants=tenants, upstream_api_key_env="TEST_UPSTREAM_KEY")
+    pool = base.pools[0].model_copy(update={"adapters": [AdapterConfig(name="sql", path="/a/sql")], "adapter_slots": 2})
+    lora = await routers(base.model_copy(update={"pools": [pool]}))
+    async with http.post(lora.url + "/v1/chat/completions", json={**CHAT, "model": "sql"},
+                         headers={"Authorization": "Bearer client-key"}) as resp:
+        assert resp.status == 200 and replica.adapters == {"sql": "/a/sql"}, await resp.text()
+    # Without the key the router does not start: a clear error, not 401s from every replica.
+    monkeypatch.delenv("TEST_UPSTREAM_KEY")
+    with pytest.raises(ValueError, match="TEST_UPSTREAM_KEY is unset"):
+        await routers(config({"primary": ("m", [replica.url])}, upstream_api_key_env="TEST_UPSTREAM_KEY"))
+
+
+def test_rate_limit_share_per_router_replica() -> None:
+    """N routers behind one Service each enforce 1/N of a tenant's rate and burst (the operator sets the share)."""
+    from llmfleet.router.tenants import AuthError, Tenants
+
+    tenant = TenantConfig(name="t", api_keys=["k"], requests_per_second=10, burst=8)
+    whole, quarter = Tenants(TenantsConfig(tenants=[tenant])), Tenants(TenantsConfig(tenants=[tenant], limit_share=0.25))
+
+    def admitted(t: Tenants, seconds: float) -> int:
+        n, now = 0, 0.0
+        while now < seconds:
+            try:
+                t.authenticate("Bearer k", now=now)
+                n += 1
+            except AuthError:
+                pass
+            now += 0.01
+        return n
+
+    assert admitted(whole, 10.0) == pytest.approx(8 + 100, abs=2)  # burst + 10 rps x 10 s
+    assert 4 * admitted(quarter, 10.0) == pytest.approx(8 + 100, abs=8)  # four routers together: the same
 
 
 async def test_feature_store_lookup_hit_miss_opt_out(fakes, routers, http) -> None:
@@ -390,3 +460,54 @@ async def test_estimated_ttft_gets_prefix_keys_and_prefill_is_released(fakes, ro
     assert rep.prefill_tokens == 0.0
     text = await (await http.get(r.url + "/metrics")).text()
     assert 'llmfleet_router_prefix_affinity_hits_total{pool="primary"} 1.0' in text  # the second one matched
+
+
+async def test_scale_from_zero_holds_requests_and_wakes_the_autoscaler(fakes, routers, http) -> None:
+    """A pool that scales from zero and has no routable replica: requests wait (bounded, with a deadline)
+    instead of 503, `/admin/held` wakes a long-polling autoscaler at once, and the requests go through as soon
+    as a replica is healthy."""
+    from llmfleet.router.config import PoolConfig, RouterConfig
+
+    replica = await fakes(healthy=False)
+
+    def cfg(**limits: object) -> RouterConfig:
+        base = config({"primary": ("m", [replica.url])}, limits={"scrape_interval_seconds": 0.05, **limits})
+        return base.model_copy(update={"pools": [PoolConfig(**{**base.pools[0].model_dump(), "scales_from_zero": True})]})
+
+    r = await routers(cfg(max_held_requests=2, hold_timeout_seconds=30))
+    await asyncio.sleep(0.2)  # a few health checks: the replica is down
+    async with http.get(r.url + "/health") as resp:  # still ready: it must take the requests that wake us
+        assert resp.status == 200 and (await resp.json())["status"] == "scaling from zero"
+    # The autoscaler's side (the local loop and the Kubernetes daemon both use it): a long poll that returns
+    # as soon as requests are held, not at its next interval.
+    from llmfleet.autoscaler.local import Wakeup
+
+    wakeup = Wakeup(r.url)
+    assert await wakeup.wait(asyncio.Event(), 0.3) == {}  # nothing held: it waits out its timeout
+    poll = asyncio.create_task(wakeup.wait(asyncio.Event(), 30))
+    await asyncio.sleep(0.1)
+    sends = [asyncio.create_task(http.post(r.url + "/v1/chat/completions", json=CHAT)) for _ in range(3)]
+    woke = await asyncio.wait_for(poll, 5)
+    assert woke["primary"] >= 1
+    await wait_for(lambda: r.router.held.total() == 2)
+    metrics = await (await http.get(r.url + "/metrics")).text()
+    assert 'llmfleet_router_held_requests{pool="primary"} 2.0' in metrics
+    replica.healthy = True  # the autoscaler's replica is up
+    statuses = sorted([(await asyncio.wait_for(s, 10)).status for s in sends])
+    assert statuses == [200, 200, 503]  # the queue holds two; the third is told to retry (Retry-After)
+    assert r.router.held.total() == 0
+    # The same cold start does not wake it again; a new one (after the pool emptied) does.
+    assert await wakeup.wait(asyncio.Event(), 0.3) == {}
+    replica.healthy = False
+    await wait_for(lambda: not r.router.pools["primary"].replicas.routable())
+    again = asyncio.create_task(http.post(r.url + "/v1/chat/completions", json=CHAT))
+    assert await asyncio.wait_for(wakeup.wait(asyncio.Event(), 30), 5) == {"primary": 1}
+    replica.healthy = True
+    assert (await asyncio.wait_for(again, 10)).status == 200
+
+    # The deadline: no replica in time -> 503 with Retry-After, nothing hangs.
+    replica.healthy = False
+    late = await routers(cfg(hold_timeout_seconds=0.3))
+    async with http.post(late.url + "/v1/chat/completions", json=CHAT) as resp:
+        assert resp.status == 503 and "became ready within" in (await resp.json())["error"]["message"]
+        assert resp.headers["Retry-After"]

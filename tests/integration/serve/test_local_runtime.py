@@ -27,14 +27,14 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(120
 START_TIMEOUT_S = float(os.environ.get("LLMFLEET_TEST_START_TIMEOUT", "420"))
 
 
-def _manifest(tmp: Path) -> Path:
+def _manifest(tmp: Path, name: str = "uptest", **spec: Any) -> Path:
     doc = {
-        "apiVersion": "llmfleet.io/v1alpha1", "kind": "InferenceService", "metadata": {"name": "uptest"},
+        "apiVersion": "llmfleet.io/v1alpha1", "kind": "InferenceService", "metadata": {"name": name},
         "spec": {
             "model": {"path": "tiny://tiny-llama", "servedName": "uptest", "maxModelLen": 512},
             "vllm": {"blockSize": 32, "enforceEager": True, "maxNumSeqs": 4},
             "replicas": 1, "minReplicas": 1, "maxReplicas": 1, "drainSeconds": 10,
-            "router": {"blockSizeTokens": 32}, "autoscaling": {"policy": "static"},
+            "router": {"blockSizeTokens": 32}, "autoscaling": {"policy": "static"}, **spec,
         },
     }
     path = tmp / "isvc.yaml"
@@ -127,3 +127,47 @@ def test_up_kill_restart_down(tmp_path: Path) -> None:
     assert not leftovers, [psutil.Process(p).cmdline() for p in leftovers]
     final = json.loads((run_dir / "state.json").read_text())
     assert all(not r["running"] for r in final["replicas"])
+
+
+def test_up_at_zero_replicas_holds_the_first_requests_through_the_cold_start(tmp_path: Path) -> None:
+    """`llmfleet up` with the primary at `minReplicas: 0`: nothing runs until the first requests; they wait at
+    the router while it wakes the autoscaler (long poll, not the 60 s interval), which starts a replica at once;
+    every request succeeds after about one cold start."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    manifest = _manifest(
+        tmp_path, "zerotest", replicas=0, minReplicas=0,
+        router={"blockSizeTokens": 32, "requestTimeoutSeconds": START_TIMEOUT_S},
+        autoscaling={"policy": "slo", "intervalSeconds": 60, "scaleDownStabilizationSeconds": 600},
+    )
+    run_dir = tmp_path / "run"
+    up = _llmfleet("up", "-f", str(manifest), "--run-dir", str(run_dir), "-d", "--ready-timeout", "120", timeout=180)
+    state = read_state(run_dir) or {}
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert not any(r["running"] for r in state["replicas"])  # at zero: only the router runs
+        time.sleep(2)  # the autoscaler's first step has run; its next periodic one is 60 s away
+        t0 = time.time()
+        client = OpenAI(base_url=state["url"] + "/v1", api_key="unused", max_retries=0, timeout=START_TIMEOUT_S + 30)
+
+        def ask(_: int) -> str:  # no client retries: a 503 would fail the test
+            r = client.chat.completions.create(model="uptest", max_tokens=4, extra_body={"ignore_eos": True},
+                                               messages=[{"role": "user", "content": "hi"}])
+            return r.choices[0].message.content or ""
+
+        with ThreadPoolExecutor(3) as pool:
+            answers = list(pool.map(ask, range(3)))
+        elapsed = time.time() - t0
+        assert all(answers)
+        state = read_state(run_dir) or {}
+        scaled = [e for e in state["events"] if "autoscaler: primary 0 -> 1" in e["message"]]
+        assert scaled and scaled[0]["ts"] - t0 < 10, state["events"]  # woken at once, not at the 60 s tick
+        replica = next(r for r in state["replicas"] if r["running"])
+        metrics = httpx.get(state["url"] + "/metrics", timeout=5).text
+        assert 'status="503"' not in metrics and 'llmfleet_router_held_requests{pool="primary"} 0.0' in metrics
+        ready_after = replica["started_at"] and elapsed - (replica["started_at"] - t0)
+        print(f"first answers after {elapsed:.1f}s (replica started {replica['started_at'] - t0:.1f}s after the "
+              f"requests; cold start and answer {ready_after:.1f}s)")
+    finally:
+        down = _llmfleet("down", "--run-dir", str(run_dir), timeout=240)
+    assert down.returncode == 0, down.stdout + down.stderr

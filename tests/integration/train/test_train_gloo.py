@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
+import time
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +109,54 @@ def test_kill_and_resume_reproduces_the_losses(reference: Path, work: Path, data
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from" in resumed.stderr
     ref, got = _log(reference), _log(ckpt)
+    for step in range(1, STEPS + 1):
+        assert got[step]["loss"] == pytest.approx(ref[step]["loss"], rel=1e-6, abs=1e-7), step
+
+
+def _start(spec: dict, nproc: int, tmp: Path, name: str, env: dict | None = None) -> subprocess.Popen:
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           "-m", "llmfleet.workers.train", "--spec", str(path)]
+    full_env = dict(os.environ, LLMFLEET_METRICS_PORT="0", OMP_NUM_THREADS="1", LLMFLEET_DEVICE="cpu",
+                    **(env or {}))
+    return subprocess.Popen(cmd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_sigterm_flushes_a_checkpoint_and_resume_reproduces_the_losses(reference: Path, work: Path,
+                                                                       data: Path) -> None:
+    """SIGTERM to torchrun (what Kubernetes sends the pod on suspend or preemption) between two periodic
+    checkpoints: the workers finish the step, save it, report `stopped` and exit 0; the resumed run starts at
+    that step and its losses match the uninterrupted run's."""
+    spec = _spec(work, data, "sigterm")
+    ckpt = work / "sigterm" / "ckpt"
+    # Slower steps (a sleep in rank 1's data loading; numerics unchanged) so the signal lands mid-run.
+    proc = _start(spec, 2, work, "sigterm", env={"LLMFLEET_SLOW_RANK": "1:0.4"})
+    try:
+        deadline = time.monotonic() + 120
+        while not ((ckpt / "train_log.jsonl").is_file() and max(_log(ckpt), default=0) >= 5):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    status = json.loads((ckpt / "status.json").read_text())
+    stopped = status["stopped"]
+    assert status["done"] is False and stopped["reason"] == "SIGTERM" and stopped["flushed"] is True, status
+    at = stopped["step"]
+    assert 5 <= at < STEPS and at != 4, status  # between the periodic checkpoints (interval 4): a flush
+    assert stopped["checkpoint"].endswith(f"step-{at:08d}") and (Path(stopped["checkpoint"]) / ".metadata").is_file()
+    # The workers exit 0; torchrun itself exits 1 after forwarding a signal (its SignalException).
+    assert "stopped at step" in err, err[-3000:]
+    assert max(_log(ckpt)) == at
+
+    resumed = _run(spec, 2, work, "sigterm")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"at step {at}" in resumed.stderr
+    ref, got = _log(reference), _log(ckpt)
+    assert sorted(got) == list(range(1, STEPS + 1))
     for step in range(1, STEPS + 1):
         assert got[step]["loss"] == pytest.approx(ref[step]["loss"], rel=1e-6, abs=1e-7), step
 
