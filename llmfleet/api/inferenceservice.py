@@ -158,6 +158,12 @@ class RouterSpec(ApiModel):
     request_timeout_seconds: float = Field(default=120.0, gt=0, description="Upper bound on one request's time at the router.")
     max_request_bytes: int = Field(default=4 * 1024 * 1024, ge=1024, description="Reject larger request bodies with 413.")
     api_keys_secret: str | None = Field(default=None, description="Secret holding per-tenant API keys and rate limits.")
+    kv_events: bool = Field(
+        default=True,
+        description="vLLM replicas publish their KV-cache events (stored/evicted blocks) and the router corrects its "
+        "prefix index from them. Applies to engine vllm with prefix caching on (ray-serve does not publish them); "
+        "false turns the event stream off.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> RouterSpec:
@@ -380,6 +386,14 @@ class InferenceService(ApiModel):
                 raise ValueError(f"spec.adapters[{i}].name {a.name!r} is the model name of pool {models[a.name]}; "
                                  "give the adapter its own name")
         return self
+
+    def publishes_kv_events(self, pool: PoolView) -> bool:
+        """Whether `pool`'s replicas publish KV-cache events: spec.router.kvEvents, engine vllm, prefix caching on.
+
+        Ray Serve LLM runs vLLM's engine without its event publisher, and without prefix caching there are no
+        cached blocks to report.
+        """
+        return self.spec.router.kv_events and self.spec.engine == "vllm" and pool.vllm.enable_prefix_caching
 
     def pools(self) -> list[PoolView]:
         """The primary pool then each student pool, with inherited defaults resolved."""
