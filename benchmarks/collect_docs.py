@@ -11,7 +11,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 ORDER = ["train_mfu", "operator_scale", "serve_local", "router_overhead", "autoscale_eval", "store_lookup",
-         "routing_eval", "sim_scale", "roofline_measure", "lora_eval"]
+         "routing_eval", "routing_vllm", "sim_scale", "roofline_measure", "lora_eval"]
 
 
 def _shift_headings(text: str, top: int) -> str:
