@@ -6,7 +6,7 @@ creates the CRs and polls the emulator's object counts.
 
 Reported: time from the first create until every child exists, reconcile errors, operator RSS (this process:
 operator plus the small driver), and the time inside one reconcile excluding API round trips (p50/p99).
-Targets (issue 3): all children within 60 s, no errors, RSS < 300 MB, p99 < 50 ms.
+Targets: all children within 60 s, no errors, RSS < 300 MB, p99 < 50 ms.
 
     python benchmarks/operator_scale.py [--count 500] [--namespaces 10] [--timeout 300]
 """

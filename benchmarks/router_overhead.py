@@ -533,7 +533,7 @@ def verdicts(res: dict[str, Any]) -> str:
     load = res["machine"]["loadavg_1m_at_start"], res["machine"]["loadavg_1m_at_end"]
     waits = [ll[m]["open"].get("router_run_queue_wait_ms_per_s", 0.0) for m in ("nonstream", "stream") if m in ll]
     busy = max(load) > 1.5 or max(waits, default=0.0) > 50
-    lines = [f"targets (issue 6), llmfleet router; 1-min load average {load[0]:.1f} at start, {load[1]:.1f} at end; "
+    lines = [f"targets, llmfleet router; 1-min load average {load[0]:.1f} at start, {load[1]:.1f} at end; "
              f"router waited for its core {max(waits, default=0.0):.0f} ms per s at {rate:g} req/s"
              + (" -- the machine was busy: wall-clock numbers are not trustworthy" if busy else "")]
     if ll:

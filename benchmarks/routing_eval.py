@@ -4,7 +4,7 @@ Every baseline and llmfleet's router (the production plugin pipeline, default Ro
 Mooncake FAST'25 synthetic trace and on llmfleet's synthetic multi-tenant workload, with 8 and 32 replicas
 of Llama-3-8B (bf16, KV in bf16) on H200, at a load where round-robin misses its SLO on part of the traffic.
 
-Targets (issue 9): llmfleet's hit rate within 5% of the oracle (perfect affinity, infinite cache), and
+Targets: llmfleet's hit rate within 5% of the oracle (perfect affinity, infinite cache), and
 TTFT p99 at least 20% better than the best baseline at the same load.
 
 A fifth scenario repeats Mooncake x3 on 8 replicas with a host-memory KV tier per replica (vLLM's native CPU

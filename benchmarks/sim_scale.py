@@ -1,5 +1,5 @@
 """How fast the simulator runs: wall-clock seconds for a 1-hour 12k-request workload on 16 replicas and for
-1M requests on 1,000 replicas (issue 9 targets: < 60 s and < 10 min on a 2-core machine).
+1M requests on 1,000 replicas (targets: < 60 s and < 10 min on a 2-core machine).
 
     python benchmarks/sim_scale.py                      # both cases (the big one with the llmfleet router)
     python benchmarks/sim_scale.py --big-requests 100000 --big-replicas 100   # a smaller big case

@@ -36,9 +36,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 CONFIGS = {
-    # ~0.9B reference config of issue 4.
+    # ~0.9B reference config.
     "0.9b": dict(layers=16, hidden=2048, heads=16, kvHeads=8, ffn=5632, vocab=32768, seqLen=4096),
-    # Llama-3-8B shape of issue 11.
+    # Llama-3-8B shape.
     "8b": dict(layers=32, hidden=4096, heads=32, kvHeads=8, ffn=14336, vocab=128256, seqLen=8192, ropeTheta=500000.0),
     # CPU smoke test of this script.
     "tiny": dict(layers=2, hidden=64, heads=4, kvHeads=2, ffn=128, vocab=512, seqLen=64),
@@ -378,7 +378,7 @@ TAIL = 20  # convergence: compare the mean loss of the last TAIL steps (one step
 
 
 def targets(runs: dict[str, dict]) -> dict[str, object]:
-    """The issue's targets from one session's rows (None where a case is missing or failed)."""
+    """The targets from one session's rows (None where a case is missing or failed)."""
     ok = {k: v for k, v in runs.items() if "error" not in v}
 
     def tps(case: str) -> float | None:

@@ -1,4 +1,4 @@
-# Helm chart, container images and the kind-based end-to-end test (issue 10).
+# Helm chart, container images and the kind-based end-to-end test.
 # Included by the main Makefile. Tools go to .tools/bin (on PATH via the main Makefile).
 
 TOOLS_BIN := $(CURDIR)/.tools/bin

@@ -1,4 +1,4 @@
-# Serving replicas, tiny models and the local runtime (issue 5). Included by the main Makefile.
+# Serving replicas, tiny models and the local runtime. Included by the main Makefile.
 # `make demo` runs python -m llmfleet.local.demo after these prerequisites.
 
 DEMO_DEPS += tiny-models

@@ -41,10 +41,20 @@ TRAININGJOB_LABEL = f"{GROUP}/trainingjob"
 POOL_LABEL = f"{GROUP}/pool"
 # Values: replica, router, featurestore (InferenceService children), worker (TrainingJob pods).
 COMPONENT_LABEL = f"{GROUP}/component"
-# On serving pods; the autoscaler's cache-aware scale-in sets "false" to take a pod out of its Service.
+# On serving pods, "true"; the pool's Service selects on it and the Deployment's selector does not, so the
+# autoscaler's scale-in sets "false" to take a pod out of the EndpointSlices (routers stop sending it new
+# requests) while the ReplicaSet keeps it running until its in-flight requests are done.
 SERVING_LABEL = f"{GROUP}/serving"
 # On a pod the autoscaler is draining before it deletes it.
 DRAINING_LABEL = f"{GROUP}/draining"
+
+# Keys of other projects that llmfleet writes.
+# NVIDIA GPU feature discovery's node label; values look like "NVIDIA-H200".
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+# Kueue: the LocalQueue a TrainingJob's Job is admitted through.
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+# scheduler-plugins coscheduling: the PodGroup a training pod belongs to (gang scheduling).
+POD_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
 
 # ---- annotations
 # The model path a pool's pods serve (on the Deployment and its pod template).
@@ -64,6 +74,8 @@ SUSPENDED_BY_ANNOTATION = f"{GROUP}/suspended-by"
 SERVING_PRIORITY_ANNOTATION = f"{GROUP}/priority"
 # On an InferenceService: the planner preset that seeds capacity, `<key>` or `<key>.<pool>`.
 MODEL_PRESET_ANNOTATION = f"{GROUP}/model-preset"
+# Kubernetes: the ReplicaSet removes the pod with the lowest cost first on scale-down.
+DELETION_COST_ANNOTATION = "controller.kubernetes.io/pod-deletion-cost"
 
 
 def prometheus_label(key: str) -> str:

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from llmfleet.api.contracts import GROUP, INFERENCESERVICE_PLURAL, TRAININGJOB_PLURAL, VERSION
+from llmfleet.api.contracts import GROUP, INFERENCESERVICE_PLURAL, PART_OF_LABEL, TRAININGJOB_PLURAL, VERSION
 from llmfleet.api.inferenceservice import InferenceServiceSpec, InferenceServiceStatus
 from llmfleet.api.trainingjob import TrainingJobSpec, TrainingJobStatus
 
@@ -159,7 +159,7 @@ def _crd(
         "kind": "CustomResourceDefinition",
         "metadata": {
             "name": f"{plural}.{GROUP}",
-            "labels": {"app.kubernetes.io/part-of": "llmfleet"},
+            "labels": {PART_OF_LABEL: "llmfleet"},
         },
         "spec": {
             "group": GROUP,

@@ -22,6 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from llmfleet.api.contracts import (
     AUTOSCALER_STATE_ANNOTATION,
+    DELETION_COST_ANNOTATION,
     DRAINING_LABEL,
     GROUP,
     INFERENCESERVICE_PLURAL,
@@ -31,11 +32,6 @@ from llmfleet.api.contracts import (
     pool_selector,
 )
 from llmfleet.api.inferenceservice import PRIMARY_POOL
-
-# Pods carry SERVING_LABEL "true"; the pool's Service selects on it and the Deployment's selector does not,
-# so flipping it to "false" takes the pod out of the EndpointSlices (routers stop sending new requests)
-# while the ReplicaSet keeps it running until its in-flight requests are done.
-DELETION_COST_ANNOTATION = "controller.kubernetes.io/pod-deletion-cost"
 
 
 @dataclass(frozen=True)

@@ -13,10 +13,12 @@ from typing import TYPE_CHECKING
 
 from llmfleet.api.contracts import MODEL_PRESET_ANNOTATION
 from llmfleet.autoscaler.capacity import DEFAULT_SEED, CapacitySeed
+from llmfleet.plan.capacity import ReplicaCapacity, Workload, replica_capacity
+from llmfleet.plan.hardware import get_gpu
+from llmfleet.plan.models import get_model
 
 if TYPE_CHECKING:
     from llmfleet.api.inferenceservice import InferenceService, PoolView
-    from llmfleet.plan.capacity import ReplicaCapacity, Workload
 
 
 def seed_from_capacity(cap: ReplicaCapacity, w: Workload) -> CapacitySeed:
@@ -35,12 +37,6 @@ def seed_for_pool(
     """Planner seed for `pool` (model preset name as the planner knows it, GPU from resources.gpuType)."""
     gpu_type = pool.resources.gpu_type
     if not model_preset or not gpu_type or pool.resources.gpus <= 0:
-        return DEFAULT_SEED
-    try:
-        from llmfleet.plan.capacity import Workload, replica_capacity
-        from llmfleet.plan.hardware import get_gpu
-        from llmfleet.plan.models import get_model
-    except ImportError:
         return DEFAULT_SEED
     try:
         model, gpu = get_model(model_preset), get_gpu(gpu_type)

@@ -19,6 +19,9 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from llmfleet.api.trainingjob import ModelShape
+from llmfleet.plan.models import total_params
+
 TOKENIZER_VOCAB = 4096
 # Bytes of stdlib source the tokenizer is trained on: enough for sensible merges, seconds on one core.
 TOKENIZER_CORPUS_BYTES = 4 * 1024 * 1024
@@ -198,7 +201,8 @@ def build_tiny(spec: TinySpec, root: Path | None = None, force: bool = False) ->
 
 
 def param_count(spec: TinySpec, vocab_size: int = TOKENIZER_VOCAB) -> int:
-    h, i = spec.hidden_size, spec.intermediate_size
-    kv = spec.num_key_value_heads * (h // spec.num_attention_heads)
-    layer = 2 * h * h + 2 * kv * h + 3 * h * i + 2 * h
-    return 2 * vocab_size * h + h + spec.num_hidden_layers * layer
+    """Parameters of the model (untied embedding and LM head), counted by the planner's formula."""
+    return total_params(ModelShape(
+        layers=spec.num_hidden_layers, hidden=spec.hidden_size, heads=spec.num_attention_heads,
+        kv_heads=spec.num_key_value_heads, ffn=spec.intermediate_size, vocab=vocab_size,
+    ))

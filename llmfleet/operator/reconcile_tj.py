@@ -136,7 +136,7 @@ async def _promote_adapter(tj: TrainingJob, isvc: dict[str, Any], client: KubeCl
     if patch is None:
         return {**base, "state": "Pending",
                 "message": f"InferenceService {svc} has no spec.lora: set it to serve adapter {name}"}
-    await client.merge_patch("llmfleet.io/v1alpha1", "InferenceService", ns, svc, patch)
+    await client.merge_patch(API_VERSION, "InferenceService", ns, svc, patch)
     message = f"adapter {name} ({uri}) added to InferenceService {svc}"
     out.event("Normal", "PromotionSucceeded", message)
     out.other_events.append((isvc, Event("Normal", "AdapterAdded", f"{message} by TrainingJob {tj.metadata.name}")))

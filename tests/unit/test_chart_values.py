@@ -145,3 +145,11 @@ def test_defaults_are_valid_api_fields() -> None:
     AutoscalingSpec.model_validate(VALUES["defaults"]["autoscaling"])
     with pytest.raises(ValueError):
         RouterSpec.model_validate({**VALUES["defaults"]["router"], "requestTimeout": 3})
+
+
+def test_operator_ports_default_to_the_contracts() -> None:
+    """The chart's default operator ports are the ones `llmfleet operator` uses without flags."""
+    from llmfleet.api.contracts import OPERATOR_LIVENESS_PORT, OPERATOR_METRICS_PORT
+
+    assert VALUES["operator"]["metricsPort"] == OPERATOR_METRICS_PORT
+    assert VALUES["operator"]["livenessPort"] == OPERATOR_LIVENESS_PORT

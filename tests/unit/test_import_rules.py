@@ -192,6 +192,15 @@ def test_llmfleet_follows_the_import_rules() -> None:
     assert not problems, "\n".join(map(str, problems))
 
 
+def test_contracts_and_util_import_nothing_from_llmfleet() -> None:
+    """The names every component shares, and the stdlib helpers, sit below everything else."""
+    mods = find_modules(ROOT)
+    leaves = [m for m in mods if m == "llmfleet.api.contracts" or m == "llmfleet.util" or m.startswith("llmfleet.util.")]
+    assert "llmfleet.api.contracts" in leaves
+    for module in leaves:
+        assert [t for t, _ in imports_of(module, mods[module], mods) if t != "llmfleet.util"] == [], module
+
+
 def test_every_package_has_a_floor() -> None:
     packages = {p.name for p in (ROOT / PACKAGE).iterdir() if p.is_dir() and (p / "__init__.py").exists()}
     assert packages <= {pkg for floor in FLOORS for pkg in floor}

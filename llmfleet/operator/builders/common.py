@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from llmfleet.api import InferenceService, TrainingJob
-from llmfleet.api.contracts import MANAGED_LABELS
+from llmfleet.api.contracts import GPU_PRODUCT_LABEL, MANAGED_LABELS
 
 Manifest = dict[str, Any]
 
@@ -47,8 +47,7 @@ def resource_requests(cpu: str, memory: str, gpus: int) -> dict[str, Any]:
 
 
 def gpu_node_selector(gpu_type: str | None) -> dict[str, str]:
-    # The NVIDIA GPU feature discovery label; values look like "NVIDIA-H200".
-    return {"nvidia.com/gpu.product": f"NVIDIA-{gpu_type}"} if gpu_type else {}
+    return {GPU_PRODUCT_LABEL: f"NVIDIA-{gpu_type}"} if gpu_type else {}
 
 
 def gpu_tolerations(gpus: int) -> list[dict[str, Any]]:

@@ -13,6 +13,8 @@ from llmfleet.api import TrainingJob, TrainingJobSpec
 from llmfleet.api.contracts import (
     ATTEMPT_ANNOTATION,
     COMPONENT_LABEL,
+    KUEUE_QUEUE_LABEL,
+    POD_GROUP_LABEL,
     RENDEZVOUS_PORT,
     TRAININGJOB_LABEL,
     child_name,
@@ -29,8 +31,6 @@ from llmfleet.operator.config import OperatorConfig
 
 SPEC_DIR = "/etc/llmfleet"
 SPEC_KEY = "job.yaml"
-KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-POD_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
 
 
 def tj_labels(tj: TrainingJob) -> dict[str, str]:

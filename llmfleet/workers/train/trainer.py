@@ -8,7 +8,6 @@ import math
 import os
 import resource
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
 
@@ -16,6 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from llmfleet.api.contracts import now_iso
 from llmfleet.api.trainingjob import TrainingJobSpec
 from llmfleet.plan.training import hardware_flops_per_token, model_flops_per_token
 from llmfleet.util.net import free_port
@@ -198,7 +198,7 @@ class Trainer:
     def _publish(self) -> None:
         if self.rank != 0:
             return
-        self.status["updatedAt"] = datetime.now(UTC).isoformat()
+        self.status["updatedAt"] = now_iso()
         fl.write_status(self.ckpt_root, self.status)
 
     # ------------------------------------------------------------------ loop

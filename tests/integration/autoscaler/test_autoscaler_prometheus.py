@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import subprocess
 import threading
@@ -98,7 +99,7 @@ async def poll(sig: PrometheusSignals, pool: PoolRef, ok, timeout: float = 60.0)
         last = (await sig.collect([pool]))[0]
         if ok(last):
             return last
-        await __import__("asyncio").sleep(1.0)
+        await asyncio.sleep(1.0)
     raise AssertionError(f"condition not met in {timeout} s; last signals: {last}")
 
 
