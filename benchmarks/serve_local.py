@@ -111,7 +111,8 @@ def pct(xs: list[float], q: float) -> float:
 def bench_one(model: str, prefix_caching: bool, args: argparse.Namespace, items: list[str]) -> dict[str, Any]:
     isvc = service(model, prefix_caching, args.max_model_len)
     port = free_port()
-    cmd = serve_command(isvc, isvc.pools()[0], port=port, host="127.0.0.1", python=sys.executable)
+    cmd = serve_command(isvc, isvc.pools()[0], port=port, host="127.0.0.1", python=sys.executable,
+                        kv_events_port=free_port())  # the default port would collide on a shared host
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
     log = Path(tempfile.mkstemp(prefix="serve_local-", suffix=".log")[1])
     url = f"http://127.0.0.1:{port}"

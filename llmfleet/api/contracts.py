@@ -22,6 +22,7 @@ FIELD_MANAGER = "llmfleet-operator"
 # ---- ports
 REPLICA_PORT = 8000  # a serving replica's OpenAI API (vLLM or the drain wrapper in front of it)
 ROUTER_PORT = 8080  # the router's OpenAI API and /metrics
+KV_EVENTS_PORT = 5557  # a vLLM replica's KV-cache event stream (ZMQ PUB, --kv-events-config); vLLM's own default
 TRAINING_METRICS_PORT = 9400  # Prometheus /metrics and /status on every training rank
 RENDEZVOUS_PORT = 29400  # torch elastic rendezvous of a TrainingJob
 OPERATOR_METRICS_PORT = 8080  # the operator's /metrics

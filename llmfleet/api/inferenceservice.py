@@ -187,6 +187,12 @@ class RouterSpec(ApiModel):
         description="A NetworkPolicy that admits to the replica pods only this service's router, the operator "
         "(drain, autoscaler scrapes) and the metrics scraper (operator setting LLMFLEET_REPLICA_INGRESS_FROM).",
     )
+    kv_events: bool = Field(
+        default=True,
+        description="vLLM replicas publish their KV-cache events (stored/evicted blocks) and the router corrects its "
+        "prefix index from them. Applies to engine vllm with prefix caching on (ray-serve does not publish them); "
+        "false turns the event stream off.",
+    )
 
     @field_validator("scorers")
     @classmethod
@@ -445,6 +451,14 @@ class InferenceService(ApiModel):
                 raise ValueError(f"spec.adapters[{i}].name {a.name!r} is the model name of pool {models[a.name]}; "
                                  "give the adapter its own name")
         return self
+
+    def publishes_kv_events(self, pool: PoolView) -> bool:
+        """Whether `pool`'s replicas publish KV-cache events: spec.router.kvEvents, engine vllm, prefix caching on.
+
+        Ray Serve LLM runs vLLM's engine without its event publisher, and without prefix caching there are no
+        cached blocks to report.
+        """
+        return self.spec.router.kv_events and self.spec.engine == "vllm" and pool.vllm.enable_prefix_caching
 
     def pools(self) -> list[PoolView]:
         """The primary pool then each student pool, with inherited defaults resolved."""

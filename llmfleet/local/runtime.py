@@ -65,6 +65,7 @@ class Replica:
     slot: int
     port: int
     log: str
+    kv_events_port: int | None = None  # its own ZMQ port: replicas share the host
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     pid: int | None = None
     wanted: bool = False
@@ -127,7 +128,8 @@ class Supervisor:
         for p in self.pools.values():
             n = max(p.max_replicas, p.replicas, p.min_replicas)
             self.slots[p.name] = [
-                Replica(pool=p.name, slot=i, port=free_port(), log=str(run_dir / "logs" / f"{p.name}-{i}.log"))
+                Replica(pool=p.name, slot=i, port=free_port(), log=str(run_dir / "logs" / f"{p.name}-{i}.log"),
+                        kv_events_port=free_port() if isvc.publishes_kv_events(p) else None)
                 for i in range(n)
             ]
             self.desired[p.name] = min(max(p.replicas, p.min_replicas), n)
@@ -182,7 +184,8 @@ class Supervisor:
     def replica_command(self, r: Replica) -> list[str]:
         if self._replica_command is not None:
             return self._replica_command(r)
-        return serve_command(self.isvc, self.pools[r.pool], port=r.port, host="127.0.0.1", python=self.python)
+        return serve_command(self.isvc, self.pools[r.pool], port=r.port, host="127.0.0.1", python=self.python,
+                             kv_events_port=r.kv_events_port)
 
     def start_replica(self, r: Replica) -> None:
         r.proc = self._spawn(self.replica_command(r), r.log)
@@ -193,7 +196,9 @@ class Supervisor:
         from llmfleet.router.config import router_config_from_service
 
         endpoints = {p: [r.url for r in rs] for p, rs in self.slots.items()}
-        cfg = router_config_from_service(self.isvc, endpoints=endpoints)
+        events = {p: {r.url: f"tcp://127.0.0.1:{r.kv_events_port}" for r in rs if r.kv_events_port is not None}
+                  for p, rs in self.slots.items()}
+        cfg = router_config_from_service(self.isvc, endpoints=endpoints, kv_events_endpoints=events)
         updates: dict[str, Any] = {"host": "127.0.0.1", "port": self.router_port}
         if "request_log" in type(cfg).model_fields:
             updates["request_log"] = str(self.run_dir / "requests.jsonl")

@@ -17,7 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
-from llmfleet.api.contracts import REPLICA_PORT, ROUTER_PORT, pool_selector
+from llmfleet.api.contracts import KV_EVENTS_PORT, REPLICA_PORT, ROUTER_PORT, pool_selector
 from llmfleet.api.inferenceservice import SCORER_NAMES, InferenceService
 from llmfleet.api.storage import parse_uri
 
@@ -285,12 +285,15 @@ def router_config_from_service(
     endpoints: dict[str, list[str]] | None = None,
     *,
     kv_events_port: int | None = None,
+    kv_events_endpoints: dict[str, dict[str, str]] | None = None,
     model_folders: dict[str, str] | None = None,
 ) -> RouterConfig:
     """The router config for `isvc`. `endpoints` (pool -> base URLs) = static; None = EndpointSlice discovery.
 
-    `kv_events_port`: the port given to `render_vllm_args(..., kv_events_port=...)`; the router then subscribes
-    to every replica's KV-cache events on it.
+    KV-cache events: for each pool whose replicas publish them (`isvc.publishes_kv_events`), the router
+    subscribes to every replica on `kv_events_port` (default KV_EVENTS_PORT, what `render_vllm_args` renders),
+    or, for a pool in `kv_events_endpoints` (pool -> replica base URL -> ZMQ endpoint: replicas sharing a host),
+    on those endpoints.
     `model_folders`: pool -> the folder where the router finds that pool's model files (the operator mounts or
     fetches them into the router pod); a pool's local model path otherwise.
     """
@@ -298,6 +301,7 @@ def router_config_from_service(
     namespace = isvc.metadata.namespace or "default"
     pools = []
     folders = model_folders or {}
+    events_by_pool = kv_events_endpoints or {}
     lora = spec.lora
     for view in isvc.pools():
         folder = folders.get(view.name) or _local_folder(view.model.path)
@@ -319,7 +323,9 @@ def router_config_from_service(
                 kv_offload_gib=view.vllm.kv_offload_gib,
                 tensor_parallel_size=view.vllm.tensor_parallel_size,
                 dtype=view.model.dtype,
-                kv_events_port=kv_events_port,
+                kv_events_port=(kv_events_port or KV_EVENTS_PORT)
+                if isvc.publishes_kv_events(view) and view.name not in events_by_pool else None,
+                kv_events_endpoints=events_by_pool.get(view.name) if isvc.publishes_kv_events(view) else None,
                 scales_from_zero=view.min_replicas == 0,
                 adapters=[AdapterConfig(name=a.name, path=a.engine_path) for a in spec.adapters] if primary_lora else [],
                 adapter_slots=lora.slots if primary_lora and lora is not None else 0,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import sys
@@ -21,12 +22,13 @@ SLEEPER = [sys.executable, "-c", "import signal, sys, time; signal.signal(signal
            "time.sleep(120)"]
 
 
-def isvc() -> InferenceService:
+def isvc(**spec: Any) -> InferenceService:
     return InferenceService.model_validate({
         "apiVersion": "llmfleet.io/v1alpha1", "kind": "InferenceService", "metadata": {"name": "sup"},
         "spec": {"model": {"path": "/m"}, "vllm": {"blockSize": 32}, "replicas": 1, "minReplicas": 1,
                  "maxReplicas": 3, "drainSeconds": 1,
-                 "fallback": {"pools": [{"name": "student", "model": {"path": "/s"}, "replicas": 0, "maxReplicas": 1}]}},
+                 "fallback": {"pools": [{"name": "student", "model": {"path": "/s"}, "replicas": 0, "maxReplicas": 1}]},
+                 **spec},
     })
 
 
@@ -121,3 +123,22 @@ def test_prometheus_config_labels_every_slot(tmp_path: Path) -> None:
     assert sorted(groups) == ["primary", "student"]
     assert len(groups["primary"]["targets"]) == 3
     assert groups["student"]["labels"]["llmfleet_io_inferenceservice"] == "sup"
+
+
+def test_each_local_replica_publishes_kv_events_on_its_own_port(tmp_path: Path) -> None:
+    """Replicas share the host, so each gets its own event port, and the router's config names each endpoint."""
+    from llmfleet.router.config import RouterConfig
+
+    sup = Supervisor(isvc(), tmp_path, prometheus=False)
+    primary = sup.slots["primary"]
+    ports = [r.kv_events_port for r in sup.replicas()]
+    assert None not in ports and len(set(ports)) == len(ports)
+    cmd = sup.replica_command(primary[1])
+    assert json.loads(cmd[cmd.index("--kv-events-config") + 1])["endpoint"] == f"tcp://*:{primary[1].kv_events_port}"
+    pools = {p.name: p for p in RouterConfig.from_yaml(sup.write_router_config().read_text()).pools}
+    assert pools["primary"].kv_events_port is None
+    assert pools["primary"].kv_events_endpoints == {r.url: f"tcp://127.0.0.1:{r.kv_events_port}" for r in primary}
+    sup_off = Supervisor(isvc(router={"kvEvents": False}), tmp_path / "off", prometheus=False)
+    assert "--kv-events-config" not in sup_off.replica_command(sup_off.slots["primary"][0])
+    assert all(p.kv_events_endpoints is None and p.kv_events_port is None
+               for p in RouterConfig.from_yaml(sup_off.write_router_config().read_text()).pools)

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from llmfleet.api import InferenceService, TrainingJob, load_manifest
-from llmfleet.api.contracts import child_name
+from llmfleet.api.contracts import KV_EVENTS_PORT, child_name
 from llmfleet.operator.builders import ServiceSpecError, build_inferenceservice, build_trainingjob
 from llmfleet.operator.builders.trainingjob import job_name
 from llmfleet.operator.config import Capabilities, OperatorConfig
@@ -305,3 +305,29 @@ def test_owner_uid_is_required() -> None:
     isvc.metadata.uid = None
     with pytest.raises(ValueError, match="uid"):
         build_inferenceservice(isvc, FULL)
+
+
+def _kv_events(ms: list[dict[str, Any]], pool: str) -> tuple[dict[str, Any] | None, list[int], int | None]:
+    """(the --kv-events-config a pool's engine gets, its container ports, the router's KV-event port for it)."""
+    container = _by(ms, "Deployment", f"chat-{pool}")["spec"]["template"]["spec"]["containers"][0]
+    cmd = container["command"]
+    cfg = json.loads(cmd[cmd.index("--kv-events-config") + 1]) if "--kv-events-config" in cmd else None
+    router = RouterConfig.from_yaml(_by(ms, "ConfigMap", "chat-router")["data"]["router.yaml"])
+    return cfg, [p["containerPort"] for p in container["ports"]], {p.name: p for p in router.pools}[pool].kv_events_port
+
+
+def test_kv_events_on_by_default_for_vllm() -> None:
+    """vLLM replicas publish KV-cache events on KV_EVENTS_PORT and the router subscribes there, unless turned off."""
+    ms = build_inferenceservice(_isvc(), FULL)
+    cfg, ports, router_port = _kv_events(ms, "primary")
+    assert cfg == {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{KV_EVENTS_PORT}"}
+    assert KV_EVENTS_PORT in ports and router_port == KV_EVENTS_PORT
+    assert _kv_events(ms, "student")[2] == KV_EVENTS_PORT
+    _validate(ms)
+    off = build_inferenceservice(_isvc(router={"kvEvents": False}), FULL)
+    assert _kv_events(off, "primary") == (None, [8000], None)
+    # Ray Serve LLM does not publish them; nor does an engine without prefix caching.
+    assert _kv_events(build_inferenceservice(_isvc(engine="ray-serve"), FULL), "primary") == (None, [8000], None)
+    no_cache = build_inferenceservice(_isvc(vllm={"enablePrefixCaching": False}), FULL)
+    assert _kv_events(no_cache, "primary") == (None, [8000], None)
+    assert _kv_events(no_cache, "student")[2] == KV_EVENTS_PORT  # the student has its own vllm spec

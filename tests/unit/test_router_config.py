@@ -6,6 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from llmfleet.api import InferenceService
+from llmfleet.api.contracts import KV_EVENTS_PORT
 from llmfleet.router.config import RouterConfig, load_router_config, router_config_from_service
 
 
@@ -24,8 +25,15 @@ def test_discovery_when_no_endpoints() -> None:
     assert cfg.pools[1].served_names == ["chat-small"] and cfg.pools[1].tokenizer_path is None
     assert cfg.pools[0].tokenizer_path == "/models/big" and cfg.pools[0].max_model_len == 4096
     assert cfg.fallback.enabled
-    assert cfg.pools[0].kv_events_port is None
-    assert router_config_from_service(_isvc(), kv_events_port=5557).pools[0].kv_events_port == 5557
+    # vLLM replicas publish KV-cache events by default; the router subscribes on the port the engine is given.
+    assert cfg.pools[0].kv_events_port == KV_EVENTS_PORT and cfg.pools[0].kv_events_endpoints is None
+    assert router_config_from_service(_isvc(), kv_events_port=5600).pools[0].kv_events_port == 5600
+    for off in (_isvc(router={"kvEvents": False}), _isvc(engine="ray-serve")):
+        assert [(p.kv_events_port, p.kv_events_endpoints) for p in router_config_from_service(off).pools] == [(None, None)]
+    # Replicas sharing a host (llmfleet up): one endpoint per replica, no common port.
+    events = {"primary": {"http://127.0.0.1:9001": "tcp://127.0.0.1:9101"}}
+    local = router_config_from_service(_isvc(), endpoints={"primary": ["http://127.0.0.1:9001"]}, kv_events_endpoints=events)
+    assert local.pools[0].kv_events_port is None and local.pools[0].kv_events_endpoints == events["primary"]
 
 
 def test_model_folders_give_the_router_its_tokenizer() -> None:

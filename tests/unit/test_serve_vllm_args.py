@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from llmfleet.api import InferenceService
+from llmfleet.api.contracts import KV_EVENTS_PORT
 from llmfleet.workers.serve.vllm_args import InvalidServeSpec, render_vllm_args, serve_command
 
 
@@ -45,8 +46,19 @@ def test_defaults_render_every_always_on_knob() -> None:
     assert flag(argv, "--gpu-memory-utilization") == "0.9"
     # Optional knobs are absent when unset, so vLLM's own defaults apply.
     for absent in ("--quantization", "--max-model-len", "--max-num-seqs", "--max-num-batched-tokens",
-                   "--enforce-eager", "--enable-chunked-prefill", "--no-enable-chunked-prefill", "--kv-events-config"):
+                   "--enforce-eager", "--enable-chunked-prefill", "--no-enable-chunked-prefill"):
         assert absent not in argv
+    # vLLM publishes its KV-cache events on KV_EVENTS_PORT for the router's prefix index.
+    assert json.loads(flag(argv, "--kv-events-config")) == {
+        "enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{KV_EVENTS_PORT}"}
+
+
+@pytest.mark.parametrize("spec", [{"router": {"kvEvents": False}}, {"vllm": {"enablePrefixCaching": False}},
+                                  {"engine": "ray-serve"}])
+def test_kv_events_off(spec: dict[str, Any]) -> None:
+    isvc = make(spec)
+    assert not isvc.publishes_kv_events(isvc.pools()[0])
+    assert "--kv-events-config" not in render_vllm_args(isvc, isvc.pools()[0])
 
 
 def test_every_knob() -> None:

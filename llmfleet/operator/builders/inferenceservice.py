@@ -13,6 +13,7 @@ from llmfleet.api.contracts import (
     COMPONENT_LABEL,
     CONFIG_HASH_ANNOTATION,
     INFERENCESERVICE_LABEL,
+    KV_EVENTS_PORT,
     MODEL_ANNOTATION,
     POOL_LABEL,
     REPLICA_PORT,
@@ -122,7 +123,11 @@ def build_pool_deployment(isvc: InferenceService, pool: PoolView, config: Operat
         "name": "engine",
         "image": isvc.spec.image or config.serve_image,
         "command": _serve_command(isvc, pool, model_dir),
-        "ports": [{"name": "http", "containerPort": REPLICA_PORT, "protocol": "TCP"}],
+        "ports": [
+            {"name": "http", "containerPort": REPLICA_PORT, "protocol": "TCP"},
+            *([{"name": "kv-events", "containerPort": KV_EVENTS_PORT, "protocol": "TCP"}]
+              if isvc.publishes_kv_events(pool) else []),
+        ],
         "env": [
             {"name": "LLMFLEET_INFERENCESERVICE", "value": isvc.metadata.name},
             {"name": "LLMFLEET_POOL", "value": pool.name},

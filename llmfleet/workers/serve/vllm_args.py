@@ -15,7 +15,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from llmfleet.api.contracts import REPLICA_PORT
+from llmfleet.api.contracts import KV_EVENTS_PORT, REPLICA_PORT
 from llmfleet.api.inferenceservice import InferenceService, PoolView
 from llmfleet.api.storage import parse_uri
 
@@ -223,8 +223,9 @@ def render_vllm_args(
     """The argv after `python -m vllm.entrypoints.openai.api_server` for one replica of `pool`.
 
     Every spec knob is rendered explicitly (also when it equals vLLM's default) so the engine never
-    drifts from the spec when vLLM changes a default. `kv_events_port` turns on vLLM's KV-cache event
-    stream (ZMQ PUB on that port), which a router can consume for exact prefix-cache routing.
+    drifts from the spec when vLLM changes a default. vLLM's KV-cache event stream (ZMQ PUB), which the router
+    consumes for exact prefix-cache routing, is on whenever `isvc.publishes_kv_events(pool)`, on `kv_events_port`
+    (default KV_EVENTS_PORT; set it when several replicas share a host); a given port turns it on regardless.
     `model_dir`: the folder holding the pool's model when its path is a pvc://, s3:// or hf:// location.
     Raises InvalidServeSpec naming the field for combinations the engine cannot run.
     """
@@ -263,6 +264,8 @@ def render_vllm_args(
         # adding one to spec.adapters changes no Deployment and restarts no replica.
         args += ["--enable-lora", "--max-loras", str(lora.max_loras), "--max-lora-rank", str(lora.max_lora_rank),
                  "--max-cpu-loras", str(lora.slots)]
+    if kv_events_port is None and isvc.publishes_kv_events(pool):
+        kv_events_port = KV_EVENTS_PORT
     if kv_events_port is not None:
         cfg = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{kv_events_port}"}
         args += ["--kv-events-config", json.dumps(cfg, separators=(",", ":"))]

