@@ -1,5 +1,6 @@
 # Serving replicas, tiny models and the local runtime. Included by the main Makefile.
-# `make demo` runs python -m llmfleet.local.demo after these prerequisites.
+# `make demo` runs python -m llmfleet.local.demo (= `llmfleet demo`: train + promote, route A/B, burst, report)
+# after these prerequisites.
 
 DEMO_DEPS += tiny-models
 

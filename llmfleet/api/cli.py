@@ -68,16 +68,21 @@ def register(app: typer.Typer) -> None:
     def validate(
         files: list[Path] = typer.Argument(..., help="Manifest files (YAML, may hold several documents)."),
     ) -> None:
-        """Validate llmfleet manifests; print each problem with its field path; exit 1 on any."""
-        from llmfleet.api.loader import ManifestError, load_file
+        """Validate llmfleet manifests; print each problem with its field path. Exit 1 when a resource is
+        invalid, 2 when a file cannot be read or parsed (missing, not UTF-8, YAML syntax, nested too deeply)."""
+        from llmfleet.api.loader import InputFileError, ManifestError, load_file
 
         console = Console(stderr=True, soft_wrap=True)
-        failed = 0
+        status = 0
         for f in files:
             try:
                 resources = load_file(f)
+            except InputFileError as err:
+                status = 2
+                console.print(f"[red]✗[/red] {escape(str(err))}", highlight=False)
+                continue
             except ManifestError as err:
-                failed += 1
+                status = max(status, 1)
                 for path, msg in err.problems:
                     console.print(f"[red]✗[/red] {escape(err.source)}: [bold]{escape(path)}[/bold]: {escape(msg)}", highlight=False)
                 continue
@@ -87,8 +92,8 @@ def register(app: typer.Typer) -> None:
                     console.print(f"[red]✗[/red] {escape(str(f))}: {r.kind}/{r.metadata.name}: [bold]{escape(path)}"
                                   f"[/bold]: {escape(msg)}", highlight=False)
                 if problems:
-                    failed += 1
+                    status = max(status, 1)
                     continue
                 console.print(f"[green]✓[/green] {escape(str(f))}: {r.kind}/{r.metadata.name}", highlight=False)
-        if failed:
-            raise typer.Exit(1)
+        if status:
+            raise typer.Exit(status)

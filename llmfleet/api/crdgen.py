@@ -21,7 +21,7 @@ Schema = dict[str, Any]
 # Keywords a structural schema may carry over from JSON Schema unchanged.
 _KEEP = {
     "description", "type", "format", "enum", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
-    "minLength", "maxLength", "pattern", "minItems", "maxItems", "x-kubernetes-validations",
+    "minLength", "maxLength", "pattern", "minItems", "maxItems", "maxProperties", "x-kubernetes-validations",
 }
 
 
@@ -69,6 +69,8 @@ def _structural(node: Schema, defs: dict[str, Schema]) -> Schema:
         if len(options) != 1:
             raise ValueError(f"cannot express a union in a structural schema: {node}")
         inner = _structural(options[0], defs)
+        # Constraints given on the optional field itself (json_schema_extra: enum, CEL rules) apply to X.
+        inner.update({k: v for k, v in node.items() if k in _KEEP and k not in ("type", "description")})
         if description:
             inner["description"] = description
         if default is not None and isinstance(default, (str, int, float, bool)):

@@ -7,12 +7,21 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from llmfleet.api.common import ApiModel, Condition, ObjectMeta, Resources, StatusModel
 from llmfleet.api.storage import ModelUri, StorageSpec
 
 PRIMARY_POOL = "primary"
+# The router's scorer plugins by name. The contract lives here (the API validates `router.scorers` against
+# it); llmfleet.router.plugins builds one scorer per name and a unit test keeps both in step.
+SCORER_NAMES = ("estimated-ttft", "prefix-cache", "queue-depth", "running-requests", "kv-cache", "session-affinity",
+                "adapter-loaded")
+# Suffix of the router's children (`<service>-router`: Deployment, Service, ConfigMap, RBAC): a student pool
+# of that name would get the same child names. The operator's builders name the router with it.
+ROUTER_SUFFIX = "router"
+# Pool names a student pool may not take: the primary's, and those whose children collide with the router's.
+RESERVED_POOL_NAMES = (PRIMARY_POOL, ROUTER_SUFFIX)
 
 
 class ServedModel(ApiModel):
@@ -33,6 +42,9 @@ class ServedModel(ApiModel):
     max_model_len: int | None = Field(default=None, ge=16, description="Maximum context length (prompt + output) in tokens.")
 
 
+BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)  # KV block sizes vLLM accepts
+
+
 class VLLMSpec(ApiModel):
     """vLLM engine arguments (rendered to `vllm serve` flags)."""
 
@@ -40,6 +52,7 @@ class VLLMSpec(ApiModel):
         default=None,
         description="Paged-attention KV block size in tokens; unset = 16 on GPU pools and 32 on CPU pools "
         "(resources.gpus: 0), whose attention kernel needs a multiple of 32.",
+        json_schema_extra={"enum": list(BLOCK_SIZES)},  # the API server refuses other sizes too
     )
     enable_prefix_caching: bool = Field(default=True, description="Reuse KV blocks of shared prompt prefixes.")
     kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = Field(
@@ -64,8 +77,8 @@ class VLLMSpec(ApiModel):
 
     @model_validator(mode="after")
     def _check(self) -> VLLMSpec:
-        if self.block_size is not None and self.block_size not in (1, 8, 16, 32, 64, 128, 256):
-            raise ValueError("blockSize must be one of 1, 8, 16, 32, 64, 128, 256")
+        if self.block_size is not None and self.block_size not in BLOCK_SIZES:
+            raise ValueError(f"blockSize must be one of {', '.join(map(str, BLOCK_SIZES))}")
         return self
 
 
@@ -145,8 +158,14 @@ class RouterSpec(ApiModel):
     replicas: int = Field(default=1, ge=1, le=100, description="Router pods.")
     scorers: dict[str, float] = Field(
         default_factory=lambda: {"estimated-ttft": 1.0, "queue-depth": 0.1},
-        description="Scorer plugin name -> weight (estimated-ttft, prefix-cache, queue-depth, running-requests, kv-cache, "
-        "session-affinity, adapter-loaded; a service with spec.lora gets adapter-loaded at 1.0 unless named here).",
+        description=f"Scorer plugin name -> weight ({', '.join(SCORER_NAMES)}; a service with spec.lora gets "
+        "adapter-loaded at 1.0 unless named here).",
+        # maxProperties bounds the CEL rule's estimated cost at the API server (more keys than scorers
+        # cannot all be known names anyway); pydantic's own check below names the unknown ones.
+        json_schema_extra={"maxProperties": len(SCORER_NAMES), "x-kubernetes-validations": [{
+            "rule": "self.all(k, k in " + str(list(SCORER_NAMES)).replace("'", '"') + ")",
+            "message": f"unknown scorer; known: {', '.join(SCORER_NAMES)}",
+        }]},
     )
     session_affinity_header: str | None = Field(
         default="x-session-id", description="Header whose value pins a session to a replica (session-affinity scorer)."
@@ -158,6 +177,14 @@ class RouterSpec(ApiModel):
     request_timeout_seconds: float = Field(default=120.0, gt=0, description="Upper bound on one request's time at the router.")
     max_request_bytes: int = Field(default=4 * 1024 * 1024, ge=1024, description="Reject larger request bodies with 413.")
     api_keys_secret: str | None = Field(default=None, description="Secret holding per-tenant API keys and rate limits.")
+
+    @field_validator("scorers")
+    @classmethod
+    def _known_scorers(cls, scorers: dict[str, float]) -> dict[str, float]:
+        unknown = sorted(set(scorers) - set(SCORER_NAMES))
+        if unknown:
+            raise ValueError(f"unknown scorer {', '.join(map(repr, unknown))} (known: {', '.join(SCORER_NAMES)})")
+        return scorers
 
     @model_validator(mode="after")
     def _check(self) -> RouterSpec:
@@ -174,17 +201,30 @@ class StudentPool(ApiModel):
         json_schema_extra={
             "x-kubernetes-validations": [
                 {"rule": "self.minReplicas <= self.maxReplicas", "message": "minReplicas must be <= maxReplicas"},
+                {"rule": "!(self.name in " + str(list(RESERVED_POOL_NAMES)).replace("'", '"') + ")",
+                 "message": f"pool names {', '.join(RESERVED_POOL_NAMES)} are reserved"},
             ]
         }
     )
 
-    name: str = Field(min_length=1, max_length=40, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", description="Pool name (DNS label).")
+    name: str = Field(min_length=1, max_length=40, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+                      description=f"Pool name (DNS label); {' and '.join(RESERVED_POOL_NAMES)} are reserved.")
     model: ServedModel = Field(description="The student model.")
     replicas: int = Field(default=1, ge=0, description="Desired replicas (written by the autoscaler).")
     min_replicas: int = Field(default=0, ge=0, description="Lower bound for the autoscaler.")
     max_replicas: int = Field(default=4, ge=0, description="Upper bound for the autoscaler.")
     resources: Resources = Field(default_factory=Resources, description="Per-replica resources.")
     vllm: VLLMSpec | None = Field(default=None, description="Engine arguments; the primary's when omitted.")
+
+    @field_validator("name")
+    @classmethod
+    def _not_reserved(cls, name: str) -> str:
+        if name == PRIMARY_POOL:
+            raise ValueError(f"{name!r} is reserved for the primary pool")
+        if name in RESERVED_POOL_NAMES:
+            raise ValueError(f"{name!r} is reserved: the pool's children would be named like the router's "
+                             f"(<service>-{ROUTER_SUFFIX})")
+        return name
 
     @model_validator(mode="after")
     def _check(self) -> StudentPool:
@@ -208,8 +248,6 @@ class FallbackSpec(ApiModel):
         names = [p.name for p in self.pools]
         if len(set(names)) != len(names):
             raise ValueError("fallback.pools names must be unique")
-        if PRIMARY_POOL in names:
-            raise ValueError(f"fallback pool name '{PRIMARY_POOL}' is reserved for the primary pool")
         return self
 
 

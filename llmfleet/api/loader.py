@@ -1,7 +1,9 @@
-"""Parse manifests into API models, with errors that name the field path."""
+"""Parse manifests into API models, with errors that name the field path; read input files for every CLI
+command with one-line errors (`InputFileError`) instead of decoder tracebacks."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,93 @@ class ManifestError(ValueError):
         self.problems = problems
         lines = "; ".join(f"{path}: {msg}" for path, msg in problems)
         super().__init__(f"{source}: {lines}")
+
+
+class InputFileError(ManifestError):
+    """A file that cannot be read as text, YAML or JSON (missing, not UTF-8, syntax error, nested too deeply).
+
+    str() is one line, `FILE[:LINE]: message`; the CLI root prints it and exits with status 2.
+    """
+
+    def __init__(self, source: str, message: str, line: int | None = None, kind: str = "<file>") -> None:
+        self.line = line
+        self.message = message
+        super().__init__(source, [(kind, message)])
+
+    def __str__(self) -> str:
+        where = f"{self.source}:{self.line}" if self.line is not None else self.source
+        return f"{where}: {self.message}"
+
+
+def read_text(path: str | Path) -> str:
+    """A file's UTF-8 text; InputFileError (with the line of the first bad byte) instead of OSError or
+    UnicodeDecodeError."""
+    p = Path(path)
+    try:
+        data = p.read_bytes()
+    except OSError as err:
+        raise InputFileError(str(p), err.strerror or str(err)) from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise InputFileError(str(p), f"not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start})",
+                             line) from None
+
+
+# libyaml (when built in) is faster and stops at 1,000 nesting levels with a marked error; the pure-Python
+# loader recurses until RecursionError, caught below.
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def _too_deep(source: str) -> InputFileError:
+    return InputFileError(source, "nested too deeply to parse")
+
+
+def parse_yaml_all(text: str, source: str) -> list[Any]:
+    """Every non-empty document of a YAML text; InputFileError naming the line on a syntax error."""
+    try:
+        return [d for d in yaml.load_all(text, Loader=_YAML_LOADER) if d is not None]
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark or err.context_mark
+        what = " ".join(str(x) for x in (err.context, err.problem) if x) or "invalid YAML"
+        raise InputFileError(source, f"invalid YAML: {what}", mark.line + 1 if mark else None, "<yaml>") from None
+    except yaml.YAMLError as err:
+        raise InputFileError(source, f"invalid YAML: {' '.join(str(err).split())}", None, "<yaml>") from None
+    except RecursionError:
+        raise _too_deep(source) from None
+    except ValueError as err:  # a scalar the constructor cannot convert (a 5,000-digit int, a bad date)
+        raise InputFileError(source, f"invalid YAML value: {err}", None, "<yaml>") from None
+
+
+def parse_yaml(text: str, source: str) -> Any:
+    """One YAML document (None when empty); errors as `parse_yaml_all`."""
+    docs = parse_yaml_all(text, source)
+    if len(docs) > 1:
+        raise InputFileError(source, f"expected one YAML document, found {len(docs)}", None, "<yaml>")
+    return docs[0] if docs else None
+
+
+def parse_json(text: str, source: str) -> Any:
+    """A JSON text; InputFileError naming the line on a syntax error."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise InputFileError(source, f"invalid JSON: {err.msg} (column {err.colno})", err.lineno, "<json>") from None
+    except RecursionError:
+        raise _too_deep(source) from None
+    except ValueError as err:  # e.g. an integer longer than Python converts (4,300 digits)
+        raise InputFileError(source, f"invalid JSON value: {err}", None, "<json>") from None
+
+
+def load_yaml_file(path: str | Path) -> Any:
+    """One YAML document from a file (see `parse_yaml`)."""
+    return parse_yaml(read_text(path), str(path))
+
+
+def load_json_file(path: str | Path) -> Any:
+    """A JSON file (see `parse_json`)."""
+    return parse_json(read_text(path), str(path))
 
 
 def _path(loc: Iterable[int | str]) -> str:
@@ -67,24 +156,18 @@ def parse_resource(doc: Any, source: str = "<manifest>") -> TrainingJob | Infere
         return model.model_validate(doc)
     except ValidationError as err:
         raise ManifestError(source, problems_from(err)) from None
+    except RecursionError:
+        raise ManifestError(source, [("<root>", "nested too deeply")]) from None
 
 
 def load_manifests(text: str, source: str = "<manifest>") -> list[TrainingJob | InferenceService]:
     """All llmfleet resources in a (multi-document) YAML text."""
-    try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
-    except yaml.YAMLError as err:
-        raise ManifestError(source, [("<yaml>", str(err).replace("\n", " "))]) from None
+    docs = parse_yaml_all(text, source)
     return [parse_resource(d, f"{source}#{i}" if len(docs) > 1 else source) for i, d in enumerate(docs)]
 
 
 def load_file(path: str | Path) -> list[TrainingJob | InferenceService]:
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as err:
-        raise ManifestError(str(p), [("<file>", err.strerror or str(err))]) from None
-    return load_manifests(text, str(p))
+    return load_manifests(read_text(path), str(path))
 
 
 def load_manifest(path: str | Path) -> TrainingJob | InferenceService:

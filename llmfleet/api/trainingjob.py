@@ -343,7 +343,7 @@ class TrainingJobStatus(StatusModel):
     """Observed state of a TrainingJob."""
 
     phase: TrainingPhase | None = Field(default=None, description="Lifecycle phase.")
-    conditions: list[Condition] = Field(default_factory=list, description="Ready, Progressing, Degraded.")
+    conditions: list[Condition] = Field(default_factory=list, description="Ready, Progressing, Degraded; PromotionTarget when output.promoteTo is set (False while the InferenceService or pool does not exist).")
     observed_generation: int | None = Field(default=None, description="Generation last reconciled.")
     step: int | None = Field(default=None, description="Last completed optimizer step (rank 0).")
     loss: float | None = Field(default=None, description="Last training loss.")

@@ -24,10 +24,12 @@ def _fail(msg: str) -> typer.Exit:
 
 def _load_service(path: Path) -> Any:
     from llmfleet.api import InferenceService
-    from llmfleet.api.loader import ManifestError, load_manifest
+    from llmfleet.api.loader import InputFileError, ManifestError, load_manifest
 
     try:
         obj = load_manifest(path)
+    except InputFileError:
+        raise  # one line from the CLI root
     except (ManifestError, OSError, ValueError) as err:
         raise _fail(f"{path}: {str(err).splitlines()[0] if str(err) else err!r}") from err
     if not isinstance(obj, InferenceService):
@@ -87,16 +89,17 @@ def register(app: typer.Typer) -> None:
         signals: Path = typer.Option(..., "--signals", help="JSON list of PoolSignals objects (snake_case fields)."),
         state: Path | None = typer.Option(None, "--state", help="Policy state JSON (the state annotation)."),
     ) -> None:
+        from llmfleet.api.loader import load_json_file, read_text
         from llmfleet.autoscaler.policy import PolicyConfig, PolicyState, PoolSignals, decide
         from llmfleet.autoscaler.seeds import seeds_for_service
 
         isvc = _load_service(service)
+        raw = load_json_file(signals)  # an unreadable file: one line from the CLI root, exit 2
         try:
-            raw = json.loads(signals.read_text())
             sigs = [PoolSignals(**item) for item in raw]
         except (OSError, ValueError, TypeError) as err:
             raise _fail(f"{signals}: {err}") from err
-        st = PolicyState.from_json(state.read_text()) if state else PolicyState()
+        st = PolicyState.from_json(read_text(state)) if state else PolicyState()
         try:
             d = decide(PolicyConfig.from_service(isvc, seeds=seeds_for_service(isvc)), sigs, st)
         except ValueError as err:

@@ -40,7 +40,7 @@ from llmfleet.autoscaler.actuation import Actuator, KubernetesActuator
 from llmfleet.autoscaler.arbitration import serving_need
 from llmfleet.autoscaler.controller import autoscale_step
 from llmfleet.autoscaler.policy import PolicyState, PoolSignals
-from llmfleet.autoscaler.signals import PoolRef, PrometheusSignals, ScrapeSignals, parse_metrics
+from llmfleet.autoscaler.signals import PoolRef, PrometheusSignals, ScrapeSignals, live_metrics, parse_metrics
 
 TICK = float(os.environ.get("LLMFLEET_AUTOSCALER_TICK") or 5.0)
 log = logging.getLogger("llmfleet.autoscaler")
@@ -57,6 +57,9 @@ class _Memory:
 class _Memo:
     services: dict[str, _Memory] = field(default_factory=dict)
     api_client: Any = None
+    # Set when the operator stops: a timer kopf spawns during shutdown then returns at once instead of
+    # scraping (a slow DNS lookup of the router would hold the exit for seconds).
+    stopping: bool = False
 
 
 class _ScrapeSource:
@@ -99,7 +102,7 @@ async def _lost_blocks(router_url: str, pool_names: Sequence[str]) -> dict[str, 
     """Exclusive prefix blocks per replica from the router's /metrics (None when unreachable)."""
     import httpx
 
-    from llmfleet.autoscaler.scalein import lost_blocks_from_metrics
+    from llmfleet.autoscaler.scalein import lost_blocks_of_pools
 
     try:
         async with httpx.AsyncClient(timeout=2.0) as client:
@@ -108,11 +111,7 @@ async def _lost_blocks(router_url: str, pool_names: Sequence[str]) -> dict[str, 
         return None
     if resp.status_code != 200:
         return None
-    samples = parse_metrics(resp.text)
-    out: dict[str, int] = {}
-    for pool in pool_names:
-        out.update(lost_blocks_from_metrics(samples, pool))
-    return out
+    return lost_blocks_of_pools(parse_metrics(resp.text), pool_names)
 
 
 async def _pending_gpus(actuator: KubernetesActuator, isvc: InferenceService) -> int:
@@ -135,27 +134,15 @@ async def _pending_gpus(actuator: KubernetesActuator, isvc: InferenceService) ->
     return total
 
 
-def live_metrics(signals: Sequence[PoolSignals], now_iso: str) -> dict[str, Any] | None:
-    """status.metrics (LiveMetrics, camelCase) from the primary pool's signals; None without a primary.
-
-    The service's qps is the primary's arrival rate (the router's whole demand, degraded requests included).
-    The operator's promotion rollback reads these fields, and `kubectl get lis -o wide` shows TTFT p95.
-    """
-    primary = next((s for s in signals if s.role == "primary"), None)
-    if primary is None:
-        return None
-    values = {
-        "ttftP95Ms": primary.ttft_p95_ms, "tpotP95Ms": primary.tpot_p95_ms,
-        "prefixCacheHitRate": primary.prefix_hit_rate, "kvCacheUtilization": primary.kv_utilization,
-        "qps": primary.arrival_rate, "degradedFraction": primary.degraded_fraction,
-    }
-    out: dict[str, Any] = {k: round(v, 4) for k, v in values.items() if v is not None}
-    out.update(stale=primary.stale, updatedAt=now_iso)
-    return out
+@kopf.on.cleanup()
+async def _stop_autoscaling(memo: kopf.Memo, **_: Any) -> None:
+    _memo(memo).stopping = True
 
 
 @kopf.timer(GROUP, VERSION, INFERENCESERVICE_PLURAL, interval=TICK, initial_delay=TICK)
 async def autoscale_inferenceservice(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, **_: Any) -> None:
+    if _memo(memo).stopping:
+        return
     try:
         isvc = parse_resource(dict(body))
     except ManifestError:

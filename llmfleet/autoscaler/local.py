@@ -17,6 +17,7 @@ from llmfleet.api.inferenceservice import InferenceService
 from llmfleet.autoscaler.actuation import Actuator
 from llmfleet.autoscaler.controller import StepResult, autoscale_step
 from llmfleet.autoscaler.policy import PolicyState, PoolSignals
+from llmfleet.autoscaler.scalein import lost_blocks_of_pools
 from llmfleet.autoscaler.signals import PoolRef, PrometheusSignals, ScrapeSignals
 
 log = logging.getLogger("llmfleet.autoscaler")
@@ -37,6 +38,10 @@ class ScrapeSource:
             else:
                 urls[p.name] = [r.url for r in await self.actuator.list_replicas(p.name) if r.url and r.ready]
         return await self.scrape.collect(pools, urls, now)
+
+    def lost_blocks(self, pools: Sequence[str]) -> dict[str, int]:
+        """Per replica URL: hot prefix blocks only it holds (router gauge, last scrape), for cache-aware scale-in."""
+        return lost_blocks_of_pools(self.scrape.last_router, pools)
 
 
 async def run_local(
@@ -64,7 +69,9 @@ async def run_local(
     state = PolicyState()
     interval = isvc.spec.autoscaling.interval_seconds
     while not stop.is_set():
-        result = await autoscale_step(isvc, actuator, source, state, time.monotonic(), replicas_from_spec=False)
+        lost = source.lost_blocks([p.name for p in isvc.pools()]) if isinstance(source, ScrapeSource) else None
+        result = await autoscale_step(isvc, actuator, source, state, time.monotonic(), replicas_from_spec=False,
+                                      lost_blocks=lost or None)
         state = result.decision.state
         for name, d in result.decision.pools.items():
             if d.action != "hold":

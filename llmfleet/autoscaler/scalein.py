@@ -65,6 +65,15 @@ def lost_blocks_from_metrics(samples: Mapping[tuple[str, tuple[tuple[str, str], 
     return out
 
 
+def lost_blocks_of_pools(samples: Mapping[tuple[str, tuple[tuple[str, str], ...]], float],
+                         pools: Sequence[str]) -> dict[str, int]:
+    """`lost_blocks_from_metrics` of several pools in one map (replica keys are unique across pools)."""
+    out: dict[str, int] = {}
+    for pool in pools:
+        out.update(lost_blocks_from_metrics(samples, pool))
+    return out
+
+
 async def scale_in(
     actuator: Actuator,
     pool: str,

@@ -326,6 +326,11 @@ class ScrapeSignals:
         self.timeout_s, self.stale_after_s = timeout_s, stale_after_s
         self._prev: _Snapshot | None = None
 
+    @property
+    def last_router(self) -> dict[Sample, float]:
+        """The router's series from the last `collect` (empty before the first)."""
+        return self._prev.router if self._prev is not None else {}
+
     async def _scrape(self, client: Any, url: str) -> dict[Sample, float] | None:
         import httpx
 
@@ -379,4 +384,23 @@ def _merge(snaps: Mapping[str, Mapping[Sample, float]]) -> dict[Sample, float]:
     for url, snap in snaps.items():
         for (name, labels), v in snap.items():
             out[(name, labels + (("__replica", url),))] = v
+    return out
+
+
+def live_metrics(signals: Sequence[PoolSignals], now_iso: str) -> dict[str, Any] | None:
+    """status.metrics (LiveMetrics, camelCase) from the primary pool's signals; None without a primary.
+
+    The service's qps is the primary's arrival rate (the router's whole demand, degraded requests included).
+    The promotion rollback (operator and local runtime) reads these fields, and `kubectl get lis -o wide` shows TTFT p95.
+    """
+    primary = next((s for s in signals if s.role == "primary"), None)
+    if primary is None:
+        return None
+    values = {
+        "ttftP95Ms": primary.ttft_p95_ms, "tpotP95Ms": primary.tpot_p95_ms,
+        "prefixCacheHitRate": primary.prefix_hit_rate, "kvCacheUtilization": primary.kv_utilization,
+        "qps": primary.arrival_rate, "degradedFraction": primary.degraded_fraction,
+    }
+    out: dict[str, Any] = {k: round(v, 4) for k, v in values.items() if v is not None}
+    out.update(stale=primary.stale, updatedAt=now_iso)
     return out

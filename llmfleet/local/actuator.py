@@ -22,8 +22,11 @@ class LocalActuator:
         self._probe = probe or scrape_in_flight
 
     async def list_replicas(self, pool: str) -> list[Replica]:
-        return [Replica(pool=r.pool, name=r.name, url=r.url, ready=r.ready)
-                for r in self.sup.replicas(pool) if r.proc is not None and not r.stopping]
+        live = [r for r in self.sup.replicas(pool) if r.proc is not None and not r.stopping]
+        surge = self.sup.surge.get(pool, 0)
+        if surge:  # a rollout's surge replicas (the newest) are not the autoscaler's, as on Kubernetes
+            live = sorted(live, key=lambda r: r.started_at or 0.0)[:max(0, len(live) - surge)]
+        return [Replica(pool=r.pool, name=r.name, url=r.url, ready=r.ready) for r in live]
 
     async def set_replicas(self, desired: Mapping[str, int], *, reason: str, state_json: str | None = None) -> None:
         for pool, n in desired.items():
@@ -56,7 +59,7 @@ class LocalActuator:
         drained, waited, last = await wait_drained(replica, probe, timeout_s=timeout_s)
         slot.wanted = False
         self.sup.desired[replica.pool] = max(0, self.sup.desired[replica.pool] - 1)
-        self.sup.event(f"autoscaler: removed {replica.name} after {waited:.1f}s drain ({'clean' if drained else 'timeout'})")
+        self.sup.event(f"removed {replica.name} after {waited:.1f}s drain ({'clean' if drained else 'timeout'})")
         self.sup.reconcile()
         return DrainResult(replica=replica, drained=drained, removed=True, waited_s=waited, in_flight_at_removal=last)
 

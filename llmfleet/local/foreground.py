@@ -7,6 +7,7 @@ import contextlib
 import logging
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,12 +15,13 @@ from llmfleet.api.inferenceservice import InferenceService
 from llmfleet.autoscaler.local import run_local
 from llmfleet.local.actuator import LocalActuator
 from llmfleet.local.dashboard import Collector, Window, render, scrape_texts
-from llmfleet.local.runtime import Supervisor
+from llmfleet.local.promote import PromotionFollower
+from llmfleet.local.runtime import RESTART_BACKOFF_MAX_S, Supervisor
 
 log = logging.getLogger("llmfleet.local")
 
 
-def _autoscaler_task(sup: Supervisor, stop: asyncio.Event) -> asyncio.Task[Any] | None:
+def _autoscaler_task(sup: Supervisor, stop: asyncio.Event, on_step: Any = None) -> asyncio.Task[Any] | None:
     """Run the autoscaler's local loop (llmfleet.autoscaler.local.run_local) against a LocalActuator.
 
     It scrapes the router and the ready replicas every `autoscaling.intervalSeconds` and scales through
@@ -33,23 +35,49 @@ def _autoscaler_task(sup: Supervisor, stop: asyncio.Event) -> asyncio.Task[Any] 
 
     a = sup.isvc.spec.autoscaling
     sup.event(f"autoscaler: {a.policy} policy every {a.interval_seconds:g}s")
-    task: asyncio.Task[Any] = asyncio.create_task(run_local(sup.isvc, LocalActuator(sup), urls, stop))
+    return asyncio.create_task(run_local(sup.isvc, LocalActuator(sup), urls, stop, on_step=on_step),
+                               name="autoscaler")
 
-    def done(t: asyncio.Task[Any]) -> None:
-        if not t.cancelled() and t.exception() is not None:
-            sup.event(f"autoscaler stopped: {t.exception()!r}; replicas stay where they are")
 
-    task.add_done_callback(done)
-    return task
+async def keep_autoscaler(sup: Supervisor, stop: asyncio.Event,
+                          started: Callable[[asyncio.Task[Any]], None] | None = None,
+                          on_step: Any = None) -> None:
+    """Run the autoscaler and restart it, with the replicas' backoff, whenever it dies (an exception, or
+    cancelled from outside) while the supervisor runs. It restarts with fresh policy state (no cooldowns);
+    meanwhile replicas stay where they are. `started` sees every task (the failure drill kills them)."""
+    while not stop.is_set():
+        task = _autoscaler_task(sup, stop, on_step=on_step)
+        if task is None:
+            return
+        if started is not None:
+            started(task)
+        try:
+            await asyncio.wait([task])
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        if stop.is_set():
+            return
+        why = "killed" if task.cancelled() else repr(task.exception())
+        sup.autoscaler_restarts += 1
+        delay = min(RESTART_BACKOFF_MAX_S, 2.0 ** (sup.autoscaler_restarts - 1) - 1)
+        sup.event(f"autoscaler died ({why}); restart #{sup.autoscaler_restarts} in {delay:.0f}s")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=delay)
 
 
 async def supervise(isvc: InferenceService, run_dir: Path, port: int | None, dashboard: bool,
-                    prometheus: bool | None = None, manifest: Path | None = None) -> int:
-    sup = Supervisor(isvc, run_dir, router_port=port, prometheus=prometheus, manifest=manifest)
-    stop = asyncio.Event()
+                    prometheus: bool | None = None, manifest: Path | None = None, sup: Supervisor | None = None,
+                    stop: asyncio.Event | None = None,
+                    autoscaler_started: Callable[[asyncio.Task[Any]], None] | None = None) -> int:
+    """Run until SIGINT/SIGTERM (or `stop`, for callers that own the signals): `sup` and `stop` let the
+    failure drill run the same loop with fake replicas."""
+    sup = sup or Supervisor(isvc, run_dir, router_port=port, prometheus=prometheus, manifest=manifest)
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    if stop is None:
+        stop = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
     collector = Collector()
     window: list[Window | None] = [None]
     announced = [False]
@@ -83,9 +111,10 @@ async def supervise(isvc: InferenceService, run_dir: Path, port: int | None, das
     try:
         sup_task = asyncio.create_task(sup.run(stop, on_tick=on_tick))
         await asyncio.sleep(0)
-        auto = _autoscaler_task(sup, stop)
-        if auto is not None:
-            tasks.append(auto)
+        follower = PromotionFollower(sup)
+        tasks.append(asyncio.create_task(
+            keep_autoscaler(sup, stop, autoscaler_started, on_step=lambda r: follower.observe(r.signals))))
+        tasks.append(asyncio.create_task(follower.run(stop)))
         await sup_task
     finally:
         for t in tasks:

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from llmfleet.api import InferenceService
 
-TINY_SCHEME = "tiny://"
 
 
 class InvalidManifest(ValueError):
@@ -54,7 +53,7 @@ def resolve_model_paths(isvc: InferenceService) -> InferenceService:
 
     from llmfleet.api import InferenceService
     from llmfleet.api.storage import parse_uri
-    from llmfleet.local.tinymodel import SPECS, build_tiny
+    from llmfleet.local.tinymodel import tiny_path
     from llmfleet.storage import FetchError, local_copy
 
     progress = logging.getLogger("llmfleet.storage")
@@ -66,10 +65,10 @@ def resolve_model_paths(isvc: InferenceService) -> InferenceService:
     for m in models:
         uri = parse_uri(m["path"])
         if uri.scheme == "tiny":
-            if uri.location not in SPECS:
-                raise InvalidManifest(f"unknown tiny model {m['path']!r}; known: "
-                                      f"{', '.join(TINY_SCHEME + n for n in SPECS)}")
-            m["path"] = str(build_tiny(SPECS[uri.location]))
+            try:
+                m["path"] = tiny_path(m["path"])
+            except ValueError as err:
+                raise InvalidManifest(str(err)) from None
         elif uri.scheme == "pvc":
             raise InvalidManifest(f"model {m['path']!r}: pvc:// claims exist only on Kubernetes; give the claim's "
                                   "local folder here")

@@ -34,6 +34,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import IO, Any
@@ -73,6 +74,7 @@ class Replica:
     next_start: float = 0.0
     started_at: float | None = None
     ready: bool = False
+    model: str = ""  # the model path the running process serves (a promotion rolls it)
 
     @property
     def name(self) -> str:
@@ -93,10 +95,12 @@ class Supervisor:
 
     def __init__(self, isvc: InferenceService, run_dir: Path, *, router_port: int | None = None,
                  python: str | None = None, env: dict[str, str] | None = None, prometheus: bool | None = None,
-                 manifest: Path | None = None) -> None:
+                 manifest: Path | None = None, replica_command: Callable[[Replica], list[str]] | None = None) -> None:
+        """`replica_command` replaces the vLLM replica command (tests and drills run fake replicas)."""
         self.isvc = isvc
         self.manifest = manifest  # the file `llmfleet up -f` was given: watched for adapter edits
         self._manifest_mtime = _mtime(manifest)
+        self._replica_command = replica_command
         self.run_dir = run_dir
         self.python = python or sys.executable
         self.env = {**CPU_ENV_DEFAULTS, **os.environ, **(env or {})}
@@ -104,9 +108,13 @@ class Supervisor:
         self.pools: dict[str, PoolView] = {p.name: p for p in isvc.pools()}
         self.slots: dict[str, list[Replica]] = {}
         self.desired: dict[str, int] = {}
+        # Rollout surge replicas on top of `desired` (a Deployment's maxSurge): started by a promotion,
+        # not counted by the autoscaler's actuator.
+        self.surge: dict[str, int] = {}
         self.events: list[tuple[float, str]] = []
         self.router: subprocess.Popen[bytes] | None = None
         self.router_restarts = 0
+        self.autoscaler_restarts = 0  # kept by the foreground loop, which runs the autoscaler as a task
         # Prometheus when its binary is installed (None = auto); the dashboard and autoscaler scrape directly.
         self.prometheus_bin = shutil.which("prometheus") if prometheus in (None, True) else None
         self.prometheus: subprocess.Popen[bytes] | None = None
@@ -142,6 +150,7 @@ class Supervisor:
             "url": self.url, "routerPort": self.router_port, "startedAt": self.started_at,
             "router": {"pid": self.router.pid if self.router else None, "restarts": self.router_restarts,
                        "log": str(self.run_dir / "logs" / "router.log")},
+            "autoscaler": {"restarts": self.autoscaler_restarts},
             "prometheus": {"pid": self.prometheus.pid if self.prometheus else None,
                            "url": f"http://127.0.0.1:{self.prometheus_port}" if self.prometheus_port else None},
             "desired": dict(self.desired), "replicas": [r.to_state() for r in self.replicas()],
@@ -170,11 +179,14 @@ class Supervisor:
                                 start_new_session=True, preexec_fn=_die_with_parent)
 
     def replica_command(self, r: Replica) -> list[str]:
+        if self._replica_command is not None:
+            return self._replica_command(r)
         return serve_command(self.isvc, self.pools[r.pool], port=r.port, host="127.0.0.1", python=self.python)
 
     def start_replica(self, r: Replica) -> None:
         r.proc = self._spawn(self.replica_command(r), r.log)
         r.pid, r.stopping, r.ready, r.started_at = r.proc.pid, False, False, time.time()
+        r.model = self.pools[r.pool].model.path
 
     def write_router_config(self) -> Path:
         from llmfleet.router.config import router_config_from_service
@@ -284,7 +296,7 @@ class Supervisor:
         self.apply_manifest_edits()
         now = time.time()
         for pool, rs in self.slots.items():
-            self._pick_wanted(rs, self.desired[pool])
+            self._pick_wanted(rs, self.desired[pool] + self.surge.get(pool, 0))
             for r in rs:
                 code = r.proc.poll() if r.proc is not None else None
                 if r.proc is not None and code is not None:

@@ -55,6 +55,7 @@ PRIMARY = TinySpec("tiny-llama", hidden_size=256, intermediate_size=688, num_hid
 STUDENT = TinySpec("tiny-llama-student", hidden_size=128, intermediate_size=344, num_hidden_layers=2,
                    num_attention_heads=2, num_key_value_heads=1, seed=2)
 SPECS = {s.name: s for s in (PRIMARY, STUDENT)}
+TINY_SCHEME = "tiny://"  # a model path `tiny://<name>` means the cached tiny model <name>
 
 
 def cache_root() -> Path:
@@ -206,3 +207,13 @@ def param_count(spec: TinySpec, vocab_size: int = TOKENIZER_VOCAB) -> int:
         layers=spec.num_hidden_layers, hidden=spec.hidden_size, heads=spec.num_attention_heads,
         kv_heads=spec.num_key_value_heads, ffn=spec.intermediate_size, vocab=vocab_size,
     ))
+
+
+def tiny_path(path: str) -> str:
+    """`tiny://<name>` -> the built tiny model folder (built on first use); any other path unchanged."""
+    if not path.startswith(TINY_SCHEME):
+        return path
+    name = path[len(TINY_SCHEME):]
+    if name not in SPECS:
+        raise ValueError(f"unknown tiny model {path!r}; known: {', '.join(TINY_SCHEME + n for n in SPECS)}")
+    return str(build_tiny(SPECS[name]))

@@ -47,4 +47,6 @@ def register(app: typer.Typer) -> None:
             priority=priority,
             config=config,
         )
-        run(opts, verbose=verbose, log_format=log_format)
+        status = run(opts, verbose=verbose, log_format=log_format)
+        if status:
+            raise typer.Exit(status)

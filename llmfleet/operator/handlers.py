@@ -63,6 +63,9 @@ class Runtime:
     # Status this operator wrote last, per object uid: the next reconcile must not act on a body that
     # the watch stream has not refreshed yet (e.g. count a restart twice).
     written: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Set when the operator stops: a timer kopf spawned during shutdown must not write anything (another
+    # replica may already lead) nor reopen the closed API client.
+    stopping: bool = False
 
     def kube(self) -> KubeClient:
         if self.client is None:
@@ -110,6 +113,9 @@ def runtime(memo: Any) -> Runtime:
     return rt
 
 
+SHUTDOWN_DEADLINE_SECONDS = 20.0
+
+
 def configure(settings: kopf.OperatorSettings) -> None:
     """kopf settings shared by the CLI and tests."""
     # Progress and the last-handled spec live in llmfleet.io annotations, keeping status for llmfleet.
@@ -122,6 +128,9 @@ def configure(settings: kopf.OperatorSettings) -> None:
     settings.networking.request_timeout = 30
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
+    # On SIGTERM kopf waits for its tasks (5 s for stragglers, then cancels them); should anything still
+    # hang, it SIGKILLs itself after this long: inside the chart's terminationGracePeriodSeconds (30).
+    settings.process.ultimate_exiting_timeout = SHUTDOWN_DEADLINE_SECONDS
 
 
 @kopf.on.startup()
@@ -143,6 +152,7 @@ def _login(memo: kopf.Memo, settings: kopf.OperatorSettings, **kwargs: Any) -> k
 @kopf.on.cleanup()
 async def _cleanup(memo: kopf.Memo, **_: Any) -> None:
     rt = runtime(memo)
+    rt.stopping = True
     if rt.client is not None:
         await rt.client.close()
     if isinstance(rt.status_reader, HttpStatusReader):
@@ -167,6 +177,8 @@ async def run_reconcile(
     uid = str(body.get("metadata", {}).get("uid", ""))
     lock = rt.locks.setdefault(uid, asyncio.Lock())
     async with lock:
+        if rt.stopping:
+            return
         await rt.discover()
         old = dict(body.get("status") or {})
         merged = {**body, "status": {**old, **rt.written.get(uid, {})}}

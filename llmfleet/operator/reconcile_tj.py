@@ -10,21 +10,23 @@ from pydantic import ValidationError
 
 from llmfleet.api import TrainingJob
 from llmfleet.api.contracts import API_VERSION, PROMOTION_ANNOTATION
+from llmfleet.api.inferenceservice import PRIMARY_POOL
 from llmfleet.kube.client import ApiError, KubeClient
 from llmfleet.operator.builders import build_trainingjob
 from llmfleet.operator.builders.trainingjob import job_name, service_name, uses_kueue
 from llmfleet.operator.config import OperatorConfig
 from llmfleet.operator.promotion import (
-    Promotion,
     adapter_patch,
     from_annotations,
     pool_model,
     pool_model_patch,
+    start_promotion,
 )
 from llmfleet.operator.reconcile_isvc import ReconcileError, apply_all
 from llmfleet.operator.status import (
     Event,
     Outcome,
+    condition,
     cr_dict,
     invalid_spec_message,
     invalid_spec_outcome,
@@ -104,17 +106,7 @@ async def _promote(
     if previous is None:
         return {**base, "state": "Pending", "message": f"InferenceService has no pool {target.pool!r}"}
     metrics = (isvc.get("status") or {}).get("metrics") or {}
-    fresh = not metrics.get("stale", True)
-    promo = Promotion(
-        training_job=tj.metadata.name,
-        pool=target.pool,
-        model=output.path,
-        previous=previous,
-        started_at=now,
-        baseline_ttft_ms=metrics.get("ttftP95Ms") if fresh else None,
-        baseline_error_rate=metrics.get("errorRate") if fresh else None,
-        message=f"rolling {output.path} out to pool {target.pool} one replica at a time",
-    )
+    promo = start_promotion(tj.metadata.name, target.pool, output.path, previous, metrics, now)
     patch = pool_model_patch(isvc, target.pool, output.path) or {}
     patch.setdefault("metadata", {})["annotations"] = {PROMOTION_ANNOTATION: promo.to_annotation()}
     await client.merge_patch(API_VERSION, "InferenceService", ns, target.inference_service, patch)
@@ -124,6 +116,51 @@ async def _promote(
         (isvc, Event("Normal", "PromotionStarted", f"{message}, from TrainingJob {tj.metadata.name}"))
     )
     return {**base, "state": "RollingOut", "message": promo.message}
+
+
+async def _promotion_target(tj: TrainingJob, client: KubeClient) -> tuple[bool, str, str]:
+    """(found, reason, message) for output.promoteTo: the InferenceService and its pool must exist."""
+    target = tj.spec.output.promote_to if tj.spec.output else None
+    if target is None:
+        raise ValueError("no promotion configured")
+    ns = tj.metadata.namespace or "default"
+    isvc = await client.get(API_VERSION, "InferenceService", ns, target.inference_service)
+    if isvc is None:
+        return False, "InferenceServiceNotFound", f"InferenceService {ns}/{target.inference_service} does not exist"
+    if pool_model(isvc, target.pool) is None:
+        pools = [PRIMARY_POOL] + [str(p.get("name")) for p in ((isvc.get("spec") or {}).get("fallback") or {})
+                                  .get("pools") or []]
+        return False, "PoolNotFound", (f"InferenceService {ns}/{target.inference_service} has no pool "
+                                       f"{target.pool!r} (pools: {', '.join(pools)})")
+    return True, "Found", f"promotes to {target.inference_service}/{target.pool}"
+
+
+async def _check_promotion_target(
+    tj: TrainingJob, client: KubeClient, out: Outcome, old: dict[str, Any], generation: int | None, now: str
+) -> None:
+    """Keep the PromotionTarget condition: a missing InferenceService or pool is a condition and a Warning
+    Event on the TrainingJob (training goes on; the promotion waits for the target), not an error.
+
+    Looked up on a spec change and, while missing, on every reconcile; not again once found."""
+    if tj.spec.output is None or tj.spec.output.promote_to is None:
+        return
+    target = tj.spec.output.promote_to
+    state = (out.status.get("promotion") or {}).get("state")
+    prev = condition(out.status.get("conditions") or old.get("conditions"), "PromotionTarget")
+    if state in ("RollingOut", "Succeeded", "RolledBack"):  # the promotion found its target
+        found = (True, "Found", f"promotes to {target.inference_service}/{target.pool}")
+    elif (state is None and prev is not None and prev.get("status") == "True"
+          and old.get("observedGeneration") == generation):
+        return  # found before, spec unchanged, not promoting yet: no lookup on every timer tick
+    else:
+        found = await _promotion_target(tj, client)
+    flipped = prev is None or prev.get("status") != ("True" if found[0] else "False")
+    if not found[0] and (flipped or prev is None or prev.get("message") != found[2]):
+        out.event("Warning", "PromotionTargetMissing", f"{found[2]}; the model is promoted once it exists")
+    elif found[0] and flipped and prev is not None:
+        out.event("Normal", "PromotionTargetFound", found[2])
+    base = out.status.get("conditions") or old.get("conditions")
+    out.status["conditions"] = set_conditions(base, {"PromotionTarget": found}, generation, now)
 
 
 async def _promote_adapter(tj: TrainingJob, isvc: dict[str, Any], client: KubeClient, out: Outcome,
@@ -176,6 +213,16 @@ async def reconcile_trainingjob(
     read_status: StatusReader | None = None,
 ) -> Outcome:
     """Level-triggered. `read_status` (timer only) reads rank 0's /status while the job runs."""
+    out, tj = await _reconcile(body, client, config, now, read_status)
+    if tj is not None:
+        old: dict[str, Any] = dict(body.get("status") or {})
+        await _check_promotion_target(tj, client, out, old, (body.get("metadata") or {}).get("generation"), now)
+    return out
+
+
+async def _reconcile(body: Mapping[str, Any], client: KubeClient, config: OperatorConfig, now: str,
+                     read_status: StatusReader | None) -> tuple[Outcome, TrainingJob | None]:
+    """The reconcile proper; also returns the validated TrainingJob (None when the spec is invalid)."""
     started = time.thread_time()
     old: dict[str, Any] = dict(body.get("status") or {})
     generation = (body.get("metadata") or {}).get("generation")
@@ -184,12 +231,12 @@ async def reconcile_trainingjob(
     except ValidationError as err:
         invalid = invalid_spec_outcome(old, invalid_spec_message(err), generation, now, "TrainingJob")
         invalid.compute_seconds = time.thread_time() - started
-        return invalid
+        return invalid, None
     if problems := training_precision_problems(tj.spec):  # e.g. fp8 on a GPU type without fp8 tensor cores
         message = "; ".join(f"{path}: {msg}" for path, msg in problems)
         invalid = invalid_spec_outcome(old, message, generation, now, "TrainingJob")
         invalid.compute_seconds = time.thread_time() - started
-        return invalid
+        return invalid, None
 
     out = Outcome()
     out.compute_seconds = time.thread_time() - started
@@ -202,7 +249,7 @@ async def reconcile_trainingjob(
         if phase == "Succeeded" and (promotion := await _promote(tj, old, client, out, now)) is not None:
             status["promotion"] = promotion
         out.status = {**status, "phase": phase}
-        return out
+        return out, tj
 
     # Only with Kueue must the operator know before applying whether the Job exists (Kueue then owns
     # `suspend`); otherwise the apply's answer carries the Job's status: one round trip, not two.
@@ -215,7 +262,7 @@ async def reconcile_trainingjob(
             out.event("Warning", "Failed", message)
             out.status = {**status, "phase": "Failed", "completionTime": now,
                           "conditions": _conditions(old, generation, now, "Failed", message)}
-            return out
+            return out, tj
         await client.delete("batch/v1", "Job", ns, job_name(tj, attempt))
         attempt += 1
         status["restarts"] = attempt
@@ -234,7 +281,7 @@ async def reconcile_trainingjob(
         if (promotion := await _promote(tj, {**old, **status}, client, out, now)) is not None:
             status["promotion"] = promotion
         out.status = status
-        return out
+        return out, tj
 
     started = time.thread_time()
     jst = job_now.get("status") or {}
@@ -267,7 +314,7 @@ async def reconcile_trainingjob(
         out.event("Normal", phase, message)
     out.status = status
     out.compute_seconds += time.thread_time() - started
-    return out
+    return out, tj
 
 
 __all__ = ["ApiError", "reconcile_trainingjob"]

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from llmfleet.api.loader import problems_from
 
 EventType = Literal["Normal", "Warning"]
-CONDITION_TYPES = ("Ready", "Progressing", "Degraded")
+CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "PromotionTarget")
 
 
 @dataclass(frozen=True)

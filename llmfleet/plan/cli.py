@@ -122,6 +122,7 @@ def register(app: typer.Typer) -> None:
         import yaml
         from pydantic import ValidationError
 
+        from llmfleet.api.loader import load_yaml_file
         from llmfleet.api.trainingjob import ModelShape
         from llmfleet.plan.capacity import Workload
         from llmfleet.plan.hardware import get_gpu
@@ -129,7 +130,7 @@ def register(app: typer.Typer) -> None:
         from llmfleet.plan.report import PlanInputs, build_report
 
         try:
-            m = ModelShape.model_validate(yaml.safe_load(shape.read_text())) if shape else get_model(model)
+            m = ModelShape.model_validate(load_yaml_file(shape)) if shape else get_model(model)
             g = get_gpu(gpu, _overrides(gpu_override))
             if not (0.0 <= hit_rate <= 1.0) or rate <= 0 or input_tokens < 1 or output_tokens < 1:
                 raise ValueError("need 0 <= --hit-rate <= 1, --rate > 0, --input >= 1, --output >= 1")

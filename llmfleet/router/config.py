@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 from llmfleet.api.contracts import REPLICA_PORT, ROUTER_PORT, pool_selector
-from llmfleet.api.inferenceservice import InferenceService
+from llmfleet.api.inferenceservice import SCORER_NAMES, InferenceService
 from llmfleet.api.storage import parse_uri
 
 # The router's ConfigMap key and where the operator mounts it (and the tenants Secret) in the router's pod.
@@ -32,8 +32,7 @@ ROUTER_MODEL_FILES = (
     "config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
     "generation_config.json",
 )
-KNOWN_SCORERS = ("estimated-ttft", "prefix-cache", "queue-depth", "running-requests", "kv-cache", "session-affinity",
-                 "adapter-loaded")
+KNOWN_SCORERS = SCORER_NAMES
 # Weight of the adapter-loaded scorer added to a service with adapters whose spec.router.scorers does not name it.
 DEFAULT_ADAPTER_WEIGHT = 1.0
 

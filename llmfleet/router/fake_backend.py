@@ -23,6 +23,8 @@ from typing import Any
 
 from aiohttp import web
 
+MAX_TOKENS = 32768  # the fake "context length": larger max_tokens get 400, as from vLLM
+
 
 @dataclass
 class FakeBackend:
@@ -30,7 +32,7 @@ class FakeBackend:
     tokens: int = 4
     delay_s: float = 0.0  # before response headers
     token_delay_s: float = 0.0  # between streamed tokens
-    fail: str | None = None  # None | "500" | "close" | "hang"
+    fail: str | None = None  # None | "500" | "close" | "hang" | "cut" (stream half the tokens, then drop)
     healthy: bool = True
     metrics: dict[str, float] = field(default_factory=dict)  # vllm:name -> value; empty -> no vllm series
     requests: list[dict[str, Any]] = field(default_factory=list)
@@ -134,6 +136,10 @@ class FakeBackend:
                     request.transport.close()
                 return web.Response(status=500)
             n = int(body.get("max_tokens") or self.tokens)
+            if n > MAX_TOKENS:  # like an engine past its context length: the client's error, not the server's
+                return web.json_response({"error": {"message": f"max_tokens must be <= {MAX_TOKENS}",
+                                                     "type": "BadRequestError", "param": "max_tokens",
+                                                     "code": 400}}, status=400)
             parts = render(self.name, endpoint, body.get("model", "m"), n, bool(body.get("stream")), int(time.time()))
             if not body.get("stream"):
                 return web.Response(body=parts[0], content_type="application/json")
@@ -142,6 +148,9 @@ class FakeBackend:
             for i, part in enumerate(parts):
                 if self.token_delay_s and i < n:
                     await asyncio.sleep(self.token_delay_s)
+                if self.fail == "cut" and i == len(parts) // 2 and request.transport is not None:
+                    request.transport.abort()  # as a replica killed mid-stream
+                    return resp
                 await resp.write(part)
             await resp.write_eof()
             return resp

@@ -7,7 +7,8 @@ Per request `FallbackPolicy.decide` picks the primary pool or a student pool fro
   * prompt longer than `long_context_tokens` -> a student (capped);
   * SLO burn rate of the primary above `slo_burn_rate` (capped);
   * predicted primary queueing delay above `max_queue_delay_ms` (capped).
-"Capped": only while the tenant's degraded fraction over the window is below its cap (0 disables).
+"Capped": only while degrading this request keeps the tenant's degraded fraction over the window at or
+below its cap (0 disables; a tenant's first request in an empty window is not held back).
 """
 
 from __future__ import annotations
@@ -100,6 +101,13 @@ class TenantWindow:
         q = self._trim(tenant, now)
         return sum(1 for _, d in q if d) / len(q) if q else 0.0
 
+    def fraction_if_degraded(self, tenant: str, now: float) -> float:
+        """The fraction the window would hold if this request were degraded too (0 for an empty window: a
+        tenant's first request may always be degraded). Checking this, not the current fraction, keeps every
+        window at or below the cap once it holds requests."""
+        q = self._trim(tenant, now)
+        return (sum(1 for _, d in q if d) + 1) / (len(q) + 1) if q else 0.0
+
 
 def predicted_queue_delay_ms(p: PoolSignals) -> float:
     """Little's-law estimate: queued requests drain at `running / mean_e2e` per ms across the pool."""
@@ -141,7 +149,7 @@ class FallbackPolicy:
         if why is None:
             return FallbackDecision(primary.name, False, "primary")
         cap = self.tenant_caps.get(tenant, self.cfg.max_degraded_fraction)
-        if self.tenants.fraction(tenant, now) >= cap:
+        if cap <= 0 or self.tenants.fraction_if_degraded(tenant, now) > cap:
             return FallbackDecision(primary.name, False, f"capped:{why}")
         return FallbackDecision(student.name, True, why)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
@@ -146,12 +147,22 @@ class Upstream:
                 raise UpstreamFailed(f"stream failed before the first byte: {e}", mark_down=False) from None
             log.warning("upstream stream from %s broke mid-response: %s", out_headers["x-llmfleet-replica"], e)
             status = 502
+            # An explicit error event (OpenAI clients raise on it) instead of a stream that just stops.
+            with contextlib.suppress(ConnectionResetError, aiohttp.ClientConnectionResetError):
+                await out.write(stream_error_event(f"the replica's stream broke mid-response: {e}"))
+                await out.write_eof()
         e2e = time.perf_counter() - t0
         tokens = usage_tokens if usage_tokens is not None else max(0, events - 2)  # minus role chunk and [DONE]
         ttft = None if first is None else first - t0
         tpot = (last - first) / (tokens - 1) if first is not None and tokens > 1 else None
         accounting.finish(ctx, status, ctx.input_tokens, tokens, ttft, tpot, e2e)
         return out
+
+
+def stream_error_event(message: str, type_: str = "upstream_error", code: int = 502) -> bytes:
+    """An SSE event carrying an OpenAI-shaped error; no [DONE] follows it."""
+    body = {"error": {"message": message, "type": type_, "param": None, "code": code}}
+    return b"data: " + json.dumps(body).encode() + b"\n\n"
 
 
 def _observe_body(accounting: Accounting, ctx: RequestContext, status: int, data: bytes, e2e: float) -> None:
@@ -173,5 +184,5 @@ def _usage(data: bytes, input_tokens: int) -> tuple[int, int]:
         doc = json.loads(data)
         usage = doc.get("usage") or {}
         return int(usage.get("completion_tokens") or 0), int(usage.get("prompt_tokens") or input_tokens)
-    except (ValueError, AttributeError, TypeError):
+    except (ValueError, AttributeError, TypeError, RecursionError):
         return 0, input_tokens

@@ -8,6 +8,10 @@ from typing import Any, Literal
 
 Endpoint = Literal["chat", "completions"]
 
+# Deepest JSON nesting accepted in a request body (OpenAI bodies, tool schemas included, stay far below).
+# Deeper bodies get 400 before anything recursive (the JSON decoder, re-encoding, the feature store) sees them.
+MAX_JSON_DEPTH = 64
+
 
 class RequestError(Exception):
     """A client error with an OpenAI-shaped JSON body."""
@@ -81,12 +85,40 @@ def _prompt_text(prompt: Any) -> str:
     raise RequestError(400, "'prompt' must be a string, a list of strings or a list of token ids", param="prompt")
 
 
-def parse_request(endpoint: Endpoint, raw: bytes) -> ParsedRequest:
-    """Validate what the router relies on; everything else passes through to the engine untouched."""
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether containers nest more than `limit` levels (iterative: no recursion on hostile input)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        children = v.values() if isinstance(v, dict) else v
+        if depth > limit:
+            return True
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+    return False
+
+
+def decode_json_body(raw: bytes, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """Strict JSON (no NaN/Infinity) nested at most `max_depth` levels, else RequestError 400."""
+    too_deep = RequestError(400, f"request body is nested deeper than {max_depth} levels")
     try:
-        body = json.loads(raw)
+        body = json.loads(raw, parse_constant=_reject_constant)
+    except RecursionError:  # the decoder's own recursion guard: far deeper than max_depth
+        raise too_deep from None
     except (ValueError, UnicodeDecodeError) as e:
         raise RequestError(400, f"request body is not valid JSON: {e}") from None
+    # Only bodies with more brackets than the limit can be too deep: skip the walk for everything else.
+    if isinstance(body, (dict, list)) and raw.count(b"[") + raw.count(b"{") > max_depth and _deeper_than(body, max_depth):
+        raise too_deep
+    return body
+
+
+def parse_request(endpoint: Endpoint, raw: bytes, max_depth: int = MAX_JSON_DEPTH) -> ParsedRequest:
+    """Validate what the router relies on; everything else passes through to the engine untouched."""
+    body = decode_json_body(raw, max_depth)
     if not isinstance(body, dict):
         raise RequestError(400, "request body must be a JSON object")
     model = body.get("model")

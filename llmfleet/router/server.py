@@ -37,7 +37,7 @@ from llmfleet.router.prefix_index import PrefixIndex, PromptBlocks, load_tokeniz
 from llmfleet.router.proxy import Upstream, UpstreamFailed
 from llmfleet.router.replicas import PoolReplicas
 from llmfleet.router.request_log import RequestLog
-from llmfleet.router.requests import Endpoint, ParsedRequest, RequestError, parse_request
+from llmfleet.router.requests import Endpoint, ParsedRequest, RequestError, decode_json_body, parse_request
 from llmfleet.router.store_response import lookup_response
 from llmfleet.router.tenants import AuthError, Tenants
 
@@ -269,9 +269,9 @@ class Router:
             return error_response(403, "admin endpoints are loopback-only without LLMFLEET_ROUTER_ADMIN_TOKEN",
                                   "permission_error")
         try:
-            body = await request.json()
+            body = decode_json_body(await request.read())
             url, draining = str(body["replica"]), bool(body.get("draining", True))
-        except (ValueError, KeyError, TypeError):
+        except (RequestError, KeyError, TypeError, AttributeError):
             return error_response(400, 'body must be {"replica": "<url>", "draining": true|false}')
         if not any(p.replicas.set_draining(url, draining) for p in self.pools.values()):
             return error_response(404, f"no replica {url}", code="replica_not_found")

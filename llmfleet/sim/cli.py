@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 
+from llmfleet.api.loader import InputFileError
+
 if TYPE_CHECKING:
     from llmfleet.sim.types import SimResult
     from llmfleet.sim.workload import Workload
@@ -163,6 +165,8 @@ def register(app: typer.Typer) -> None:
                 cfg = SimConfig(pools=pools, ttft_slo_s=ttft_slo_ms / 1e3, tpot_slo_s=tpot_slo_ms / 1e3, seed=seed,
                                 context_overflow=overflow)
                 results = [simulate(w, cfg, router=make_router(r, seed)) for r in router or ("least-request", "llmfleet")]
+        except RecursionError:  # a trace line nested deeper than the JSON decoder goes: one line, exit 2
+            raise InputFileError(str(trace), "nested too deeply to parse") from None
         except (ValueError, OSError, WorkloadError) as e:
             raise _fail(e) from None
         oracle = oracle_hit_rate(w)
@@ -228,6 +232,8 @@ def register(app: typer.Typer) -> None:
             found = hindsight_schedule(w, pool, ttft_slo_ms / 1e3, start_replicas,
                                        router=partial(LlmfleetRouter, seed=seed), target=target, window_s=window_s,
                                        instant=instant, orders=tuple(order))  # type: ignore[arg-type]
+        except RecursionError:  # a trace line nested deeper than the JSON decoder goes: one line, exit 2
+            raise InputFileError(str(trace), "nested too deeply to parse") from None
         except (ValueError, OSError, WorkloadError) as e:
             raise _fail(e) from None
         typer.echo(f"{w.name}: {len(w.requests)} requests; schedule per {window_s:g} s from {start_replicas}: "

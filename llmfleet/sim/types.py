@@ -6,12 +6,11 @@ the loop, and the loop imports them all.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
+from llmfleet.api.loader import load_json_file
 from llmfleet.api.trainingjob import ModelShape
 from llmfleet.autoscaler.policy import PoolSignals
 from llmfleet.plan.hardware import get_gpu
@@ -64,7 +63,7 @@ class PoolSpec:
         cost = StepCostModel.build(self.shape(), g, weight_dtype=self.weight_dtype, kv_dtype=self.kv_dtype,
                                    tensor_parallel=self.tensor_parallel)
         if self.calibration:
-            data = json.loads(Path(self.calibration).read_text())
+            data = load_json_file(self.calibration)
             if "points" in data:
                 cost = calibrate(cost, data["points"])
             else:

@@ -99,7 +99,7 @@ def aggregate(lines: list[bytes], block_size: int, report: Report) -> dict[tuple
             endpoint = rec.get("endpoint", "chat")
             text = normalized_prompt(endpoint, rec.get("prompt"), rec.get("messages"))
             tenant, model, ts = str(rec["tenant"]), str(rec["model"]), float(rec["ts"])
-        except (ValueError, KeyError, TypeError, BadRequestError) as e:
+        except (ValueError, KeyError, TypeError, RecursionError, BadRequestError) as e:
             report.bad_lines += 1
             if len(report.errors) < 5:
                 report.errors.append(f"bad log line ({type(e).__name__}: {e}): {raw[:120]!r}")

@@ -131,9 +131,10 @@ def test_list_index_in_error_path() -> None:
     assert info.value.problems[0][0] == "spec.fallback.pools[1].model.path"
 
 
-def test_yaml_syntax_error_is_a_manifest_error() -> None:
-    with pytest.raises(ManifestError, match="<yaml>"):
-        load_manifests("a: [unclosed")
+def test_yaml_syntax_error_is_a_manifest_error_naming_the_line() -> None:
+    with pytest.raises(ManifestError, match=r"^<manifest>:[23]: invalid YAML") as info:
+        load_manifests("a: 1\nb: [unclosed")
+    assert info.value.problems[0][0] == "<yaml>"
 
 
 def test_negative_scorer_weight_rejected() -> None:

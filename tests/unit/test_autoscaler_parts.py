@@ -253,8 +253,8 @@ def test_kopf_handlers_register_a_timer_on_import() -> None:
 
 def test_live_metrics_status_from_the_primary_signals() -> None:
     from llmfleet.api.inferenceservice import LiveMetrics
-    from llmfleet.autoscaler.kopf_handlers import live_metrics
     from llmfleet.autoscaler.policy import PoolSignals
+    from llmfleet.autoscaler.signals import live_metrics
 
     primary = PoolSignals(pool="primary", role="primary", now=0.0, replicas=2, ready_replicas=2, arrival_rate=12.5,
                           ttft_p95_ms=420.0, tpot_p95_ms=31.0, prefix_hit_rate=0.8, kv_utilization=0.4,

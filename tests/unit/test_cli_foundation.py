@@ -29,7 +29,7 @@ def test_validate_bad_example_names_the_field_and_exits_one() -> None:
 
 def test_validate_missing_file_is_a_clear_error(tmp_path: Path) -> None:
     result = runner.invoke(app, ["validate", str(tmp_path / "nope.yaml")])
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "nope.yaml" in result.output
 
 

@@ -92,3 +92,57 @@ def test_fuzz_structured(endpoint: str, body: dict) -> None:
 @given(endpoint=st.sampled_from(["chat", "completions"]), raw=st.binary(max_size=200))
 def test_fuzz_bytes(endpoint: str, raw: bytes) -> None:
     _check(endpoint, raw)
+
+
+CORPUS = __import__("pathlib").Path(__file__).resolve().parents[1] / "hostile" / "router"
+
+
+@pytest.mark.parametrize("path", sorted(CORPUS.iterdir()), ids=lambda p: p.name)
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+def test_hostile_corpus_parses_or_is_a_400(endpoint: str, path) -> None:  # type: ignore[no-untyped-def]
+    _check(endpoint, path.read_bytes())
+
+
+@pytest.mark.parametrize("depth, ok", [(63, True), (64, True), (65, False), (2000, False), (200000, False)])
+def test_nesting_bound(depth: int, ok: bool) -> None:
+    # The body itself is one level; `x` adds depth - 1.
+    raw = b'{"model": "m", "prompt": "p", "x": ' + b"[" * (depth - 1) + b"]" * (depth - 1) + b"}"
+    if ok:
+        assert parse_request("completions", raw).model == "m"
+    else:
+        with pytest.raises(RequestError, match="nested deeper than 64") as ei:
+            parse_request("completions", raw)
+        assert ei.value.status == 400
+
+
+@pytest.mark.parametrize("constant", [b"NaN", b"Infinity", b"-Infinity"])
+def test_non_standard_json_constants_rejected(constant: bytes) -> None:
+    with pytest.raises(RequestError, match="not valid JSON") as ei:
+        parse_request("completions", b'{"model": "m", "prompt": "p", "temperature": ' + constant + b"}")
+    assert ei.value.status == 400
+
+
+nested = st.recursive(st.integers() | st.text(max_size=3), lambda inner: st.lists(inner, max_size=2)
+                      | st.dictionaries(st.text(max_size=3), inner, max_size=2), max_leaves=200)
+
+
+def _depth(v: object) -> int:
+    if isinstance(v, dict):
+        return 1 + max(map(_depth, v.values()), default=0)
+    if isinstance(v, list):
+        return 1 + max(map(_depth, v), default=0)
+    return 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(extra=nested, wrap=st.integers(0, 80))
+def test_fuzz_nesting_bound_matches_depth(extra: object, wrap: int) -> None:
+    for _ in range(wrap):
+        extra = [extra]
+    body = {"model": "m", "prompt": "p", "x": extra}
+    try:
+        parse_request("completions", json.dumps(body).encode())
+    except RequestError as e:
+        assert e.status == 400 and _depth(body) > 64
+    else:
+        assert _depth(body) <= 64

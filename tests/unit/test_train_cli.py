@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from llmfleet.cli.main import app
@@ -51,3 +52,25 @@ def test_analyze_trace_rejects_non_trace(tmp_path: Path) -> None:
     f.write_text(json.dumps({"traceEvents": []}))
     result = runner.invoke(app, ["analyze", "trace", str(f)])
     assert result.exit_code == 2 and "no complete" in result.output
+
+
+def test_local_paths_resolve_tiny_models_and_relative_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from llmfleet.local.tinymodel import PRIMARY, build_tiny
+    from llmfleet.local.train_cli import resolve_local_paths
+
+    monkeypatch.chdir(tmp_path)
+    doc = resolve_local_paths({"kind": "TrainingJob", "spec": {
+        "data": {"path": "data", "tokenizer": "tiny://tiny-llama"},
+        "distillation": {"teacher": "tiny://tiny-llama"}, "checkpoint": {"uri": "s3://bucket/ckpt"},
+        "output": {"path": "./out"}}})
+    spec = doc["spec"]
+    assert spec["data"]["path"] == str(tmp_path / "data") and spec["output"]["path"] == str(tmp_path / "out")
+    assert spec["data"]["tokenizer"] == spec["distillation"]["teacher"] == str(build_tiny(PRIMARY))
+    assert spec["checkpoint"]["uri"] == "s3://bucket/ckpt"  # URIs are left alone
+
+
+def test_train_rejects_an_unknown_tiny_model(tmp_path: Path) -> None:
+    job = tmp_path / "job.yaml"
+    job.write_text("model: {hidden: 128, heads: 4}\ndata: {path: /x}\ndistillation: {teacher: 'tiny://nope'}\n")
+    result = runner.invoke(app, ["train", "-f", str(job)])
+    assert result.exit_code == 2 and "unknown tiny model 'tiny://nope'" in result.output

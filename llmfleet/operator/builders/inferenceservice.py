@@ -20,6 +20,7 @@ from llmfleet.api.contracts import (
     SERVING_LABEL,
     child_name,
 )
+from llmfleet.api.inferenceservice import ROUTER_SUFFIX
 from llmfleet.api.storage import CacheSpec
 from llmfleet.operator.builders.common import (
     Manifest,
@@ -46,8 +47,6 @@ from llmfleet.router.config import (
 )
 from llmfleet.workers.serve.vllm_args import InvalidServeSpec, model_location_field, serve_command
 
-# Pool names that would collide with the router's children.
-RESERVED_POOL_NAMES = frozenset({"router"})
 # The router fetches only these files of each pool's model (tokenizer, chat template, shape): no weights.
 ROUTER_CACHE = CacheSpec(size_limit="2Gi")
 
@@ -73,7 +72,7 @@ def pool_name(isvc: InferenceService, pool: str) -> str:
 
 
 def router_name(isvc: InferenceService) -> str:
-    return child_name(isvc.metadata.name, "router")
+    return child_name(isvc.metadata.name, ROUTER_SUFFIX)
 
 
 def pool_selector(isvc: InferenceService, pool: str) -> str:
@@ -326,15 +325,8 @@ def build_feature_store_job(isvc: InferenceService, config: OperatorConfig) -> M
     return manifest
 
 
-def check_names(isvc: InferenceService) -> None:
-    for i, pool in enumerate(isvc.spec.fallback.pools):
-        if pool.name in RESERVED_POOL_NAMES:
-            raise ServiceSpecError(f"spec.fallback.pools[{i}].name: {pool.name!r} is reserved for the router")
-
-
 def build_inferenceservice(isvc: InferenceService, config: OperatorConfig) -> list[Manifest]:
     """Every child of `isvc`, in apply order (config before the pods that read it)."""
-    check_names(isvc)
     out: list[Manifest] = []
     for pool in isvc.pools():
         out += [build_pool_deployment(isvc, pool, config), build_pool_service(isvc, pool), build_pool_pdb(isvc, pool)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import heapq
 import random
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from llmfleet.router.plugins.base import (
     STALE_LOAD_FACTOR,
@@ -354,19 +354,21 @@ def _longest_first(items: Iterable[tuple[str, int]]) -> list[tuple[str, int]]:
     return sorted(items, key=_longest_first_key)
 
 
+# The scorer registry: name -> factory. Its names are the API's SCORER_NAMES (llmfleet.api.inferenceservice),
+# which validates `router.scorers`; tests/unit/test_router_plugins.py keeps the two equal.
+SCORERS: dict[str, Callable[[PrefixIndex], Scorer]] = {
+    "estimated-ttft": EstimatedTTFTScorer,
+    "prefix-cache": PrefixCacheScorer,
+    "queue-depth": lambda index: QueueDepthScorer(),
+    "running-requests": lambda index: RunningRequestsScorer(),
+    "kv-cache": lambda index: KVCacheScorer(),
+    "session-affinity": lambda index: SessionAffinityScorer(),
+    "adapter-loaded": lambda index: AdapterLoadedScorer(),
+}
+
+
 def build_scorer(name: str, index: PrefixIndex) -> Scorer:
-    if name == "prefix-cache":
-        return PrefixCacheScorer(index)
-    if name == "queue-depth":
-        return QueueDepthScorer()
-    if name == "running-requests":
-        return RunningRequestsScorer()
-    if name == "kv-cache":
-        return KVCacheScorer()
-    if name == "session-affinity":
-        return SessionAffinityScorer()
-    if name == "estimated-ttft":
-        return EstimatedTTFTScorer(index)
-    if name == "adapter-loaded":
-        return AdapterLoadedScorer()
-    raise ValueError(f"unknown scorer {name!r}")
+    factory = SCORERS.get(name)
+    if factory is None:
+        raise ValueError(f"unknown scorer {name!r} (known: {', '.join(SCORERS)})")
+    return factory(index)

@@ -6,18 +6,15 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from pathlib import Path
-
-import yaml
 
 from llmfleet.api.trainingjob import TrainingJobSpec
 
 
 def load_spec(path: str) -> TrainingJobSpec:
-    from llmfleet.api.loader import load_manifest
+    from llmfleet.api.loader import load_manifest, load_yaml_file
     from llmfleet.api.trainingjob import TrainingJob
 
-    doc = yaml.safe_load(Path(path).read_text())
+    doc = load_yaml_file(path)
     if isinstance(doc, dict) and doc.get("kind") == "TrainingJob":
         job = load_manifest(path)
         if not isinstance(job, TrainingJob):

@@ -1,11 +1,9 @@
-"""`llmfleet train`, `llmfleet data prepare` and `llmfleet analyze trace` (torch is imported inside commands)."""
+"""`llmfleet data prepare` and `llmfleet analyze trace` (torch is imported inside commands); `llmfleet train` is
+llmfleet.local.train_cli (it runs a TrainingJob on this machine, like `llmfleet up` runs an InferenceService)."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -50,37 +48,6 @@ def local_spec_file(file: Path, spec: TrainingJobSpec) -> Path:
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("train", help="Run a TrainingJob on this machine (torchrun with one process per GPU, or gloo on CPU).")
-    def train(
-        file: Path = typer.Option(..., "-f", "--file", help="TrainingJob manifest (or bare spec) YAML."),
-        nproc: int | None = typer.Option(
-            None, "--nproc", min=1, help="Processes; default gpusPerWorker (or workers.count on CPU)."
-        ),
-    ) -> None:
-        from pydantic import ValidationError
-
-        from llmfleet.workers.train.__main__ import load_spec
-
-        try:
-            spec = load_spec(str(file))
-        except (OSError, ValueError, ValidationError) as err:
-            raise _fail(str(err).splitlines()[0]) from None
-        from llmfleet.storage import FetchError
-
-        try:
-            spec_file = local_spec_file(file, spec)
-        except FetchError as err:
-            raise _fail(str(err)) from None
-        n = nproc or (spec.workers.gpus_per_worker or spec.workers.count)
-        cmd = [sys.executable, "-m", "llmfleet.workers.train", "--spec", str(spec_file)]
-        if n > 1:
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}",
-                   "-m", "llmfleet.workers.train", "--spec", str(spec_file)]
-        rc = subprocess.call(cmd, env=dict(os.environ, NCCL_NVLS_ENABLE=os.environ.get("NCCL_NVLS_ENABLE", "0")))
-        if rc != 0:
-            raise _fail(f"training exited with status {rc}")
-        typer.echo(f"done; status in {Path(spec.checkpoint.uri) / 'status.json'}")
-
     data = typer.Typer(help="Training data.", no_args_is_help=True)
 
     @data.command("prepare", help="Tokenize text files into uint16/uint32 token shards with a manifest.json.")

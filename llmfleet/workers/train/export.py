@@ -100,6 +100,11 @@ def _copy_tokenizer(tokenizer: str | Path, root: Path) -> int | None:
     tok = Tokenizer.from_file(str(tok_json))
     eos_tok = next((t for t in ("<|endoftext|>", "</s>", "<eos>") if tok.token_to_id(t) is not None), None)
     if (folder / "tokenizer_config.json").is_file():
+        # The tokenizer's own config names its end-of-text token: better than guessing by name.
+        named = json.loads((folder / "tokenizer_config.json").read_text()).get("eos_token")
+        named = named.get("content") if isinstance(named, dict) else named
+        if isinstance(named, str) and tok.token_to_id(named) is not None:
+            eos_tok = named
         shutil.copyfile(folder / "tokenizer_config.json", root / "tokenizer_config.json")
     else:
         cfg: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 1 << 20,

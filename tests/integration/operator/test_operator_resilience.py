@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import kmock
@@ -69,14 +70,20 @@ async def test_two_replicas_only_the_leader_acts(cluster: Any, operators: Any) -
     assert standby.runtime.applied_rv
 
 
-async def test_promotion_rolls_out_then_rolls_back(cluster: Any, operators: Any) -> None:
-    emu, _ = cluster
+async def _service_and_promoting_job(emu: Any, operators: Any, pool: str) -> None:
+    """An operator, the InferenceService `chat` (pools primary, student) and a running TrainingJob `train`
+    that promotes pvc://models/distilled-v2 into `pool`."""
     await operators()
     await emu.put(ISVC, isvc_manifest())
     await eventually(lambda: emu.get(DEPLOY, "ml", "chat-student"))
-    promote = {"path": "pvc://models/distilled-v2", "promoteTo": {"inferenceService": "chat", "pool": "student"}}
+    promote = {"path": "pvc://models/distilled-v2", "promoteTo": {"inferenceService": "chat", "pool": pool}}
     await emu.put(TJ, tj_manifest(output=promote))
-    await eventually(lambda: emu.get(JOBS, "ml", "train-r0"))
+    await eventually(lambda: emu.get(JOBS, "ml", "train-r0"))  # training is not held up by the promotion
+
+
+async def test_promotion_rolls_out_then_rolls_back(cluster: Any, operators: Any) -> None:
+    emu, _ = cluster
+    await _service_and_promoting_job(emu, operators, "student")
     await emu.patch(JOBS, "ml", "train-r0", {"status": {"succeeded": 2}}, "status")
 
     # The student pool's model becomes the exported one; its Deployment rolls (maxSurge 1, maxUnavailable 0).
@@ -106,6 +113,56 @@ async def test_promotion_rolls_out_then_rolls_back(cluster: Any, operators: Any)
     await eventually(lambda: emu.get(ISVC, "ml", "chat")["spec"]["model"]["path"] == "/models/llama")
     await eventually(lambda: emu.get(TJ, "ml", "train2")["status"]["promotion"]["state"] == "RolledBack")
     assert "PromotionRolledBack" in {e["reason"] for e in emu.list("v1/events", "ml")}
+
+
+async def test_promotion_into_a_missing_pool_is_a_condition_and_an_event(cluster: Any, operators: Any) -> None:
+    """A TrainingJob promoting into a pool (or InferenceService) that does not exist keeps training; it gets
+    PromotionTarget=False and one Warning Event, not a crash loop, and recovers once the target exists."""
+    emu, _ = cluster
+    await _service_and_promoting_job(emu, operators, "studnet")
+
+    def target_condition() -> Any:
+        conds = emu.get(TJ, "ml", "train")["status"].get("conditions") or []
+        return next((c for c in conds if c["type"] == "PromotionTarget"), None)
+
+    cond = await eventually(target_condition)
+    assert cond["status"] == "False" and cond["reason"] == "PoolNotFound"
+    assert "'studnet'" in cond["message"] and "student" in cond["message"]
+
+    # The job succeeds while the pool is still missing: the promotion waits, nothing is patched.
+    await emu.patch(JOBS, "ml", "train-r0", {"status": {"succeeded": 2}}, "status")
+    await eventually(lambda: emu.get(TJ, "ml", "train")["status"].get("phase") == "Succeeded")
+    await eventually(lambda: emu.get(TJ, "ml", "train")["status"].get("promotion", {}).get("state") == "Pending")
+    rv = emu.get(TJ, "ml", "train")["metadata"]["resourceVersion"]
+    await asyncio.sleep(2.5)  # a few timer ticks (1 s): no status churn, no Event storm
+    assert emu.get(TJ, "ml", "train")["metadata"]["resourceVersion"] == rv
+    warnings = [e for e in emu.list("v1/events", "ml") if e["reason"] == "PromotionTargetMissing"]
+    assert len(warnings) == 1 and warnings[0]["type"] == "Warning"
+    assert warnings[0]["involvedObject"]["kind"] == "TrainingJob"
+    assert emu.get(ISVC, "ml", "chat")["spec"]["fallback"]["pools"][0]["model"]["path"] == "/models/small"
+
+    # Fixing the TrainingJob's target starts the promotion.
+    await emu.patch(TJ, "ml", "train", {"spec": {"output": {"promoteTo": {"pool": "student"}}}})
+    await eventually(lambda: target_condition()["status"] == "True")
+    await eventually(
+        lambda: emu.get(ISVC, "ml", "chat")["spec"]["fallback"]["pools"][0]["model"]["path"] == "pvc://models/distilled-v2")
+    await eventually(lambda: {"PromotionTargetFound", "PromotionStarted"} <= {e["reason"] for e in emu.list("v1/events", "ml")})
+
+
+async def test_promotion_into_a_missing_inferenceservice(cluster: Any, operators: Any) -> None:
+    emu, _ = cluster
+    await operators()
+    promote = {"path": "pvc://models/x", "promoteTo": {"inferenceService": "nope"}}
+    await emu.put(TJ, tj_manifest(output=promote))
+
+    def reason() -> Any:
+        conds = emu.get(TJ, "ml", "train")["status"].get("conditions") or []
+        return next((c["reason"] for c in conds if c["type"] == "PromotionTarget"), None)
+
+    assert await eventually(reason) == "InferenceServiceNotFound"
+    await emu.put(ISVC, isvc_manifest(name="nope"))
+    await eventually(lambda: reason() == "Found")
+
 
 
 async def test_lora_training_promotion_adds_the_adapter_without_touching_the_replicas(cluster: Any,
