@@ -256,12 +256,12 @@ async def bench_exact(url: str, n: int, queries: int) -> dict[str, Any]:
         if fast:
             # The parts of a fast-path lookup: the prepared query alone (as lookup() awaits it), and the
             # request -> key work (split, normalize, hash). The rest is the client's overhead.
-            reader = store._get_reader()
+            reader = store.exact.get_reader()
             if isinstance(reader, SqliteReader):
                 reader.on_loop_budget_s = 1.0  # measure the query, never hand it to the thread path
-            backend = store._backend or ""
+            backend = store.exact.backend or ""
             sql = compiled_sql(backend, "exact")
-            vid = store._version[0] if store._version else 0
+            vid = store.runtime.version[0] if store.runtime.version else 0
             db_lat, key_lat = [], []
             for i in (rng.randrange(n) for _ in range(queries)):
                 t0 = time.perf_counter()
@@ -303,7 +303,7 @@ async def bench_exact(url: str, n: int, queries: int) -> dict[str, Any]:
             for i in (rng.randrange(n) for _ in range(queries)):
                 text, phash, pk = lookup_key(i)
                 t0 = time.perf_counter()
-                store._lookup_db(tenant_of(i), text, phash, pk)
+                store.exact.lookup_db(tenant_of(i), text, phash, pk)
                 sync_lat.append(time.perf_counter() - t0)
             out["exact_thread_db_p99_ms"] = pct(sync_lat, 99) * 1e3
         await store.close()
@@ -326,7 +326,7 @@ async def bench_semantic(url: str, vecs: np.ndarray, queries: int) -> dict[str, 
     t0 = time.perf_counter()
     await store.warmup()
     build_s = time.perf_counter() - t0
-    index = store._indexes[SEM_TENANT]
+    index = store.semantic.indexes[SEM_TENANT]
     fids = embedding_feature_ids(len(vecs))
     truth = np.argmax(qv @ vecs.T, axis=1) if len(vecs) <= 200_000 else picks
     lat, correct, hits = [], 0, 0

@@ -254,9 +254,6 @@ class Replica:
             r.shared.append(k)  # a private block became a shared one: held is unchanged
             r.registered += 1
 
-    def _blocks_for(self, tokens: int) -> int:
-        return -(-tokens // self.bs)
-
     def _preempt(self, r: Request) -> None:
         self._release(r)
         self.running.remove(r)

@@ -15,7 +15,7 @@ import json
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
@@ -324,9 +324,3 @@ def _synthetic(spec: SyntheticSpec) -> Workload:
     for i, r in enumerate(reqs):
         r.rid = i
     return Workload(f"synthetic-{spec.seed}", reqs, bs)
-
-
-def with_block_size(w: Workload, block_size: int) -> Workload:
-    if block_size != w.block_size:
-        raise ValueError(f"workload {w.name} has {w.block_size}-token blocks; the simulator must use the same")
-    return replace(w)

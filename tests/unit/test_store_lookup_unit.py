@@ -74,3 +74,19 @@ print("ok")
 """
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+
+
+def test_settings_object_is_shared_by_the_parts() -> None:
+    import pytest
+
+    from llmfleet.store.lookup_settings import LookupSettings
+
+    settings = LookupSettings("postgresql://u@h/db", "m", timeout_ms=15, semantic=False)
+    store = FeatureStoreLookup.from_settings(settings)
+    assert store.url == "postgresql+psycopg://u@h/db" and abs(store.timeout_s - 0.015) < 1e-9
+    store.semantic_threshold = 0.5  # one object: every part sees the change
+    assert store.exact.runtime.settings.semantic_threshold == store.semantic.runtime.settings.semantic_threshold == 0.5
+    with pytest.raises(ValueError, match="pg_driver"):
+        FeatureStoreLookup(None, "m", pg_driver="odbc")
+    with pytest.raises(TypeError):
+        FeatureStoreLookup(None, "m", no_such_option=1)

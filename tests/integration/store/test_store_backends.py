@@ -169,7 +169,7 @@ async def test_semantic_neighbour_and_threshold(migrated_url: str, tmp_path: Pat
     await generation.precompute_responses(engine, model="tiny", version_id=v.version_id,
                                           endpoint_url=fake_openai.url, min_frequency=3)
     strict.semantic_threshold = 0.8
-    strict._refresh_index()
+    strict.semantic.refresh_index()
     assert strict.index_size == 6
     hit = await strict.lookup("acme", "chat", chat_body("name the largest ocean on earth!"))
     assert hit is not None and "largest ocean" in hit.response["choices"][0]["message"]["content"]

@@ -61,7 +61,7 @@ async def test_fail_open_on_stopped_database(stoppable, tmp_path: Path, fake_ope
     assert await store.lookup("acme", "chat", chat_body("cached prompt")) is not None
     errors_before = _errors("db_error") + _errors("backoff")
     stop()
-    store._drop_connections()  # SQLite: drop open file handles (fast path and engine), as a restart would
+    store.drop_connections()  # SQLite: drop open file handles (fast path and engine), as a restart would
     t0 = time.perf_counter()
     assert await store.lookup("acme", "chat", chat_body("other prompt")) is None
     assert time.perf_counter() - t0 < 3.0

@@ -89,7 +89,7 @@ async def test_fast_path_answers_like_the_thread_path(populated: tuple[str, Engi
                      for r in got_slow]
     assert _sample("llmfleet_store_lookups_total", kind="exact", result="hit") == hits_before + 8
     # The fast path answered on the event loop: it never started the worker threads.
-    assert fast._executor is None and slow._executor is not None
+    assert fast.runtime.executor is None and slow.runtime.executor is not None
     await fast.close()
     await slow.close()
     # close() flushed the counts although the fast path never created the SQLAlchemy engine.
@@ -185,7 +185,7 @@ async def test_postgres_pool_is_bounded_under_concurrency(populated: tuple[str, 
     results = await asyncio.gather(*(store.lookup(t, "chat", b) for _ in range(10) for t, b in QUERIES))
     answers = [r.response["answer"] if r else None for r in results]
     assert answers == ["four", "four", None, "vier", None, "blue", None] * 10
-    reader = store._reader
+    reader = store.exact.reader
     assert isinstance(reader, PostgresReader) and reader._opened <= 2 and not reader._waiters
     assert isinstance(reader, AsyncpgReader) == (driver == "asyncpg")
     await store.close()
@@ -226,7 +226,7 @@ async def test_sqlite_on_loop_budget_hands_over_to_the_thread_path(populated: tu
     # A zero budget, checked at every step (a healthy point query is too short to reach the default check
     # interval): the progress handler interrupts the query on the loop, and the thread path answers.
     store = _store(url, sqlite_on_loop_ms=0)
-    reader = store._get_reader()
+    reader = store.exact.get_reader()
     assert isinstance(reader, SqliteReader)
     reader.progress_steps = 1
     before = _sample("llmfleet_store_fast_path_fallbacks_total", reason="budget")
