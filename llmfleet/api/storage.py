@@ -142,8 +142,8 @@ def _accepting(*schemes: Scheme) -> AfterValidator:
 ModelUri = Annotated[str, _accepting("local", "pvc", "s3", "hf", "tiny")]
 # Training data: token shards with a manifest.json.
 DataUri = Annotated[str, _accepting("local", "pvc", "s3")]
-# Tokenizers and teacher models.
-SourceUri = Annotated[str, _accepting("local", "pvc", "s3", "hf")]
+# Tokenizers and teacher models: model folders, so tiny:// too (the operator's builders refuse it on a cluster).
+SourceUri = Annotated[str, _accepting("local", "pvc", "s3", "hf", "tiny")]
 # Where a TrainingJob writes its export: a place the serving pools can read too.
 OutputUri = Annotated[str, _accepting("local", "pvc", "s3")]
 
