@@ -13,6 +13,7 @@ from llmfleet.api.contracts import API_VERSION, PROMOTION_ANNOTATION
 from llmfleet.api.inferenceservice import PRIMARY_POOL
 from llmfleet.kube.client import ApiError, KubeClient
 from llmfleet.operator.builders import build_trainingjob
+from llmfleet.operator.builders.storage import StorageSpecError
 from llmfleet.operator.builders.trainingjob import job_name, service_name, uses_kueue
 from llmfleet.operator.config import OperatorConfig
 from llmfleet.operator.promotion import (
@@ -255,7 +256,12 @@ async def _reconcile(body: Mapping[str, Any], client: KubeClient, config: Operat
     # Only with Kueue must the operator know before applying whether the Job exists (Kueue then owns
     # `suspend`); otherwise the apply's answer carries the Job's status: one round trip, not two.
     job = await client.get("batch/v1", "Job", ns, job_name(tj, attempt)) if uses_kueue(tj) else None
-    results = await _apply(tj, config, client, out, old, generation, now, attempt, job is not None)
+    try:
+        results = await _apply(tj, config, client, out, old, generation, now, attempt, job is not None)
+    except StorageSpecError as err:  # a location the cluster cannot reach (tiny://): invalid, not retried
+        invalid = invalid_spec_outcome(old, str(err), generation, now, "TrainingJob")
+        invalid.compute_seconds = out.compute_seconds
+        return invalid, None
     job_now = results[-1] or job or {}
     if job_failed(job_now):
         if attempt >= tj.spec.max_restarts:

@@ -73,12 +73,24 @@ def test_merge_patch_and_pool_model() -> None:
     assert with_pool_model(_isvc(), "nope", "/x") is None
 
 
+def _student_metrics(ttft_ms: float) -> dict[str, object]:
+    """status.metrics as live_metrics writes it: the primary's fields plus every pool's own entry."""
+    return {"ttftP95Ms": 300.0, "stale": False,
+            "pools": [{"name": "primary", "ttftP95Ms": 300.0, "stale": False},
+                      {"name": "student", "ttftP95Ms": ttft_ms, "stale": False}]}
+
+
 def test_rollout_state_from_progress() -> None:
     p = Promotion(training_job="t", pool="student", model="/new", previous="/old")
     assert rollout_state(p, 1000, None, RolloutProgress(desired=1, updated=1, ready=1, total=2))[0] == "RollingOut"
     assert rollout_state(p, 1000, None, RolloutProgress(desired=1, updated=1, ready=1, total=1))[0] == "Succeeded"
     assert rollout_state(p, 1000, None, RolloutProgress(1, 0, 0, 1, failed="stuck")) == ("RolledBack", "stuck")
-    bad = {"ttftP95Ms": 1500.0, "stale": False}
+    # The promoted pool's own entry decides: a burning primary does not roll the student back.
+    primary_burns = {"ttftP95Ms": 1500.0, "stale": False,
+                     "pools": [{"name": "primary", "ttftP95Ms": 1500.0, "stale": False},
+                               {"name": "student", "ttftP95Ms": 200.0, "stale": False}]}
+    assert rollout_state(p, 1000, primary_burns, RolloutProgress(1, 1, 1, 1))[0] == "Succeeded"
+    bad = {"ttftP95Ms": 200.0, "stale": False, "pools": [{"name": "student", "ttftP95Ms": 1500.0, "stale": False}]}
     assert rollout_state(p, 1000, bad, RolloutProgress(1, 1, 1, 1))[0] == "RolledBack"
 
 
@@ -87,7 +99,7 @@ def test_promotion_surges_then_drains_then_succeeds(sup: Supervisor) -> None:
     (old,) = _ready(sup, "student")
     assert old.model == "/models/old"
     follower = PromotionFollower(sup, LocalActuator(sup, probe=_zero))
-    follower.metrics = {"ttftP95Ms": 400.0, "stale": False}
+    follower.metrics = _student_metrics(400.0)
     request_promotion(sup.run_dir, "distill", "student", "/models/new")
 
     asyncio.run(follower.step())  # start + surge: a second slot on the new model, the old one still serves
@@ -125,8 +137,8 @@ def test_a_removed_surge_replica_is_started_again(sup: Supervisor) -> None:
 
 
 def test_promotion_rolls_back_on_an_slo_regression(sup: Supervisor) -> None:
-    follower = _promote(sup, "/models/new", {"ttftP95Ms": 400.0, "stale": False})
-    follower.metrics = {"ttftP95Ms": 2500.0, "stale": False}  # over the 1000 ms SLO during the rollout
+    follower = _promote(sup, "/models/new", _student_metrics(400.0))
+    follower.metrics = _student_metrics(2500.0)  # the student pool over the 1000 ms SLO during the rollout
     asyncio.run(follower.step())
     promo = read_promotion(sup.run_dir)
     assert promo is not None and promo.state == "RolledBack" and "SLO" in promo.message

@@ -211,3 +211,20 @@ def test_the_engine_loads_model_dir_else_the_location(path: str, model_dir: str 
     isvc = _isvc(path, "/models/s")
     argv = render_vllm_args(isvc, isvc.pools()[0], model_dir=model_dir)
     assert argv[argv.index("--model") + 1] == want
+
+
+def test_tiny_teacher_is_refused_on_kubernetes_naming_the_field() -> None:
+    # The API accepts tiny:// for teachers and tokenizers (llmfleet train resolves them); a cluster cannot.
+    with pytest.raises(ValueError, match=r"spec\.distillation\.teacher: tiny://"):
+        build_trainingjob(_tj(distillation={"teacher": "tiny://tiny-llama"}), CONFIG)
+
+
+async def test_operator_marks_a_tiny_teacher_invalid_instead_of_retrying() -> None:
+    from llmfleet.operator.reconcile_tj import reconcile_trainingjob
+
+    body = _tj(distillation={"teacher": "tiny://tiny-llama"}).model_dump(by_alias=True, exclude_none=True)
+    body["metadata"].update({"uid": "u", "generation": 2})
+    out = await reconcile_trainingjob(body, None, CONFIG, "t")  # type: ignore[arg-type]
+    ready = out.status["conditions"][0]
+    assert out.status["phase"] == "Invalid" and ready["reason"] == "InvalidSpec"
+    assert ready["message"].startswith("spec.distillation.teacher: tiny://")

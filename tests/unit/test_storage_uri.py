@@ -73,7 +73,7 @@ def test_errors_name_the_field_path() -> None:
     [
         ({"data": {"path": "hf://org/data"}}, "spec.data.path", "hf:// is not accepted here"),
         ({"data": {"path": "tiny://x"}}, "spec.data.path", "tiny:// is not accepted here"),
-        ({"distillation": {"teacher": "tiny://tiny-llama"}}, "spec.distillation.teacher", "tiny://"),
+        ({"distillation": {"teacher": "s3://NO/x"}}, "spec.distillation.teacher", "bucket name"),
         ({"output": {"path": "hf://org/out"}}, "spec.output.path", "hf:// is not accepted here"),
         ({"output": {"path": "/models/out", "promoteTo": {"inferenceService": "chat"}}}, "spec",
          "output.path '/models/out': promoteTo hands this location to the serving pool, so it must be pvc://"),
