@@ -39,9 +39,8 @@ FETCH_RESOURCES = resource_requests("500m", "1Gi", 0)
 
 
 def fetch_image(config: OperatorConfig) -> str:
-    """The image of the `llmfleet fetch` init containers: LLMFLEET_FETCH_IMAGE, else the training image (it carries
-    the storage extra, boto3 and huggingface_hub; the router and operator images carry the kubernetes client,
-    whose python-dateutil>=3 requirement botocore's <3 excludes)."""
+    """The image of the `llmfleet fetch` init containers: LLMFLEET_FETCH_IMAGE, else the training image (the one
+    image that carries the storage extra, boto3 and huggingface_hub)."""
     return config.fetch_image or config.train_image
 
 
