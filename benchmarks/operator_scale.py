@@ -259,7 +259,7 @@ def main() -> None:
         "command": "python benchmarks/operator_scale.py " + " ".join(sys.argv[1:]),
         "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
                     "load_average_1m": {"start": load_start, "end": os.getloadavg()[0]},
-                    "note": "shared dev machine (other engineers' jobs running); the emulator runs in a separate "
+                    "note": "shared dev machine (other jobs running); the emulator runs in a separate "
                             "process, the operator and the driver in this one"},
         "results": row,
         "targets": targets,
