@@ -85,14 +85,17 @@ def register_train(app: typer.Typer) -> None:
         import yaml
         from pydantic import ValidationError
 
+        from llmfleet.api.loader import load_yaml_file
         from llmfleet.workers.train.__main__ import load_spec
 
+        # Unreadable, undecodable, malformed or too deeply nested files raise InputFileError: the CLI root prints
+        # it as one line with the file name and exits 2.
+        doc = load_yaml_file(file)
+        if not isinstance(doc, dict):
+            raise _fail(f"{file}: not a YAML mapping")
         try:
-            doc = yaml.safe_load(file.read_text())
-            if not isinstance(doc, dict):
-                raise ValueError(f"{file}: not a YAML mapping")
             doc = resolve_local_paths(doc)
-        except (OSError, ValueError, yaml.YAMLError) as err:
+        except (OSError, ValueError) as err:
             raise _fail(str(err).splitlines()[0]) from None
         resolved = Path(tempfile.mkdtemp(prefix="llmfleet-train-")) / file.name
         resolved.write_text(yaml.safe_dump(doc, sort_keys=False))

@@ -32,7 +32,8 @@ def test_train_refuses_pvc_locations_off_kubernetes(tmp_path: Path) -> None:
 
 def test_train_rejects_a_missing_file(tmp_path: Path) -> None:
     result = runner.invoke(app, ["train", "-f", str(tmp_path / "nope.yaml")])
-    assert result.exit_code == 2 and "error:" in result.output
+    assert result.exit_code == 2 and "nope.yaml: No such file" in result.output
+    assert len(result.output.strip().splitlines()) == 1
 
 
 def test_data_prepare_bytes(tmp_path: Path) -> None:
