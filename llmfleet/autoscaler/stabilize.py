@@ -19,8 +19,7 @@ def stabilize(
 
     One exception to "down to the highest recommendation of the down-window, maxScaleDownStep at a
     time": capacity that is clearly idle (the highest recommendation over a short window of two cold
-    starts is at most `idle_fraction` of the current size) is released by half the excess per cooldown,
-    even while the down-window still holds the burst's own scale-up.
+    starts is at most `idle_fraction` of the current size) is released by half the excess per cooldown.
     A burst that ended leaves most of its replicas idle; holding them for the whole down-window and then
     shedding one per cooldown costs more GPU time than the burst itself. Two cold starts is the horizon
     within which the forecast has to see demand coming back (it plans one cold start ahead).
@@ -44,26 +43,21 @@ def stabilize(
         if desired < up:
             reasons.append(f"step limited to +{cfg.max_up_step}")
         return desired, "up"
-    # Clearly idle capacity is released whatever the down-window holds: the scale-up for a burst that has ended is
-    # itself the down-window's highest recommendation, so waiting for `down < current` would keep the burst's
-    # replicas for a whole window after it ended.
-    short = max(2 * cold_s, 4 * cfg.interval_s)
-    idle = max(r for t, r in st.history if t >= now - short)
-    if (
-        not sig.stale
-        and cfg.idle_fraction > 0
-        and idle < current
-        and idle <= cfg.idle_fraction * current
-        and now - st.first_seen >= short
-        and (st.last_action_at is None or now - st.last_action_at >= cfg.cooldown_s)
-    ):
-        step = max(cfg.max_down_step, math.ceil((current - idle) / 2))
-        reasons.append(f"clearly idle: highest recommendation over {short:g} s is {idle}: -{step}")
-        return max(idle, current - step), "down"
     if down < current:
         if sig.stale:
             reasons.append("stale metrics never scale down")
             return current, "hold"
+        short = max(2 * cold_s, 4 * cfg.interval_s)
+        idle = max(r for t, r in st.history if t >= now - short)
+        if (
+            cfg.idle_fraction > 0
+            and idle <= cfg.idle_fraction * current
+            and now - st.first_seen >= short
+            and (st.last_action_at is None or now - st.last_action_at >= cfg.cooldown_s)
+        ):
+            step = max(cfg.max_down_step, math.ceil((current - idle) / 2))
+            reasons.append(f"clearly idle: highest recommendation over {short:g} s is {idle}: -{step}")
+            return max(idle, current - step), "down"
         if now - st.first_seen < cfg.down_window_s:
             reasons.append(f"scale-down waits for a full {cfg.down_window_s:g} s window of history")
             return current, "hold"

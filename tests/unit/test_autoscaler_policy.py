@@ -431,17 +431,3 @@ def test_requests_held_at_the_router_start_a_replica_at_once() -> None:
     held = [replace(idle[0], held_requests=3.0, stale=True), idle[1]]
     d = decide(cfg, held, PolicyState()).pools["primary"]
     assert (d.desired, d.action) == (1, "up") and "scale from zero: 3 request(s) held" in " ".join(d.reasons)
-
-
-def test_replicas_of_a_short_burst_are_released_without_waiting_for_the_down_window() -> None:
-    """The scale-up for a burst is the down-window's highest recommendation; once the burst is over and the
-    recommendation is clearly idle, the burst's replicas go within two cold starts and a cooldown, not after
-    the whole down-window."""
-    w = World(config(), replicas={"primary": 1, "small": 0})
-    w.run(lambda t: 20.0 if 300 <= t < 330 else 0.5, 900)  # a 30 s burst, then quiet again
-    peak = max(d.pools["primary"].desired for _, _, d in w.log)
-    assert peak >= 4
-    first_down = next(t for t, _, d in w.log if t >= 330 and d.pools["primary"].action == "down")
-    assert first_down <= 330 + 2 * 60 + 60  # two cold starts of quiet, then the cooldown
-    assert first_down < 300 + w.cfg.down_window_s
-    assert w.replicas["primary"] <= 2
