@@ -48,6 +48,9 @@ __all__ = ["Action", "Decision", "PolicyConfig", "PolicyName", "PolicyState", "P
            "PoolSignals", "PoolState", "Role", "decide"]
 
 DEFAULT_COLD_START_S = 60.0
+# A rate jump is a burst only beyond this many Poisson standard deviations of the interval's expected count: the
+# three-sigma convention, a property of counting noise, not of any workload (docs/autoscaler.md).
+BURST_SIGMAS = 3.0
 
 
 def _clamp(n: int, cfg: PoolConfig) -> int:
@@ -109,8 +112,12 @@ def _slo_primary(
     cold = cold_start_seconds(cfg, pool, st)
     st.arrival.update(sig.now, rate)
     level = st.arrival.level if st.arrival.level is not None else rate
-    # Smoothed level (noise), except a jump well above it is a burst: a level shift, taken at once.
-    if rate > 1.5 * level:
+    # Smoothed level (noise), except a jump well above it is a burst: a level shift, taken at once. "Well above":
+    # 1.5x the level and more requests than Poisson noise explains (BURST_SIGMAS standard deviations of the
+    # interval's expected count): at a few requests per interval a 1.5x jump happens by chance alone, and each one
+    # would keep a student warm and plan the primary for a burst that is not there.
+    expected = max(level, 0.0) * cfg.interval_s
+    if rate > 1.5 * level and (rate - level) * cfg.interval_s >= BURST_SIGMAS * math.sqrt(max(expected, 1.0)):
         st.arrival.level, st.arrival.trend, level = rate, 0.0, rate
         st.burst_until = sig.now + cold
         st.last_burst_at = sig.now

@@ -77,3 +77,22 @@ def test_traffic_the_router_still_degrades_does_not_keep_a_student_when_the_prim
         assert d.pools["small"].recommended == 0
         desired.append(d.pools["small"].desired)
     assert 0 in desired  # released by the clearly-idle rule (the signals here do not follow the decisions)
+
+
+def test_counting_noise_at_a_low_rate_is_no_burst_and_keeps_no_student_warm() -> None:
+    """~0.4 req/s counted per 15 s interval (Poisson counts 2..11): many intervals exceed 1.5x the smoothed level by
+    chance alone. None is a burst: no student is warmed and the primary plans for no ramp."""
+    counts = [3, 9, 4, 10, 5, 2, 11, 6, 3, 8, 2, 10, 7, 4, 11, 5, 2, 9, 6, 3, 10, 4, 2, 11, 7, 5, 9, 3, 6, 10]
+    w = World(config(), replicas={"primary": 2, "small": 0})
+    for i, k in enumerate(counts * 2):
+        w.tick(15.0 * i, k / 15.0)
+    assert all(d.pools["small"].desired == 0 for _, _, d in w.log)
+    assert max(d.pools["primary"].desired for _, _, d in w.log) <= 2
+
+
+def test_a_real_burst_still_warms_the_student() -> None:
+    """A jump far beyond counting noise and beyond the ready primaries (0.4 -> 12 req/s) is a burst: the student
+    starts at once."""
+    w = World(config(), replicas={"primary": 1, "small": 0})
+    w.run(lambda t: 0.4 if t < 300 else 12.0, 330)
+    assert w.replicas["small"] >= 1
