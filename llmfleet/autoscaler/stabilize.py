@@ -43,7 +43,12 @@ def stabilize(
         if desired < up:
             reasons.append(f"step limited to +{cfg.max_up_step}")
         return desired, "up"
-    if down < current:
+    # Clearly idle capacity (below) is released even while the down-window still holds the recommendation of a burst
+    # that has ended, unless a burst began within the down-window (the slo policy's level-shift detection): traffic
+    # whose bursts recur within the window would find the capacity gone when the next one arrives, faster than a
+    # replica starts. One burst that ended keeps its replicas no longer than the idle horizon.
+    recurring = st.last_burst_at is not None and now - st.last_burst_at <= cfg.down_window_s
+    if down < current or (cfg.policy == "slo" and not recurring):
         if sig.stale:
             reasons.append("stale metrics never scale down")
             return current, "hold"
@@ -51,6 +56,7 @@ def stabilize(
         idle = max(r for t, r in st.history if t >= now - short)
         if (
             cfg.idle_fraction > 0
+            and idle < current
             and idle <= cfg.idle_fraction * current
             and now - st.first_seen >= short
             and (st.last_action_at is None or now - st.last_action_at >= cfg.cooldown_s)
@@ -58,6 +64,7 @@ def stabilize(
             step = max(cfg.max_down_step, math.ceil((current - idle) / 2))
             reasons.append(f"clearly idle: highest recommendation over {short:g} s is {idle}: -{step}")
             return max(idle, current - step), "down"
+    if down < current:
         if now - st.first_seen < cfg.down_window_s:
             reasons.append(f"scale-down waits for a full {cfg.down_window_s:g} s window of history")
             return current, "hold"

@@ -431,3 +431,24 @@ def test_requests_held_at_the_router_start_a_replica_at_once() -> None:
     held = [replace(idle[0], held_requests=3.0, stale=True), idle[1]]
     d = decide(cfg, held, PolicyState()).pools["primary"]
     assert (d.desired, d.action) == (1, "up") and "scale from zero: 3 request(s) held" in " ".join(d.reasons)
+
+
+def test_replicas_of_a_burst_that_ended_are_released_without_waiting_for_the_down_window() -> None:
+    """One burst (0.5 -> 20 req/s for 300 s) that ends: its scale-up is the down-window's highest recommendation, yet
+    once the recommendation is clearly idle the burst's replicas go within two cold starts and a cooldown."""
+    w = World(config(), replicas={"primary": 1, "small": 0})
+    w.run(lambda t: 20.0 if 300 <= t < 600 else 0.5, 1200)
+    assert max(d.pools["primary"].desired for _, _, d in w.log) >= needed(20.0)
+    first_down = next(t for t, _, d in w.log if t >= 600 and d.pools["primary"].action == "down")
+    assert first_down <= 600 + 2 * 60 + 60 < 600 + w.cfg.down_window_s
+    assert "clearly idle" in " ".join(w.log[int(first_down // 15)][2].pools["primary"].reasons)
+    assert w.replicas["primary"] <= 2
+
+
+def test_replicas_are_kept_for_the_down_window_while_bursts_recur() -> None:
+    """Bursts every 120 s (shorter than the down-window): each would arrive faster than a replica starts, so the
+    capacity of the last one is not released early."""
+    w = World(config(), replicas={"primary": 1, "small": 0})
+    w.run(lambda t: 20.0 if t >= 300 and (t - 300) % 120 < 30 else 0.5, 900)
+    after = [d.pools["primary"].desired for t, _, d in w.log if 450 <= t <= 900]
+    assert min(after) >= needed(20.0)

@@ -96,3 +96,12 @@ def test_a_real_burst_still_warms_the_student() -> None:
     w = World(config(), replicas={"primary": 1, "small": 0})
     w.run(lambda t: 0.4 if t < 300 else 12.0, 330)
     assert w.replicas["small"] >= 1
+
+
+def test_the_base_rate_after_a_burst_ends_is_no_new_burst() -> None:
+    """After 20 -> 0.5 req/s the smoothed level's trend undershoots 0.5 for a while; the rate that merely stays at
+    0.5 is no jump: no student is warmed again and the primary plans for no ramp."""
+    w = World(config(), replicas={"primary": 1, "small": 0})
+    w.run(lambda t: 20.0 if 300 <= t < 600 else 0.5, 1200)
+    assert w.state.pool("primary").last_burst_at == 300.0
+    assert all(d.pools["small"].desired == 0 for t, _, d in w.log if t >= 720)
