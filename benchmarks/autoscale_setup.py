@@ -67,6 +67,23 @@ def misses(res: SimResult, slo_s: float) -> int:
     return sum(1 for r in res.records if r.get("rejected") != "context" and (r["ttft"] is None or r["ttft"] > slo_s))
 
 
+def gpu_breakdown(res: SimResult) -> dict[str, dict[str, float]]:
+    """Where each pool's GPU-seconds went: replicas starting (cold start), ready and busy (computing an engine
+    step), ready and idle. From the result's replica records and its time series (sampled every few seconds, so
+    starting + ready is within a sample of the pool's GPU-seconds)."""
+    out: dict[str, dict[str, float]] = {}
+    for pool in {r["pool"] for r in res.replicas}:
+        starting = ready = 0.0
+        for a, b in zip(res.series, res.series[1:], strict=False):
+            if pool in a:
+                starting += (a[pool]["replicas"] - a[pool]["ready"]) * (b["t"] - a["t"])
+                ready += a[pool]["ready"] * (b["t"] - a["t"])
+        busy = sum(r["busyS"] for r in res.replicas if r["pool"] == pool)
+        out[pool] = {"starting": round(starting, 1), "readyBusy": round(busy, 1), "readyIdle": round(ready - busy, 1),
+                     "replicasStarted": sum(1 for r in res.replicas if r["pool"] == pool)}
+    return out
+
+
 def summary_row(res: SimResult, slo_s: float, *, actions: int, replicas: int) -> dict[str, Any]:
     gpu_by_pool: dict[str, float] = {}
     for rep in res.replicas:
@@ -74,6 +91,7 @@ def summary_row(res: SimResult, slo_s: float, *, actions: int, replicas: int) ->
     return {"attainment": round(ttft_attainment(res, slo_s), 5), "misses": misses(res, slo_s),
             "gpuSeconds": round(res.summary["gpuSeconds"], 1),
             "gpuSecondsByPool": {k: round(v, 1) for k, v in gpu_by_pool.items()},
+            "gpuSecondsBreakdown": gpu_breakdown(res),
             "rejectedContext": res.summary.get("rejectedContext", 0),
             "degradedFraction": round(res.summary["degradedFraction"], 4), "scalingActions": actions,
             "peakPrimaryReplicas": replicas, "ttftP95S": res.summary["ttft"]["p95"],
