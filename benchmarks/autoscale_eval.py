@@ -262,6 +262,18 @@ def hindsight(name: str, w: Workload, recorded: dict[str, Any], window_s: float,
     return out
 
 
+def fixed_fleets(name: str, w: Workload, recorded: dict[str, Any], fleets: list[str]) -> dict[str, Any]:
+    """Fixed fleets of P primaries + S always-warm students ("P+S"), with the recorded run's SLO: what holding
+    capacity without any scaling costs and attains, e.g. to ask whether any causal schedule could reach a target."""
+    slo_s, static_gpu = recorded["ttftSloS"], recorded["policies"]["static-at-peak"]["gpuSeconds"]
+    rows = {}
+    for fleet in fleets:
+        p, s = (int(x) for x in fleet.split("+"))
+        row = summary_row(run_static(w, p, slo_s, students=s), slo_s, actions=0, replicas=p)
+        rows[fleet] = row | {"vsStaticAtPeak": round(row["gpuSeconds"] / static_gpu, 4)}
+    return {"workload": name, "ttftSloS": slo_s, "fleets": rows}
+
+
 def merge_section(out: Path, section: str, found: list[dict[str, Any]], key: Callable[[dict[str, Any]], Any]) -> None:
     """Merge `found` under `section` of the results file, each result stamped with this command and date;
     earlier results with other keys (workload, window) are kept. Reads the file again first: other runs may
@@ -319,6 +331,10 @@ def render(doc: dict[str, Any]) -> str:
             i = h["instant"]
             out.append(f"  without cold start: {i['gpuSeconds']:,.0f} GPU-s ({i['vsStaticAtPeak']:+.1%} vs "
                        f"static-at-peak), schedule {i['replicas']}")
+    for f in doc.get("fixedFleets", {}).get("results", []):
+        out += ["", f"Fixed fleets ({f['workload']}, primaries+warm students): " + "; ".join(
+            f"{k}: {x['attainment']:.2%}, {x['gpuSeconds']:,.0f} GPU-s ({x['vsStaticAtPeak']:.2f}x), degraded "
+            f"{x['degradedFraction']:.1%}" for k, x in f["fleets"].items())]
     return "\n".join(out)
 
 
@@ -356,6 +372,9 @@ def main() -> None:
                     help="with --hindsight: one descent per window order, keep the cheapest")
     ap.add_argument("--instant", action="store_true",
                     help="with --hindsight: also search with replicas ready at once (no cold start)")
+    ap.add_argument("--fleets", nargs="+", metavar="P+S",
+                    help="only run fixed fleets of P primaries and S always-warm student replicas (e.g. 2+0 2+1) "
+                         "against the recorded workloads in --out and merge them under `fixedFleets`")
     ap.add_argument("--render", action="store_true", help="print the markdown tables of --out and exit")
     ap.add_argument("--known", type=float, nargs=2, metavar=("SLO_S", "STATIC_REPLICAS"),
                     help="skip the SLO rule's 64-replica reference run and the static-at-peak search (and the "
@@ -378,6 +397,16 @@ def main() -> None:
                       f"{k} {r[k]['gpuSeconds']:.0f} ({r[k]['vsStaticAtPeak']:+.1%})"
                       for k in ("withColdStart", "instant") if k in r))
         merge_section(args.out, "hindsight", found, lambda r: (r["workload"], r["windowS"]))
+        return
+    if args.fleets:
+        doc = json.loads(args.out.read_text())
+        recorded = {r["workload"]: r for r in doc["results"]}
+        found = [fixed_fleets(name, w, recorded[name], args.fleets) for name, w in select(args, recorded).items()]
+        for r in found:
+            print(f"{r['workload']}: " + "; ".join(f"{k}: {x['attainment']:.4f}, {x['misses']} misses, "
+                                                  f"{x['gpuSeconds']:.0f} GPU-s ({x['vsStaticAtPeak']:.2f}x)"
+                                                  for k, x in r["fleets"].items()))
+        merge_section(args.out, "fixedFleets", found, lambda r: r["workload"])
         return
     if args.queue_sweep:
         doc = json.loads(args.out.read_text())
@@ -425,7 +454,7 @@ def main() -> None:
     if args.validation:  # the main results stay; this run is the validation shape
         doc = prior | {"validation": {k: doc[k] for k in ("command", "date", "wallSeconds", "results")}}
     else:  # keep the validation, queue sweep and hindsight sections (each records its own command and date)
-        doc |= {k: prior[k] for k in ("validation", "queueSweep", "hindsight") if k in prior}
+        doc |= {k: prior[k] for k in ("validation", "queueSweep", "hindsight", "fixedFleets") if k in prior}
         if args.workload:  # a run of some workloads: the others' results stay, each stamped with its command
             stamp = {"command": doc["command"], "date": doc["date"], "wallSeconds": doc["wallSeconds"]}
             fresh = {r["workload"] for r in results}

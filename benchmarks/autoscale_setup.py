@@ -41,16 +41,17 @@ ROUTER_SEEDS = 3
 
 
 def service(policy: str, ttft_slo_s: float, replicas: int, with_student: bool = True,
-            target_queue_depth: float | None = None) -> InferenceService:
+            target_queue_depth: float | None = None, student_warm: int = STUDENT_WARM) -> InferenceService:
     return make_service(policy=policy, ttft_slo_ms=ttft_slo_s * 1e3, replicas=replicas, model=PRIMARY_MODEL, gpu=GPU,
                         max_replicas=MAX_REPLICAS, max_model_len=CONTEXT,
-                        student=STUDENT_MODEL if with_student else None, student_min=STUDENT_WARM,
-                        student_max_model_len=CONTEXT, fallback=FALLBACK, target_queue_depth=target_queue_depth,
-                        name="bench")
+                        student=STUDENT_MODEL if with_student else None, student_min=student_warm,
+                        student_max=max(8, student_warm), student_max_model_len=CONTEXT, fallback=FALLBACK,
+                        target_queue_depth=target_queue_depth, name="bench")
 
 
-def run_static(w: Workload, n: int, slo_s: float) -> SimResult:
-    return simulate_service(w, service("static", slo_s, n, with_student=False))[0]
+def run_static(w: Workload, n: int, slo_s: float, students: int = 0) -> SimResult:
+    """`n` primaries and `students` always-warm student replicas (the router's fallback sends overflow there)."""
+    return simulate_service(w, service("static", slo_s, n, with_student=students > 0, student_warm=students))[0]
 
 
 def run_policy(w: Workload, policy: str, slo_s: float, initial: int, target_queue_depth: float | None = None,
