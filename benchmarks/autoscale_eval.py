@@ -194,6 +194,14 @@ def evaluate(name: str, w: Workload, policies: tuple[str, ...] = ("slo", "queue"
     if "slo" not in rows or "queue" not in rows or not baselines:
         return {"workload": name, "ttftSloS": slo_s, "staticAtPeakReplicas": n_peak, "policies": rows,
                 "targets": {}, "timelines": {k: h.timeline for k, h in hooks.items()}, "runs": runs}
+    return {"workload": name, "requests": len(w.requests), "durationS": w.duration, "ttftSloS": slo_s,
+            "referenceP99TtftS": p99, "staticAtPeakReplicas": n_peak, "plannerPeakReplicas": n_plan,
+            "peakRps1m": round(peak_rps, 3), "initialReplicas": initial,
+            "policies": rows, "targets": targets_of(rows), "plot": str(img.relative_to(ROOT))}
+
+
+def targets_of(rows: dict[str, dict[str, Any]]) -> dict[str, bool]:
+    """The issue's targets for `slo` against the static-at-peak and `queue` rows of one workload."""
     s, q, st = rows["slo"], rows["queue"], rows["static-at-peak"]
     targets = {
         "sloAttainmentAtLeast99": s["attainment"] >= 0.99,
@@ -203,10 +211,20 @@ def evaluate(name: str, w: Workload, policies: tuple[str, ...] = ("slo", "queue"
     }
     if "seeds" in s:
         targets["sloAttainmentAtLeast99EverySeed"] = min(s["seeds"]["attainment"]) >= 0.99
-    return {"workload": name, "requests": len(w.requests), "durationS": w.duration, "ttftSloS": slo_s,
-            "referenceP99TtftS": p99, "staticAtPeakReplicas": n_peak, "plannerPeakReplicas": n_plan,
-            "peakRps1m": round(peak_rps, 3), "initialReplicas": initial,
-            "policies": rows, "targets": targets, "plot": str(img.relative_to(ROOT))}
+    return targets
+
+
+def slo_only(name: str, w: Workload, recorded: dict[str, Any], seeds: int) -> dict[str, Any]:
+    """Run `slo` again and keep every other row of the recorded result (each marked with the run it comes from):
+    for a change that touches only the slo policy, on a workload too long to replay every fleet again."""
+    fresh = evaluate(name, w, policies=("slo",), known=(recorded["ttftSloS"], recorded["staticAtPeakReplicas"]),
+                     baselines=False, seeds=seeds)
+    origin = {"fromRun": {"command": recorded.get("command"), "date": recorded.get("date")}}
+    rows = {k: (v if "fromRun" in v else v | origin) for k, v in recorded["policies"].items() if k != "slo"}
+    rows["slo"] = fresh["policies"]["slo"]
+    keep = ("requests", "durationS", "referenceP99TtftS", "plannerPeakReplicas", "peakRps1m", "initialReplicas", "plot")
+    return {"workload": name, "ttftSloS": recorded["ttftSloS"], "staticAtPeakReplicas": recorded["staticAtPeakReplicas"],
+            **{k: recorded[k] for k in keep if k in recorded}, "policies": rows, "targets": targets_of(rows)}
 
 
 def queue_sweep(name: str, w: Workload, recorded: dict[str, Any], targets: list[float]) -> dict[str, Any]:
@@ -375,6 +393,9 @@ def main() -> None:
     ap.add_argument("--fleets", nargs="+", metavar="P+S",
                     help="only run fixed fleets of P primaries and S always-warm student replicas (e.g. 2+0 2+1) "
                          "against the recorded workloads in --out and merge them under `fixedFleets`")
+    ap.add_argument("--slo-only", action="store_true",
+                    help="run only `slo` and keep the recorded result's other rows (static fleets, queue), each marked "
+                         "with the run it comes from: for changes to the slo policy alone (the plot shows slo only)")
     ap.add_argument("--render", action="store_true", help="print the markdown tables of --out and exit")
     ap.add_argument("--known", type=float, nargs=2, metavar=("SLO_S", "STATIC_REPLICAS"),
                     help="skip the SLO rule's 64-replica reference run and the static-at-peak search (and the "
@@ -426,8 +447,12 @@ def main() -> None:
         print(f"merged into {args.out}")
         return
     known = (args.known[0], int(args.known[1])) if args.known else None
-    results = [evaluate(name, w, seeds=args.seeds, known=known, planner_static=known is None)
-               for name, w in select(args, None).items()]
+    if args.slo_only:
+        recorded = {r["workload"]: r for r in json.loads(args.out.read_text())["results"]}
+        results = [slo_only(name, w, recorded[name], args.seeds) for name, w in select(args, recorded).items()]
+    else:
+        results = [evaluate(name, w, seeds=args.seeds, known=known, planner_static=known is None)
+                   for name, w in select(args, None).items()]
     print(f"{'workload':12} {'policy':19} {'attain':>7} {'misses':>6} {'GPU-s':>9} {'degraded':>8} {'actions':>7} "
           f"{'peak':>4} {'p99 TTFT':>8}")
     for r in results:
