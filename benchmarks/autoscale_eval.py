@@ -331,7 +331,7 @@ def render(doc: dict[str, Any]) -> str:
     for h in hindsight_runs:
         g = h["withColdStart"]["gpuSeconds"]
         cheapest[h["workload"]] = min(g, cheapest.get(h["workload"], g))
-    names = list(next(iter(doc.get("results", [])), {}).get("targets", {}))
+    names = list(dict.fromkeys(k for r in doc.get("results", []) for k in r.get("targets", {})))
     out += ["", "| workload | " + " | ".join([*names, "sloWithin15PctOfHindsight"]) + " |", "|---" * (2 + len(names)) + "|"]
     for r in doc.get("results", []):
         slo_gpu, hs = r["policies"]["slo"]["gpuSeconds"], cheapest.get(r["workload"])
