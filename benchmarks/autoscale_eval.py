@@ -359,7 +359,7 @@ def render(doc: dict[str, Any]) -> str:
 def select(args: argparse.Namespace, recorded: dict[str, Any] | None) -> dict[str, Workload]:
     """The workloads asked for (--trace / --no-trace / --spike / --workload), limited to `recorded` when given."""
     traces = [] if args.no_trace else args.trace
-    ws = workloads(traces, args.quick, args.spike)
+    ws = workloads(traces, args.quick, args.spike, args.steady)
     return {k: w for k, w in ws.items() if (not args.workload or k in args.workload)
             and (recorded is None or k in recorded)}
 
@@ -372,6 +372,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="shorter synthetic workload")
     ap.add_argument("--spike", type=float, default=10.0, help="rate factor of the synthetic spike (validation)")
     ap.add_argument("--no-trace", action="store_true", help="only the synthetic workload")
+    ap.add_argument("--steady", type=float, nargs="+", metavar="RATE",
+                    help="also a steady synthetic workload (no burst) at each of these rates (req/s), named steady-RATE")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "autoscale_eval.json")
     ap.add_argument("--queue-sweep", type=float, nargs="+", metavar="DEPTH",
                     help="only run `queue` at these targetQueueDepth values against the recorded results in --out "

@@ -105,9 +105,17 @@ def spike(factor: float, quick: bool) -> tuple[str, Workload]:
     return f"bursty-{factor:g}x", synthetic(spec)
 
 
-def workloads(traces: list[Path] | None, quick: bool, spike_factor: float | None = 10.0) -> dict[str, Workload]:
-    """Each trace (any known format), then the synthetic spike (unless `spike_factor` is None). `traces` None: every
-    trace file in TRACES."""
+def steady(rate: float, quick: bool) -> tuple[str, Workload]:
+    """Steady multi-tenant sessions at `rate` req/s, no burst: at a few requests per 15 s interval the counts alone
+    jump past 1.5x their smoothed level now and then, which must not read as bursts."""
+    spec = SyntheticSpec(duration_s=900.0 if quick else 1800.0, rate_rps=rate, diurnal_amplitude=0.0, seed=5)
+    return f"steady-{rate:g}", synthetic(spec)
+
+
+def workloads(traces: list[Path] | None, quick: bool, spike_factor: float | None = 10.0,
+              steady_rates: list[float] | None = None) -> dict[str, Workload]:
+    """Each trace (any known format), then the synthetic spike (unless `spike_factor` is None), then a steady
+    synthetic workload per rate in `steady_rates`. `traces` None: every trace file in TRACES."""
     if traces is None:
         traces = sorted(p for p in TRACES.glob("*") if p.suffix.lower() in (".jsonl", ".csv")) if TRACES.exists() else []
     out: dict[str, Workload] = {}
@@ -121,5 +129,8 @@ def workloads(traces: list[Path] | None, quick: bool, spike_factor: float | None
         out[name] = w.head(1500) if quick else w
     if spike_factor is not None:
         name, w = spike(spike_factor, quick)
+        out[name] = w
+    for rate in steady_rates or []:
+        name, w = steady(rate, quick)
         out[name] = w
     return out

@@ -113,12 +113,15 @@ def _slo_primary(
     st.arrival.update(sig.now, rate)
     level = st.arrival.level if st.arrival.level is not None else rate
     # Smoothed level (noise), except a jump well above it is a burst: a level shift, taken at once. "Well above":
-    # 1.5x both the level and the last sample (after a drop the smoothed level's trend undershoots the rate that
-    # stays), and more requests than Poisson noise explains (BURST_SIGMAS standard deviations of the interval's
-    # expected count): at a few requests per interval a 1.5x jump happens by chance alone, and each one would keep
-    # a student warm and plan the primary for a burst that is not there.
-    ref = max(level, st.prev_rate if st.prev_rate is not None else 0.0, 0.0)
-    if rate > 1.5 * ref and (rate - ref) * cfg.interval_s >= BURST_SIGMAS * math.sqrt(max(ref * cfg.interval_s, 1.0)):
+    # 1.5x the level while the rate is still rising (after a drop the smoothed level's trend undershoots a rate
+    # that merely stays; a ramp outpacing the level still counts), by more requests than Poisson noise explains
+    # (BURST_SIGMAS standard deviations of the interval's expected count): at a few requests per interval a 1.5x
+    # jump happens by chance alone, and each one would keep a student warm and plan the primary for a burst that
+    # is not there.
+    rising = st.prev_rate is None or rate > st.prev_rate
+    expected = max(level, 0.0) * cfg.interval_s
+    if (rate > 1.5 * level and rising
+            and (rate - level) * cfg.interval_s >= BURST_SIGMAS * math.sqrt(max(expected, 1.0))):
         st.arrival.level, st.arrival.trend, level = rate, 0.0, rate
         st.burst_until = sig.now + cold
         st.last_burst_at = sig.now

@@ -44,11 +44,12 @@ def stabilize(
             reasons.append(f"step limited to +{cfg.max_up_step}")
         return desired, "up"
     # Clearly idle capacity (below) is released even while the down-window still holds the recommendation of a burst
-    # that has ended, unless a burst began within the down-window (the slo policy's level-shift detection): traffic
-    # whose bursts recur within the window would find the capacity gone when the next one arrives, faster than a
-    # replica starts. One burst that ended keeps its replicas no longer than the idle horizon.
-    recurring = st.last_burst_at is not None and now - st.last_burst_at <= cfg.down_window_s
-    if down < current or (cfg.policy == "slo" and not recurring):
+    # that has ended, once the last burst (the slo policy's level-shift detection) began more than a down-window
+    # ago: traffic whose bursts recur within the window would find the capacity gone when the next one arrives,
+    # faster than a replica starts. A burst that ended keeps its replicas no longer than the idle horizon after that.
+    # Pools that saw no burst (students; steady traffic) keep the plain rule.
+    ended = st.last_burst_at is not None and now - st.last_burst_at > cfg.down_window_s
+    if down < current or (cfg.policy == "slo" and ended):
         if sig.stale:
             reasons.append("stale metrics never scale down")
             return current, "hold"
