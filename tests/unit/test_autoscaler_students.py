@@ -104,5 +104,5 @@ def test_the_base_rate_after_a_burst_ends_is_no_new_burst() -> None:
     w = World(config(), replicas={"primary": 1, "small": 0})
     w.run(lambda t: 20.0 if 300 <= t < 600 else 0.5, 1200)
     assert w.state.pool("primary").last_burst_at == 300.0
-    assert all(d.pools["small"].desired == 0 for t, _, d in w.log if t >= 720)
+    assert all(d.pools["small"].recommended == 0 for t, _, d in w.log if t >= 720)
 
