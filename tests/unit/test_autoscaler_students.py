@@ -106,3 +106,15 @@ def test_the_base_rate_after_a_burst_ends_is_no_new_burst() -> None:
     assert w.state.pool("primary").last_burst_at == 300.0
     assert all(d.pools["small"].recommended == 0 for t, _, d in w.log if t >= 720)
 
+
+
+def test_a_student_that_absorbed_a_burst_is_held_for_the_down_window() -> None:
+    """The early idle release is the primary's (after a burst more than a down-window old); a student pool keeps the
+    plain rule: what it was asked for stays for the whole down-window, so overflow that comes back during a long
+    burst finds it warm instead of 20 s away."""
+    w = World(config(), replicas={"primary": 1, "small": 0})
+    w.run(lambda t: 20.0 if 300 <= t < 900 else 0.5, 1500)
+    recommended = [t for t, _, d in w.log if d.pools["small"].recommended > 0]
+    assert recommended
+    first_down = next(t for t, _, d in w.log if t > recommended[0] and d.pools["small"].action == "down")
+    assert first_down >= recommended[0] + w.cfg.down_window_s
