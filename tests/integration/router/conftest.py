@@ -13,6 +13,7 @@ from aiohttp import web
 
 from llmfleet.router.config import LimitsConfig, PoolConfig, RouterConfig
 from llmfleet.router.fake_backend import FakeBackend
+from llmfleet.router.http_server import start_http
 from llmfleet.router.server import Router
 
 
@@ -24,13 +25,10 @@ class RouterUnderTest:
 
 
 async def start_router(cfg: RouterConfig, lookup: Any = None) -> RouterUnderTest:
+    """The router as `llmfleet router` serves it (connection deadlines included), on a free port."""
     router = Router(cfg, lookup)
-    runner = web.AppRunner(router.app, handler_cancellation=True, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    return RouterUnderTest(router, runner, f"http://127.0.0.1:{port}")
+    runner, site = await start_http(router, "127.0.0.1", 0)
+    return RouterUnderTest(router, runner, f"http://127.0.0.1:{site.port}")
 
 
 def config(pools: dict[str, tuple[str, list[str]]], **kw: Any) -> RouterConfig:
