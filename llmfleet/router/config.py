@@ -203,8 +203,8 @@ class OutlierConfig(_Model):
     enabled: bool = Field(default=True, description="Eject outliers at all.")
     consecutive_failures: int = Field(
         default=3, ge=1,
-        description="Failed attempts in a row that eject a replica: timeouts, HTTP 5xx, connection failures and "
-        "streams broken mid-response (HTTP 429 is back-pressure and does not count).",
+        description="Failed attempts in a row that eject a replica: timeouts, HTTP 5xx and streams broken "
+        "mid-response (HTTP 429 is back-pressure; a refused connection marks the replica down instead).",
     )
     slow_factor: float = Field(
         default=3.0, gt=1,

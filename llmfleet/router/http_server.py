@@ -134,9 +134,8 @@ class GuardedSite(web.BaseSite):
     @property
     def port(self) -> int:
         """The bound port (the requested one before start; port 0 asks for any)."""
-        if self._server is not None and self._server.sockets:
-            return int(self._server.sockets[0].getsockname()[1])
-        return self.requested_port
+        sockets = getattr(self._server, "sockets", None)  # an asyncio.Server once started
+        return int(sockets[0].getsockname()[1]) if sockets else self.requested_port
 
     async def start(self) -> None:
         await super().start()
@@ -156,9 +155,9 @@ async def start_http(router: Router, host: str, port: int, shutdown_timeout: flo
     """Serve `router.app` on host:port with the router's connection limits."""
     cfg = router.cfg
     m = router.metrics
-    kw = {} if shutdown_timeout is None else {"shutdown_timeout": shutdown_timeout}
     runner = web.AppRunner(router.app, handler_cancellation=True, access_log=None,
-                           keepalive_timeout=cfg.limits.idle_timeout_seconds, **kw)
+                           keepalive_timeout=cfg.limits.idle_timeout_seconds,
+                           shutdown_timeout=60.0 if shutdown_timeout is None else shutdown_timeout)
     await runner.setup()
     site = GuardedSite(runner, host, port, cfg.limits, lambda phase: m.child(m.server_timeouts, phase).inc())
     await site.start()

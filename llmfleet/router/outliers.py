@@ -3,8 +3,9 @@
 Health checks see a replica that answers `/health` but hangs or crawls on completions as healthy. This
 detector watches each finished attempt instead and takes a replica out of rotation for a while when
 
-* it failed `consecutive_failures` times in a row (timeouts, HTTP 5xx, connection failures, streams broken
-  mid-response; an HTTP 429 is back-pressure, not a failure), or
+* it failed `consecutive_failures` times in a row (timeouts, HTTP 5xx, streams broken mid-response; an HTTP
+  429 is back-pressure, not a failure, and a refused connection marks the replica down until a health check
+  passes, which is the health checks' business), or
 * it is far slower than its peers: its moving average of seconds per output token (attempt time divided by
   1 + output tokens) is above `slow_factor` x the median of the other replicas' averages, and above
   `slow_min_seconds_per_token` (fast replicas differ by noise). Judged every `interval_seconds`, on replicas

@@ -456,7 +456,7 @@ class Router:
                 return await upstream.proxy(ctx, replica, self.accounting, after_send=routed)
             except UpstreamFailed as e:
                 m.child(m.upstream_attempts, pool.name, "overloaded" if e.overloaded else "error").inc()
-                if not e.overloaded:
+                if not e.overloaded and not e.mark_down:  # a refused connection: down until a health check passes
                     self.accounting.attempt_ended(pool.name, replica.id, failed=True)
                 last_error = f"replica {replica.id}: {e}"
                 if e.mark_down:
