@@ -66,11 +66,11 @@ def pick_replica(pipeline: Pipeline, info: RequestInfo, replicas: Iterable[Repli
 
 
 def record_attempt(outliers: OutlierDetector | None, replica: str, now: float, *, failed: bool,
-                   seconds: float = 0.0, output_tokens: int = 0) -> list[Ejection]:
+                   seconds: float = 0.0, output_tokens: int = 0) -> Sequence[Ejection]:
     """One attempt on `replica` ended (failed, or served `output_tokens` in `seconds`): the outlier detector's
     ejections it causes (none without a detector)."""
     if outliers is None:
-        return []
+        return ()
     return outliers.record(replica, now, failed=failed, seconds=seconds, output_tokens=output_tokens)
 
 

@@ -51,6 +51,7 @@ class ConnectionGuard(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.phase = _HEAD  # a new connection owes its first request's headers from now
         self.since = loop.time()
+        self.stamp = False  # a phase started during the current read: `since` is set after it
         self.timer: asyncio.TimerHandle | None = None
 
     # asyncio.Protocol, forwarded
@@ -66,9 +67,13 @@ class ConnectionGuard(asyncio.Protocol):
                 parser.feed_data(data)
             except httptools.HttpParserError:  # aiohttp answers (400) and closes; an upgrade is not HTTP any more
                 self._stop()
+            else:
+                if self.phase != _IDLE:  # a request still incomplete after this read: its deadline runs
+                    if self.stamp:
+                        self.since, self.stamp = self.loop.time(), False
+                    if self.timer is None:
+                        self._arm()
         self.inner.data_received(data)
-        if self.phase != _IDLE and self.timer is None and self.parser is not None:
-            self._arm()
 
     def eof_received(self) -> bool | None:
         return self.inner.eof_received()
@@ -83,13 +88,14 @@ class ConnectionGuard(asyncio.Protocol):
     def resume_writing(self) -> None:
         self.inner.resume_writing()
 
-    # llhttp callbacks
+    # llhttp callbacks: a phase that starts stamps its start time after the read (none for a request that
+    # arrives whole: the usual case costs no clock read and no timer)
     def on_message_begin(self) -> None:
         if self.phase == _IDLE:
-            self.phase, self.since = _HEAD, self.loop.time()
+            self.phase, self.stamp = _HEAD, True
 
     def on_headers_complete(self) -> None:
-        self.phase, self.since = _BODY, self.loop.time()
+        self.phase, self.stamp = _BODY, True
 
     def on_message_complete(self) -> None:
         self.phase = _IDLE

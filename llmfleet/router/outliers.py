@@ -22,6 +22,7 @@ simulator run the same decisions; `dispatch.pick_replica` leaves ejected replica
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from llmfleet.router.config import OutlierConfig
@@ -51,6 +52,7 @@ class OutlierDetector:
 
     def __init__(self, cfg: OutlierConfig, pool_size: int = 0) -> None:
         self.cfg = cfg
+        self.enabled = cfg.enabled
         self.pool_size = pool_size  # replicas in the pool (the owner keeps it current): bounds ejections
         self.ejected: dict[str, float] = {}  # replica -> back in rotation at (empty in the common case)
         self._replicas: dict[str, _Replica] = {}
@@ -58,19 +60,15 @@ class OutlierDetector:
         self._next_sweep = -math.inf
         self._next_release = math.inf
 
-    def _state(self, replica: str) -> _Replica:
+    def record(self, replica: str, now: float, *, failed: bool, seconds: float = 0.0,
+               output_tokens: int = 0) -> Sequence[Ejection]:
+        """One finished attempt on `replica`: failed, or served `output_tokens` in `seconds`. Returns the
+        ejections it causes (on the request path: a few attribute updates unless a judgement is due)."""
+        if not self.enabled:
+            return ()
         s = self._replicas.get(replica)
         if s is None:
             s = self._replicas[replica] = _Replica()
-        return s
-
-    def record(self, replica: str, now: float, *, failed: bool, seconds: float = 0.0,
-               output_tokens: int = 0) -> list[Ejection]:
-        """One finished attempt on `replica`: failed, or served `output_tokens` in `seconds`. Returns the
-        ejections it causes."""
-        if not self.cfg.enabled:
-            return []
-        s = self._state(replica)
         out: list[Ejection] = []
         if failed:
             s.failures += 1
@@ -80,13 +78,13 @@ class OutlierDetector:
                     out.append(e)
         else:
             s.failures = 0
-            x = seconds / (1 + max(0, output_tokens))
+            x = seconds / (1 + output_tokens) if output_tokens > 0 else seconds
             s.per_token = x if s.samples == 0 else s.per_token + self._alpha * (x - s.per_token)
             s.samples += 1
         if now >= self._next_sweep:
             self._next_sweep = now + self.cfg.interval_seconds
             out += self._sweep_slow(now)
-        return out
+        return out or ()
 
     def _sweep_slow(self, now: float) -> list[Ejection]:
         cfg = self.cfg
@@ -133,7 +131,7 @@ class OutlierDetector:
         back = sorted(r for r, until in self.ejected.items() if until <= now)
         for r in back:
             del self.ejected[r]
-            s = self._state(r)
+            s = self._replicas.setdefault(r, _Replica())
             s.failures, s.samples, s.per_token, s.returned_at = 0, 0, 0.0, now
         self._next_release = min(self.ejected.values(), default=math.inf)
         return back

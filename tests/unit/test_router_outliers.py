@@ -19,12 +19,12 @@ def detector(n: int = 4, **kw: object) -> OutlierDetector:
 
 def test_failures_in_a_row_eject_and_a_success_resets_the_count() -> None:
     d = detector()
-    assert d.record("a", 0.0, failed=True) == []
+    assert not d.record("a", 0.0, failed=True)
     d.record("a", 0.1, failed=False, seconds=0.1, output_tokens=10)  # the run is broken
-    assert d.record("a", 0.2, failed=True) == []
+    assert not d.record("a", 0.2, failed=True)
     [e] = d.record("a", 0.3, failed=True)
     assert (e.replica, e.reason, e.until) == ("a", "failures", 10.3) and d.ejected == {"a": 10.3}
-    assert d.record("a", 0.4, failed=True) == []  # already out
+    assert not d.record("a", 0.4, failed=True)  # already out
 
 
 def test_back_off_grows_with_each_ejection_is_bounded_and_decays_in_rotation() -> None:
@@ -92,7 +92,7 @@ def test_slow_needs_samples_a_real_margin_and_the_absolute_floor() -> None:
 def test_disabled_and_forget() -> None:
     off = detector(enabled=False)
     for i in range(5):
-        assert off.record("a", i, failed=True) == []
+        assert not off.record("a", i, failed=True)
     d = detector()
     d.record("a", 0, failed=True)
     d.record("a", 0, failed=True)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -85,3 +87,27 @@ async def routers() -> AsyncIterator[Callable[..., Awaitable[RouterUnderTest]]]:
 async def http() -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession() as s:
         yield s
+
+
+@pytest.fixture
+async def fake_processes() -> AsyncIterator[Callable[..., Awaitable[tuple[str, subprocess.Popen[str]]]]]:
+    """Fake replicas as processes of their own (`python -m llmfleet.router.fake_backend ARGS`), to kill for
+    real: make(*args) -> (base URL, process); killed at the end of the test if still running."""
+    started: list[subprocess.Popen[str]] = []
+
+    async def make(*args: str) -> tuple[str, subprocess.Popen[str]]:
+        proc = subprocess.Popen([sys.executable, "-m", "llmfleet.router.fake_backend", "--port", "0", *args],
+                                stdout=subprocess.PIPE, text=True)
+        started.append(proc)
+        if proc.stdout is None:
+            raise RuntimeError("no stdout from the fake backend")
+        line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 30)
+        return f"http://127.0.0.1:{int(line.split()[1])}", proc
+
+    yield make
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()

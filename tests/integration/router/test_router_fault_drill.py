@@ -22,8 +22,6 @@ import asyncio
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from typing import Any
@@ -100,68 +98,57 @@ async def next_phase(load: Load, http: aiohttp.ClientSession, url: str, phase: s
     load.phase = phase
 
 
-async def test_router_fault_drill(fakes: Any, routers: Any, http: aiohttp.ClientSession) -> None:
-    proc = subprocess.Popen([sys.executable, "-m", "llmfleet.router.fake_backend", "--port", "0", "--name", "k",
-                             "--tokens", str(TOKENS), "--token-delay-ms", str(TOKEN_DELAY_MS)],
-                            stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 30)
-        killed = f"http://127.0.0.1:{int(line.split()[1])}"
-        hung = await fakes(name="h", tokens=TOKENS, token_delay_s=TOKEN_DELAY_MS / 1000, record=False)
-        steady = await fakes(name="s", tokens=TOKENS, token_delay_s=TOKEN_DELAY_MS / 1000, record=False)
-        cfg = config({"primary": ("m", [killed, hung.url, steady.url])}, scorers={"queue-depth": 1.0},
-                     limits={"first_byte_timeout_seconds": FIRST_BYTE_TIMEOUT_S, "header_timeout_seconds": 2.0,
-                             "body_timeout_seconds": 2.0, "scrape_timeout_seconds": 0.5},
-                     outliers={"consecutive_failures": 2, "base_ejection_seconds": 60, "max_ejection_percent": 100})
-        r = await routers(cfg)
-        await wait_for(lambda: len(r.router.pools["primary"].replicas.routable()) == 3, 10)
-        load = Load(r.url, http)
-        clients = [asyncio.create_task(load.client(i)) for i in range(CLIENTS)]
-        await asyncio.sleep(2.0)
+async def test_router_fault_drill(fakes: Any, fake_processes: Any, routers: Any,
+                                  http: aiohttp.ClientSession) -> None:
+    killed, proc = await fake_processes("--name", "k", "--tokens", str(TOKENS), "--token-delay-ms",
+                                        str(TOKEN_DELAY_MS))
+    hung = await fakes(name="h", tokens=TOKENS, token_delay_s=TOKEN_DELAY_MS / 1000, record=False)
+    steady = await fakes(name="s", tokens=TOKENS, token_delay_s=TOKEN_DELAY_MS / 1000, record=False)
+    cfg = config({"primary": ("m", [killed, hung.url, steady.url])}, scorers={"queue-depth": 1.0},
+                 limits={"first_byte_timeout_seconds": FIRST_BYTE_TIMEOUT_S, "header_timeout_seconds": 2.0,
+                         "body_timeout_seconds": 2.0, "scrape_timeout_seconds": 0.5},
+                 outliers={"consecutive_failures": 2, "base_ejection_seconds": 60, "max_ejection_percent": 100})
+    r = await routers(cfg)
+    await wait_for(lambda: len(r.router.pools["primary"].replicas.routable()) == 3, 10)
+    load = Load(r.url, http)
+    clients = [asyncio.create_task(load.client(i)) for i in range(CLIENTS)]
+    await asyncio.sleep(2.0)
 
-        await next_phase(load, http, r.url, "kill")
-        replica = r.router.pools["primary"].replicas.replicas[killed]
-        await wait_for(lambda: replica.in_flight >= 2, 10)  # streams in flight on it
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(10)
-        await asyncio.sleep(2.0)
+    await next_phase(load, http, r.url, "kill")
+    replica = r.router.pools["primary"].replicas.replicas[killed]
+    await wait_for(lambda: replica.in_flight >= 2, 10)  # streams in flight on it
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+    await asyncio.sleep(2.0)
 
-        await next_phase(load, http, r.url, "hang")
-        hung.fail = "hang"  # accepts, never answers; /health stays 200
-        outliers = r.router.pools["primary"].replicas.outliers
-        await wait_for(lambda: hung.url in outliers.ejected, 20)
-        await asyncio.sleep(1.0)
+    await next_phase(load, http, r.url, "hang")
+    hung.fail = "hang"  # accepts, never answers; /health stays 200
+    outliers = r.router.pools["primary"].replicas.outliers
+    await wait_for(lambda: hung.url in outliers.ejected, 20)
+    await asyncio.sleep(1.0)
 
-        await next_phase(load, http, r.url, "slow clients")
-        body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}]}).encode()
-        head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body))
-        host, port = r.url.removeprefix("http://").split(":")
-        silent = [await asyncio.open_connection(host, int(port)) for _ in range(50)]
-        t_slow = time.monotonic()
-        slow = await asyncio.gather(
-            *(_slow_client(r.url, b"POST /v1/chat/completions HTTP/1.1\r\n", b"X-Slow: " + b"a" * 60)
-              for _ in range(200)),
-            *(_slow_client(r.url, head, body + b" " * 40) for _ in range(50)))
-        slow_s = time.monotonic() - t_slow
-        silent_closed = 0
-        for reader, writer in silent:
-            silent_closed += await asyncio.wait_for(reader.read(), 10) == b""
-            writer.close()
+    await next_phase(load, http, r.url, "slow clients")
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}]}).encode()
+    head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body))
+    host, port = r.url.removeprefix("http://").split(":")
+    silent = [await asyncio.open_connection(host, int(port)) for _ in range(50)]
+    t_slow = time.monotonic()
+    slow = await asyncio.gather(
+        *(_slow_client(r.url, b"POST /v1/chat/completions HTTP/1.1\r\n", b"X-Slow: " + b"a" * 60)
+          for _ in range(200)),
+        *(_slow_client(r.url, head, body + b" " * 40) for _ in range(50)))
+    slow_s = time.monotonic() - t_slow
+    silent_closed = 0
+    for reader, writer in silent:
+        silent_closed += await asyncio.wait_for(reader.read(), 10) == b""
+        writer.close()
 
-        await next_phase(load, http, r.url, "after")
-        await asyncio.sleep(1.5)
-        load.stop.set()
-        await asyncio.wait_for(asyncio.gather(*clients), 30)
-        await next_phase(load, http, r.url, "")
-        text = await scrape(http, r.url)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-        if proc.stdout is not None:
-            proc.stdout.close()
-
+    await next_phase(load, http, r.url, "after")
+    await asyncio.sleep(1.5)
+    load.stop.set()
+    await asyncio.wait_for(asyncio.gather(*clients), 30)
+    await next_phase(load, http, r.url, "")
+    text = await scrape(http, r.url)
     counters = {
         "stream errors (killed replica)": metric(text, "llmfleet_router_stream_errors_total", pool="primary",
                                                  replica=killed),

@@ -8,8 +8,6 @@ import json
 import logging
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -44,33 +42,22 @@ async def scrape(http: aiohttp.ClientSession, url: str) -> str:
 
 
 async def test_replica_killed_mid_stream_ends_with_an_error_event_counted_and_logged_once(
-        routers: Any, http: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture) -> None:
+        fake_processes: Any, routers: Any, http: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture) -> None:
     """SIGKILL of the replica's process while it streams: the client gets the tokens so far, then an
     OpenAI-style error event and no [DONE]; the router counts it for that pool and replica and logs it once."""
-    fake = subprocess.Popen([sys.executable, "-m", "llmfleet.router.fake_backend", "--port", "0", "--tokens", "200",
-                             "--token-delay-ms", "20"], stdout=subprocess.PIPE, text=True)
-    try:
-        assert fake.stdout is not None
-        line = await asyncio.wait_for(asyncio.to_thread(fake.stdout.readline), 30)
-        url = f"http://127.0.0.1:{int(line.split()[1])}"
-        r = await routers(config({"primary": ("m", [url])}))
-        await wait_for(lambda: bool(r.router.pools["primary"].replicas.routable()), 10)
-        caplog.set_level(logging.WARNING, "llmfleet.router")
-        received = b""
-        async with http.post(r.url + "/v1/chat/completions", json={**CHAT, "max_tokens": 200, "stream": True},
-                             timeout=aiohttp.ClientTimeout(total=20)) as resp:
-            assert resp.status == 200
-            async for chunk in resp.content.iter_any():
-                received += chunk
-                if received.count(b"data: ") == 3 and fake.returncode is None:
-                    os.kill(fake.pid, signal.SIGKILL)
-                    fake.wait(10)
-    finally:
-        if fake.poll() is None:
-            fake.kill()
-            fake.wait(10)
-        if fake.stdout is not None:
-            fake.stdout.close()
+    url, fake = await fake_processes("--tokens", "200", "--token-delay-ms", "20")
+    r = await routers(config({"primary": ("m", [url])}))
+    await wait_for(lambda: bool(r.router.pools["primary"].replicas.routable()), 10)
+    caplog.set_level(logging.WARNING, "llmfleet.router")
+    received = b""
+    async with http.post(r.url + "/v1/chat/completions", json={**CHAT, "max_tokens": 200, "stream": True},
+                         timeout=aiohttp.ClientTimeout(total=20)) as resp:
+        assert resp.status == 200
+        async for chunk in resp.content.iter_any():
+            received += chunk
+            if received.count(b"data: ") == 3 and fake.returncode is None:
+                os.kill(fake.pid, signal.SIGKILL)
+                fake.wait(10)
     events = [e.removeprefix("data: ") for e in received.decode().strip().split("\n\n")]
     assert len(events) >= 4 and "[DONE]" not in events
     assert all("error" not in json.loads(e) for e in events[:-1])
