@@ -8,18 +8,21 @@ log. Below both `server.py` and `proxy.py`, so the proxy never sees the server.
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from llmfleet.router.dispatch import Latency, on_done, record_attempt
 from llmfleet.router.fallback import FallbackPolicy
 from llmfleet.router.metrics import RouterMetrics
-from llmfleet.router.outliers import Ejection, OutlierDetector
+from llmfleet.router.outliers import OutlierDetector
 from llmfleet.router.plugins.base import RequestInfo
 from llmfleet.router.request_log import RequestLog
 from llmfleet.router.requests import ParsedRequest
+
+log = logging.getLogger("llmfleet.router")
 
 
 @dataclass(slots=True)
@@ -46,23 +49,25 @@ class Accounting:
 
     def __init__(self, metrics: RouterMetrics, policy: FallbackPolicy | None = None,
                  request_log: RequestLog | None = None, primary_pools: Collection[str] = (),
-                 replica_pools: Collection[str] = (), outliers: Mapping[str, OutlierDetector] | None = None,
-                 on_ejection: Callable[[str, Ejection], None] | None = None) -> None:
+                 replica_pools: Collection[str] = (), outliers: Mapping[str, OutlierDetector] | None = None) -> None:
         self.metrics = metrics
         self.policy = policy
         self.request_log = request_log
         self.primary_pools = frozenset(primary_pools)
         self.replica_pools = frozenset(replica_pools)  # pools of replicas (not the feature store's answers)
         self.outliers = dict(outliers or {})
-        self.on_ejection = on_ejection
 
     def attempt_ended(self, pool: str, replica: str, *, failed: bool, seconds: float = 0.0,
                       output_tokens: int = 0) -> None:
-        """One attempt on `replica` ended: the outlier detector learns it (and may eject the replica)."""
-        for ejection in record_attempt(self.outliers.get(pool), replica, time.monotonic(), failed=failed,
-                                       seconds=seconds, output_tokens=output_tokens):
-            if self.on_ejection is not None:
-                self.on_ejection(pool, ejection)
+        """One attempt on `replica` ended: the outlier detector learns it (and may eject the replica: one log
+        line, the ejection counter and gauge)."""
+        now = time.monotonic()
+        for e in record_attempt(self.outliers.get(pool), replica, now, failed=failed, seconds=seconds,
+                                output_tokens=output_tokens):
+            log.warning("pool %s: replica %s ejected for %.0f s (%s: %s)", pool, e.replica, e.until - now, e.reason,
+                        e.detail)
+            self.metrics.child(self.metrics.outlier_ejections, pool, e.replica, e.reason).inc()
+            self.metrics.child(self.metrics.replica_ejected, pool, e.replica).set(1)
 
     def finish(self, ctx: RequestContext, status: int, input_tokens: int, output_tokens: int, ttft: float | None,
                tpot: float | None, e2e: float) -> None:

@@ -29,7 +29,6 @@ from llmfleet.router.fallback import FallbackPolicy, PoolSignals
 from llmfleet.router.held import HeldRequests, HoldRejected
 from llmfleet.router.kv_events import KVEventSubscribers
 from llmfleet.router.metrics import RouterMetrics
-from llmfleet.router.outliers import Ejection
 from llmfleet.router.plugins import build_pipeline
 from llmfleet.router.plugins.base import Pipeline, ReplicaState, RequestInfo
 from llmfleet.router.prefix_index import PrefixIndex, PromptBlocks, load_tokenizer
@@ -120,8 +119,7 @@ class Router:
         self.accounting = Accounting(self.metrics, self.policy, self.request_log,
                                      primary_pools=[p.name for p in cfg.pools if p.role == "primary"],
                                      replica_pools=[p.name for p in cfg.pools],
-                                     outliers={name: p.replicas.outliers for name, p in self.pools.items()},
-                                     on_ejection=self._ejected)
+                                     outliers={name: p.replicas.outliers for name, p in self.pools.items()})
         self.upstream: Upstream | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.app = self._build_app()
@@ -227,12 +225,6 @@ class Router:
                     await pool.replicas.discover_once(api)
                     intervals.append(d.interval_seconds)
             await asyncio.sleep(min(intervals or [5.0]))
-
-    def _ejected(self, pool: str, e: Ejection) -> None:
-        log.warning("pool %s: replica %s ejected for %.0f s (%s: %s)", pool, e.replica,
-                    e.until - time.monotonic(), e.reason, e.detail)
-        self.metrics.child(self.metrics.outlier_ejections, pool, e.replica, e.reason).inc()
-        self.metrics.child(self.metrics.replica_ejected, pool, e.replica).set(1)
 
     def _update_gauges(self, pool: PoolRuntime) -> None:
         m = self.metrics
