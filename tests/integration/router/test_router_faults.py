@@ -96,6 +96,32 @@ async def test_replica_that_accepts_and_never_answers_is_ejected(fakes: Any, rou
     assert metric(text, "llmfleet_router_replica_ejected", pool="primary", replica=hung.url) == 0
 
 
+async def test_a_replica_far_slower_than_its_peers_is_ejected(fakes: Any, routers: Any,
+                                                              http: aiohttp.ClientSession) -> None:
+    """Answers, but 0.3 s per request where its peers take milliseconds (4 tokens: ~60 ms per token against
+    under 1 ms): ejected as slow once both have enough samples, through the real request path's timings."""
+    slow = await fakes(name="slow", delay_s=0.3)
+    fast = await fakes(name="fast")
+    r = await routers(config({"primary": ("m", [slow.url, fast.url])}, scorers={"queue-depth": 1.0},
+                             outliers={"min_requests": 3, "interval_seconds": 0.1, "window_requests": 3}))
+    await wait_for(lambda: len(r.router.pools["primary"].replicas.routable()) == 2)
+    outliers = r.router.pools["primary"].replicas.outliers
+    sent = 0
+    while slow.url not in outliers.ejected and sent < 40:
+        async with http.post(r.url + "/v1/completions", json={"model": "m", "prompt": "x", "max_tokens": 4}) as resp:
+            assert resp.status == 200
+        sent += 1
+    assert outliers.ejected.keys() == {slow.url} and len(slow.requests) >= 3
+    text = await scrape(http, r.url)
+    assert metric(text, "llmfleet_router_outlier_ejections_total", pool="primary", replica=slow.url,
+                  reason="slow") == 1
+    before = len(slow.requests)
+    for _ in range(5):
+        async with http.post(r.url + "/v1/completions", json={"model": "m", "prompt": "x", "max_tokens": 4}) as resp:
+            assert resp.headers["x-llmfleet-replica"] == fast.url
+    assert len(slow.requests) == before
+
+
 async def test_the_last_replica_of_a_pool_is_never_ejected(fakes: Any, routers: Any,
                                                            http: aiohttp.ClientSession) -> None:
     hung = await fakes(name="hung", fail="hang")
