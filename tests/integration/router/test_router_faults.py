@@ -41,6 +41,11 @@ async def scrape(http: aiohttp.ClientSession, url: str) -> str:
         return await resp.text()
 
 
+async def scrape_text(url: str) -> str:
+    async with aiohttp.ClientSession() as http:
+        return await scrape(http, url)
+
+
 async def test_replica_killed_mid_stream_ends_with_an_error_event_counted_and_logged_once(
         fake_processes: Any, routers: Any, http: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture) -> None:
     """SIGKILL of the replica's process while it streams: the client gets the tokens so far, then an
@@ -187,6 +192,41 @@ async def test_slow_clients_are_closed_while_normal_traffic_flows(fakes: Any, ro
     text = await scrape(http, r.url)
     assert metric(text, "llmfleet_router_client_timeouts_total", phase="header") >= 30
     assert metric(text, "llmfleet_router_client_timeouts_total", phase="body") == 10
+
+
+async def test_requests_within_the_deadlines_are_served_however_they_are_framed(fakes: Any, routers: Any) -> None:
+    """The guard follows the framing, it does not get in its way: a request split over reads within its
+    deadlines, a chunked body, and two pipelined requests in one write are all answered."""
+    a = await fakes(name="a")
+    r = await routers(config({"primary": ("m", [a.url])}, limits={"header_timeout_seconds": 1.0,
+                                                                  "body_timeout_seconds": 1.0}))
+    await wait_for(lambda: bool(r.router.pools["primary"].replicas.routable()))
+    host, port = r.url.removeprefix("http://").split(":")
+    body = json.dumps(CHAT).encode()
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    reader, writer = await asyncio.open_connection(host, int(port))
+
+    async def answer() -> bytes:
+        status = await reader.readuntil(b"\r\n\r\n")
+        length = int(status.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        await reader.readexactly(length)
+        return status.split(b"\r\n")[0]
+
+    for part in (head, b"Content-Length: %d\r\n\r\n" % len(body), body[:10], body[10:]):  # 0.6 s per phase
+        writer.write(part)
+        await asyncio.sleep(0.3)
+    assert await answer() == b"HTTP/1.1 200 OK"
+    chunked = b"%x\r\n%s\r\n%x\r\n%s\r\n0\r\n\r\n" % (10, body[:10], len(body) - 10, body[10:])
+    writer.write(head + b"Transfer-Encoding: chunked\r\n\r\n" + chunked)
+    assert await answer() == b"HTTP/1.1 200 OK"
+    one = head + b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    writer.write(one + one)
+    assert [await answer(), await answer()] == [b"HTTP/1.1 200 OK"] * 2
+    await asyncio.sleep(1.5)  # idle between requests is not a header deadline
+    writer.write(one)
+    assert await answer() == b"HTTP/1.1 200 OK"
+    writer.close()
+    assert metric(await scrape_text(r.url), "llmfleet_router_client_timeouts_total", phase="header") == 0
 
 
 async def test_kept_alive_connections_are_closed_when_idle(fakes: Any, routers: Any) -> None:
