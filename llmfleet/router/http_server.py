@@ -65,8 +65,8 @@ class ConnectionGuard(asyncio.Protocol):
         if parser is not None:
             try:
                 parser.feed_data(data)
-            except httptools.HttpParserError:  # aiohttp answers (400) and closes; an upgrade is not HTTP any more
-                self._stop()
+            except (httptools.HttpParserError, httptools.HttpParserUpgrade):  # aiohttp answers a malformed
+                self._stop()  # request (400) and closes; after an Upgrade or CONNECT the bytes are not HTTP
             else:
                 if self.phase != _IDLE:  # a request still incomplete after this read: its deadline runs
                     if self.stamp:

@@ -226,6 +226,12 @@ async def test_requests_within_the_deadlines_are_served_however_they_are_framed(
     writer.write(one)
     assert await answer() == b"HTTP/1.1 200 OK"
     writer.close()
+    for request in (b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
+                    b"GET /v1/models HTTP/1.1\r\nHost: x\r\nContent-Length: x\r\n\r\n"):  # aiohttp's to answer
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(request)
+        assert (await asyncio.wait_for(reader.readuntil(b"\r\n"), 5)).startswith(b"HTTP/1.")
+        writer.close()
     assert metric(await scrape_text(r.url), "llmfleet_router_client_timeouts_total", phase="header") == 0
 
 
