@@ -71,6 +71,10 @@ class ConnectionGuard(asyncio.Protocol):
                 if self.phase != _IDLE:  # a request still incomplete after this read: its deadline runs
                     if self.stamp:
                         self.since, self.stamp = self.loop.time(), False
+                        timer = self.timer
+                        if timer is not None and timer.when() > self.since + self.limits[self.phase]:
+                            timer.cancel()  # armed for a later deadline (an earlier phase's)
+                            self.timer = None
                     if self.timer is None:
                         self._arm()
         self.inner.data_received(data)
