@@ -89,6 +89,10 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
+# One decoder for every body: json.loads(text, parse_constant=...) builds a new one (and its scanner) per call.
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+
+
 def _deeper_than(value: Any, limit: int) -> bool:
     """Whether containers nest more than `limit` levels (iterative: no recursion on hostile input)."""
     stack: list[tuple[Any, int]] = [(value, 1)]
@@ -114,7 +118,7 @@ def decode_json_body(raw: bytes, max_depth: int = MAX_JSON_DEPTH) -> Any:
     except UnicodeDecodeError as e:
         raise RequestError(400, f"request body is not UTF-8: {e.reason} at byte {e.start}") from None
     try:
-        body = json.loads(text, parse_constant=_reject_constant)
+        body = _DECODER.decode(text)  # a UTF-8 BOM is refused too ("Expecting value")
     except RecursionError:  # the decoder's own recursion guard: far deeper than max_depth
         raise too_deep from None
     except ValueError as e:
