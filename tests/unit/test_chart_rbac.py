@@ -17,6 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "llmfleet"
 RBAC_KINDS = ("ClusterRole", "Role", "ClusterRoleBinding", "RoleBinding")
 
+pytestmark = pytest.mark.helm
+
 Triple = tuple[str, str, str, str]  # (apiGroup, resource, verb, resourceName or "")
 
 

@@ -127,6 +127,7 @@ def _merge(base: dict, over: dict) -> dict:
         "leaderElection.peeringName=Not_A_Name",
     ],
 )
+@pytest.mark.helm
 def test_helm_rejects_bad_values(bad: str) -> None:
     helm = ROOT / ".tools" / "bin" / "helm"
     binary = str(helm) if helm.exists() else shutil.which("helm")

@@ -35,7 +35,7 @@ async def _populate(url: str, tmp_path: Path, fake: FakeOpenAI, prompts: Sequenc
     engine.dispose()
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def stoppable(request: pytest.FixtureRequest, tmp_path: Path):  # type: ignore[no-untyped-def]
     """(url, stop(), start()) of a database this test alone may take down."""
     if request.param == "sqlite":
