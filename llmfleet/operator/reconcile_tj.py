@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -33,25 +34,15 @@ from llmfleet.operator.status import (
     invalid_spec_outcome,
     set_conditions,
 )
-from llmfleet.operator.worker_status import StatusReader, WorkerStatusError, status_fields
+from llmfleet.operator.tj_status import (
+    TERMINAL,
+    Observed,
+    restart_due,
+    trainingjob_phase,
+    trainingjob_status,
+)
+from llmfleet.operator.worker_status import StatusReader, WorkerStatusError
 from llmfleet.plan.hardware import training_precision_problems
-
-TERMINAL = ("Succeeded", "Failed")
-
-
-def job_failed(job: Mapping[str, Any]) -> bool:
-    st = job.get("status") or {}
-    if any(c.get("type") == "Failed" and c.get("status") == "True" for c in st.get("conditions") or []):
-        return True
-    return int(st.get("failed") or 0) > 0
-
-
-def job_succeeded(job: Mapping[str, Any]) -> bool:
-    st = job.get("status") or {}
-    if any(c.get("type") == "Complete" and c.get("status") == "True" for c in st.get("conditions") or []):
-        return True
-    completions = int((job.get("spec") or {}).get("completions") or 1)
-    return int(st.get("succeeded") or 0) >= completions
 
 
 def status_url(config: OperatorConfig, tj: TrainingJob, attempt: int) -> str:
@@ -62,19 +53,6 @@ def status_url(config: OperatorConfig, tj: TrainingJob, attempt: int) -> str:
         port=tj.spec.metrics.port,
         name=tj.metadata.name,
     )
-
-
-def _conditions(old: dict[str, Any], generation: int | None, now: str, phase: str, message: str,
-                degraded: tuple[bool, str, str] | None = None) -> list[dict[str, Any]]:
-    ready = phase in ("Running", "Succeeded")
-    progressing = phase in ("Pending", "Running", "Restarting")
-    updates = {
-        "Ready": (ready, phase, message),
-        "Progressing": (progressing, phase, message),
-        "Degraded": degraded or (phase == "Failed", phase if phase == "Failed" else "AsExpected",
-                                 message if phase == "Failed" else ""),
-    }
-    return set_conditions(old.get("conditions"), updates, generation, now)
 
 
 async def _promote(
@@ -244,13 +222,11 @@ async def _reconcile(body: Mapping[str, Any], client: KubeClient, config: Operat
     out.compute_seconds = time.thread_time() - started
     ns = tj.metadata.namespace
     attempt = int(old.get("restarts") or 0)
-    status: dict[str, Any] = {"observedGeneration": generation, "restarts": attempt}
 
     if old.get("phase") in TERMINAL:
-        phase = str(old["phase"])
-        if phase == "Succeeded" and (promotion := await _promote(tj, old, client, out, now)) is not None:
-            status["promotion"] = promotion
-        out.status = {**status, "phase": phase}
+        out.status, _ = trainingjob_status(tj, Observed(job={}, attempt=attempt), old, generation, now)
+        if old["phase"] == "Succeeded" and (promotion := await _promote(tj, old, client, out, now)) is not None:
+            out.status["promotion"] = promotion
         return out, tj
 
     # Only with Kueue must the operator know before applying whether the Job exists (Kueue then owns
@@ -262,65 +238,29 @@ async def _reconcile(body: Mapping[str, Any], client: KubeClient, config: Operat
         invalid = invalid_spec_outcome(old, str(err), generation, now, "TrainingJob")
         invalid.compute_seconds = out.compute_seconds
         return invalid, None
-    job_now = results[-1] or job or {}
-    if job_failed(job_now):
-        if attempt >= tj.spec.max_restarts:
-            message = f"workers failed and maxRestarts ({tj.spec.max_restarts}) is used up"
-            out.event("Warning", "Failed", message)
-            out.status = {**status, "phase": "Failed", "completionTime": now,
-                          "conditions": _conditions(old, generation, now, "Failed", message)}
-            return out, tj
+    seen = Observed(job=results[-1] or job or {}, attempt=attempt)
+    if restart_due(tj, seen.job, attempt):
         await client.delete("batch/v1", "Job", ns, job_name(tj, attempt))
         attempt += 1
-        status["restarts"] = attempt
-        resume = old.get("lastCheckpoint")
-        out.event(
-            "Warning", "Restarting",
-            f"worker failure; restart {attempt}/{tj.spec.max_restarts}, resuming from {resume or 'the start'}",
-        )
         results = await _apply(tj, config, client, out, old, generation, now, attempt, False, job_only=True)
-        job_now = results[-1] or {}
-    if job_succeeded(job_now):
-        message = "all workers completed"
-        out.event("Normal", "Succeeded", message)
-        status.update({"phase": "Succeeded", "completionTime": now,
-                       "conditions": _conditions(old, generation, now, "Succeeded", message)})
-        if (promotion := await _promote(tj, {**old, **status}, client, out, now)) is not None:
-            status["promotion"] = promotion
-        out.status = status
-        return out, tj
+        seen = Observed(job=results[-1] or {}, attempt=attempt, restarted=True)
 
     started = time.thread_time()
-    jst = job_now.get("status") or {}
-    active = int(jst.get("active") or 0)
-    degraded: tuple[bool, str, str] | None = None
-    if tj.spec.suspend:
-        phase, message = "Suspended", "suspended; resumes from the last checkpoint"
-    elif status["restarts"] != int(old.get("restarts") or 0):
-        phase, message = "Restarting", f"attempt {attempt} created"
-    elif (job_now.get("spec") or {}).get("suspend"):
-        phase, message = "Pending", "waiting for admission (Kueue)"
-    elif active > 0:
-        phase, message = "Running", f"{active}/{tj.spec.workers.count} workers active"
-        if old.get("startTime") is None:
-            status["startTime"] = now
-        if read_status is not None:
-            url = status_url(config, tj, attempt)
-            out.compute_seconds += time.thread_time() - started
-            try:
-                status.update(status_fields(await read_status(url)))
-                degraded = (False, "AsExpected", "")
-            except WorkerStatusError as err:
-                degraded = (True, "WorkerStatusStale", f"rank 0 status unreachable, last values kept: {err}")
-            started = time.thread_time()
-    else:
-        phase, message = "Pending", "waiting for worker pods"
-    status["phase"] = phase
-    status["conditions"] = _conditions(old, generation, now, phase, message, degraded)
-    if old.get("phase") != phase:
-        out.event("Normal", phase, message)
-    out.status = status
+    if read_status is not None and trainingjob_phase(tj, seen)[0] == "Running":
+        url = status_url(config, tj, attempt)
+        out.compute_seconds += time.thread_time() - started
+        try:
+            seen = replace(seen, worker=await read_status(url))
+        except WorkerStatusError as err:
+            seen = replace(seen, worker_error=str(err))
+        started = time.thread_time()
+    status, events = trainingjob_status(tj, seen, old, generation, now)
+    out.events.extend(events)
     out.compute_seconds += time.thread_time() - started
+    if status["phase"] == "Succeeded":
+        if (promotion := await _promote(tj, {**old, **status}, client, out, now)) is not None:
+            status["promotion"] = promotion
+    out.status = status
     return out, tj
 
 

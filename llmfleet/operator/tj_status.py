@@ -1,0 +1,122 @@
+"""TrainingJob phase and status from what the reconcile observed: pure, like the builders.
+
+The reconcile (reconcile_tj.py) applies the Indexed Job of the current attempt, replaces a failed one while
+restarts are left (`restart_due`), reads rank 0's /status while the workers run, and hands what it saw to
+`trainingjob_status`; the same observation always gives the same status and Events (`now` is an argument).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from llmfleet.api import TrainingJob
+from llmfleet.operator.status import Event, set_conditions
+from llmfleet.operator.worker_status import status_fields
+
+TERMINAL = ("Succeeded", "Failed")
+
+
+def job_failed(job: Mapping[str, Any]) -> bool:
+    st = job.get("status") or {}
+    if any(c.get("type") == "Failed" and c.get("status") == "True" for c in st.get("conditions") or []):
+        return True
+    return int(st.get("failed") or 0) > 0
+
+
+def job_succeeded(job: Mapping[str, Any]) -> bool:
+    st = job.get("status") or {}
+    if any(c.get("type") == "Complete" and c.get("status") == "True" for c in st.get("conditions") or []):
+        return True
+    completions = int((job.get("spec") or {}).get("completions") or 1)
+    return int(st.get("succeeded") or 0) >= completions
+
+
+def restart_due(tj: TrainingJob, job: Mapping[str, Any], attempt: int) -> bool:
+    """The attempt's workers failed and restarts are left: the reconcile replaces the Job with attempt + 1."""
+    return job_failed(job) and attempt < tj.spec.max_restarts
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What one reconcile saw of a TrainingJob's workers."""
+
+    job: Mapping[str, Any]  # the current attempt's Job as the API returned it ({} when not known)
+    attempt: int  # status.restarts: the attempt `job` belongs to
+    restarted: bool = False  # this reconcile replaced a failed Job: `attempt` is the new one
+    worker: Mapping[str, Any] | None = None  # rank 0's /status document, when read
+    worker_error: str = ""  # why rank 0's /status could not be read ("" when it was, or was not asked)
+
+
+def conditions(old: Mapping[str, Any], generation: int | None, now: str, phase: str, message: str,
+               degraded: tuple[bool, str, str] | None = None) -> list[dict[str, Any]]:
+    """Ready / Progressing / Degraded for a phase (Degraded: Failed, or `degraded` when given)."""
+    ready = phase in ("Running", "Succeeded")
+    progressing = phase in ("Pending", "Running", "Restarting")
+    updates = {
+        "Ready": (ready, phase, message),
+        "Progressing": (progressing, phase, message),
+        "Degraded": degraded or (phase == "Failed", phase if phase == "Failed" else "AsExpected",
+                                 message if phase == "Failed" else ""),
+    }
+    return set_conditions(old.get("conditions"), updates, generation, now)
+
+
+def trainingjob_phase(tj: TrainingJob, seen: Observed) -> tuple[str, str]:
+    """(phase, message) of a TrainingJob that is not finished before this reconcile."""
+    job = seen.job
+    if job_failed(job) and not seen.restarted:
+        return "Failed", f"workers failed and maxRestarts ({tj.spec.max_restarts}) is used up"
+    if job_succeeded(job):
+        return "Succeeded", "all workers completed"
+    active = int((job.get("status") or {}).get("active") or 0)
+    if tj.spec.suspend:
+        return "Suspended", "suspended; resumes from the last checkpoint"
+    if seen.restarted:
+        return "Restarting", f"attempt {seen.attempt} created"
+    if (job.get("spec") or {}).get("suspend"):
+        return "Pending", "waiting for admission (Kueue)"
+    if active > 0:
+        return "Running", f"{active}/{tj.spec.workers.count} workers active"
+    return "Pending", "waiting for worker pods"
+
+
+def trainingjob_status(
+    tj: TrainingJob, seen: Observed, old: Mapping[str, Any], generation: int | None, now: str
+) -> tuple[dict[str, Any], list[Event]]:
+    """(status, Events); `old`: the status before this reconcile. A job already Succeeded or Failed keeps its
+    phase (the reconcile adds the promotion)."""
+    status: dict[str, Any] = {"observedGeneration": generation, "restarts": seen.attempt}
+    if old.get("phase") in TERMINAL:
+        return {**status, "phase": str(old["phase"])}, []
+    events = []
+    if seen.restarted:
+        resume = old.get("lastCheckpoint")
+        events.append(Event(
+            "Warning", "Restarting",
+            f"worker failure; restart {seen.attempt}/{tj.spec.max_restarts}, resuming from {resume or 'the start'}",
+        ))
+    phase, message = trainingjob_phase(tj, seen)
+    if phase == "Failed":
+        events.append(Event("Warning", "Failed", message))
+        return {**status, "phase": phase, "completionTime": now,
+                "conditions": conditions(old, generation, now, phase, message)}, events
+    if phase == "Succeeded":
+        events.append(Event("Normal", "Succeeded", message))
+        return {**status, "phase": phase, "completionTime": now,
+                "conditions": conditions(old, generation, now, phase, message)}, events
+    degraded: tuple[bool, str, str] | None = None
+    if phase == "Running":
+        if old.get("startTime") is None:
+            status["startTime"] = now
+        if seen.worker is not None:
+            status.update(status_fields(dict(seen.worker)))
+            degraded = (False, "AsExpected", "")
+        elif seen.worker_error:
+            degraded = (True, "WorkerStatusStale", f"rank 0 status unreachable, last values kept: {seen.worker_error}")
+    status["phase"] = phase
+    status["conditions"] = conditions(old, generation, now, phase, message, degraded)
+    if old.get("phase") != phase:
+        events.append(Event("Normal", phase, message))
+    return status, events
