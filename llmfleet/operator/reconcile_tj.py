@@ -38,6 +38,7 @@ from llmfleet.operator.tj_status import (
     TERMINAL,
     Observed,
     restart_due,
+    restart_event,
     trainingjob_phase,
     trainingjob_status,
 )
@@ -242,6 +243,7 @@ async def _reconcile(body: Mapping[str, Any], client: KubeClient, config: Operat
     if restart_due(tj, seen.job, attempt):
         await client.delete("batch/v1", "Job", ns, job_name(tj, attempt))
         attempt += 1
+        out.events.append(restart_event(tj, attempt, old))
         results = await _apply(tj, config, client, out, old, generation, now, attempt, False, job_only=True)
         seen = Observed(job=results[-1] or {}, attempt=attempt, restarted=True)
 

@@ -1,7 +1,7 @@
 """TrainingJob phase and status from what the reconcile observed: pure, like the builders.
 
 The reconcile (reconcile_tj.py) applies the Indexed Job of the current attempt, replaces a failed one while
-restarts are left (`restart_due`), reads rank 0's /status while the workers run, and hands what it saw to
+restarts are left (`restart_due`, `restart_event`), reads rank 0's /status while the workers run, and hands what it saw to
 `trainingjob_status`; the same observation always gives the same status and Events (`now` is an argument).
 """
 
@@ -36,6 +36,14 @@ def job_succeeded(job: Mapping[str, Any]) -> bool:
 def restart_due(tj: TrainingJob, job: Mapping[str, Any], attempt: int) -> bool:
     """The attempt's workers failed and restarts are left: the reconcile replaces the Job with attempt + 1."""
     return job_failed(job) and attempt < tj.spec.max_restarts
+
+
+def restart_event(tj: TrainingJob, attempt: int, old: Mapping[str, Any]) -> Event:
+    """The Warning for starting attempt `attempt` (recorded before the new Job is applied, so it is kept when
+    that apply fails)."""
+    resume = old.get("lastCheckpoint")
+    return Event("Warning", "Restarting",
+                 f"worker failure; restart {attempt}/{tj.spec.max_restarts}, resuming from {resume or 'the start'}")
 
 
 @dataclass(frozen=True)
@@ -91,12 +99,6 @@ def trainingjob_status(
     if old.get("phase") in TERMINAL:
         return {**status, "phase": str(old["phase"])}, []
     events = []
-    if seen.restarted:
-        resume = old.get("lastCheckpoint")
-        events.append(Event(
-            "Warning", "Restarting",
-            f"worker failure; restart {seen.attempt}/{tj.spec.max_restarts}, resuming from {resume or 'the start'}",
-        ))
     phase, message = trainingjob_phase(tj, seen)
     if phase == "Failed":
         events.append(Event("Warning", "Failed", message))

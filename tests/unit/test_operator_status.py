@@ -13,7 +13,13 @@ from llmfleet.operator.builders.inferenceservice import pool_selector
 from llmfleet.operator.isvc_status import inferenceservice_status, promotion_update
 from llmfleet.operator.promotion import Promotion, from_annotations
 from llmfleet.operator.status import Event
-from llmfleet.operator.tj_status import Observed, restart_due, trainingjob_phase, trainingjob_status
+from llmfleet.operator.tj_status import (
+    Observed,
+    restart_due,
+    restart_event,
+    trainingjob_phase,
+    trainingjob_status,
+)
 
 NOW = "2026-01-01T00:00:00Z"
 
@@ -214,14 +220,14 @@ def test_tj_unreachable_rank0_is_degraded_and_keeps_the_last_values() -> None:
                                          "rank 0 status unreachable, last values kept: GET http://x: TimeoutError")
 
 
-def test_tj_restart_events_name_the_checkpoint() -> None:
-    seen = Observed(job=_job(), attempt=2, restarted=True)
-    status, events = trainingjob_status(_tj(), seen, {"phase": "Running", "lastCheckpoint": "s3://c/step-40"}, 1, NOW)
+def test_tj_restart_status_and_events_name_the_attempt_and_checkpoint() -> None:
+    old = {"phase": "Running", "lastCheckpoint": "s3://c/step-40"}
+    status, events = trainingjob_status(_tj(), Observed(job=_job(), attempt=2, restarted=True), old, 1, NOW)
     assert status["phase"] == "Restarting" and status["restarts"] == 2
-    assert events == [
-        Event("Warning", "Restarting", "worker failure; restart 2/2, resuming from s3://c/step-40"),
-        Event("Normal", "Restarting", "attempt 2 created"),
-    ]
+    assert events == [Event("Normal", "Restarting", "attempt 2 created")]
+    assert restart_event(_tj(), 2, old) == Event(
+        "Warning", "Restarting", "worker failure; restart 2/2, resuming from s3://c/step-40")
+    assert restart_event(_tj(), 1, {}).message.endswith("resuming from the start")
 
 
 def test_tj_failed_and_succeeded_are_final() -> None:

@@ -12,8 +12,8 @@ import pytest
 from aiohttp import web
 
 from llmfleet.router.config import LimitsConfig, PoolConfig, RouterConfig
-from llmfleet.router.fake_backend import FakeBackend
 from llmfleet.router.server import Router
+from llmfleet.testing.fake_backend import FakeBackend
 
 
 class RouterUnderTest:

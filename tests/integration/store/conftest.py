@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from llmfleet.store.fake_openai import FakeOpenAI
 from llmfleet.store.pgtemp import PostgresUnavailableError, TempPostgres, find_bin_dir
+from llmfleet.testing.fake_openai import FakeOpenAI
 
 
 @pytest.fixture(scope="session")

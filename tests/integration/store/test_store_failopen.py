@@ -13,9 +13,9 @@ from prometheus_client import REGISTRY
 
 from llmfleet.store import db, generation, repo
 from llmfleet.store.embeddings import HashingEmbedder
-from llmfleet.store.fake_openai import FakeOpenAI, chat_body, log_record, write_log
 from llmfleet.store.lookup import FeatureStoreLookup
 from llmfleet.store.pgtemp import TempPostgres, find_bin_dir
+from llmfleet.testing.fake_openai import FakeOpenAI, chat_body, log_record, write_log
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

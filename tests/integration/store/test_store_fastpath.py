@@ -14,11 +14,11 @@ from prometheus_client import REGISTRY
 from sqlalchemy import Engine, select, update
 
 from llmfleet.store import db, repo
-from llmfleet.store.fake_openai import chat_body
 from llmfleet.store.fastpath import AsyncpgReader, PostgresReader, SqliteReader, exact_query_plan
 from llmfleet.store.lookup import FeatureStoreLookup
 from llmfleet.store.models import LookupStat
 from llmfleet.store.normalize import normalized_prompt, params_hash, prompt_hash, split_request
+from llmfleet.testing.fake_openai import chat_body
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
