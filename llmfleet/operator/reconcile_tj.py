@@ -11,7 +11,6 @@ from pydantic import ValidationError
 
 from llmfleet.api import TrainingJob
 from llmfleet.api.contracts import API_VERSION, PROMOTION_ANNOTATION
-from llmfleet.api.inferenceservice import PRIMARY_POOL
 from llmfleet.kube.client import ApiError, KubeClient
 from llmfleet.operator.builders import build_trainingjob
 from llmfleet.operator.builders.storage import StorageSpecError
@@ -37,6 +36,8 @@ from llmfleet.operator.status import (
 from llmfleet.operator.tj_status import (
     TERMINAL,
     Observed,
+    promotion_target_conditions,
+    promotion_target_found,
     restart_due,
     restart_event,
     trainingjob_phase,
@@ -99,23 +100,6 @@ async def _promote(
     return {**base, "state": "RollingOut", "message": promo.message}
 
 
-async def _promotion_target(tj: TrainingJob, client: KubeClient) -> tuple[bool, str, str]:
-    """(found, reason, message) for output.promoteTo: the InferenceService and its pool must exist."""
-    target = tj.spec.output.promote_to if tj.spec.output else None
-    if target is None:
-        raise ValueError("no promotion configured")
-    ns = tj.metadata.namespace or "default"
-    isvc = await client.get(API_VERSION, "InferenceService", ns, target.inference_service)
-    if isvc is None:
-        return False, "InferenceServiceNotFound", f"InferenceService {ns}/{target.inference_service} does not exist"
-    if pool_model(isvc, target.pool) is None:
-        pools = [PRIMARY_POOL] + [str(p.get("name")) for p in ((isvc.get("spec") or {}).get("fallback") or {})
-                                  .get("pools") or []]
-        return False, "PoolNotFound", (f"InferenceService {ns}/{target.inference_service} has no pool "
-                                       f"{target.pool!r} (pools: {', '.join(pools)})")
-    return True, "Found", f"promotes to {target.inference_service}/{target.pool}"
-
-
 async def _check_promotion_target(
     tj: TrainingJob, client: KubeClient, out: Outcome, old: dict[str, Any], generation: int | None, now: str
 ) -> None:
@@ -134,14 +118,12 @@ async def _check_promotion_target(
           and old.get("observedGeneration") == generation):
         return  # found before, spec unchanged, not promoting yet: no lookup on every timer tick
     else:
-        found = await _promotion_target(tj, client)
-    flipped = prev is None or prev.get("status") != ("True" if found[0] else "False")
-    if not found[0] and (flipped or prev is None or prev.get("message") != found[2]):
-        out.event("Warning", "PromotionTargetMissing", f"{found[2]}; the model is promoted once it exists")
-    elif found[0] and flipped and prev is not None:
-        out.event("Normal", "PromotionTargetFound", found[2])
-    base = out.status.get("conditions") or old.get("conditions")
-    out.status["conditions"] = set_conditions(base, {"PromotionTarget": found}, generation, now)
+        ns = tj.metadata.namespace or "default"
+        found = promotion_target_found(tj, await client.get(API_VERSION, "InferenceService", ns,
+                                                            target.inference_service))
+    out.status["conditions"], events = promotion_target_conditions(
+        out.status.get("conditions") or old.get("conditions"), found, generation, now)
+    out.events.extend(events)
 
 
 async def _promote_adapter(tj: TrainingJob, isvc: dict[str, Any], client: KubeClient, out: Outcome,

@@ -1,8 +1,9 @@
 """TrainingJob phase and status from what the reconcile observed: pure, like the builders.
 
 The reconcile (reconcile_tj.py) applies the Indexed Job of the current attempt, replaces a failed one while
-restarts are left (`restart_due`, `restart_event`), reads rank 0's /status while the workers run, and hands what it saw to
-`trainingjob_status`; the same observation always gives the same status and Events (`now` is an argument).
+restarts are left (`restart_due`, `restart_event`), reads rank 0's /status while the workers run, and hands
+what it saw to `trainingjob_status`; the same observation always gives the same status and Events (`now` is
+an argument). The PromotionTarget condition likewise comes from the target InferenceService as read.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmfleet.api import TrainingJob
-from llmfleet.operator.status import Event, set_conditions
+from llmfleet.api.inferenceservice import PRIMARY_POOL
+from llmfleet.operator.promotion import pool_model
+from llmfleet.operator.status import Event, condition, set_conditions
 from llmfleet.operator.worker_status import status_fields
 
 TERMINAL = ("Succeeded", "Failed")
@@ -122,3 +125,35 @@ def trainingjob_status(
     if old.get("phase") != phase:
         events.append(Event("Normal", phase, message))
     return status, events
+
+
+def promotion_target_found(tj: TrainingJob, isvc: Mapping[str, Any] | None) -> tuple[bool, str, str]:
+    """(found, reason, message) of output.promoteTo given the target InferenceService as read (None: absent):
+    the InferenceService and its pool must exist."""
+    target = tj.spec.output.promote_to if tj.spec.output else None
+    if target is None:
+        raise ValueError("no promotion configured")
+    ns = tj.metadata.namespace or "default"
+    if isvc is None:
+        return False, "InferenceServiceNotFound", f"InferenceService {ns}/{target.inference_service} does not exist"
+    if pool_model(dict(isvc), target.pool) is None:
+        pools = [PRIMARY_POOL] + [str(p.get("name")) for p in ((isvc.get("spec") or {}).get("fallback") or {})
+                                  .get("pools") or []]
+        return False, "PoolNotFound", (f"InferenceService {ns}/{target.inference_service} has no pool "
+                                       f"{target.pool!r} (pools: {', '.join(pools)})")
+    return True, "Found", f"promotes to {target.inference_service}/{target.pool}"
+
+
+def promotion_target_conditions(
+    old_conditions: list[dict[str, Any]] | None, found: tuple[bool, str, str], generation: int | None, now: str
+) -> tuple[list[dict[str, Any]], list[Event]]:
+    """The conditions with PromotionTarget set to `found`, and its Events: a Warning while the target is
+    missing (again when the message changes), a Normal one when it appears."""
+    prev = condition(old_conditions, "PromotionTarget")
+    flipped = prev is None or prev.get("status") != ("True" if found[0] else "False")
+    events = []
+    if not found[0] and (prev is None or flipped or prev.get("message") != found[2]):
+        events.append(Event("Warning", "PromotionTargetMissing", f"{found[2]}; the model is promoted once it exists"))
+    elif found[0] and flipped and prev is not None:
+        events.append(Event("Normal", "PromotionTargetFound", found[2]))
+    return set_conditions(old_conditions, {"PromotionTarget": found}, generation, now), events

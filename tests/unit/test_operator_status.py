@@ -15,6 +15,8 @@ from llmfleet.operator.promotion import Promotion, from_annotations
 from llmfleet.operator.status import Event
 from llmfleet.operator.tj_status import (
     Observed,
+    promotion_target_conditions,
+    promotion_target_found,
     restart_due,
     restart_event,
     trainingjob_phase,
@@ -241,3 +243,32 @@ def test_tj_failed_and_succeeded_are_final() -> None:
     # Finished before: the phase stays whatever the Job now says, no Event.
     kept, events = trainingjob_status(_tj(), Observed(job={}, attempt=1), {"phase": "Succeeded"}, 2, NOW)
     assert kept == {"phase": "Succeeded", "observedGeneration": 2, "restarts": 1} and events == []
+
+
+def test_promotion_target_found_needs_the_service_and_its_pool() -> None:
+    tj = _tj(output={"path": "pvc://models/out", "promoteTo": {"inferenceService": "chat", "pool": "student"}})
+    assert promotion_target_found(tj, None) == (
+        False, "InferenceServiceNotFound", "InferenceService ml/chat does not exist")
+    no_pool = _body(_isvc())
+    no_pool["spec"]["fallback"]["pools"][0]["name"] = "tiny"
+    assert promotion_target_found(tj, no_pool) == (
+        False, "PoolNotFound", "InferenceService ml/chat has no pool 'student' (pools: primary, tiny)")
+    assert promotion_target_found(tj, _body(_isvc())) == (True, "Found", "promotes to chat/student")
+    with pytest.raises(ValueError):
+        promotion_target_found(_tj(), None)
+
+
+def test_promotion_target_events_on_missing_changed_and_found() -> None:
+    missing = (False, "InferenceServiceNotFound", "InferenceService ml/chat does not exist")
+    conds, events = promotion_target_conditions(None, missing, 1, NOW)
+    assert [(c["type"], c["status"], c["reason"]) for c in conds] == [
+        ("PromotionTarget", "False", "InferenceServiceNotFound")]
+    assert [(e.type, e.reason) for e in events] == [("Warning", "PromotionTargetMissing")]
+    assert promotion_target_conditions(conds, missing, 1, NOW)[1] == []  # still missing, same message: quiet
+    other = (False, "PoolNotFound", "InferenceService ml/chat has no pool 'student' (pools: primary)")
+    assert [e.reason for e in promotion_target_conditions(conds, other, 1, NOW)[1]] == ["PromotionTargetMissing"]
+    found = (True, "Found", "promotes to chat/student")
+    conds2, events = promotion_target_conditions(conds, found, 1, NOW)
+    assert events == [Event("Normal", "PromotionTargetFound", "promotes to chat/student")]
+    assert conds2[0]["status"] == "True"
+    assert promotion_target_conditions(None, found, 1, NOW)[1] == []  # found at once: nothing to announce
