@@ -48,8 +48,9 @@ crds-check: install  ## fail when crds/ is stale
 system-deps:  ## apt-get what the test tiers need (PostgreSQL, Prometheus, shellcheck, npm+unzip for helm)
 	@$(PYTHON) mk/system_deps.py
 
-# Every pytest run of `make test` (tests/conftest.py) appends its skipped tests to SKIP_LOG; the recipe's last
-# line prints them as one line per run of `make test`, grouped by tier (tests/skip_tiers.py), even on failure.
+# Every pytest run under `make test` (prerequisites and sub-makes included) appends its skipped tests to SKIP_LOG
+# (tests/skip_tiers.py, loaded by tests/conftest.py); the recipe's last command prints one line for all of them,
+# grouped by tier, also when tests failed.
 SKIP_LOG := $(CURDIR)/.run/test-skips.jsonl
 test: export LLMFLEET_SKIP_LOG := $(SKIP_LOG)
 test: system-deps install $(TEST_DEPS)  ## lint, type-check, CRD freshness, then every test tier that can run here
