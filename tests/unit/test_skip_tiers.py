@@ -66,6 +66,11 @@ def test_summary_when_nothing_skipped() -> None:
 def test_log_joins_several_runs(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
     log = tmp_path / "run" / "skips.jsonl"
     assert read_log(log) == []
+    assert main([str(log)]) == 0
+    assert capsys.readouterr().out == "skipped tiers: unknown (no pytest run finished)\n"
+    append_log(log, [])  # a run without skips
+    assert main([str(log)]) == 0
+    assert capsys.readouterr().out == "skipped tiers: none (every tier ran)\n"
     append_log(log, [Skip("a::1", "e2e", "no cluster")])
     append_log(log, [Skip("b::1", "GPU", "needs a CUDA GPU"), Skip("b::2", "e2e", "no cluster")])
     assert [s.nodeid for s in read_log(log)] == ["a::1", "b::1", "b::2"]
