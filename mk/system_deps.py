@@ -13,6 +13,7 @@ will be skipped and the command that enables them, and `make test` goes on. SYST
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import glob
 import os
 import shutil
@@ -136,15 +137,16 @@ def probe_host(tiers: Sequence[Tier] = TIERS, root_dir: Path = ROOT) -> Host:
             if shutil.which(command) or any(glob.glob(p) for p in tier.extra_paths):
                 present.add(command)
     files = {f for t in tiers for f in t.satisfied_by if (root_dir / f).exists()}
-    root = os.geteuid() == 0
-    sudo = False
-    if not root and shutil.which("sudo"):
+    host = Host(present=frozenset(present), files=frozenset(files), root=os.geteuid() == 0,
+                passwordless_sudo=False, apt=shutil.which("apt-get") is not None)
+    # sudo is asked only when it would be used: something is missing and we are not root.
+    if missing_tiers(host, tiers) and not host.root and shutil.which("sudo"):
         try:
-            sudo = subprocess.run(["sudo", "-n", "true"], capture_output=True, timeout=10).returncode == 0
+            ok = subprocess.run(["sudo", "-n", "true"], capture_output=True, timeout=10).returncode == 0
         except subprocess.TimeoutExpired:
-            sudo = False
-    return Host(present=frozenset(present), files=frozenset(files), root=root, passwordless_sudo=sudo,
-                apt=shutil.which("apt-get") is not None)
+            ok = False
+        host = dataclasses.replace(host, passwordless_sudo=ok)
+    return host
 
 
 def execute(p: Plan, run: Callable[[Sequence[str]], int], out: Callable[[str], None]) -> int:
