@@ -111,7 +111,7 @@ def plan(host: Host, mode: str = "install", tiers: Sequence[Tier] = TIERS) -> Pl
     elif not host.apt:
         why = "no apt-get on this machine"
     elif not (host.root or host.passwordless_sudo):
-        why = "not root and sudo asks for a password"
+        why = "not root, and no passwordless sudo"
     if why:
         if mode == "require":
             return Plan(missing=missing, fail=True,

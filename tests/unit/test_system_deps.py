@@ -60,7 +60,7 @@ def test_without_permission_one_line_names_the_tiers_and_the_command() -> None:
     assert p.commands == () and not p.fail
     assert p.message == (
         "make test: the Prometheus, shellcheck and Helm chart tiers will be skipped "
-        "(not root and sudo asks for a password); to run them: sudo apt-get install prometheus shellcheck npm"
+        "(not root, and no passwordless sudo); to run them: sudo apt-get install prometheus shellcheck npm"
     )
 
 
