@@ -10,22 +10,14 @@ from typing import Any
 from pydantic import ValidationError
 
 from llmfleet.api import TrainingJob
-from llmfleet.api.contracts import API_VERSION, PROMOTION_ANNOTATION
+from llmfleet.api.contracts import API_VERSION
 from llmfleet.kube.client import ApiError, KubeClient
 from llmfleet.operator.builders import build_trainingjob
 from llmfleet.operator.builders.storage import StorageSpecError
 from llmfleet.operator.builders.trainingjob import job_name, service_name, uses_kueue
 from llmfleet.operator.config import OperatorConfig
-from llmfleet.operator.promotion import (
-    adapter_patch,
-    from_annotations,
-    pool_model,
-    pool_model_patch,
-    start_promotion,
-)
 from llmfleet.operator.reconcile_isvc import ReconcileError, apply_all
 from llmfleet.operator.status import (
-    Event,
     Outcome,
     condition,
     cr_dict,
@@ -36,6 +28,7 @@ from llmfleet.operator.status import (
 from llmfleet.operator.tj_status import (
     TERMINAL,
     Observed,
+    promotion_step,
     promotion_target_conditions,
     promotion_target_found,
     restart_due,
@@ -64,40 +57,17 @@ async def _promote(
     output = tj.spec.output
     if output is None or output.promote_to is None:
         return None
-    target = output.promote_to
-    ns = tj.metadata.namespace
     prev: dict[str, Any] = dict(old.get("promotion") or {})
-    state = prev.get("state", "Pending")
-    if state in ("Succeeded", "RolledBack"):
+    if prev.get("state") in ("Succeeded", "RolledBack"):
         return prev
-    base = {"inferenceService": target.inference_service, "pool": target.pool}
-    isvc = await client.get(API_VERSION, "InferenceService", ns, target.inference_service)
-    if isvc is None:
-        return {**base, "state": "Pending", "message": f"InferenceService {target.inference_service} not found"}
-    if tj.spec.method == "lora":
-        return await _promote_adapter(tj, isvc, client, out, base, output.path, target.adapter_name)
-    ann = from_annotations((isvc.get("metadata") or {}).get("annotations"))
-    if ann is not None and ann.training_job == tj.metadata.name:
-        if ann.state != state:
-            out.event(
-                "Warning" if ann.state == "RolledBack" else "Normal", f"Promotion{ann.state}", ann.message or ann.state
-            )
-        return {**base, "state": ann.state, "message": ann.message}
-    previous = pool_model(isvc, target.pool)
-    if previous is None:
-        return {**base, "state": "Pending", "message": f"InferenceService has no pool {target.pool!r}"}
-    # The baseline is the target pool's own metrics (a student pool's, not the primary's): start_promotion.
-    metrics = (isvc.get("status") or {}).get("metrics") or {}
-    promo = start_promotion(tj.metadata.name, target.pool, output.path, previous, metrics, now)
-    patch = pool_model_patch(isvc, target.pool, output.path) or {}
-    patch.setdefault("metadata", {})["annotations"] = {PROMOTION_ANNOTATION: promo.to_annotation()}
-    await client.merge_patch(API_VERSION, "InferenceService", ns, target.inference_service, patch)
-    message = f"promoting {output.path} to {target.inference_service}/{target.pool} (was {previous})"
-    out.event("Normal", "PromotionStarted", message)
-    out.other_events.append(
-        (isvc, Event("Normal", "PromotionStarted", f"{message}, from TrainingJob {tj.metadata.name}"))
-    )
-    return {**base, "state": "RollingOut", "message": promo.message}
+    ns, svc = tj.metadata.namespace, output.promote_to.inference_service
+    isvc = await client.get(API_VERSION, "InferenceService", ns, svc)
+    step = promotion_step(tj, prev, isvc, now)
+    if step.patch is not None:
+        await client.merge_patch(API_VERSION, "InferenceService", ns, svc, step.patch)
+    out.events.extend(step.events)
+    out.other_events.extend((isvc, ev) for ev in step.target_events if isvc is not None)
+    return step.status
 
 
 async def _check_promotion_target(
@@ -124,23 +94,6 @@ async def _check_promotion_target(
     out.status["conditions"], events = promotion_target_conditions(
         out.status.get("conditions") or old.get("conditions"), found, generation, now)
     out.events.extend(events)
-
-
-async def _promote_adapter(tj: TrainingJob, isvc: dict[str, Any], client: KubeClient, out: Outcome,
-                           base: dict[str, str], uri: str, adapter_name: str | None) -> dict[str, Any]:
-    """A trained LoRA adapter joins the InferenceService's spec.adapters: servable at once, loaded on demand by
-    the router (no rollout, no replica restart)."""
-    ns, svc = tj.metadata.namespace, base["inferenceService"]
-    name = adapter_name or tj.metadata.name
-    patch = adapter_patch(isvc, name, uri)
-    if patch is None:
-        return {**base, "state": "Pending",
-                "message": f"InferenceService {svc} has no spec.lora: set it to serve adapter {name}"}
-    await client.merge_patch(API_VERSION, "InferenceService", ns, svc, patch)
-    message = f"adapter {name} ({uri}) added to InferenceService {svc}"
-    out.event("Normal", "PromotionSucceeded", message)
-    out.other_events.append((isvc, Event("Normal", "AdapterAdded", f"{message} by TrainingJob {tj.metadata.name}")))
-    return {**base, "state": "Succeeded", "message": message}
 
 
 async def _apply(

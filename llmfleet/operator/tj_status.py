@@ -3,18 +3,26 @@
 The reconcile (reconcile_tj.py) applies the Indexed Job of the current attempt, replaces a failed one while
 restarts are left (`restart_due`, `restart_event`), reads rank 0's /status while the workers run, and hands
 what it saw to `trainingjob_status`; the same observation always gives the same status and Events (`now` is
-an argument). The PromotionTarget condition likewise comes from the target InferenceService as read.
+an argument). The PromotionTarget condition and the promotion's next step likewise come from the target
+InferenceService as read.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from llmfleet.api import TrainingJob
+from llmfleet.api.contracts import PROMOTION_ANNOTATION
 from llmfleet.api.inferenceservice import PRIMARY_POOL
-from llmfleet.operator.promotion import pool_model
+from llmfleet.operator.promotion import (
+    adapter_patch,
+    from_annotations,
+    pool_model,
+    pool_model_patch,
+    start_promotion,
+)
 from llmfleet.operator.status import Event, condition, set_conditions
 from llmfleet.operator.worker_status import status_fields
 
@@ -157,3 +165,63 @@ def promotion_target_conditions(
     elif found[0] and flipped and prev is not None:
         events.append(Event("Normal", "PromotionTargetFound", found[2]))
     return set_conditions(old_conditions, {"PromotionTarget": found}, generation, now), events
+
+
+@dataclass
+class PromotionStep:
+    """What the TrainingJob's promotion does this reconcile: status.promotion, the merge patch of the target
+    InferenceService (None: nothing to write) and the Events on both objects."""
+
+    status: dict[str, Any]
+    patch: dict[str, Any] | None = None
+    events: list[Event] = field(default_factory=list)
+    target_events: list[Event] = field(default_factory=list)  # on the InferenceService
+
+
+def promotion_step(
+    tj: TrainingJob, previous_status: Mapping[str, Any], isvc: Mapping[str, Any] | None, now: str
+) -> PromotionStep:
+    """The next step of promoting the exported model into output.promoteTo, for a promotion that has not
+    finished (state not Succeeded or RolledBack), given the target InferenceService as read (None: absent).
+
+    A full model starts a rollout (the pool's model and the promotion annotation, with the pool's metrics as
+    the baseline), then follows the annotation the InferenceService's reconcile keeps; a LoRA adapter joins
+    spec.adapters at once."""
+    output = tj.spec.output
+    if output is None or output.promote_to is None:
+        raise ValueError("no promotion configured")
+    target = output.promote_to
+    svc = target.inference_service
+    base = {"inferenceService": svc, "pool": target.pool}
+    if isvc is None:
+        return PromotionStep({**base, "state": "Pending", "message": f"InferenceService {svc} not found"})
+    body = dict(isvc)
+    if tj.spec.method == "lora":
+        name = target.adapter_name or tj.metadata.name
+        patch = adapter_patch(body, name, output.path)
+        if patch is None:
+            return PromotionStep({**base, "state": "Pending",
+                                  "message": f"InferenceService {svc} has no spec.lora: set it to serve adapter {name}"})
+        message = f"adapter {name} ({output.path}) added to InferenceService {svc}"
+        return PromotionStep({**base, "state": "Succeeded", "message": message}, patch,
+                             [Event("Normal", "PromotionSucceeded", message)],
+                             [Event("Normal", "AdapterAdded", f"{message} by TrainingJob {tj.metadata.name}")])
+    ann = from_annotations((body.get("metadata") or {}).get("annotations"))
+    if ann is not None and ann.training_job == tj.metadata.name:
+        events = []
+        if ann.state != previous_status.get("state", "Pending"):
+            events.append(Event("Warning" if ann.state == "RolledBack" else "Normal", f"Promotion{ann.state}",
+                                ann.message or ann.state))
+        return PromotionStep({**base, "state": ann.state, "message": ann.message}, events=events)
+    previous = pool_model(body, target.pool)
+    if previous is None:
+        return PromotionStep({**base, "state": "Pending", "message": f"InferenceService has no pool {target.pool!r}"})
+    # The baseline is the target pool's own metrics (a student pool's, not the primary's): start_promotion.
+    metrics = (body.get("status") or {}).get("metrics") or {}
+    promo = start_promotion(tj.metadata.name, target.pool, output.path, previous, metrics, now)
+    patch = pool_model_patch(body, target.pool, output.path) or {}
+    patch.setdefault("metadata", {})["annotations"] = {PROMOTION_ANNOTATION: promo.to_annotation()}
+    message = f"promoting {output.path} to {svc}/{target.pool} (was {previous})"
+    return PromotionStep({**base, "state": "RollingOut", "message": promo.message}, patch,
+                         [Event("Normal", "PromotionStarted", message)],
+                         [Event("Normal", "PromotionStarted", f"{message}, from TrainingJob {tj.metadata.name}")])

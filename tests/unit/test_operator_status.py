@@ -3,11 +3,12 @@ the CR, the objects the API returned, the old status; output: the status dict an
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from llmfleet.api import InferenceService, TrainingJob
+from llmfleet.api import InferenceService, TrainingJob, load_file
 from llmfleet.api.contracts import PROMOTION_ANNOTATION, ROUTER_PORT
 from llmfleet.operator.builders.inferenceservice import pool_selector
 from llmfleet.operator.isvc_status import inferenceservice_status, promotion_update
@@ -15,6 +16,7 @@ from llmfleet.operator.promotion import Promotion, from_annotations
 from llmfleet.operator.status import Event
 from llmfleet.operator.tj_status import (
     Observed,
+    promotion_step,
     promotion_target_conditions,
     promotion_target_found,
     restart_due,
@@ -24,6 +26,7 @@ from llmfleet.operator.tj_status import (
 )
 
 NOW = "2026-01-01T00:00:00Z"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _isvc(annotations: dict[str, str] | None = None) -> InferenceService:
@@ -272,3 +275,66 @@ def test_promotion_target_events_on_missing_changed_and_found() -> None:
     assert events == [Event("Normal", "PromotionTargetFound", "promotes to chat/student")]
     assert conds2[0]["status"] == "True"
     assert promotion_target_conditions(None, found, 1, NOW)[1] == []  # found at once: nothing to announce
+
+
+def _promoting_tj() -> TrainingJob:
+    return _tj(output={"path": "pvc://models/new", "promoteTo": {"inferenceService": "chat", "pool": "student"}})
+
+
+def test_promotion_step_waits_for_the_service_and_its_pool() -> None:
+    step = promotion_step(_promoting_tj(), {}, None, NOW)
+    assert step.status == {"inferenceService": "chat", "pool": "student", "state": "Pending",
+                           "message": "InferenceService chat not found"}
+    assert step.patch is None and step.events == [] and step.target_events == []
+    no_pool = _body(_isvc())
+    no_pool["spec"]["fallback"]["pools"] = []
+    step = promotion_step(_promoting_tj(), {}, no_pool, NOW)
+    assert step.status["state"] == "Pending" and step.patch is None
+
+
+def test_promotion_step_starts_a_rollout_with_the_pools_own_baseline() -> None:
+    isvc = _body(_isvc())
+    isvc["metadata"]["resourceVersion"] = "7"
+    isvc["status"] = {"metrics": {"stale": False, "ttftP95Ms": 900.0,
+                                  "pools": [{"name": "student", "ttftP95Ms": 120.0, "stale": False}]}}
+    step = promotion_step(_promoting_tj(), {}, isvc, NOW)
+    assert step.status["state"] == "RollingOut"
+    assert step.patch is not None
+    assert step.patch["spec"]["fallback"]["pools"][0]["model"]["path"] == "pvc://models/new"
+    promo = from_annotations(step.patch["metadata"]["annotations"])
+    assert promo is not None and (promo.training_job, promo.previous, promo.baseline_ttft_ms, promo.started_at) == (
+        "llama", "/models/small", 120.0, NOW)
+    assert [e.reason for e in step.events] == ["PromotionStarted"]
+    assert step.events[0].message == "promoting pvc://models/new to chat/student (was /models/small)"
+    assert step.target_events[0].message.endswith("from TrainingJob llama")
+
+
+def test_promotion_step_follows_the_annotation_the_service_keeps() -> None:
+    promo = Promotion(training_job="llama", pool="student", model="pvc://models/new", previous="/models/small",
+                      state="RolledBack", message="pool student: TTFT p95 900 ms exceeds the SLO 500 ms")
+    isvc = _body(_isvc({PROMOTION_ANNOTATION: promo.to_annotation()}))
+    step = promotion_step(_promoting_tj(), {"state": "RollingOut"}, isvc, NOW)
+    assert step.patch is None
+    assert step.status == {"inferenceService": "chat", "pool": "student", "state": "RolledBack",
+                           "message": promo.message}
+    assert step.events == [Event("Warning", "PromotionRolledBack", promo.message)]
+    assert promotion_step(_promoting_tj(), {"state": "RolledBack"}, isvc, NOW).events == []  # told once
+    # Another TrainingJob's annotation: this one starts its own promotion.
+    other = _body(_isvc({PROMOTION_ANNOTATION: Promotion(training_job="other", pool="student", model="x",
+                                                         previous="y").to_annotation()}))
+    assert promotion_step(_promoting_tj(), {}, other, NOW).status["state"] == "RollingOut"
+
+
+def test_promotion_step_adds_a_lora_adapter_at_once() -> None:
+    (tj,) = load_file(ROOT / "examples" / "trainingjob-lora.yaml")
+    (isvc,) = load_file(ROOT / "examples" / "inferenceservice-lora.yaml")
+    assert isinstance(tj, TrainingJob) and isinstance(isvc, InferenceService)
+    body = _body(isvc)
+    step = promotion_step(tj, {}, body, NOW)
+    assert step.status["state"] == "Succeeded" and step.patch is not None
+    assert {"name": "tiny-sql", "uri": "/adapters/tiny-sql"} in step.patch["spec"]["adapters"]
+    assert [e.reason for e in step.events] == ["PromotionSucceeded"]
+    assert [e.reason for e in step.target_events] == ["AdapterAdded"]
+    del body["spec"]["lora"]
+    step = promotion_step(tj, {}, body, NOW)
+    assert step.status["state"] == "Pending" and "has no spec.lora" in step.status["message"] and step.patch is None
