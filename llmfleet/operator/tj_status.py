@@ -109,16 +109,12 @@ def trainingjob_status(
     status: dict[str, Any] = {"observedGeneration": generation, "restarts": seen.attempt}
     if old.get("phase") in TERMINAL:
         return {**status, "phase": str(old["phase"])}, []
-    events = []
     phase, message = trainingjob_phase(tj, seen)
-    if phase == "Failed":
-        events.append(Event("Warning", "Failed", message))
+    if phase in TERMINAL:
+        event = Event("Warning" if phase == "Failed" else "Normal", phase, message)
         return {**status, "phase": phase, "completionTime": now,
-                "conditions": conditions(old, generation, now, phase, message)}, events
-    if phase == "Succeeded":
-        events.append(Event("Normal", "Succeeded", message))
-        return {**status, "phase": phase, "completionTime": now,
-                "conditions": conditions(old, generation, now, phase, message)}, events
+                "conditions": conditions(old, generation, now, phase, message)}, [event]
+    events = []
     degraded: tuple[bool, str, str] | None = None
     if phase == "Running":
         if old.get("startTime") is None:
