@@ -248,8 +248,17 @@ async def _arbitrate(isvc: InferenceService, body: dict[str, Any], actuator: Kub
     except (ApiException, HTTPError) as err:
         log.warning("cannot list pods of %s for GPU arbitration: %s", isvc.metadata.name, err)
         return
+    raw_priority = isvc.metadata.annotations.get(SERVING_PRIORITY_ANNOTATION, "0") or "0"
+    try:
+        priority = int(raw_priority)
+    except ValueError:
+        # This service's own mistake: a Warning Event on it, and no arbitration for it; others go on.
+        kopf.warn(body, reason="InvalidAnnotation",  # type: ignore[arg-type]
+                  message=f"metadata.annotations[{SERVING_PRIORITY_ANNOTATION}]: expected an integer, got "
+                          f"{raw_priority[:100]!r}; GPU arbitration skipped for this service")
+        return
     need = serving_need(
-        isvc.metadata.name, int(isvc.metadata.annotations.get(SERVING_PRIORITY_ANNOTATION, "0") or 0),
+        isvc.metadata.name, priority,
         gpu_budget=isvc.spec.autoscaling.gpu_budget, desired_gpus=desired_gpus, pending_gpus=pending,
         burning=_burning(isvc, result.signals) or (primary is not None and primary.desired > primary.current and pending > 0),
     )

@@ -116,8 +116,12 @@ def load_spec_defaults(path: str | None) -> dict[str, Any]:
     return {k: v for k, v in data.items() if isinstance(v, dict)}
 
 
-def with_spec_defaults(spec: Mapping[str, Any] | None, defaults: Mapping[str, Any]) -> dict[str, Any]:
-    """The spec with each defaultable section's missing keys taken from the defaults (the CR always wins)."""
+def with_spec_defaults(spec: Any, defaults: Mapping[str, Any]) -> Any:
+    """The spec with each defaultable section's missing keys taken from the defaults (the CR always wins).
+
+    A spec that is not a mapping is returned as it is: validation then reports it (spec: ...) as a condition."""
+    if spec is not None and not isinstance(spec, Mapping):
+        return spec
     out = dict(spec or {})
     for section, values in defaults.items():
         own = out.get(section)

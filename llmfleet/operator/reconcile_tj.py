@@ -10,7 +10,6 @@ from pydantic import ValidationError
 
 from llmfleet.api import TrainingJob
 from llmfleet.api.contracts import API_VERSION, PROMOTION_ANNOTATION
-from llmfleet.api.inferenceservice import PRIMARY_POOL
 from llmfleet.kube.client import ApiError, KubeClient
 from llmfleet.operator.builders import build_trainingjob
 from llmfleet.operator.builders.storage import StorageSpecError
@@ -21,6 +20,7 @@ from llmfleet.operator.promotion import (
     from_annotations,
     pool_model,
     pool_model_patch,
+    pool_names,
     start_promotion,
 )
 from llmfleet.operator.reconcile_isvc import ReconcileError, apply_all
@@ -32,6 +32,7 @@ from llmfleet.operator.status import (
     invalid_spec_message,
     invalid_spec_outcome,
     set_conditions,
+    status_of,
 )
 from llmfleet.operator.worker_status import StatusReader, WorkerStatusError, status_fields
 from llmfleet.plan.hardware import training_precision_problems
@@ -130,8 +131,7 @@ async def _promotion_target(tj: TrainingJob, client: KubeClient) -> tuple[bool, 
     if isvc is None:
         return False, "InferenceServiceNotFound", f"InferenceService {ns}/{target.inference_service} does not exist"
     if pool_model(isvc, target.pool) is None:
-        pools = [PRIMARY_POOL] + [str(p.get("name")) for p in ((isvc.get("spec") or {}).get("fallback") or {})
-                                  .get("pools") or []]
+        pools = pool_names(isvc)
         return False, "PoolNotFound", (f"InferenceService {ns}/{target.inference_service} has no pool "
                                        f"{target.pool!r} (pools: {', '.join(pools)})")
     return True, "Found", f"promotes to {target.inference_service}/{target.pool}"
@@ -217,7 +217,7 @@ async def reconcile_trainingjob(
     """Level-triggered. `read_status` (timer only) reads rank 0's /status while the job runs."""
     out, tj = await _reconcile(body, client, config, now, read_status)
     if tj is not None:
-        old: dict[str, Any] = dict(body.get("status") or {})
+        old: dict[str, Any] = status_of(body)
         await _check_promotion_target(tj, client, out, old, (body.get("metadata") or {}).get("generation"), now)
     return out
 
@@ -226,7 +226,7 @@ async def _reconcile(body: Mapping[str, Any], client: KubeClient, config: Operat
                      read_status: StatusReader | None) -> tuple[Outcome, TrainingJob | None]:
     """The reconcile proper; also returns the validated TrainingJob (None when the spec is invalid)."""
     started = time.thread_time()
-    old: dict[str, Any] = dict(body.get("status") or {})
+    old: dict[str, Any] = status_of(body)
     generation = (body.get("metadata") or {}).get("generation")
     try:
         tj = TrainingJob.model_validate(cr_dict(body))

@@ -222,3 +222,32 @@ async def test_invalid_examples_become_invalid_spec_status(path: pathlib.Path) -
     assert (ready["type"], ready["status"], ready["reason"]) == ("Ready", "False", "InvalidSpec")
     assert ready["message"].split(":")[0].startswith(("spec", "metadata")), ready["message"]
     assert [e.reason for e in out.events] == ["InvalidSpec"]
+
+
+@pytest.mark.parametrize("kind", ["InferenceService", "TrainingJob"])
+@pytest.mark.parametrize(("spec", "status"), [("string", None), ([1, 2], None), ({}, "not-a-status")])
+async def test_malformed_bodies_become_invalid_spec_status(kind: str, spec: object, status: object) -> None:
+    """Bodies no schema would admit today (written before a CRD upgrade) are a condition, not an exception,
+    also with cluster-wide defaults to merge into the spec."""
+    from llmfleet.operator.reconcile_isvc import reconcile_inferenceservice
+    from llmfleet.operator.reconcile_tj import reconcile_trainingjob
+
+    body = {"apiVersion": "llmfleet.io/v1alpha1", "kind": kind, "spec": spec, "status": status,
+            "metadata": {"name": "x", "namespace": "ml", "uid": "u", "generation": 2}}
+    config = OperatorConfig(spec_defaults={"router": {"replicas": 2}})
+    reconcile = reconcile_inferenceservice if kind == "InferenceService" else reconcile_trainingjob
+    out = await reconcile(body, None, config, "t")  # type: ignore[operator, arg-type]
+    ready = out.status["conditions"][0]
+    assert out.status["phase"] == "Invalid"
+    assert ready["reason"] == "InvalidSpec" and ready["message"].startswith("spec"), ready["message"]
+
+
+def test_promotion_helpers_read_a_malformed_target_as_having_no_pools() -> None:
+    from llmfleet.operator.promotion import adapter_patch, pool_names
+
+    target = {"metadata": {"name": "chat", "resourceVersion": "1"}, "spec": "string"}
+    assert pool_model(target, "primary") is None and pool_model(target, "student") is None
+    assert pool_model_patch(target, "student", "/m") is None and adapter_patch(target, "a", "/a") is None
+    assert pool_names(target) == ["primary"]
+    odd = {"metadata": {"name": "chat"}, "spec": {"model": "x", "fallback": {"pools": ["x", {"name": "s"}]}}}
+    assert pool_model(odd, "primary") is None and pool_names(odd) == ["primary", "s"]

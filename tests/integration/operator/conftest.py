@@ -17,6 +17,7 @@ import pytest
 # Fast timers for tests; read when llmfleet.operator.handlers is first imported (kopf fixes timer intervals).
 os.environ.setdefault("LLMFLEET_RECONCILE_INTERVAL", "1")
 os.environ.setdefault("LLMFLEET_RETRY_DELAY", "0.5")
+os.environ.setdefault("LLMFLEET_AUTOSCALER_TICK", "1")
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 CRDS = ROOT / "crds"
