@@ -26,6 +26,10 @@ DEFAULT_REPLICA_INGRESS_FROM: tuple[dict[str, Any], ...] = (
     {"namespaceSelector": {}, "podSelector": {"matchLabels": {APP_NAME_LABEL: "prometheus"}}},
 )
 
+# `llmfleet operator --priority` range: with the identity tie-break in the low 32 bits (run.kopf_priority), kopf's
+# peering priority stays a signed 64-bit integer, what the API server keeps of a JSON integer.
+PRIORITY_MIN, PRIORITY_MAX = -(2**31), 2**31 - 1
+
 
 def _env_float(name: str, default: float) -> float:
     raw = os.environ.get(name)

@@ -130,6 +130,11 @@ def test_operator_args_env_and_images(rendered: dict[str, list[dict[str, Any]]])
         index_env["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.labels['apps.kubernetes.io/pod-index']"
     )
     env = {e["name"]: e.get("value") for e in default["env"]}
+    # kopf's identity, the tie-break between peers of equal priority: unique in the cluster (two releases
+    # sharing a peering name both have a pod 0), from variables defined before it.
+    assert env["POD_ID"] == "$(POD_NAME).$(POD_NAMESPACE)"
+    names = [e["name"] for e in default["env"]]
+    assert names.index("POD_NAME") < names.index("POD_ID") and names.index("POD_NAMESPACE") < names.index("POD_ID")
     assert env["LLMFLEET_ROUTER_IMAGE"] == "ghcr.io/llmfleet/llmfleet:0.1.0"
     assert env["LLMFLEET_SERVE_IMAGE"] == "ghcr.io/llmfleet/llmfleet-serve:0.1.0"
     assert env["LLMFLEET_TRAIN_IMAGE"] == "ghcr.io/llmfleet/llmfleet-train:0.1.0"
