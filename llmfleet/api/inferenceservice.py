@@ -9,7 +9,16 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from llmfleet.api.common import ApiModel, Condition, ObjectMeta, Resources, StatusModel
+from llmfleet.api.common import (
+    ApiModel,
+    Condition,
+    CredentialFreeUrl,
+    ObjectMeta,
+    Resources,
+    SecretKeyRef,
+    StatusModel,
+    cel_rules,
+)
 from llmfleet.api.storage import ModelUri, StorageSpec
 
 PRIMARY_POOL = "primary"
@@ -285,11 +294,26 @@ class AutoscalingSpec(ApiModel):
 class FeatureStoreSpec(ApiModel):
     """Online lookups and offline generation of precomputed responses."""
 
-    url: str | None = Field(default=None, description="SQLAlchemy URL (postgresql+psycopg://... ); SQLite in the run folder when omitted.")
+    model_config = cel_rules(("!(has(self.url) && has(self.urlSecretRef))", "set url or urlSecretRef, not both"))
+
+    url: CredentialFreeUrl | None = Field(
+        default=None, description="SQLAlchemy URL (postgresql+psycopg://user@host/db) without a password: a URL "
+        "with credentials goes in a Secret (urlSecretRef). SQLite in the run folder (local) or on the request-log "
+        "volume (cluster, with generationSchedule) when neither is set.")
+    url_secret_ref: SecretKeyRef | None = Field(
+        default=None, description="Secret key holding the SQLAlchemy URL (with its password): the router and the "
+        "generation CronJob read it from LLMFLEET_STORE_URL (secretKeyRef); `llmfleet up` takes LLMFLEET_STORE_URL "
+        "from its own environment.")
     semantic_threshold: float = Field(default=0.92, gt=0, le=1, description="Cosine similarity needed for a semantic hit.")
     lookup_timeout_ms: float = Field(default=20.0, gt=0, description="Lookup deadline; on timeout the request goes to the model.")
     generation_schedule: str | None = Field(default=None, description="Cron schedule of the offline generation Job (unset: none).")
     min_frequency: int = Field(default=3, ge=1, description="Precompute responses for prompts seen at least this often.")
+
+    @model_validator(mode="after")
+    def _one_url(self) -> FeatureStoreSpec:
+        if self.url and self.url_secret_ref:
+            raise ValueError("set url or urlSecretRef, not both")
+        return self
 
 
 class InferenceServiceSpec(ApiModel):
