@@ -5,12 +5,13 @@ condition and Warning Event; the operator's reconciles and the autoscaler's time
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 from operator_testkit import eventually, isvc_manifest, tj_manifest
 
-from llmfleet.api.contracts import SUSPENDED_BY_ANNOTATION
+from llmfleet.api.contracts import SERVING_PRIORITY_ANNOTATION, SUSPENDED_BY_ANNOTATION
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -43,7 +44,10 @@ async def test_malformed_objects_get_conditions_and_the_rest_is_served(cluster: 
     paused["metadata"]["annotations"] = {SUSPENDED_BY_ANNOTATION: "chat"}
     await emu.put(TJ, paused)
     for name in ("chat", "other"):
-        await emu.put(ISVC, isvc_manifest(name=name, autoscaling={"intervalSeconds": 1}))
+        isvc = isvc_manifest(name=name, autoscaling={"intervalSeconds": 1})
+        if name == "other":  # a serving priority that is no integer: that service's Event, no one else's problem
+            isvc["metadata"]["annotations"] = {SERVING_PRIORITY_ANNOTATION: "high"}
+        await emu.put(ISVC, isvc)
 
     # A process: the operator with the autoscaler's timers (importing them registers them for good in kopf's
     # default registry, which the in-process operators of other tests share).
@@ -73,3 +77,11 @@ async def test_malformed_objects_get_conditions_and_the_rest_is_served(cluster: 
     bad = emu.get(TJ, "ml", "bad-train")
     assert bad["spec"]["workers"]["count"] == "two" and not bad["spec"].get("suspend")
     assert not [ln for ln in op.lines() if "Traceback" in ln], op.lines()[-20:]
+
+    def annotation_warnings() -> list[dict[str, Any]]:
+        return [e for e in _warnings(emu, "other") if e["reason"] == "InvalidAnnotation"]
+
+    (warning,) = await eventually(annotation_warnings)
+    assert SERVING_PRIORITY_ANNOTATION in warning["message"] and "'high'" in warning["message"]
+    await asyncio.sleep(2.5)  # more autoscaler ticks (1 s): still one Event for the same value
+    assert len(annotation_warnings()) == 1
