@@ -114,3 +114,25 @@ def test_a_checkpoint_folder_at_tmp_keeps_its_own_volume() -> None:
     assert [m["name"] for m in container["volumeMounts"]] == ["checkpoints", "home"]
     with pytest.raises(ValueError, match="reserved"):
         restricted({"containers": [], "volumes": [{"name": "tmp", "emptyDir": {}}]})
+
+
+def test_the_pod_user_is_configurable_and_never_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    """LLMFLEET_POD_USER (the chart's workloads.runAsUser): another user id, or `image` (the image's or the
+    platform's user, e.g. OpenShift's per-namespace range): the pods stay restricted either way."""
+    from llmfleet.operator.config import POD_UID, OperatorConfig
+
+    assert OperatorConfig.from_env().pod_user == POD_UID
+    monkeypatch.setenv("LLMFLEET_POD_USER", "1000740000")
+    assert OperatorConfig.from_env().pod_user == 1000740000
+    monkeypatch.setenv("LLMFLEET_POD_USER", "image")
+    config = OperatorConfig.from_env()
+    assert config.pod_user is None
+    for bad in ("0", "root", "-5"):
+        monkeypatch.setenv("LLMFLEET_POD_USER", bad)
+        with pytest.raises(ValueError, match="LLMFLEET_POD_USER"):
+            OperatorConfig.from_env()
+    pods = _pods(builder_objects(config))
+    assert pods
+    for where, meta, spec in pods:
+        assert restricted_violations(spec, meta.get("annotations")) == [], where
+        assert not {"runAsUser", "runAsGroup", "fsGroup"} & set(spec["securityContext"]), where

@@ -23,6 +23,7 @@ from llmfleet.api.contracts import (
 )
 from llmfleet.api.inferenceservice import InferenceService
 from llmfleet.operator.builders.security import restricted
+from llmfleet.operator.config import POD_UID
 
 LOG_MOUNT = "/var/lib/llmfleet"
 LOG_FILE = "requests.jsonl"
@@ -78,8 +79,9 @@ def build_request_log_claim(isvc: InferenceService, size: str = "10Gi") -> dict[
     }
 
 
-def build_generation_cronjob(isvc: InferenceService, image: str) -> dict[str, Any] | None:
-    """A batch/v1 CronJob running `llmfleet features generate`, or None without a generationSchedule."""
+def build_generation_cronjob(isvc: InferenceService, image: str, user: int | None = POD_UID) -> dict[str, Any] | None:
+    """A batch/v1 CronJob running `llmfleet features generate` (its pod running as `user`), or None without a
+    generationSchedule."""
     store = isvc.spec.feature_store
     if store is None or not store.generation_schedule:
         return None
@@ -142,7 +144,7 @@ def build_generation_cronjob(isvc: InferenceService, image: str) -> dict[str, An
                                 {"name": "requests",
                                  "persistentVolumeClaim": {"claimName": request_log_claim(isvc)}}
                             ],
-                        }),
+                        }, user=user),
                     },
                 },
             },

@@ -1,8 +1,9 @@
 """Every pod the operator creates meets the "restricted" Pod Security Standard, with a read-only root filesystem.
 
-Pod level: runAsNonRoot as the llmfleet images' user (POD_UID, so a CR's own image that would run as root
-runs as that user too), fsGroup so volumes are writable by it (fsGroupChangePolicy OnRootMismatch: a large
-model claim is not chowned on every mount), seccomp RuntimeDefault. Container level (init containers too):
+Pod level: runAsNonRoot as the llmfleet images' user (config.POD_UID, so a CR's own image that would run as
+root runs as that user too; OperatorConfig.pod_user), fsGroup so volumes are writable by it
+(fsGroupChangePolicy OnRootMismatch: a large model claim is not chowned on every mount), seccomp RuntimeDefault.
+With pod_user None the user is the image's or the platform's (OpenShift), still required to be non-root. Container level (init containers too):
 no privilege escalation, every capability dropped, readOnlyRootFilesystem.
 
 What the processes write goes to emptyDirs: /tmp (Python, torchrun's rendezvous files, Ray, TorchInductor's
@@ -18,8 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-# The user and group of the llmfleet images (docker/*.Dockerfile: ARG UID=10001).
-POD_UID = 10001
+from llmfleet.operator.config import POD_UID
+
 TMP_DIR = "/tmp"
 HOME_DIR = "/home/llmfleet"
 CACHE_DIR = f"{HOME_DIR}/.cache"
@@ -52,15 +53,9 @@ class Scratch:
 ENGINE_SCRATCH = Scratch(tmp="4Gi", home="8Gi")
 
 
-def pod_security_context() -> dict[str, Any]:
-    return {
-        "runAsNonRoot": True,
-        "runAsUser": POD_UID,
-        "runAsGroup": POD_UID,
-        "fsGroup": POD_UID,
-        "fsGroupChangePolicy": "OnRootMismatch",
-        "seccompProfile": {"type": "RuntimeDefault"},
-    }
+def pod_security_context(user: int | None = POD_UID) -> dict[str, Any]:
+    ids = {"runAsUser": user, "runAsGroup": user, "fsGroup": user, "fsGroupChangePolicy": "OnRootMismatch"}
+    return {"runAsNonRoot": True, **(ids if user is not None else {}), "seccompProfile": {"type": "RuntimeDefault"}}
 
 
 def container_security_context() -> dict[str, Any]:
@@ -72,8 +67,9 @@ def container_security_context() -> dict[str, Any]:
     }
 
 
-def restricted(pod_spec: dict[str, Any], scratch: Scratch = Scratch()) -> dict[str, Any]:
-    """The pod spec with security contexts, the writable emptyDirs and the cache variables (a new dict).
+def restricted(pod_spec: dict[str, Any], scratch: Scratch = Scratch(), user: int | None = POD_UID) -> dict[str, Any]:
+    """The pod spec with security contexts (running as `user`), the writable emptyDirs and the cache variables
+    (a new dict).
 
     A folder the pod already mounts (e.g. a checkpoint volume at /tmp) keeps its own volume."""
     volumes = list(pod_spec.get("volumes") or [])
@@ -94,7 +90,7 @@ def restricted(pod_spec: dict[str, Any], scratch: Scratch = Scratch()) -> dict[s
         return {**container, "env": env, "volumeMounts": mounts,
                 "securityContext": {**container_security_context(), **(container.get("securityContext") or {})}}
 
-    out = {**pod_spec, "securityContext": pod_security_context(), "volumes": volumes,
+    out = {**pod_spec, "securityContext": pod_security_context(user), "volumes": volumes,
            "containers": [harden(c) for c in pod_spec.get("containers") or []]}
     if pod_spec.get("initContainers"):
         out["initContainers"] = [harden(c) for c in pod_spec["initContainers"]]

@@ -228,7 +228,7 @@ def build_job(
         "parallelism": w.count,
         # Any worker failure fails the attempt; the operator recreates the gang (maxRestarts).
         "backoffLimit": 0,
-        "template": {"metadata": {"labels": pod_labels}, "spec": restricted(pod_spec, ENGINE_SCRATCH)},
+        "template": {"metadata": {"labels": pod_labels}, "spec": restricted(pod_spec, ENGINE_SCRATCH, config.pod_user)},
     }
     if uses_kueue(tj):
         queue = tj.spec.scheduling.queue
