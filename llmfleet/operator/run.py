@@ -169,7 +169,8 @@ async def check_priority_unique(
             try:
                 found = await client.request("GET", path)
             except ApiError as err:
-                log.warning("could not read the peering object %s (%s); starting anyway", path, err)
+                if err.status != 404:  # no peering object yet: no peers either (kopf reports the object itself)
+                    log.warning("could not read the peering object %s (%s); starting anyway", path, err)
                 continue
             status = (found or {}).get("status") if isinstance(found, dict) else None
             for peer, info in (status or {}).items():

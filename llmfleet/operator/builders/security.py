@@ -3,8 +3,8 @@
 Pod level: runAsNonRoot as the llmfleet images' user (config.POD_UID, so a CR's own image that would run as
 root runs as that user too; OperatorConfig.pod_user), fsGroup so volumes are writable by it
 (fsGroupChangePolicy OnRootMismatch: a large model claim is not chowned on every mount), seccomp RuntimeDefault.
-With pod_user None the user is the image's or the platform's (OpenShift), still required to be non-root. Container level (init containers too):
-no privilege escalation, every capability dropped, readOnlyRootFilesystem.
+With pod_user None the user is the image's or the platform's (OpenShift), still required to be non-root.
+Container level (init containers too): no privilege escalation, every capability dropped, readOnlyRootFilesystem.
 
 What the processes write goes to emptyDirs: /tmp (Python, torchrun's rendezvous files, Ray, TorchInductor's
 default cache) and a home folder (HOME) that holds every cache a library keeps under it: Hugging Face,
