@@ -157,3 +157,26 @@ def test_the_crd_refuses_what_pydantic_refuses() -> None:
                                             "storage": {"s3": {"endpoint": "http://a:b@minio"}}})
     for store in ({"url": "postgresql+psycopg://app@db:5432/f?sslmode=require"}, {"urlSecretRef": {"name": "s", "key": "url"}}):
         assert failed_cel_rules("InferenceService", {**base, "featureStore": store}) == [], store
+
+
+def test_the_router_reads_the_store_url_from_its_environment(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The router's config names the variable; without it the router exits 2 with one line instead of serving
+    without its store."""
+    from llmfleet.cli.main import app
+    from llmfleet.router import cli as router_cli
+    from llmfleet.router.config import router_config_from_service
+
+    doc = _sink()
+    doc["spec"]["model"]["path"] = "/models/llama"
+    doc["spec"].pop("fallback")
+    cfg = router_config_from_service(InferenceService.model_validate(doc), endpoints={"primary": ["http://127.0.0.1:1"]})
+    path = tmp_path / "router.yaml"
+    path.write_text(cfg.to_yaml())
+    assert "store-url" not in path.read_text() and STORE_URL_ENV in path.read_text()
+    monkeypatch.delenv(STORE_URL_ENV, raising=False)
+    result = CliRunner().invoke(app, ["router", "--config", str(path), "--port", "0"])
+    assert result.exit_code == 2 and f"{STORE_URL_ENV} is not set" in result.output, result.output
+    seen: list[Any] = []
+    monkeypatch.setenv(STORE_URL_ENV, "sqlite:///from-the-secret.db")
+    monkeypatch.setattr("llmfleet.store.lookup.FeatureStoreLookup", lambda url, *a, **k: seen.append(url) or "lookup")
+    assert router_cli._make_lookup(cfg) == "lookup" and seen == ["sqlite:///from-the-secret.db"]
