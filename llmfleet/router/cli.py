@@ -37,7 +37,7 @@ def serve(config: Path, port: int | None = None, host: str | None = None, log_le
         typer.echo(f"llmfleet router: {e}", err=True)
         raise typer.Exit(2) from None
 
-    from llmfleet.router.server import run_router
+    from llmfleet.router.http_server import run_router
 
     runner: Callable[..., Any] = asyncio.run
     try:
