@@ -14,9 +14,9 @@ import pytest
 from aiohttp import web
 
 from llmfleet.router.config import LimitsConfig, PoolConfig, RouterConfig
-from llmfleet.router.fake_backend import FakeBackend
 from llmfleet.router.http_server import start_http
 from llmfleet.router.server import Router
+from llmfleet.testing.fake_backend import FakeBackend
 
 
 class RouterUnderTest:
@@ -91,12 +91,12 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
 
 @pytest.fixture
 async def fake_processes() -> AsyncIterator[Callable[..., Awaitable[tuple[str, subprocess.Popen[str]]]]]:
-    """Fake replicas as processes of their own (`python -m llmfleet.router.fake_backend ARGS`), to kill for
+    """Fake replicas as processes of their own (`python -m llmfleet.testing.fake_backend ARGS`), to kill for
     real: make(*args) -> (base URL, process); killed at the end of the test if still running."""
     started: list[subprocess.Popen[str]] = []
 
     async def make(*args: str) -> tuple[str, subprocess.Popen[str]]:
-        proc = subprocess.Popen([sys.executable, "-m", "llmfleet.router.fake_backend", "--port", "0", *args],
+        proc = subprocess.Popen([sys.executable, "-m", "llmfleet.testing.fake_backend", "--port", "0", *args],
                                 stdout=subprocess.PIPE, text=True)
         started.append(proc)
         if proc.stdout is None:

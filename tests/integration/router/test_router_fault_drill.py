@@ -1,6 +1,6 @@
 """The router's fault drill: kill -9 a replica mid-stream, a replica that accepts and never answers, slow clients.
 
-One pool of three fake replicas (`python -m llmfleet.router.fake_backend`: one a separate process, so that it
+One pool of three fake replicas (`python -m llmfleet.testing.fake_backend`: one a separate process, so that it
 can be killed for real; two in this process, so that one can be switched to "accept and never answer" while
 its health checks keep passing) behind the router as `llmfleet router` serves it, under steady load from 8
 clients (half of them streaming, 30 tokens 15 ms apart), no client retries. Phases, one after the other:

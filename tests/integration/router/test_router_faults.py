@@ -14,7 +14,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from llmfleet.router.fake_backend import FakeBackend
+from llmfleet.testing.fake_backend import FakeBackend
 
 from .conftest import config, wait_for
 
