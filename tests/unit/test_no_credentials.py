@@ -74,6 +74,7 @@ def test_the_scan_finds_what_the_builders_rendered_before_url_secret_refs() -> N
     assert credential_findings(ok) == []
 
 
+@pytest.mark.helm
 def test_no_rendered_object_carries_a_credential() -> None:
     objects = builder_objects() + chart_objects()
     kinds = {o["kind"] for _, o in objects}

@@ -97,6 +97,7 @@ def test_every_pod_the_operator_creates_is_restricted() -> None:
             assert volumes[shm]["emptyDir"]["medium"] == "Memory", where
 
 
+@pytest.mark.helm
 def test_every_pod_of_the_chart_is_restricted() -> None:
     pods = _pods(chart_objects())
     assert pods

@@ -21,7 +21,7 @@ from llmfleet.util.net import free_port
 
 from .conftest import stop, tiny_service, wait_healthy
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
 
 AUDIT = textwrap.dedent('''
     import os, sys
