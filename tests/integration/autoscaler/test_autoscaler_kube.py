@@ -1,5 +1,6 @@
 """Against the Kubernetes API emulator (tests/kubeemu.py, kmock): GPU arbitration suspends a lower-priority
-TrainingJob with Events on both objects and later resumes it; the Kubernetes actuator patches pool replicas."""
+TrainingJob with Events on both objects and later resumes it; the Kubernetes actuator patches pool replicas,
+lists a pool's pods and drains one; pending GPUs count unschedulable pods."""
 
 from __future__ import annotations
 
@@ -9,11 +10,18 @@ from typing import Any
 import kubeemu  # tests/conftest.py puts tests/ on sys.path
 import pytest
 
-from llmfleet.api.contracts import AUTOSCALER_STATE_ANNOTATION, SUSPENDED_BY_ANNOTATION
-from llmfleet.autoscaler.actuation import KubernetesActuator
+from llmfleet.api.contracts import (
+    AUTOSCALER_STATE_ANNOTATION,
+    DELETION_COST_ANNOTATION,
+    DRAINING_LABEL,
+    SERVING_LABEL,
+    SUSPENDED_BY_ANNOTATION,
+)
+from llmfleet.api.loader import parse_resource
+from llmfleet.autoscaler.actuation import Replica
 from llmfleet.autoscaler.arbitration import ServingNeed
-from llmfleet.autoscaler.kube import apply_arbitration
-from llmfleet.kube.client import KubeClient
+from llmfleet.autoscaler.kube import KubernetesActuator, apply_arbitration, pending_gpus
+from llmfleet.kube.client import ApiError, KubeClient
 
 ROOT = Path(__file__).resolve().parents[3]
 TJ, IS = "llmfleet.io/v1alpha1/trainingjobs", "llmfleet.io/v1alpha1/inferenceservices"
@@ -42,12 +50,11 @@ def events_for(emu: Any, name: str) -> list[str]:
 
 async def test_arbitration_suspends_then_resumes_lower_priority_job() -> None:
     async with kubeemu.serve(crds=ROOT / "crds") as (emu, url):
-        client = KubeClient(server=url, headers={})
+        client = KubeClient.for_server(url)
         try:
-            isvc = await client.request("POST", "/apis/llmfleet.io/v1alpha1/namespaces/default/inferenceservices", body=ISVC)
+            isvc = await client.create(ISVC)
             for name, prio in (("low", -10), ("high", 100)):
-                await client.request("POST", "/apis/llmfleet.io/v1alpha1/namespaces/default/trainingjobs",
-                                     body=job(name, prio))
+                await client.create(job(name, prio))
             burning = ServingNeed("chat", priority=0, burning=True, gpus_missing=3, gpus_surplus=0)
             actions = await apply_arbitration(client, isvc, burning)
             assert [(a.job, a.action) for a in actions] == [("low", "suspend")]
@@ -72,20 +79,26 @@ async def test_arbitration_suspends_then_resumes_lower_priority_job() -> None:
             await client.close()
 
 
-async def test_kubernetes_actuator_patches_pool_replicas_and_state_annotation() -> None:
-    from kubernetes import client as k8s
+def pod(name: str, pool: str, *, ready: bool = True, ip: str | None = "10.0.0.1", phase: str = "Running",
+        unschedulable: bool = False) -> dict[str, Any]:
+    conditions = [{"type": "Ready", "status": "True" if ready else "False"}]
+    if unschedulable:
+        conditions.append({"type": "PodScheduled", "status": "False", "reason": "Unschedulable"})
+    status: dict[str, Any] = {"phase": phase, "conditions": conditions}
+    if ip:
+        status["podIP"] = ip
+    return {"apiVersion": "v1", "kind": "Pod", "status": status,
+            "metadata": {"name": name, "namespace": "default",
+                         "labels": {"llmfleet.io/inferenceservice": "chat", "llmfleet.io/pool": pool}},
+            "spec": {"containers": [{"name": "c", "image": "i"}]}}
 
+
+async def test_kubernetes_actuator_patches_pool_replicas_and_state_annotation() -> None:
     async with kubeemu.serve(crds=ROOT / "crds") as (emu, url):
-        kc = KubeClient(server=url, headers={})
+        client = KubeClient.for_server(url)
         try:
-            await kc.request("POST", "/apis/llmfleet.io/v1alpha1/namespaces/default/inferenceservices", body=ISVC)
-        finally:
-            await kc.close()
-        conf = k8s.Configuration()
-        conf.host = url
-        api = k8s.ApiClient(conf)
-        try:
-            act = KubernetesActuator("chat", "default", api)
+            await client.create(ISVC)
+            act = KubernetesActuator("chat", "default", client)
             await act.set_replicas({"primary": 5, "small": 2}, reason="test", state_json='{"primary":{}}')
             obj = emu.get(IS, "default", "chat")
             assert obj["spec"]["replicas"] == 5
@@ -93,5 +106,53 @@ async def test_kubernetes_actuator_patches_pool_replicas_and_state_annotation() 
             assert obj["metadata"]["annotations"][AUTOSCALER_STATE_ANNOTATION] == '{"primary":{}}'
             with pytest.raises(KeyError, match="nope"):
                 await act.set_replicas({"nope": 1}, reason="test")
+            gone = KubernetesActuator("gone", "default", client)
+            with pytest.raises(ApiError) as err:
+                await gone.set_replicas({"primary": 1}, reason="test")
+            assert err.value.status == 404
         finally:
-            api.close()
+            await client.close()
+
+
+async def test_kubernetes_actuator_lists_and_drains_pods() -> None:
+    async with kubeemu.serve(crds=ROOT / "crds") as (emu, url):
+        client = KubeClient.for_server(url)
+        try:
+            await client.create(ISVC)
+            for p in (pod("chat-b", "primary", ip="10.0.0.2"), pod("chat-a", "primary", ready=False),
+                      pod("chat-s", "small", ip=None)):
+                await client.create(p)
+            act = KubernetesActuator("chat", "default", client, probe=_idle)
+            assert await act.list_replicas("primary") == [
+                Replica("primary", "chat-a", "http://10.0.0.1:8000", ready=False),
+                Replica("primary", "chat-b", "http://10.0.0.2:8000", ready=True),
+            ]
+            assert await act.list_replicas("small") == [Replica("small", "chat-s", None, ready=True)]
+            result = await act.drain_and_remove(Replica("primary", "chat-b", "http://10.0.0.2:8000"), timeout_s=1)
+            assert result.drained and result.removed
+            meta = emu.get("v1/pods", "default", "chat-b")["metadata"]
+            assert meta["labels"][DRAINING_LABEL] == "true" and meta["labels"][SERVING_LABEL] == "false"
+            assert meta["annotations"][DELETION_COST_ANNOTATION] == "-2147483647"
+            assert emu.get(IS, "default", "chat")["spec"]["replicas"] == 1
+        finally:
+            await client.close()
+
+
+async def test_pending_gpus_counts_unschedulable_pods() -> None:
+    async with kubeemu.serve(crds=ROOT / "crds") as (_emu, url):
+        client = KubeClient.for_server(url)
+        try:
+            for p in (pod("p1", "primary", phase="Pending", unschedulable=True),
+                      pod("p2", "primary", phase="Pending"),  # pending, but scheduled (pulling the image)
+                      pod("p3", "primary"),
+                      pod("s1", "small", phase="Pending", unschedulable=True)):
+                await client.create(p)
+            isvc = parse_resource({**ISVC, "spec": {**ISVC["spec"], "fallback": {"pools": [
+                {"name": "small", "model": {"path": "/s"}, "replicas": 0, "resources": {"gpus": 2}}]}}})
+            assert await pending_gpus(client, isvc) == 1 + 2
+        finally:
+            await client.close()
+
+
+async def _idle(_replica: Replica) -> float:
+    return 0.0
