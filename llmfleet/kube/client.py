@@ -26,6 +26,7 @@ import httpx2
 import lightkube
 from lightkube import operators
 from lightkube.config.client_adapter import verify_cluster
+from lightkube.config.models import User
 from lightkube.core.resource import ApiInfo, NamespacedResource, ResourceDef, api_info
 from lightkube.core.resource_registry import resource_registry
 from lightkube.generic_resource import (
@@ -156,6 +157,13 @@ def label_selector(text: str) -> dict[str, Any]:
     return out
 
 
+def _single(config: lightkube.KubeConfig) -> lightkube.SingleConfig:
+    single = config.get()
+    if single is None:
+        raise NoClusterConfig("the kubeconfig has no current context")
+    return single
+
+
 def _b64(data: str | bytes) -> str:
     return base64.b64encode(data.encode() if isinstance(data, str) else data).decode()
 
@@ -180,13 +188,13 @@ def _config_from_connection(info: kopf.ConnectionInfo) -> lightkube.SingleConfig
     elif info.certificate_data and info.private_key_data:
         user.update({"client-certificate-data": _b64(info.certificate_data),
                      "client-key-data": _b64(info.private_key_data)})
-    return lightkube.KubeConfig.from_dict({
+    return _single(lightkube.KubeConfig.from_dict({
         "apiVersion": "v1", "kind": "Config", "current-context": "llmfleet",
         "clusters": [{"name": "llmfleet", "cluster": cluster}],
         "users": [{"name": "llmfleet", "user": user}],
         "contexts": [{"name": "llmfleet", "context": {"cluster": "llmfleet", "user": "llmfleet",
                                                       "namespace": info.default_namespace or "default"}}],
-    }).get()
+    }))
 
 
 def _error(err: httpx2.HTTPError, what: str) -> ApiError:
@@ -224,7 +232,7 @@ class KubeClient:
     def from_env(cls) -> KubeClient:
         """In-cluster service account, else the kubeconfig ($KUBECONFIG or ~/.kube/config)."""
         try:
-            return cls(lightkube.KubeConfig.from_env().get())
+            return cls(_single(lightkube.KubeConfig.from_env()))
         except (lightkube.ConfigError, OSError, ValueError, KeyError) as err:
             raise NoClusterConfig(f"no Kubernetes client configuration: {err}") from err
 
@@ -232,16 +240,16 @@ class KubeClient:
     def for_server(cls, server: str, token: str | None = None) -> KubeClient:
         """A client of `server` (plain http in tests; https verifies with the system CAs)."""
         user = {"token": token} if token else {}
-        return cls(lightkube.KubeConfig.from_dict({
+        return cls(_single(lightkube.KubeConfig.from_dict({
             "apiVersion": "v1", "kind": "Config", "current-context": "c",
             "clusters": [{"name": "c", "cluster": {"server": server.rstrip("/")}}],
             "users": [{"name": "u", "user": user}],
             "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-        }).get())
+        })))
 
     def _lightkube(self) -> lightkube.AsyncClient:
         if self._client is None:
-            tls = (verify_cluster(self.config.cluster, self.config.user, self.config.abs_file)
+            tls = (verify_cluster(self.config.cluster, self.config.user or User(), self.config.abs_file)
                    if self.config.cluster.server.startswith("https") else False)
             transport = AiohttpTransport(tls, max_connections=self.max_inflight, timeout_seconds=self.timeout_seconds)
             self._client = lightkube.AsyncClient(self.config, timeout=httpx2.Timeout(self.timeout_seconds),
@@ -285,11 +293,12 @@ class KubeClient:
 
     async def create(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
         """Create an object (409 AlreadyExists if it does)."""
-        meta = manifest["metadata"]
+        meta = dict(manifest["metadata"])
         res = resource(manifest["apiVersion"], manifest["kind"])
-        ns = (meta.get("namespace") or "default") if issubclass(res, NamespacedResource) else None
+        if issubclass(res, NamespacedResource):
+            meta["namespace"] = meta.get("namespace") or "default"
         return dict(await self._call(f"create {manifest['kind']} {meta.get('name') or meta.get('generateName')}",
-                                     lambda c: c.create(res(manifest), namespace=ns)))
+                                     lambda c: c.create(res({**manifest, "metadata": meta}))))
 
     def _ns(self, res: type[Any], namespace: str | None) -> str | None:
         return (namespace or "default") if issubclass(res, NamespacedResource) else None

@@ -12,6 +12,7 @@ import ssl
 
 import aiohttp
 import httpx2
+import yarl
 
 # Safe to resend on a fresh connection when a pooled keep-alive connection turns out closed by the server.
 IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "PATCH", "DELETE"})
@@ -37,12 +38,12 @@ class AiohttpTransport(httpx2.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         body = request.content or None
-        headers = list(request.headers.multi_items())
+        headers = request.headers.multi_items()
+        url = yarl.URL(str(request.url), encoded=True)  # httpx2 already encoded it
         retried = False
         while True:
             try:
-                async with self._client().request(request.method, str(request.url), headers=headers,
-                                                  data=body) as resp:
+                async with self._client().request(request.method, url, headers=headers, data=body) as resp:
                     content = await resp.read()
                     return httpx2.Response(resp.status, headers=list(resp.headers.items()), content=content,
                                            request=request)
