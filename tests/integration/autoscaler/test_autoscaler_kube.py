@@ -4,6 +4,7 @@ lists a pool's pods and drains one; pending GPUs count unschedulable pods."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,17 @@ TJ, IS = "llmfleet.io/v1alpha1/trainingjobs", "llmfleet.io/v1alpha1/inferenceser
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 
+@pytest.fixture
+async def cluster() -> AsyncIterator[tuple[Any, KubeClient]]:
+    """The emulator with llmfleet's CRDs, and a client of it."""
+    async with kubeemu.serve(crds=ROOT / "crds") as (emu, url):
+        client = KubeClient.for_server(url)
+        try:
+            yield emu, client
+        finally:
+            await client.close()
+
+
 ISVC = {
     "apiVersion": "llmfleet.io/v1alpha1", "kind": "InferenceService",
     "metadata": {"name": "chat", "namespace": "default"},
@@ -48,35 +60,31 @@ def events_for(emu: Any, name: str) -> list[str]:
     return [e["reason"] for e in emu.list("v1/events", "default") if e["involvedObject"]["name"] == name]
 
 
-async def test_arbitration_suspends_then_resumes_lower_priority_job() -> None:
-    async with kubeemu.serve(crds=ROOT / "crds") as (emu, url):
-        client = KubeClient.for_server(url)
-        try:
-            isvc = await client.create(ISVC)
-            for name, prio in (("low", -10), ("high", 100)):
-                await client.create(job(name, prio))
-            burning = ServingNeed("chat", priority=0, burning=True, gpus_missing=3, gpus_surplus=0)
-            actions = await apply_arbitration(client, isvc, burning)
-            assert [(a.job, a.action) for a in actions] == [("low", "suspend")]
-            low = emu.get(TJ, "default", "low")
-            assert low["spec"]["suspend"] is True
-            assert low["metadata"]["annotations"][SUSPENDED_BY_ANNOTATION] == "chat"
-            assert emu.get(TJ, "default", "high")["spec"].get("suspend", False) is False
-            assert "SuspendedForServing" in events_for(emu, "low")
-            assert "SuspendedForServing" in events_for(emu, "chat")
-            # still burning: nothing more to do (the job is already suspended), no resume
-            assert await apply_arbitration(client, isvc, burning) == []
-            # back within budget with room for the job's 4 GPUs: resumed, annotation gone, Events again
-            healthy = ServingNeed("chat", priority=0, burning=False, gpus_missing=0, gpus_surplus=4)
-            actions = await apply_arbitration(client, isvc, healthy)
-            assert [(a.job, a.action) for a in actions] == [("low", "resume")]
-            low = emu.get(TJ, "default", "low")
-            assert low["spec"]["suspend"] is False
-            assert SUSPENDED_BY_ANNOTATION not in (low["metadata"].get("annotations") or {})
-            assert "ResumedAfterServing" in events_for(emu, "low")
-            assert "ResumedAfterServing" in events_for(emu, "chat")
-        finally:
-            await client.close()
+async def test_arbitration_suspends_then_resumes_lower_priority_job(cluster: tuple[Any, KubeClient]) -> None:
+    emu, client = cluster
+    isvc = await client.create(ISVC)
+    for name, prio in (("low", -10), ("high", 100)):
+        await client.create(job(name, prio))
+    burning = ServingNeed("chat", priority=0, burning=True, gpus_missing=3, gpus_surplus=0)
+    actions = await apply_arbitration(client, isvc, burning)
+    assert [(a.job, a.action) for a in actions] == [("low", "suspend")]
+    low = emu.get(TJ, "default", "low")
+    assert low["spec"]["suspend"] is True
+    assert low["metadata"]["annotations"][SUSPENDED_BY_ANNOTATION] == "chat"
+    assert emu.get(TJ, "default", "high")["spec"].get("suspend", False) is False
+    assert "SuspendedForServing" in events_for(emu, "low")
+    assert "SuspendedForServing" in events_for(emu, "chat")
+    # still burning: nothing more to do (the job is already suspended), no resume
+    assert await apply_arbitration(client, isvc, burning) == []
+    # back within budget with room for the job's 4 GPUs: resumed, annotation gone, Events again
+    healthy = ServingNeed("chat", priority=0, burning=False, gpus_missing=0, gpus_surplus=4)
+    actions = await apply_arbitration(client, isvc, healthy)
+    assert [(a.job, a.action) for a in actions] == [("low", "resume")]
+    low = emu.get(TJ, "default", "low")
+    assert low["spec"]["suspend"] is False
+    assert SUSPENDED_BY_ANNOTATION not in (low["metadata"].get("annotations") or {})
+    assert "ResumedAfterServing" in events_for(emu, "low")
+    assert "ResumedAfterServing" in events_for(emu, "chat")
 
 
 def pod(name: str, pool: str, *, ready: bool = True, ip: str | None = "10.0.0.1", phase: str = "Running",
@@ -93,65 +101,53 @@ def pod(name: str, pool: str, *, ready: bool = True, ip: str | None = "10.0.0.1"
             "spec": {"containers": [{"name": "c", "image": "i"}]}}
 
 
-async def test_kubernetes_actuator_patches_pool_replicas_and_state_annotation() -> None:
-    async with kubeemu.serve(crds=ROOT / "crds") as (emu, url):
-        client = KubeClient.for_server(url)
-        try:
-            await client.create(ISVC)
-            act = KubernetesActuator("chat", "default", client)
-            await act.set_replicas({"primary": 5, "small": 2}, reason="test", state_json='{"primary":{}}')
-            obj = emu.get(IS, "default", "chat")
-            assert obj["spec"]["replicas"] == 5
-            assert obj["spec"]["fallback"]["pools"][0]["replicas"] == 2
-            assert obj["metadata"]["annotations"][AUTOSCALER_STATE_ANNOTATION] == '{"primary":{}}'
-            with pytest.raises(KeyError, match="nope"):
-                await act.set_replicas({"nope": 1}, reason="test")
-            gone = KubernetesActuator("gone", "default", client)
-            with pytest.raises(ApiError) as err:
-                await gone.set_replicas({"primary": 1}, reason="test")
-            assert err.value.status == 404
-        finally:
-            await client.close()
+async def test_kubernetes_actuator_patches_pool_replicas_and_state_annotation(cluster: tuple[Any, KubeClient]) -> None:
+    emu, client = cluster
+    await client.create(ISVC)
+    act = KubernetesActuator("chat", "default", client)
+    await act.set_replicas({"primary": 5, "small": 2}, reason="test", state_json='{"primary":{}}')
+    obj = emu.get(IS, "default", "chat")
+    assert obj["spec"]["replicas"] == 5
+    assert obj["spec"]["fallback"]["pools"][0]["replicas"] == 2
+    assert obj["metadata"]["annotations"][AUTOSCALER_STATE_ANNOTATION] == '{"primary":{}}'
+    with pytest.raises(KeyError, match="nope"):
+        await act.set_replicas({"nope": 1}, reason="test")
+    gone = KubernetesActuator("gone", "default", client)
+    with pytest.raises(ApiError) as err:
+        await gone.set_replicas({"primary": 1}, reason="test")
+    assert err.value.status == 404
 
 
-async def test_kubernetes_actuator_lists_and_drains_pods() -> None:
-    async with kubeemu.serve(crds=ROOT / "crds") as (emu, url):
-        client = KubeClient.for_server(url)
-        try:
-            await client.create(ISVC)
-            for p in (pod("chat-b", "primary", ip="10.0.0.2"), pod("chat-a", "primary", ready=False),
-                      pod("chat-s", "small", ip=None)):
-                await client.create(p)
-            act = KubernetesActuator("chat", "default", client, probe=_idle)
-            assert await act.list_replicas("primary") == [
-                Replica("primary", "chat-a", "http://10.0.0.1:8000", ready=False),
-                Replica("primary", "chat-b", "http://10.0.0.2:8000", ready=True),
-            ]
-            assert await act.list_replicas("small") == [Replica("small", "chat-s", None, ready=True)]
-            result = await act.drain_and_remove(Replica("primary", "chat-b", "http://10.0.0.2:8000"), timeout_s=1)
-            assert result.drained and result.removed
-            meta = emu.get("v1/pods", "default", "chat-b")["metadata"]
-            assert meta["labels"][DRAINING_LABEL] == "true" and meta["labels"][SERVING_LABEL] == "false"
-            assert meta["annotations"][DELETION_COST_ANNOTATION] == "-2147483647"
-            assert emu.get(IS, "default", "chat")["spec"]["replicas"] == 1
-        finally:
-            await client.close()
+async def test_kubernetes_actuator_lists_and_drains_pods(cluster: tuple[Any, KubeClient]) -> None:
+    emu, client = cluster
+    await client.create(ISVC)
+    for p in (pod("chat-b", "primary", ip="10.0.0.2"), pod("chat-a", "primary", ready=False),
+              pod("chat-s", "small", ip=None)):
+        await client.create(p)
+    act = KubernetesActuator("chat", "default", client, probe=_idle)
+    assert await act.list_replicas("primary") == [
+        Replica("primary", "chat-a", "http://10.0.0.1:8000", ready=False),
+        Replica("primary", "chat-b", "http://10.0.0.2:8000", ready=True),
+    ]
+    assert await act.list_replicas("small") == [Replica("small", "chat-s", None, ready=True)]
+    result = await act.drain_and_remove(Replica("primary", "chat-b", "http://10.0.0.2:8000"), timeout_s=1)
+    assert result.drained and result.removed
+    meta = emu.get("v1/pods", "default", "chat-b")["metadata"]
+    assert meta["labels"][DRAINING_LABEL] == "true" and meta["labels"][SERVING_LABEL] == "false"
+    assert meta["annotations"][DELETION_COST_ANNOTATION] == "-2147483647"
+    assert emu.get(IS, "default", "chat")["spec"]["replicas"] == 1
 
 
-async def test_pending_gpus_counts_unschedulable_pods() -> None:
-    async with kubeemu.serve(crds=ROOT / "crds") as (_emu, url):
-        client = KubeClient.for_server(url)
-        try:
-            for p in (pod("p1", "primary", phase="Pending", unschedulable=True),
-                      pod("p2", "primary", phase="Pending"),  # pending, but scheduled (pulling the image)
-                      pod("p3", "primary"),
-                      pod("s1", "small", phase="Pending", unschedulable=True)):
-                await client.create(p)
-            isvc = parse_resource({**ISVC, "spec": {**ISVC["spec"], "fallback": {"pools": [
-                {"name": "small", "model": {"path": "/s"}, "replicas": 0, "resources": {"gpus": 2}}]}}})
-            assert await pending_gpus(client, isvc) == 1 + 2
-        finally:
-            await client.close()
+async def test_pending_gpus_counts_unschedulable_pods(cluster: tuple[Any, KubeClient]) -> None:
+    _emu, client = cluster
+    for p in (pod("p1", "primary", phase="Pending", unschedulable=True),
+              pod("p2", "primary", phase="Pending"),  # pending, but scheduled (pulling the image)
+              pod("p3", "primary"),
+              pod("s1", "small", phase="Pending", unschedulable=True)):
+        await client.create(p)
+    isvc = parse_resource({**ISVC, "spec": {**ISVC["spec"], "fallback": {"pools": [
+        {"name": "small", "model": {"path": "/s"}, "replicas": 0, "resources": {"gpus": 2}}]}}})
+    assert await pending_gpus(client, isvc) == 1 + 2
 
 
 async def _idle(_replica: Replica) -> float:
