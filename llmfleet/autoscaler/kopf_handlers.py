@@ -1,9 +1,9 @@
 """kopf timer per InferenceService: the autoscaler inside the operator. Registered on import.
 
 The operator imports this module from its entry point (`llmfleet.operator.run.run_async`).
-The handler is thin: it keeps per-service memory in kopf's memo, builds the signal source, the
-Kubernetes actuator and the arbitration client, and calls `controller.autoscale_step` (pure policy
-inside). Configuration by environment:
+The handler is thin: it keeps per-service memory in kopf's memo, builds the signal source and the
+Kubernetes actuator, and calls `controller.autoscale_step` (pure policy inside); the actuator and GPU
+arbitration use the operator's own Kubernetes client (`share_client`). Configuration by environment:
 
 - `LLMFLEET_PROMETHEUS_URL`: query Prometheus; otherwise scrape the router (`http://<isvc>-router.<ns>:8080`)
   and the replicas directly.
