@@ -16,6 +16,8 @@ import yarl
 
 # Safe to resend on a fresh connection when a pooled keep-alive connection turns out closed by the server.
 IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "PATCH", "DELETE"})
+# Request headers aiohttp sets itself: the encodings it can decode (httpx2 would offer more), the connection's.
+OWN_HEADERS = frozenset({b"host", b"accept-encoding", b"connection", b"content-length", b"transfer-encoding"})
 
 
 class AiohttpTransport(httpx2.AsyncBaseTransport):
@@ -38,15 +40,17 @@ class AiohttpTransport(httpx2.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         body = request.content or None
-        headers = request.headers.multi_items()
+        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers.raw
+                   if k.lower() not in OWN_HEADERS]
         url = yarl.URL(str(request.url), encoded=True)  # httpx2 already encoded it
         retried = False
         while True:
             try:
                 async with self._client().request(request.method, url, headers=headers, data=body) as resp:
-                    content = await resp.read()
-                    return httpx2.Response(resp.status, headers=list(resp.headers.items()), content=content,
-                                           request=request)
+                    content = await resp.read()  # decompressed already: pass on no Content-Encoding
+                    content_type = resp.headers.get("Content-Type")
+                    return httpx2.Response(resp.status, headers={"Content-Type": content_type} if content_type else None,
+                                           content=content, request=request)
             except aiohttp.ServerDisconnectedError as err:
                 if retried or request.method not in IDEMPOTENT:
                     raise httpx2.RemoteProtocolError(f"{request.method} {request.url}: {err!r}",
