@@ -131,13 +131,13 @@ async def check_peering(settings: kopf.OperatorSettings, connection: kopf.Connec
     client = KubeClient.from_connection_info(connection)
     client.timeout_seconds = 10.0
     try:
-        found = await client.request("GET", f"/apis/{PEERING_GROUP_VERSION}")
+        served = await client.crd_served(PEERING_GROUP_VERSION, plural)
     except ApiError as err:
         log.warning("could not check for kopf's peering resource (%s); starting anyway", err)
         return
     finally:
         await client.close()
-    if not any(r.get("name") == plural for r in (found or {}).get("resources", [])):
+    if not served:
         raise PeeringUnavailable(
             f"peering is mandatory (--peering {settings.peering.name}) but the API server does not serve "
             f"{PEERING_GROUP_VERSION} {plural}: apply charts/llmfleet/crds/kopf.dev_peerings.yaml (the Helm chart "
@@ -145,13 +145,16 @@ async def check_peering(settings: kopf.OperatorSettings, connection: kopf.Connec
         )
 
 
-def _peering_paths(settings: kopf.OperatorSettings, namespaces: Sequence[str]) -> list[str]:
-    name = settings.peering.name
+# kopf's peering kinds, for reading the peering object with llmfleet's Kubernetes client.
+PEERING_KINDS = {True: "ClusterKopfPeering", False: "KopfPeering"}  # by clusterwide
+
+
+def _peering_objects(settings: kopf.OperatorSettings, namespaces: Sequence[str]) -> list[str | None]:
+    """Namespaces of the peering objects to read (None: the cluster-wide one)."""
     if settings.peering.clusterwide:
-        return [f"/apis/{PEERING_GROUP_VERSION}/clusterkopfpeerings/{name}"]
+        return [None]
     # Globs (--namespace 'team-*') are left out: their peering objects are only known once kopf lists them.
-    return [f"/apis/{PEERING_GROUP_VERSION}/namespaces/{ns}/kopfpeerings/{name}"
-            for ns in namespaces if not any(c in ns for c in "*?[!")]
+    return [ns for ns in namespaces if not any(c in ns for c in "*?[!")]
 
 
 async def check_priority_unique(
@@ -159,21 +162,25 @@ async def check_priority_unique(
 ) -> None:
     """Raise PeeringConflict when a live peer of another identity already has our kopf priority."""
     from llmfleet.kube.client import ApiError, KubeClient
+    from llmfleet.kube.kinds import register_custom_kind
 
+    clusterwide = bool(settings.peering.clusterwide)
+    kind = PEERING_KINDS[clusterwide]
+    register_custom_kind(PEERING_GROUP_VERSION, kind, PEERING_PLURALS[clusterwide], namespaced=not clusterwide)
     mine = settings.peering.priority
     client = KubeClient.from_connection_info(connection)
     client.timeout_seconds = 10.0
     now = datetime.datetime.now(datetime.UTC)
     try:
-        for path in _peering_paths(settings, namespaces):
+        for namespace in _peering_objects(settings, namespaces):
             try:
-                found = await client.request("GET", path)
+                # None: no peering object yet, so no peers either (kopf reports the missing object itself).
+                found = await client.get(PEERING_GROUP_VERSION, kind, namespace, settings.peering.name)
             except ApiError as err:
-                if err.status != 404:  # no peering object yet: no peers either (kopf reports the object itself)
-                    log.warning("could not read the peering object %s (%s); starting anyway", path, err)
+                log.warning("could not read the peering object %s (%s); starting anyway", settings.peering.name, err)
                 continue
-            status = (found or {}).get("status") if isinstance(found, dict) else None
-            for peer, info in (status or {}).items():
+            status = (found or {}).get("status")
+            for peer, info in (status if isinstance(status, dict) else {}).items():
                 if peer == identity or not _peer_alive(info, now):
                     continue
                 try:
@@ -198,14 +205,16 @@ async def run_async(
     """Run until `stop_flag` is set (or forever)."""
     from llmfleet.operator import handlers
 
-    if opts.autoscaler:
-        # Importing the module registers the autoscaler's kopf timers (they then lose their finalizer too,
-        # configure_timers below); without it only the operator's handlers run.
-        from llmfleet.autoscaler import kopf_handlers  # noqa: F401
     memo = kopf.Memo()
     memo.llmfleet = opts.runtime or handlers.Runtime(
         config=opts.config or OperatorConfig.from_env(), connection=opts.connection
     )
+    if opts.autoscaler:
+        # Importing the module registers the autoscaler's kopf timers (they then lose their finalizer too,
+        # configure_timers below); without it only the operator's handlers run.
+        from llmfleet.autoscaler import kopf_handlers
+
+        kopf_handlers.share_client(memo, memo.llmfleet.kube)  # one client (and credentials) for both
     handlers.configure_timers(memo.llmfleet.config.timer_interval_seconds)
     settings = _settings(opts)
     identity = operator_identity(opts.identity)
