@@ -16,7 +16,7 @@ PRIMARY_POOL = "primary"
 # The router's scorer plugins by name. The contract lives here (the API validates `router.scorers` against
 # it); llmfleet.router.plugins builds one scorer per name and a unit test keeps both in step.
 SCORER_NAMES = ("estimated-ttft", "prefix-cache", "queue-depth", "running-requests", "kv-cache", "session-affinity",
-                "adapter-loaded")
+                "adapter-loaded", "load-balance")
 # Suffix of the router's children (`<service>-router`: Deployment, Service, ConfigMap, RBAC): a student pool
 # of that name would get the same child names. The operator's builders name the router with it.
 ROUTER_SUFFIX = "router"

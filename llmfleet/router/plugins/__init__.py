@@ -12,6 +12,7 @@ from llmfleet.router.plugins.base import (
     Decision,
     Filter,
     Pipeline,
+    PrefillCostFit,
     Preselector,
     ReplicaState,
     RequestInfo,
@@ -26,6 +27,7 @@ from llmfleet.router.plugins.builtin import (
     EstimatedTTFTScorer,
     HealthyFilter,
     KVCacheScorer,
+    LoadBalanceScorer,
     ModelFilter,
     PrefixCacheScorer,
     PrefixSampledPreselector,
@@ -55,7 +57,7 @@ def build_pipeline(weights: Mapping[str, float], index: PrefixIndex | None = Non
 
 __all__ = [
     "AdapterLoadedScorer", "DEFAULT_MAX_CANDIDATES", "DEFAULT_PREFILL_TOKENS_PER_S", "Decision", "EstimatedTTFTScorer", "Filter",
-    "HealthyFilter", "KVCacheScorer", "ModelFilter", "Pipeline", "PrefixCacheScorer", "PrefixIndex",
+    "HealthyFilter", "KVCacheScorer", "LoadBalanceScorer", "ModelFilter", "Pipeline", "PrefillCostFit", "PrefixCacheScorer", "PrefixIndex",
     "PrefixSampledPreselector", "Preselector", "QueueDepthScorer", "ReplicaState", "RequestInfo",
     "RunningRequestsScorer", "Scorer", "SessionAffinityScorer", "build_pipeline", "build_scorer",
     "charge_prefill", "clamp01", "release_prefill",
