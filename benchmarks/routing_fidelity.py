@@ -166,7 +166,9 @@ def sim_routers(seed: int, variants: dict[str, dict[str, float]] | None = None) 
 
     return {
         "llmfleet": LlmfleetRouter(seed=seed),
-        **{name: LlmfleetRouter(weights=w, seed=seed) for name, w in (variants or {}).items()},
+        # a variant's scorer weights (its router limits, if any, have no simulated counterpart)
+        **{name: LlmfleetRouter(weights=w.get("scorers") if "scorers" in w or "limits" in w else w, seed=seed)
+           for name, w in (variants or {}).items()},
         # both CLIs' cache_aware defaults (sglang-router 0.3.2, vllm-router 0.1.17 --help)
         "sglang-router": SGLangCacheAware(cache_threshold=0.3, balance_abs=64, balance_rel=1.5),
         "vllm-router": SGLangCacheAware(cache_threshold=0.3, balance_abs=64, balance_rel=1.5),

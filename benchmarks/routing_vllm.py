@@ -171,8 +171,13 @@ def router_command(name: str, isvc: InferenceService, urls: list[str], events: d
     if name == "llmfleet" or name in variants:
         cfg = router_config_from_service(isvc, endpoints={"primary": urls}, kv_events_endpoints={"primary": events})
         update: dict[str, Any] = {"host": "127.0.0.1", "port": port}
-        if name in variants:
-            update["scorers"] = variants[name]
+        if name in variants:  # scorer weights, or {"scorers": ..., "limits": {...}} (RouterConfig fields)
+            v = variants[name]
+            if "scorers" in v or "limits" in v:
+                update["scorers"] = v.get("scorers", cfg.scorers)
+                update["limits"] = cfg.limits.model_copy(update=v.get("limits", {}))
+            else:
+                update["scorers"] = v
         cfg = cfg.model_copy(update=update)
         (tmp / "router.yaml").write_text(cfg.to_yaml())
         return [sys.executable, "-m", "llmfleet.router", "--config", str(tmp / "router.yaml"), "--log-level", "warning"]
@@ -195,6 +200,8 @@ ROUTER_SERIES = {  # llmfleet router series read after a run: where its requests
     "overhead_count": "llmfleet_router_overhead_seconds_count",
     "route_decision_s_sum": "llmfleet_router_route_decision_seconds_sum",
     "retries": "llmfleet_router_retries_total",
+    "ttft_s_sum": "llmfleet_router_ttft_seconds_sum",  # at the router: upstream sent -> first chunk received
+    "ttft_count": "llmfleet_router_ttft_seconds_count",
     "rejected": "llmfleet_router_rejected_total",
 }
 
