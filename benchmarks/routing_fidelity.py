@@ -19,8 +19,9 @@ same arrival times.
 
 Simulated routers, one per real one: llmfleet's own plugin pipeline (the defaults `router_config_from_service`
 gives); sglang-router and vllm-router `cache_aware` (`llmfleet.sim.routers.SGLangCacheAware` with the CLIs'
-defaults: cache threshold 0.3, balance thresholds 64 and 1.5, a tree that only grows during a run as the
-real trees do below their 32M-character budget); round-robin.
+defaults: cache threshold 0.3, balance thresholds 64 and 1.5, a prompt that matches less goes to the least
+loaded replica, a tree that only grows during a run as the real trees do below their 32M-character budget);
+round-robin.
 """
 
 from __future__ import annotations
@@ -170,8 +171,8 @@ def sim_routers(seed: int, variants: dict[str, dict[str, float]] | None = None) 
         **{name: LlmfleetRouter(weights=w.get("scorers") if "scorers" in w or "limits" in w else w, seed=seed)
            for name, w in (variants or {}).items()},
         # both CLIs' cache_aware defaults (sglang-router 0.3.2, vllm-router 0.1.17 --help)
-        "sglang-router": SGLangCacheAware(cache_threshold=0.3, balance_abs=64, balance_rel=1.5),
-        "vllm-router": SGLangCacheAware(cache_threshold=0.3, balance_abs=64, balance_rel=1.5),
+        "sglang-router": SGLangCacheAware(cache_threshold=0.3, balance_abs=64, balance_rel=1.5, seed=seed),
+        "vllm-router": SGLangCacheAware(cache_threshold=0.3, balance_abs=64, balance_rel=1.5, seed=seed),
         "round-robin": RoundRobin(),
     }
 
