@@ -153,14 +153,23 @@ async def wait_health(url: str, proc: subprocess.Popen[bytes] | None, timeout_s:
     raise RuntimeError(f"{url} not healthy in {timeout_s:.0f} s")
 
 
-async def prefix_counters(urls: list[str]) -> list[tuple[float, float]]:
-    """(prefix-cache hit tokens, queried tokens) per replica, from vLLM's own counters."""
+def _counter(text: str, name: str) -> float:
+    """The sum of one counter over its label sets, from a Prometheus text page."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name) and line[len(name)] in " {")
+
+
+async def prefix_counters(urls: list[str]) -> list[tuple[float, float, float]]:
+    """(prefix-cache hit tokens, queried tokens, preemptions) per replica, from vLLM's own counters. vLLM
+    queries its prefix cache again when a preempted request is scheduled again, so preemptions lower the share."""
     out = []
     async with aiohttp.ClientSession() as s:
         for u in urls:
             async with s.get(u + "/metrics", timeout=aiohttp.ClientTimeout(total=10)) as r:
-                v = parse_vllm_metrics(await r.text())
-            out.append((v.get("prefix_hits", 0.0), v.get("prefix_queries", 0.0)))
+                text = await r.text()
+            v = parse_vllm_metrics(text)
+            out.append((v.get("prefix_hits", 0.0), v.get("prefix_queries", 0.0),
+                        _counter(text, "vllm:num_preemptions_total")))
     return out
 
 
@@ -209,12 +218,7 @@ ROUTER_SERIES = {  # llmfleet router series read after a run: where its requests
 async def router_stats(router_url: str) -> dict[str, float]:
     async with aiohttp.ClientSession() as s, s.get(router_url + "/metrics") as r:
         text = await r.text()
-    out = dict.fromkeys(ROUTER_SERIES, 0.0)
-    for line in text.splitlines():
-        for key, series in ROUTER_SERIES.items():
-            if line.startswith(series) and line[len(series)] in " {":
-                out[key] += float(line.rsplit(" ", 1)[1])
-    return out
+    return {key: _counter(text, series) for key, series in ROUTER_SERIES.items()}
 
 
 # ---- one run ------------------------------------------------------------------------------------------------
@@ -276,6 +280,7 @@ async def one_run(name: str, cmd: list[str], port: int, replica_urls: list[str],
     return {
         "router": name, "requests": len(ttfts) + errors, "errors": errors, "wall_s": round(wall, 1),
         "prompt_tokens": queries, "prompt_tokens_per_replica": per_replica,
+        "preemptions_per_replica": [int(a[2] - b[2]) for a, b in zip(after, before, strict=True)],
         "hit_share": hits / queries if queries else None,
         "ttft_p50_ms": quantile(ttfts, 0.5) * 1e3, "ttft_p95_ms": quantile(ttfts, 0.95) * 1e3,
         "ttfts_ms": [round(x * 1e3, 1) for x in ttfts],
@@ -317,7 +322,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 r["seed"] = seed
                 runs.append(r)
                 print(f"seed {seed} {name:14s} hit share {r['hit_share']:.3f}  TTFT p50 {r['ttft_p50_ms']:.0f} ms "
-                      f"p95 {r['ttft_p95_ms']:.0f} ms  errors {r['errors']}  tokens per replica {r['prompt_tokens_per_replica']}  ({r['wall_s']} s)", flush=True)
+                      f"p95 {r['ttft_p95_ms']:.0f} ms  errors {r['errors']}  tokens per replica {r['prompt_tokens_per_replica']}  "
+                      f"preemptions {r['preemptions_per_replica']}  ({r['wall_s']} s)", flush=True)
     finally:
         for p in procs:
             p.terminate()
