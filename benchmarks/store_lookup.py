@@ -50,12 +50,12 @@ from prometheus_client import REGISTRY
 
 from llmfleet.store import db, generation, repo
 from llmfleet.store.embeddings import HashingEmbedder, l2_normalize
-from llmfleet.store.fake_openai import FakeOpenAI, log_record
 from llmfleet.store.fastpath import SqliteReader, compiled_sql, exact_query_plan
 from llmfleet.store.lookup import FeatureStoreLookup
 from llmfleet.store.normalize import normalized_prompt, params_hash, prompt_hash, split_request
 from llmfleet.store.pgtemp import TempPostgres
 from llmfleet.store.vector_index import VectorIndex
+from llmfleet.testing.fake_openai import FakeOpenAI, log_record
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL, VERSION, DIM = "bench", "v1", 384

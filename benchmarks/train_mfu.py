@@ -74,6 +74,13 @@ CASES = {
     # Convergence on real text: 300 steps of 4 x 4096 tokens, same seed and data order.
     "conv-bf16": dict(mode="llmfleet", nproc=1, config="0.9b", mb=4, steps=300, corpus=True),
     "conv-fp8": dict(mode="llmfleet", nproc=1, config="0.9b", mb=4, steps=300, corpus=True, precision="fp8"),
+    # Micro-batch 8 fixed (no probe): what the bf16 residual stream buys on one GPU.
+    "llmfleet-fp8-mb8": dict(mode="llmfleet", nproc=1, config="0.9b", mb=8, precision="fp8"),
+    "llmfleet-fp8-mb8-fp32residual": dict(mode="llmfleet", nproc=1, config="0.9b", mb=8, precision="fp8",
+                                          env={"LLMFLEET_RESIDUAL_BF16": "0"}),
+    "llmfleet-bf16-mb8": dict(mode="llmfleet", nproc=1, config="0.9b", mb=8),
+    "llmfleet-bf16-mb8-fp32residual": dict(mode="llmfleet", nproc=1, config="0.9b", mb=8,
+                                           env={"LLMFLEET_RESIDUAL_BF16": "0"}),
     "tiny-plain-cpu": dict(mode="plain", nproc=1, config="tiny", mb=2, device="cpu"),
     "tiny-cpu-2": dict(mode="llmfleet", nproc=2, config="tiny", mb=2, device="cpu", profile=True),
 }

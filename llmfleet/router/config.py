@@ -37,6 +37,8 @@ ROUTER_MODEL_FILES = (
     "generation_config.json",
 )
 KNOWN_SCORERS = SCORER_NAMES
+# Memory bound of the session-affinity scorer's table (plugins/builtin.py): 131,072 sessions.
+DEFAULT_SESSION_BYTES = 32 * 1024 * 1024
 # Weight of the adapter-loaded scorer added to a service with adapters whose spec.router.scorers does not name it.
 DEFAULT_ADAPTER_WEIGHT = 1.0
 
@@ -177,6 +179,60 @@ class LimitsConfig(_Model):
         default=None, gt=0,
         description="Deadline of a held request (scale from zero) before 503; requestTimeoutSeconds when unset.",
     )
+    header_timeout_seconds: float = Field(
+        default=10.0, gt=0,
+        description="A client connection must deliver a request's complete headers within this time of opening "
+        "(or of the request's first byte on a kept-alive connection), else it is closed (slowloris).",
+    )
+    body_timeout_seconds: float = Field(
+        default=30.0, gt=0,
+        description="A request's body must arrive completely within this time of its headers, else the "
+        "connection is closed.",
+    )
+    idle_timeout_seconds: float = Field(
+        default=75.0, gt=0,
+        description="A kept-alive client connection with no request for this long is closed; it also bounds how "
+        "long a new connection may wait before its first complete request.",
+    )
+
+
+class OutlierConfig(_Model):
+    """Outlier ejection (llmfleet.router.outliers): replicas whose requests fail in a row or run far slower than
+    their peers' leave rotation for a back-off period, although their health checks pass."""
+
+    enabled: bool = Field(default=True, description="Eject outliers at all.")
+    consecutive_failures: int = Field(
+        default=3, ge=1,
+        description="Failed attempts in a row that eject a replica: timeouts, HTTP 5xx and streams broken "
+        "mid-response (HTTP 429 is back-pressure; a refused connection marks the replica down instead).",
+    )
+    slow_factor: float = Field(
+        default=3.0, gt=1,
+        description="A replica whose seconds per output token (moving average of attempt time / (1 + output "
+        "tokens)) exceeds this multiple of the median of its peers' is ejected as slow.",
+    )
+    slow_min_seconds_per_token: float = Field(
+        default=0.02, ge=0,
+        description="Below this many seconds per output token no replica counts as slow (noise among fast ones).",
+    )
+    min_requests: int = Field(
+        default=10, ge=1, description="Successful attempts a replica needs before its speed is judged or compared.",
+    )
+    window_requests: int = Field(
+        default=20, ge=1, description="Span of the moving average of seconds per token, in requests.",
+    )
+    interval_seconds: float = Field(default=5.0, gt=0, description="Seconds between two judgements of speed.")
+    base_ejection_seconds: float = Field(
+        default=30.0, gt=0, description="First ejection's length; the n-th ejection lasts n times as long.",
+    )
+    max_ejection_seconds: float = Field(
+        default=300.0, gt=0,
+        description="Bound on one ejection's length; each such period back in rotation lowers the multiplier by one.",
+    )
+    max_ejection_percent: float = Field(
+        default=50.0, ge=0, le=100,
+        description="Most of a pool's replicas (percent, rounded down) ejected at once; its last replica never is.",
+    )
 
 
 class TenantConfig(_Model):
@@ -217,12 +273,19 @@ class RouterConfig(_Model):
         description="Scorer name -> weight.",
     )
     session_affinity_header: str | None = Field(default="x-session-id", description="Header pinning a session.")
+    session_affinity_bytes: int = Field(
+        default=DEFAULT_SESSION_BYTES, ge=4096,
+        description="Memory bound of the session-affinity scorer's session -> replica table, in bytes: session ids "
+        "are kept as 8-byte hashes, 256 bytes per session with the table's overhead, whatever the ids' length "
+        "(the default holds 131,072 sessions).",
+    )
     block_size: int = Field(default=16, ge=1, description="Default prefix-index block size.")
     max_index_blocks: int = Field(default=1_000_000, ge=1, description="Bound on prefix-index entries (memory).")
     slo: SLOConfig = Field(default_factory=SLOConfig, description="Primary SLOs.")
     fallback: FallbackConfig = Field(default_factory=FallbackConfig, description="Student-pool fallback.")
     feature_store: FeatureStoreConfig = Field(default_factory=FeatureStoreConfig, description="Online lookups.")
     limits: LimitsConfig = Field(default_factory=LimitsConfig, description="Timeouts and sizes.")
+    outliers: OutlierConfig = Field(default_factory=OutlierConfig, description="Outlier ejection of replicas.")
     tenants: TenantsConfig = Field(default_factory=TenantsConfig, description="API keys and rate limits.")
     request_log: str | None = Field(default=None, description="JSONL request log path (DEVELOPERS.md format).")
     upstream_api_key_env: str | None = Field(

@@ -4,10 +4,12 @@ Pure and synchronous (no I/O, no clock of its own unless `now` is left out), so 
 (`server.py`, `proxy.py`) and the simulator (`sim/routers.py`) run the same decisions on the same state:
 
     decision = pick_pool(policy, now, primary, students, ...)   # only for a primary pool with students
-    choice = pick_replica(pipeline, info, replicas, tried)      # plugins' filters, scorers, picker
+    choice = pick_replica(pipeline, info, replicas, tried,     # plugins' filters, scorers, picker;
+                          outliers, now)                        #   ejected outliers left out
     commit(pipeline, info, choice.replica)                      # once the request is on its way
     on_first_byte(info, now)                                    # the replica is through the prefill
     on_done(info, now, policy, latency)                         # release what routing charged; SLO window
+    record_attempt(outliers, replica, now, ...)                 # passive health: may eject the replica
 
 `info` is the request as the plugins see it (`RequestInfo`); it carries the prefill charged at routing
 (estimated-ttft scorer) until the first byte or the end releases it.
@@ -20,6 +22,7 @@ from collections.abc import Collection, Iterable, Sequence
 from typing import NamedTuple
 
 from llmfleet.router.fallback import FallbackDecision, FallbackPolicy, PoolSignals
+from llmfleet.router.outliers import Ejection, OutlierDetector
 from llmfleet.router.plugins.base import Decision, Pipeline, ReplicaState, RequestInfo, release_prefill
 
 
@@ -42,14 +45,33 @@ def pick_pool(policy: FallbackPolicy, now: float, primary: PoolSignals, students
 
 
 def pick_replica(pipeline: Pipeline, info: RequestInfo, replicas: Iterable[ReplicaState],
-                 tried: Collection[str] = ()) -> Decision:
-    """The pool pipeline's choice among `replicas` not yet `tried` (earlier attempts of this request).
+                 tried: Collection[str] = (), outliers: OutlierDetector | None = None,
+                 now: float | None = None) -> Decision:
+    """The pool pipeline's choice among `replicas` not yet `tried` (earlier attempts of this request) and not
+    ejected by `outliers` (whose due ejections end at `now` first). When every replica left is ejected, the
+    ejected ones are candidates again: an outlier is a better answer than none.
     Nothing is learned yet: `commit` does that once the request is sent."""
-    if tried:
-        cands: Sequence[ReplicaState] = [r for r in replicas if r.id not in tried]
+    ejected: Collection[str] = ()
+    if outliers is not None:
+        if now is not None:
+            outliers.release_due(now)
+        ejected = outliers.ejected
+    if tried or ejected:
+        cands: Sequence[ReplicaState] = [r for r in replicas if r.id not in tried and r.id not in ejected]
+        if not cands and ejected:
+            cands = [r for r in replicas if r.id not in tried]
     else:
         cands = replicas if isinstance(replicas, Sequence) else list(replicas)
     return pipeline.pick(info, cands, commit=False)
+
+
+def record_attempt(outliers: OutlierDetector | None, replica: str, now: float, *, failed: bool,
+                   seconds: float = 0.0, output_tokens: int = 0) -> Sequence[Ejection]:
+    """One attempt on `replica` ended (failed, or served `output_tokens` in `seconds`): the outlier detector's
+    ejections it causes (none without a detector)."""
+    if outliers is None:
+        return ()
+    return outliers.record(replica, now, failed=failed, seconds=seconds, output_tokens=output_tokens)
 
 
 def commit(pipeline: Pipeline, info: RequestInfo, replica: ReplicaState) -> None:

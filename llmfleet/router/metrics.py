@@ -59,6 +59,20 @@ class RouterMetrics:
             "llmfleet_router_upstream_attempts",
             "Requests sent to a replica, by outcome: ok, error (HTTP 5xx, connection failure, timeout, broken "
             "stream) or overloaded (HTTP 429).", ["pool", "outcome"], registry=r)
+        self.stream_errors = Counter(
+            "llmfleet_router_stream_errors",
+            "Streams a replica failed after their first byte (cut, timed out): ended with an OpenAI-style error "
+            "event and no [DONE].", ["pool", "replica"], registry=r)
+        self.outlier_ejections = Counter(
+            "llmfleet_router_outlier_ejections",
+            "Replicas taken out of rotation by outlier detection, by reason: failures (in a row) or slow.",
+            ["pool", "replica", "reason"], registry=r)
+        self.replica_ejected = Gauge("llmfleet_router_replica_ejected", "1 while ejected as an outlier.",
+                                     ["pool", "replica"], registry=r)
+        self.server_timeouts = Counter(
+            "llmfleet_router_client_timeouts",
+            "Client connections closed by the server's deadlines: header (request headers too slow), body "
+            "(request body too slow).", ["phase"], registry=r)
         self.held_requests = Gauge("llmfleet_router_held_requests",
                                    "Requests waiting for a pool at zero replicas to get one (scale from zero).",
                                    ["pool"], registry=r)

@@ -85,7 +85,8 @@ class Upstream:
         if rid and rid.isprintable():
             up_headers += b"x-request-id: " + rid.encode("utf-8") + b"\r\n"
         replica.in_flight += 1
-        t_send = time.perf_counter()
+        t_send = ctx.t_sent = time.perf_counter()
+        ctx.replica = replica.id
         resp: UpstreamResponse | None = None
         try:
             try:
@@ -162,7 +163,11 @@ class Upstream:
         except UpstreamError as e:
             if not prepared:
                 raise UpstreamFailed(f"stream failed before the first byte: {e}", mark_down=False) from None
-            log.warning("upstream stream from %s broke mid-response: %s", out_headers["x-llmfleet-replica"], e)
+            replica = out_headers["x-llmfleet-replica"]
+            log.warning("pool %s: the stream from %s broke mid-response (ended with an error event): %s",
+                        ctx.pool, replica, e)
+            m = accounting.metrics
+            m.child(m.stream_errors, ctx.pool, replica).inc()
             status = 502
             # An explicit error event (OpenAI clients raise on it) instead of a stream that just stops.
             with contextlib.suppress(ConnectionResetError, aiohttp.ClientConnectionResetError):

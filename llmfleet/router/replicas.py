@@ -18,7 +18,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from llmfleet.router.adapters import scrape_adapters
-from llmfleet.router.config import LimitsConfig, PoolConfig
+from llmfleet.router.config import LimitsConfig, OutlierConfig, PoolConfig
 from llmfleet.router.kv_tiers import (
     HostTierUnknown,
     cached_capacity,
@@ -27,6 +27,7 @@ from llmfleet.router.kv_tiers import (
     load_model_config,
     offload_gib_from_label,
 )
+from llmfleet.router.outliers import OutlierDetector
 from llmfleet.router.plugins.base import ReplicaState
 
 log = logging.getLogger("llmfleet.router.replicas")
@@ -71,10 +72,11 @@ class PoolReplicas:
     """The replicas of one pool and the background tasks that keep them current."""
 
     def __init__(self, pool: PoolConfig, limits: LimitsConfig, on_removed: Callable[[str], None] | None = None,
-                 on_capacity: Callable[[str, int], None] | None = None) -> None:
+                 on_capacity: Callable[[str, int], None] | None = None, outliers: OutlierConfig | None = None) -> None:
         self.pool = pool
         self.limits = limits
         self.replicas: dict[str, ReplicaState] = {}
+        self.outliers = OutlierDetector(outliers or OutlierConfig(enabled=False))  # passive health (outliers.py)
         self.on_removed = on_removed
         self.on_capacity = on_capacity
         self._failures: dict[str, int] = {}
@@ -104,8 +106,10 @@ class PoolReplicas:
             del self.replicas[url]
             self._failures.pop(url, None)
             self._reported_capacity.pop(url, None)
+            self.outliers.forget(url)
             if self.on_removed:
                 self.on_removed(url)
+        self.outliers.pool_size = len(self.replicas)
 
     def set_draining(self, url: str, draining: bool) -> bool:
         r = self.replicas.get(url.rstrip("/"))
@@ -115,7 +119,9 @@ class PoolReplicas:
         return True
 
     def routable(self) -> list[ReplicaState]:
-        return [r for r in self.replicas.values() if r.healthy and not r.draining]
+        """Healthy, not draining and not ejected as an outlier."""
+        ejected = self.outliers.ejected
+        return [r for r in self.replicas.values() if r.healthy and not r.draining and r.id not in ejected]
 
     def mark_failed(self, url: str) -> None:
         """A proxied request could not reach the replica: out of rotation until a health check passes."""

@@ -13,12 +13,16 @@ log = logging.getLogger("llmfleet.router.request_log")
 
 
 class RequestLog:
-    """JSON lines in the DEVELOPERS.md format; line-buffered appends (one write per request)."""
+    """JSON lines in the DEVELOPERS.md format, UTF-8; one flushed append per request.
+
+    Every string the router accepted can be written: a lone surrogate (valid JSON `"\\ud800"`, but not
+    encodable as UTF-8) is written as its JSON escape, so the line still reads back as the same string.
+    """
 
     def __init__(self, path: str, log_prompts: bool = True) -> None:
         self.path = path
         self.log_prompts = log_prompts
-        self._f: IO[str] | None = open(path, "a", buffering=1)  # noqa: SIM115 - kept open for the process
+        self._f: IO[bytes] | None = open(path, "ab")  # noqa: SIM115 - kept open for the process
 
     def write(self, *, tenant: str, model: str, parsed: ParsedRequest, input_tokens: int, output_tokens: int,
               pool: str, degraded: bool, ttft: float | None, e2e: float, status: int) -> None:
@@ -34,7 +38,12 @@ class RequestLog:
             "status": status,
         }
         try:
-            self._f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+            line = (json.dumps(rec, ensure_ascii=False) + "\n").encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate: \uXXXX escapes for everything outside ASCII
+            line = (json.dumps(rec) + "\n").encode("ascii")
+        try:
+            self._f.write(line)
+            self._f.flush()
         except OSError as e:
             log.error("request log write failed: %s", e)
 

@@ -89,6 +89,10 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
+# One decoder for every body: json.loads(text, parse_constant=...) builds a new one (and its scanner) per call.
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+
+
 def _deeper_than(value: Any, limit: int) -> bool:
     """Whether containers nest more than `limit` levels (iterative: no recursion on hostile input)."""
     stack: list[tuple[Any, int]] = [(value, 1)]
@@ -102,13 +106,22 @@ def _deeper_than(value: Any, limit: int) -> bool:
 
 
 def decode_json_body(raw: bytes, max_depth: int = MAX_JSON_DEPTH) -> Any:
-    """Strict JSON (no NaN/Infinity) nested at most `max_depth` levels, else RequestError 400."""
+    """UTF-8 JSON (RFC 8259: no BOM, no other encoding; no NaN/Infinity) nested at most `max_depth` levels,
+    else RequestError 400.
+
+    Decoded here once, strictly: `json.loads(bytes)` would guess UTF-16/32 from the first bytes and let
+    UTF-8-encoded surrogates through, and such a body, forwarded as is, fails at every replica instead.
+    """
     too_deep = RequestError(400, f"request body is nested deeper than {max_depth} levels")
     try:
-        body = json.loads(raw, parse_constant=_reject_constant)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise RequestError(400, f"request body is not UTF-8: {e.reason} at byte {e.start}") from None
+    try:
+        body = _DECODER.decode(text)  # a UTF-8 BOM is refused too ("Expecting value")
     except RecursionError:  # the decoder's own recursion guard: far deeper than max_depth
         raise too_deep from None
-    except (ValueError, UnicodeDecodeError) as e:
+    except ValueError as e:
         raise RequestError(400, f"request body is not valid JSON: {e}") from None
     # Only bodies with more brackets than the limit can be too deep: skip the walk for everything else.
     if isinstance(body, (dict, list)) and raw.count(b"[") + raw.count(b"{") > max_depth and _deeper_than(body, max_depth):

@@ -9,12 +9,9 @@ upstream connection, so vLLM aborts the request.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import gc
 import json
 import logging
 import os
-import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -100,9 +97,9 @@ class Router:
             self.pools[p.name] = PoolRuntime(
                 name=p.name, role=p.role, served_name=p.served_names[0], max_model_len=p.max_model_len,
                 replicas=PoolReplicas(p, cfg.limits, on_removed=self._replica_removed_hook(index),
-                                      on_capacity=index.set_capacity),
+                                      on_capacity=index.set_capacity, outliers=cfg.outliers),
                 index=index, blocks=PromptBlocks(p.block_size, tok),
-                pipeline=build_pipeline(cfg.scorers, index, seed=cfg.seed + i),
+                pipeline=build_pipeline(cfg.scorers, index, seed=cfg.seed + i, session_bytes=cfg.session_affinity_bytes),
                 chat_template=ChatTemplate.from_tokenizer_dir(p.tokenizer_path or p.model_path, tok) if tok else None,
                 affinity_counters=(m.child(m.affinity_hits, p.name), m.child(m.prefix_blocks, p.name, "true"),
                                    m.child(m.prefix_blocks, p.name, "false")),
@@ -121,7 +118,8 @@ class Router:
         self.request_log = RequestLog(cfg.request_log, cfg.log_prompts) if cfg.request_log else None
         self.accounting = Accounting(self.metrics, self.policy, self.request_log,
                                      primary_pools=[p.name for p in cfg.pools if p.role == "primary"],
-                                     replica_pools=[p.name for p in cfg.pools])
+                                     replica_pools=[p.name for p in cfg.pools],
+                                     outliers={name: p.replicas.outliers for name, p in self.pools.items()})
         self.upstream: Upstream | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.app = self._build_app()
@@ -179,6 +177,8 @@ class Router:
         while True:
             for pool in self.pools.values():
                 await pool.replicas.check_all(upstream.session)
+                for replica in pool.replicas.outliers.release_due(time.monotonic()):
+                    log.info("pool %s: replica %s back in rotation after its ejection", pool.name, replica)
                 self._update_gauges(pool)
                 if pool.replicas.routable():
                     self.held.replica_ready(pool.name)
@@ -228,8 +228,10 @@ class Router:
 
     def _update_gauges(self, pool: PoolRuntime) -> None:
         m = self.metrics
+        ejected = pool.replicas.outliers.ejected
         for r in pool.replicas.replicas.values():
             m.child(m.replica_up, pool.name, r.id).set(1 if r.healthy else 0)
+            m.child(m.replica_ejected, pool.name, r.id).set(1 if r.id in ejected else 0)
             m.child(m.replica_draining, pool.name, r.id).set(1 if r.draining else 0)
             m.child(m.replica_stale, pool.name, r.id).set(1 if r.stale else 0)
         m.child(m.index_blocks, pool.name).set(len(pool.index))
@@ -266,6 +268,7 @@ class Router:
         for pool in self.pools.values():
             for r in pool.replicas.replicas.values():
                 out.append({"pool": pool.name, "replica": r.id, "healthy": r.healthy, "draining": r.draining,
+                            "ejected": r.id in pool.replicas.outliers.ejected,
                             "stale": r.stale, "running": r.running, "waiting": r.waiting, "kvUsage": r.kv_usage,
                             "inFlight": r.in_flight, "adapters": sorted(r.adapters),
                             "indexedBlocks": pool.index.blocks_of(r.id),
@@ -414,7 +417,8 @@ class Router:
         if upstream is None:
             return error_response(503, "router is starting", "service_unavailable")
         for attempt in range(self.cfg.limits.max_retries + 1):
-            decision = dispatch.pick_replica(pool.pipeline, info, pool.replicas.replicas.values(), tried)
+            decision = dispatch.pick_replica(pool.pipeline, info, pool.replicas.replicas.values(), tried,
+                                             pool.replicas.outliers)
             replica = decision.replica
             if replica is None:
                 last_error = decision.reason if not tried else last_error
@@ -444,6 +448,8 @@ class Router:
                 return await upstream.proxy(ctx, replica, self.accounting, after_send=routed)
             except UpstreamFailed as e:
                 m.child(m.upstream_attempts, pool.name, "overloaded" if e.overloaded else "error").inc()
+                if not e.overloaded and not e.mark_down:  # a refused connection: down until a health check passes
+                    self.accounting.attempt_ended(pool.name, replica.id, failed=True)
                 last_error = f"replica {replica.id}: {e}"
                 if e.mark_down:
                     pool.replicas.mark_failed(replica.id)
@@ -487,35 +493,4 @@ class Router:
         blocks_miss.inc(len(keys) - matched)
 
 
-async def run_router(cfg: RouterConfig, lookup: Any | None = None, ready: asyncio.Event | None = None,
-                     config_path: str | None = None) -> None:
-    """Serve until cancelled or SIGTERM/SIGINT; then stop accepting and let in-flight requests finish.
-    `config_path`: the file `cfg` came from, re-read for adapter changes."""
-    router = Router(cfg, lookup, config_path)
-    runner = web.AppRunner(router.app, handler_cancellation=True, access_log=None,
-                           shutdown_timeout=cfg.limits.request_timeout_seconds)
-    await runner.setup()
-    site = web.TCPSite(runner, cfg.host, cfg.port, backlog=1024)
-    await site.start()
-    # Everything built so far (modules, config, app) lives as long as the process: move it out of the garbage
-    # collector's view, so an occasional full collection does not walk it (30-40 ms measured here, a p99 spike).
-    gc.collect()
-    gc.freeze()
-    server = site._server
-    port = server.sockets[0].getsockname()[1] if server is not None else cfg.port  # type: ignore[attr-defined]
-    log.info("llmfleet router for %s listening on %s:%s", cfg.service, cfg.host, port)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
-    if ready is not None:
-        ready.set()
-    try:
-        await stop.wait()
-        log.info("stopping: draining in-flight requests")
-    finally:
-        await runner.cleanup()
-
-
-__all__ = ["Router", "error_response", "run_router"]
+__all__ = ["Router", "error_response"]

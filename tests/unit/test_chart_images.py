@@ -106,6 +106,7 @@ def test_gpu_and_cpu_serving_variants() -> None:
     assert "AS e2e" in cpu and "build-tiny" in cpu
 
 
+@pytest.mark.shellcheck
 def test_run_sh_passes_bash_and_shellcheck() -> None:
     subprocess.run(["bash", "-n", str(E2E / "run.sh")], check=True, timeout=30)
     shellcheck = shutil.which("shellcheck")

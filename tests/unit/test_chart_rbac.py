@@ -4,7 +4,6 @@ no more (least privilege, no wildcards), no less; namespaced Roles when watchNam
 from __future__ import annotations
 
 import importlib.util
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,10 +11,13 @@ from typing import Any
 
 import pytest
 import yaml
+from helmchart import helm_binary
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "llmfleet"
 RBAC_KINDS = ("ClusterRole", "Role", "ClusterRoleBinding", "RoleBinding")
+
+pytestmark = pytest.mark.helm
 
 Triple = tuple[str, str, str, str]  # (apiGroup, resource, verb, resourceName or "")
 
@@ -52,11 +54,7 @@ def triples(rules: list[dict[str, list[str]]]) -> set[Triple]:
 
 
 def render(*sets: str) -> list[dict[str, Any]]:
-    helm = ROOT / ".tools" / "bin" / "helm"
-    binary = str(helm) if helm.exists() else shutil.which("helm")
-    if not binary:
-        pytest.skip("helm not found: run `make tools` (make test does)")
-    args = [binary, "template", "rel", str(CHART), "--namespace", "llmfleet-system"]
+    args = [helm_binary(), "template", "rel", str(CHART), "--namespace", "llmfleet-system"]
     for s in sets:
         args += ["--set", s]
     proc = subprocess.run(args, capture_output=True, text=True, timeout=60)

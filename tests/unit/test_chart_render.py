@@ -16,6 +16,8 @@ import pytest
 import yaml
 from helmchart import CHART, NAMESPACE, ROOT, helm, render
 
+pytestmark = pytest.mark.helm
+
 CI_VALUES = sorted((CHART / "ci").glob("*.yaml"))
 K8S_VERSION = "1.34.0"  # the kind node image in e2e/kind.yaml
 

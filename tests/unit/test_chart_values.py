@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib.util
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ from types import ModuleType
 import jsonschema
 import pytest
 import yaml
+from helmchart import helm_binary
 
 from llmfleet.api.inferenceservice import AutoscalingSpec, RouterSpec
 
@@ -127,13 +127,10 @@ def _merge(base: dict, over: dict) -> dict:
         "leaderElection.peeringName=Not_A_Name",
     ],
 )
+@pytest.mark.helm
 def test_helm_rejects_bad_values(bad: str) -> None:
-    helm = ROOT / ".tools" / "bin" / "helm"
-    binary = str(helm) if helm.exists() else shutil.which("helm")
-    if not binary:
-        pytest.skip("helm not found: run `make tools` (make test does)")
     proc = subprocess.run(
-        [binary, "template", "rel", str(CHART), "--set", bad], capture_output=True, text=True, timeout=60
+        [helm_binary(), "template", "rel", str(CHART), "--set", bad], capture_output=True, text=True, timeout=60
     )
     assert proc.returncode != 0, f"--set {bad} was accepted"
     assert "schema" in proc.stderr.lower() or "values don't meet" in proc.stderr.lower(), proc.stderr

@@ -18,6 +18,8 @@ from llmfleet.operator.builders import build_inferenceservice, build_trainingjob
 from llmfleet.operator.builders.storage import fetch_image
 from llmfleet.operator.config import Capabilities, OperatorConfig, with_spec_defaults
 
+pytestmark = pytest.mark.helm
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLES = [(p.name, r) for p in sorted(ROOT.glob("examples/*.yaml")) for r in load_file(p)]
 CRD_KINDS = {"PodGroup", "PodMonitor"}

@@ -2,7 +2,8 @@
 
 Floors, lowest first; a module may import its own floor and the floors below it, never one above:
 
-    api (contracts), util -> kube, storage -> plan -> router, workers, store -> autoscaler -> operator, local, sim -> cli
+    api (contracts), util -> kube, storage -> plan -> router, workers, store -> autoscaler -> operator, local, sim
+    -> testing -> cli
 
 Also: no import cycles between modules (type-checking-only imports count: they couple the modules just the
 same), and no import by string (importlib.import_module, __import__), which would hide an edge from this check.
@@ -28,6 +29,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("router", "workers", "store"),
     ("autoscaler",),
     ("operator", "local", "sim"),
+    ("testing",),  # test doubles: they may use anything below cli; nothing but cli may import them
     ("cli",),
 )
 # `llmfleet/__init__.py` and `llmfleet/__main__.py` are the entry point: the top floor, with cli.
@@ -242,6 +244,12 @@ def test_clean_tree_passes(tmp_path: Path) -> None:
             {"fake/autoscaler/policy.py": "from fake.operator.status import now\n", "fake/operator/status.py": ""},
             "fake.autoscaler.policy: line 1: imports fake.operator.status from a higher floor",
             id="lower-imports-higher",
+        ),
+        pytest.param(
+            {"fake/operator/run.py": "from fake.testing.fake_backend import FakeBackend\n",
+             "fake/testing/fake_backend.py": "from fake.router import server\n", "fake/router/server.py": ""},
+            "fake.operator.run: line 1: imports fake.testing.fake_backend from a higher floor",
+            id="production-imports-a-test-double",
         ),
         pytest.param(
             {"fake/api/contracts.py": "def f():\n    from fake.kube.client import C\n", "fake/kube/client.py": ""},

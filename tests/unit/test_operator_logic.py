@@ -22,8 +22,8 @@ from llmfleet.operator.promotion import (
     pool_model,
     pool_model_patch,
 )
-from llmfleet.operator.reconcile_tj import job_failed, job_succeeded
 from llmfleet.operator.status import invalid_spec_outcome, set_conditions
+from llmfleet.operator.tj_status import job_failed, job_succeeded
 from llmfleet.operator.worker_status import status_fields
 
 

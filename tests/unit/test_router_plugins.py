@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
+import tracemalloc
 
 import pytest
 
 from llmfleet.router.plugins import (
+    BYTES_PER_SESSION,
     HealthyFilter,
     KVCacheScorer,
     ModelFilter,
@@ -21,6 +26,7 @@ from llmfleet.router.plugins import (
     SessionAffinityScorer,
     build_pipeline,
     clamp01,
+    session_key,
 )
 
 
@@ -80,13 +86,41 @@ def test_prefix_scorer_learns_from_routing() -> None:
 
 
 def test_session_affinity_bounded() -> None:
-    s = SessionAffinityScorer(max_sessions=2)
+    s = SessionAffinityScorer(max_bytes=2 * BYTES_PER_SESSION)
     a, b = R("a"), R("b")
     for sid, rep in [("s1", a), ("s2", b), ("s3", a)]:
         s.on_routed(RequestInfo(model="m", session_id=sid), rep)
     assert s.score(RequestInfo(model="m", session_id="s2"), [a, b]) == [0.0, 1.0]
     assert s.score(RequestInfo(model="m", session_id="s1"), [a, b]) == [0.0, 0.0]  # evicted
     assert s.score(RequestInfo(model="m"), [a, b]) == [0.0, 0.0]
+
+
+def test_session_affinity_memory_is_bounded_by_bytes_whatever_the_ids_length() -> None:
+    """20k distinct 8 KB session ids (what a client may send in x-session-id) within a 1 MiB budget: the table
+    keeps hashes, so its memory stays under the budget instead of growing with the ids (160 MB)."""
+    budget = 1024 * 1024
+    s = SessionAffinityScorer(max_bytes=budget)
+    a, b = R("a"), R("b")
+    ids = [f"{i:08d}" + "x" * 8184 for i in range(20_000)]
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for i, sid in enumerate(ids):
+        s.on_routed(RequestInfo(model="m", session_id=sid), a if i % 2 else b)
+    grown = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    assert grown <= budget, grown
+    assert len(s.sessions) == budget // BYTES_PER_SESSION
+    last = ids[-1]
+    assert s.score(RequestInfo(model="m", session_id=last[:8] + "x" * 8184), [a, b]) == [1.0, 0.0]  # equal, not same
+    assert s.score(RequestInfo(model="m", session_id=ids[0]), [a, b]) == [0.0, 0.0]  # evicted
+    assert s.score(RequestInfo(model="m", session_id="\udc80 surrogate-escaped header"), [a, b]) == [0.0, 0.0]
+
+
+def test_session_keys_are_stable_across_processes() -> None:
+    out = subprocess.run([sys.executable, "-c", "from llmfleet.router.plugins import session_key; "
+                          "print(session_key('s1'))"], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONHASHSEED": "123"})
+    assert int(out.stdout) == session_key("s1")
 
 
 class _Bad(Scorer):

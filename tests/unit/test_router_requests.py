@@ -146,3 +146,32 @@ def test_fuzz_nesting_bound_matches_depth(extra: object, wrap: int) -> None:
         assert e.status == 400 and _depth(body) > 64
     else:
         assert _depth(body) <= 64
+
+
+CHAT_BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+
+
+@pytest.mark.parametrize("raw, what", [
+    (b"\xff\xfe" + CHAT_BODY.encode("utf-16-le"), "UTF-16 with a BOM"),
+    (CHAT_BODY.encode("utf-16-be"), "UTF-16 without a BOM"),
+    (CHAT_BODY.encode("utf-32"), "UTF-32"),
+    (b'{"model": "m", "messages": [{"role": "user", "content": "a\xed\xa0\x80b"}]}', "a UTF-8-encoded surrogate"),
+])
+def test_only_utf8_bodies_are_decoded(raw: bytes, what: str) -> None:
+    """json.loads(bytes) would guess the encoding (and pass encoded surrogates): the router must not, since
+    the body goes upstream as the client's bytes."""
+    with pytest.raises(RequestError) as ei:
+        parse_request("chat", raw)
+    assert ei.value.status == 400, what
+    assert "not UTF-8" in ei.value.message or "not valid JSON" in ei.value.message  # NUL bytes are UTF-8
+
+
+def test_a_utf8_bom_is_not_json() -> None:
+    with pytest.raises(RequestError) as ei:
+        parse_request("chat", b"\xef\xbb\xbf" + CHAT_BODY.encode())
+    assert ei.value.status == 400 and "not valid JSON" in ei.value.message
+
+
+def test_an_escaped_lone_surrogate_is_valid_json() -> None:
+    p = parse_request("chat", b'{"model": "m", "messages": [{"role": "user", "content": "\\ud800"}]}')
+    assert p.messages == [{"role": "user", "content": "\ud800"}]

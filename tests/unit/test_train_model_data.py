@@ -32,6 +32,42 @@ def test_gqa_forward_shapes_and_causality() -> None:
     torch.testing.assert_close(m(y)[:, :20], logits[:, :20])
 
 
+def test_gqa_attention_equals_repeated_kv_heads() -> None:
+    """The kernels' native GQA (no K/V copies) computes what attention over repeated K/V heads computes."""
+    import torch.nn.functional as F
+
+    from llmfleet.workers.train.model import apply_rope
+
+    attn = _model().layers[0].self_attn
+    x = torch.randn(2, 32, 64)
+    cos, sin = _model().rope_cos, _model().rope_sin
+
+    def heads(proj: torch.nn.Module, n: int) -> torch.Tensor:
+        return proj(x).view(2, 32, n, 16).transpose(1, 2)
+
+    q, k = apply_rope(heads(attn.q_proj, 4), cos, sin), apply_rope(heads(attn.k_proj, 2), cos, sin)
+    v = heads(attn.v_proj, 2)
+    o = F.scaled_dot_product_attention(q, k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1), is_causal=True)
+    torch.testing.assert_close(attn(x, cos, sin), attn.o_proj(o.transpose(1, 2).reshape(2, 32, 64)))
+
+
+def test_residual_stream_cast_to_bf16() -> None:
+    """One device under autocast: blocks see a bf16 residual stream, the embedding still gets fp32 gradients."""
+    from llmfleet.workers.train.parallelize import cast_residual_stream
+
+    m = _model()
+    cast_residual_stream(m, torch.bfloat16)
+    seen: list[torch.dtype] = []
+    m.layers[0].register_forward_pre_hook(lambda _mod, args: seen.append(args[0].dtype))
+    x = torch.randint(0, 97, (2, 33))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = m(x[:, :-1], x[:, 1:])
+    loss.backward()
+    assert seen == [torch.bfloat16]
+    assert m.embed_tokens.weight.grad is not None and m.embed_tokens.weight.grad.dtype == torch.float32
+    assert torch.isfinite(loss)
+
+
 def test_sliding_window_equals_full_attention_when_window_covers_sequence() -> None:
     full = _model()
     wide = Transformer(ModelArgs(**{**TINY.__dict__, "sliding_window": 32}))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping
 
+from llmfleet.router.config import DEFAULT_SESSION_BYTES
 from llmfleet.router.plugins.base import (
     Decision,
     Filter,
@@ -22,6 +23,7 @@ from llmfleet.router.plugins.base import (
     release_prefill,
 )
 from llmfleet.router.plugins.builtin import (
+    BYTES_PER_SESSION,
     DEFAULT_PREFILL_TOKENS_PER_S,
     AdapterLoadedScorer,
     EstimatedTTFTScorer,
@@ -35,6 +37,7 @@ from llmfleet.router.plugins.builtin import (
     RunningRequestsScorer,
     SessionAffinityScorer,
     build_scorer,
+    session_key,
 )
 from llmfleet.router.prefix_index import PrefixIndex
 
@@ -42,20 +45,24 @@ DEFAULT_MAX_CANDIDATES = 32  # fleets larger than this are preselected (prefix m
 
 
 def build_pipeline(weights: Mapping[str, float], index: PrefixIndex | None = None, seed: int = 0,
-                   max_candidates: int | None = DEFAULT_MAX_CANDIDATES, prefix_candidates: int = 8) -> Pipeline:
+                   max_candidates: int | None = DEFAULT_MAX_CANDIDATES, prefix_candidates: int = 8,
+                   session_bytes: int = DEFAULT_SESSION_BYTES) -> Pipeline:
     """The standard pipeline: healthy + model filters, then the named scorers with their weights.
 
     Fleets with more than `max_candidates` replicas are first narrowed by `PrefixSampledPreselector`
-    (None: always score every replica).
+    (None: always score every replica). `session_bytes` bounds the session-affinity scorer's table.
     """
     index = index if index is not None else PrefixIndex()
-    scorers = [(build_scorer(name, index), w) for name, w in weights.items()]
+    scorers: list[tuple[Scorer, float]] = [
+        (SessionAffinityScorer(session_bytes) if name == SessionAffinityScorer.name else build_scorer(name, index), w)
+        for name, w in weights.items()]
     pre = (PrefixSampledPreselector(index, max_candidates, min(prefix_candidates, max_candidates))
            if max_candidates is not None else None)
     return Pipeline([HealthyFilter(), ModelFilter()], scorers, random.Random(seed), preselector=pre)
 
 
 __all__ = [
+    "BYTES_PER_SESSION", "DEFAULT_SESSION_BYTES", "session_key",
     "AdapterLoadedScorer", "DEFAULT_MAX_CANDIDATES", "DEFAULT_PREFILL_TOKENS_PER_S", "Decision", "EstimatedTTFTScorer", "Filter",
     "HealthyFilter", "KVCacheScorer", "LoadBalanceScorer", "ModelFilter", "Pipeline", "PrefillCostFit", "PrefixCacheScorer", "PrefixIndex",
     "PrefixSampledPreselector", "Preselector", "QueueDepthScorer", "ReplicaState", "RequestInfo",

@@ -116,18 +116,16 @@ class Attention(nn.Module):
         k = self.k_proj(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if self.kv_heads != self.heads:  # GQA/MQA: share each K/V head across its group of query heads
-            rep = self.heads // self.kv_heads
-            k = k.repeat_interleave(rep, dim=1)
-            v = v.repeat_interleave(rep, dim=1)
+        # GQA/MQA: the kernels share each K/V head across its group of query heads (no repeated K/V copies).
+        gqa = self.kv_heads != self.heads
         if isinstance(block_mask, torch.Tensor):  # CPU fallback (FlexAttention has no CPU backward)
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=block_mask)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=block_mask, enable_gqa=gqa)
         elif block_mask is not None:
             from torch.nn.attention.flex_attention import flex_attention
 
-            o = cast(torch.Tensor, flex_attention(q, k, v, block_mask=block_mask))  # type: ignore[redundant-cast]
+            o = cast(torch.Tensor, flex_attention(q, k, v, block_mask=block_mask, enable_gqa=gqa))  # type: ignore[redundant-cast]
         else:
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         return cast(torch.Tensor, self.o_proj(o.transpose(1, 2).reshape(b, s, -1)))
 
 

@@ -1,5 +1,9 @@
 """Parallelize the model, always in this order (each step wraps what the previous one produced):
 
+0. residual dtype           - (a world of one, autocast) the embedding's output is cast to bf16, so the
+                               residual stream between the blocks is bf16 as under FSDP's bf16 parameters;
+                               with fp32 weights it would be fp32 and every residual add, norm input and
+                               residual gradient would move twice the bytes (memory-bound kernels);
 1. float8 conversion         - (precision fp8) swaps the blocks' nn.Linear for torchao Float8Linear. First,
                                because it replaces modules: AC, compile and FSDP must wrap the float8
                                modules, not the originals, and FSDP's float8 all-gather needs the
@@ -37,6 +41,11 @@ def build_mesh(device_type: str, world_size: int, replicate_groups: int) -> Devi
     return init_device_mesh(
         device_type, (replicate_groups, world_size // replicate_groups), mesh_dim_names=("replicate", "shard")
     )
+
+
+def cast_residual_stream(model: Transformer, dtype: torch.dtype) -> None:
+    """Cast the embedding's output (the start of the residual stream) to `dtype`."""
+    model.embed_tokens.register_forward_hook(lambda _module, _inputs, out: out.to(dtype))
 
 
 def apply_activation_checkpointing(model: Transformer, mode: str) -> None:
@@ -85,9 +94,13 @@ def parallelize(
     float8_scaling: str | None = None,
     float8_all_gather: bool = True,
     float8_emulate: bool = False,
+    residual_dtype: torch.dtype | None = None,
 ) -> Transformer:
-    """float8_scaling (tensorwise|rowwise) turns on precision fp8; float8_emulate is for CPU tests only."""
+    """float8_scaling (tensorwise|rowwise) turns on precision fp8; float8_emulate is for CPU tests only;
+    residual_dtype (one device under autocast) is the residual stream's dtype."""
     fsdp = mesh.size() > 1
+    if residual_dtype is not None and not fsdp:
+        cast_residual_stream(model, residual_dtype)  # 0
     if float8_scaling is not None:
         float8.convert(model, float8_scaling, fsdp_all_gather=fsdp and float8_all_gather,
                        emulate=float8_emulate)  # 1

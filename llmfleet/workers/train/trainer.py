@@ -97,6 +97,8 @@ class Trainer:
         # (fp8 ones in the float8 linears, which run under the same autocast).
         self.autocast = self.world == 1 and param_dtype == torch.bfloat16
         fp8 = opt.precision == "fp8"
+        # LLMFLEET_RESIDUAL_BF16=0 keeps the one-device residual stream in fp32 (to measure what bf16 buys).
+        self.residual_bf16 = os.environ.get("LLMFLEET_RESIDUAL_BF16", "1") != "0"
         lora = spec.lora if spec.method == "lora" else None
         if lora is not None:
             # The base model's weights (frozen) plus LoRA updates, wrapped before sharding: FSDP2 shards the
@@ -117,6 +119,7 @@ class Trainer:
             param_dtype=param_dtype, reshard_after_forward=spec.fsdp.reshard_after_forward,
             float8_scaling=opt.float8.scaling if fp8 else None, float8_all_gather=opt.float8.fsdp_all_gather,
             float8_emulate=emulate,
+            residual_dtype=torch.bfloat16 if self.autocast and self.residual_bf16 else None,
         )
         # Float8 all-gather (FSDP2, tensorwise): the weights' scales are computed once after each optimizer step.
         self.float8_precompute = (fp8 and self.world > 1 and opt.float8.scaling == "tensorwise"

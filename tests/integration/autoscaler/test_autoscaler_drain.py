@@ -19,8 +19,8 @@ from llmfleet.autoscaler.policy import PolicyState, PoolSignals
 from llmfleet.autoscaler.scalein import lost_blocks_from_index
 from llmfleet.autoscaler.signals import PoolRef
 from llmfleet.router.config import LimitsConfig, PoolConfig, RouterConfig
-from llmfleet.router.fake_backend import FakeBackend
 from llmfleet.router.server import Router
+from llmfleet.testing.fake_backend import FakeBackend
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

@@ -18,6 +18,7 @@ from llmfleet.util.net import free_port
 
 pytestmark = [
     pytest.mark.integration,
+    pytest.mark.prometheus,
     pytest.mark.slow,  # a real Prometheus start plus a few scrape intervals: ~30 s
     pytest.mark.timeout(120),
     pytest.mark.skipif(shutil.which("prometheus") is None, reason="needs the prometheus binary (apt-get install prometheus)"),

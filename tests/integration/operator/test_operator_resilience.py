@@ -99,8 +99,11 @@ async def test_promotion_rolls_out_then_rolls_back(cluster: Any, operators: Any)
     await emu.patch(DEPLOY, "ml", "chat-student", {"status": {"observedGeneration": gen, "replicas": 1,
                                                                 "updatedReplicas": 1, "readyReplicas": 1}}, "status")
     await eventually(lambda: emu.get(TJ, "ml", "train")["status"]["promotion"]["state"] == "Succeeded")
-    reasons = {e["reason"] for e in emu.list("v1/events", "ml")}
-    assert {"PromotionStarted", "PromotionSucceeded"} <= reasons
+    # kopf posts Events in the background, after the patches they follow: poll for them.
+    def reasons() -> set[str]:
+        return {e["reason"] for e in emu.list("v1/events", "ml")}
+
+    await eventually(lambda: {"PromotionStarted", "PromotionSucceeded"} <= reasons())
 
     # A second promotion to the primary pool degrades TTFT during the rollout: rolled back.
     promote2 = {"path": "s3://models/bad", "promoteTo": {"inferenceService": "chat", "pool": "primary"}}

@@ -87,7 +87,8 @@ async def test_workers_status_restart_suspend(cluster: Any, operators: Any, rank
     assert "--rdzv-endpoint=train-r1-0.train:29400" in job1["spec"]["template"]["spec"]["containers"][0]["command"]
     await eventually(lambda: emu.get(JOBS, "ml", "train-r0") is None)
     await eventually(lambda: emu.get(TJ, "ml", "train")["status"]["restarts"] == 1)
-    assert [e for e in emu.list("v1/events", "ml") if e.get("reason") == "Restarting"]
+    # kopf posts Events in the background, after the status patch: poll for it.
+    await eventually(lambda: [e for e in emu.list("v1/events", "ml") if e.get("reason") == "Restarting"])
 
     # Suspend (e.g. the autoscaler's arbitration) and resume.
     await emu.patch(TJ, "ml", "train", {"spec": {"suspend": True}})

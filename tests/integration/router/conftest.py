@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -12,8 +14,9 @@ import pytest
 from aiohttp import web
 
 from llmfleet.router.config import LimitsConfig, PoolConfig, RouterConfig
-from llmfleet.router.fake_backend import FakeBackend
+from llmfleet.router.http_server import start_http
 from llmfleet.router.server import Router
+from llmfleet.testing.fake_backend import FakeBackend
 
 
 class RouterUnderTest:
@@ -24,13 +27,10 @@ class RouterUnderTest:
 
 
 async def start_router(cfg: RouterConfig, lookup: Any = None) -> RouterUnderTest:
+    """The router as `llmfleet router` serves it (connection deadlines included), on a free port."""
     router = Router(cfg, lookup)
-    runner = web.AppRunner(router.app, handler_cancellation=True, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    return RouterUnderTest(router, runner, f"http://127.0.0.1:{port}")
+    runner, site = await start_http(router, "127.0.0.1", 0)
+    return RouterUnderTest(router, runner, f"http://127.0.0.1:{site.port}")
 
 
 def config(pools: dict[str, tuple[str, list[str]]], **kw: Any) -> RouterConfig:
@@ -87,3 +87,27 @@ async def routers() -> AsyncIterator[Callable[..., Awaitable[RouterUnderTest]]]:
 async def http() -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession() as s:
         yield s
+
+
+@pytest.fixture
+async def fake_processes() -> AsyncIterator[Callable[..., Awaitable[tuple[str, subprocess.Popen[str]]]]]:
+    """Fake replicas as processes of their own (`python -m llmfleet.testing.fake_backend ARGS`), to kill for
+    real: make(*args) -> (base URL, process); killed at the end of the test if still running."""
+    started: list[subprocess.Popen[str]] = []
+
+    async def make(*args: str) -> tuple[str, subprocess.Popen[str]]:
+        proc = subprocess.Popen([sys.executable, "-m", "llmfleet.testing.fake_backend", "--port", "0", *args],
+                                stdout=subprocess.PIPE, text=True)
+        started.append(proc)
+        if proc.stdout is None:
+            raise RuntimeError("no stdout from the fake backend")
+        line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 30)
+        return f"http://127.0.0.1:{int(line.split()[1])}", proc
+
+    yield make
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()

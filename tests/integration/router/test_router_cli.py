@@ -29,7 +29,7 @@ def test_cli_rejects_bad_config(tmp_path) -> None:
 
 
 def test_cli_serves_and_stops(tmp_path) -> None:
-    fake = subprocess.Popen([sys.executable, "-m", "llmfleet.router.fake_backend", "--port", "0"],
+    fake = subprocess.Popen([sys.executable, "-m", "llmfleet.testing.fake_backend", "--port", "0"],
                             stdout=subprocess.PIPE, text=True)
     router = None
     try:

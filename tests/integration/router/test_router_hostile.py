@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from llmfleet.router.fake_backend import FakeBackend
+from llmfleet.testing.fake_backend import FakeBackend
 
 from .conftest import config, start_router, wait_for
 

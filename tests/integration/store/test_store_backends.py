@@ -10,9 +10,9 @@ from sqlalchemy import inspect, select
 
 from llmfleet.store import db, generation, repo
 from llmfleet.store.embeddings import HashingEmbedder
-from llmfleet.store.fake_openai import FakeOpenAI, chat_body, log_record, write_log
 from llmfleet.store.lookup import FeatureStoreLookup
 from llmfleet.store.models import LookupStat
+from llmfleet.testing.fake_openai import FakeOpenAI, chat_body, log_record, write_log
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

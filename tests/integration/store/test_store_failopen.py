@@ -13,9 +13,9 @@ from prometheus_client import REGISTRY
 
 from llmfleet.store import db, generation, repo
 from llmfleet.store.embeddings import HashingEmbedder
-from llmfleet.store.fake_openai import FakeOpenAI, chat_body, log_record, write_log
 from llmfleet.store.lookup import FeatureStoreLookup
 from llmfleet.store.pgtemp import TempPostgres, find_bin_dir
+from llmfleet.testing.fake_openai import FakeOpenAI, chat_body, log_record, write_log
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -35,7 +35,7 @@ async def _populate(url: str, tmp_path: Path, fake: FakeOpenAI, prompts: Sequenc
     engine.dispose()
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def stoppable(request: pytest.FixtureRequest, tmp_path: Path):  # type: ignore[no-untyped-def]
     """(url, stop(), start()) of a database this test alone may take down."""
     if request.param == "sqlite":

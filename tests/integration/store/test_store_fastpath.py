@@ -14,11 +14,11 @@ from prometheus_client import REGISTRY
 from sqlalchemy import Engine, select, update
 
 from llmfleet.store import db, repo
-from llmfleet.store.fake_openai import chat_body
 from llmfleet.store.fastpath import AsyncpgReader, PostgresReader, SqliteReader, exact_query_plan
 from llmfleet.store.lookup import FeatureStoreLookup
 from llmfleet.store.models import LookupStat
 from llmfleet.store.normalize import normalized_prompt, params_hash, prompt_hash, split_request
+from llmfleet.testing.fake_openai import chat_body
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -66,18 +66,25 @@ def populated(migrated_url: str) -> tuple[str, Engine, int]:
     return migrated_url, engine, vid
 
 
-PG_DRIVERS = pytest.mark.parametrize("driver", ["asyncpg", "psycopg"])
+def _pg(driver: str) -> object:
+    return pytest.param("postgresql", driver, marks=pytest.mark.postgres, id=f"postgresql-{driver}")
 
 
-def _pg_only(url: str, driver: str) -> None:
-    if driver != "asyncpg" and not url.startswith("postgresql"):
-        pytest.skip("the PostgreSQL client does not matter for SQLite")
+# Each test names the backends (store_url, conftest.py) and PostgreSQL clients it is about, so a combination
+# that does not apply is not generated (rather than generated and skipped).
+EVERY_BACKEND = pytest.mark.parametrize(  # the PostgreSQL client does not matter for SQLite
+    ("store_url", "driver"), [pytest.param("sqlite", "asyncpg", id="sqlite"), _pg("asyncpg"), _pg("psycopg")],
+    indirect=["store_url"],
+)
+POSTGRES_ONLY = pytest.mark.parametrize(
+    ("store_url", "driver"), [_pg("asyncpg"), _pg("psycopg")], indirect=["store_url"]
+)
+SQLITE_ONLY = pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
 
 
-@PG_DRIVERS
+@EVERY_BACKEND
 async def test_fast_path_answers_like_the_thread_path(populated: tuple[str, Engine, int], driver: str) -> None:
     url, engine, _ = populated
-    _pg_only(url, driver)
     fast, slow = _store(url, pg_driver=driver), _store(url, fast_path=False)
     hits_before = _sample("llmfleet_store_lookups_total", kind="exact", result="hit")
     got_fast = [await fast.lookup(t, "chat", b) for t, b in QUERIES]
@@ -152,11 +159,9 @@ async def test_exact_query_is_an_index_point_lookup(populated: tuple[str, Engine
     engine.dispose()
 
 
-@PG_DRIVERS
+@POSTGRES_ONLY  # SQLite: see test_sqlite_lock_falls_back_then_times_out
 async def test_postgres_deadline_discards_the_connection(populated: tuple[str, Engine, int], driver: str) -> None:
     url, engine, _ = populated
-    if not url.startswith("postgresql"):
-        pytest.skip("SQLite: see test_sqlite_lock_falls_back_then_times_out")
     import psycopg
 
     store = _store(url, timeout_ms=200, pg_driver=driver)
@@ -176,11 +181,9 @@ async def test_postgres_deadline_discards_the_connection(populated: tuple[str, E
     engine.dispose()
 
 
-@PG_DRIVERS
+@POSTGRES_ONLY  # the SQLite fast path has one connection and no awaits
 async def test_postgres_pool_is_bounded_under_concurrency(populated: tuple[str, Engine, int], driver: str) -> None:
     url, engine, _ = populated
-    if not url.startswith("postgresql"):
-        pytest.skip("the SQLite fast path has one connection and no awaits")
     store = _store(url, max_workers=2, pg_driver=driver)
     results = await asyncio.gather(*(store.lookup(t, "chat", b) for _ in range(10) for t, b in QUERIES))
     answers = [r.response["answer"] if r else None for r in results]
@@ -192,10 +195,9 @@ async def test_postgres_pool_is_bounded_under_concurrency(populated: tuple[str, 
     engine.dispose()
 
 
+@SQLITE_ONLY  # PostgreSQL: see test_postgres_deadline_discards_the_connection
 async def test_sqlite_lock_falls_back_then_times_out(populated: tuple[str, Engine, int]) -> None:
     url, engine, _ = populated
-    if not url.startswith("sqlite"):
-        pytest.skip("PostgreSQL: see test_postgres_deadline_discards_the_connection")
     engine.dispose()
     store = _store(url, timeout_ms=300)
     locked_before = _sample("llmfleet_store_fast_path_fallbacks_total", reason="locked")
@@ -219,10 +221,9 @@ async def test_sqlite_lock_falls_back_then_times_out(populated: tuple[str, Engin
     engine.dispose()
 
 
+@SQLITE_ONLY
 async def test_sqlite_on_loop_budget_hands_over_to_the_thread_path(populated: tuple[str, Engine, int]) -> None:
     url, engine, _ = populated
-    if not url.startswith("sqlite"):
-        pytest.skip("SQLite only")
     # A zero budget, checked at every step (a healthy point query is too short to reach the default check
     # interval): the progress handler interrupts the query on the loop, and the thread path answers.
     store = _store(url, sqlite_on_loop_ms=0)

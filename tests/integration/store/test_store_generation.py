@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import func, select
 
 from llmfleet.store import db, repo
-from llmfleet.store.fake_openai import FakeOpenAI, log_record, write_log
+from llmfleet.testing.fake_openai import FakeOpenAI, log_record, write_log
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

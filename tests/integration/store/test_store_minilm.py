@@ -9,8 +9,8 @@ import pytest
 
 from llmfleet.store import db, generation, repo
 from llmfleet.store.embeddings import MiniLMEmbedder
-from llmfleet.store.fake_openai import FakeOpenAI, chat_body, log_record, write_log
 from llmfleet.store.lookup import FeatureStoreLookup
+from llmfleet.testing.fake_openai import FakeOpenAI, chat_body, log_record, write_log
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(240)]
 

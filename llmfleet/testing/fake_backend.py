@@ -1,9 +1,10 @@
 """A fast fake OpenAI server (vLLM-shaped /health and /metrics) for tests and the overhead benchmark.
 
-    python -m llmfleet.router.fake_backend --port 0 [--tokens 8] [--delay-ms 0] [--lean]
+    python -m llmfleet.testing.fake_backend --port 0 [--tokens 8] [--delay-ms 0] [--lean]
 
 prints `PORT <n>` on stdout once listening. In tests, `FakeBackend` runs in the current event loop and its
-behaviour (delay, failure mode, metrics values, health) can be changed between requests.
+behaviour (delay, failure mode, metrics values, health, the answer) can be changed between requests;
+`fake_openai.FakeOpenAI` runs one in a background thread for synchronous code.
 
 `--lean` serves the same responses from a bare asyncio Protocol (httptools parser, responses rendered once
 per (endpoint, model, tokens, stream) and cached): a fraction of aiohttp's CPU per request, so that in the
@@ -33,6 +34,9 @@ class FakeBackend:
     delay_s: float = 0.0  # before response headers
     token_delay_s: float = 0.0  # between streamed tokens
     fail: str | None = None  # None | "500" | "close" | "hang" | "cut" (stream half the tokens, then drop)
+    fail_status: int | None = None  # answer every completion request with this status and an "injected" error
+    # The text of a non-streaming answer from the request body (finish_reason "stop"); None: `tokens` x name.
+    answer: Callable[[dict[str, Any]], str] | None = None
     healthy: bool = True
     metrics: dict[str, float] = field(default_factory=dict)  # vllm:name -> value; empty -> no vllm series
     requests: list[dict[str, Any]] = field(default_factory=list)
@@ -141,6 +145,8 @@ class FakeBackend:
                 await asyncio.sleep(self.delay_s)
             if self.fail == "500":
                 return web.json_response({"error": {"message": "boom", "type": "server_error"}}, status=500)
+            if self.fail_status:
+                return web.json_response({"error": {"message": "injected"}}, status=self.fail_status)
             if self.fail == "close":
                 if request.transport is not None:
                     request.transport.close()
@@ -150,6 +156,10 @@ class FakeBackend:
                 return web.json_response({"error": {"message": f"max_tokens must be <= {MAX_TOKENS}",
                                                      "type": "BadRequestError", "param": "max_tokens",
                                                      "code": 400}}, status=400)
+            if self.answer is not None and not body.get("stream"):
+                text = self.answer(body)
+                doc = completion_document(endpoint, body.get("model"), text, "stop", len(text.split()), int(time.time()))
+                return web.json_response(doc)
             parts = render(self.name, endpoint, body.get("model", "m"), n, bool(body.get("stream")), int(time.time()))
             if not body.get("stream"):
                 return web.Response(body=parts[0], content_type="application/json")
@@ -169,17 +179,24 @@ class FakeBackend:
             raise
 
 
+def completion_document(endpoint: str, model: Any, text: str, finish_reason: str, completion_tokens: int,
+                        created: int) -> dict[str, Any]:
+    """A non-streaming chat or text completion answering `text` (3 prompt tokens)."""
+    if endpoint == "chat":
+        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
+                                  "finish_reason": finish_reason}
+    else:
+        choice = {"index": 0, "text": text, "finish_reason": finish_reason}
+    return {"id": "cmpl-fake", "object": "chat.completion" if endpoint == "chat" else "text_completion",
+            "created": created, "model": model, "choices": [choice],
+            "usage": {"prompt_tokens": 3, "completion_tokens": completion_tokens,
+                      "total_tokens": completion_tokens + 3}}
+
+
 def render(name: str, endpoint: str, model: str, n: int, stream: bool, created: int) -> list[bytes]:
     """The body of one response: a JSON document, or the SSE events (n tokens, then [DONE])."""
     if not stream:
-        if endpoint == "chat":
-            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": f"{name} " * n},
-                                      "finish_reason": "length"}
-        else:
-            choice = {"index": 0, "text": f"{name} " * n, "finish_reason": "length"}
-        return [json.dumps({"id": "cmpl-fake", "object": "chat.completion" if endpoint == "chat" else "text_completion",
-                            "created": created, "model": model, "choices": [choice],
-                            "usage": {"prompt_tokens": 3, "completion_tokens": n, "total_tokens": n + 3}}).encode()]
+        return [json.dumps(completion_document(endpoint, model, f"{name} " * n, "length", n, created)).encode()]
     obj = "chat.completion.chunk" if endpoint == "chat" else "text_completion"
     events = []
     for i in range(n):
