@@ -2,15 +2,16 @@
 
     python benchmarks/routing_fidelity.py [--result benchmarks/results/routing_vllm.json]
 
-`routing_vllm.py` calls `calibrate` once on a real replica before any router runs (its own prompts and
+`routing_vllm.py` calls `calibrate_replicas` once on its replicas before any router runs (its own prompts and
 seed: nothing of the evaluated workload) and `simulate_seeds` after them; run alone, this script re-simulates
 the workloads of a routing_vllm result file with the calibration stored there (no replicas needed).
 
 CPU replica model: `llmfleet.plan.roofline.StepCostModel` of the tiny Llama's shape, its per-step overhead and
-roofline scale fitted (`roofline.calibrate`, least squares) to measured prefills (one request at a time,
-`max_tokens` 1, prompts of 64-1,800 tokens, no prefix shared) and decodes (the same prompt with 17 output
-tokens: (e2e - e2e of 1 token) / 16 per step). Client-side times: they include HTTP, the chat template and
-tokenization, which the fitted overhead absorbs. KV cache: the replicas' own `--num-gpu-blocks-override` less
+roofline scale fitted (`roofline.calibrate`, least squares) to measured prefills (`max_tokens` 1, prompts of
+64-1,800 tokens, no prefix shared) and decodes (17 output tokens: (e2e - e2e of 1 token) / 16 per step), every
+replica measured at once, one request at a time each (they share the host's cores as during the runs), the
+median of each prompt length's measurements one point. Client-side times: they include HTTP, the chat
+template and tokenization, which the fitted overhead absorbs. KV cache: the replicas' own `--num-gpu-blocks-override` less
 vLLM's one null block, `max_num_seqs` as rendered. Workload: the same conversations (systems, turns, think
 times) tokenized with the served model's tokenizer and chat template into 32-token block keys; a turn is sent
 its think time after the previous turn's answer, which the simulator (open loop) places at the calibrated

