@@ -6,6 +6,7 @@ Unknown fields are rejected so a typo in a manifest is an error, not a silently 
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Any, Literal
 
@@ -57,6 +58,21 @@ class Condition(StatusModel):
     )
 
 
+MEMORY_PATTERN = r"^[0-9]+(\.[0-9]+)?([KMGTPE]i?)?$"
+# Kubernetes quantity suffixes: decimal (M = 10^6) and binary (Mi = 2^20); a bare K is not one.
+_MEMORY_FACTORS: dict[str, float] = {"": 1, **{s: 1000 ** (i + 2) for i, s in enumerate("MGTPE")},
+                   **{f"{s}i": 1024 ** (i + 1) for i, s in enumerate("KMGTPE")}}
+
+
+def memory_bytes(quantity: str) -> float:
+    """Bytes of a memory quantity as `Resources.memory` admits it ('64Gi', '500M', '1.5Gi')."""
+    m = re.match(MEMORY_PATTERN, quantity)
+    suffix = (m.group(2) or "") if m else None
+    if m is None or suffix not in _MEMORY_FACTORS:
+        raise ValueError(f"{quantity!r} is not a memory quantity (e.g. 64Gi, 500Mi, 8G)")
+    return float(quantity.removesuffix(suffix)) * _MEMORY_FACTORS[suffix]
+
+
 class Resources(ApiModel):
     """Compute requested per replica or per worker."""
 
@@ -67,7 +83,7 @@ class Resources(ApiModel):
     )
     cpu: str = Field(default="2", pattern=r"^[0-9]+(\.[0-9]+)?m?$", description="CPU request, Kubernetes quantity (e.g. '8' or '500m').")
     memory: str = Field(
-        default="8Gi", pattern=r"^[0-9]+(\.[0-9]+)?([KMGTPE]i?)?$", description="Memory request, Kubernetes quantity (e.g. '64Gi')."
+        default="8Gi", pattern=MEMORY_PATTERN, description="Memory request, Kubernetes quantity (e.g. '64Gi')."
     )
 
 

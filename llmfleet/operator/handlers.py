@@ -95,14 +95,21 @@ class Runtime:
                 await self._discover()
 
     async def _discover(self) -> None:
-        client = self.kube()
         caps = Capabilities(
-            pod_group=await client.has_kind("scheduling.x-k8s.io/v1alpha1", "podgroups"),
-            pod_monitor=await client.has_kind("monitoring.coreos.com/v1", "podmonitors"),
+            pod_group=await self._served("scheduling.x-k8s.io/v1alpha1", "podgroups"),
+            pod_monitor=await self._served("monitoring.coreos.com/v1", "podmonitors"),
         )
         self.config = OperatorConfig(**{**self.config.__dict__, "capabilities": caps})
         self.capabilities_known = True
         log.info("optional APIs: PodGroup=%s PodMonitor=%s", caps.pod_group, caps.pod_monitor)
+
+    async def _served(self, group_version: str, plural: str) -> bool:
+        """Whether an optional API's CRD is installed; an unanswered check counts as not installed."""
+        try:
+            return await self.kube().crd_served(group_version, plural)
+        except ApiError as err:
+            log.warning("cannot tell whether %s %s is served (%s); not using it", group_version, plural, err)
+            return False
 
 
 def runtime(memo: Any) -> Runtime:

@@ -78,13 +78,13 @@ async def check_peering(settings: kopf.OperatorSettings, connection: kopf.Connec
     client = KubeClient.from_connection_info(connection)
     client.timeout_seconds = 10.0
     try:
-        found = await client.request("GET", f"/apis/{PEERING_GROUP_VERSION}")
+        served = await client.crd_served(PEERING_GROUP_VERSION, plural)
     except ApiError as err:
         log.warning("could not check for kopf's peering resource (%s); starting anyway", err)
         return
     finally:
         await client.close()
-    if not any(r.get("name") == plural for r in (found or {}).get("resources", [])):
+    if not served:
         raise PeeringUnavailable(
             f"peering is mandatory (--peering {settings.peering.name}) but the API server does not serve "
             f"{PEERING_GROUP_VERSION} {plural}: apply charts/llmfleet/crds/kopf.dev_peerings.yaml (the Helm chart "
@@ -100,14 +100,16 @@ async def run_async(
     """Run until `stop_flag` is set (or forever)."""
     from llmfleet.operator import handlers
 
-    if opts.autoscaler:
-        # Importing the module registers the autoscaler's kopf timers (they then lose their finalizer too,
-        # configure_timers below); without it only the operator's handlers run.
-        from llmfleet.autoscaler import kopf_handlers  # noqa: F401
     memo = kopf.Memo()
     memo.llmfleet = opts.runtime or handlers.Runtime(
         config=opts.config or OperatorConfig.from_env(), connection=opts.connection
     )
+    if opts.autoscaler:
+        # Importing the module registers the autoscaler's kopf timers (they then lose their finalizer too,
+        # configure_timers below); without it only the operator's handlers run.
+        from llmfleet.autoscaler import kopf_handlers
+
+        kopf_handlers.share_client(memo, memo.llmfleet.kube)  # one client (and credentials) for both
     handlers.configure_timers(memo.llmfleet.config.timer_interval_seconds)
     settings = _settings(opts)
     if settings.peering.mandatory:

@@ -10,7 +10,7 @@ import yaml
 from typer.testing import CliRunner
 
 from llmfleet.api.contracts import PROMOTION_ANNOTATION
-from llmfleet.kube.client import RESOURCES, path_for
+from llmfleet.kube.client import label_selector, plural_of
 from llmfleet.operator import rbac
 from llmfleet.operator.builders import build_inferenceservice, build_trainingjob
 from llmfleet.operator.config import Capabilities, OperatorConfig
@@ -158,7 +158,7 @@ def test_rbac_covers_every_child_and_has_no_wildcards() -> None:
     children = build_inferenceservice(isvc, full) + build_trainingjob(tj, full)
     for m in children:
         group = m["apiVersion"].rpartition("/")[0]
-        plural, _ = RESOURCES[(m["apiVersion"], m["kind"])]
+        plural, _ = plural_of(m["apiVersion"], m["kind"])
         for verb in ("get", "create", "patch", "delete", "list"):
             assert rbac.allows(group, plural, verb), (m["kind"], verb)
     # The router Role may only be granted if the operator holds it (escalation prevention).
@@ -175,12 +175,26 @@ def test_rbac_covers_every_child_and_has_no_wildcards() -> None:
     assert not rbac.allows("", "pods", "get")  # worker status comes over HTTP, not the API
 
 
-def test_paths() -> None:
-    assert path_for("apps/v1", "Deployment", "ml", "x") == "/apis/apps/v1/namespaces/ml/deployments/x"
-    assert path_for("v1", "ConfigMap", None) == "/api/v1/namespaces/default/configmaps"
-    assert path_for("v1", "Namespace", "ignored", "ml") == "/api/v1/namespaces/ml"
+def test_plurals_come_from_lightkube_and_our_crds() -> None:
+    assert plural_of("apps/v1", "Deployment") == ("deployments", True)
+    assert plural_of("v1", "Namespace") == ("namespaces", False)
+    assert plural_of("policy/v1", "PodDisruptionBudget") == ("poddisruptionbudgets", True)
+    assert plural_of("llmfleet.io/v1alpha1", "InferenceService") == ("inferenceservices", True)
+    assert plural_of("monitoring.coreos.com/v1", "PodMonitor") == ("podmonitors", True)
     with pytest.raises(ValueError, match="unknown kind"):
-        path_for("v9", "Nope", "ml")
+        plural_of("v9", "Nope")
+    with pytest.raises(ValueError, match="unknown kind"):
+        plural_of("example.com/v1", "Widget")  # a CRD nobody declared
+
+
+def test_label_selector() -> None:
+    from lightkube.core.selector import build_selector
+
+    text = "app=x,tier!=db,llmfleet.io/pool==primary,has,!gone"
+    assert build_selector(label_selector(text)) == "app=x,tier!=db,llmfleet.io/pool=primary,has,!gone"
+    assert label_selector("") == {}
+    with pytest.raises(ValueError, match="equality"):
+        label_selector("env in (a,b)")
 
 
 def test_kubernetes_validate_catches_bad_manifests() -> None:
