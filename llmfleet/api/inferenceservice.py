@@ -25,7 +25,11 @@ PRIMARY_POOL = "primary"
 # The router's scorer plugins by name. The contract lives here (the API validates `router.scorers` against
 # it); llmfleet.router.plugins builds one scorer per name and a unit test keeps both in step.
 SCORER_NAMES = ("estimated-ttft", "prefix-cache", "queue-depth", "running-requests", "kv-cache", "session-affinity",
-                "adapter-loaded")
+                "adapter-loaded", "load-balance")
+# The default scorer weights (RouterSpec.scorers, RouterConfig.scorers): this request's estimated TTFT, a little
+# queue depth, and the load-balance guard at half weight (docs/router.md and docs/benchmarks/routing_vllm.md say
+# why; at weight 1 it cost 2-3 points of hit rate on the simulated Mooncake fleets, at 0.5 none).
+DEFAULT_SCORERS = {"estimated-ttft": 1.0, "queue-depth": 0.1, "load-balance": 0.5}
 # Suffix of the router's children (`<service>-router`: Deployment, Service, ConfigMap, RBAC): a student pool
 # of that name would get the same child names. The operator's builders name the router with it.
 ROUTER_SUFFIX = "router"
@@ -166,7 +170,7 @@ class RouterSpec(ApiModel):
 
     replicas: int = Field(default=1, ge=1, le=100, description="Router pods.")
     scorers: dict[str, float] = Field(
-        default_factory=lambda: {"estimated-ttft": 1.0, "queue-depth": 0.1},
+        default_factory=lambda: dict(DEFAULT_SCORERS),
         description=f"Scorer plugin name -> weight ({', '.join(SCORER_NAMES)}; a service with spec.lora gets "
         "adapter-loaded at 1.0 unless named here).",
         # maxProperties bounds the CEL rule's estimated cost at the API server (more keys than scorers

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 from llmfleet.api.contracts import KV_EVENTS_PORT, REPLICA_PORT, ROUTER_PORT, STORE_URL_ENV, pool_selector
-from llmfleet.api.inferenceservice import SCORER_NAMES, InferenceService
+from llmfleet.api.inferenceservice import DEFAULT_SCORERS, SCORER_NAMES, InferenceService
 from llmfleet.api.storage import parse_uri
 
 # The router's ConfigMap key and where the operator mounts it (and the tenants Secret) in the router's pod.
@@ -283,7 +283,7 @@ class RouterConfig(_Model):
     port: int = Field(default=ROUTER_PORT, ge=0, le=65535, description="Listen port (API and /metrics).")
     pools: list[PoolConfig] = Field(min_length=1, description="Primary pool first, then student pools in preference order.")
     scorers: dict[str, float] = Field(
-        default_factory=lambda: {"estimated-ttft": 1.0, "queue-depth": 0.1},
+        default_factory=lambda: dict(DEFAULT_SCORERS),
         description="Scorer name -> weight.",
     )
     session_affinity_header: str | None = Field(default="x-session-id", description="Header pinning a session.")
