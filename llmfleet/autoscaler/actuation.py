@@ -1,7 +1,7 @@
 """Actuation: turning a Decision into replicas.
 
 `Actuator` is the one interface the autoscaler loop talks to. Two implementations:
-- `KubernetesActuator` (here): writes `spec.replicas` (primary) and `spec.fallback.pools[i].replicas`
+- `KubernetesActuator` (llmfleet.autoscaler.kube): writes `spec.replicas` (primary) and `spec.fallback.pools[i].replicas`
   (students) of the InferenceService with a JSON patch guarded by `test` ops, and the policy memory
   (last action time = cooldown, learned capacity, measured cold start) into the annotation
   `llmfleet.io/autoscaler-state`. The operator turns spec replicas into pods; the scale subresource
@@ -20,17 +20,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from llmfleet.api.contracts import (
-    AUTOSCALER_STATE_ANNOTATION,
-    DELETION_COST_ANNOTATION,
-    DRAINING_LABEL,
-    GROUP,
-    INFERENCESERVICE_PLURAL,
-    REPLICA_PORT,
-    SERVING_LABEL,
-    VERSION,
-    pool_selector,
-)
 from llmfleet.api.inferenceservice import PRIMARY_POOL
 
 
@@ -136,84 +125,3 @@ def replicas_patch(spec: Mapping[str, Any], desired: Mapping[str, int]) -> list[
         op = "replace" if "replicas" in students[index] else "add"
         ops.append({"op": op, "path": f"/spec/fallback/pools/{index}/replicas", "value": int(n)})
     return ops
-
-
-class KubernetesActuator:
-    """Scales one InferenceService through the Kubernetes API (kubernetes client, calls run in a thread)."""
-
-    def __init__(
-        self,
-        name: str,
-        namespace: str,
-        api_client: Any = None,
-        *,
-        probe: InFlightProbe | None = None,
-        request_timeout_s: float = 10.0,
-    ) -> None:
-        from kubernetes import client
-
-        self.name, self.namespace = name, namespace
-        self._api_client = api_client or client.ApiClient()
-        self._custom = client.CustomObjectsApi(self._api_client)
-        self._core = client.CoreV1Api(self._api_client)
-        self._probe = probe or scrape_in_flight
-        self._timeout = request_timeout_s
-
-    async def _get(self) -> dict[str, Any]:
-        obj: Any = await asyncio.to_thread(
-            self._custom.get_namespaced_custom_object, GROUP, VERSION, self.namespace, INFERENCESERVICE_PLURAL, self.name,
-            _request_timeout=self._timeout,
-        )
-        if not isinstance(obj, dict):
-            raise TypeError(f"unexpected response for InferenceService {self.name}: {type(obj).__name__}")
-        return obj
-
-    async def list_replicas(self, pool: str) -> list[Replica]:
-        selector = pool_selector(self.name, pool)
-        pods = await asyncio.to_thread(
-            self._core.list_namespaced_pod, self.namespace, label_selector=selector, _request_timeout=self._timeout
-        )
-        out = []
-        for pod in pods.items:
-            if pod.metadata is None or pod.metadata.deletion_timestamp is not None or not pod.metadata.name:
-                continue
-            conditions = (pod.status.conditions if pod.status else None) or []
-            ready = any(c.type == "Ready" and c.status == "True" for c in conditions)
-            ip = pod.status.pod_ip if pod.status else None
-            out.append(Replica(pool=pool, name=pod.metadata.name, url=f"http://{ip}:{REPLICA_PORT}" if ip else None, ready=ready))
-        return sorted(out, key=lambda r: r.name)
-
-    async def set_replicas(self, desired: Mapping[str, int], *, reason: str, state_json: str | None = None) -> None:
-        obj = await self._get()
-        ops = replicas_patch(obj.get("spec") or {}, desired)
-        if state_json is not None:
-            annotations = (obj.get("metadata") or {}).get("annotations")
-            if annotations is None:
-                ops.append({"op": "add", "path": "/metadata/annotations", "value": {AUTOSCALER_STATE_ANNOTATION: state_json}})
-            else:
-                ops.append({"op": "add", "path": "/metadata/annotations/" + AUTOSCALER_STATE_ANNOTATION.replace("/", "~1"),
-                            "value": state_json})
-        if not ops:
-            return
-        await asyncio.to_thread(
-            self._custom.patch_namespaced_custom_object, GROUP, VERSION, self.namespace, INFERENCESERVICE_PLURAL, self.name, ops,
-            _request_timeout=self._timeout, _content_type="application/json-patch+json",
-        )
-
-    async def _patch_pod(self, pod: str, body: dict[str, Any]) -> None:
-        await asyncio.to_thread(self._core.patch_namespaced_pod, pod, self.namespace, body, _request_timeout=self._timeout)
-
-    async def drain_and_remove(self, replica: Replica, *, timeout_s: float) -> DrainResult:
-        await self._patch_pod(replica.name, {"metadata": {"labels": {DRAINING_LABEL: "true", SERVING_LABEL: "false"}}})
-        drained, waited, last = await wait_drained(replica, self._probe, timeout_s=timeout_s)
-        await self._patch_pod(replica.name, {"metadata": {"annotations": {DELETION_COST_ANNOTATION: "-2147483647"}}})
-        obj = await self._get()
-        spec = obj.get("spec") or {}
-        if replica.pool == PRIMARY_POOL:
-            current = int(spec.get("replicas", 1))
-        else:
-            pools = (spec.get("fallback") or {}).get("pools") or []
-            current = int(next((p.get("replicas", 1) for p in pools if p.get("name") == replica.pool), 0))
-        if current > 0:
-            await self.set_replicas({replica.pool: current - 1}, reason=f"scale-in of {replica.name}")
-        return DrainResult(replica=replica, drained=drained, removed=current > 0, waited_s=waited, in_flight_at_removal=last)

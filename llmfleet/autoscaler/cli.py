@@ -123,17 +123,15 @@ def register(app: typer.Typer) -> None:
         if kube == (local is not None):
             raise _fail("give exactly one of --kube or --local")
         if kube:
-            from kubernetes import client, config
-
             from llmfleet.api.contracts import ROUTER_PORT, child_name
-            from llmfleet.autoscaler.actuation import KubernetesActuator
+            from llmfleet.autoscaler.kube import KubernetesActuator
+            from llmfleet.kube.client import KubeClient, NoClusterConfig
 
             try:
-                config.load_kube_config()  # type: ignore[no-untyped-call]
-            except (config.ConfigException, OSError) as err:
-                raise _fail(f"no kubeconfig: {err}") from err
-            actuator: Any = KubernetesActuator(isvc.metadata.name, isvc.metadata.namespace or "default",
-                                               client.ApiClient())
+                kube_client = KubeClient.from_env()
+            except NoClusterConfig as err:
+                raise _fail(str(err)) from err
+            actuator: Any = KubernetesActuator(isvc.metadata.name, isvc.metadata.namespace or "default", kube_client)
             router_url = router or (
                 f"http://{child_name(isvc.metadata.name, 'router')}.{isvc.metadata.namespace or 'default'}:{ROUTER_PORT}"
             )
@@ -147,8 +145,12 @@ def register(app: typer.Typer) -> None:
             typer.echo(json.dumps(_decision_json(result.decision)["pools"]))
 
         async def main() -> None:
-            await run_local(isvc, actuator, None, router_url=router_url or None, prometheus_url=prometheus,
-                            on_step=show, once=once)
+            try:
+                await run_local(isvc, actuator, None, router_url=router_url or None, prometheus_url=prometheus,
+                                on_step=show, once=once)
+            finally:
+                if kube:
+                    await actuator.client.close()
 
         try:
             asyncio.run(main())

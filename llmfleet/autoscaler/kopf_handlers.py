@@ -1,9 +1,9 @@
 """kopf timer per InferenceService: the autoscaler inside the operator. Registered on import.
 
 The operator imports this module from its entry point (`llmfleet.operator.run.run_async`).
-The handler is thin: it keeps per-service memory in kopf's memo, builds the signal source, the
-Kubernetes actuator and the arbitration client, and calls `controller.autoscale_step` (pure policy
-inside). Configuration by environment:
+The handler is thin: it keeps per-service memory in kopf's memo, builds the signal source and the
+Kubernetes actuator, and calls `controller.autoscale_step` (pure policy inside); the actuator and GPU
+arbitration use the operator's own Kubernetes client (`share_client`). Configuration by environment:
 
 - `LLMFLEET_PROMETHEUS_URL`: query Prometheus; otherwise scrape the router (`http://<isvc>-router.<ns>:8080`)
   and the replicas directly.
@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,9 +26,7 @@ import kopf
 from llmfleet.api.contracts import (
     AUTOSCALER_STATE_ANNOTATION,
     GROUP,
-    INFERENCESERVICE_LABEL,
     INFERENCESERVICE_PLURAL,
-    POOL_LABEL,
     ROUTER_PORT,
     SERVING_PRIORITY_ANNOTATION,
     VERSION,
@@ -37,11 +35,13 @@ from llmfleet.api.contracts import (
 )
 from llmfleet.api.inferenceservice import InferenceService
 from llmfleet.api.loader import ManifestError, parse_resource
-from llmfleet.autoscaler.actuation import Actuator, KubernetesActuator
+from llmfleet.autoscaler.actuation import Actuator
 from llmfleet.autoscaler.arbitration import serving_need
 from llmfleet.autoscaler.controller import autoscale_step
+from llmfleet.autoscaler.kube import KubernetesActuator, apply_arbitration, pending_gpus
 from llmfleet.autoscaler.policy import PolicyState, PoolSignals
 from llmfleet.autoscaler.signals import PoolRef, PrometheusSignals, ScrapeSignals, live_metrics, parse_metrics
+from llmfleet.kube.client import ApiError, KubeClient, NoClusterConfig
 
 TICK = float(os.environ.get("LLMFLEET_AUTOSCALER_TICK") or 5.0)
 log = logging.getLogger("llmfleet.autoscaler")
@@ -53,12 +53,15 @@ class _Memory:
     last_run: float = 0.0
     scrape: ScrapeSignals | None = None
     held: dict[str, int] = field(default_factory=dict)  # the router's wake-up: pool -> requests held
+    bad_priority: str | None = None  # the malformed priority annotation already reported (one Event per value)
 
 
 @dataclass
 class _Memo:
     services: dict[str, _Memory] = field(default_factory=dict)
-    api_client: Any = None
+    # The operator's client when it runs these timers (`share_client`), else one from the environment.
+    client: KubeClient | None = None
+    client_factory: Callable[[], KubeClient] | None = None
     # Set when the operator stops: a timer kopf spawns during shutdown then returns at once instead of
     # scraping (a slow DNS lookup of the router would hold the exit for seconds).
     stopping: bool = False
@@ -85,19 +88,21 @@ def _memo(memo: Any) -> _Memo:
     return got
 
 
-def _api_client(m: _Memo) -> Any:
-    if m.api_client is None:
-        from kubernetes import client, config
+def share_client(memo: Any, client: Callable[[], KubeClient]) -> None:
+    """Run the autoscaler's API calls on the operator's client (`client()` is called at each tick: the operator
+    creates its client once logged in)."""
+    _memo(memo).client_factory = client
 
+
+def _client(m: _Memo) -> KubeClient:
+    if m.client_factory is not None:
+        return m.client_factory()
+    if m.client is None:
         try:
-            config.load_incluster_config()  # type: ignore[no-untyped-call]
-        except config.ConfigException:
-            try:
-                config.load_kube_config()  # type: ignore[no-untyped-call]
-            except (config.ConfigException, OSError) as err:
-                raise kopf.TemporaryError(f"autoscaler: no Kubernetes client configuration: {err}", delay=60) from err
-        m.api_client = client.ApiClient()
-    return m.api_client
+            m.client = KubeClient.from_env()
+        except NoClusterConfig as err:
+            raise kopf.TemporaryError(f"autoscaler: {err}", delay=60) from err
+    return m.client
 
 
 async def _lost_blocks(router_url: str, pool_names: Sequence[str]) -> dict[str, int] | None:
@@ -116,29 +121,12 @@ async def _lost_blocks(router_url: str, pool_names: Sequence[str]) -> dict[str, 
     return lost_blocks_of_pools(parse_metrics(resp.text), pool_names)
 
 
-async def _pending_gpus(actuator: KubernetesActuator, isvc: InferenceService) -> int:
-    """GPUs of this service's pods that are Pending because the scheduler found no room."""
-    import asyncio
-
-    pods = await asyncio.to_thread(
-        actuator._core.list_namespaced_pod, actuator.namespace,
-        label_selector=f"{INFERENCESERVICE_LABEL}={isvc.metadata.name}", _request_timeout=10,
-    )
-    gpus_by_pool = {p.name: max(p.resources.gpus, 0) for p in isvc.pools()}
-    total = 0
-    for pod in pods.items:
-        if pod.status is None or pod.status.phase != "Pending":
-            continue
-        unschedulable = any(c.type == "PodScheduled" and c.reason == "Unschedulable" for c in pod.status.conditions or [])
-        pool = ((pod.metadata.labels if pod.metadata else None) or {}).get(POOL_LABEL, "")
-        if unschedulable:
-            total += gpus_by_pool.get(pool, 0)
-    return total
-
-
 @kopf.on.cleanup()
 async def _stop_autoscaling(memo: kopf.Memo, **_: Any) -> None:
-    _memo(memo).stopping = True
+    m = _memo(memo)
+    m.stopping = True
+    if m.client is not None:  # its own, not the operator's
+        await m.client.close()
 
 
 @kopf.timer(GROUP, VERSION, INFERENCESERVICE_PLURAL, interval=TICK, initial_delay=TICK)
@@ -159,7 +147,7 @@ async def autoscale_inferenceservice(body: kopf.Body, memo: kopf.Memo, patch: ko
     mem.last_run = now
     held, mem.held = mem.held, {}
     ns = isvc.metadata.namespace or "default"
-    actuator = KubernetesActuator(isvc.metadata.name, ns, _api_client(m))
+    actuator = KubernetesActuator(isvc.metadata.name, ns, _client(m))
     router_url = _router_url(isvc)
     prom = os.environ.get("LLMFLEET_PROMETHEUS_URL")
     if prom:
@@ -168,12 +156,9 @@ async def autoscale_inferenceservice(body: kopf.Body, memo: kopf.Memo, patch: ko
         mem.scrape = mem.scrape or ScrapeSignals(router_url)
         source = _ScrapeSource(mem.scrape, actuator)
     lost = await _lost_blocks(router_url, [p.name for p in isvc.pools()])
-    from kubernetes.client.exceptions import ApiException
-    from urllib3.exceptions import HTTPError
-
     try:
         result = await autoscale_step(isvc, actuator, source, mem.state, now, lost_blocks=lost, held=held)
-    except (ApiException, HTTPError) as err:
+    except ApiError as err:
         raise kopf.TemporaryError(f"autoscaler: Kubernetes API call failed: {err}", delay=30) from err
     mem.state = result.decision.state
     if (metrics := live_metrics(result.signals, now_iso())) is not None:
@@ -181,7 +166,7 @@ async def autoscale_inferenceservice(body: kopf.Body, memo: kopf.Memo, patch: ko
     for name, d in result.decision.pools.items():
         if d.action != "hold":
             kopf.info(body, reason="Scaled", message=f"{name}: {d.current} -> {d.desired}: {'; '.join(d.reasons)}"[:1000])
-    await _arbitrate(isvc, dict(body), actuator, result)
+    await _arbitrate(isvc, dict(body), actuator, result, mem)
 
 
 def _router_url(isvc: InferenceService) -> str:
@@ -229,39 +214,37 @@ def _burning(isvc: InferenceService, signals: Sequence[PoolSignals]) -> bool:
     return False
 
 
-async def _arbitrate(isvc: InferenceService, body: dict[str, Any], actuator: KubernetesActuator, result: Any) -> None:
-    import ssl
-
-    from llmfleet.autoscaler.kube import apply_arbitration
-    from llmfleet.kube.client import ApiError, KubeClient
-
+async def _arbitrate(
+    isvc: InferenceService, body: dict[str, Any], actuator: KubernetesActuator, result: Any, mem: _Memory
+) -> None:
     decision = result.decision
     primary = decision.pools.get("primary")
     desired_gpus = sum(
         decision.pools[p.name].desired * max(p.resources.gpus, 0) for p in isvc.pools() if p.name in decision.pools
     )
-    from kubernetes.client.exceptions import ApiException
-    from urllib3.exceptions import HTTPError
-
     try:
-        pending = await _pending_gpus(actuator, isvc)
-    except (ApiException, HTTPError) as err:
+        pending = await pending_gpus(actuator.client, isvc)
+    except ApiError as err:
         log.warning("cannot list pods of %s for GPU arbitration: %s", isvc.metadata.name, err)
         return
+    raw_priority = isvc.metadata.annotations.get(SERVING_PRIORITY_ANNOTATION, "0") or "0"
+    try:
+        priority = int(raw_priority)
+    except ValueError:
+        # This service's own mistake: a Warning Event on it (once per value), and no arbitration for it.
+        if mem.bad_priority != raw_priority:
+            mem.bad_priority = raw_priority
+            kopf.warn(body, reason="InvalidAnnotation",  # type: ignore[arg-type]
+                      message=f"metadata.annotations[{SERVING_PRIORITY_ANNOTATION}]: expected an integer, got "
+                              f"{raw_priority[:100]!r}; GPU arbitration skipped for this service")
+        return
+    mem.bad_priority = None
     need = serving_need(
-        isvc.metadata.name, int(isvc.metadata.annotations.get(SERVING_PRIORITY_ANNOTATION, "0") or 0),
+        isvc.metadata.name, priority,
         gpu_budget=isvc.spec.autoscaling.gpu_budget, desired_gpus=desired_gpus, pending_gpus=pending,
         burning=_burning(isvc, result.signals) or (primary is not None and primary.desired > primary.current and pending > 0),
     )
-    cfg = actuator._api_client.configuration
-    headers = {"Authorization": cfg.api_key["authorization"]} if cfg.api_key.get("authorization") else {}
-    tls: ssl.SSLContext | bool = False
-    if cfg.verify_ssl and cfg.host.startswith("https"):
-        tls = ssl.create_default_context(cafile=cfg.ssl_ca_cert)
-    client = KubeClient(server=cfg.host, headers=headers, ssl_context=tls)
     try:
-        await apply_arbitration(client, body, need)
+        await apply_arbitration(actuator.client, body, need)
     except ApiError as err:
         log.warning("GPU arbitration for %s failed: %s", isvc.metadata.name, err)
-    finally:
-        await client.close()

@@ -1,33 +1,115 @@
-"""The autoscaler's Kubernetes side of GPU arbitration: list TrainingJobs, patch them, post Events.
-
-Works with any client offering the operator's `KubeClient` calls (`list`, `merge_patch`, `request`),
-so the operator passes its own and tests pass one pointed at the emulator.
+"""The autoscaler's Kubernetes side, on llmfleet's one client (`llmfleet.kube.KubeClient`): the actuator that
+scales an InferenceService, the pending-GPU count, and GPU arbitration (list TrainingJobs, patch them, post
+Events).
 """
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any
 
-from llmfleet.api.contracts import API_VERSION, now_iso
-from llmfleet.autoscaler.arbitration import ArbitrationAction, ServingNeed, arbitrate, job_info, job_patch
+from llmfleet.api.contracts import (
+    API_VERSION,
+    AUTOSCALER_STATE_ANNOTATION,
+    DELETION_COST_ANNOTATION,
+    DRAINING_LABEL,
+    INFERENCESERVICE_LABEL,
+    POOL_LABEL,
+    REPLICA_PORT,
+    SERVING_LABEL,
+    now_iso,
+    pool_selector,
+)
+from llmfleet.api.inferenceservice import PRIMARY_POOL, InferenceService
+from llmfleet.autoscaler.actuation import (
+    DrainResult,
+    InFlightProbe,
+    Replica,
+    replicas_patch,
+    scrape_in_flight,
+    wait_drained,
+)
+from llmfleet.autoscaler.arbitration import ArbitrationAction, ServingNeed, arbitrate, job_infos, job_patch
+from llmfleet.kube.client import ApiError, KubeClient
+
+log = logging.getLogger("llmfleet.autoscaler")
 
 
-class KubeLike(Protocol):
-    async def list(
-        self, api_version: str, kind: str, namespace: str | None, labels: Mapping[str, str]
-    ) -> list[dict[str, Any]]: ...
+class KubernetesActuator:
+    """Scales one InferenceService through the Kubernetes API (llmfleet's one client, `llmfleet.kube`)."""
 
-    async def merge_patch(
-        self, api_version: str, kind: str, namespace: str | None, name: str, patch: Mapping[str, Any],
-        subresource: str | None = None,
-    ) -> dict[str, Any]: ...
+    def __init__(self, name: str, namespace: str, client: KubeClient, *, probe: InFlightProbe | None = None) -> None:
+        self.name, self.namespace = name, namespace
+        self.client = client
+        self._probe = probe or scrape_in_flight
 
-    async def request(
-        self, method: str, path: str, *, body: Any = None, content_type: str = "application/json",
-        params: Mapping[str, str] | None = None,
-    ) -> Any: ...
+    async def _get(self) -> dict[str, Any]:
+        obj = await self.client.get(API_VERSION, "InferenceService", self.namespace, self.name)
+        if obj is None:
+            raise ApiError(404, "NotFound", f"InferenceService {self.namespace}/{self.name} is gone")
+        return obj
+
+    async def list_replicas(self, pool: str) -> list[Replica]:
+        pods = await self.client.list("v1", "Pod", self.namespace, selector=pool_selector(self.name, pool))
+        out = []
+        for pod in pods:
+            meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+            if meta.get("deletionTimestamp") or not meta.get("name"):
+                continue
+            ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+            ip = status.get("podIP")
+            out.append(Replica(pool=pool, name=meta["name"], url=f"http://{ip}:{REPLICA_PORT}" if ip else None, ready=ready))
+        return sorted(out, key=lambda r: r.name)
+
+    async def set_replicas(self, desired: Mapping[str, int], *, reason: str, state_json: str | None = None) -> None:
+        obj = await self._get()
+        ops = replicas_patch(obj.get("spec") or {}, desired)
+        if state_json is not None:
+            annotations = (obj.get("metadata") or {}).get("annotations")
+            if annotations is None:
+                ops.append({"op": "add", "path": "/metadata/annotations", "value": {AUTOSCALER_STATE_ANNOTATION: state_json}})
+            else:
+                ops.append({"op": "add", "path": "/metadata/annotations/" + AUTOSCALER_STATE_ANNOTATION.replace("/", "~1"),
+                            "value": state_json})
+        if not ops:
+            return
+        await self.client.json_patch(API_VERSION, "InferenceService", self.namespace, self.name, ops)
+
+    async def _patch_pod(self, pod: str, body: dict[str, Any]) -> None:
+        await self.client.merge_patch("v1", "Pod", self.namespace, pod, body)
+
+    async def drain_and_remove(self, replica: Replica, *, timeout_s: float) -> DrainResult:
+        await self._patch_pod(replica.name, {"metadata": {"labels": {DRAINING_LABEL: "true", SERVING_LABEL: "false"}}})
+        drained, waited, last = await wait_drained(replica, self._probe, timeout_s=timeout_s)
+        await self._patch_pod(replica.name, {"metadata": {"annotations": {DELETION_COST_ANNOTATION: "-2147483647"}}})
+        obj = await self._get()
+        spec = obj.get("spec") or {}
+        if replica.pool == PRIMARY_POOL:
+            current = int(spec.get("replicas", 1))
+        else:
+            pools = (spec.get("fallback") or {}).get("pools") or []
+            current = int(next((p.get("replicas", 1) for p in pools if p.get("name") == replica.pool), 0))
+        if current > 0:
+            await self.set_replicas({replica.pool: current - 1}, reason=f"scale-in of {replica.name}")
+        return DrainResult(replica=replica, drained=drained, removed=current > 0, waited_s=waited, in_flight_at_removal=last)
+
+
+async def pending_gpus(client: KubeClient, isvc: InferenceService) -> int:
+    """GPUs of this service's pods that are Pending because the scheduler found no room."""
+    ns = isvc.metadata.namespace or "default"
+    pods = await client.list("v1", "Pod", ns, {INFERENCESERVICE_LABEL: isvc.metadata.name})
+    gpus_by_pool = {p.name: max(p.resources.gpus, 0) for p in isvc.pools()}
+    total = 0
+    for pod in pods:
+        status = pod.get("status") or {}
+        if status.get("phase") != "Pending":
+            continue
+        conditions = status.get("conditions") or []
+        if any(c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable" for c in conditions):
+            total += gpus_by_pool.get(((pod.get("metadata") or {}).get("labels") or {}).get(POOL_LABEL, ""), 0)
+    return total
 
 
 def event_body(obj: dict[str, Any], reason: str, message: str, type_: str = "Normal") -> dict[str, Any]:
@@ -45,16 +127,22 @@ def event_body(obj: dict[str, Any], reason: str, message: str, type_: str = "Nor
     }
 
 
-async def post_event(client: KubeLike, obj: dict[str, Any], reason: str, message: str) -> None:
-    ns = (obj.get("metadata") or {}).get("namespace") or "default"
-    await client.request("POST", f"/api/v1/namespaces/{ns}/events", body=event_body(obj, reason, message))
+async def post_event(client: KubeClient, obj: dict[str, Any], reason: str, message: str) -> None:
+    body = event_body(obj, reason, message)
+    body["metadata"]["namespace"] = body["metadata"]["namespace"] or "default"
+    await client.create(body)
 
 
-async def apply_arbitration(client: KubeLike, isvc: dict[str, Any], need: ServingNeed) -> list[ArbitrationAction]:
+async def apply_arbitration(client: KubeClient, isvc: dict[str, Any], need: ServingNeed) -> list[ArbitrationAction]:
     """Decide and apply suspensions/resumptions of the namespace's TrainingJobs; Events on both objects."""
     ns = (isvc.get("metadata") or {}).get("namespace") or "default"
     jobs = {j["metadata"]["name"]: j for j in await client.list(API_VERSION, "TrainingJob", ns, {})}
-    actions = arbitrate(need, [job_info(j) for j in jobs.values()])
+    infos, skipped = job_infos(list(jobs.values()))
+    for name, problem in skipped.items():
+        # The operator's reconcile of that job reports it (InvalidSpec condition and Event); here it is only
+        # left out, so the other jobs and services are still arbitrated.
+        log.info("GPU arbitration for %s/%s leaves TrainingJob %s alone: %s", ns, need.service, name, problem)
+    actions = arbitrate(need, infos)
     for action in actions:
         job = jobs[action.job]
         await client.merge_patch(API_VERSION, "TrainingJob", ns, action.job, job_patch(action, need.service))

@@ -1,47 +1,59 @@
-"""A small async Kubernetes client (aiohttp) for what the control plane does besides watching: server-side apply,
-get, merge-patch and delete of children, and API discovery. Shares the operator's kopf credentials.
+"""The one Kubernetes client of llmfleet: lightkube's async client, used by the operator, the autoscaler's
+actuator and the router's discovery (kopf keeps its own watch streams).
 
-Time spent waiting for the API server is accumulated per task (see `api_seconds`) so reconcile timings can
-exclude round trips.
+Objects go in and come out as plain dicts (the builders render dicts; no typed model round trip). A kind's
+plural and scope come from lightkube's models for built-in kinds and from `CUSTOM_RESOURCES` for CRDs.
+Errors are `ApiError` (a non-2xx answer, or 503 "Unreachable" when no answer came).
+
+Time spent waiting for the API server is accumulated per task (see `start_api_timer`) so reconcile timings
+can exclude round trips.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextvars
+import functools
 import json
 import os
-import ssl
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-import aiohttp
-import kopf
+import httpx2
+import lightkube
+from lightkube import operators
+from lightkube.config.client_adapter import verify_cluster
+from lightkube.config.models import User
+from lightkube.core.resource import ApiInfo, NamespacedResource, ResourceDef, api_info
+from lightkube.core.resource_registry import resource_registry
+from lightkube.generic_resource import (
+    GenericGlobalResource,
+    GenericGlobalStatus,
+    GenericNamespacedResource,
+    GenericNamespacedStatus,
+)
+from lightkube.types import CascadeType, PatchType
 
 from llmfleet.api.contracts import API_VERSION, FIELD_MANAGER, INFERENCESERVICE_PLURAL, TRAININGJOB_PLURAL
+from llmfleet.kube.transport import AiohttpTransport
 
-# (apiVersion, kind) -> (plural, namespaced) for every kind the operator touches.
-RESOURCES: dict[tuple[str, str], tuple[str, bool]] = {
-    ("v1", "ConfigMap"): ("configmaps", True),
-    ("v1", "Service"): ("services", True),
-    ("v1", "ServiceAccount"): ("serviceaccounts", True),
-    ("v1", "Pod"): ("pods", True),
-    ("v1", "PersistentVolumeClaim"): ("persistentvolumeclaims", True),
-    ("v1", "Namespace"): ("namespaces", False),
-    ("apps/v1", "Deployment"): ("deployments", True),
-    ("batch/v1", "Job"): ("jobs", True),
-    ("batch/v1", "CronJob"): ("cronjobs", True),
-    ("policy/v1", "PodDisruptionBudget"): ("poddisruptionbudgets", True),
-    ("networking.k8s.io/v1", "NetworkPolicy"): ("networkpolicies", True),
-    ("rbac.authorization.k8s.io/v1", "Role"): ("roles", True),
-    ("rbac.authorization.k8s.io/v1", "RoleBinding"): ("rolebindings", True),
-    ("scheduling.x-k8s.io/v1alpha1", "PodGroup"): ("podgroups", True),
-    ("monitoring.coreos.com/v1", "PodMonitor"): ("podmonitors", True),
-    (API_VERSION, "InferenceService"): (INFERENCESERVICE_PLURAL, True),
-    (API_VERSION, "TrainingJob"): (TRAININGJOB_PLURAL, True),
+if TYPE_CHECKING:
+    import kopf
+
+# (apiVersion, kind) -> plural of the namespaced CRDs llmfleet reads or writes: its own, and the optional
+# third-party ones the builders emit when served (Volcano/scheduler-plugins PodGroup, Prometheus PodMonitor).
+CUSTOM_RESOURCES: dict[tuple[str, str], str] = {
+    (API_VERSION, "InferenceService"): INFERENCESERVICE_PLURAL,
+    (API_VERSION, "TrainingJob"): TRAININGJOB_PLURAL,
+    ("scheduling.x-k8s.io/v1alpha1", "PodGroup"): "podgroups",
+    ("monitoring.coreos.com/v1", "PodMonitor"): "podmonitors",
 }
+ALL_VERBS = ["delete", "deletecollection", "get", "global_list", "global_watch", "list", "patch", "post", "put",
+             "watch"]
+CRD = ("apiextensions.k8s.io/v1", "CustomResourceDefinition")
 
 _API_SECONDS: contextvars.ContextVar[ApiTimer | None] = contextvars.ContextVar("api_seconds", default=None)
 
@@ -67,7 +79,7 @@ class ApiTimer:
 
 
 class ApiError(Exception):
-    """A non-2xx answer from the API server."""
+    """A non-2xx answer from the API server (status 503, reason Unreachable: no answer)."""
 
     def __init__(self, status: int, reason: str, message: str) -> None:
         self.status = status
@@ -79,6 +91,10 @@ class ApiError(Exception):
         return self.status in (409, 429) or self.status >= 500
 
 
+class NoClusterConfig(Exception):
+    """Neither an in-cluster service account nor a readable kubeconfig."""
+
+
 def start_api_timer() -> ApiTimer:
     """Start accumulating API wait time in this task (and the tasks it gathers)."""
     timer = ApiTimer()
@@ -86,178 +102,275 @@ def start_api_timer() -> ApiTimer:
     return timer
 
 
-def path_for(api_version: str, kind: str, namespace: str | None, name: str | None = None) -> str:
-    try:
-        plural, namespaced = RESOURCES[(api_version, kind)]
-    except KeyError:
-        raise ValueError(f"unknown kind {api_version}/{kind}") from None
-    base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
-    if namespaced:
-        base += f"/namespaces/{namespace or 'default'}"
-    base += f"/{plural}"
-    return f"{base}/{name}" if name else base
+def _split(api_version: str) -> tuple[str, str]:
+    group, _, version = api_version.rpartition("/")
+    return group, version
 
 
-def _ssl_context(info: kopf.ConnectionInfo) -> ssl.SSLContext | bool:
-    if not info.server.startswith("https"):
-        return False
-    if info.insecure:
-        ctx = ssl.create_default_context()
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE
+@functools.cache
+def resource(api_version: str, kind: str, subresource: str | None = None) -> type[Any]:
+    """The dict-valued lightkube resource class of a kind (or of its `status`/`scale` subresource)."""
+    if (api_version, kind) in CUSTOM_RESOURCES:
+        group, version = _split(api_version)
+        info = ApiInfo(resource=ResourceDef(group, version, kind), plural=CUSTOM_RESOURCES[(api_version, kind)],
+                       verbs=ALL_VERBS)
+        namespaced = True
     else:
-        cadata = info.ca_data.decode() if isinstance(info.ca_data, bytes) else info.ca_data
-        ctx = ssl.create_default_context(cafile=os.fsdecode(info.ca_path) if info.ca_path else None, cadata=cadata)
+        try:
+            typed = resource_registry.load(api_version, kind)
+        except lightkube.LoadResourceError:
+            raise ValueError(f"unknown kind {api_version}/{kind}") from None
+        info, namespaced = api_info(typed), issubclass(typed, NamespacedResource)
+    if subresource is None:
+        base: type[Any] = GenericNamespacedResource if namespaced else GenericGlobalResource
+    else:
+        base = GenericNamespacedStatus if namespaced else GenericGlobalStatus
+        info = ApiInfo(resource=info.resource, parent=info.resource, plural=info.plural, verbs=["get", "patch", "put"],
+                       action=subresource)
+    return type(kind, (base,), {"_api_info": info})
+
+
+def plural_of(api_version: str, kind: str) -> tuple[str, bool]:
+    """(plural, namespaced) of a kind, e.g. ("deployments", True) for apps/v1 Deployment."""
+    res = resource(api_version, kind)
+    return api_info(res).plural, issubclass(res, NamespacedResource)
+
+
+def label_selector(text: str) -> dict[str, Any]:
+    """An equality-based label selector (`a=b,c!=d,e,!f`) as lightkube's `labels` argument."""
+    out: dict[str, Any] = {}
+    for term in (t.strip() for t in text.split(",")):
+        if not term:
+            continue
+        if "(" in term or " " in term:
+            raise ValueError(f"label selector {text!r}: only equality terms (a=b, a!=b, a, !a) are supported")
+        if "!=" in term:
+            key, value = term.split("!=", 1)
+            out[key] = operators.not_equal(value)
+        elif "=" in term:
+            key, value = term.replace("==", "=").split("=", 1)
+            out[key] = value
+        elif term.startswith("!"):
+            out[term[1:]] = operators.not_exists()
+        else:
+            out[term] = None  # exists
+    return out
+
+
+def _single(config: lightkube.KubeConfig) -> lightkube.SingleConfig:
+    single = config.get()
+    if single is None:
+        raise NoClusterConfig("the kubeconfig has no current context")
+    return single
+
+
+def _b64(data: str | bytes) -> str:
+    return base64.b64encode(data.encode() if isinstance(data, str) else data).decode()
+
+
+def _config_from_connection(info: kopf.ConnectionInfo) -> lightkube.SingleConfig:
+    """kopf's login result (service account or kubeconfig) as a lightkube configuration."""
+    cluster: dict[str, Any] = {"server": info.server.rstrip("/")}
+    if info.insecure:
+        cluster["insecure-skip-tls-verify"] = True
+    if info.ca_path:
+        cluster["certificate-authority"] = os.fsdecode(info.ca_path)
+    elif info.ca_data:
+        cluster["certificate-authority-data"] = _b64(info.ca_data)
+    user: dict[str, Any] = {}
+    if info.token:
+        user["token"] = info.token
+    elif info.username and info.password:
+        user.update(username=info.username, password=info.password)
     if info.certificate_path and info.private_key_path:
-        ctx.load_cert_chain(os.fsdecode(info.certificate_path), os.fsdecode(info.private_key_path))
-    return ctx
+        user.update({"client-certificate": os.fsdecode(info.certificate_path),
+                     "client-key": os.fsdecode(info.private_key_path)})
+    elif info.certificate_data and info.private_key_data:
+        user.update({"client-certificate-data": _b64(info.certificate_data),
+                     "client-key-data": _b64(info.private_key_data)})
+    return _single(lightkube.KubeConfig.from_dict({
+        "apiVersion": "v1", "kind": "Config", "current-context": "llmfleet",
+        "clusters": [{"name": "llmfleet", "cluster": cluster}],
+        "users": [{"name": "llmfleet", "user": user}],
+        "contexts": [{"name": "llmfleet", "context": {"cluster": "llmfleet", "user": "llmfleet",
+                                                      "namespace": info.default_namespace or "default"}}],
+    }))
+
+
+def _error(err: httpx2.HTTPError, what: str) -> ApiError:
+    if isinstance(err, httpx2.HTTPStatusError):
+        reason, message = "Error", err.response.text[:500]
+        try:
+            payload = json.loads(err.response.text)
+            reason = str(payload.get("reason") or reason)
+            message = str(payload.get("message") or message)
+        except (ValueError, AttributeError):
+            pass
+        return ApiError(err.response.status_code, reason, f"{what}: {message}")
+    return ApiError(503, "Unreachable", f"{what}: {err!r}")
 
 
 @dataclass
 class KubeClient:
-    """One aiohttp session to the API server."""
+    """One lightkube client (one connection pool) to the API server."""
 
-    server: str
-    headers: Mapping[str, str]
-    ssl_context: ssl.SSLContext | bool = False
+    config: lightkube.SingleConfig
     timeout_seconds: float = 30.0
     # Requests in flight at once; the rest wait here (not in the HTTP pool, where the timeout would run).
     max_inflight: int = 32
     # Called with each object a server-side apply returned (the operator remembers its own writes).
     on_applied: Callable[[dict[str, Any]], None] | None = None
-    _session: aiohttp.ClientSession | None = None
-    _slots: asyncio.Semaphore | None = None
+    _client: lightkube.AsyncClient | None = field(default=None, repr=False)
+    _slots: asyncio.Semaphore | None = field(default=None, repr=False)
 
     @classmethod
     def from_connection_info(cls, info: kopf.ConnectionInfo) -> KubeClient:
-        return cls(server=info.server.rstrip("/"), headers=info.as_http_headers(), ssl_context=_ssl_context(info))
+        """Share the credentials kopf logged in with."""
+        return cls(_config_from_connection(info))
 
-    def _client(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=self.timeout_seconds),
-                headers=dict(self.headers),
-                connector=aiohttp.TCPConnector(ssl=self.ssl_context, limit=self.max_inflight),
-            )
-        return self._session
+    @classmethod
+    def from_env(cls) -> KubeClient:
+        """In-cluster service account, else the kubeconfig ($KUBECONFIG or ~/.kube/config)."""
+        try:
+            return cls(_single(lightkube.KubeConfig.from_env()))
+        except (lightkube.ConfigError, OSError, ValueError, KeyError) as err:
+            raise NoClusterConfig(f"no Kubernetes client configuration: {err}") from err
+
+    @classmethod
+    def for_server(cls, server: str, token: str | None = None) -> KubeClient:
+        """A client of `server` (plain http in tests; https verifies with the system CAs)."""
+        user = {"token": token} if token else {}
+        return cls(_single(lightkube.KubeConfig.from_dict({
+            "apiVersion": "v1", "kind": "Config", "current-context": "c",
+            "clusters": [{"name": "c", "cluster": {"server": server.rstrip("/")}}],
+            "users": [{"name": "u", "user": user}],
+            "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+        })))
+
+    def _lightkube(self) -> lightkube.AsyncClient:
+        if self._client is None:
+            tls = (verify_cluster(self.config.cluster, self.config.user or User(), self.config.abs_file)
+                   if self.config.cluster.server.startswith("https") else False)
+            transport = AiohttpTransport(tls, max_connections=self.max_inflight, timeout_seconds=self.timeout_seconds)
+            self._client = lightkube.AsyncClient(self.config, timeout=httpx2.Timeout(self.timeout_seconds),
+                                                 field_manager=FIELD_MANAGER, transport=transport)
+        return self._client
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
 
-    async def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        body: Any = None,
-        content_type: str = "application/json",
-        params: Mapping[str, str] | None = None,
-    ) -> Any:
-        """Send one request; returns the decoded JSON, None for 404 on GET; raises ApiError otherwise."""
+    async def _call(self, what: str, call: Callable[[lightkube.AsyncClient], Any]) -> Any:
+        """Run one lightkube call with the in-flight limit and the API timer; errors become ApiError."""
         timer = _API_SECONDS.get()
         if timer is not None:
             timer.enter()
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.max_inflight)
-        data = None if body is None else json.dumps(body, separators=(",", ":"))
-        headers = {"Content-Type": content_type} if data is not None else None
         try:
             async with self._slots:
-                for attempt in (1, 2):
-                    try:
-                        async with self._client().request(
-                            method, self.server + path, data=data, headers=headers, params=params
-                        ) as resp:
-                            text = await resp.text()
-                            status = resp.status
-                        break
-                    except aiohttp.ServerDisconnectedError:
-                        # A pooled keep-alive connection the server had closed: every verb used here is
-                        # idempotent, so one immediate retry on a fresh connection is safe.
-                        if attempt == 2:
-                            raise
-        except (aiohttp.ClientError, TimeoutError) as err:
-            raise ApiError(503, "Unreachable", f"{method} {path}: {err!r}") from err
+                return await call(self._lightkube())
+        except httpx2.HTTPError as err:
+            raise _error(err, what) from err
         finally:
             if timer is not None:
                 timer.leave()
-        if status == 404 and method == "GET":
-            return None
-        if status >= 300:
-            reason, message = "Error", text[:500]
-            try:
-                payload = json.loads(text)
-                reason = str(payload.get("reason", reason))
-                message = str(payload.get("message", message))
-            except (ValueError, AttributeError):
-                pass
-            raise ApiError(status, reason, f"{method} {path}: {message}")
-        return json.loads(text) if text else None
 
     async def apply(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
         """Server-side apply with the operator's field manager (force: the operator owns what it renders)."""
         meta = manifest["metadata"]
-        path = path_for(manifest["apiVersion"], manifest["kind"], meta.get("namespace"), meta["name"])
-        result: dict[str, Any] = await self.request(
-            "PATCH",
-            path,
-            body=manifest,
-            content_type="application/apply-patch+yaml",
-            params={"fieldManager": FIELD_MANAGER, "force": "true"},
-        )
-        if self.on_applied is not None and isinstance(result, dict):
+        res = resource(manifest["apiVersion"], manifest["kind"])
+        ns = (meta.get("namespace") or "default") if issubclass(res, NamespacedResource) else None
+        result = dict(await self._call(
+            f"apply {manifest['kind']} {meta['name']}",
+            lambda c: c.patch(res, meta["name"], manifest, namespace=ns, patch_type=PatchType.APPLY,
+                              field_manager=FIELD_MANAGER, force=True),
+        ))
+        if self.on_applied is not None:
             self.on_applied(result)
         return result
 
+    async def create(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
+        """Create an object (409 AlreadyExists if it does)."""
+        meta = dict(manifest["metadata"])
+        res = resource(manifest["apiVersion"], manifest["kind"])
+        if issubclass(res, NamespacedResource):
+            meta["namespace"] = meta.get("namespace") or "default"
+        return dict(await self._call(f"create {manifest['kind']} {meta.get('name') or meta.get('generateName')}",
+                                     lambda c: c.create(res({**manifest, "metadata": meta}))))
+
+    def _ns(self, res: type[Any], namespace: str | None) -> str | None:
+        return (namespace or "default") if issubclass(res, NamespacedResource) else None
+
     async def get(self, api_version: str, kind: str, namespace: str | None, name: str) -> dict[str, Any] | None:
-        result: dict[str, Any] | None = await self.request("GET", path_for(api_version, kind, namespace, name))
-        return result
+        """The object, or None when it does not exist."""
+        res = resource(api_version, kind)
+        try:
+            return dict(await self._call(f"get {kind} {name}",
+                                         lambda c: c.get(res, name, namespace=self._ns(res, namespace))))
+        except ApiError as err:
+            if err.status == 404:
+                return None
+            raise
+
+    async def _patch(self, api_version: str, kind: str, namespace: str | None, name: str, patch: Any,
+                     patch_type: PatchType, subresource: str | None) -> dict[str, Any]:
+        res = resource(api_version, kind, subresource)
+        return dict(await self._call(
+            f"patch {kind} {name}" + (f"/{subresource}" if subresource else ""),
+            lambda c: c.patch(res, name, patch, namespace=self._ns(res, namespace), patch_type=patch_type),
+        ))
 
     async def merge_patch(
         self, api_version: str, kind: str, namespace: str | None, name: str, patch: Mapping[str, Any],
         subresource: str | None = None,
     ) -> dict[str, Any]:
-        path = path_for(api_version, kind, namespace, name) + (f"/{subresource}" if subresource else "")
-        result: dict[str, Any] = await self.request(
-            "PATCH", path, body=patch,
-            content_type="application/merge-patch+json",
-        )
-        return result
+        """RFC 7386 merge patch (`None` deletes a key) of the object or of its `status` subresource."""
+        return await self._patch(api_version, kind, namespace, name, patch, PatchType.MERGE, subresource)
+
+    async def json_patch(
+        self, api_version: str, kind: str, namespace: str | None, name: str, ops: list[dict[str, Any]],
+    ) -> dict[str, Any]:
+        """RFC 6902 JSON patch (its `test` ops make it fail with 422 when the object changed meanwhile)."""
+        return await self._patch(api_version, kind, namespace, name, ops, PatchType.JSON, None)
 
     async def delete(self, api_version: str, kind: str, namespace: str | None, name: str) -> bool:
         """Delete (background propagation); False when it was already gone."""
+        res = resource(api_version, kind)
         try:
-            await self.request(
-                "DELETE", path_for(api_version, kind, namespace, name),
-                body={"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"},
-            )
+            await self._call(f"delete {kind} {name}", lambda c: c.delete(
+                res, name, namespace=self._ns(res, namespace), cascade=CascadeType.BACKGROUND))
         except ApiError as err:
             if err.status == 404:
                 return False
             raise
         return True
 
-    async def has_kind(self, group_version: str, plural: str) -> bool:
-        """Whether the API server serves `plural` in `group_version` (discovery; False on any error)."""
-        base = f"/api/{group_version}" if "/" not in group_version else f"/apis/{group_version}"
-        try:
-            found = await self.request("GET", base)
-        except ApiError:
-            return False
-        if not isinstance(found, dict):
-            return False
-        return any(r.get("name") == plural for r in found.get("resources", []))
-
     async def list(
-        self, api_version: str, kind: str, namespace: str | None, labels: Mapping[str, str]
+        self, api_version: str, kind: str, namespace: str | None, labels: Mapping[str, str] | None = None, *,
+        selector: str | None = None,
     ) -> list[dict[str, Any]]:
-        """Objects of a kind in a namespace carrying all `labels` (also filtered here, for simple servers)."""
-        selector = ",".join(f"{k}={v}" for k, v in labels.items())
-        found = await self.request("GET", path_for(api_version, kind, namespace), params={"labelSelector": selector})
-        items = found.get("items", []) if isinstance(found, dict) else []
-        return [
-            i for i in items
-            if all((i.get("metadata", {}).get("labels") or {}).get(k) == v for k, v in labels.items())
-        ]
+        """Objects of a kind in a namespace carrying all `labels`, or matching an equality-based `selector`."""
+        res = resource(api_version, kind)
+        wanted: dict[str, Any] = {**(label_selector(selector) if selector else {}), **(labels or {})}
+
+        async def collect(c: lightkube.AsyncClient) -> list[dict[str, Any]]:
+            return [dict(o) async for o in c.list(res, namespace=self._ns(res, namespace), labels=wanted or None)]
+
+        items: list[dict[str, Any]] = await self._call(f"list {kind}", collect)
+        if not labels:
+            return items
+        # Also filtered here, for API servers that ignore the selector.
+        return [i for i in items
+                if all((i.get("metadata", {}).get("labels") or {}).get(k) == v for k, v in labels.items())]
+
+    async def crd_served(self, group_version: str, plural: str) -> bool:
+        """Whether a CustomResourceDefinition serves `plural` in `group_version` (404: not installed).
+
+        Reads the CRD object (the operator may read CRDs cluster-wide), not API discovery."""
+        group, version = _split(group_version)
+        crd = await self.get(*CRD, None, f"{plural}.{group}")
+        if crd is None:
+            return False
+        return any(v.get("name") == version and v.get("served", True) for v in (crd.get("spec") or {}).get("versions") or [])

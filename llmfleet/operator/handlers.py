@@ -31,7 +31,7 @@ from llmfleet.operator.config import Capabilities, OperatorConfig
 from llmfleet.operator.metrics import ERRORS, observe
 from llmfleet.operator.reconcile_isvc import ReconcileError, reconcile_inferenceservice
 from llmfleet.operator.reconcile_tj import reconcile_trainingjob
-from llmfleet.operator.status import Outcome
+from llmfleet.operator.status import Outcome, status_of
 from llmfleet.operator.worker_status import HttpStatusReader, StatusReader
 
 ISVC = (GROUP, VERSION, INFERENCESERVICE_PLURAL)
@@ -95,14 +95,21 @@ class Runtime:
                 await self._discover()
 
     async def _discover(self) -> None:
-        client = self.kube()
         caps = Capabilities(
-            pod_group=await client.has_kind("scheduling.x-k8s.io/v1alpha1", "podgroups"),
-            pod_monitor=await client.has_kind("monitoring.coreos.com/v1", "podmonitors"),
+            pod_group=await self._served("scheduling.x-k8s.io/v1alpha1", "podgroups"),
+            pod_monitor=await self._served("monitoring.coreos.com/v1", "podmonitors"),
         )
         self.config = OperatorConfig(**{**self.config.__dict__, "capabilities": caps})
         self.capabilities_known = True
         log.info("optional APIs: PodGroup=%s PodMonitor=%s", caps.pod_group, caps.pod_monitor)
+
+    async def _served(self, group_version: str, plural: str) -> bool:
+        """Whether an optional API's CRD is installed; an unanswered check counts as not installed."""
+        try:
+            return await self.kube().crd_served(group_version, plural)
+        except ApiError as err:
+            log.warning("cannot tell whether %s %s is served (%s); not using it", group_version, plural, err)
+            return False
 
 
 def runtime(memo: Any) -> Runtime:
@@ -180,7 +187,7 @@ async def run_reconcile(
         if rt.stopping:
             return
         await rt.discover()
-        old = dict(body.get("status") or {})
+        old = status_of(body)
         merged = {**body, "status": {**old, **rt.written.get(uid, {})}}
         # The timer is a safety net: skip it when another trigger reconciled the object less than half an
         # interval ago (under a backlog, timers would otherwise re-apply everything again). A running

@@ -17,6 +17,7 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from llmfleet.kube.client import ApiError, KubeClient
 from llmfleet.router.adapters import scrape_adapters
 from llmfleet.router.config import LimitsConfig, OutlierConfig, PoolConfig
 from llmfleet.router.kv_tiers import (
@@ -248,41 +249,38 @@ class PoolReplicas:
         self.mark_stale(time.monotonic())
 
     # -- Kubernetes -----------------------------------------------------------------------------------------
-    async def discover_once(self, api: Any) -> None:
-        """List the pool's EndpointSlices (kubernetes DiscoveryV1Api) in a thread, with a timeout."""
+    async def discover_once(self, client: KubeClient) -> None:
+        """List the pool's EndpointSlices, with a timeout; on failure keep the last known replicas."""
         d = self.pool.discovery
         if d is None:
             return
-        import urllib3
-        from kubernetes.client.exceptions import ApiException
-
         try:
             slices = await asyncio.wait_for(
-                asyncio.to_thread(api.list_namespaced_endpoint_slice, d.namespace, label_selector=d.selector,
-                                  _request_timeout=d.timeout_seconds),
-                timeout=d.timeout_seconds + 1,
+                client.list("discovery.k8s.io/v1", "EndpointSlice", d.namespace, selector=d.selector),
+                timeout=d.timeout_seconds,
             )
-        except (TimeoutError, OSError, ApiException, urllib3.exceptions.HTTPError) as e:
+        except (TimeoutError, ApiError, ValueError) as e:
             self.discovery_error = f"EndpointSlice list failed: {e}"
             log.warning("pool %s: %s (keeping the last known replicas)", self.pool.name, self.discovery_error)
             return
         self.discovery_error = None
-        self.set_endpoints(endpoints_from_slices(slices.items, d.port))
+        self.set_endpoints(endpoints_from_slices(slices, d.port))
 
 
-def endpoints_from_slices(items: list[Any], default_port: int) -> dict[str, bool]:
+def endpoints_from_slices(items: list[dict[str, Any]], default_port: int) -> dict[str, bool]:
     """EndpointSlice objects -> {url: draining}. Not ready or terminating = draining."""
     out: dict[str, bool] = {}
     for s in items:
         port = default_port
-        for p in s.ports or []:
-            if p.port and (p.name in (None, "", "http") or len(s.ports) == 1):
-                port = p.port
-        for ep in s.endpoints or []:
-            cond = ep.conditions
-            ready = cond is None or cond.ready is None or cond.ready
-            terminating = bool(cond is not None and cond.terminating)
-            for addr in ep.addresses or []:
+        ports = s.get("ports") or []
+        for p in ports:
+            if p.get("port") and (p.get("name") in (None, "", "http") or len(ports) == 1):
+                port = p["port"]
+        for ep in s.get("endpoints") or []:
+            cond = ep.get("conditions") or {}
+            ready = cond.get("ready") is not False
+            terminating = bool(cond.get("terminating"))
+            for addr in ep.get("addresses") or []:
                 host = f"[{addr}]" if ":" in addr else addr
                 url = f"http://{host}:{port}"
                 out[url] = out.get(url, False) or terminating or not ready

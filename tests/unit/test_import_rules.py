@@ -5,7 +5,8 @@ Floors, lowest first; a module may import its own floor and the floors below it,
     api (contracts), util -> kube, storage -> plan -> router, workers, store -> autoscaler -> operator, local, sim
     -> testing -> cli
 
-Also: no import cycles between modules (type-checking-only imports count: they couple the modules just the
+Also: only the kube floor imports a Kubernetes API client library (lightkube, kubernetes, kubernetes_asyncio), and
+nothing imports kopf's private modules (kopf stays the framework; llmfleet.kube is the one client). No import cycles between modules (type-checking-only imports count: they couple the modules just the
 same), and no import by string (importlib.import_module, __import__), which would hide an edge from this check.
 See docs/architecture.md.
 """
@@ -40,6 +41,10 @@ TOP_LEVEL_FLOOR = len(FLOORS) - 1
 ALLOWED_CYCLES: frozenset[tuple[str, ...]] = frozenset()
 
 STRING_IMPORT_CALLS = {"import_module", "__import__"}
+
+# Kubernetes API client libraries: only `<package>.kube` may import them.
+CLIENT_LIBRARIES = ("lightkube", "kubernetes", "kubernetes_asyncio")
+CLIENT_FLOOR = "kube"
 
 
 @dataclass(frozen=True)
@@ -111,6 +116,27 @@ def string_imports(module: str, path: Path) -> Iterator[Violation]:
                 yield Violation(module, f"line {node.lineno}: import by string ({name}); import the module instead")
 
 
+def client_library_imports(module: str, path: Path) -> Iterator[Violation]:
+    """Imports of a Kubernetes client library outside the kube floor, and of kopf's private modules anywhere."""
+    in_kube = module.split(".")[1:2] == [CLIENT_FLOOR]
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        for name in names:
+            top = name.split(".")[0]
+            if top in CLIENT_LIBRARIES and not in_kube:
+                yield Violation(module, f"line {node.lineno}: imports {top}; use {CLIENT_FLOOR}'s client instead")
+                break
+            if top == "kopf" and any(part.startswith("_") for part in name.split(".")[1:]):
+                yield Violation(module, f"line {node.lineno}: imports kopf's private {name}")
+                break
+
+
 def _cycles(graph: dict[str, set[str]]) -> list[tuple[str, ...]]:
     """Strongly connected components with more than one module (Tarjan, iterative)."""
     index: dict[str, int] = {}
@@ -168,6 +194,7 @@ def check(root: Path, package: str = PACKAGE, allowed_cycles: frozenset[tuple[st
     problems: list[Violation] = []
     for module, path in mods.items():
         problems.extend(string_imports(module, path))
+        problems.extend(client_library_imports(module, path))
         here = floor_of(module)
         for target, line in imports_of(module, path, mods, package):
             graph[module].add(target)
@@ -230,7 +257,7 @@ def test_clean_tree_passes(tmp_path: Path) -> None:
     root = _write_tree(tmp_path, {
         "fake/api/contracts.py": "PORT = 1\n",
         "fake/router/server.py": "from fake.api.contracts import PORT\nfrom fake.kube import client\n",
-        "fake/kube/client.py": "from fake.api import contracts\n",
+        "fake/kube/client.py": "from fake.api import contracts\nimport lightkube\nfrom kopf import ConnectionInfo\n",
         "fake/operator/run.py": "import fake.autoscaler.policy\nfrom fake.router import server\n",
         "fake/autoscaler/policy.py": "from fake.router.server import PORT\n",
     })
@@ -272,6 +299,21 @@ def test_clean_tree_passes(tmp_path: Path) -> None:
             {"fake/operator/h.py": "import importlib\nimportlib.import_module('fake.autoscaler.k')\n"},
             "fake.operator.h: line 2: import by string (import_module)",
             id="importlib-by-string",
+        ),
+        pytest.param(
+            {"fake/autoscaler/k.py": "def f():\n    from kubernetes import client\n"},
+            "fake.autoscaler.k: line 2: imports kubernetes; use kube's client instead",
+            id="client-library-outside-kube",
+        ),
+        pytest.param(
+            {"fake/router/d.py": "import lightkube.generic_resource\n"},
+            "fake.router.d: line 1: imports lightkube",
+            id="lightkube-outside-kube",
+        ),
+        pytest.param(
+            {"fake/operator/h.py": "from kopf._cogs.clients import api\n"},
+            "fake.operator.h: line 1: imports kopf's private kopf._cogs.clients",
+            id="kopf-private-client",
         ),
         pytest.param(
             {"fake/local/f.py": "NAMES = ['fake.router.x']\nmods = [__import__(n) for n in NAMES]\n"},

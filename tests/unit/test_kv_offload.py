@@ -155,3 +155,21 @@ def test_router_config_carries_what_sizes_the_host_tier() -> None:
     text = router_config_yaml(isvc)
     assert "kvOffloadGiB: 200.0" in text and "tensorParallelSize: 2" in text
     assert RouterConfig.from_yaml(text).pools[0].kv_offload_gib == 200
+
+
+@pytest.mark.parametrize(("quantity", "expected"), [
+    ("64Gi", 64 * 2**30), ("1.5Gi", 1.5 * 2**30), ("512Mi", 512 * 2**20), ("1Ki", 1024), ("8G", 8e9),
+    ("500M", 5e8), ("2Ti", 2 * 2**40), ("1024", 1024),
+])
+def test_memory_bytes_reads_kubernetes_quantities(quantity: str, expected: float) -> None:
+    from llmfleet.api.common import memory_bytes
+
+    assert memory_bytes(quantity) == expected
+
+
+def test_memory_bytes_rejects_what_kubernetes_rejects() -> None:
+    from llmfleet.api.common import memory_bytes
+
+    for bad in ("1K", "64GB", "", "Gi"):  # a bare K is no Kubernetes suffix (k is, but not for memory here)
+        with pytest.raises(ValueError, match="not a memory quantity"):
+            memory_bytes(bad)

@@ -10,7 +10,7 @@ import yaml
 from typer.testing import CliRunner
 
 from llmfleet.api.contracts import PROMOTION_ANNOTATION
-from llmfleet.kube.client import RESOURCES, path_for
+from llmfleet.kube.client import label_selector, plural_of
 from llmfleet.operator import rbac
 from llmfleet.operator.builders import build_inferenceservice, build_trainingjob
 from llmfleet.operator.config import Capabilities, OperatorConfig
@@ -158,7 +158,7 @@ def test_rbac_covers_every_child_and_has_no_wildcards() -> None:
     children = build_inferenceservice(isvc, full) + build_trainingjob(tj, full)
     for m in children:
         group = m["apiVersion"].rpartition("/")[0]
-        plural, _ = RESOURCES[(m["apiVersion"], m["kind"])]
+        plural, _ = plural_of(m["apiVersion"], m["kind"])
         for verb in ("get", "create", "patch", "delete", "list"):
             assert rbac.allows(group, plural, verb), (m["kind"], verb)
     # The router Role may only be granted if the operator holds it (escalation prevention).
@@ -175,12 +175,26 @@ def test_rbac_covers_every_child_and_has_no_wildcards() -> None:
     assert not rbac.allows("", "pods", "get")  # worker status comes over HTTP, not the API
 
 
-def test_paths() -> None:
-    assert path_for("apps/v1", "Deployment", "ml", "x") == "/apis/apps/v1/namespaces/ml/deployments/x"
-    assert path_for("v1", "ConfigMap", None) == "/api/v1/namespaces/default/configmaps"
-    assert path_for("v1", "Namespace", "ignored", "ml") == "/api/v1/namespaces/ml"
+def test_plurals_come_from_lightkube_and_our_crds() -> None:
+    assert plural_of("apps/v1", "Deployment") == ("deployments", True)
+    assert plural_of("v1", "Namespace") == ("namespaces", False)
+    assert plural_of("policy/v1", "PodDisruptionBudget") == ("poddisruptionbudgets", True)
+    assert plural_of("llmfleet.io/v1alpha1", "InferenceService") == ("inferenceservices", True)
+    assert plural_of("monitoring.coreos.com/v1", "PodMonitor") == ("podmonitors", True)
     with pytest.raises(ValueError, match="unknown kind"):
-        path_for("v9", "Nope", "ml")
+        plural_of("v9", "Nope")
+    with pytest.raises(ValueError, match="unknown kind"):
+        plural_of("example.com/v1", "Widget")  # a CRD nobody declared
+
+
+def test_label_selector() -> None:
+    from lightkube.core.selector import build_selector
+
+    text = "app=x,tier!=db,llmfleet.io/pool==primary,has,!gone"
+    assert build_selector(label_selector(text)) == "app=x,tier!=db,llmfleet.io/pool=primary,has,!gone"
+    assert label_selector("") == {}
+    with pytest.raises(ValueError, match="equality"):
+        label_selector("env in (a,b)")
 
 
 def test_kubernetes_validate_catches_bad_manifests() -> None:
@@ -202,6 +216,8 @@ def test_cli_help_and_bad_flags() -> None:
         assert flag in result.output
     bad = runner.invoke(app, ["operator", "-n", "ml", "--all-namespaces"])
     assert bad.exit_code == 2 and "mutually exclusive" in bad.output
+    too_high = runner.invoke(app, ["operator", "--priority", str(2**40)])  # kopf's priority stays 64-bit
+    assert too_high.exit_code == 2 and "--priority" in too_high.output
 
 
 INVALID = sorted((pathlib.Path(__file__).resolve().parents[2] / "examples" / "invalid").glob("*.yaml"))
@@ -222,3 +238,46 @@ async def test_invalid_examples_become_invalid_spec_status(path: pathlib.Path) -
     assert (ready["type"], ready["status"], ready["reason"]) == ("Ready", "False", "InvalidSpec")
     assert ready["message"].split(":")[0].startswith(("spec", "metadata")), ready["message"]
     assert [e.reason for e in out.events] == ["InvalidSpec"]
+
+
+@pytest.mark.parametrize("kind", ["InferenceService", "TrainingJob"])
+@pytest.mark.parametrize(("spec", "status"), [("string", None), ([1, 2], None), ({}, "not-a-status")])
+async def test_malformed_bodies_become_invalid_spec_status(kind: str, spec: object, status: object) -> None:
+    """Bodies no schema would admit today (written before a CRD upgrade) are a condition, not an exception,
+    also with cluster-wide defaults to merge into the spec."""
+    from llmfleet.operator.reconcile_isvc import reconcile_inferenceservice
+    from llmfleet.operator.reconcile_tj import reconcile_trainingjob
+
+    body = {"apiVersion": "llmfleet.io/v1alpha1", "kind": kind, "spec": spec, "status": status,
+            "metadata": {"name": "x", "namespace": "ml", "uid": "u", "generation": 2}}
+    config = OperatorConfig(spec_defaults={"router": {"replicas": 2}})
+    reconcile = reconcile_inferenceservice if kind == "InferenceService" else reconcile_trainingjob
+    out = await reconcile(body, None, config, "t")  # type: ignore[operator, arg-type]
+    ready = out.status["conditions"][0]
+    assert out.status["phase"] == "Invalid"
+    assert ready["reason"] == "InvalidSpec" and ready["message"].startswith("spec"), ready["message"]
+
+
+def test_promotion_helpers_read_a_malformed_target_as_having_no_pools() -> None:
+    from llmfleet.operator.promotion import adapter_patch, pool_names
+
+    target = {"metadata": {"name": "chat", "resourceVersion": "1"}, "spec": "string"}
+    assert pool_model(target, "primary") is None and pool_model(target, "student") is None
+    assert pool_model_patch(target, "student", "/m") is None and adapter_patch(target, "a", "/a") is None
+    assert pool_names(target) == ["primary"]
+    odd = {"metadata": {"name": "chat"}, "spec": {"model": "x", "fallback": {"pools": ["x", {"name": "s"}]}}}
+    assert pool_model(odd, "primary") is None and pool_names(odd) == ["primary", "s"]
+
+
+def test_kopf_priority_keeps_the_order_and_breaks_ties_by_identity() -> None:
+    from llmfleet.operator.config import PRIORITY_MAX, PRIORITY_MIN
+    from llmfleet.operator.run import kopf_priority
+
+    ids = [f"llmfleet-{i}.ns-{j}" for i in range(20) for j in range(5)]
+    for low, high in ((0, 1), (-1, 0), (PRIORITY_MIN, PRIORITY_MAX), (9, 10)):
+        assert max(kopf_priority(low, i) for i in ids) < min(kopf_priority(high, i) for i in ids)
+    assert len({kopf_priority(0, i) for i in ids}) == len(ids)  # equal --priority: never equal for kopf
+    assert kopf_priority(3, "a") == kopf_priority(3, "a")  # deterministic: the same identity, the same place
+    assert -(2**63) <= kopf_priority(PRIORITY_MIN, "x") and kopf_priority(PRIORITY_MAX, "x") < 2**63
+    with pytest.raises(ValueError, match="--priority must be between"):
+        kopf_priority(PRIORITY_MAX + 1, "x")

@@ -15,6 +15,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from llmfleet.api.common import memory_bytes
 from llmfleet.api.contracts import KV_EVENTS_PORT, REPLICA_PORT
 from llmfleet.api.inferenceservice import InferenceService, PoolView
 from llmfleet.api.storage import parse_uri
@@ -134,8 +135,6 @@ def kv_offload_headroom_gib(pool: PoolView) -> float:
 
 def _check_kv_offload(pool: PoolView, vp: str, where: str) -> None:
     """kvOffloadGiB: a host tier behind GPU KV memory, inside the pod's memory limit."""
-    from kubernetes.utils.quantity import parse_quantity  # lazy: only specs that offload pay for the import
-
     gib = pool.vllm.kv_offload_gib
     if gib is None:
         return
@@ -146,7 +145,7 @@ def _check_kv_offload(pool: PoolView, vp: str, where: str) -> None:
         )
     memory = pool.resources.memory
     try:
-        memory_gib = float(parse_quantity(memory)) / _GIB  # type: ignore[no-untyped-call]
+        memory_gib = memory_bytes(memory) / _GIB
     except ValueError as err:  # the schema pattern admits only parseable quantities; kept for a clear message
         raise InvalidServeSpec(f"{where}.resources.memory {memory!r} is not a Kubernetes quantity: {err}") from None
     headroom = kv_offload_headroom_gib(pool)

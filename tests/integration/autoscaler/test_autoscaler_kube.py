@@ -1,24 +1,44 @@
 """Against the Kubernetes API emulator (tests/kubeemu.py, kmock): GPU arbitration suspends a lower-priority
-TrainingJob with Events on both objects and later resumes it; the Kubernetes actuator patches pool replicas."""
+TrainingJob with Events on both objects and later resumes it; the Kubernetes actuator patches pool replicas,
+lists a pool's pods and drains one; pending GPUs count unschedulable pods."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import kubeemu  # tests/conftest.py puts tests/ on sys.path
 import pytest
 
-from llmfleet.api.contracts import AUTOSCALER_STATE_ANNOTATION, SUSPENDED_BY_ANNOTATION
-from llmfleet.autoscaler.actuation import KubernetesActuator
+from llmfleet.api.contracts import (
+    AUTOSCALER_STATE_ANNOTATION,
+    DELETION_COST_ANNOTATION,
+    DRAINING_LABEL,
+    SERVING_LABEL,
+    SUSPENDED_BY_ANNOTATION,
+)
+from llmfleet.api.loader import parse_resource
+from llmfleet.autoscaler.actuation import Replica
 from llmfleet.autoscaler.arbitration import ServingNeed
-from llmfleet.autoscaler.kube import apply_arbitration
-from llmfleet.kube.client import KubeClient
+from llmfleet.autoscaler.kube import KubernetesActuator, apply_arbitration, pending_gpus
+from llmfleet.kube.client import ApiError, KubeClient
 
 ROOT = Path(__file__).resolve().parents[3]
 TJ, IS = "llmfleet.io/v1alpha1/trainingjobs", "llmfleet.io/v1alpha1/inferenceservices"
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[tuple[Any, KubeClient]]:
+    """The emulator with llmfleet's CRDs, and a client of it."""
+    async with kubeemu.serve(crds=ROOT / "crds") as (emu, url):
+        client = KubeClient.for_server(url)
+        try:
+            yield emu, client
+        finally:
+            await client.close()
 
 
 ISVC = {
@@ -40,58 +60,95 @@ def events_for(emu: Any, name: str) -> list[str]:
     return [e["reason"] for e in emu.list("v1/events", "default") if e["involvedObject"]["name"] == name]
 
 
-async def test_arbitration_suspends_then_resumes_lower_priority_job() -> None:
-    async with kubeemu.serve(crds=ROOT / "crds") as (emu, url):
-        client = KubeClient(server=url, headers={})
-        try:
-            isvc = await client.request("POST", "/apis/llmfleet.io/v1alpha1/namespaces/default/inferenceservices", body=ISVC)
-            for name, prio in (("low", -10), ("high", 100)):
-                await client.request("POST", "/apis/llmfleet.io/v1alpha1/namespaces/default/trainingjobs",
-                                     body=job(name, prio))
-            burning = ServingNeed("chat", priority=0, burning=True, gpus_missing=3, gpus_surplus=0)
-            actions = await apply_arbitration(client, isvc, burning)
-            assert [(a.job, a.action) for a in actions] == [("low", "suspend")]
-            low = emu.get(TJ, "default", "low")
-            assert low["spec"]["suspend"] is True
-            assert low["metadata"]["annotations"][SUSPENDED_BY_ANNOTATION] == "chat"
-            assert emu.get(TJ, "default", "high")["spec"].get("suspend", False) is False
-            assert "SuspendedForServing" in events_for(emu, "low")
-            assert "SuspendedForServing" in events_for(emu, "chat")
-            # still burning: nothing more to do (the job is already suspended), no resume
-            assert await apply_arbitration(client, isvc, burning) == []
-            # back within budget with room for the job's 4 GPUs: resumed, annotation gone, Events again
-            healthy = ServingNeed("chat", priority=0, burning=False, gpus_missing=0, gpus_surplus=4)
-            actions = await apply_arbitration(client, isvc, healthy)
-            assert [(a.job, a.action) for a in actions] == [("low", "resume")]
-            low = emu.get(TJ, "default", "low")
-            assert low["spec"]["suspend"] is False
-            assert SUSPENDED_BY_ANNOTATION not in (low["metadata"].get("annotations") or {})
-            assert "ResumedAfterServing" in events_for(emu, "low")
-            assert "ResumedAfterServing" in events_for(emu, "chat")
-        finally:
-            await client.close()
+async def test_arbitration_suspends_then_resumes_lower_priority_job(cluster: tuple[Any, KubeClient]) -> None:
+    emu, client = cluster
+    isvc = await client.create(ISVC)
+    for name, prio in (("low", -10), ("high", 100)):
+        await client.create(job(name, prio))
+    burning = ServingNeed("chat", priority=0, burning=True, gpus_missing=3, gpus_surplus=0)
+    actions = await apply_arbitration(client, isvc, burning)
+    assert [(a.job, a.action) for a in actions] == [("low", "suspend")]
+    low = emu.get(TJ, "default", "low")
+    assert low["spec"]["suspend"] is True
+    assert low["metadata"]["annotations"][SUSPENDED_BY_ANNOTATION] == "chat"
+    assert emu.get(TJ, "default", "high")["spec"].get("suspend", False) is False
+    assert "SuspendedForServing" in events_for(emu, "low")
+    assert "SuspendedForServing" in events_for(emu, "chat")
+    # still burning: nothing more to do (the job is already suspended), no resume
+    assert await apply_arbitration(client, isvc, burning) == []
+    # back within budget with room for the job's 4 GPUs: resumed, annotation gone, Events again
+    healthy = ServingNeed("chat", priority=0, burning=False, gpus_missing=0, gpus_surplus=4)
+    actions = await apply_arbitration(client, isvc, healthy)
+    assert [(a.job, a.action) for a in actions] == [("low", "resume")]
+    low = emu.get(TJ, "default", "low")
+    assert low["spec"]["suspend"] is False
+    assert SUSPENDED_BY_ANNOTATION not in (low["metadata"].get("annotations") or {})
+    assert "ResumedAfterServing" in events_for(emu, "low")
+    assert "ResumedAfterServing" in events_for(emu, "chat")
 
 
-async def test_kubernetes_actuator_patches_pool_replicas_and_state_annotation() -> None:
-    from kubernetes import client as k8s
+def pod(name: str, pool: str, *, ready: bool = True, ip: str | None = "10.0.0.1", phase: str = "Running",
+        unschedulable: bool = False) -> dict[str, Any]:
+    conditions = [{"type": "Ready", "status": "True" if ready else "False"}]
+    if unschedulable:
+        conditions.append({"type": "PodScheduled", "status": "False", "reason": "Unschedulable"})
+    status: dict[str, Any] = {"phase": phase, "conditions": conditions}
+    if ip:
+        status["podIP"] = ip
+    return {"apiVersion": "v1", "kind": "Pod", "status": status,
+            "metadata": {"name": name, "namespace": "default",
+                         "labels": {"llmfleet.io/inferenceservice": "chat", "llmfleet.io/pool": pool}},
+            "spec": {"containers": [{"name": "c", "image": "i"}]}}
 
-    async with kubeemu.serve(crds=ROOT / "crds") as (emu, url):
-        kc = KubeClient(server=url, headers={})
-        try:
-            await kc.request("POST", "/apis/llmfleet.io/v1alpha1/namespaces/default/inferenceservices", body=ISVC)
-        finally:
-            await kc.close()
-        conf = k8s.Configuration()
-        conf.host = url
-        api = k8s.ApiClient(conf)
-        try:
-            act = KubernetesActuator("chat", "default", api)
-            await act.set_replicas({"primary": 5, "small": 2}, reason="test", state_json='{"primary":{}}')
-            obj = emu.get(IS, "default", "chat")
-            assert obj["spec"]["replicas"] == 5
-            assert obj["spec"]["fallback"]["pools"][0]["replicas"] == 2
-            assert obj["metadata"]["annotations"][AUTOSCALER_STATE_ANNOTATION] == '{"primary":{}}'
-            with pytest.raises(KeyError, match="nope"):
-                await act.set_replicas({"nope": 1}, reason="test")
-        finally:
-            api.close()
+
+async def test_kubernetes_actuator_patches_pool_replicas_and_state_annotation(cluster: tuple[Any, KubeClient]) -> None:
+    emu, client = cluster
+    await client.create(ISVC)
+    act = KubernetesActuator("chat", "default", client)
+    await act.set_replicas({"primary": 5, "small": 2}, reason="test", state_json='{"primary":{}}')
+    obj = emu.get(IS, "default", "chat")
+    assert obj["spec"]["replicas"] == 5
+    assert obj["spec"]["fallback"]["pools"][0]["replicas"] == 2
+    assert obj["metadata"]["annotations"][AUTOSCALER_STATE_ANNOTATION] == '{"primary":{}}'
+    with pytest.raises(KeyError, match="nope"):
+        await act.set_replicas({"nope": 1}, reason="test")
+    gone = KubernetesActuator("gone", "default", client)
+    with pytest.raises(ApiError) as err:
+        await gone.set_replicas({"primary": 1}, reason="test")
+    assert err.value.status == 404
+
+
+async def test_kubernetes_actuator_lists_and_drains_pods(cluster: tuple[Any, KubeClient]) -> None:
+    emu, client = cluster
+    await client.create(ISVC)
+    for p in (pod("chat-b", "primary", ip="10.0.0.2"), pod("chat-a", "primary", ready=False),
+              pod("chat-s", "small", ip=None)):
+        await client.create(p)
+    act = KubernetesActuator("chat", "default", client, probe=_idle)
+    assert await act.list_replicas("primary") == [
+        Replica("primary", "chat-a", "http://10.0.0.1:8000", ready=False),
+        Replica("primary", "chat-b", "http://10.0.0.2:8000", ready=True),
+    ]
+    assert await act.list_replicas("small") == [Replica("small", "chat-s", None, ready=True)]
+    result = await act.drain_and_remove(Replica("primary", "chat-b", "http://10.0.0.2:8000"), timeout_s=1)
+    assert result.drained and result.removed
+    meta = emu.get("v1/pods", "default", "chat-b")["metadata"]
+    assert meta["labels"][DRAINING_LABEL] == "true" and meta["labels"][SERVING_LABEL] == "false"
+    assert meta["annotations"][DELETION_COST_ANNOTATION] == "-2147483647"
+    assert emu.get(IS, "default", "chat")["spec"]["replicas"] == 1
+
+
+async def test_pending_gpus_counts_unschedulable_pods(cluster: tuple[Any, KubeClient]) -> None:
+    _emu, client = cluster
+    for p in (pod("p1", "primary", phase="Pending", unschedulable=True),
+              pod("p2", "primary", phase="Pending"),  # pending, but scheduled (pulling the image)
+              pod("p3", "primary"),
+              pod("s1", "small", phase="Pending", unschedulable=True)):
+        await client.create(p)
+    isvc = parse_resource({**ISVC, "spec": {**ISVC["spec"], "fallback": {"pools": [
+        {"name": "small", "model": {"path": "/s"}, "replicas": 0, "resources": {"gpus": 2}}]}}})
+    assert await pending_gpus(client, isvc) == 1 + 2
+
+
+async def _idle(_replica: Replica) -> float:
+    return 0.0
