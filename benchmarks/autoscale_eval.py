@@ -88,7 +88,7 @@ def planner_peak_replicas(w: Workload, slo_s: float, first_minute: bool = False)
     `first_minute`: for the rate of the first minute instead (what an operator deploys before any traffic
     history exists: the autoscaled fleets start there).
     """
-    from llmfleet.plan.capacity import Workload as PlanWorkload
+    from llmfleet.plan.capacity import TrafficShape as PlanWorkload
     from llmfleet.plan.capacity import replicas_needed
     from llmfleet.plan.hardware import get_gpu
     from llmfleet.plan.models import get_model

@@ -34,7 +34,7 @@ from rich.table import Table
 
 from llmfleet.api.inferenceservice import RouterSpec
 from llmfleet.router.config import DEFAULT_ADAPTER_WEIGHT
-from llmfleet.sim.engine import PoolSpec, Router, SimConfig, simulate
+from llmfleet.sim.engine import PoolSpec, SimConfig, SimRouter, simulate
 from llmfleet.sim.routers import LlmfleetRouter
 from llmfleet.sim.workload import Request, Workload
 
@@ -84,7 +84,7 @@ def _median(runs: list[dict[str, Any]], *path: str) -> float:
     return float(np.median(vals))
 
 
-def routers(seed: int) -> dict[str, Router | str]:
+def routers(seed: int) -> dict[str, SimRouter | str]:
     aware = {**RouterSpec().scorers, "adapter-loaded": DEFAULT_ADAPTER_WEIGHT}
     return {"least-request": "least-request", "llmfleet": LlmfleetRouter(seed=seed),
             "llmfleet+adapters": LlmfleetRouter(weights=aware, seed=seed)}

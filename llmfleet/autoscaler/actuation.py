@@ -24,7 +24,7 @@ from llmfleet.api.inferenceservice import PRIMARY_POOL
 
 
 @dataclass(frozen=True)
-class Replica:
+class ObservedReplica:
     """One serving replica as the autoscaler sees it."""
 
     pool: str
@@ -37,7 +37,7 @@ class Replica:
 class DrainResult:
     """How a drain-then-remove went."""
 
-    replica: Replica
+    replica: ObservedReplica
     drained: bool  # in-flight reached 0 before the timeout
     removed: bool
     waited_s: float
@@ -48,7 +48,7 @@ class DrainResult:
 class Actuator(Protocol):
     """What the autoscaler needs from a runtime (Kubernetes, local processes, the simulator)."""
 
-    async def list_replicas(self, pool: str) -> list[Replica]:
+    async def list_replicas(self, pool: str) -> list[ObservedReplica]:
         """Current replicas of `pool`."""
         ...
 
@@ -59,17 +59,17 @@ class Actuator(Protocol):
         """
         ...
 
-    async def drain_and_remove(self, replica: Replica, *, timeout_s: float) -> DrainResult:
+    async def drain_and_remove(self, replica: ObservedReplica, *, timeout_s: float) -> DrainResult:
         """Stop new requests to `replica`, wait for its in-flight requests (<= timeout_s), then remove it
         and lower its pool's desired replicas by one."""
         ...
 
 
-InFlightProbe = Callable[[Replica], Awaitable[float | None]]
+InFlightProbe = Callable[[ObservedReplica], Awaitable[float | None]]
 
 
 async def wait_drained(
-    replica: Replica, probe: InFlightProbe, *, timeout_s: float, poll_s: float = 0.5
+    replica: ObservedReplica, probe: InFlightProbe, *, timeout_s: float, poll_s: float = 0.5
 ) -> tuple[bool, float, float | None]:
     """Poll `probe` until the replica has no request in flight; returns (drained, waited_s, last_value).
 
@@ -87,7 +87,7 @@ async def wait_drained(
         await asyncio.sleep(min(poll_s, max(timeout_s - waited, 0.01)))
 
 
-async def scrape_in_flight(replica: Replica, *, timeout_s: float = 2.0) -> float | None:
+async def scrape_in_flight(replica: ObservedReplica, *, timeout_s: float = 2.0) -> float | None:
     """Running + waiting requests of a vLLM-compatible replica, from its Prometheus /metrics."""
     if not replica.url:
         return None

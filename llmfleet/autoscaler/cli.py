@@ -63,9 +63,9 @@ class _ObserveActuator:
         return data
 
     async def list_replicas(self, pool: str) -> list[Any]:
-        from llmfleet.autoscaler.actuation import Replica
+        from llmfleet.autoscaler.actuation import ObservedReplica
 
-        return [Replica(pool=r["pool"], name=r["name"], url=r["url"], ready=bool(r.get("ready")))
+        return [ObservedReplica(pool=r["pool"], name=r["name"], url=r["url"], ready=bool(r.get("ready")))
                 for r in self._state().get("replicas", []) if r["pool"] == pool and r.get("running")]
 
     async def set_replicas(self, desired: Any, *, reason: str, state_json: str | None = None) -> None:

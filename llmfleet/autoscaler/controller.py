@@ -14,7 +14,7 @@ from typing import Protocol
 from llmfleet.api.inferenceservice import InferenceService
 from llmfleet.autoscaler.actuation import Actuator, DrainResult
 from llmfleet.autoscaler.capacity import CapacitySeed
-from llmfleet.autoscaler.policy import Decision, PolicyConfig, PolicyState, PoolSignals, decide
+from llmfleet.autoscaler.policy import PolicyConfig, PolicyState, PoolSignals, ScalingDecision, decide
 from llmfleet.autoscaler.scalein import choose_victims
 from llmfleet.autoscaler.seeds import seeds_for_service
 from llmfleet.autoscaler.signals import PoolRef
@@ -31,7 +31,7 @@ LostBlocks = Mapping[str, int]
 
 @dataclass
 class StepResult:
-    decision: Decision
+    decision: ScalingDecision
     signals: list[PoolSignals] = field(default_factory=list)
     scaled_out: dict[str, int] = field(default_factory=dict)
     drained: list[DrainResult] = field(default_factory=list)

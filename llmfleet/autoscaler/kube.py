@@ -26,7 +26,7 @@ from llmfleet.api.inferenceservice import PRIMARY_POOL, InferenceService
 from llmfleet.autoscaler.actuation import (
     DrainResult,
     InFlightProbe,
-    Replica,
+    ObservedReplica,
     replicas_patch,
     scrape_in_flight,
     wait_drained,
@@ -51,7 +51,7 @@ class KubernetesActuator:
             raise ApiError(404, "NotFound", f"InferenceService {self.namespace}/{self.name} is gone")
         return obj
 
-    async def list_replicas(self, pool: str) -> list[Replica]:
+    async def list_replicas(self, pool: str) -> list[ObservedReplica]:
         pods = await self.client.list("v1", "Pod", self.namespace, selector=pool_selector(self.name, pool))
         out = []
         for pod in pods:
@@ -60,7 +60,7 @@ class KubernetesActuator:
                 continue
             ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
             ip = status.get("podIP")
-            out.append(Replica(pool=pool, name=meta["name"], url=f"http://{ip}:{REPLICA_PORT}" if ip else None, ready=ready))
+            out.append(ObservedReplica(pool=pool, name=meta["name"], url=f"http://{ip}:{REPLICA_PORT}" if ip else None, ready=ready))
         return sorted(out, key=lambda r: r.name)
 
     async def set_replicas(self, desired: Mapping[str, int], *, reason: str, state_json: str | None = None) -> None:
@@ -80,7 +80,7 @@ class KubernetesActuator:
     async def _patch_pod(self, pod: str, body: dict[str, Any]) -> None:
         await self.client.merge_patch("v1", "Pod", self.namespace, pod, body)
 
-    async def drain_and_remove(self, replica: Replica, *, timeout_s: float) -> DrainResult:
+    async def drain_and_remove(self, replica: ObservedReplica, *, timeout_s: float) -> DrainResult:
         await self._patch_pod(replica.name, {"metadata": {"labels": {DRAINING_LABEL: "true", SERVING_LABEL: "false"}}})
         drained, waited, last = await wait_drained(replica, self._probe, timeout_s=timeout_s)
         await self._patch_pod(replica.name, {"metadata": {"annotations": {DELETION_COST_ANNOTATION: "-2147483647"}}})

@@ -35,16 +35,16 @@ from llmfleet.autoscaler.capacity import (
 from llmfleet.autoscaler.stabilize import stabilize
 from llmfleet.autoscaler.state import Action, PolicyState, PoolState
 from llmfleet.autoscaler.types import (
-    Decision,
     PolicyConfig,
     PolicyName,
-    PoolConfig,
+    PoolBounds,
     PoolDecision,
     PoolSignals,
     Role,
+    ScalingDecision,
 )
 
-__all__ = ["Action", "Decision", "PolicyConfig", "PolicyName", "PolicyState", "PoolConfig", "PoolDecision",
+__all__ = ["Action", "ScalingDecision", "PolicyConfig", "PolicyName", "PolicyState", "PoolBounds", "PoolDecision",
            "PoolSignals", "PoolState", "Role", "decide"]
 
 DEFAULT_COLD_START_S = 60.0
@@ -53,11 +53,11 @@ DEFAULT_COLD_START_S = 60.0
 BURST_SIGMAS = 3.0
 
 
-def _clamp(n: int, cfg: PoolConfig) -> int:
+def _clamp(n: int, cfg: PoolBounds) -> int:
     return min(max(n, cfg.min_replicas), cfg.max_replicas)
 
 
-def cold_start_seconds(cfg: PolicyConfig, pool: PoolConfig, st: PoolState) -> float:
+def cold_start_seconds(cfg: PolicyConfig, pool: PoolBounds, st: PoolState) -> float:
     """Configured cold start, else the measured one, else a default."""
     return pool.cold_start_s or cfg.cold_start_s or st.cold_start_s or DEFAULT_COLD_START_S
 
@@ -74,7 +74,7 @@ def _track_cold_start(st: PoolState, sig: PoolSignals) -> None:
         st.pending = None
 
 
-def _mu(pool: PoolConfig, st: PoolState, sig: PoolSignals) -> float:
+def _mu(pool: PoolBounds, st: PoolState, sig: PoolSignals) -> float:
     mean_in = sig.mean_input_tokens if sig.mean_input_tokens is not None else 512.0
     mean_out = sig.mean_output_tokens if sig.mean_output_tokens is not None else 128.0
     cost = service_seconds(pool.seed, st.efficiency, mean_in, mean_out, sig.prefix_hit_rate or 0.0)
@@ -88,7 +88,7 @@ def _saturated(st: PoolState, sig: PoolSignals) -> bool:
             and st.prev_ready == sig.ready_replicas)
 
 
-def _learn(cfg: PolicyConfig, pool: PoolConfig, st: PoolState, sig: PoolSignals) -> None:
+def _learn(cfg: PolicyConfig, pool: PoolBounds, st: PoolState, sig: PoolSignals) -> None:
     """Update the pool's capacity estimate from the interval's token-level work (capacity.learn_efficiency)."""
     saturated = _saturated(st, sig)
     headroom = sig.ttft_p95_ms is not None and sig.ttft_p95_ms <= cfg.ttft_target_fraction * cfg.ttft_slo_ms
@@ -99,7 +99,7 @@ def _learn(cfg: PolicyConfig, pool: PoolConfig, st: PoolState, sig: PoolSignals)
 
 
 def _slo_primary(
-    cfg: PolicyConfig, pool: PoolConfig, st: PoolState, sig: PoolSignals
+    cfg: PolicyConfig, pool: PoolBounds, st: PoolState, sig: PoolSignals
 ) -> tuple[int, list[str], float, float]:
     """Raw recommendation of the slo policy for a primary pool.
 
@@ -177,7 +177,7 @@ def _slo_primary(
 
 def _slo_students(
     cfg: PolicyConfig,
-    students: Sequence[PoolConfig],
+    students: Sequence[PoolBounds],
     signals: Mapping[str, PoolSignals],
     state: PolicyState,
     overflow: float,
@@ -240,8 +240,8 @@ def _queue_rec(cfg: PolicyConfig, sig: PoolSignals) -> tuple[int, list[str]]:
     return n, [f"queue {sig.queue_depth:.1f} / target {cfg.target_queue_depth:g} per replica -> {n}"]
 
 
-def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState) -> Decision:
-    """Desired replicas for every configured pool. `state` is not modified; use `Decision.state` next time."""
+def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState) -> ScalingDecision:
+    """Desired replicas for every configured pool. `state` is not modified; use `ScalingDecision.state` next time."""
     state = copy.deepcopy(state)
     by_name = {s.pool: s for s in signals}
     missing = [p.name for p in cfg.pools if p.name not in by_name]
@@ -348,4 +348,4 @@ def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState
             predicted_ttft_ms=pred,
             capacity_rps=cap,
         )
-    return Decision(now=now, policy=cfg.policy, pools=decisions, state=state)
+    return ScalingDecision(now=now, policy=cfg.policy, pools=decisions, state=state)

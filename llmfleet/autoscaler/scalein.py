@@ -13,18 +13,18 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from llmfleet.autoscaler.actuation import Actuator, DrainResult, Replica
+from llmfleet.autoscaler.actuation import Actuator, DrainResult, ObservedReplica
 
 if TYPE_CHECKING:
     from llmfleet.router.prefix_index import PrefixIndex
 
 
 def choose_victims(
-    replicas: Sequence[Replica],
+    replicas: Sequence[ObservedReplica],
     count: int,
     lost_blocks: Mapping[str, int] | None = None,
     in_flight: Mapping[str, float] | None = None,
-) -> list[Replica]:
+) -> list[ObservedReplica]:
     """The `count` replicas whose removal costs least. Maps are keyed by replica URL or name."""
     lost_blocks = lost_blocks or {}
     in_flight = in_flight or {}
@@ -32,7 +32,7 @@ def choose_victims(
     # never evict on a guess.
     unknown_lost = float("inf") if lost_blocks else 0.0
 
-    def get(m: Mapping[str, float] | Mapping[str, int], r: Replica, default: float) -> float:
+    def get(m: Mapping[str, float] | Mapping[str, int], r: ObservedReplica, default: float) -> float:
         for key in (r.url, r.name):
             if key is not None and key in m:
                 return float(m[key])
@@ -44,7 +44,7 @@ def choose_victims(
     return ranked[: max(count, 0)]
 
 
-def lost_blocks_from_index(index: PrefixIndex, replicas: Sequence[Replica], hot: int | None = None) -> dict[str, int]:
+def lost_blocks_from_index(index: PrefixIndex, replicas: Sequence[ObservedReplica], hot: int | None = None) -> dict[str, int]:
     """`hot_blocks_lost_if_removed` for each replica (the router keys replicas by their base URL)."""
     out = {}
     for r in replicas:

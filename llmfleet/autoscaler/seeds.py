@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from llmfleet.api.contracts import MODEL_PRESET_ANNOTATION
 from llmfleet.autoscaler.capacity import DEFAULT_SEED, CapacitySeed
-from llmfleet.plan.capacity import ReplicaCapacity, Workload, replica_capacity
+from llmfleet.plan.capacity import ReplicaCapacity, TrafficShape, replica_capacity
 from llmfleet.plan.hardware import get_gpu
 from llmfleet.plan.models import get_model
 
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from llmfleet.api.inferenceservice import InferenceService, PoolView
 
 
-def seed_from_capacity(cap: ReplicaCapacity, w: Workload) -> CapacitySeed:
+def seed_from_capacity(cap: ReplicaCapacity, w: TrafficShape) -> CapacitySeed:
     """Convert the planner's per-replica numbers into a CapacitySeed. Pure."""
     new_tokens = max(1.0, w.input_tokens * (1.0 - w.prefix_hit_rate))
     prefill_tps = new_tokens / cap.prefill_s if cap.prefill_s > 0 else DEFAULT_SEED.prefill_tokens_per_s
@@ -42,7 +42,7 @@ def seed_for_pool(
         model, gpu = get_model(model_preset), get_gpu(gpu_type)
     except ValueError:
         return DEFAULT_SEED
-    w = Workload(input_tokens=input_tokens, output_tokens=output_tokens, ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s)
+    w = TrafficShape(input_tokens=input_tokens, output_tokens=output_tokens, ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s)
     kv = "fp8" if pool.vllm.kv_cache_dtype.startswith("fp8") else "bf16"
     cap = replica_capacity(model, gpu, w, kv_dtype=kv, tensor_parallel=pool.vllm.tensor_parallel_size,
                            max_num_seqs=pool.vllm.max_num_seqs or 256)

@@ -9,11 +9,11 @@ from __future__ import annotations
 import math
 
 from llmfleet.autoscaler.state import Action, PoolState
-from llmfleet.autoscaler.types import PolicyConfig, PoolConfig, PoolSignals
+from llmfleet.autoscaler.types import PolicyConfig, PoolBounds, PoolSignals
 
 
 def stabilize(
-    cfg: PolicyConfig, pool: PoolConfig, st: PoolState, sig: PoolSignals, rec: int, reasons: list[str], cold_s: float
+    cfg: PolicyConfig, pool: PoolBounds, st: PoolState, sig: PoolSignals, rec: int, reasons: list[str], cold_s: float
 ) -> tuple[int, Action]:
     """HPA-style windows, steps and cooldown; returns (desired, action).
 

@@ -66,7 +66,7 @@ class PoolSignals:
 
 
 @dataclass(frozen=True)
-class PoolConfig:
+class PoolBounds:
     """One pool's bounds and capacity seed."""
 
     name: str
@@ -84,7 +84,7 @@ class PolicyConfig:
     """Policy parameters, normally from an InferenceService's spec.autoscaling and spec.slo."""
 
     policy: PolicyName
-    pools: tuple[PoolConfig, ...]
+    pools: tuple[PoolBounds, ...]
     ttft_slo_ms: float = 1000.0
     tpot_slo_ms: float = 100.0
     interval_s: float = 15.0
@@ -104,7 +104,7 @@ class PolicyConfig:
     # needs at most this fraction of the current replicas ("clearly idle"); 0 disables. See _stabilize.
     idle_fraction: float = IDLE_FRACTION
 
-    def pool(self, name: str) -> PoolConfig:
+    def pool(self, name: str) -> PoolBounds:
         for p in self.pools:
             if p.name == name:
                 return p
@@ -117,7 +117,7 @@ class PolicyConfig:
         """Build the config of `isvc`; `seeds` maps pool name to its capacity seed (planner estimate)."""
         spec, auto = isvc.spec, isvc.spec.autoscaling
         pools = tuple(
-            PoolConfig(
+            PoolBounds(
                 name=p.name,
                 role=p.role,
                 min_replicas=p.min_replicas,
@@ -161,7 +161,7 @@ class PoolDecision:
 
 
 @dataclass(frozen=True)
-class Decision:
+class ScalingDecision:
     """Desired replicas for every pool, why, and the state for the next call."""
 
     now: float

@@ -5,7 +5,13 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Mapping
 
-from llmfleet.autoscaler.actuation import DrainResult, InFlightProbe, Replica, scrape_in_flight, wait_drained
+from llmfleet.autoscaler.actuation import (
+    DrainResult,
+    InFlightProbe,
+    ObservedReplica,
+    scrape_in_flight,
+    wait_drained,
+)
 from llmfleet.local.runtime import Supervisor
 
 
@@ -21,12 +27,12 @@ class LocalActuator:
         self.sup = supervisor
         self._probe = probe or scrape_in_flight
 
-    async def list_replicas(self, pool: str) -> list[Replica]:
+    async def list_replicas(self, pool: str) -> list[ObservedReplica]:
         live = [r for r in self.sup.replicas(pool) if r.proc is not None and not r.stopping]
         surge = self.sup.surge.get(pool, 0)
         if surge:  # a rollout's surge replicas (the newest) are not the autoscaler's, as on Kubernetes
             live = sorted(live, key=lambda r: r.started_at or 0.0)[:max(0, len(live) - surge)]
-        return [Replica(pool=r.pool, name=r.name, url=r.url, ready=r.ready) for r in live]
+        return [ObservedReplica(pool=r.pool, name=r.name, url=r.url, ready=r.ready) for r in live]
 
     async def set_replicas(self, desired: Mapping[str, int], *, reason: str, state_json: str | None = None) -> None:
         for pool, n in desired.items():
@@ -43,13 +49,13 @@ class LocalActuator:
             (self.sup.run_dir / "autoscaler-state.json").write_text(state_json)
         self.sup.reconcile()
 
-    async def drain_and_remove(self, replica: Replica, *, timeout_s: float) -> DrainResult:
+    async def drain_and_remove(self, replica: ObservedReplica, *, timeout_s: float) -> DrainResult:
         slot = next((r for r in self.sup.replicas(replica.pool) if r.name == replica.name), None)
         if slot is None:
             return DrainResult(replica=replica, drained=False, removed=False, waited_s=0.0)
         await self._router_drain(slot.url, True)
 
-        async def probe(r: Replica) -> float | None:
+        async def probe(r: ObservedReplica) -> float | None:
             # A replica that never passed /health was never routed to: nothing can be in flight, and its
             # engine (not up yet) cannot answer /metrics.
             if not slot.ready and slot.proc is not None and slot.proc.poll() is None:

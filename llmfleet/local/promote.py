@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from llmfleet.api.inferenceservice import InferenceService
-from llmfleet.autoscaler.actuation import Replica as ActuatorReplica
+from llmfleet.autoscaler.actuation import ObservedReplica as ActuatorReplica
 from llmfleet.autoscaler.signals import live_metrics
 from llmfleet.local.actuator import LocalActuator
-from llmfleet.local.runtime import Replica, Supervisor
+from llmfleet.local.runtime import ReplicaSlot, Supervisor
 from llmfleet.operator.promotion import (
     Promotion,
     RolloutProgress,
@@ -168,7 +168,7 @@ class PromotionFollower:
             self.sup.desired[pool] += 1
         self.sup.reconcile()
 
-    async def _drain(self, r: Replica, target: str) -> None:
+    async def _drain(self, r: ReplicaSlot, target: str) -> None:
         self.sup.event(f"promotion: draining {r.name} ({r.model}), replaced by {target}")
         await self.actuator.drain_and_remove(ActuatorReplica(pool=r.pool, name=r.name, url=r.url, ready=r.ready),
                                              timeout_s=float(self.sup.isvc.spec.drain_seconds))

@@ -58,7 +58,7 @@ def run_dir_for(name: str, base: Path | None = None) -> Path:
 
 
 @dataclass
-class Replica:
+class ReplicaSlot:
     """One slot of a pool; `proc` is None while the slot is scaled to zero."""
 
     pool: str
@@ -96,7 +96,7 @@ class Supervisor:
 
     def __init__(self, isvc: InferenceService, run_dir: Path, *, router_port: int | None = None,
                  python: str | None = None, env: dict[str, str] | None = None, prometheus: bool | None = None,
-                 manifest: Path | None = None, replica_command: Callable[[Replica], list[str]] | None = None) -> None:
+                 manifest: Path | None = None, replica_command: Callable[[ReplicaSlot], list[str]] | None = None) -> None:
         """`replica_command` replaces the vLLM replica command (tests and drills run fake replicas)."""
         self.isvc = isvc
         self.manifest = manifest  # the file `llmfleet up -f` was given: watched for adapter edits
@@ -107,7 +107,7 @@ class Supervisor:
         self.env = {**CPU_ENV_DEFAULTS, **os.environ, **(env or {})}
         self.router_port = router_port or free_port()
         self.pools: dict[str, PoolView] = {p.name: p for p in isvc.pools()}
-        self.slots: dict[str, list[Replica]] = {}
+        self.slots: dict[str, list[ReplicaSlot]] = {}
         self.desired: dict[str, int] = {}
         # Rollout surge replicas on top of `desired` (a Deployment's maxSurge): started by a promotion,
         # not counted by the autoscaler's actuator.
@@ -128,7 +128,7 @@ class Supervisor:
         for p in self.pools.values():
             n = max(p.max_replicas, p.replicas, p.min_replicas)
             self.slots[p.name] = [
-                Replica(pool=p.name, slot=i, port=free_port(), log=str(run_dir / "logs" / f"{p.name}-{i}.log"),
+                ReplicaSlot(pool=p.name, slot=i, port=free_port(), log=str(run_dir / "logs" / f"{p.name}-{i}.log"),
                         kv_events_port=free_port() if isvc.publishes_kv_events(p) else None)
                 for i in range(n)
             ]
@@ -144,7 +144,7 @@ class Supervisor:
         self.events.append((time.time(), msg))
         del self.events[:-50]
 
-    def replicas(self, pool: str | None = None) -> list[Replica]:
+    def replicas(self, pool: str | None = None) -> list[ReplicaSlot]:
         return [r for name, rs in self.slots.items() if pool in (None, name) for r in rs]
 
     def state(self) -> dict[str, Any]:
@@ -181,13 +181,13 @@ class Supervisor:
         return subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env,
                                 start_new_session=True, preexec_fn=_die_with_parent)
 
-    def replica_command(self, r: Replica) -> list[str]:
+    def replica_command(self, r: ReplicaSlot) -> list[str]:
         if self._replica_command is not None:
             return self._replica_command(r)
         return serve_command(self.isvc, self.pools[r.pool], port=r.port, host="127.0.0.1", python=self.python,
                              kv_events_port=r.kv_events_port)
 
-    def start_replica(self, r: Replica) -> None:
+    def start_replica(self, r: ReplicaSlot) -> None:
         r.proc = self._spawn(self.replica_command(r), r.log)
         r.pid, r.stopping, r.ready, r.started_at = r.proc.pid, False, False, time.time()
         r.model = self.pools[r.pool].model.path
@@ -333,7 +333,7 @@ class Supervisor:
             self.start_prometheus()
 
     @staticmethod
-    def _pick_wanted(rs: list[Replica], n: int) -> None:
+    def _pick_wanted(rs: list[ReplicaSlot], n: int) -> None:
         """Keep the slots already wanted (a drained slot was unwanted explicitly); fill/trim to n."""
         wanted = [r for r in rs if r.wanted]
         for r in rs:
@@ -345,7 +345,7 @@ class Supervisor:
         while len(wanted) > n:
             wanted.pop().wanted = False
 
-    def stop_replica(self, r: Replica) -> None:
+    def stop_replica(self, r: ReplicaSlot) -> None:
         if r.proc is not None and r.proc.poll() is None:
             r.stopping = True
             with contextlib.suppress(ProcessLookupError):
@@ -355,7 +355,7 @@ class Supervisor:
         import httpx
 
         async with httpx.AsyncClient(timeout=1.5) as client:
-            async def check(r: Replica) -> None:
+            async def check(r: ReplicaSlot) -> None:
                 if r.proc is None or r.stopping:
                     r.ready = False
                     return

@@ -31,7 +31,7 @@ from llmfleet.operator.config import Capabilities, OperatorConfig
 from llmfleet.operator.metrics import ERRORS, observe
 from llmfleet.operator.reconcile_isvc import ReconcileError, reconcile_inferenceservice
 from llmfleet.operator.reconcile_tj import reconcile_trainingjob
-from llmfleet.operator.status import Outcome, status_of
+from llmfleet.operator.status import ReconcileOutcome, status_of
 from llmfleet.operator.worker_status import HttpStatusReader, StatusReader
 
 ISVC = (GROUP, VERSION, INFERENCESERVICE_PLURAL)
@@ -166,10 +166,10 @@ async def _cleanup(memo: kopf.Memo, **_: Any) -> None:
         await rt.status_reader.close()
 
 
-Reconciler = Callable[[Mapping[str, Any], Runtime], Awaitable[Outcome]]
+Reconciler = Callable[[Mapping[str, Any], Runtime], Awaitable[ReconcileOutcome]]
 
 
-def _post(body: Mapping[str, Any], outcome: Outcome) -> None:
+def _post(body: Mapping[str, Any], outcome: ReconcileOutcome) -> None:
     for ev in outcome.events:
         kopf.event(body, type=ev.type, reason=ev.reason, message=ev.message[:1000])  # type: ignore[arg-type]
     for obj, ev in outcome.other_events:
@@ -204,7 +204,7 @@ async def run_reconcile(
         except ReconcileError as err:
             outcome, result, error = err.outcome, "error", err
         except ApiError as err:
-            outcome, result, error = Outcome(), "error", err
+            outcome, result, error = ReconcileOutcome(), "error", err
             outcome.event("Warning", "ApiError", str(err)[:500])
         total = time.perf_counter() - started
         observe(kind, trigger, result, total, max(0.0, total - api.seconds), outcome.compute_seconds, outcome.applied)
@@ -223,12 +223,12 @@ async def run_reconcile(
             raise kopf.PermanentError(str(error)[:500])
 
 
-async def _isvc(body: Mapping[str, Any], rt: Runtime) -> Outcome:
+async def _isvc(body: Mapping[str, Any], rt: Runtime) -> ReconcileOutcome:
     return await reconcile_inferenceservice(body, rt.kube(), rt.config, now_iso())
 
 
 def _tj(read: bool) -> Reconciler:
-    async def _run(body: Mapping[str, Any], rt: Runtime) -> Outcome:
+    async def _run(body: Mapping[str, Any], rt: Runtime) -> ReconcileOutcome:
         return await reconcile_trainingjob(body, rt.kube(), rt.config, now_iso(), rt.reader() if read else None)
 
     return _run

@@ -18,7 +18,7 @@ from llmfleet.operator.builders.inferenceservice import isvc_labels
 from llmfleet.operator.config import OperatorConfig, with_spec_defaults
 from llmfleet.operator.isvc_status import inferenceservice_status, new_generation, promotion_update
 from llmfleet.operator.status import (
-    Outcome,
+    ReconcileOutcome,
     cr_dict,
     invalid_spec_message,
     invalid_spec_outcome,
@@ -34,7 +34,7 @@ PRUNED_KINDS = (("apps/v1", "Deployment"), ("v1", "Service"), ("policy/v1", "Pod
 class ReconcileError(Exception):
     """Applying failed; the outcome still carries a status patch and Events to record first."""
 
-    def __init__(self, outcome: Outcome, transient: bool, message: str) -> None:
+    def __init__(self, outcome: ReconcileOutcome, transient: bool, message: str) -> None:
         self.outcome = outcome
         self.transient = transient
         super().__init__(message)
@@ -71,7 +71,7 @@ async def prune(client: KubeClient, isvc: InferenceService, desired: set[tuple[s
 
 async def reconcile_inferenceservice(
     body: Mapping[str, Any], client: KubeClient, config: OperatorConfig, now: str
-) -> Outcome:
+) -> ReconcileOutcome:
     """Level-triggered: the same body always converges to the same children and status."""
     started = time.thread_time()
     old_status: dict[str, Any] = status_of(body)
@@ -87,7 +87,7 @@ async def reconcile_inferenceservice(
         invalid.compute_seconds = time.thread_time() - started
         return invalid
 
-    out = Outcome()
+    out = ReconcileOutcome()
     out.compute_seconds = time.thread_time() - started
     results, errors = await apply_all(client, manifests)
     out.applied = len(manifests) - len(errors)

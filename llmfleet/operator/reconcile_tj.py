@@ -18,7 +18,7 @@ from llmfleet.operator.builders.trainingjob import job_name, service_name, uses_
 from llmfleet.operator.config import OperatorConfig
 from llmfleet.operator.reconcile_isvc import ReconcileError, apply_all
 from llmfleet.operator.status import (
-    Outcome,
+    ReconcileOutcome,
     condition,
     cr_dict,
     invalid_spec_message,
@@ -52,7 +52,7 @@ def status_url(config: OperatorConfig, tj: TrainingJob, attempt: int) -> str:
 
 
 async def _promote(
-    tj: TrainingJob, old: dict[str, Any], client: KubeClient, out: Outcome, now: str
+    tj: TrainingJob, old: dict[str, Any], client: KubeClient, out: ReconcileOutcome, now: str
 ) -> dict[str, Any] | None:
     """Start or follow the promotion of the exported model; the new status.promotion (None: not configured)."""
     output = tj.spec.output
@@ -72,7 +72,7 @@ async def _promote(
 
 
 async def _check_promotion_target(
-    tj: TrainingJob, client: KubeClient, out: Outcome, old: dict[str, Any], generation: int | None, now: str
+    tj: TrainingJob, client: KubeClient, out: ReconcileOutcome, old: dict[str, Any], generation: int | None, now: str
 ) -> None:
     """Keep the PromotionTarget condition: a missing InferenceService or pool is a condition and a Warning
     Event on the TrainingJob (training goes on; the promotion waits for the target), not an error.
@@ -98,7 +98,7 @@ async def _check_promotion_target(
 
 
 async def _apply(
-    tj: TrainingJob, config: OperatorConfig, client: KubeClient, out: Outcome, old: dict[str, Any],
+    tj: TrainingJob, config: OperatorConfig, client: KubeClient, out: ReconcileOutcome, old: dict[str, Any],
     generation: int | None, now: str, attempt: int, job_created: bool, job_only: bool = False,
 ) -> list[dict[str, Any]]:
     started = time.thread_time()
@@ -128,7 +128,7 @@ async def reconcile_trainingjob(
     config: OperatorConfig,
     now: str,
     read_status: StatusReader | None = None,
-) -> Outcome:
+) -> ReconcileOutcome:
     """Level-triggered. `read_status` (timer only) reads rank 0's /status while the job runs."""
     out, tj = await _reconcile(body, client, config, now, read_status)
     if tj is not None:
@@ -138,7 +138,7 @@ async def reconcile_trainingjob(
 
 
 async def _reconcile(body: Mapping[str, Any], client: KubeClient, config: OperatorConfig, now: str,
-                     read_status: StatusReader | None) -> tuple[Outcome, TrainingJob | None]:
+                     read_status: StatusReader | None) -> tuple[ReconcileOutcome, TrainingJob | None]:
     """The reconcile proper; also returns the validated TrainingJob (None when the spec is invalid)."""
     started = time.thread_time()
     old: dict[str, Any] = status_of(body)
@@ -155,7 +155,7 @@ async def _reconcile(body: Mapping[str, Any], client: KubeClient, config: Operat
         invalid.compute_seconds = time.thread_time() - started
         return invalid, None
 
-    out = Outcome()
+    out = ReconcileOutcome()
     out.compute_seconds = time.thread_time() - started
     ns = tj.metadata.namespace
     attempt = int(old.get("restarts") or 0)

@@ -22,7 +22,7 @@ class Event:
 
 
 @dataclass
-class Outcome:
+class ReconcileOutcome:
     """What one reconcile decided: a status patch (camelCase) and Events to post."""
 
     status: dict[str, Any] = field(default_factory=dict)
@@ -83,9 +83,9 @@ def invalid_spec_message(err: ValidationError | ValueError) -> str:
 
 def invalid_spec_outcome(
     old_status: dict[str, Any], message: str, generation: int | None, now: str, kind: str
-) -> Outcome:
+) -> ReconcileOutcome:
     """Ready=False/InvalidSpec with the field path; children stay as they were."""
-    out = Outcome()
+    out = ReconcileOutcome()
     old_ready = condition(old_status.get("conditions"), "Ready")
     out.status = {
         "phase": "Invalid",

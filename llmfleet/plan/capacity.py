@@ -15,7 +15,7 @@ from llmfleet.plan.roofline import StepCostModel, kv_capacity
 
 
 @dataclass(frozen=True)
-class Workload:
+class TrafficShape:
     """Mean request shape and arrival rate."""
 
     input_tokens: int = 2048
@@ -39,7 +39,7 @@ class ReplicaCapacity:
     reasoning: list[str] = field(default_factory=list)
 
 
-def replica_capacity(m: ModelShape, gpu: GPUProfile, w: Workload, *, weight_dtype: str = "bf16",
+def replica_capacity(m: ModelShape, gpu: GPUProfile, w: TrafficShape, *, weight_dtype: str = "bf16",
                      kv_dtype: str = "bf16", tensor_parallel: int = 1, max_num_seqs: int = 256,
                      cost: StepCostModel | None = None) -> ReplicaCapacity:
     """Throughput of one replica for this workload, and the utilization at which it still meets the TTFT SLO.
@@ -101,7 +101,7 @@ class ReplicaPlan:
     reasoning: list[str]
 
 
-def replicas_needed(m: ModelShape, gpu: GPUProfile, w: Workload, **kwargs: object) -> ReplicaPlan:
+def replicas_needed(m: ModelShape, gpu: GPUProfile, w: TrafficShape, **kwargs: object) -> ReplicaPlan:
     cap = replica_capacity(m, gpu, w, **kwargs)  # type: ignore[arg-type]
     n = max(1, math.ceil(w.rate_rps / cap.slo_requests_per_s))
     why = [*cap.reasoning,

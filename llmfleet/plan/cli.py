@@ -124,7 +124,7 @@ def register(app: typer.Typer) -> None:
 
         from llmfleet.api.loader import load_yaml_file
         from llmfleet.api.trainingjob import ModelShape
-        from llmfleet.plan.capacity import Workload
+        from llmfleet.plan.capacity import TrafficShape
         from llmfleet.plan.hardware import get_gpu
         from llmfleet.plan.models import get_model
         from llmfleet.plan.report import PlanInputs, build_report
@@ -134,7 +134,7 @@ def register(app: typer.Typer) -> None:
             g = get_gpu(gpu, _overrides(gpu_override))
             if not (0.0 <= hit_rate <= 1.0) or rate <= 0 or input_tokens < 1 or output_tokens < 1:
                 raise ValueError("need 0 <= --hit-rate <= 1, --rate > 0, --input >= 1, --output >= 1")
-            w = Workload(input_tokens, output_tokens, rate, hit_rate, ttft_ms / 1e3, tpot_ms / 1e3)
+            w = TrafficShape(input_tokens, output_tokens, rate, hit_rate, ttft_ms / 1e3, tpot_ms / 1e3)
             rep = build_report(m, g, w, PlanInputs(
                 weight_dtype=dtype, kv_dtype=kv_dtype, block_size=block_size, tensor_parallel=tp,
                 attention_seq_len=seq_len, train_tokens_per_s=train_tokens_per_s, train_gpus=train_gpus,

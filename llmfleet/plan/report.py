@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from llmfleet.api.trainingjob import ModelShape
-from llmfleet.plan.capacity import Workload, replicas_needed
+from llmfleet.plan.capacity import TrafficShape, replicas_needed
 from llmfleet.plan.hardware import GPUProfile
 from llmfleet.plan.models import attention_kind, kv_bytes_per_token, total_params
 from llmfleet.plan.roofline import (
@@ -38,7 +38,7 @@ class PlanInputs:
     host_kv_gib: float | None = None  # host-memory KV tier per replica (vLLM --kv-offloading-size)
 
 
-def build_report(m: ModelShape, gpu: GPUProfile, w: Workload, p: PlanInputs) -> dict[str, Any]:
+def build_report(m: ModelShape, gpu: GPUProfile, w: TrafficShape, p: PlanInputs) -> dict[str, Any]:
     ctx = w.input_tokens + w.output_tokens // 2
     pre = prefill_roofline(m, gpu, w.input_tokens, weight_dtype=p.weight_dtype, kv_dtype=p.kv_dtype)
     dec1 = decode_roofline(m, gpu, 1, ctx, weight_dtype=p.weight_dtype, kv_dtype=p.kv_dtype)

@@ -21,9 +21,9 @@ import time
 from collections.abc import Collection, Iterable, Sequence
 from typing import NamedTuple
 
-from llmfleet.router.fallback import FallbackDecision, FallbackPolicy, PoolSignals
+from llmfleet.router.fallback import FallbackDecision, FallbackPolicy, FallbackSignals
 from llmfleet.router.outliers import Ejection, OutlierDetector
-from llmfleet.router.plugins.base import Decision, Pipeline, ReplicaState, RequestInfo, release_prefill
+from llmfleet.router.plugins.base import Pipeline, ReplicaState, RequestInfo, RoutingDecision, release_prefill
 
 
 class Latency(NamedTuple):
@@ -34,7 +34,7 @@ class Latency(NamedTuple):
     e2e_ms: float
 
 
-def pick_pool(policy: FallbackPolicy, now: float, primary: PoolSignals, students: Sequence[PoolSignals], *,
+def pick_pool(policy: FallbackPolicy, now: float, primary: FallbackSignals, students: Sequence[FallbackSignals], *,
               tenant: str, input_tokens: int, request_class: str | None) -> FallbackDecision:
     """The fallback policy's choice between the primary pool and its students, recorded in the tenant's window
     (the degraded-fraction cap counts it)."""
@@ -46,7 +46,7 @@ def pick_pool(policy: FallbackPolicy, now: float, primary: PoolSignals, students
 
 def pick_replica(pipeline: Pipeline, info: RequestInfo, replicas: Iterable[ReplicaState],
                  tried: Collection[str] = (), outliers: OutlierDetector | None = None,
-                 now: float | None = None) -> Decision:
+                 now: float | None = None) -> RoutingDecision:
     """The pool pipeline's choice among `replicas` not yet `tried` (earlier attempts of this request) and not
     ejected by `outliers` (whose due ejections end at `now` first). When every replica left is ejected, the
     ejected ones are candidates again: an outlier is a better answer than none.

@@ -25,7 +25,7 @@ P95_BUDGET = 0.05  # a p95 objective allows 5% of requests over target
 
 
 @dataclass
-class PoolSignals:
+class FallbackSignals:
     """What the policy needs to know about one pool right now."""
 
     name: str
@@ -113,7 +113,7 @@ class TenantWindow:
         return (sum(1 for _, d in q if d) + 1) / (len(q) + 1) if q else 0.0
 
 
-def predicted_queue_delay_ms(p: PoolSignals) -> float:
+def predicted_queue_delay_ms(p: FallbackSignals) -> float:
     """Little's-law estimate: queued requests drain at `running / mean_e2e` per ms across the pool."""
     if p.routable_replicas == 0:
         return float("inf")
@@ -132,8 +132,8 @@ class FallbackPolicy:
     def decide(
         self,
         now: float,
-        primary: PoolSignals,
-        students: list[PoolSignals],
+        primary: FallbackSignals,
+        students: list[FallbackSignals],
         tenant: str = "default",
         input_tokens: int = 0,
         request_class: str | None = None,
@@ -158,7 +158,7 @@ class FallbackPolicy:
             return FallbackDecision(primary.name, False, f"capped:{why}")  # at zero replicas: held
         return FallbackDecision(student.name, True, why)
 
-    def _capped_reason(self, now: float, primary: PoolSignals, input_tokens: int) -> str | None:
+    def _capped_reason(self, now: float, primary: FallbackSignals, input_tokens: int) -> str | None:
         if self.cfg.long_context_tokens is not None and input_tokens > self.cfg.long_context_tokens:
             return "long-context"
         if (
@@ -167,7 +167,7 @@ class FallbackPolicy:
         ):
             return "slo-burn"
         if self.cfg.max_queue_delay_ms is not None:
-            p = PoolSignals(**{**primary.__dict__, "mean_e2e_ms": primary.mean_e2e_ms or self.slo_tracker.mean_e2e_ms(now)})
+            p = FallbackSignals(**{**primary.__dict__, "mean_e2e_ms": primary.mean_e2e_ms or self.slo_tracker.mean_e2e_ms(now)})
             if predicted_queue_delay_ms(p) > self.cfg.max_queue_delay_ms:
                 return "queue-delay"
         return None

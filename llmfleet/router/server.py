@@ -26,7 +26,7 @@ from llmfleet.router.accounting import Accounting, RequestContext
 from llmfleet.router.adapters import AdapterLoader, AdapterLoadFailed, ConfigFile, adapter_table
 from llmfleet.router.chat_template import ChatTemplate
 from llmfleet.router.config import RouterConfig
-from llmfleet.router.fallback import FallbackPolicy, PoolSignals
+from llmfleet.router.fallback import FallbackPolicy, FallbackSignals
 from llmfleet.router.held import HeldRequests, HoldRejected
 from llmfleet.router.kv_events import KVEventSubscribers
 from llmfleet.router.metrics import RouterMetrics
@@ -368,9 +368,9 @@ class Router:
         self.metrics.child(self.metrics.lookups, "hit" if hit is not None else "miss").inc()
         return hit
 
-    def _signals(self, pool: PoolRuntime) -> PoolSignals:
+    def _signals(self, pool: PoolRuntime) -> FallbackSignals:
         routable = pool.replicas.routable()
-        return PoolSignals(pool.name, len(routable), waiting=sum(r.waiting for r in routable),
+        return FallbackSignals(pool.name, len(routable), waiting=sum(r.waiting for r in routable),
                            running=sum(r.running for r in routable), scales_from_zero=pool.replicas.pool.scales_from_zero)
 
     async def _route_and_proxy(self, ctx: RequestContext, pool_name: str) -> web.StreamResponse:

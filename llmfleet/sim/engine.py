@@ -6,7 +6,7 @@
     res.summary["ttft"]["p99"], res.records, res.series
 
 Events are (time, seq, kind, a, b) tuples on one heap; arrivals are read from the sorted request list
-without entering the heap. Replicas plan a step when the previous one ends; `Replica.version` invalidates
+without entering the heap. Replicas plan a step when the previous one ends; `SimReplica.version` invalidates
 step events that a truncated decode run made obsolete.
 """
 
@@ -18,15 +18,15 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
-from llmfleet.autoscaler.actuation import Replica as ScaleInReplica
+from llmfleet.autoscaler.actuation import ObservedReplica as ScaleInReplica
 from llmfleet.autoscaler.scalein import choose_victims
-from llmfleet.sim.replica import Replica
+from llmfleet.sim.replica import SimReplica
 from llmfleet.sim.report import summarize
 from llmfleet.sim.routers import make_router
-from llmfleet.sim.types import Autoscaler, Fleet, PoolSpec, Router, SimConfig, SimPoolSignals, SimResult
+from llmfleet.sim.types import Autoscaler, Fleet, PoolSpec, SimConfig, SimPoolSignals, SimResult, SimRouter
 from llmfleet.sim.workload import Request, Workload, gc_paused
 
-__all__ = ["Autoscaler", "Fleet", "PoolSpec", "Router", "SimConfig", "SimPoolSignals", "SimResult", "simulate"]
+__all__ = ["Autoscaler", "Fleet", "PoolSpec", "SimRouter", "SimConfig", "SimPoolSignals", "SimResult", "simulate"]
 
 _STEP, _READY, _TICK, _SAMPLE = 0, 1, 2, 3
 
@@ -86,13 +86,13 @@ def clip_to_context(reqs: list[Request], context: int, block_size: int) -> int:
     return cut
 
 
-def simulate(workload: Workload, cfg: SimConfig, router: Router | str = "least-request",
+def simulate(workload: Workload, cfg: SimConfig, router: SimRouter | str = "least-request",
              autoscaler: Autoscaler | None = None) -> SimResult:
     with gc_paused():  # see gc_paused: measured 5% of the CPU at 100k requests, growing with the heap
         return _simulate(workload, cfg, router, autoscaler)
 
 
-def _simulate(workload: Workload, cfg: SimConfig, router: Router | str,
+def _simulate(workload: Workload, cfg: SimConfig, router: SimRouter | str,
               autoscaler: Autoscaler | None) -> SimResult:
     rt = make_router(router, cfg.seed) if isinstance(router, str) else router
     changed = rt.replica_changed if rt.watches_replicas else None
@@ -115,7 +115,7 @@ def _simulate(workload: Workload, cfg: SimConfig, router: Router | str,
         seq += 1
         heapq.heappush(heap, (t, seq, kind, a, b))
 
-    def push_step(r: Replica, end: float | None) -> None:
+    def push_step(r: SimReplica, end: float | None) -> None:
         r.version += 1
         if end is not None:
             push(end, _STEP, r.id, r.version)
@@ -171,7 +171,7 @@ def _simulate(workload: Workload, cfg: SimConfig, router: Router | str,
     def more(now: float) -> bool:
         return (i < n or finished + len(rejected) < n) and now < horizon
 
-    def stop_if_drained(rep: Replica, now: float) -> None:
+    def stop_if_drained(rep: SimReplica, now: float) -> None:
         if rep.draining and not rep.running and not rep.waiting and rep.stopped_at is None:
             rep.stopped_at = now
 
@@ -267,8 +267,8 @@ def _p95(xs: list[float]) -> float | None:
     return xs[min(len(xs) - 1, int(math.ceil(0.95 * len(xs))) - 1)]
 
 
-def _autoscale(fleet: Fleet, autoscaler: Autoscaler, router: Router, cfg: SimConfig, now: float, arrivals: list[Request],
-               done: list[Request], push: Callable[..., None], stop_if_drained: Callable[[Replica, float], None]) -> None:
+def _autoscale(fleet: Fleet, autoscaler: Autoscaler, router: SimRouter, cfg: SimConfig, now: float, arrivals: list[Request],
+               done: list[Request], push: Callable[..., None], stop_if_drained: Callable[[SimReplica, float], None]) -> None:
     iv = cfg.autoscale_interval_s
     sigs = []
     for spec in cfg.pools:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from llmfleet.sim.engine import simulate
-from llmfleet.sim.types import PoolSpec, Router, SimConfig, SimResult
+from llmfleet.sim.types import PoolSpec, SimConfig, SimResult, SimRouter
 from llmfleet.sim.workload import Workload
 
 Order = Literal["highest", "forward", "backward"]
@@ -51,7 +51,7 @@ def attainment(res: SimResult, ttft_slo_s: float) -> float:
 
 
 def replay_schedule(workload: Workload, pool: PoolSpec, schedule: tuple[int, ...], ttft_slo_s: float,
-                    window_s: float, router: Callable[[], Router], instant: bool = False) -> SimResult:
+                    window_s: float, router: Callable[[], SimRouter], instant: bool = False) -> SimResult:
     """Replay `workload` with `pool` held at schedule[i] replicas (ready or starting) in window i.
 
     The schedule is applied through the simulator's autoscaler hook, so a scale-up pays the pool's cold start
@@ -78,7 +78,7 @@ def replay_schedule(workload: Workload, pool: PoolSpec, schedule: tuple[int, ...
 
 
 def hindsight_schedule(workload: Workload, pool: PoolSpec, ttft_slo_s: float, start_replicas: int, *,
-                       router: Callable[[], Router], target: float = 0.99, window_s: float = 60.0,
+                       router: Callable[[], SimRouter], target: float = 0.99, window_s: float = 60.0,
                        instant: bool = False, orders: tuple[Order, ...] = ("highest",)) -> HindsightSchedule:
     """Descend from `start_replicas` in every window (which must meet `target`) to the cheapest schedule found.
 
@@ -99,7 +99,7 @@ def _order(schedule: list[int], order: Order) -> list[int]:
 
 
 def _descend(workload: Workload, pool: PoolSpec, ttft_slo_s: float, start_replicas: int,
-             router: Callable[[], Router], target: float, window_s: float, instant: bool,
+             router: Callable[[], SimRouter], target: float, window_s: float, instant: bool,
              order: Order) -> HindsightSchedule:
     if not workload.requests:
         raise ValueError("the workload has no requests")

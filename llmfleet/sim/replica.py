@@ -47,7 +47,7 @@ def _series(a: float, b: float, lo: int, hi: int) -> float:
     return n * a + b * (lo + hi - 1) * n / 2 if n > 0 else 0.0
 
 
-class Replica:
+class SimReplica:
     def __init__(self, rid: int, pool: str, blocks: int, block_size: int, cost: StepCostModel, *,
                  max_num_seqs: int = 256, max_batched_tokens: int = 8192, chunked_prefill: bool = True,
                  ready_at: float = 0.0, host_blocks: int = 0, host_load_s_per_block: float = 0.0,

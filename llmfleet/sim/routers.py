@@ -19,21 +19,21 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
-from llmfleet.sim.replica import Replica
-from llmfleet.sim.types import Fleet, Router
+from llmfleet.sim.replica import SimReplica
+from llmfleet.sim.types import Fleet, SimRouter
 from llmfleet.sim.workload import Request
 
 ROUTERS = ("round-robin", "least-request", "power-of-two", "sglang", "llm-d", "llmfleet")
 
 
-def _load(r: Replica) -> int:
+def _load(r: SimReplica) -> int:
     return len(r.running) + len(r.waiting)
 
 
-class PrimaryOnly(Router):
+class PrimaryOnly(SimRouter):
     """Baselines route within the primary pool only (they have no notion of fallback)."""
 
-    def candidates(self, fleet: Fleet) -> list[Replica]:
+    def candidates(self, fleet: Fleet) -> list[SimReplica]:
         return fleet.routable[fleet.primary]
 
 
@@ -43,7 +43,7 @@ class _Rotating(PrimaryOnly):
     def __init__(self) -> None:
         self.i = 0
 
-    def _turn(self, fleet: Fleet) -> tuple[list[Replica], int]:
+    def _turn(self, fleet: Fleet) -> tuple[list[SimReplica], int]:
         c = self.candidates(fleet)
         if not c:
             return c, 0
@@ -54,7 +54,7 @@ class _Rotating(PrimaryOnly):
 class RoundRobin(_Rotating):
     name = "round-robin"
 
-    def route(self, req: Request, fleet: Fleet, now: float) -> Replica | None:
+    def route(self, req: Request, fleet: Fleet, now: float) -> SimReplica | None:
         c, k = self._turn(fleet)
         return c[k] if c else None
 
@@ -62,7 +62,7 @@ class RoundRobin(_Rotating):
 class LeastRequest(_Rotating):
     name = "least-request"
 
-    def route(self, req: Request, fleet: Fleet, now: float) -> Replica | None:
+    def route(self, req: Request, fleet: Fleet, now: float) -> SimReplica | None:
         c, k = self._turn(fleet)  # rotate the start so ties spread
         if not c:
             return None
@@ -80,7 +80,7 @@ class PowerOfTwo(PrimaryOnly):
     def __init__(self, seed: int = 0) -> None:
         self.rng = random.Random(seed)
 
-    def route(self, req: Request, fleet: Fleet, now: float) -> Replica | None:
+    def route(self, req: Request, fleet: Fleet, now: float) -> SimReplica | None:
         c = self.candidates(fleet)
         if not c:
             return None
@@ -94,10 +94,10 @@ class PowerOfTwo(PrimaryOnly):
 
 
 class _ApproxTree(PrimaryOnly):
-    """Router-side memory of which prompts went where (no KV events): llmfleet.router's PrefixIndex, holding
+    """SimRouter-side memory of which prompts went where (no KV events): llmfleet.router's PrefixIndex, holding
     `_tree_blocks` blocks per replica (None: as many as the replica caches)."""
 
-    def _tree_blocks(self, rep: Replica) -> int:
+    def _tree_blocks(self, rep: SimReplica) -> int:
         return rep.cached_capacity
 
     def attach(self, fleet: Fleet) -> None:
@@ -109,7 +109,7 @@ class _ApproxTree(PrimaryOnly):
             self.index.set_capacity(str(rep.id), self._tree_blocks(rep))
         fleet.listeners.append(self._on_fleet)
 
-    def _on_fleet(self, what: str, rep: Replica) -> None:
+    def _on_fleet(self, what: str, rep: SimReplica) -> None:
         if what == "add":
             self.index.set_capacity(str(rep.id), self._tree_blocks(rep))
         else:
@@ -132,14 +132,14 @@ class SGLangCacheAware(_ApproxTree):
         self.tree_chars = tree_chars
         self.rng = random.Random(seed)
 
-    def _least_loaded(self, c: list[Replica], loads: list[int], lo: int) -> Replica:
+    def _least_loaded(self, c: list[SimReplica], loads: list[int], lo: int) -> SimReplica:
         tied = [r for r, ld in zip(c, loads, strict=True) if ld == lo]
         return tied[0] if len(tied) == 1 else self.rng.choice(tied)
 
-    def _tree_blocks(self, rep: Replica) -> int:
+    def _tree_blocks(self, rep: SimReplica) -> int:
         return max(1, self.tree_chars // (CHARS_PER_TOKEN * rep.bs))
 
-    def route(self, req: Request, fleet: Fleet, now: float) -> Replica | None:
+    def route(self, req: Request, fleet: Fleet, now: float) -> SimReplica | None:
         c = self.candidates(fleet)
         if not c:
             return None
@@ -171,7 +171,7 @@ class LlmdWeighted(_ApproxTree):
         self.w = dict(weights or {"queue": 2.0, "kv-cache": 2.0, "prefix-cache": 3.0})
         self.rng = random.Random(seed)
 
-    def route(self, req: Request, fleet: Fleet, now: float) -> Replica | None:
+    def route(self, req: Request, fleet: Fleet, now: float) -> SimReplica | None:
         c = self.candidates(fleet)
         if not c:
             return None
@@ -179,7 +179,7 @@ class LlmdWeighted(_ApproxTree):
         qlo, qhi = min(q), max(q)
         match = self.index.match(req.keys) if req.keys else {}
         nkeys = len(req.keys) or 1
-        best: list[Replica] = []
+        best: list[SimReplica] = []
         best_s = -1.0
         for r, qr in zip(c, q, strict=True):
             s = self.w["queue"] * ((qhi - qr) / (qhi - qlo) if qhi > qlo else 1.0)
@@ -195,7 +195,7 @@ class LlmdWeighted(_ApproxTree):
         return pick
 
 
-class LlmfleetRouter(Router):
+class LlmfleetRouter(SimRouter):
     """The production router's plugin pipeline and fallback policy, fed with the simulated replicas' state.
 
     The router learns what the production router learns: where it sent each request (prefix index, pending
@@ -241,7 +241,7 @@ class LlmfleetRouter(Router):
                 self._on_fleet("add", rep)
         fleet.listeners.append(self._on_fleet)
 
-    def _on_fleet(self, what: str, rep: Replica) -> None:
+    def _on_fleet(self, what: str, rep: SimReplica) -> None:
         if what == "add":
             st = self._State(id=str(rep.id), pool=rep.pool, stale=False, cache_capacity_blocks=rep.total,
                              prefill_tokens_per_s=self.prefill_rate, adapter_slots=rep.adapter_slots)
@@ -255,11 +255,11 @@ class LlmfleetRouter(Router):
                 self.state_lists[rep.pool].remove(st)
                 self.index.remove_replica(st.id)
 
-    def blocks_lost_if_removed(self, reps: list[Replica]) -> dict[str, int] | None:
+    def blocks_lost_if_removed(self, reps: list[SimReplica]) -> dict[str, int] | None:
         # the same count the production router exports as llmfleet_router_replica_exclusive_blocks
         return {str(r.id): self.index.hot_blocks_lost_if_removed(str(r.id)) for r in reps}
 
-    def replica_changed(self, rep: Replica) -> None:
+    def replica_changed(self, rep: SimReplica) -> None:
         """Copy the replica's load into its router state (the engine calls this after every change, so the
         scorers read exact numbers as plain fields: they read ~100 of them per request at 32 candidates)."""
         st = self.states.get(rep.id)
@@ -273,13 +273,13 @@ class LlmfleetRouter(Router):
                 st.adapters = set(rep.adapters)
 
     def _signals(self, fleet: Fleet, pool: str) -> Any:
-        from llmfleet.router.fallback import PoolSignals
+        from llmfleet.router.fallback import FallbackSignals
 
         reps = fleet.routable[pool]
-        return PoolSignals(pool, len(reps), float(sum(len(r.waiting) for r in reps)),
+        return FallbackSignals(pool, len(reps), float(sum(len(r.waiting) for r in reps)),
                            float(sum(len(r.running) for r in reps)))
 
-    def route(self, req: Request, fleet: Fleet, now: float) -> Replica | None:
+    def route(self, req: Request, fleet: Fleet, now: float) -> SimReplica | None:
         dispatch = self._dispatch
         pool = fleet.primary
         if self.policy is not None:
@@ -312,7 +312,7 @@ class LlmfleetRouter(Router):
         self._dispatch.on_done(self.infos.pop(req.rid, None), now, self.policy, latency)
 
 
-def make_router(name: str, seed: int = 0) -> Router:
+def make_router(name: str, seed: int = 0) -> SimRouter:
     if name == "round-robin":
         return RoundRobin()
     if name == "least-request":

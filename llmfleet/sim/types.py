@@ -16,7 +16,7 @@ from llmfleet.autoscaler.policy import PoolSignals
 from llmfleet.plan.hardware import get_gpu
 from llmfleet.plan.models import get_model
 from llmfleet.plan.roofline import StepCostModel, calibrate, host_kv_tier, kv_capacity
-from llmfleet.sim.replica import Replica
+from llmfleet.sim.replica import SimReplica
 from llmfleet.sim.workload import Request
 
 
@@ -128,14 +128,14 @@ class Fleet:
         self.pool_blocks = {p.name: p.blocks(block_size) for p in cfg.pools}
         self.pool_host = {p.name: p.host_tier(block_size) for p in cfg.pools}
         self.primary = next((p.name for p in cfg.pools if p.role == "primary"), cfg.pools[0].name)
-        self.replicas: list[Replica] = []
-        self.routable: dict[str, list[Replica]] = {p.name: [] for p in cfg.pools}
-        self.listeners: list[Callable[[str, Replica], None]] = []  # ("add"|"remove", replica)
+        self.replicas: list[SimReplica] = []
+        self.routable: dict[str, list[SimReplica]] = {p.name: [] for p in cfg.pools}
+        self.listeners: list[Callable[[str, SimReplica], None]] = []  # ("add"|"remove", replica)
 
-    def add(self, pool: str, now: float, ready_at: float) -> Replica:
+    def add(self, pool: str, now: float, ready_at: float) -> SimReplica:
         spec = self.specs[pool]
         host_blocks, host_load_s = self.pool_host[pool]
-        r = Replica(len(self.replicas), pool, self.pool_blocks[pool], self.block_size, self.costs[pool],
+        r = SimReplica(len(self.replicas), pool, self.pool_blocks[pool], self.block_size, self.costs[pool],
                     max_num_seqs=spec.max_num_seqs, max_batched_tokens=spec.max_batched_tokens,
                     chunked_prefill=spec.chunked_prefill, ready_at=ready_at, host_blocks=host_blocks,
                     host_load_s_per_block=host_load_s, adapter_slots=spec.adapter_slots,
@@ -144,22 +144,22 @@ class Fleet:
         self.replicas.append(r)
         return r
 
-    def make_routable(self, r: Replica) -> None:
+    def make_routable(self, r: SimReplica) -> None:
         self.routable[r.pool].append(r)
         for f in self.listeners:
             f("add", r)
 
-    def unroute(self, r: Replica) -> None:
+    def unroute(self, r: SimReplica) -> None:
         if r in self.routable[r.pool]:
             self.routable[r.pool].remove(r)
             for f in self.listeners:
                 f("remove", r)
 
-    def load(self, r: Replica) -> int:
+    def load(self, r: SimReplica) -> int:
         return len(r.running) + len(r.waiting)
 
 
-class Router:
+class SimRouter:
     """Routing hook: pick a replica (of any pool) for a request. Subclasses in llmfleet.sim.routers."""
 
     name = "router"
@@ -167,7 +167,7 @@ class Router:
     def attach(self, fleet: Fleet) -> None:
         self.fleet = fleet
 
-    def route(self, req: Request, fleet: Fleet, now: float) -> Replica | None:
+    def route(self, req: Request, fleet: Fleet, now: float) -> SimReplica | None:
         raise NotImplementedError
 
     def on_first_token(self, req: Request, now: float) -> None:
@@ -180,10 +180,10 @@ class Router:
     # engine calls it after every change of a replica's queues or blocks (dispatch, step end).
     watches_replicas = False
 
-    def replica_changed(self, rep: Replica) -> None:
+    def replica_changed(self, rep: SimReplica) -> None:
         """The replica's running/waiting queues or KV blocks may have changed."""
 
-    def blocks_lost_if_removed(self, reps: list[Replica]) -> dict[str, int] | None:
+    def blocks_lost_if_removed(self, reps: list[SimReplica]) -> dict[str, int] | None:
         """Per replica id: cached prefix blocks no other replica holds, as the production router's index
         reports them to the autoscaler for scale-in. None: this router keeps no prefix index."""
         return None

@@ -24,7 +24,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from llmfleet.store.db import default_url as _default_url
 from llmfleet.store.db import normalize_url
-from llmfleet.store.lookup_cache import Cached, LookupResult, Outcome
+from llmfleet.store.lookup_cache import Cached, FailOpen, LookupResult
 from llmfleet.store.lookup_exact import ExactLookup
 from llmfleet.store.lookup_runtime import LookupRuntime
 from llmfleet.store.lookup_semantic import SemanticLookup
@@ -134,13 +134,13 @@ class FeatureStoreLookup:
                     kind, result = hit.kind, "hit" if hit.body is not None else "miss"
                     return _result(hit)
             if time.monotonic() < rt.backoff_until:
-                raise Outcome("backoff")
+                raise FailOpen("backoff")
             cached = await self.exact.lookup(tenant, text, phash, pk, time.monotonic() + self.settings.timeout_s)
             if cached is None:
                 return None
             kind, result = cached.kind, "hit" if cached.body is not None else "miss"
             return _result(cached)
-        except Outcome as o:
+        except FailOpen as o:
             kind, result = "none", "error"
             m.errors.labels(o.reason).inc()
             return None
@@ -159,7 +159,7 @@ class FeatureStoreLookup:
         loop = asyncio.get_running_loop()
         try:
             await loop.run_in_executor(self.runtime.pool(), self._warmup_sync)
-        except Outcome as o:
+        except FailOpen as o:
             errors.labels(o.reason).inc()
             return False
         except SQLAlchemyError:

@@ -62,7 +62,7 @@ class LRU:
             self._d.clear()
 
 
-class Outcome(Exception):  # noqa: N818 - internal control flow: a counted fail-open reason
+class FailOpen(Exception):  # noqa: N818 - internal control flow: a counted fail-open reason
     """A lookup fails open for `reason` (the label of llmfleet_store_lookup_errors_total)."""
 
     def __init__(self, reason: str) -> None:

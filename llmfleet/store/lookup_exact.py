@@ -20,7 +20,7 @@ from llmfleet.store.fastpath import (
     exact_statement,
     postgres_reader,
 )
-from llmfleet.store.lookup_cache import Cached, Outcome
+from llmfleet.store.lookup_cache import Cached, FailOpen
 from llmfleet.store.lookup_runtime import LookupRuntime
 from llmfleet.store.lookup_semantic import SemanticLookup
 
@@ -81,9 +81,9 @@ class ExactLookup:
             return await rt.in_thread(deadline, self._lookup_sync, tenant, text, phash, pk)
         except ReaderDatabaseError:
             rt.back_off()
-            raise Outcome("db_error") from None
+            raise FailOpen("db_error") from None
         except TimeoutError:
-            raise Outcome("timeout") from None
+            raise FailOpen("timeout") from None
         rt.db_used = True
         if row is not None:
             return rt.remember(key, _exact_hit(row, phash, version_name, now))

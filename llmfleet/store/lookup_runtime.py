@@ -18,7 +18,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from llmfleet.store.db import make_engine
 from llmfleet.store.fastpath import version_statement
-from llmfleet.store.lookup_cache import LRU, Cached, Outcome
+from llmfleet.store.lookup_cache import LRU, Cached, FailOpen
 from llmfleet.store.lookup_settings import LookupSettings
 from llmfleet.store.metrics import store_metrics
 
@@ -81,14 +81,14 @@ class LookupRuntime:
         A timed-out call is abandoned, not waited for."""
         with self._lock:
             if self._inflight >= self.settings.max_workers:
-                raise Outcome("busy")
+                raise FailOpen("busy")
             self._inflight += 1
         fut = self.pool().submit(fn, *args)
         fut.add_done_callback(self._done)
         try:
             return await asyncio.wait_for(asyncio.wrap_future(fut), timeout=max(0.0, deadline - time.monotonic()))
         except TimeoutError:
-            raise Outcome("timeout") from None
+            raise FailOpen("timeout") from None
 
     def back_off(self) -> None:
         """After a database error, fail open without trying for `error_backoff_s`."""
@@ -99,7 +99,7 @@ class LookupRuntime:
             return fn(*args)
         except (SQLAlchemyError, OSError):
             self.back_off()
-            raise Outcome("db_error") from None
+            raise FailOpen("db_error") from None
 
     # --- model version ----------------------------------------------------------------------------------
 
@@ -117,7 +117,7 @@ class LookupRuntime:
 
     def found_version(self, row: Any, now: float) -> Version:
         if row is None:
-            raise Outcome("no_model_version")
+            raise FailOpen("no_model_version")
         found = (int(row[0]), str(row[1]), float(row[2]))
         self.version, self.version_at = found, now
         return found

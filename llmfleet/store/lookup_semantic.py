@@ -16,7 +16,7 @@ from sqlalchemy import Table, select
 from sqlalchemy.exc import SQLAlchemyError
 
 from llmfleet.store.fastpath import live_responses
-from llmfleet.store.lookup_cache import Cached, Outcome
+from llmfleet.store.lookup_cache import Cached, FailOpen
 from llmfleet.store.lookup_runtime import LookupRuntime
 from llmfleet.store.models import Embedding, PromptFeature, Response
 from llmfleet.store.vector_index import VectorIndex
@@ -69,7 +69,7 @@ class SemanticLookup:
     def lookup(self, conn: Any, tenant: str, text: str, pk: str, vid: int, version: str) -> Cached | None:
         self._maybe_refresh_index()
         if not self._index_ready:
-            raise Outcome("index_not_ready")
+            raise FailOpen("index_not_ready")
         index = self.indexes.get(tenant)
         if index is None or not len(index):
             return None

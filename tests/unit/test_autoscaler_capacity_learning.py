@@ -14,13 +14,13 @@ from llmfleet.autoscaler.capacity import (
     learn_efficiency,
     work_per_replica,
 )
-from llmfleet.autoscaler.policy import PolicyConfig, PolicyState, PoolConfig, PoolSignals, decide
+from llmfleet.autoscaler.policy import PolicyConfig, PolicyState, PoolBounds, PoolSignals, decide
 
 SEED = CapacitySeed(prefill_tokens_per_s=8000.0, decode_tokens_per_s=1500.0, slots=1)
 
 
 def _cfg() -> PolicyConfig:
-    return PolicyConfig(policy="slo", pools=(PoolConfig("primary", "primary", 1, 30, 2, seed=SEED),),
+    return PolicyConfig(policy="slo", pools=(PoolBounds("primary", "primary", 1, 30, 2, seed=SEED),),
                         ttft_slo_ms=2000.0, tpot_slo_ms=100.0, interval_s=15.0, cold_start_s=60.0)
 
 

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from llmfleet.api import InferenceService, parse_resource
 from llmfleet.api.contracts import SUSPENDED_BY_ANNOTATION
-from llmfleet.autoscaler.actuation import Replica, replicas_patch, wait_drained
+from llmfleet.autoscaler.actuation import ObservedReplica, replicas_patch, wait_drained
 from llmfleet.autoscaler.arbitration import (
     UNBOUNDED,
     MalformedTrainingJob,
@@ -56,13 +56,13 @@ def isvc() -> InferenceService:
 # --- cache-aware scale-in ---------------------------------------------------------------------------------------
 
 def test_choose_victims_prefers_not_ready_then_fewest_exclusive_blocks_then_idle() -> None:
-    reps = [Replica("primary", "a", "http://a:8000"), Replica("primary", "b", "http://b:8000"),
-            Replica("primary", "c", "http://c:8000"), Replica("primary", "d", "http://d:8000", ready=False)]
+    reps = [ObservedReplica("primary", "a", "http://a:8000"), ObservedReplica("primary", "b", "http://b:8000"),
+            ObservedReplica("primary", "c", "http://c:8000"), ObservedReplica("primary", "d", "http://d:8000", ready=False)]
     lost = {"http://a:8000": 500, "http://b:8000": 20, "http://c:8000": 20}
     flight = {"http://b:8000": 5.0, "http://c:8000": 1.0}
     assert [r.name for r in choose_victims(reps, 3, lost, flight)] == ["d", "c", "b"]
     # a replica the index does not know is never chosen on a guess while others are known
-    assert [r.name for r in choose_victims(reps[:2] + [Replica("primary", "x", "http://x:8000")], 1, lost)] == ["b"]
+    assert [r.name for r in choose_victims(reps[:2] + [ObservedReplica("primary", "x", "http://x:8000")], 1, lost)] == ["b"]
     assert choose_victims(reps, 0, lost) == []
 
 
@@ -74,7 +74,7 @@ def test_lost_blocks_from_the_router_prefix_index() -> None:
     only_a = BlockHasher(1).keys(list(range(100, 140)))
     index.insert("http://a:8000", shared + only_a)
     index.insert("http://b:8000", shared)
-    reps = [Replica("primary", "a", "http://a:8000"), Replica("primary", "b", "http://b:8000")]
+    reps = [ObservedReplica("primary", "a", "http://a:8000"), ObservedReplica("primary", "b", "http://b:8000")]
     lost = lost_blocks_from_index(index, reps)
     assert lost["http://a:8000"] > lost["http://b:8000"]
     assert choose_victims(reps, 1, lost)[0].name == "b"
@@ -210,27 +210,27 @@ def test_replicas_patch_targets_primary_and_students() -> None:
 def test_wait_drained_polls_until_idle_and_never_guesses() -> None:
     values = iter([3.0, None, 1.0, 0.0])
 
-    async def probe(_: Replica) -> float | None:
+    async def probe(_: ObservedReplica) -> float | None:
         return next(values)
 
-    drained, _, last = asyncio.run(wait_drained(Replica("p", "r"), probe, timeout_s=5, poll_s=0.01))
+    drained, _, last = asyncio.run(wait_drained(ObservedReplica("p", "r"), probe, timeout_s=5, poll_s=0.01))
     assert drained and last == 0.0
 
-    async def unknown(_: Replica) -> float | None:
+    async def unknown(_: ObservedReplica) -> float | None:
         return None
 
-    drained, waited, last = asyncio.run(wait_drained(Replica("p", "r"), unknown, timeout_s=0.05, poll_s=0.01))
+    drained, waited, last = asyncio.run(wait_drained(ObservedReplica("p", "r"), unknown, timeout_s=0.05, poll_s=0.01))
     assert not drained and last is None and waited >= 0.05
 
 
 # --- planner seeds ------------------------------------------------------------------------------------------------
 
 def test_seeds_come_from_the_planner_roofline() -> None:
-    from llmfleet.plan.capacity import Workload, replica_capacity
+    from llmfleet.plan.capacity import TrafficShape, replica_capacity
     from llmfleet.plan.hardware import get_gpu
     from llmfleet.plan.models import get_model
 
-    w = Workload(input_tokens=2048, output_tokens=256)
+    w = TrafficShape(input_tokens=2048, output_tokens=256)
     cap = replica_capacity(get_model("llama-3-8b"), get_gpu("H200"), w)
     seed = seed_from_capacity(cap, w)
     assert seed.prefill_tokens_per_s == pytest.approx(2048 / cap.prefill_s)

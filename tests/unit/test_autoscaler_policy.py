@@ -12,11 +12,11 @@ import pytest
 from llmfleet.api import parse_resource
 from llmfleet.autoscaler.capacity import CapacitySeed, erlang_c, replicas_for_ttft, wait_p95_seconds
 from llmfleet.autoscaler.policy import (
-    Decision,
     PolicyConfig,
     PolicyState,
-    PoolConfig,
+    PoolBounds,
     PoolSignals,
+    ScalingDecision,
     decide,
 )
 
@@ -28,8 +28,8 @@ MU = 1.0 / (MEAN_IN / SEED.prefill_tokens_per_s + MEAN_OUT / SEED.decode_tokens_
 
 def config(policy: str = "slo", **kw: object) -> PolicyConfig:
     pools = (
-        PoolConfig("primary", "primary", 1, 30, 2, seed=SEED),
-        PoolConfig("small", "student", 0, 6, 0, seed=CapacitySeed(40000.0, 6000.0, 1)),
+        PoolBounds("primary", "primary", 1, 30, 2, seed=SEED),
+        PoolBounds("small", "student", 0, 6, 0, seed=CapacitySeed(40000.0, 6000.0, 1)),
     )
     values: dict[str, object] = dict(policy=policy, pools=pools, ttft_slo_ms=2000.0, interval_s=15.0, cold_start_s=60.0)
     values.update(kw)
@@ -46,13 +46,13 @@ class World:
     starting: list[tuple[float, str]] = field(default_factory=list)
     ready: dict[str, int] = field(default_factory=dict)
     state: PolicyState = field(default_factory=PolicyState)
-    log: list[tuple[float, float, Decision]] = field(default_factory=list)
+    log: list[tuple[float, float, ScalingDecision]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.ready = dict(self.replicas)
 
     def tick(self, t: float, rate: float, *, stale: bool = False, queue: float = 0.0,
-             ttft: float | None = None, missing: bool = False) -> Decision:
+             ttft: float | None = None, missing: bool = False) -> ScalingDecision:
         for at, pool in list(self.starting):
             if at <= t:
                 self.ready[pool] += 1

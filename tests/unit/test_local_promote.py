@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from llmfleet.api import InferenceService
-from llmfleet.autoscaler.actuation import Replica as ActuatorReplica
+from llmfleet.autoscaler.actuation import ObservedReplica as ActuatorReplica
 from llmfleet.local.actuator import LocalActuator
 from llmfleet.local.promote import PromotionFollower, read_promotion, request_promotion, with_pool_model
-from llmfleet.local.runtime import Replica, Supervisor
+from llmfleet.local.runtime import ReplicaSlot, Supervisor
 from llmfleet.operator.promotion import Promotion, RolloutProgress, apply_merge_patch, rollout_state
 
 
@@ -46,7 +46,7 @@ def sup(tmp_path: Path) -> Iterator[Supervisor]:
             r.proc.wait()
 
 
-def _ready(sup: Supervisor, pool: str) -> list[Replica]:
+def _ready(sup: Supervisor, pool: str) -> list[ReplicaSlot]:
     for r in sup.replicas(pool):
         if r.proc is not None:
             r.ready = True

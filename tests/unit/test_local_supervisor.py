@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from llmfleet.api import InferenceService
-from llmfleet.autoscaler.actuation import Actuator, Replica
+from llmfleet.autoscaler.actuation import Actuator, ObservedReplica
 from llmfleet.local.actuator import LocalActuator
 from llmfleet.local.runtime import Supervisor, pid_alive, read_state
 
@@ -84,7 +84,7 @@ async def test_restart_scale_drain_stop(tmp_path: Path) -> None:
         mid_proc = mid.proc
         mid.ready = True  # a ready replica is drained by watching its in-flight gauge (the probe)
         PROBED.clear()
-        res = await act.drain_and_remove(Replica(pool="primary", name="primary-1", url=mid.url), timeout_s=2)
+        res = await act.drain_and_remove(ObservedReplica(pool="primary", name="primary-1", url=mid.url), timeout_s=2)
         assert res.removed and res.drained and sup.desired["primary"] == 2
         assert PROBED == ["primary-1"]
         assert mid_proc is not None and mid_proc.wait(timeout=10) == 0
@@ -106,7 +106,7 @@ async def test_restart_scale_drain_stop(tmp_path: Path) -> None:
 PROBED: list[str] = []
 
 
-async def _zero_in_flight(replica: Replica) -> float | None:
+async def _zero_in_flight(replica: ObservedReplica) -> float | None:
     PROBED.append(replica.name)
     return 0.0
 

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from llmfleet.cli.main import app
-from llmfleet.plan.capacity import Workload, replica_capacity, replicas_needed
+from llmfleet.plan.capacity import TrafficShape, replica_capacity, replicas_needed
 from llmfleet.plan.hardware import get_gpu
 from llmfleet.plan.models import get_model, kv_bytes_per_token, matmul_params, total_params
 from llmfleet.plan.roofline import (
@@ -113,11 +113,11 @@ def test_step_cost_and_calibration() -> None:
 
 
 def test_replicas_needed_scales_with_rate() -> None:
-    w = Workload(input_tokens=2048, output_tokens=256, rate_rps=50, prefix_hit_rate=0.5)
+    w = TrafficShape(input_tokens=2048, output_tokens=256, rate_rps=50, prefix_hit_rate=0.5)
     cap = replica_capacity(L3, H200, w)
     plan = replicas_needed(L3, H200, w)
     assert plan.replicas == math.ceil(50 / cap.slo_requests_per_s)
-    assert replicas_needed(L3, H200, Workload(rate_rps=200)).replicas > replicas_needed(L3, H200, Workload(rate_rps=20)).replicas
+    assert replicas_needed(L3, H200, TrafficShape(rate_rps=200)).replicas > replicas_needed(L3, H200, TrafficShape(rate_rps=20)).replicas
     assert cap.decode_step_s <= w.tpot_slo_s and any("replicas" in line for line in plan.reasoning)
 
 

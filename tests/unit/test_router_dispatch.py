@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from llmfleet.router import dispatch
 from llmfleet.router.config import FallbackConfig, SLOConfig
-from llmfleet.router.fallback import FallbackPolicy, PoolSignals
+from llmfleet.router.fallback import FallbackPolicy, FallbackSignals
 from llmfleet.router.plugins import PrefixIndex, ReplicaState, RequestInfo, build_pipeline
 
 
@@ -58,8 +58,8 @@ def test_on_done_without_a_first_byte_releases_and_feeds_the_slo_window() -> Non
 
 def test_pick_pool_decides_and_records_the_tenant_window() -> None:
     policy = FallbackPolicy(FallbackConfig(max_degraded_fraction=1.0), SLOConfig())
-    down = PoolSignals("primary", routable_replicas=0)
-    d = dispatch.pick_pool(policy, 5.0, down, [PoolSignals("small", routable_replicas=1)], tenant="t",
+    down = FallbackSignals("primary", routable_replicas=0)
+    d = dispatch.pick_pool(policy, 5.0, down, [FallbackSignals("small", routable_replicas=1)], tenant="t",
                            input_tokens=10, request_class=None)
     assert (d.pool, d.degraded, d.reason) == ("small", True, "unavailable")
     assert policy.tenants.fraction("t", 5.0) == 1.0  # recorded: the degraded-fraction cap counts it

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 
 from llmfleet.router.config import FallbackConfig, SLOConfig
-from llmfleet.router.fallback import FallbackPolicy, PoolSignals, predicted_queue_delay_ms
+from llmfleet.router.fallback import FallbackPolicy, FallbackSignals, predicted_queue_delay_ms
 
-P_OK = PoolSignals("primary", routable_replicas=2, waiting=0, running=4, mean_e2e_ms=500)
-P_QUEUED = PoolSignals("primary", routable_replicas=2, waiting=40, running=8, mean_e2e_ms=500)
-P_DOWN = PoolSignals("primary", routable_replicas=0)
-S_OK = PoolSignals("small", routable_replicas=1)
-S_DOWN = PoolSignals("small", routable_replicas=0)
+P_OK = FallbackSignals("primary", routable_replicas=2, waiting=0, running=4, mean_e2e_ms=500)
+P_QUEUED = FallbackSignals("primary", routable_replicas=2, waiting=40, running=8, mean_e2e_ms=500)
+P_DOWN = FallbackSignals("primary", routable_replicas=0)
+S_OK = FallbackSignals("small", routable_replicas=1)
+S_DOWN = FallbackSignals("small", routable_replicas=0)
 CFG = FallbackConfig(max_queue_delay_ms=1000, long_context_tokens=2000, sheddable_classes=["batch"],
                      max_degraded_fraction=0.5)
 
@@ -30,7 +30,7 @@ CFG = FallbackConfig(max_queue_delay_ms=1000, long_context_tokens=2000, sheddabl
         (P_OK, [S_OK], {"requested_pool": "small"}, ("small", False, "requested")),
     ],
 )
-def test_decide_table(primary: PoolSignals, students: list[PoolSignals], kw: dict, expected: tuple) -> None:
+def test_decide_table(primary: FallbackSignals, students: list[FallbackSignals], kw: dict, expected: tuple) -> None:
     d = FallbackPolicy(CFG, SLOConfig()).decide(100.0, primary, students, **kw)
     assert (d.pool, d.degraded, d.reason) == expected
 
@@ -85,18 +85,18 @@ def test_sheddable_not_capped() -> None:
 @pytest.mark.parametrize(
     "pool, ms",
     [
-        (PoolSignals("p", 2, waiting=0, running=4, mean_e2e_ms=100), 0.0),
-        (PoolSignals("p", 2, waiting=10, running=5, mean_e2e_ms=100), 200.0),
-        (PoolSignals("p", 2, waiting=10, running=0, mean_e2e_ms=100), 500.0),
-        (PoolSignals("p", 0), float("inf")),
-        (PoolSignals("p", 1, waiting=3), 0.0),
+        (FallbackSignals("p", 2, waiting=0, running=4, mean_e2e_ms=100), 0.0),
+        (FallbackSignals("p", 2, waiting=10, running=5, mean_e2e_ms=100), 200.0),
+        (FallbackSignals("p", 2, waiting=10, running=0, mean_e2e_ms=100), 500.0),
+        (FallbackSignals("p", 0), float("inf")),
+        (FallbackSignals("p", 1, waiting=3), 0.0),
     ],
 )
-def test_predicted_queue_delay(pool: PoolSignals, ms: float) -> None:
+def test_predicted_queue_delay(pool: FallbackSignals, ms: float) -> None:
     assert predicted_queue_delay_ms(pool) == ms
 
 
-P_COLD = PoolSignals("primary", routable_replicas=0, scales_from_zero=True)
+P_COLD = FallbackSignals("primary", routable_replicas=0, scales_from_zero=True)
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from llmfleet.plan.roofline import StepCostModel
 from llmfleet.sim.engine import PoolSpec, SimConfig, simulate
-from llmfleet.sim.replica import Replica
+from llmfleet.sim.replica import SimReplica
 from llmfleet.sim.routers import LlmfleetRouter
 from llmfleet.sim.workload import Request, Workload
 
@@ -13,7 +13,7 @@ UNIT = StepCostModel(flops_per_token=1.0, attn_flops_per_ctx=0.0, weight_bytes=0
 
 
 def test_replica_adapter_lru_and_load_time_stalls_the_next_step() -> None:
-    rep = Replica(0, "primary", blocks=100, block_size=4, cost=UNIT, adapter_slots=2, adapter_load_s=0.5)
+    rep = SimReplica(0, "primary", blocks=100, block_size=4, cost=UNIT, adapter_slots=2, adapter_load_s=0.5)
     for name in ("a", "b", "a", "c"):  # c evicts b (least recently used), not a
         rep.use_adapter(name)
     assert list(rep.adapters) == ["a", "c"] and rep.adapter_loads == 3

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from llmfleet.cli.main import app
 from llmfleet.plan.roofline import StepCostModel
 from llmfleet.sim.engine import PoolSpec, SimConfig, SimPoolSignals, simulate
-from llmfleet.sim.replica import Replica
+from llmfleet.sim.replica import SimReplica
 from llmfleet.sim.report import oracle_hit_rate
 from llmfleet.sim.workload import (
     Request,
@@ -70,7 +70,7 @@ def test_decode_run_time_matches_step_sum() -> None:
     from llmfleet.plan.models import get_model
 
     cost = StepCostModel.build(get_model("llama-3-8b"), get_gpu("H200"))
-    rep = Replica(0, "primary", 10_000, 16, cost)
+    rep = SimReplica(0, "primary", 10_000, 16, cost)
     reqs = [Request(i, 0.0, 1000 + 300 * i, 400) for i in range(40)]
     for r in reqs:
         r.replica = 0

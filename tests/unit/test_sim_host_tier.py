@@ -69,9 +69,9 @@ def test_host_lru_drops_the_least_recently_used_blocks() -> None:
 
 
 def test_finished_requests_refresh_their_blocks_prefix_last() -> None:
-    from llmfleet.sim.replica import Replica
+    from llmfleet.sim.replica import SimReplica
 
-    rep = Replica(0, "primary", 100, 4, UNIT, host_blocks=5)
+    rep = SimReplica(0, "primary", 100, 4, UNIT, host_blocks=5)
     rep._host_store([1, 2, 3, 4, 5])
     r = Request(0, 0.0, 12, 1, (2, 3, 4))
     r.registered = 3

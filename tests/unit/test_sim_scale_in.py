@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from llmfleet.plan.roofline import StepCostModel
-from llmfleet.sim.engine import Fleet, PoolSpec, Router, SimConfig, simulate
-from llmfleet.sim.replica import Replica
+from llmfleet.sim.engine import Fleet, PoolSpec, SimConfig, SimRouter, simulate
+from llmfleet.sim.replica import SimReplica
 from llmfleet.sim.routers import LlmfleetRouter
 from llmfleet.sim.workload import Request, Workload
 
@@ -15,15 +15,15 @@ UNIT = StepCostModel(flops_per_token=1.0, attn_flops_per_ctx=0.0, weight_bytes=0
                      peak_flops=1000.0, bandwidth=1e30, compute_eff=1.0, bandwidth_eff=1.0, overhead_s=0.0)
 
 
-class FirstReady(Router):
+class FirstReady(SimRouter):
     """Sends everything to the first routable replica and reports replica 0 as holding nothing exclusive."""
 
     name = "first-ready"
 
-    def route(self, req: Request, fleet: Fleet, now: float) -> Replica | None:
+    def route(self, req: Request, fleet: Fleet, now: float) -> SimReplica | None:
         return fleet.routable["primary"][0] if fleet.routable["primary"] else None
 
-    def blocks_lost_if_removed(self, reps: list[Replica]) -> dict[str, int] | None:
+    def blocks_lost_if_removed(self, reps: list[SimReplica]) -> dict[str, int] | None:
         return {str(r.id): 0 if r.id == 0 else 5 for r in reps}
 
 

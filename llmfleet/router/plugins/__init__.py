@@ -10,13 +10,13 @@ from collections.abc import Mapping
 
 from llmfleet.router.config import DEFAULT_SESSION_BYTES
 from llmfleet.router.plugins.base import (
-    Decision,
     Filter,
     Pipeline,
     PrefillCostFit,
     Preselector,
     ReplicaState,
     RequestInfo,
+    RoutingDecision,
     Scorer,
     charge_prefill,
     clamp01,
@@ -63,7 +63,7 @@ def build_pipeline(weights: Mapping[str, float], index: PrefixIndex | None = Non
 
 __all__ = [
     "BYTES_PER_SESSION", "DEFAULT_SESSION_BYTES", "session_key",
-    "AdapterLoadedScorer", "DEFAULT_MAX_CANDIDATES", "DEFAULT_PREFILL_TOKENS_PER_S", "Decision", "EstimatedTTFTScorer", "Filter",
+    "AdapterLoadedScorer", "DEFAULT_MAX_CANDIDATES", "DEFAULT_PREFILL_TOKENS_PER_S", "RoutingDecision", "EstimatedTTFTScorer", "Filter",
     "HealthyFilter", "KVCacheScorer", "LoadBalanceScorer", "ModelFilter", "Pipeline", "PrefillCostFit", "PrefixCacheScorer", "PrefixIndex",
     "PrefixSampledPreselector", "Preselector", "QueueDepthScorer", "ReplicaState", "RequestInfo",
     "RunningRequestsScorer", "Scorer", "SessionAffinityScorer", "build_pipeline", "build_scorer",

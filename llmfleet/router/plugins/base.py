@@ -232,7 +232,7 @@ class Preselector:
 
 
 @dataclass
-class Decision:
+class RoutingDecision:
     replica: ReplicaState | None
     candidates: int
     scores: dict[str, list[float]] = field(default_factory=dict)  # scorer -> clamped score per candidate
@@ -269,7 +269,7 @@ class Pipeline:
                 return f.name
         return None
 
-    def pick(self, req: RequestInfo, replicas: Sequence[ReplicaState], commit: bool = True) -> Decision:
+    def pick(self, req: RequestInfo, replicas: Sequence[ReplicaState], commit: bool = True) -> RoutingDecision:
         """Choose a replica. `commit=False` skips the plugins' on_routed updates: call `commit` later."""
         timings: dict[str, int] = {}
         pre = self.preselector
@@ -287,7 +287,7 @@ class Pipeline:
             if empty is None and pre is not None and len(cands) > pre.max_candidates:
                 cands = pre.select(req, cands, self.rng)
         if empty is not None or not cands:
-            return Decision(None, 0, plugin_ns=timings, reason=f"no replica passed filter {empty}")
+            return RoutingDecision(None, 0, plugin_ns=timings, reason=f"no replica passed filter {empty}")
         n = len(cands)
         totals: list[float] | None = None
         all_scores: dict[str, list[float]] = {}
@@ -308,7 +308,7 @@ class Pipeline:
         chosen = self._pick(cands, totals)
         if commit:
             self.commit(req, chosen)
-        d = Decision(chosen, len(cands), all_scores, totals, timings)
+        d = RoutingDecision(chosen, len(cands), all_scores, totals, timings)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("route model=%s -> %s totals=%s scores=%s ns=%s", req.model, chosen.id, totals, all_scores, timings)
         return d

@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 
 from llmfleet.api import InferenceService, parse_resource
-from llmfleet.autoscaler.actuation import DrainResult, Replica, scrape_in_flight, wait_drained
+from llmfleet.autoscaler.actuation import DrainResult, ObservedReplica, scrape_in_flight, wait_drained
 from llmfleet.autoscaler.controller import autoscale_step
 from llmfleet.autoscaler.policy import PolicyState, PoolSignals
 from llmfleet.autoscaler.scalein import lost_blocks_from_index
@@ -43,13 +43,13 @@ class RouterActuator:
         self.router_url, self.backends = router_url, backends
         self.removed: list[tuple[str, int, int]] = []  # (url, requests received at drain, at stop)
 
-    async def list_replicas(self, pool: str) -> list[Replica]:
-        return [Replica(pool, url.rsplit(":", 1)[1], url) for url in sorted(self.backends)]
+    async def list_replicas(self, pool: str) -> list[ObservedReplica]:
+        return [ObservedReplica(pool, url.rsplit(":", 1)[1], url) for url in sorted(self.backends)]
 
     async def set_replicas(self, desired: Mapping[str, int], *, reason: str, state_json: str | None = None) -> None:
         return None
 
-    async def drain_and_remove(self, replica: Replica, *, timeout_s: float) -> DrainResult:
+    async def drain_and_remove(self, replica: ObservedReplica, *, timeout_s: float) -> DrainResult:
         async with aiohttp.ClientSession() as s:
             async with s.post(self.router_url + "/admin/drain", json={"replica": replica.url, "draining": True}) as r:
                 assert r.status == 200, await r.text()

@@ -19,7 +19,7 @@ from llmfleet.api.contracts import (
     SUSPENDED_BY_ANNOTATION,
 )
 from llmfleet.api.loader import parse_resource
-from llmfleet.autoscaler.actuation import Replica
+from llmfleet.autoscaler.actuation import ObservedReplica
 from llmfleet.autoscaler.arbitration import ServingNeed
 from llmfleet.autoscaler.kube import KubernetesActuator, apply_arbitration, pending_gpus
 from llmfleet.kube.client import ApiError, KubeClient
@@ -126,11 +126,11 @@ async def test_kubernetes_actuator_lists_and_drains_pods(cluster: tuple[Any, Kub
         await client.create(p)
     act = KubernetesActuator("chat", "default", client, probe=_idle)
     assert await act.list_replicas("primary") == [
-        Replica("primary", "chat-a", "http://10.0.0.1:8000", ready=False),
-        Replica("primary", "chat-b", "http://10.0.0.2:8000", ready=True),
+        ObservedReplica("primary", "chat-a", "http://10.0.0.1:8000", ready=False),
+        ObservedReplica("primary", "chat-b", "http://10.0.0.2:8000", ready=True),
     ]
-    assert await act.list_replicas("small") == [Replica("small", "chat-s", None, ready=True)]
-    result = await act.drain_and_remove(Replica("primary", "chat-b", "http://10.0.0.2:8000"), timeout_s=1)
+    assert await act.list_replicas("small") == [ObservedReplica("small", "chat-s", None, ready=True)]
+    result = await act.drain_and_remove(ObservedReplica("primary", "chat-b", "http://10.0.0.2:8000"), timeout_s=1)
     assert result.drained and result.removed
     meta = emu.get("v1/pods", "default", "chat-b")["metadata"]
     assert meta["labels"][DRAINING_LABEL] == "true" and meta["labels"][SERVING_LABEL] == "false"
@@ -150,5 +150,5 @@ async def test_pending_gpus_counts_unschedulable_pods(cluster: tuple[Any, KubeCl
     assert await pending_gpus(client, isvc) == 1 + 2
 
 
-async def _idle(_replica: Replica) -> float:
+async def _idle(_replica: ObservedReplica) -> float:
     return 0.0

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from llmfleet.autoscaler.policy import PolicyConfig, PolicyState, PoolConfig, decide
+from llmfleet.autoscaler.policy import PolicyConfig, PolicyState, PoolBounds, decide
 from llmfleet.autoscaler.signals import PoolRef, PrometheusSignals
 from llmfleet.util.net import free_port
 
@@ -113,7 +113,7 @@ async def test_signals_from_prometheus_drive_the_policy(fleet: FakeFleet, promet
     assert 250 <= s.ttft_p95_ms <= 500  # type: ignore[operator]  # inside the (0.25, 0.5] bucket
     assert s.mean_input_tokens == pytest.approx(2000, rel=0.01)
     assert s.mean_output_tokens == pytest.approx(200, rel=0.01)
-    cfg = PolicyConfig(policy="slo", pools=(PoolConfig("primary", "primary", 1, 20, 1),), ttft_slo_ms=1000.0)
+    cfg = PolicyConfig(policy="slo", pools=(PoolBounds("primary", "primary", 1, 20, 1),), ttft_slo_ms=1000.0)
     d = decide(cfg, [s], PolicyState())
     assert d.pools["primary"].action == "up" and d.pools["primary"].desired > 1
 

@@ -28,7 +28,7 @@ import pytest
 
 from llmfleet.api.inferenceservice import InferenceService
 from llmfleet.local.foreground import supervise
-from llmfleet.local.runtime import Replica, Supervisor
+from llmfleet.local.runtime import ReplicaSlot, Supervisor
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -46,7 +46,7 @@ def _service() -> InferenceService:
     })
 
 
-def _fake_replica(r: Replica) -> list[str]:
+def _fake_replica(r: ReplicaSlot) -> list[str]:
     return [sys.executable, "-m", "llmfleet.testing.fake_backend", "--port", str(r.port), "--tokens", str(TOKENS),
             "--token-delay-ms", str(TOKEN_DELAY_MS), "--delay-ms", str(FIRST_BYTE_DELAY_MS), "--name", r.name]
 
