@@ -39,6 +39,10 @@ TJ = (GROUP, VERSION, TRAININGJOB_PLURAL)
 # Read once at import: kopf fixes a timer's interval when it is registered.
 TIMER_INTERVAL = float(os.environ.get("LLMFLEET_RECONCILE_INTERVAL") or 30.0)
 RETRY_DELAY = float(os.environ.get("LLMFLEET_RETRY_DELAY") or 10.0)
+# A child's apply identical to the last one (same owner generation) is not re-sent for this long: every child
+# change someone else makes arrives as a watch event and re-arms it (on_child_event), the TTL bounds how long
+# a change the watch missed can last (llmfleet/kube/applied.py).
+UNCHANGED_APPLY_TTL_SECONDS = 300.0
 
 log = logging.getLogger("llmfleet.operator")
 
@@ -73,6 +77,7 @@ class Runtime:
                 raise kopf.TemporaryError("not logged in to the API server yet", delay=1)
             self.client = KubeClient.from_connection_info(self.connection)
             self.client.on_applied = self.remember_applied
+            self.client.unchanged_apply_ttl_seconds = UNCHANGED_APPLY_TTL_SECONDS
         return self.client
 
     def remember_applied(self, obj: dict[str, Any]) -> None:
@@ -282,6 +287,8 @@ async def on_child_event(event: Mapping[str, Any], memo: Any) -> None:
         return  # our own write
     if event.get("type") == "DELETED":
         rt.applied_rv.pop(key, None)
+    if rt.client is not None:
+        rt.client.forget(*key)  # someone else changed or deleted it: the next reconcile re-applies it
     uid = str(owner.get("uid"))
     if uid in rt.pending:
         return
