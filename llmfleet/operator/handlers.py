@@ -39,10 +39,6 @@ TJ = (GROUP, VERSION, TRAININGJOB_PLURAL)
 # Read once at import: kopf fixes a timer's interval when it is registered.
 TIMER_INTERVAL = float(os.environ.get("LLMFLEET_RECONCILE_INTERVAL") or 30.0)
 RETRY_DELAY = float(os.environ.get("LLMFLEET_RETRY_DELAY") or 10.0)
-# A child's apply identical to the last one (same owner generation) is not re-sent for this long: every child
-# change someone else makes arrives as a watch event and re-arms it (on_child_event), the TTL bounds how long
-# a change the watch missed can last (llmfleet/kube/applied.py).
-UNCHANGED_APPLY_TTL_SECONDS = 300.0
 
 log = logging.getLogger("llmfleet.operator")
 
@@ -77,7 +73,11 @@ class Runtime:
                 raise kopf.TemporaryError("not logged in to the API server yet", delay=1)
             self.client = KubeClient.from_connection_info(self.connection)
             self.client.on_applied = self.remember_applied
-            self.client.unchanged_apply_ttl_seconds = UNCHANGED_APPLY_TTL_SECONDS
+            # A child's apply identical to its last one (same owner generation) is not re-sent within one timer
+            # interval: a watched child (Deployment, Job) that someone else changes re-arms it at once
+            # (on_child_event); a change nobody signals (e.g. a hand edit of a Service) is still undone within
+            # two intervals (llmfleet/kube/applied.py).
+            self.client.unchanged_apply_ttl_seconds = self.config.timer_interval_seconds
         return self.client
 
     def remember_applied(self, obj: dict[str, Any]) -> None:
