@@ -5,7 +5,7 @@ timer tick) renders all children and applies them. Most of those applies send th
 sent, and the API server answers them without changing anything, yet each costs a request (about 0.5 ms of
 operator CPU with lightkube, docs/architecture.md). An apply is skipped, and the answer of the last one
 returned instead, only while all of these hold:
-- the manifest serializes to the same bytes as the last apply of the same object that succeeded;
+- the manifest serializes to the same bytes (compared by a 128-bit BLAKE2b digest) as the last apply of the same object that succeeded;
 - the caller's `generation` (the owner's metadata.generation) is the same as then: a spec change re-sends all;
 - the entry is younger than the TTL: a change nobody signalled (a missed watch event, an edit while the
   operator's watch was down) is still repaired within one TTL;
@@ -17,6 +17,7 @@ The cache is per process: a restarted operator re-applies everything once.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ ObjectKey = tuple[str, str, str]
 
 @dataclass
 class _Entry:
-    body: bytes
+    body: bytes  # digest of the manifest as sent (thousands of children: no copy of each kept)
     generation: object
     result: bytes  # the answer, encoded: each hit decodes a fresh copy that callers may edit
     expires: float
@@ -47,7 +48,7 @@ class AppliedCache:
 
     @staticmethod
     def body(manifest: Mapping[str, Any]) -> bytes:
-        return msgspec.json.encode(manifest)
+        return hashlib.blake2b(msgspec.json.encode(manifest), digest_size=16).digest()
 
     def lookup(self, key: ObjectKey, body: bytes, generation: object) -> dict[str, Any] | None:
         """The last answer if this exact apply was already done and is still trusted, else None."""
