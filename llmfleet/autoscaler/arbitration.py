@@ -85,20 +85,64 @@ def arbitrate(need: ServingNeed, jobs: Sequence[TrainingJobInfo]) -> list[Arbitr
     return actions
 
 
+class MalformedTrainingJob(ValueError):
+    """A TrainingJob whose fields arbitration reads do not have their schema's types (written by hand or before a
+    CRD upgrade); the message starts with the field path. Arbitration leaves such a job alone: the operator's
+    own reconcile reports it on the job (Ready=False/InvalidSpec and a Warning Event)."""
+
+
+def _int(value: Any, path: str, default: int) -> int:
+    if value is None or value == "":
+        return default
+    if isinstance(value, bool):
+        raise MalformedTrainingJob(f"{path}: expected an integer, got {value!r}")
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise MalformedTrainingJob(f"{path}: expected an integer, got {value!r}") from None
+
+
+def _mapping(value: Any, path: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise MalformedTrainingJob(f"{path}: expected an object, got {type(value).__name__}")
+    return value
+
+
 def job_info(obj: dict[str, Any]) -> TrainingJobInfo:
-    """TrainingJobInfo from a TrainingJob object (dict as read from the API)."""
-    meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
-    workers = spec.get("workers") or {}
-    replicas = int(workers.get("count", 1) or 1)
-    per = int(workers.get("gpusPerWorker", 0) or 0)
+    """TrainingJobInfo from a TrainingJob object (dict as read from the API); MalformedTrainingJob when a field
+    it reads has the wrong type."""
+    meta, spec = _mapping(obj.get("metadata"), "metadata"), _mapping(obj.get("spec"), "spec")
+    raw_status = obj.get("status")
+    status: dict[str, Any] = raw_status if isinstance(raw_status, dict) else {}
+    workers = _mapping(spec.get("workers"), "spec.workers")
+    replicas = _int(workers.get("count"), "spec.workers.count", 1) or 1
+    per = _int(workers.get("gpusPerWorker"), "spec.workers.gpusPerWorker", 0)
+    scheduling = _mapping(spec.get("scheduling"), "spec.scheduling")
+    raw_annotations = meta.get("annotations")
+    annotations: dict[str, Any] = raw_annotations if isinstance(raw_annotations, dict) else {}
     return TrainingJobInfo(
         name=str(meta.get("name")),
-        priority=int((spec.get("scheduling") or {}).get("priority", 0) or 0),
+        priority=_int(scheduling.get("priority"), "spec.scheduling.priority", 0),
         gpus=replicas * per,
         suspended=bool(spec.get("suspend", False)),
-        suspended_by=(meta.get("annotations") or {}).get(SUSPENDED_BY_ANNOTATION),
+        suspended_by=annotations.get(SUSPENDED_BY_ANNOTATION),
         finished=status.get("phase") in ("Succeeded", "Failed"),
     )
+
+
+def job_infos(objs: Sequence[dict[str, Any]]) -> tuple[list[TrainingJobInfo], dict[str, str]]:
+    """(the jobs arbitration may act on, {name: problem} of the malformed ones it leaves alone). One bad object
+    never stops the decision for the others."""
+    infos: list[TrainingJobInfo] = []
+    skipped: dict[str, str] = {}
+    for obj in objs:
+        try:
+            infos.append(job_info(obj))
+        except MalformedTrainingJob as err:
+            skipped[str((obj.get("metadata") or {}).get("name"))] = str(err)
+    return infos, skipped
 
 
 def job_patch(action: ArbitrationAction, service: str) -> dict[str, Any]:

@@ -53,6 +53,7 @@ class _Memory:
     last_run: float = 0.0
     scrape: ScrapeSignals | None = None
     held: dict[str, int] = field(default_factory=dict)  # the router's wake-up: pool -> requests held
+    bad_priority: str | None = None  # the malformed priority annotation already reported (one Event per value)
 
 
 @dataclass
@@ -165,7 +166,7 @@ async def autoscale_inferenceservice(body: kopf.Body, memo: kopf.Memo, patch: ko
     for name, d in result.decision.pools.items():
         if d.action != "hold":
             kopf.info(body, reason="Scaled", message=f"{name}: {d.current} -> {d.desired}: {'; '.join(d.reasons)}"[:1000])
-    await _arbitrate(isvc, dict(body), actuator, result)
+    await _arbitrate(isvc, dict(body), actuator, result, mem)
 
 
 def _router_url(isvc: InferenceService) -> str:
@@ -213,7 +214,9 @@ def _burning(isvc: InferenceService, signals: Sequence[PoolSignals]) -> bool:
     return False
 
 
-async def _arbitrate(isvc: InferenceService, body: dict[str, Any], actuator: KubernetesActuator, result: Any) -> None:
+async def _arbitrate(
+    isvc: InferenceService, body: dict[str, Any], actuator: KubernetesActuator, result: Any, mem: _Memory
+) -> None:
     decision = result.decision
     primary = decision.pools.get("primary")
     desired_gpus = sum(
@@ -224,8 +227,20 @@ async def _arbitrate(isvc: InferenceService, body: dict[str, Any], actuator: Kub
     except ApiError as err:
         log.warning("cannot list pods of %s for GPU arbitration: %s", isvc.metadata.name, err)
         return
+    raw_priority = isvc.metadata.annotations.get(SERVING_PRIORITY_ANNOTATION, "0") or "0"
+    try:
+        priority = int(raw_priority)
+    except ValueError:
+        # This service's own mistake: a Warning Event on it (once per value), and no arbitration for it.
+        if mem.bad_priority != raw_priority:
+            mem.bad_priority = raw_priority
+            kopf.warn(body, reason="InvalidAnnotation",  # type: ignore[arg-type]
+                      message=f"metadata.annotations[{SERVING_PRIORITY_ANNOTATION}]: expected an integer, got "
+                              f"{raw_priority[:100]!r}; GPU arbitration skipped for this service")
+        return
+    mem.bad_priority = None
     need = serving_need(
-        isvc.metadata.name, int(isvc.metadata.annotations.get(SERVING_PRIORITY_ANNOTATION, "0") or 0),
+        isvc.metadata.name, priority,
         gpu_budget=isvc.spec.autoscaling.gpu_budget, desired_gpus=desired_gpus, pending_gpus=pending,
         burning=_burning(isvc, result.signals) or (primary is not None and primary.desired > primary.current and pending > 0),
     )

@@ -5,6 +5,7 @@ Events).
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -30,8 +31,10 @@ from llmfleet.autoscaler.actuation import (
     scrape_in_flight,
     wait_drained,
 )
-from llmfleet.autoscaler.arbitration import ArbitrationAction, ServingNeed, arbitrate, job_info, job_patch
+from llmfleet.autoscaler.arbitration import ArbitrationAction, ServingNeed, arbitrate, job_infos, job_patch
 from llmfleet.kube.client import ApiError, KubeClient
+
+log = logging.getLogger("llmfleet.autoscaler")
 
 
 class KubernetesActuator:
@@ -134,7 +137,12 @@ async def apply_arbitration(client: KubeClient, isvc: dict[str, Any], need: Serv
     """Decide and apply suspensions/resumptions of the namespace's TrainingJobs; Events on both objects."""
     ns = (isvc.get("metadata") or {}).get("namespace") or "default"
     jobs = {j["metadata"]["name"]: j for j in await client.list(API_VERSION, "TrainingJob", ns, {})}
-    actions = arbitrate(need, [job_info(j) for j in jobs.values()])
+    infos, skipped = job_infos(list(jobs.values()))
+    for name, problem in skipped.items():
+        # The operator's reconcile of that job reports it (InvalidSpec condition and Event); here it is only
+        # left out, so the other jobs and services are still arbitrated.
+        log.info("GPU arbitration for %s/%s leaves TrainingJob %s alone: %s", ns, need.service, name, problem)
+    actions = arbitrate(need, infos)
     for action in actions:
         job = jobs[action.job]
         await client.merge_patch(API_VERSION, "TrainingJob", ns, action.job, job_patch(action, need.service))

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import typer
 
+from llmfleet.api.contracts import STORE_URL_ENV
 from llmfleet.local.manifest import InvalidManifest, load_service
 
 
@@ -60,6 +62,10 @@ def register(app: typer.Typer) -> None:
             isvc = load_service(file)
         except InvalidManifest as err:
             raise _fail(f"llmfleet up: {err}") from None
+        store = isvc.spec.feature_store
+        if store is not None and store.url_secret_ref is not None and not os.environ.get(STORE_URL_ENV):
+            raise _fail(f"llmfleet up: spec.featureStore.urlSecretRef: no Kubernetes Secret here; set {STORE_URL_ENV} "
+                        "to the store's URL (or use spec.featureStore.url without a password and PGPASSWORD)")
         rdir = (run_dir or run_dir_for(isvc.metadata.name)).resolve()
         old = read_state(rdir)
         if old and pid_alive(old.get("supervisorPid")):

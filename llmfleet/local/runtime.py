@@ -204,8 +204,12 @@ class Supervisor:
             updates["request_log"] = str(self.run_dir / "requests.jsonl")
         store = self.isvc.spec.feature_store
         if cfg.feature_store.enabled or store is not None:
-            url = cfg.feature_store.url or f"sqlite:///{self.run_dir / 'features.db'}"
-            updates["feature_store"] = cfg.feature_store.model_copy(update={"url": url})
+            # urlSecretRef: the URL comes from the environment the router inherits (STORE_URL_ENV), as in a pod,
+            # and stays out of router.yaml.
+            own = cfg.feature_store.resolved_url(self.env)
+            url = own or f"sqlite:///{self.run_dir / 'features.db'}"
+            if cfg.feature_store.url_env is None:
+                updates["feature_store"] = cfg.feature_store.model_copy(update={"url": url})
             self._init_store(url)
         cfg = cfg.model_copy(update=updates)
         path = self.run_dir / "router.yaml"

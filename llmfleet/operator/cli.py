@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from llmfleet.api.contracts import OPERATOR_LIVENESS_PORT, OPERATOR_METRICS_PORT
+from llmfleet.operator.config import PRIORITY_MAX, PRIORITY_MIN
 
 
 def register(app: typer.Typer) -> None:
@@ -19,7 +20,10 @@ def register(app: typer.Typer) -> None:
         liveness_port: int = typer.Option(OPERATOR_LIVENESS_PORT, "--liveness-port", help="Port of /healthz (liveness probe); 0 disables."),
         peering: str = typer.Option("llmfleet", "--peering", help="kopf peering object name (leader election between replicas)."),
         standalone: bool = typer.Option(False, "--standalone", help="Run without peering (a single replica)."),
-        priority: int = typer.Option(0, "--priority", help="Peering priority; the highest live replica acts."),
+        priority: int = typer.Option(
+            0, "--priority", min=PRIORITY_MIN, max=PRIORITY_MAX,
+            help="Peering priority; the highest live replica acts (equal priorities: ordered by identity, POD_ID).",
+        ),
         verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logs."),
         log_format: str = typer.Option("json", "--log-format", help="json (structured) or text."),
     ) -> None:

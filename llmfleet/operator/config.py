@@ -26,6 +26,30 @@ DEFAULT_REPLICA_INGRESS_FROM: tuple[dict[str, Any], ...] = (
     {"namespaceSelector": {}, "podSelector": {"matchLabels": {APP_NAME_LABEL: "prometheus"}}},
 )
 
+# The user and group of the pods the operator creates: the llmfleet images' user (docker/*.Dockerfile: ARG
+# UID=10001). LLMFLEET_POD_USER=image leaves them to the image or the platform (OpenShift assigns a UID from the
+# namespace's range and refuses pods that name another).
+POD_UID = 10001
+
+
+def _env_pod_user(raw: str | None) -> int | None:
+    if raw is None or raw == "":
+        return POD_UID
+    if raw == "image":
+        return None
+    try:
+        uid = int(raw)
+    except ValueError:
+        uid = -1
+    if uid < 1:
+        raise ValueError(f"LLMFLEET_POD_USER must be a user id >= 1 (not root) or 'image', got {raw!r}")
+    return uid
+
+
+# `llmfleet operator --priority` range: with the identity tie-break in the low 32 bits (run.kopf_priority), kopf's
+# peering priority stays a signed 64-bit integer, what the API server keeps of a JSON integer.
+PRIORITY_MIN, PRIORITY_MAX = -(2**31), 2**31 - 1
+
 
 def _env_float(name: str, default: float) -> float:
     raw = os.environ.get(name)
@@ -64,6 +88,8 @@ class OperatorConfig:
     spec_defaults: Mapping[str, Any] = field(default_factory=dict)
     # NetworkPolicy peers admitted to replica pods besides the service's own router.
     replica_ingress_from: tuple[dict[str, Any], ...] = DEFAULT_REPLICA_INGRESS_FROM
+    # runAsUser/runAsGroup/fsGroup of the pods the operator creates; None: the image's or the platform's.
+    pod_user: int | None = POD_UID
 
     @classmethod
     def from_env(cls, capabilities: Capabilities | None = None) -> OperatorConfig:
@@ -80,6 +106,7 @@ class OperatorConfig:
             capabilities=capabilities or Capabilities(),
             spec_defaults=load_spec_defaults(env.get("LLMFLEET_DEFAULTS_FILE")),
             replica_ingress_from=load_peers(env.get("LLMFLEET_REPLICA_INGRESS_FROM")),
+            pod_user=_env_pod_user(env.get("LLMFLEET_POD_USER")),
         )
 
 
@@ -116,8 +143,12 @@ def load_spec_defaults(path: str | None) -> dict[str, Any]:
     return {k: v for k, v in data.items() if isinstance(v, dict)}
 
 
-def with_spec_defaults(spec: Mapping[str, Any] | None, defaults: Mapping[str, Any]) -> dict[str, Any]:
-    """The spec with each defaultable section's missing keys taken from the defaults (the CR always wins)."""
+def with_spec_defaults(spec: Any, defaults: Mapping[str, Any]) -> Any:
+    """The spec with each defaultable section's missing keys taken from the defaults (the CR always wins).
+
+    A spec that is not a mapping is returned as it is: validation then reports it (spec: ...) as a condition."""
+    if spec is not None and not isinstance(spec, Mapping):
+        return spec
     out = dict(spec or {})
     for section, values in defaults.items():
         own = out.get(section)

@@ -31,7 +31,7 @@ from llmfleet.operator.config import Capabilities, OperatorConfig
 from llmfleet.operator.metrics import ERRORS, observe
 from llmfleet.operator.reconcile_isvc import ReconcileError, reconcile_inferenceservice
 from llmfleet.operator.reconcile_tj import reconcile_trainingjob
-from llmfleet.operator.status import Outcome
+from llmfleet.operator.status import Outcome, status_of
 from llmfleet.operator.worker_status import HttpStatusReader, StatusReader
 
 ISVC = (GROUP, VERSION, INFERENCESERVICE_PLURAL)
@@ -192,7 +192,7 @@ async def run_reconcile(
         if rt.stopping:
             return
         await rt.discover()
-        old = dict(body.get("status") or {})
+        old = status_of(body)
         merged = {**body, "status": {**old, **rt.written.get(uid, {})}}
         # The timer is a safety net: skip it when another trigger reconciled the object less than half an
         # interval ago (under a backlog, timers would otherwise re-apply everything again). A running

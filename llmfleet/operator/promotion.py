@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from llmfleet.api.contracts import MODEL_ANNOTATION, PROMOTION_ANNOTATION
+from llmfleet.api.inferenceservice import PRIMARY_POOL
 
 PromotionState = Literal["Pending", "RollingOut", "Succeeded", "RolledBack"]
 # A rollout is rolled back when errors rise this much over the baseline (absolute fraction of requests).
@@ -164,12 +165,25 @@ def evaluate(
     return rollout_state(promo, slo_ttft_ms, metrics, deployment_progress(promo, deployment), slo_tpot_ms)
 
 
+def _spec(body: dict[str, Any]) -> dict[str, Any]:
+    """The InferenceService's spec as read from the API; a malformed one (not a mapping, e.g. written before a
+    CRD upgrade) has no pools, so a promotion into it waits with a condition instead of failing."""
+    spec = body.get("spec")
+    return spec if isinstance(spec, dict) else {}
+
+
+def _pools(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    fallback = spec.get("fallback")
+    pools = fallback.get("pools") if isinstance(fallback, dict) else None
+    return [p for p in pools if isinstance(p, dict)] if isinstance(pools, list) else []
+
+
 def pool_model_patch(body: dict[str, Any], pool: str, model_path: str) -> dict[str, Any] | None:
     """Merge patch setting `pool`'s model path (None when the pool does not exist)."""
-    spec = body.get("spec") or {}
+    spec = _spec(body)
     if pool == "primary":
         return {"spec": {"model": {"path": model_path}}}
-    pools = [dict(p) for p in (spec.get("fallback") or {}).get("pools") or []]
+    pools = [dict(p) for p in _pools(spec)]
     for p in pools:
         if p.get("name") == pool:
             p["model"] = {**(p.get("model") or {}), "path": model_path}
@@ -184,23 +198,30 @@ def pool_model_patch(body: dict[str, Any], pool: str, model_path: str) -> dict[s
 def adapter_patch(body: dict[str, Any], name: str, uri: str) -> dict[str, Any] | None:
     """Merge patch adding adapter `name` at `uri` to spec.adapters (replacing one of that name); None when the
     InferenceService has no spec.lora (its replicas cannot serve adapters)."""
-    spec = body.get("spec") or {}
+    spec = _spec(body)
     if not spec.get("lora"):
         return None
-    adapters = [dict(a) for a in spec.get("adapters") or [] if a.get("name") != name]
+    adapters = [dict(a) for a in spec.get("adapters") or [] if isinstance(a, dict) and a.get("name") != name]
     adapters.append({"name": name, "uri": uri})
     # resourceVersion makes the list replacement fail on a concurrent change instead of losing it.
     return {"metadata": {"resourceVersion": body["metadata"].get("resourceVersion")}, "spec": {"adapters": adapters}}
 
 
+def pool_names(body: dict[str, Any]) -> list[str]:
+    """Names of the InferenceService's pools as read from the API: primary first."""
+    return [PRIMARY_POOL] + [str(p.get("name")) for p in _pools(_spec(body))]
+
+
 def pool_model(body: dict[str, Any], pool: str) -> str | None:
-    spec = body.get("spec") or {}
+    spec = _spec(body)
     if pool == "primary":
-        path = (spec.get("model") or {}).get("path")
+        model = spec.get("model")
+        path = model.get("path") if isinstance(model, dict) else None
         return str(path) if path else None
-    for p in (spec.get("fallback") or {}).get("pools") or []:
+    for p in _pools(spec):
         if p.get("name") == pool:
-            path = (p.get("model") or {}).get("path")
+            model = p.get("model")
+            path = model.get("path") if isinstance(model, dict) else None
             return str(path) if path else None
     return None
 

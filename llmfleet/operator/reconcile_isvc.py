@@ -23,6 +23,7 @@ from llmfleet.operator.status import (
     invalid_spec_message,
     invalid_spec_outcome,
     set_conditions,
+    status_of,
 )
 
 # Kinds whose stale instances (e.g. of a removed student pool) are deleted after a spec change.
@@ -76,7 +77,7 @@ async def reconcile_inferenceservice(
 ) -> Outcome:
     """Level-triggered: the same body always converges to the same children and status."""
     started = time.thread_time()
-    old_status: dict[str, Any] = dict(body.get("status") or {})
+    old_status: dict[str, Any] = status_of(body)
     meta = body.get("metadata") or {}
     generation = meta.get("generation")
     try:

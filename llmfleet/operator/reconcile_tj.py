@@ -24,6 +24,7 @@ from llmfleet.operator.status import (
     invalid_spec_message,
     invalid_spec_outcome,
     set_conditions,
+    status_of,
 )
 from llmfleet.operator.tj_status import (
     TERMINAL,
@@ -131,7 +132,7 @@ async def reconcile_trainingjob(
     """Level-triggered. `read_status` (timer only) reads rank 0's /status while the job runs."""
     out, tj = await _reconcile(body, client, config, now, read_status)
     if tj is not None:
-        old: dict[str, Any] = dict(body.get("status") or {})
+        old: dict[str, Any] = status_of(body)
         await _check_promotion_target(tj, client, out, old, (body.get("metadata") or {}).get("generation"), now)
     return out
 
@@ -140,7 +141,7 @@ async def _reconcile(body: Mapping[str, Any], client: KubeClient, config: Operat
                      read_status: StatusReader | None) -> tuple[Outcome, TrainingJob | None]:
     """The reconcile proper; also returns the validated TrainingJob (None when the spec is invalid)."""
     started = time.thread_time()
-    old: dict[str, Any] = dict(body.get("status") or {})
+    old: dict[str, Any] = status_of(body)
     generation = (body.get("metadata") or {}).get("generation")
     try:
         tj = TrainingJob.model_validate(cr_dict(body))

@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import datetime
+import getpass
+import hashlib
 import logging
+import os
+import secrets
+import socket
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -12,7 +18,7 @@ from typing import Any, cast
 import kopf
 
 from llmfleet.api.contracts import OPERATOR_LIVENESS_PORT, OPERATOR_METRICS_PORT
-from llmfleet.operator.config import OperatorConfig
+from llmfleet.operator.config import PRIORITY_MAX, PRIORITY_MIN, OperatorConfig
 
 log = logging.getLogger("llmfleet.operator")
 
@@ -24,6 +30,53 @@ PEERING_PLURALS = {True: "clusterkopfpeerings", False: "kopfpeerings"}  # by clu
 class PeeringUnavailable(RuntimeError):
     """Peering is mandatory but the API server does not serve kopf's peering resource: kopf would pause
     every handler silently and wait for it forever. The operator refuses to start instead."""
+
+
+class PeeringConflict(RuntimeError):
+    """A live peer already holds this operator's kopf priority: kopf would pause both (and every other peer of
+    that priority) for good. The operator refuses to start instead."""
+
+
+# kopf pauses *every* operator that sees a live peer of its own priority ("all operators freeze, leaving the
+# cluster unserved"). So kopf never sees the --priority as given: it gets --priority in the high bits and a
+# hash of the operator's identity in the low TIEBREAK_BITS. A higher --priority still always wins; replicas of
+# equal --priority are ordered by identity, so exactly one of them acts. Only a hash collision of two
+# identities (2^-32 per pair) can tie, and PeeringConflict refuses that at start with one log line.
+TIEBREAK_BITS = 32
+
+
+def operator_identity(explicit: str | None = None) -> str:
+    """This operator's peering identity: `explicit`, else POD_ID (kopf's variable; the chart sets it to
+    `<pod>.<namespace>`, stable across container restarts), else user@host/time/random as kopf makes it."""
+    if explicit:
+        return explicit
+    if pod := os.environ.get("POD_ID"):
+        return pod
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y%m%d%H%M%S")
+    return f"{getpass.getuser()}@{socket.gethostname()}/{now}/{secrets.token_hex(2)}"
+
+
+def kopf_priority(priority: int, identity: str) -> int:
+    """The priority kopf compares: --priority first, then a hash of the identity (equal --priority values never
+    tie). Raises ValueError outside PRIORITY_MIN..PRIORITY_MAX."""
+    if not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+        raise ValueError(f"--priority must be between {PRIORITY_MIN} and {PRIORITY_MAX}, got {priority}")
+    tiebreak = int.from_bytes(hashlib.sha256(identity.encode()).digest()[: TIEBREAK_BITS // 8], "big")
+    return (priority << TIEBREAK_BITS) + tiebreak
+
+
+def _peer_alive(info: Any, now: datetime.datetime) -> bool:
+    """A peer entry of kopf's peering status (lastseen + lifetime) that has not expired yet."""
+    if not isinstance(info, dict):
+        return False
+    try:
+        seen = datetime.datetime.fromisoformat(str(info.get("lastseen")))
+        lifetime = datetime.timedelta(seconds=int(info.get("lifetime", 60)))
+    except (TypeError, ValueError):
+        return False
+    if seen.tzinfo is None:
+        seen = seen.replace(tzinfo=datetime.UTC)
+    return seen + lifetime > now
 
 
 @dataclass
@@ -92,6 +145,58 @@ async def check_peering(settings: kopf.OperatorSettings, connection: kopf.Connec
         )
 
 
+# kopf's peering kinds, for reading the peering object with llmfleet's Kubernetes client.
+PEERING_KINDS = {True: "ClusterKopfPeering", False: "KopfPeering"}  # by clusterwide
+
+
+def _peering_objects(settings: kopf.OperatorSettings, namespaces: Sequence[str]) -> list[str | None]:
+    """Namespaces of the peering objects to read (None: the cluster-wide one)."""
+    if settings.peering.clusterwide:
+        return [None]
+    # Globs (--namespace 'team-*') are left out: their peering objects are only known once kopf lists them.
+    return [ns for ns in namespaces if not any(c in ns for c in "*?[!")]
+
+
+async def check_priority_unique(
+    settings: kopf.OperatorSettings, connection: kopf.ConnectionInfo, identity: str, namespaces: Sequence[str] = ()
+) -> None:
+    """Raise PeeringConflict when a live peer of another identity already has our kopf priority."""
+    from llmfleet.kube.client import ApiError, KubeClient
+    from llmfleet.kube.kinds import register_custom_kind
+
+    clusterwide = bool(settings.peering.clusterwide)
+    kind = PEERING_KINDS[clusterwide]
+    register_custom_kind(PEERING_GROUP_VERSION, kind, PEERING_PLURALS[clusterwide], namespaced=not clusterwide)
+    mine = settings.peering.priority
+    client = KubeClient.from_connection_info(connection)
+    client.timeout_seconds = 10.0
+    now = datetime.datetime.now(datetime.UTC)
+    try:
+        for namespace in _peering_objects(settings, namespaces):
+            try:
+                # None: no peering object yet, so no peers either (kopf reports the missing object itself).
+                found = await client.get(PEERING_GROUP_VERSION, kind, namespace, settings.peering.name)
+            except ApiError as err:
+                log.warning("could not read the peering object %s (%s); starting anyway", settings.peering.name, err)
+                continue
+            status = (found or {}).get("status")
+            for peer, info in (status if isinstance(status, dict) else {}).items():
+                if peer == identity or not _peer_alive(info, now):
+                    continue
+                try:
+                    theirs = int(info.get("priority", 0))
+                except (TypeError, ValueError):
+                    continue
+                if theirs == mine:
+                    raise PeeringConflict(
+                        f"peering {settings.peering.name}: live peer {peer!r} has the same kopf priority {mine} as "
+                        f"this operator ({identity!r}), and kopf would pause both: start with another --priority "
+                        f"or identity (POD_ID)"
+                    )
+    finally:
+        await client.close()
+
+
 async def run_async(
     opts: RunOptions,
     stop_flag: asyncio.Event | threading.Event | None = None,
@@ -112,12 +217,17 @@ async def run_async(
         kopf_handlers.share_client(memo, memo.llmfleet.kube)  # one client (and credentials) for both
     handlers.configure_timers(memo.llmfleet.config.timer_interval_seconds)
     settings = _settings(opts)
+    identity = operator_identity(opts.identity)
     if settings.peering.mandatory:
+        settings.peering.priority = kopf_priority(opts.priority, identity)
+        log.info("peering %s as %r: --priority %d, kopf priority %d (equal --priority values are ordered by "
+                 "identity)", settings.peering.name, identity, opts.priority, settings.peering.priority)
         rt = memo.llmfleet
         if rt.connection is None:
             rt.connection = await asyncio.to_thread(_login, settings)  # kopf's login handler reuses it
         if rt.connection is not None:
             await check_peering(settings, rt.connection)
+            await check_priority_unique(settings, rt.connection, identity, opts.namespaces)
     if opts.metrics_port is not None:
         from prometheus_client import start_http_server
 
@@ -131,9 +241,9 @@ async def run_async(
         clusterwide=clusterwide,
         namespaces=() if clusterwide else list(opts.namespaces),
         standalone=opts.standalone or not opts.peering,
-        priority=opts.priority,
+        priority=settings.peering.priority,
         peering_name=opts.peering if not opts.standalone else None,
-        identity=cast(Any, opts.identity),
+        identity=cast(Any, identity),
         liveness_endpoint=f"http://0.0.0.0:{opts.liveness_port}/healthz" if opts.liveness_port else None,
         stop_flag=stop_flag,
         ready_flag=ready_flag,
@@ -142,12 +252,13 @@ async def run_async(
 
 def run(opts: RunOptions, verbose: bool = False, log_format: str = "json") -> int:
     """Blocking entry point of `llmfleet operator`: structured (JSON) logs by default. Returns the exit
-    status: 0 after a clean stop, 1 when mandatory peering has no peering resource (one error line)."""
+    status: 0 after a clean stop, 1 when mandatory peering has no peering resource or a live peer holds this
+    operator's priority (one error line)."""
     fmt = kopf.LogFormat.JSON if log_format == "json" else kopf.LogFormat.FULL
     kopf.configure(verbose=verbose, log_format=fmt, log_refkey="object")
     try:
         asyncio.run(run_async(opts))
-    except PeeringUnavailable as err:
+    except (PeeringUnavailable, PeeringConflict) as err:
         log.error("%s", err)
         return 1
     return 0

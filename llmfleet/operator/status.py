@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -103,6 +104,13 @@ def invalid_spec_outcome(
     if not old_ready or old_ready.get("reason") != "InvalidSpec" or old_ready.get("message") != message:
         out.event("Warning", "InvalidSpec", f"{kind} spec is invalid: {message}")
     return out
+
+
+def status_of(body: Any) -> dict[str, Any]:
+    """The object's status as a dict; anything else (written by hand or before a CRD upgrade) counts as none,
+    so one malformed object gets a condition instead of failing its reconcile."""
+    status = body.get("status")
+    return dict(status) if isinstance(status, Mapping) else {}
 
 
 def cr_dict(body: Any) -> dict[str, Any]:

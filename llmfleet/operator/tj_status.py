@@ -15,15 +15,15 @@ from typing import Any
 
 from llmfleet.api import TrainingJob
 from llmfleet.api.contracts import PROMOTION_ANNOTATION
-from llmfleet.api.inferenceservice import PRIMARY_POOL
 from llmfleet.operator.promotion import (
     adapter_patch,
     from_annotations,
     pool_model,
     pool_model_patch,
+    pool_names,
     start_promotion,
 )
-from llmfleet.operator.status import Event, condition, set_conditions
+from llmfleet.operator.status import Event, condition, set_conditions, status_of
 from llmfleet.operator.worker_status import status_fields
 
 TERMINAL = ("Succeeded", "Failed")
@@ -141,8 +141,7 @@ def promotion_target_found(tj: TrainingJob, isvc: Mapping[str, Any] | None) -> t
     if isvc is None:
         return False, "InferenceServiceNotFound", f"InferenceService {ns}/{target.inference_service} does not exist"
     if pool_model(dict(isvc), target.pool) is None:
-        pools = [PRIMARY_POOL] + [str(p.get("name")) for p in ((isvc.get("spec") or {}).get("fallback") or {})
-                                  .get("pools") or []]
+        pools = pool_names(dict(isvc))
         return False, "PoolNotFound", (f"InferenceService {ns}/{target.inference_service} has no pool "
                                        f"{target.pool!r} (pools: {', '.join(pools)})")
     return True, "Found", f"promotes to {target.inference_service}/{target.pool}"
@@ -213,7 +212,7 @@ def promotion_step(
     if previous is None:
         return PromotionStep({**base, "state": "Pending", "message": f"InferenceService has no pool {target.pool!r}"})
     # The baseline is the target pool's own metrics (a student pool's, not the primary's): start_promotion.
-    metrics = (body.get("status") or {}).get("metrics") or {}
+    metrics = status_of(body).get("metrics") or {}
     promo = start_promotion(tj.metadata.name, target.pool, output.path, previous, metrics, now)
     patch = pool_model_patch(body, target.pool, output.path) or {}
     patch.setdefault("metadata", {})["annotations"] = {PROMOTION_ANNOTATION: promo.to_annotation()}

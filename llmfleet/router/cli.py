@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,11 @@ def serve(config: Path, port: int | None = None, host: str | None = None, log_le
     updates = {k: v for k, v in {"port": port, "host": host}.items() if v is not None}
     if updates:
         cfg = cfg.model_copy(update=updates)
-    lookup = _make_lookup(cfg)
+    try:
+        lookup = _make_lookup(cfg)
+    except ValueError as e:  # the store's URL variable (from a Secret) is missing
+        typer.echo(f"llmfleet router: {e}", err=True)
+        raise typer.Exit(2) from None
 
     from llmfleet.router.http_server import run_router
 
@@ -72,7 +77,7 @@ def _make_lookup(cfg: object) -> object | None:
         typer.echo(f"llmfleet router: feature store lookups disabled ({e})", err=True)
         return None
     fs = cfg.feature_store
-    return FeatureStoreLookup(fs.url, cfg.primary().served_names[0], semantic_threshold=fs.semantic_threshold,
+    return FeatureStoreLookup(fs.resolved_url(os.environ), cfg.primary().served_names[0], semantic_threshold=fs.semantic_threshold,
                               timeout_ms=fs.lookup_timeout_ms)
 
 

@@ -10,6 +10,7 @@ router discovers replicas from Kubernetes EndpointSlices with the contract label
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -17,8 +18,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
-from llmfleet.api.contracts import KV_EVENTS_PORT, REPLICA_PORT, ROUTER_PORT, pool_selector
-from llmfleet.api.inferenceservice import SCORER_NAMES, InferenceService
+from llmfleet.api.contracts import KV_EVENTS_PORT, REPLICA_PORT, ROUTER_PORT, STORE_URL_ENV, pool_selector
+from llmfleet.api.inferenceservice import DEFAULT_SCORERS, SCORER_NAMES, InferenceService
 from llmfleet.api.storage import parse_uri
 
 # The router's ConfigMap key and where the operator mounts it (and the tenants Secret) in the router's pod.
@@ -153,9 +154,22 @@ class FeatureStoreConfig(_Model):
 
     enabled: bool = Field(default=False, description="Look up responses before routing.")
     url: str | None = Field(default=None, description="SQLAlchemy URL of the store.")
+    url_env: str | None = Field(
+        default=None, description="Environment variable holding the URL instead (a Secret's value in the pod); "
+        "wins over url.")
     semantic_threshold: float = Field(default=0.92, gt=0, le=1, description="Cosine similarity for a semantic hit.")
     lookup_timeout_ms: float = Field(default=20.0, gt=0, description="Lookup deadline; fail open.")
     opt_out_header: str = Field(default="x-llmfleet-no-lookup", description="Header that skips the lookup when present.")
+
+    def resolved_url(self, environ: Mapping[str, str]) -> str | None:
+        """The store's URL: from `url_env` in `environ` when named (ValueError when it is unset there), else url."""
+        if self.url_env:
+            value = environ.get(self.url_env)
+            if not value:
+                raise ValueError(f"featureStore.urlEnv: {self.url_env} is not set (the feature store's URL, from "
+                                 "spec.featureStore.urlSecretRef)")
+            return value
+        return self.url
 
 
 class LimitsConfig(_Model):
@@ -269,7 +283,7 @@ class RouterConfig(_Model):
     port: int = Field(default=ROUTER_PORT, ge=0, le=65535, description="Listen port (API and /metrics).")
     pools: list[PoolConfig] = Field(min_length=1, description="Primary pool first, then student pools in preference order.")
     scorers: dict[str, float] = Field(
-        default_factory=lambda: {"estimated-ttft": 1.0, "queue-depth": 0.1},
+        default_factory=lambda: dict(DEFAULT_SCORERS),
         description="Scorer name -> weight.",
     )
     session_affinity_header: str | None = Field(default="x-session-id", description="Header pinning a session.")
@@ -417,6 +431,7 @@ def router_config_from_service(
         feature_store=FeatureStoreConfig(
             enabled=spec.router.feature_store_lookup,
             url=store.url if store else None,
+            url_env=STORE_URL_ENV if store and store.url_secret_ref else None,
             semantic_threshold=store.semantic_threshold if store else 0.92,
             lookup_timeout_ms=store.lookup_timeout_ms if store else 20.0,
         ),

@@ -2,9 +2,12 @@
 
 Baselines (re-implemented from the projects' documented algorithms):
   round-robin, least-request (fewest running + waiting), power-of-two (least loaded of two random),
-  sglang (SGLang router cache-aware: approximate radix tree of routed prompts; if loads are imbalanced
-  (max - min > 32 and max > 1.0001·min) go to the least loaded, else to the longest prefix match when it
-  covers > 50% of the prompt, else to the replica with the smallest tree),
+  sglang (sglang-router `cache_aware`, the same algorithm as vllm-router's: an approximate radix tree of the
+  prompts routed to each replica; if loads (requests in flight) are imbalanced (max - min > 64 and
+  max > 1.5·min: both CLIs' defaults) go to the least loaded, else to the longest prefix match when it
+  covers > 30% of the prompt, else to the least loaded (ties at random: sglang-router 0.3.2; releases before
+  it took the replica with the smallest tree); the tree remembers what was routed, not what the replica still
+  caches: it is trimmed only beyond a per-replica budget of 32M characters),
   llm-d (llm-d inference scheduler: weighted queue 2 + kv-cache-utilization 2 + prefix-cache 3, max score).
 llmfleet: `llmfleet.router.plugins.build_pipeline` with the RouterSpec's default scorer weights and
 `llmfleet.router.fallback.FallbackPolicy` when the fleet has student pools.
@@ -91,7 +94,11 @@ class PowerOfTwo(PrimaryOnly):
 
 
 class _ApproxTree(PrimaryOnly):
-    """Router-side memory of which prompts went where (no KV events): llmfleet.router's PrefixIndex."""
+    """Router-side memory of which prompts went where (no KV events): llmfleet.router's PrefixIndex, holding
+    `_tree_blocks` blocks per replica (None: as many as the replica caches)."""
+
+    def _tree_blocks(self, rep: Replica) -> int:
+        return rep.cached_capacity
 
     def attach(self, fleet: Fleet) -> None:
         from llmfleet.router.prefix_index import PrefixIndex
@@ -99,23 +106,38 @@ class _ApproxTree(PrimaryOnly):
         super().attach(fleet)
         self.index = PrefixIndex(max_blocks=10_000_000)
         for rep in fleet.routable[fleet.primary]:
-            self.index.set_capacity(str(rep.id), rep.cached_capacity)
+            self.index.set_capacity(str(rep.id), self._tree_blocks(rep))
         fleet.listeners.append(self._on_fleet)
 
     def _on_fleet(self, what: str, rep: Replica) -> None:
         if what == "add":
-            self.index.set_capacity(str(rep.id), rep.cached_capacity)
+            self.index.set_capacity(str(rep.id), self._tree_blocks(rep))
         else:
             self.index.remove_replica(str(rep.id))
+
+
+# sglang-router / vllm-router `--max-tree-size`: characters per replica before the periodic LRU trim
+SGLANG_TREE_CHARS = 33_554_432
+CHARS_PER_TOKEN = 4  # English text under a BPE tokenizer, to turn the character budget into blocks
 
 
 class SGLangCacheAware(_ApproxTree):
     name = "sglang"
 
-    def __init__(self, cache_threshold: float = 0.5, balance_abs: int = 32, balance_rel: float = 1.0001) -> None:
+    def __init__(self, cache_threshold: float = 0.3, balance_abs: int = 64, balance_rel: float = 1.5,
+                 tree_chars: int = SGLANG_TREE_CHARS, seed: int = 0) -> None:
         self.cache_threshold = cache_threshold
         self.balance_abs = balance_abs
         self.balance_rel = balance_rel
+        self.tree_chars = tree_chars
+        self.rng = random.Random(seed)
+
+    def _least_loaded(self, c: list[Replica], loads: list[int], lo: int) -> Replica:
+        tied = [r for r, ld in zip(c, loads, strict=True) if ld == lo]
+        return tied[0] if len(tied) == 1 else self.rng.choice(tied)
+
+    def _tree_blocks(self, rep: Replica) -> int:
+        return max(1, self.tree_chars // (CHARS_PER_TOKEN * rep.bs))
 
     def route(self, req: Request, fleet: Fleet, now: float) -> Replica | None:
         c = self.candidates(fleet)
@@ -124,7 +146,7 @@ class SGLangCacheAware(_ApproxTree):
         loads = [_load(r) for r in c]
         hi, lo = max(loads), min(loads)
         if hi - lo > self.balance_abs and hi > lo * self.balance_rel:
-            pick = c[loads.index(lo)]
+            pick = self._least_loaded(c, loads, lo)
         else:
             match = self.index.match(req.keys) if req.keys else {}
             by_id = {str(r.id): r for r in c}
@@ -135,8 +157,8 @@ class SGLangCacheAware(_ApproxTree):
             rate = best_n * fleet.block_size / req.prompt_len
             if best_id is not None and rate > self.cache_threshold:
                 pick = by_id[best_id]
-            else:  # the replica with the smallest tree (most room for new prefixes)
-                pick = min(c, key=lambda r: self.index.blocks_of(str(r.id)))
+            else:
+                pick = self._least_loaded(c, loads, lo)
         if req.keys:
             self.index.insert(str(pick.id), req.keys)
         return pick
@@ -298,7 +320,7 @@ def make_router(name: str, seed: int = 0) -> Router:
     if name == "power-of-two":
         return PowerOfTwo(seed)
     if name == "sglang":
-        return SGLangCacheAware()
+        return SGLangCacheAware(seed=seed)
     if name == "llm-d":
         return LlmdWeighted(seed=seed)
     if name == "llmfleet":

@@ -11,6 +11,8 @@ from typing import Any
 
 import typer
 
+from llmfleet.api.contracts import STORE_URL_ENV
+
 features_app = typer.Typer(
     name="features",
     help="Feature store: prompt features, embeddings and precomputed responses (SQLite or PostgreSQL).",
@@ -29,7 +31,7 @@ def _url(url: str | None) -> str:
     from llmfleet.store.db import StoreConfigError, normalize_url
 
     try:
-        return normalize_url(url or os.environ.get("LLMFLEET_STORE_URL"))
+        return normalize_url(url or os.environ.get(STORE_URL_ENV))
     except StoreConfigError as e:
         _fail(str(e))
         raise  # unreachable: _fail exits

@@ -15,10 +15,12 @@ from llmfleet.api.contracts import SUSPENDED_BY_ANNOTATION
 from llmfleet.autoscaler.actuation import Replica, replicas_patch, wait_drained
 from llmfleet.autoscaler.arbitration import (
     UNBOUNDED,
+    MalformedTrainingJob,
     ServingNeed,
     TrainingJobInfo,
     arbitrate,
     job_info,
+    job_infos,
     job_patch,
     serving_need,
 )
@@ -123,6 +125,20 @@ def test_job_info_and_patch() -> None:
     acts = arbitrate(ServingNeed("chat", 0, True, 1, 0), [TrainingJobInfo("j", -3, 8, False)])
     assert job_patch(acts[0], "chat") == {"metadata": {"annotations": {SUSPENDED_BY_ANNOTATION: "chat"}},
                                           "spec": {"suspend": True}}
+
+
+def test_a_malformed_job_is_left_out_and_the_others_are_arbitrated() -> None:
+    good = {"metadata": {"name": "good"}, "spec": {"workers": {"count": 2, "gpusPerWorker": 2}}}
+    bad = {"metadata": {"name": "bad"}, "spec": {"workers": {"count": "two", "gpusPerWorker": 2}}}
+    worse = {"metadata": {"name": "worse"}, "spec": "string"}
+    with pytest.raises(MalformedTrainingJob, match=r"^spec.workers.count: expected an integer, got 'two'"):
+        job_info(bad)
+    infos, skipped = job_infos([bad, good, worse])
+    assert [i.name for i in infos] == ["good"]
+    assert skipped == {"bad": "spec.workers.count: expected an integer, got 'two'",
+                       "worse": "spec: expected an object, got str"}
+    acts = arbitrate(ServingNeed("chat", 1, True, 1, 0), infos)
+    assert [(a.job, a.action) for a in acts] == [("good", "suspend")]
 
 
 # --- signals -----------------------------------------------------------------------------------------------------

@@ -122,6 +122,16 @@ def test_pod_security_restricted_defaults(rendered: dict[str, list[dict[str, Any
     assert {p["containerPort"] for p in container["ports"]} == {8080, 8081}
 
 
+def test_workloads_run_as_user_reaches_the_operator() -> None:
+    def pod_user(*args: str) -> str:
+        env = _deployment(render(*args))["spec"]["template"]["spec"]["containers"][0]["env"]
+        return next(e["value"] for e in env if e["name"] == "LLMFLEET_POD_USER")
+
+    assert pod_user("--set", "workloads.runAsUser=1000740000") == "1000740000"
+    assert pod_user("--set", "workloads.runAsUser=null") == "image"
+    assert helm("template", "rel", str(CHART), "--set", "workloads.runAsUser=0", check=False).returncode != 0
+
+
 def test_operator_args_env_and_images(rendered: dict[str, list[dict[str, Any]]]) -> None:
     default = _deployment(rendered["default-values.yaml"])["spec"]["template"]["spec"]["containers"][0]
     assert default["args"][:2] == ["operator", "--all-namespaces"]
@@ -132,6 +142,12 @@ def test_operator_args_env_and_images(rendered: dict[str, list[dict[str, Any]]])
         index_env["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.labels['apps.kubernetes.io/pod-index']"
     )
     env = {e["name"]: e.get("value") for e in default["env"]}
+    # kopf's identity, the tie-break between peers of equal priority: unique in the cluster (two releases
+    # sharing a peering name both have a pod 0), from variables defined before it.
+    assert env["POD_ID"] == "$(POD_NAME).$(POD_NAMESPACE)"
+    assert env["LLMFLEET_POD_USER"] == "10001"  # workloads.runAsUser: the user of the pods the operator creates
+    names = [e["name"] for e in default["env"]]
+    assert names.index("POD_NAME") < names.index("POD_ID") and names.index("POD_NAMESPACE") < names.index("POD_ID")
     assert env["LLMFLEET_ROUTER_IMAGE"] == "ghcr.io/llmfleet/llmfleet:0.1.0"
     assert env["LLMFLEET_SERVE_IMAGE"] == "ghcr.io/llmfleet/llmfleet-serve:0.1.0"
     assert env["LLMFLEET_TRAIN_IMAGE"] == "ghcr.io/llmfleet/llmfleet-train:0.1.0"

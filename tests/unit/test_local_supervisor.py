@@ -142,3 +142,22 @@ def test_each_local_replica_publishes_kv_events_on_its_own_port(tmp_path: Path) 
     assert "--kv-events-config" not in sup_off.replica_command(sup_off.slots["primary"][0])
     assert all(p.kv_events_endpoints is None and p.kv_events_port is None
                for p in RouterConfig.from_yaml(sup_off.write_router_config().read_text()).pools)
+
+
+def test_a_store_url_from_a_secret_stays_out_of_the_local_router_config(tmp_path: Path) -> None:
+    """With featureStore.urlSecretRef the local runtime takes the URL from LLMFLEET_STORE_URL in its environment
+    (which the router inherits) and never writes it into router.yaml; a plain URL is written as before."""
+    from llmfleet.api.contracts import STORE_URL_ENV
+    from llmfleet.router.config import RouterConfig
+
+    db = tmp_path / "secret-store.db"
+    url = f"sqlite:///{db}"
+    sup = Supervisor(isvc(featureStore={"urlSecretRef": {"name": "s", "key": "url"}}), tmp_path / "ref",
+                     prometheus=False, env={STORE_URL_ENV: url})
+    text = sup.write_router_config().read_text()
+    cfg = RouterConfig.from_yaml(text)
+    assert str(db) not in text and cfg.feature_store.url is None and cfg.feature_store.url_env == STORE_URL_ENV
+    assert cfg.feature_store.resolved_url(sup.env) == url and db.exists()  # the schema was created there
+    plain = Supervisor(isvc(featureStore={"url": f"sqlite:///{tmp_path / 'plain.db'}"}), tmp_path / "plain",
+                       prometheus=False)
+    assert RouterConfig.from_yaml(plain.write_router_config().read_text()).feature_store.url.endswith("plain.db")

@@ -153,7 +153,8 @@ def test_inferenceservice_children() -> None:
     router = _by(ms, "Deployment", "chat-router")["spec"]["template"]
     rc = router["spec"]["containers"][0]
     assert rc["command"] == ["llmfleet", "router", "--config", "/etc/llmfleet/router.yaml", "--port", "8080"]
-    assert {v["name"] for v in router["spec"]["volumes"]} == {"config", "tenants", "requests"}  # requests: the request log (generation on)
+    # requests: the request log (generation on); tmp and home: the writable folders of a read-only root
+    assert {v["name"] for v in router["spec"]["volumes"]} == {"config", "tenants", "requests", "tmp", "home"}
     assert router["spec"]["serviceAccountName"] == "chat-router"
     role = _by(ms, "Role", "chat-router")
     assert role["rules"][0]["resources"] == ["endpointslices"]
@@ -176,7 +177,7 @@ def test_secured_pools_key_only_for_router_and_replicas_network_policy() -> None
         assert {"name": "VLLM_API_KEY", "valueFrom": ref} in env
         assert "chat-upstream" not in json.dumps(_by(ms, "Deployment", pool)["spec"]["template"]["spec"]["containers"][0]["command"])
     router = _by(ms, "Deployment", "chat-router")["spec"]["template"]["spec"]["containers"][0]
-    assert router["env"] == [{"name": "LLMFLEET_UPSTREAM_API_KEY", "valueFrom": ref}]
+    assert [e for e in router["env"] if "valueFrom" in e] == [{"name": "LLMFLEET_UPSTREAM_API_KEY", "valueFrom": ref}]
     rcfg = RouterConfig.from_yaml(_by(ms, "ConfigMap", "chat-router")["data"]["router.yaml"])
     assert rcfg.upstream_api_key_env == "LLMFLEET_UPSTREAM_API_KEY"
     assert rcfg.tenants.limit_share == 0.25  # 4 routers: each enforces a quarter of every tenant's limit

@@ -216,6 +216,8 @@ def test_cli_help_and_bad_flags() -> None:
         assert flag in result.output
     bad = runner.invoke(app, ["operator", "-n", "ml", "--all-namespaces"])
     assert bad.exit_code == 2 and "mutually exclusive" in bad.output
+    too_high = runner.invoke(app, ["operator", "--priority", str(2**40)])  # kopf's priority stays 64-bit
+    assert too_high.exit_code == 2 and "--priority" in too_high.output
 
 
 INVALID = sorted((pathlib.Path(__file__).resolve().parents[2] / "examples" / "invalid").glob("*.yaml"))
@@ -236,3 +238,46 @@ async def test_invalid_examples_become_invalid_spec_status(path: pathlib.Path) -
     assert (ready["type"], ready["status"], ready["reason"]) == ("Ready", "False", "InvalidSpec")
     assert ready["message"].split(":")[0].startswith(("spec", "metadata")), ready["message"]
     assert [e.reason for e in out.events] == ["InvalidSpec"]
+
+
+@pytest.mark.parametrize("kind", ["InferenceService", "TrainingJob"])
+@pytest.mark.parametrize(("spec", "status"), [("string", None), ([1, 2], None), ({}, "not-a-status")])
+async def test_malformed_bodies_become_invalid_spec_status(kind: str, spec: object, status: object) -> None:
+    """Bodies no schema would admit today (written before a CRD upgrade) are a condition, not an exception,
+    also with cluster-wide defaults to merge into the spec."""
+    from llmfleet.operator.reconcile_isvc import reconcile_inferenceservice
+    from llmfleet.operator.reconcile_tj import reconcile_trainingjob
+
+    body = {"apiVersion": "llmfleet.io/v1alpha1", "kind": kind, "spec": spec, "status": status,
+            "metadata": {"name": "x", "namespace": "ml", "uid": "u", "generation": 2}}
+    config = OperatorConfig(spec_defaults={"router": {"replicas": 2}})
+    reconcile = reconcile_inferenceservice if kind == "InferenceService" else reconcile_trainingjob
+    out = await reconcile(body, None, config, "t")  # type: ignore[operator, arg-type]
+    ready = out.status["conditions"][0]
+    assert out.status["phase"] == "Invalid"
+    assert ready["reason"] == "InvalidSpec" and ready["message"].startswith("spec"), ready["message"]
+
+
+def test_promotion_helpers_read_a_malformed_target_as_having_no_pools() -> None:
+    from llmfleet.operator.promotion import adapter_patch, pool_names
+
+    target = {"metadata": {"name": "chat", "resourceVersion": "1"}, "spec": "string"}
+    assert pool_model(target, "primary") is None and pool_model(target, "student") is None
+    assert pool_model_patch(target, "student", "/m") is None and adapter_patch(target, "a", "/a") is None
+    assert pool_names(target) == ["primary"]
+    odd = {"metadata": {"name": "chat"}, "spec": {"model": "x", "fallback": {"pools": ["x", {"name": "s"}]}}}
+    assert pool_model(odd, "primary") is None and pool_names(odd) == ["primary", "s"]
+
+
+def test_kopf_priority_keeps_the_order_and_breaks_ties_by_identity() -> None:
+    from llmfleet.operator.config import PRIORITY_MAX, PRIORITY_MIN
+    from llmfleet.operator.run import kopf_priority
+
+    ids = [f"llmfleet-{i}.ns-{j}" for i in range(20) for j in range(5)]
+    for low, high in ((0, 1), (-1, 0), (PRIORITY_MIN, PRIORITY_MAX), (9, 10)):
+        assert max(kopf_priority(low, i) for i in ids) < min(kopf_priority(high, i) for i in ids)
+    assert len({kopf_priority(0, i) for i in ids}) == len(ids)  # equal --priority: never equal for kopf
+    assert kopf_priority(3, "a") == kopf_priority(3, "a")  # deterministic: the same identity, the same place
+    assert -(2**63) <= kopf_priority(PRIORITY_MIN, "x") and kopf_priority(PRIORITY_MAX, "x") < 2**63
+    with pytest.raises(ValueError, match="--priority must be between"):
+        kopf_priority(PRIORITY_MAX + 1, "x")

@@ -124,3 +124,23 @@ def test_llmfleet_router_routes_through_the_routing_core(monkeypatch: pytest.Mon
     _run(w, 2)
     n = len(w.requests)
     assert calls == {"pick_replica": n, "commit": n, "on_first_byte": n, "on_done": n}
+
+
+def test_sglang_baseline_keeps_the_real_routers_defaults_and_tree_budget() -> None:
+    """The sglang baseline is sglang-router's (and vllm-router's) cache_aware with their CLI defaults: its tree
+    remembers what was routed beyond what the replica still caches (trimmed only past 32M characters), so a
+    tenant seen long ago still draws its prompts to the same replica."""
+    from llmfleet.sim.routers import SGLangCacheAware
+
+    rt = SGLangCacheAware()
+    assert (rt.cache_threshold, rt.balance_abs, rt.balance_rel) == (0.3, 64, 1.5)
+    # 2 replicas of 8 blocks; tenant A's 4-block prompt, then 6 other prompts that turn both caches over
+    reqs = [Request(0, 0.0, 17, 1, (1, 2, 3, 4))]
+    reqs += [Request(i, float(i), 17, 1, tuple(100 * i + k for k in range(4))) for i in range(1, 7)]
+    reqs.append(Request(7, 7.0, 17, 1, (1, 2, 3, 4)))
+    pool = PoolSpec(replicas=2, kv_blocks=8, cost=UNIT, max_model_len=64)
+    res = simulate(Workload("turnover", reqs, block_size=4), SimConfig(pools=[pool]), router=rt)
+    first, last = res.records[0], res.records[-1]
+    assert first["replica"] >= 0 and res.summary["rejected"] == 0
+    assert last["replica"] == first["replica"]  # remembered although evicted from the replica's cache
+    assert rt.index.blocks_of(str(first["replica"])) > 8  # the tree holds more than the replica caches

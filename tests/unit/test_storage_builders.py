@@ -68,7 +68,8 @@ def test_hf_model_fetched_once_into_the_shared_cache_claim_and_pvc_student_mount
     assert init["command"] == ["llmfleet", "fetch", "hf://Qwen/Qwen2.5-7B-Instruct@main", "/mnt/llmfleet/model"]
     assert _env(init)["HF_TOKEN"] == {"secretKeyRef": {"name": "hf-token", "key": "HF_TOKEN"}}
     key = cache_key(parse_uri("hf://Qwen/Qwen2.5-7B-Instruct@main"))
-    assert init["volumeMounts"] == [{"name": "cache", "mountPath": "/mnt/llmfleet/model", "subPath": key}]
+    assert init["volumeMounts"][0] == {"name": "cache", "mountPath": "/mnt/llmfleet/model", "subPath": key}
+    assert [m["name"] for m in init["volumeMounts"][1:]] == ["tmp", "home"]  # writable beside a read-only root
     assert {"name": "cache", "persistentVolumeClaim": {"claimName": "model-cache"}} in pod["volumes"]
     engine = pod["containers"][0]
     assert {"name": "cache", "mountPath": "/mnt/llmfleet/model", "subPath": key, "readOnly": True} in engine["volumeMounts"]
@@ -124,7 +125,7 @@ def test_s3_model_with_endpoint_and_credentials_in_an_emptydir_cache() -> None:
     assert env["AWS_ACCESS_KEY_ID"] == {"secretKeyRef": {"name": "s3-creds", "key": "AWS_ACCESS_KEY_ID"}}
     assert env["AWS_SESSION_TOKEN"]["secretKeyRef"]["optional"] is True
     assert {"name": "cache", "emptyDir": {"sizeLimit": "50Gi"}} in pod["volumes"]
-    assert init["volumeMounts"] == [{"name": "cache", "mountPath": "/mnt/llmfleet/model", "subPath": "model"}]
+    assert init["volumeMounts"][0] == {"name": "cache", "mountPath": "/mnt/llmfleet/model", "subPath": "model"}
     # A local student path is used in place: no fetch, no extra volume.
     student = _pod(ms, "Deployment", "chat-student")
     assert "initContainers" not in student and _argv_model(student["containers"][0]) == "/models/small"
@@ -192,7 +193,8 @@ def test_training_pvc_output_shares_the_claim_writable() -> None:
 def test_local_locations_leave_the_pods_as_they_were() -> None:
     ms = build_trainingjob(_tj(), CONFIG)
     pod = _by(ms, "Job", "llama-r0")["spec"]["template"]["spec"]
-    assert "initContainers" not in pod and [v["name"] for v in pod["volumes"]] == ["spec", "checkpoints", "dshm"]
+    assert "initContainers" not in pod
+    assert [v["name"] for v in pod["volumes"]] == ["spec", "checkpoints", "dshm", "tmp", "home"]
     assert yaml.safe_load(_by(ms, "ConfigMap", "llama-spec")["data"]["job.yaml"])["spec"]["data"]["path"] == "/data"
 
 

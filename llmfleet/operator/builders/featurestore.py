@@ -3,8 +3,9 @@
 `llmfleet.operator.builders.inferenceservice` adds the owner's labels and the owner reference.
 The Job reads the router's request log from the `<isvc>-requests` PersistentVolumeClaim (the router writes
 `requests.jsonl` there), and asks the primary pool's Service directly (not the router, whose log would count
-the generation's own requests). Where it writes and the router reads is one value, `store_url(isvc)`: the
-spec's `featureStore.url`, else SQLite on that same volume, which both pods mount at LOG_MOUNT.
+the generation's own requests). Where it writes and the router reads is one value, given to both pods as
+LLMFLEET_STORE_URL (`store_url_env`): from the Secret of `featureStore.urlSecretRef`, else the spec's
+`featureStore.url`, else SQLite on that same volume, which both pods mount at LOG_MOUNT.
 """
 
 from __future__ import annotations
@@ -17,9 +18,12 @@ from llmfleet.api.contracts import (
     INFERENCESERVICE_LABEL,
     MANAGED_LABELS,
     REPLICA_PORT,
+    STORE_URL_ENV,
     child_name,
 )
 from llmfleet.api.inferenceservice import InferenceService
+from llmfleet.operator.builders.security import restricted
+from llmfleet.operator.config import POD_UID
 
 LOG_MOUNT = "/var/lib/llmfleet"
 LOG_FILE = "requests.jsonl"
@@ -28,19 +32,30 @@ CRONJOB_NAME_LIMIT = 52
 
 
 def store_url(isvc: InferenceService) -> str | None:
-    """The feature store the router reads and the generation CronJob writes, or None when there is none.
+    """The feature store the router reads and the generation CronJob writes, when the spec holds its URL.
 
-    `featureStore.url` when set (PostgreSQL for several nodes); else, with a generationSchedule, SQLite on the
-    request-log claim that both pods mount at LOG_MOUNT (the URL store.db.default_url(LOG_MOUNT) gives).
+    `featureStore.url` when set (PostgreSQL for several nodes, no password: the API refuses one); else, without
+    a urlSecretRef and with a generationSchedule, SQLite on the request-log claim that both pods mount at
+    LOG_MOUNT (the URL store.db.default_url(LOG_MOUNT) gives). None otherwise (a Secret holds it, or none).
     """
     store = isvc.spec.feature_store
-    if store is None:
+    if store is None or store.url_secret_ref is not None:
         return None
     if store.url:
         return store.url
     if store.generation_schedule:
         return f"sqlite:///{LOG_MOUNT}/{FEATURE_STORE_DB_FILE}"
     return None
+
+
+def store_url_env(isvc: InferenceService) -> dict[str, Any] | None:
+    """The STORE_URL_ENV variable of the pods that use the store: from the Secret (urlSecretRef), else the
+    spec's URL; None when there is no store."""
+    store = isvc.spec.feature_store
+    if store is not None and (ref := store.url_secret_ref) is not None:
+        return {"name": STORE_URL_ENV, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
+    url = store_url(isvc)
+    return {"name": STORE_URL_ENV, "value": url} if url else None
 
 
 def request_log_claim(isvc: InferenceService) -> str:
@@ -64,8 +79,9 @@ def build_request_log_claim(isvc: InferenceService, size: str = "10Gi") -> dict[
     }
 
 
-def build_generation_cronjob(isvc: InferenceService, image: str) -> dict[str, Any] | None:
-    """A batch/v1 CronJob running `llmfleet features generate`, or None without a generationSchedule."""
+def build_generation_cronjob(isvc: InferenceService, image: str, user: int | None = POD_UID) -> dict[str, Any] | None:
+    """A batch/v1 CronJob running `llmfleet features generate` (its pod running as `user`), or None without a
+    generationSchedule."""
     store = isvc.spec.feature_store
     if store is None or not store.generation_schedule:
         return None
@@ -84,7 +100,7 @@ def build_generation_cronjob(isvc: InferenceService, image: str) -> dict[str, An
     ]
     env: list[dict[str, Any]] = [
         {"name": "LLMFLEET_RUN_DIR", "value": LOG_MOUNT},
-        {"name": "LLMFLEET_STORE_URL", "value": store_url(isvc)},
+        *filter(None, [store_url_env(isvc)]),
         {"name": "HF_HUB_OFFLINE", "value": "1"},
     ]
     labels = {INFERENCESERVICE_LABEL: name, COMPONENT_LABEL: "featurestore"}
@@ -109,7 +125,7 @@ def build_generation_cronjob(isvc: InferenceService, image: str) -> dict[str, An
                     "backoffLimit": 2,
                     "template": {
                         "metadata": {"labels": labels},
-                        "spec": {
+                        "spec": restricted({
                             "restartPolicy": "OnFailure",
                             "containers": [
                                 {
@@ -128,7 +144,7 @@ def build_generation_cronjob(isvc: InferenceService, image: str) -> dict[str, An
                                 {"name": "requests",
                                  "persistentVolumeClaim": {"claimName": request_log_claim(isvc)}}
                             ],
-                        },
+                        }, user=user),
                     },
                 },
             },

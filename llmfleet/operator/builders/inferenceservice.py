@@ -36,7 +36,9 @@ from llmfleet.operator.builders.featurestore import (
     build_generation_cronjob,
     build_request_log_claim,
     store_url,
+    store_url_env,
 )
+from llmfleet.operator.builders.security import ENGINE_SCRATCH, restricted
 from llmfleet.operator.builders.storage import PodStorage, StorageSpecError, fetch_image
 from llmfleet.operator.config import OperatorConfig
 from llmfleet.router.config import (
@@ -169,7 +171,7 @@ def build_pool_deployment(isvc: InferenceService, pool: PoolView, config: Operat
                 # The serving label is outside the Deployment selector: the autoscaler flips it to "false" to
                 # take a chosen replica out of the Service (drain) before removing it.
                 "metadata": {"labels": {**labels, SERVING_LABEL: "true"}, "annotations": {MODEL_ANNOTATION: pool.model.path}},
-                "spec": pod_spec,
+                "spec": restricted(pod_spec, ENGINE_SCRATCH, config.pod_user),
             },
         },
     }
@@ -212,13 +214,14 @@ def router_config_yaml(
     cfg = router_config_from_service(isvc, model_folders=model_folders)
     if request_log:
         cfg = cfg.model_copy(update={"request_log": request_log})
-    # The store the generation CronJob writes (store_url), never a file inside the router's own container.
+    # The store the generation CronJob writes (store_url), never a file inside the router's own container; a
+    # URL kept in a Secret reaches the router as STORE_URL_ENV (url_env), never this ConfigMap.
     url = store_url(isvc)
-    if cfg.feature_store.enabled and url is None:
+    if cfg.feature_store.enabled and url is None and cfg.feature_store.url_env is None:
         raise ServiceSpecError(
             "spec.router.featureStoreLookup: the router would look up an empty store of its own; set "
-            "spec.featureStore.url (PostgreSQL) or spec.featureStore.generationSchedule (SQLite on the shared "
-            "request-log volume)"
+            "spec.featureStore.url or urlSecretRef (PostgreSQL) or spec.featureStore.generationSchedule (SQLite on "
+            "the shared request-log volume)"
         )
     return cfg.model_copy(update={"feature_store": cfg.feature_store.model_copy(update={"url": url})}).to_yaml()
 
@@ -291,9 +294,12 @@ def build_router(isvc: InferenceService, config: OperatorConfig) -> list[Manifes
             "llmfleet", "router", "--config", f"{ROUTER_CONFIG_DIR}/{ROUTER_CONFIG_KEY}", "--port", str(ROUTER_PORT),
         ],
         "ports": [{"name": "http", "containerPort": ROUTER_PORT, "protocol": "TCP"}],
-        # Only the router's pods read the replicas' key; clients never see it.
-        "env": ([_secret_env(UPSTREAM_API_KEY_ENV, isvc.spec.router.upstream_key_secret)]
-                if isvc.spec.router.upstream_key_secret else []),
+        # Only the router's pods read the replicas' key; clients never see it. The store's URL from its Secret.
+        "env": [
+            *([_secret_env(UPSTREAM_API_KEY_ENV, isvc.spec.router.upstream_key_secret)]
+              if isvc.spec.router.upstream_key_secret else []),
+            *([env] if (env := store_url_env(isvc)) and "valueFrom" in env else []),
+        ],
         "resources": resource_requests("1", "1Gi", 0),
         "readinessProbe": _probe("/health", "http", 5, 3),
         "livenessProbe": _probe("/health", "http", 10, 3),
@@ -310,14 +316,14 @@ def build_router(isvc: InferenceService, config: OperatorConfig) -> list[Manifes
             "template": {
                 # The config hash restarts the router when its ConfigMap changes.
                 "metadata": {"labels": labels, "annotations": {CONFIG_HASH_ANNOTATION: digest}},
-                "spec": {
+                "spec": restricted({
                     "serviceAccountName": name,
                     **({"initContainers": store.init_containers} if store.init_containers else {}),
                     "containers": [container],
                     "volumes": volumes,
                     "terminationGracePeriodSeconds": int(isvc.spec.router.request_timeout_seconds) + 5,
                     "enableServiceLinks": False,
-                },
+                }, user=config.pod_user),
             },
         },
     }
@@ -352,7 +358,7 @@ def build_pod_monitor(isvc: InferenceService) -> Manifest:
 
 def build_feature_store_job(isvc: InferenceService, config: OperatorConfig) -> Manifest | None:
     """The store's offline generation CronJob, or None without a generationSchedule."""
-    manifest = build_generation_cronjob(isvc, config.router_image)
+    manifest = build_generation_cronjob(isvc, config.router_image, config.pod_user)
     if manifest is None:
         return None
     meta = manifest.setdefault("metadata", {})

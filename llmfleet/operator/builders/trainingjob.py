@@ -26,6 +26,7 @@ from llmfleet.operator.builders.common import (
     metadata,
     resource_requests,
 )
+from llmfleet.operator.builders.security import ENGINE_SCRATCH, restricted
 from llmfleet.operator.builders.storage import PodStorage, fetch_image
 from llmfleet.operator.config import OperatorConfig
 from llmfleet.workers.train.graceful import GRACE_ENV
@@ -227,7 +228,7 @@ def build_job(
         "parallelism": w.count,
         # Any worker failure fails the attempt; the operator recreates the gang (maxRestarts).
         "backoffLimit": 0,
-        "template": {"metadata": {"labels": pod_labels}, "spec": pod_spec},
+        "template": {"metadata": {"labels": pod_labels}, "spec": restricted(pod_spec, ENGINE_SCRATCH, config.pod_user)},
     }
     if uses_kueue(tj):
         queue = tj.spec.scheduling.queue

@@ -25,6 +25,71 @@ STALE_LOAD_FACTOR = 0.5  # load scores of a replica whose metrics are stale are 
 TIE_EPSILON = 1e-9
 
 
+# The measured prefill cost: a replica's first-byte times are fitted online to overhead + work / rate (least
+# squares over exponentially decayed sums). FIT_HALF_LIFE samples: recent enough to follow a replica whose speed
+# changes (co-located load, a new engine version), long enough that one slow request moves it little. A fit is
+# used only after FIT_MIN_SAMPLES; below FIT_MIN_SPREAD (relative spread of the work sizes seen) overhead and rate
+# cannot be told apart, so the fit falls back to one effective rate (sum work / sum time, no overhead).
+FIT_HALF_LIFE = 64.0
+FIT_MIN_SAMPLES = 8
+FIT_MIN_SPREAD = 0.25
+# A measured rate is kept within these factors of the configured/default one (a guard against a few wild samples,
+# e.g. a first byte delayed by a stalled network, not a tuning knob).
+FIT_RATE_BOUNDS = (1e-3, 1e3)
+
+
+@dataclass
+class PrefillCostFit:
+    """Online least squares of one replica's observed prefill time: seconds = overhead_s + work / rate.
+
+    Samples come from `release_prefill` on a first byte, for requests routed while the replica had no prefill
+    of this router's ahead of them (so the time from routing to the first byte is that request's own cost:
+    queueing inside the engine behind decodes included, queueing behind other prefills not).
+    """
+
+    n: float = 0.0  # decayed sample count and sums of x = work, y = seconds
+    sx: float = 0.0
+    sy: float = 0.0
+    sxx: float = 0.0
+    sxy: float = 0.0
+    samples: int = 0
+    _cached: tuple[float, tuple[float, float] | None] | None = field(default=None, repr=False)  # (default, estimate)
+
+    def add(self, work: float, seconds: float) -> None:
+        if not (work > 0 and seconds > 0):  # also rejects NaN
+            return
+        k = 0.5 ** (1.0 / FIT_HALF_LIFE)
+        self.n = self.n * k + 1.0
+        self.sx = self.sx * k + work
+        self.sy = self.sy * k + seconds
+        self.sxx = self.sxx * k + work * work
+        self.sxy = self.sxy * k + work * seconds
+        self.samples += 1
+        self._cached = None
+
+    def estimate(self, default_rate: float) -> tuple[float, float] | None:
+        """(overhead_s, tokens_per_s), or None before FIT_MIN_SAMPLES samples."""
+        if self.samples < FIT_MIN_SAMPLES:
+            return None
+        c = self._cached
+        if c is not None and c[0] == default_rate:
+            return c[1]
+        est = self._fit(default_rate)
+        self._cached = (default_rate, est)
+        return est
+
+    def _fit(self, default_rate: float) -> tuple[float, float]:
+        lo, hi = default_rate * FIT_RATE_BOUNDS[0], default_rate * FIT_RATE_BOUNDS[1]
+        mx, my = self.sx / self.n, self.sy / self.n
+        var = self.sxx / self.n - mx * mx
+        if var > (FIT_MIN_SPREAD * mx) ** 2:
+            slope = (self.sxy / self.n - mx * my) / var
+            overhead = my - slope * mx
+            if slope > 0 and overhead >= 0:
+                return overhead, min(hi, max(lo, 1.0 / slope))
+        return 0.0, min(hi, max(lo, self.sx / self.sy))
+
+
 @dataclass
 class ReplicaState:
     """What the router knows about one replica. Mutable: discovery, scraping and the proxy update it."""
@@ -47,7 +112,7 @@ class ReplicaState:
     # virtual FCFS queue at the replica's prefill rate, corrected by every observed first byte.
     prefill_tokens: float = 0.0
     prefill_busy_until: float = 0.0  # on the clock of RequestInfo.now
-    prefill_tokens_per_s: float | None = None  # configured or measured prefill rate (None: the scorer's default)
+    prefill_tokens_per_s: float | None = None  # configured prefill rate (None: measured, else the scorer's default)
     # LoRA adapters the replica holds (the engine's /v1/models, plus loads this router has under way) and how
     # many it holds at once (spec.lora: maxCpuLoras; 0 = unknown / no LoRA).
     adapters: set[str] = field(default_factory=set)
@@ -74,8 +139,9 @@ class RequestInfo:
     now: float | None = None  # the routing time on the clock release_prefill uses (None: time.monotonic())
     block_size: int = 0  # tokens per prefix-index block (0: inferred as input_tokens // len(block_hashes))
     adapter: str | None = None  # the LoRA adapter asked for (its name is the request's `model`); None: base model
-    # (replica, tokens, predicted end of its prefill) charged at routing; `release_prefill` undoes it
-    prefill_charge: tuple[ReplicaState, float, float] | None = None
+    # (replica, tokens, predicted end of its prefill, routing time when nothing was queued ahead of it, else
+    # None, the fit that learns from its first byte) charged at routing; `release_prefill` undoes it
+    prefill_charge: tuple[ReplicaState, float, float, float | None, PrefillCostFit | None] | None = None
 
     def tokens_per_block(self) -> int:
         if self.block_size > 0:
@@ -86,17 +152,20 @@ class RequestInfo:
         return self.now if self.now is not None else time.monotonic()
 
 
-def charge_prefill(req: RequestInfo, replica: ReplicaState, tokens: float, tokens_per_s: float) -> float:
+def charge_prefill(req: RequestInfo, replica: ReplicaState, tokens: float, tokens_per_s: float,
+                   fit: PrefillCostFit | None = None) -> float:
     """Queue `tokens` of prefill work for `req` on `replica` (replacing an earlier charge, e.g. on a retry).
 
-    Returns the predicted end of its prefill: after the work already queued there, at `tokens_per_s`.
+    Returns the predicted end of its prefill: after the work already queued there, at `tokens_per_s`. With a
+    `fit`, the request's first byte is a sample of the replica's prefill cost when nothing was queued ahead.
     """
     now = req.clock()
     release_prefill(req, now, first_byte=False)
+    idle = replica.prefill_tokens == 0.0 or replica.prefill_busy_until <= now
     end = max(now, replica.prefill_busy_until) + tokens / tokens_per_s
     replica.prefill_busy_until = end
     replica.prefill_tokens += tokens
-    req.prefill_charge = (replica, tokens, end)
+    req.prefill_charge = (replica, tokens, end, now if idle else None, fit)
     return end
 
 
@@ -112,8 +181,10 @@ def release_prefill(req: RequestInfo, now: float | None = None, first_byte: bool
     if charge is None:
         return
     req.prefill_charge = None
-    replica, tokens, end = charge
+    replica, tokens, end, idle_since, fit = charge
     t = now if now is not None else time.monotonic()
+    if first_byte and idle_since is not None and fit is not None:  # nothing of ours was ahead: its own cost
+        fit.add(tokens, t - idle_since)
     left = replica.prefill_tokens - tokens
     # every charge is >= 1 token, so less than half a token left is float rounding of the sum: nothing left
     replica.prefill_tokens = left if left >= 0.5 else 0.0

@@ -12,6 +12,7 @@ from llmfleet.router.config import DEFAULT_SESSION_BYTES
 from llmfleet.router.plugins.base import (
     STALE_LOAD_FACTOR,
     Filter,
+    PrefillCostFit,
     Preselector,
     ReplicaState,
     RequestInfo,
@@ -87,6 +88,42 @@ class KVCacheScorer(Scorer):
 
     def score(self, req: RequestInfo, replicas: Sequence[ReplicaState]) -> list[float]:
         return _stale_damped([1.0 - r.kv_usage for r in replicas], replicas)
+
+
+# A replica is overloaded when it has more than this many requests beyond the least loaded candidate AND more
+# than LOAD_BALANCE_REL times as many (sglang-router's cache_aware rule, whose relative default 1.5 this keeps).
+# The absolute slack is counted in requests, not tuned per fleet: each request beyond the least loaded replica's
+# costs the new one at least a share of an engine step there, so two extra requests already outweigh the prefill
+# a cache hit saves on typical chat prompts; sglang-router's 64 suits engines that batch hundreds of sequences,
+# where the relative rule decides anyway (64 < 1.5 x 128).
+LOAD_BALANCE_ABS = 2.0
+LOAD_BALANCE_REL = 1.5
+
+
+class LoadBalanceScorer(Scorer):
+    """Keeps affinity from piling requests onto one replica: 1 within the balance band, less beyond it.
+
+    excess(r) = min(load(r) - min_load - abs_slack, load(r) - rel · min_load), clamped at 0; score = 1 / (1 + excess).
+    load = requests at the replica (`ReplicaState.load`: the scraped count or this router's in-flight count).
+    Within the band every candidate scores 1, so the other scorers (prefix affinity, estimated TTFT) decide
+    alone; a replica 1 request beyond it loses half the scorer's weight, 3 beyond loses three quarters. With a
+    weight of 1 next to estimated-ttft's 1 (whose score is in (0, 1]), an overloaded replica loses to one in
+    the band unless its cache saves most of the request's cost.
+    """
+
+    name = "load-balance"
+
+    def __init__(self, abs_slack: float = LOAD_BALANCE_ABS, rel: float = LOAD_BALANCE_REL) -> None:
+        if abs_slack < 0 or rel < 1:
+            raise ValueError("load-balance needs abs_slack >= 0 and rel >= 1")
+        self.abs_slack = abs_slack
+        self.rel = rel
+
+    def score(self, req: RequestInfo, replicas: Sequence[ReplicaState]) -> list[float]:
+        loads = [r.load for r in replicas]
+        lo = min(loads)
+        floor = max(lo + self.abs_slack, self.rel * lo)
+        return [1.0 if x <= floor else 1.0 / (1.0 + x - floor) for x in loads]
 
 
 class PrefixCacheScorer(Scorer):
@@ -214,7 +251,15 @@ class EstimatedTTFTScorer(Scorer):
     `on_routed` (`charge_prefill`) and released by the router on the first byte or at the end of the request
     (`release_prefill`). A replica to which the router has nothing in flight waits 0, so a lost release
     cannot penalise it forever; without any release at all the queue still drains at rate(r).
-    rate(r) = `ReplicaState.prefill_tokens_per_s` (configured or measured), else `default_tokens_per_s`.
+    rate(r) = `ReplicaState.prefill_tokens_per_s` when configured, else the marginal rate measured for r's pool
+    (`PrefillCostFit`: this router's own first-byte times of requests that found nothing of ours queued on
+    their replica, fitted to overhead + work / rate; the replicas of a pool run the same engine on the same
+    hardware, so they share one fit), else `default_tokens_per_s` until the fit has enough samples. Measuring
+    matters because queue waits are corrected to real time by every first byte: work estimated at a default
+    rate far from the replica's weighs cache hits in the wrong units (an H200 figure on a CPU replica makes
+    recomputing a prefix look 10x cheaper than waiting for it). Only the marginal rate is used: the fixed
+    per-request overhead is paid on whichever replica the request goes to, and the wait behind queued
+    requests, overheads included, is what the first-byte corrections measure.
     """
 
     name = "estimated-ttft"
@@ -232,6 +277,15 @@ class EstimatedTTFTScorer(Scorer):
         self.default_rate = default_tokens_per_s
         self.attention_tokens = attention_tokens
         self._last: tuple[RequestInfo | None, Sequence[ReplicaState], list[float]] = (None, (), [])
+        self.fits: dict[str, PrefillCostFit] = {}  # pool -> measured prefill cost of its replicas
+
+    def rate(self, replica: ReplicaState) -> float:
+        """Prefill tokens/s of `replica`: configured, else its pool's measured marginal rate, else the default."""
+        if replica.prefill_tokens_per_s:
+            return replica.prefill_tokens_per_s
+        fit = self.fits.get(replica.pool)
+        est = fit.estimate(self.default_rate) if fit is not None else None
+        return est[1] if est else self.default_rate
 
     def _work(self, n_tokens: int, cached: int) -> float:
         """Prefill work of tokens cached..n_tokens in zero-context-token equivalents: each token costs
@@ -249,13 +303,13 @@ class EstimatedTTFTScorer(Scorer):
         bs = req.tokens_per_block() if m else 0
         att2 = None if self.attention_tokens is None else 2.0 * self.attention_tokens
         now = req.clock()
-        default = self.default_rate
         uncached: list[float] = []
         out: list[float] = []
         own: list[float] = []  # this request's own prefill time per candidate
         busy_n = 0
         for r in replicas:
             h = m.get(r.id, 0) if m else 0
+            rate = self.rate(r)
             if h:
                 # at least one token is always computed (the engine needs the last position's logits)
                 cached = min(n_tokens - 1, h * bs)
@@ -272,7 +326,7 @@ class EstimatedTTFTScorer(Scorer):
                 busy_n += 1
             else:
                 wait = 0.0
-            t = u / (r.prefill_tokens_per_s or default)
+            t = u / rate
             out.append(wait + t)
             own.append(t)
         extra = self.work_externality * busy_n / len(replicas) if busy_n else 0.0
@@ -298,7 +352,8 @@ class EstimatedTTFTScorer(Scorer):
         if u is None:  # routed without this scorer having scored it (e.g. a retry): estimate it alone now
             self.estimates(req, [replica])
             u = self._last[2][0]
-        charge_prefill(req, replica, u, replica.prefill_tokens_per_s or self.default_rate)
+        fit = None if replica.prefill_tokens_per_s else self.fits.setdefault(replica.pool, PrefillCostFit())
+        charge_prefill(req, replica, u, self.rate(replica), fit)
         if req.block_hashes:  # the index learns from routing whether or not the prefix-cache scorer runs
             self.index.insert(replica.id, req.block_hashes)
 
@@ -391,6 +446,7 @@ SCORERS: dict[str, Callable[[PrefixIndex], Scorer]] = {
     "kv-cache": lambda index: KVCacheScorer(),
     "session-affinity": lambda index: SessionAffinityScorer(),
     "adapter-loaded": lambda index: AdapterLoadedScorer(),
+    "load-balance": lambda index: LoadBalanceScorer(),
 }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import pathlib
+import signal
 import sys
 import threading
 import time
@@ -13,10 +14,12 @@ from typing import Any
 
 import kubeemu  # tests/conftest.py puts tests/ on sys.path
 import pytest
+import yaml
 
 # Fast timers for tests; read when llmfleet.operator.handlers is first imported (kopf fixes timer intervals).
 os.environ.setdefault("LLMFLEET_RECONCILE_INTERVAL", "1")
 os.environ.setdefault("LLMFLEET_RETRY_DELAY", "0.5")
+os.environ.setdefault("LLMFLEET_AUTOSCALER_TICK", "1")
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 CRDS = ROOT / "crds"
@@ -129,6 +132,68 @@ async def operators(cluster: tuple[Any, str]) -> AsyncIterator[Callable[..., Awa
     yield start
     for op in reversed(started):
         await op.stop()
+
+
+# The chart's terminationGracePeriodSeconds is 30. The operator usually exits within a second; a timer kopf
+# spawned during shutdown costs kopf's 5 s wait for stragglers, a handler blocked in a DNS lookup (here: the
+# autoscaler resolving <service>-router.<ns>, which the emulator's host cannot) until that returns, and
+# whatever still hangs at 20 s is killed by kopf (SHUTDOWN_DEADLINE_SECONDS).
+GRACE_S = 25.0
+
+
+class OperatorProcess:
+    """`llmfleet operator` as a process (its own kopf registry: the autoscaler's handlers it imports stay there)."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, log: pathlib.Path) -> None:
+        self.proc = proc
+        self.log = log
+
+    def lines(self) -> list[str]:
+        return self.log.read_text(errors="replace").splitlines()
+
+    async def wait(self, timeout: float) -> int | None:
+        try:
+            return await asyncio.wait_for(self.proc.wait(), timeout)
+        except TimeoutError:
+            return None
+
+    async def terminate_within(self, grace: float = GRACE_S) -> float:
+        t0 = time.monotonic()
+        self.proc.send_signal(signal.SIGTERM)
+        rc = await self.wait(grace)
+        took = time.monotonic() - t0
+        assert rc is not None, f"no exit within {grace}s of SIGTERM; log tail: {self.lines()[-10:]}"
+        print(f"exit {rc} {took:.1f} s after SIGTERM")
+        return took
+
+    async def kill(self) -> None:
+        if self.proc.returncode is None:
+            self.proc.kill()
+            await self.proc.wait()
+
+
+@pytest.fixture
+async def spawn(tmp_path: pathlib.Path) -> AsyncIterator[Any]:
+    """Factory: `op = await spawn(url, *cli_args)` starts `llmfleet operator` against `url`; killed at teardown."""
+    started: list[OperatorProcess] = []
+
+    async def start(url: str, *args: str) -> OperatorProcess:
+        cfg = tmp_path / f"kubeconfig-{len(started)}"
+        cfg.write_text(yaml.safe_dump(kubeemu.kubeconfig(url)))
+        log = tmp_path / f"operator-{len(started)}.log"
+        env = {**os.environ, "KUBECONFIG": str(cfg), "LLMFLEET_RECONCILE_INTERVAL": "1",
+               "KUBERNETES_SERVICE_HOST": ""}
+        with log.open("wb") as fh:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "llmfleet.cli", "operator", "--metrics-port", "0", "--liveness-port", "0",
+                "--log-format", "text", *args, stdout=fh, stderr=fh, env=env)
+        op = OperatorProcess(proc, log)
+        started.append(op)
+        return op
+
+    yield start
+    for op in started:
+        await op.kill()
 
 
 def isvc_manifest(name: str = "chat", namespace: str = "ml", **spec: Any) -> dict[str, Any]:

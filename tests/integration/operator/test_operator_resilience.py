@@ -186,3 +186,47 @@ async def test_lora_training_promotion_adds_the_adapter_without_touching_the_rep
     after = emu.get(DEPLOY, "ml", "chat-primary")
     assert after["spec"]["template"] == dep["spec"]["template"]
     assert "AdapterAdded" in {e["reason"] for e in emu.list("v1/events", "ml")}
+
+
+async def test_two_replicas_of_equal_priority_one_acts(cluster: Any, operators: Any) -> None:
+    """kopf pauses every peer of equal priority; the operator orders equal --priority values by identity, so
+    exactly one replica acts, and the other takes over when it stops."""
+    emu, _ = cluster
+    await emu.put("kopf.dev/v1/clusterkopfpeerings", {"metadata": {"name": "llmfleet"}, "status": {}})
+    peering = ("kopf.dev/v1/clusterkopfpeerings", None, "llmfleet")
+    ops = {name: await operators(standalone=False, peering="llmfleet", priority=0, identity=name)
+           for name in ("replica-a", "replica-b")}
+    await eventually(lambda: len(emu.get(*peering).get("status") or {}) == 2)
+
+    await emu.put(ISVC, isvc_manifest(name="one"))
+    await eventually(lambda: emu.get(DEPLOY, "ml", "one-router"), timeout=20)
+    acting = [name for name, op in ops.items() if op.runtime.applied_rv]
+    assert len(acting) == 1, acting
+    priorities = {k: v["priority"] for k, v in emu.get(*peering)["status"].items()}
+    assert acting[0] == max(priorities, key=priorities.__getitem__)
+
+    await ops[acting[0]].stop()
+    standby = next(op for name, op in ops.items() if name != acting[0])
+    await emu.put(ISVC, isvc_manifest(name="two"))
+    await eventually(lambda: emu.get(DEPLOY, "ml", "two-router"), timeout=20)
+    assert standby.runtime.applied_rv
+
+
+async def test_a_live_peer_with_the_same_kopf_priority_is_refused_at_start(cluster: Any) -> None:
+    """Only a hash collision of two identities can tie now: the operator refuses to start (one error line in
+    `llmfleet operator`, exit 1) instead of pausing with its peer."""
+    import datetime
+
+    import kopf
+
+    from llmfleet.operator.run import PeeringConflict, RunOptions, kopf_priority, run_async
+
+    emu, url = cluster
+    now = datetime.datetime.now(datetime.UTC).isoformat()
+    taken = {"priority": kopf_priority(0, "me"), "lifetime": 60, "lastseen": now}
+    await emu.put("kopf.dev/v1/clusterkopfpeerings",
+                  {"metadata": {"name": "llmfleet"}, "status": {"someone-else": taken}})
+    opts = RunOptions(peering="llmfleet", priority=0, identity="me", metrics_port=None, liveness_port=None,
+                      autoscaler=False, connection=kopf.ConnectionInfo(server=url))
+    with pytest.raises(PeeringConflict, match="live peer 'someone-else' has the same kopf priority"):
+        await asyncio.wait_for(run_async(opts), 20)
