@@ -205,6 +205,9 @@ def main() -> None:
         local = [s[2] for s in samples]
         total = [s[3] for s in samples]
         cpu_operator = time.process_time()
+        client = runtime.client
+        api_requests = client.requests if client is not None else 0
+        applies_skipped = client.applied_cache().hits if client is not None else 0
         cpu_emulator = emulator_cpu_seconds(emu.pid)
         errors = sum(
             m.value for fam in metrics.RECONCILES.collect() for m in fam.samples
@@ -235,6 +238,8 @@ def main() -> None:
         "rss_peak_mb": rss_peak,
         "operator_cpu_s": cpu_operator,
         "emulator_cpu_s": cpu_emulator,
+        "api_requests": api_requests,
+        "applies_skipped_unchanged": applies_skipped,
     }
     targets = {
         "all_children_s <= 60": result["all_children_s"] is not None and result["all_children_s"] <= 60,
@@ -247,7 +252,8 @@ def main() -> None:
     for key in ("count_each", "children_expected", "children_found", "created_s", "all_children_s", "all_status_s",
                 "reconciles", "reconcile_errors", "reconcile_compute_p50_ms", "reconcile_compute_p99_ms",
                 "reconcile_no_api_p50_ms", "reconcile_no_api_p99_ms", "reconcile_total_p50_ms",
-                "reconcile_total_p99_ms", "rss_start_mb", "rss_peak_mb", "operator_cpu_s", "emulator_cpu_s"):
+                "reconcile_total_p99_ms", "rss_start_mb", "rss_peak_mb", "operator_cpu_s", "emulator_cpu_s",
+                "api_requests", "applies_skipped_unchanged"):
         value = row[key]
         print(f"{key:<28} {value:>12.2f}" if isinstance(value, float) else f"{key:<28} {value!s:>12}")
     for name, ok in targets.items():

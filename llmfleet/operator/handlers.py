@@ -73,6 +73,11 @@ class Runtime:
                 raise kopf.TemporaryError("not logged in to the API server yet", delay=1)
             self.client = KubeClient.from_connection_info(self.connection)
             self.client.on_applied = self.remember_applied
+            # A child's apply identical to its last one (same owner generation) is not re-sent within one timer
+            # interval: a watched child (Deployment, Job) that someone else changes re-arms it at once
+            # (on_child_event); a change nobody signals (e.g. a hand edit of a Service) is still undone within
+            # two intervals (llmfleet/kube/applied.py).
+            self.client.unchanged_apply_ttl_seconds = self.config.timer_interval_seconds
         return self.client
 
     def remember_applied(self, obj: dict[str, Any]) -> None:
@@ -282,6 +287,8 @@ async def on_child_event(event: Mapping[str, Any], memo: Any) -> None:
         return  # our own write
     if event.get("type") == "DELETED":
         rt.applied_rv.pop(key, None)
+    if rt.client is not None:
+        rt.client.forget(*key)  # someone else changed or deleted it: the next reconcile re-applies it
     uid = str(owner.get("uid"))
     if uid in rt.pending:
         return

@@ -40,9 +40,12 @@ class ReconcileError(Exception):
         super().__init__(message)
 
 
-async def apply_all(client: KubeClient, manifests: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
-    """Apply concurrently; (results by position (empty dict on failure), error messages)."""
-    results = await asyncio.gather(*(client.apply(m) for m in manifests), return_exceptions=True)
+async def apply_all(
+    client: KubeClient, manifests: list[dict[str, Any]], generation: int | None
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """Apply concurrently; (results by position (empty dict on failure), error messages). An apply identical to
+    the last one of the owner's `generation` may be skipped by the client (llmfleet/kube/applied.py)."""
+    results = await asyncio.gather(*(client.apply(m, generation) for m in manifests), return_exceptions=True)
     out: list[dict[str, Any]] = []
     errors: list[str] = []
     for manifest, res in zip(manifests, results, strict=True):
@@ -89,7 +92,7 @@ async def reconcile_inferenceservice(
 
     out = ReconcileOutcome()
     out.compute_seconds = time.thread_time() - started
-    results, errors = await apply_all(client, manifests)
+    results, errors = await apply_all(client, manifests, generation)
     out.applied = len(manifests) - len(errors)
     if errors:
         message = "; ".join(errors)

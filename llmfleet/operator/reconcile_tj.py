@@ -106,7 +106,7 @@ async def _apply(
     if job_only:
         manifests = manifests[-1:]
     out.compute_seconds += time.thread_time() - started
-    results, errors = await apply_all(client, manifests)
+    results, errors = await apply_all(client, manifests, generation)
     # A changed pod template cannot be applied to a running Job (immutable): it takes effect on the next attempt.
     deferred = [e for e in errors if e.startswith("Job/") and "HTTP 422" in e]
     errors = [e for e in errors if e not in deferred]
