@@ -80,6 +80,6 @@ def test_the_rendered_router_init_container_fetches_only_the_tokenizer(hub: Fake
     (init,) = router["spec"]["template"]["spec"]["initContainers"]
     proc, folders = run_init_container(init, {"hf-token": {"HF_TOKEN": "hf_test"}}, tmp_path / "volumes")
     assert proc.returncode == 0, proc.stderr
-    (folder,) = folders.values()
+    folder = folders[init["command"][3]]  # llmfleet fetch URI DEST
     assert sorted(_tree(folder)) == ["config.json", "tokenizer.json", "tokenizer_config.json"]  # no weights
     assert hub.authorizations == {"Bearer hf_test"}  # the token from the Secret, on every request

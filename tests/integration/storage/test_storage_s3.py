@@ -166,6 +166,6 @@ def test_the_rendered_init_container_fills_the_model_folder(server: S3Server, tm
     model_dir = argv[argv.index("--model") + 1]
     engine_mount = next(m for m in engine["volumeMounts"] if m["mountPath"] == model_dir)
     assert engine_mount["readOnly"] is True
-    (init_mount,) = init["volumeMounts"]
+    init_mount = next(m for m in init["volumeMounts"] if m["mountPath"] == init["command"][3])  # fetch URI DEST
     assert (engine_mount["name"], engine_mount["subPath"]) == (init_mount["name"], init_mount["subPath"])
     assert _tree(folders[model_dir]) == FILES
