@@ -167,9 +167,10 @@ def sim_routers(seed: int, variants: dict[str, dict[str, float]] | None = None) 
     from llmfleet.sim.routers import LlmfleetRouter, RoundRobin, SGLangCacheAware
 
     return {
-        "llmfleet": LlmfleetRouter(seed=seed),
+        "llmfleet": LlmfleetRouter(seed=seed, measure_prefill_rate=True),  # as routing_vllm's CPU replicas
         # a variant's scorer weights (its router limits, if any, have no simulated counterpart)
-        **{name: LlmfleetRouter(weights=w.get("scorers") if "scorers" in w or "limits" in w else w, seed=seed)
+        **{name: LlmfleetRouter(weights=w.get("scorers") if "scorers" in w or "limits" in w else w, seed=seed,
+                                measure_prefill_rate=True)
            for name, w in (variants or {}).items()},
         # both CLIs' cache_aware defaults (sglang-router 0.3.2, vllm-router 0.1.17 --help)
         "sglang-router": SGLangCacheAware(cache_threshold=0.3, balance_abs=64, balance_rel=1.5, seed=seed),

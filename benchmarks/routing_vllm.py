@@ -184,7 +184,9 @@ def router_command(name: str, isvc: InferenceService, urls: list[str], events: d
     """The command that serves `name` on `port`, or a string saying why it cannot run."""
     if name == "llmfleet" or name in variants:
         cfg = router_config_from_service(isvc, endpoints={"primary": urls}, kv_events_endpoints={"primary": events})
-        update: dict[str, Any] = {"host": "127.0.0.1", "port": port}
+        # vLLM-cpu replicas prefill ~2k tokens/s, far below the H200-class default rate: the case the router
+        # config's measure_prefill_rate exists for (off by default, docs/router.md)
+        update: dict[str, Any] = {"host": "127.0.0.1", "port": port, "measure_prefill_rate": True}
         if name in variants:  # scorer weights, or {"scorers": ..., "limits": {...}} (RouterConfig fields)
             v = variants[name]
             if "scorers" in v or "limits" in v:

@@ -293,6 +293,12 @@ class RouterConfig(_Model):
         "are kept as 8-byte hashes, 256 bytes per session with the table's overhead, whatever the ids' length "
         "(the default holds 131,072 sessions).",
     )
+    measure_prefill_rate: bool = Field(
+        default=False,
+        description="Let the estimated-ttft scorer fit each pool's prefill rate from this router's first-byte "
+        "times instead of the default (H200-class) rate: for replicas far slower than that (CPU hosts). Off by "
+        "default: under bursts first bytes wait inside the engine and the fit prices prefill too high.",
+    )
     block_size: int = Field(default=16, ge=1, description="Default prefix-index block size.")
     max_index_blocks: int = Field(default=1_000_000, ge=1, description="Bound on prefix-index entries (memory).")
     slo: SLOConfig = Field(default_factory=SLOConfig, description="Primary SLOs.")

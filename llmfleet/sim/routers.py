@@ -207,7 +207,7 @@ class LlmfleetRouter(SimRouter):
 
     def __init__(self, weights: Mapping[str, float] | None = None, seed: int = 0,
                  fallback: Any = None, slo: Any = None, max_candidates: int | None = None,
-                 prefill_tokens_per_s: float | None = None) -> None:
+                 prefill_tokens_per_s: float | None = None, measure_prefill_rate: bool = False) -> None:
         from llmfleet.api.inferenceservice import RouterSpec
         from llmfleet.router.plugins import DEFAULT_MAX_CANDIDATES
 
@@ -217,6 +217,7 @@ class LlmfleetRouter(SimRouter):
         self.slo_cfg = slo
         self.max_candidates = max_candidates if max_candidates is not None else DEFAULT_MAX_CANDIDATES
         self.prefill_rate = prefill_tokens_per_s
+        self.measure_prefill_rate = measure_prefill_rate  # RouterConfig.measure_prefill_rate
 
     def attach(self, fleet: Fleet) -> None:
         from llmfleet.router import dispatch
@@ -228,7 +229,8 @@ class LlmfleetRouter(SimRouter):
         self._RequestInfo = RequestInfo
         self._dispatch = dispatch
         self.index = PrefixIndex(max_blocks=10_000_000)
-        self.pipeline = build_pipeline(self.weights, self.index, seed=self.seed, max_candidates=self.max_candidates)
+        self.pipeline = build_pipeline(self.weights, self.index, seed=self.seed, max_candidates=self.max_candidates,
+                                       measure_prefill_rate=self.measure_prefill_rate)
         self.states: dict[int, Any] = {}
         self.state_lists: dict[str, list[Any]] = {pool: [] for pool in fleet.routable}
         self.infos: dict[int, Any] = {}  # rid -> RequestInfo until its first token

@@ -12,6 +12,7 @@ from llmfleet.router.plugins import (
     PrefixIndex,
     ReplicaState,
     RequestInfo,
+    build_pipeline,
     build_scorer,
     release_prefill,
 )
@@ -61,7 +62,8 @@ def _route_and_answer(s: EstimatedTTFTScorer, replica: ReplicaState, tokens: int
 
 
 def test_estimated_ttft_learns_its_pools_rate_from_first_bytes() -> None:
-    s = EstimatedTTFTScorer(PrefixIndex(), default_tokens_per_s=30_000.0, attention_tokens=None, work_externality=0.0)
+    s = EstimatedTTFTScorer(PrefixIndex(), default_tokens_per_s=30_000.0, attention_tokens=None, work_externality=0.0,
+                            measure_rate=True)
     a, b, other = R("a"), R("b"), R("c", pool="student")
     assert s.rate(a) == 30_000.0
     t = 0.0
@@ -74,7 +76,7 @@ def test_estimated_ttft_learns_its_pools_rate_from_first_bytes() -> None:
 
 
 def test_queued_request_first_bytes_are_not_samples() -> None:
-    s = EstimatedTTFTScorer(PrefixIndex(), default_tokens_per_s=1000.0, attention_tokens=None)
+    s = EstimatedTTFTScorer(PrefixIndex(), default_tokens_per_s=1000.0, attention_tokens=None, measure_rate=True)
     a = R("a", in_flight=1)
     first = RequestInfo(model="m", input_tokens=1000, now=0.0)
     second = RequestInfo(model="m", input_tokens=1000, now=0.1)
@@ -92,7 +94,8 @@ def test_measured_rate_keeps_a_prefix_hit_that_a_default_rate_gives_up() -> None
     keys = list(range(1, 33))  # 32 blocks of 32 tokens
     index = PrefixIndex()
     index.insert("a", keys[:30])
-    s = EstimatedTTFTScorer(index, default_tokens_per_s=30_000.0, attention_tokens=None, work_externality=0.0)
+    s = EstimatedTTFTScorer(index, default_tokens_per_s=30_000.0, attention_tokens=None, work_externality=0.0,
+                            measure_rate=True)
     a = R("a", in_flight=1, prefill_tokens=200.0, prefill_busy_until=10.3)  # 0.3 s of work ahead (real time)
     b = R("b")
     req = RequestInfo(model="m", block_hashes=keys, input_tokens=1024, block_size=32, now=10.0)
@@ -103,6 +106,22 @@ def test_measured_rate_keeps_a_prefix_hit_that_a_default_rate_gives_up() -> None
         t = _route_and_answer(s, R("warm"), 100 + 40 * (i % 5), t + 1.0, rate=1000.0) + 1.0
     after = s.score(req, [a, b])
     assert after[0] > after[1]  # measured 1,000 tokens/s: a costs 0.3 + 0.064 s, b 1.024 s
+
+
+def test_the_measured_rate_is_off_unless_asked_for() -> None:
+    """By default the scorer keeps the default rate and learns nothing (first bytes under a burst wait inside
+    the engine: a fit from them prices prefill too high); `build_pipeline(measure_prefill_rate=True)` (the
+    router config's `measure_prefill_rate`) turns the fit on."""
+    s = EstimatedTTFTScorer(PrefixIndex(), default_tokens_per_s=30_000.0, attention_tokens=None, work_externality=0.0)
+    a = R("a")
+    t = 0.0
+    for i in range(2 * FIT_MIN_SAMPLES):
+        t = _route_and_answer(s, a, 100 + 40 * (i % 5), t + 1.0, rate=1000.0) + 1.0
+    assert s.rate(a) == 30_000.0 and not s.fits
+    on = build_pipeline({"estimated-ttft": 1.0}, PrefixIndex(), measure_prefill_rate=True)
+    off = build_pipeline({"estimated-ttft": 1.0}, PrefixIndex())
+    assert [sc.measure_rate for sc, _ in on.scorers] == [True]
+    assert [sc.measure_rate for sc, _ in off.scorers] == [False]
 
 
 @pytest.mark.parametrize(

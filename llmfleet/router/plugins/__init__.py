@@ -46,11 +46,12 @@ DEFAULT_MAX_CANDIDATES = 32  # fleets larger than this are preselected (prefix m
 
 def build_pipeline(weights: Mapping[str, float], index: PrefixIndex | None = None, seed: int = 0,
                    max_candidates: int | None = DEFAULT_MAX_CANDIDATES, prefix_candidates: int = 8,
-                   session_bytes: int = DEFAULT_SESSION_BYTES) -> Pipeline:
+                   session_bytes: int = DEFAULT_SESSION_BYTES, measure_prefill_rate: bool = False) -> Pipeline:
     """The standard pipeline: healthy + model filters, then the named scorers with their weights.
 
     Fleets with more than `max_candidates` replicas are first narrowed by `PrefixSampledPreselector`
-    (None: always score every replica). `session_bytes` bounds the session-affinity scorer's table.
+    (None: always score every replica). `session_bytes` bounds the session-affinity scorer's table;
+    `measure_prefill_rate` lets the estimated-TTFT scorer use each pool's measured prefill rate.
     """
     index = index if index is not None else PrefixIndex()
     scorers: list[tuple[Scorer, float]] = [
@@ -58,6 +59,9 @@ def build_pipeline(weights: Mapping[str, float], index: PrefixIndex | None = Non
         for name, w in weights.items()]
     pre = (PrefixSampledPreselector(index, max_candidates, min(prefix_candidates, max_candidates))
            if max_candidates is not None else None)
+    for scorer, _ in scorers:
+        if isinstance(scorer, EstimatedTTFTScorer):
+            scorer.measure_rate = measure_prefill_rate
     return Pipeline([HealthyFilter(), ModelFilter()], scorers, random.Random(seed), preselector=pre)
 
 

@@ -251,7 +251,8 @@ class EstimatedTTFTScorer(Scorer):
     `on_routed` (`charge_prefill`) and released by the router on the first byte or at the end of the request
     (`release_prefill`). A replica to which the router has nothing in flight waits 0, so a lost release
     cannot penalise it forever; without any release at all the queue still drains at rate(r).
-    rate(r) = `ReplicaState.prefill_tokens_per_s` when configured, else the marginal rate measured for r's pool
+    rate(r) = `ReplicaState.prefill_tokens_per_s` when configured, else (`measure_rate`, off by default) the
+    marginal rate measured for r's pool
     (`PrefillCostFit`: this router's own first-byte times of requests that found nothing of ours queued on
     their replica, fitted to overhead + work / rate; the replicas of a pool run the same engine on the same
     hardware, so they share one fit), else `default_tokens_per_s` until the fit has enough samples. Measuring
@@ -266,7 +267,7 @@ class EstimatedTTFTScorer(Scorer):
 
     def __init__(self, index: PrefixIndex, default_tokens_per_s: float = DEFAULT_PREFILL_TOKENS_PER_S,
                  attention_tokens: float | None = DEFAULT_ATTENTION_TOKENS,
-                 work_externality: float = DEFAULT_WORK_EXTERNALITY) -> None:
+                 work_externality: float = DEFAULT_WORK_EXTERNALITY, measure_rate: bool = False) -> None:
         if attention_tokens is not None and attention_tokens <= 0:
             raise ValueError("attention_tokens must be > 0 (or None for a linear cost)")
         if work_externality < 0:
@@ -278,11 +279,19 @@ class EstimatedTTFTScorer(Scorer):
         self.attention_tokens = attention_tokens
         self._last: tuple[RequestInfo | None, Sequence[ReplicaState], list[float]] = (None, (), [])
         self.fits: dict[str, PrefillCostFit] = {}  # pool -> measured prefill cost of its replicas
+        # Off by default: under bursts a first byte waits inside the engine behind running requests, so the fit
+        # learns a rate far below the engine's prefill rate and prices every request's own prefill too high
+        # (the 10x-spike simulation: a static 8-replica H200 fleet fell from 100 % to 91 % SLO attainment).
+        # For replicas far slower than the default rate (CPU hosts) it corrects the default's units.
+        self.measure_rate = measure_rate
 
     def rate(self, replica: ReplicaState) -> float:
-        """Prefill tokens/s of `replica`: configured, else its pool's measured marginal rate, else the default."""
+        """Prefill tokens/s of `replica`: configured, else (with `measure_rate`) its pool's measured marginal rate,
+        else the default."""
         if replica.prefill_tokens_per_s:
             return replica.prefill_tokens_per_s
+        if not self.measure_rate:
+            return self.default_rate
         fit = self.fits.get(replica.pool)
         est = fit.estimate(self.default_rate) if fit is not None else None
         return est[1] if est else self.default_rate
@@ -352,7 +361,8 @@ class EstimatedTTFTScorer(Scorer):
         if u is None:  # routed without this scorer having scored it (e.g. a retry): estimate it alone now
             self.estimates(req, [replica])
             u = self._last[2][0]
-        fit = None if replica.prefill_tokens_per_s else self.fits.setdefault(replica.pool, PrefillCostFit())
+        fit = (self.fits.setdefault(replica.pool, PrefillCostFit())
+               if self.measure_rate and not replica.prefill_tokens_per_s else None)
         charge_prefill(req, replica, u, self.rate(replica), fit)
         if req.block_hashes:  # the index learns from routing whether or not the prefix-cache scorer runs
             self.index.insert(replica.id, req.block_hashes)
