@@ -100,7 +100,10 @@ def test_up_serves_models_from_s3_and_a_local_path(server: S3Server, tmp_path: P
             "vllm": {"blockSize": 32, "enforceEager": True, "maxNumSeqs": 4},
             "replicas": 1, "minReplicas": 1, "maxReplicas": 1, "drainSeconds": 5,
             "router": {"blockSizeTokens": 32}, "autoscaling": {"policy": "static"},
-            "fallback": {"pools": [{"name": "student", "replicas": 1, "minReplicas": 1, "maxReplicas": 1,
+            # no degrading: each model's request must reach its own pool (on a loaded machine slow first requests
+            # could let the SLO-burn fallback send the primary's request to the student)
+            "fallback": {"maxDegradedFraction": 0,
+                         "pools": [{"name": "student", "replicas": 1, "minReplicas": 1, "maxReplicas": 1,
                                     "model": {"path": str(student), "servedName": "s3up-student", "maxModelLen": 512}}]},
         },
     }
