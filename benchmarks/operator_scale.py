@@ -5,16 +5,19 @@ code as `llmfleet operator`) runs in this process in its own thread and event lo
 creates the CRs and polls the emulator's object counts.
 
 Reported: time from the first create until every child exists, reconcile errors, operator RSS (this process:
-operator plus the small driver), and the time inside one reconcile excluding API round trips (p50/p99).
+operator plus the small driver), operator CPU, the API requests the emulator served to the operator (all its
+clients, kopf's included; the driver's own are subtracted), and the time inside one reconcile excluding API
+round trips (p50/p99).
 Targets: all children within 60 s, no errors, RSS < 300 MB, p99 < 50 ms.
 
-    python benchmarks/operator_scale.py [--count 500] [--namespaces 10] [--timeout 300]
+    python benchmarks/operator_scale.py [--count 500] [--namespaces 10] [--timeout 300] [--profile-operator FILE]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import datetime
 import json
 import os
@@ -104,7 +107,7 @@ def start_emulator(profile: str | None = None) -> tuple[subprocess.Popen[str], s
     return proc, json.loads(line)["url"]
 
 
-def start_operator(url: str) -> tuple[threading.Thread, threading.Event, Any]:
+def start_operator(url: str, profile: str | None = None) -> tuple[threading.Thread, threading.Event, Any]:
     import kopf
 
     from llmfleet.operator.config import OperatorConfig
@@ -118,9 +121,18 @@ def start_operator(url: str) -> tuple[threading.Thread, threading.Event, Any]:
     runtime = Runtime(config=OperatorConfig.from_env(), connection=kopf.ConnectionInfo(server=url))
     opts = RunOptions(standalone=True, metrics_port=None, liveness_port=None, autoscaler=False, runtime=runtime)
     stop, ready = threading.Event(), threading.Event()
-    thread = threading.Thread(
-        target=lambda: asyncio.run(run_async(opts, stop_flag=stop, ready_flag=ready)), name="operator", daemon=True
-    )
+
+    def serve() -> None:
+        if profile is None:
+            asyncio.run(run_async(opts, stop_flag=stop, ready_flag=ready))
+            return
+        profiler = cProfile.Profile()  # the operator's thread only (the driver runs in the main thread)
+        try:
+            profiler.runcall(asyncio.run, run_async(opts, stop_flag=stop, ready_flag=ready))
+        finally:
+            profiler.dump_stats(profile)
+
+    thread = threading.Thread(target=serve, name="operator", daemon=True)
     thread.start()
     if not ready.wait(60):
         raise SystemExit("operator_scale: the operator did not start")
@@ -134,6 +146,7 @@ async def drive(url: str, count: int, namespaces: int, timeout: float) -> dict[s
     for key, n in EXPECTED_PER_TJ.items():
         expected[key] = expected.get(key, 0) + n * count
     sem = asyncio.Semaphore(64)
+    own_requests = 0  # the driver's requests the emulator counts (not /_kubeemu/ ones)
     async with aiohttp.ClientSession() as session:
 
         async def create(plural: str, body: dict[str, Any]) -> None:
@@ -149,6 +162,7 @@ async def drive(url: str, count: int, namespaces: int, timeout: float) -> dict[s
             creates.append(create("inferenceservices", isvc(f"svc-{i}", ns)))
             creates.append(create("trainingjobs", tj(f"job-{i}", ns)))
         await asyncio.gather(*creates)
+        own_requests += len(creates)
         created_s = time.perf_counter() - started
         counts: dict[str, int] = {}
         while True:
@@ -165,6 +179,7 @@ async def drive(url: str, count: int, namespaces: int, timeout: float) -> dict[s
         while time.perf_counter() - started < timeout:
             pending = 0
             for plural in ("inferenceservices", "trainingjobs"):
+                own_requests += 1
                 async with session.get(f"{url}/apis/llmfleet.io/v1alpha1/{plural}") as r:
                     items = (await r.json())["items"]
                 pending += sum(1 for o in items if (o.get("status") or {}).get("observedGeneration") is None)
@@ -172,6 +187,8 @@ async def drive(url: str, count: int, namespaces: int, timeout: float) -> dict[s
                 statuses_s = time.perf_counter() - started
                 break
             await asyncio.sleep(0.5)
+        async with session.get(f"{url}/_kubeemu/requests") as r:
+            served = await r.json()
     complete = all(counts.get(k, 0) >= v for k, v in expected.items())
     return {
         "created_s": created_s,
@@ -180,6 +197,8 @@ async def drive(url: str, count: int, namespaces: int, timeout: float) -> dict[s
         "children_expected": sum(expected.values()),
         "children_found": sum(counts.get(k, 0) for k in expected),
         "complete": complete,
+        "api_requests": sum(served.values()) - own_requests,
+        "api_requests_by_method": {k: served[k] for k in sorted(served)},
     }
 
 
@@ -189,12 +208,13 @@ def main() -> None:
     parser.add_argument("--namespaces", type=int, default=10, help="namespaces to spread them over")
     parser.add_argument("--timeout", type=float, default=300.0, help="give up after this many seconds")
     parser.add_argument("--profile-emulator", metavar="FILE", help="run the emulator under cProfile, stats to FILE")
+    parser.add_argument("--profile-operator", metavar="FILE", help="run the operator under cProfile, stats to FILE")
     args = parser.parse_args()
 
     load_start = os.getloadavg()[0]
     emu, url = start_emulator(args.profile_emulator)
     try:
-        thread, stop, runtime = start_operator(url)
+        thread, stop, runtime = start_operator(url, args.profile_operator)
         from llmfleet.operator import metrics
 
         rss_before, _ = rss_mb()
@@ -206,7 +226,7 @@ def main() -> None:
         total = [s[3] for s in samples]
         cpu_operator = time.process_time()
         client = runtime.client
-        api_requests = client.requests if client is not None else 0
+        client_requests = client.requests if client is not None else 0
         applies_skipped = client.applied_cache().hits if client is not None else 0
         cpu_emulator = emulator_cpu_seconds(emu.pid)
         errors = sum(
@@ -238,7 +258,7 @@ def main() -> None:
         "rss_peak_mb": rss_peak,
         "operator_cpu_s": cpu_operator,
         "emulator_cpu_s": cpu_emulator,
-        "api_requests": api_requests,
+        "kube_client_requests": client_requests,
         "applies_skipped_unchanged": applies_skipped,
     }
     targets = {
@@ -253,7 +273,7 @@ def main() -> None:
                 "reconciles", "reconcile_errors", "reconcile_compute_p50_ms", "reconcile_compute_p99_ms",
                 "reconcile_no_api_p50_ms", "reconcile_no_api_p99_ms", "reconcile_total_p50_ms",
                 "reconcile_total_p99_ms", "rss_start_mb", "rss_peak_mb", "operator_cpu_s", "emulator_cpu_s",
-                "api_requests", "applies_skipped_unchanged"):
+                "api_requests", "kube_client_requests", "applies_skipped_unchanged"):
         value = row[key]
         print(f"{key:<28} {value:>12.2f}" if isinstance(value, float) else f"{key:<28} {value!s:>12}")
     for name, ok in targets.items():

@@ -18,6 +18,8 @@ are served here; LIST/WATCH/discovery stay kmock's):
 - deletion: finalizers delay it (deletionTimestamp), and owner references cascade (background GC);
 - no-op writes do not bump resourceVersion nor emit watch events (like a real API server);
 - `GET /_kubeemu/counts`: live object counts per resource (cheap progress polling for benchmarks);
+- `GET /_kubeemu/requests`: API requests served so far per HTTP method (a watch is one request; the
+  `/_kubeemu/` endpoints are not counted), so benchmarks count any client's requests the same way;
 - `faults`: callables `(request) -> KubernetesError | None` consulted first, to inject API errors.
 
 Use it from pytest (async):
@@ -151,6 +153,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
     history_limit: int | None = None  # keep at most N versions per object (None: all, as kmock does)
     _rv: int = attrs.field(default=0, init=False)
     _applied: dict[tuple[Any, str], dict[str, Any]] = attrs.field(factory=dict, init=False)
+    requests_served: dict[str, int] = attrs.field(factory=dict, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -241,6 +244,10 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 raise err
         if request.url.path == "/_kubeemu/counts":  # live object counts per resource (benchmarks poll this)
             return aiohttp.web.json_response(self.counts())
+        if request.url.path == "/_kubeemu/requests":
+            return aiohttp.web.json_response(self.requests_served)
+        method = request.method.value
+        self.requests_served[method] = self.requests_served.get(method, 0) + 1
         res = request.resource
         action = request.action
         if res is not None and action == enums.action.LIST and request.name is None and res in self.resources:

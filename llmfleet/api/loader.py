@@ -3,6 +3,7 @@ command with one-line errors (`InputFileError`) instead of decoder tracebacks.""
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable
 from pathlib import Path
@@ -66,6 +67,30 @@ def read_text(path: str | Path) -> str:
 # libyaml (when built in) is faster and stops at 1,000 nesting levels with a marked error; the pure-Python
 # loader recurses until RecursionError, caught below.
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+# libyaml's emitter writes the same text as the pure-Python one, faster.
+_YAML_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
+def dump_yaml(data: Any) -> str:
+    """`yaml.safe_dump(data, sort_keys=False)` (keys in insertion order, block style), remembered for JSON data.
+
+    The operator renders the same router config and TrainingJob spec as YAML on every reconcile of an
+    unchanged object, and PyYAML's representer (pure Python, also with libyaml) costs milliseconds each;
+    the JSON text of the data (insertion order kept, 1 and 1.0 and true told apart) is the cache key."""
+    try:
+        key = json.dumps(data, allow_nan=True)
+    except (TypeError, ValueError):  # not JSON data (e.g. a date): dumped as it is, not remembered
+        return _dump_yaml(data)
+    return _dump_json_as_yaml(key)
+
+
+def _dump_yaml(data: Any) -> str:
+    return str(yaml.dump(data, Dumper=_YAML_DUMPER, sort_keys=False))
+
+
+@functools.lru_cache(maxsize=4096)
+def _dump_json_as_yaml(text: str) -> str:
+    return _dump_yaml(json.loads(text))
 
 
 def _too_deep(source: str) -> InputFileError:

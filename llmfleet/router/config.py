@@ -20,6 +20,7 @@ from pydantic.alias_generators import to_camel
 
 from llmfleet.api.contracts import KV_EVENTS_PORT, REPLICA_PORT, ROUTER_PORT, STORE_URL_ENV, pool_selector
 from llmfleet.api.inferenceservice import DEFAULT_SCORERS, SCORER_NAMES, InferenceService
+from llmfleet.api.loader import dump_yaml
 from llmfleet.api.storage import parse_uri
 
 # The router's ConfigMap key and where the operator mounts it (and the tenants Secret) in the router's pod.
@@ -334,7 +335,7 @@ class RouterConfig(_Model):
         return self.pools[0]
 
     def to_yaml(self) -> str:
-        return yaml.safe_dump(self.model_dump(by_alias=True, mode="json", exclude_none=True), sort_keys=False)
+        return dump_yaml(self.model_dump(by_alias=True, mode="json", exclude_none=True))
 
     @classmethod
     def from_yaml(cls, text: str) -> RouterConfig:

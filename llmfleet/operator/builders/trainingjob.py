@@ -7,8 +7,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import yaml
-
 from llmfleet.api import TrainingJob, TrainingJobSpec
 from llmfleet.api.contracts import (
     ATTEMPT_ANNOTATION,
@@ -19,6 +17,7 @@ from llmfleet.api.contracts import (
     TRAININGJOB_LABEL,
     child_name,
 )
+from llmfleet.api.loader import dump_yaml
 from llmfleet.operator.builders.common import (
     Manifest,
     gpu_node_selector,
@@ -100,7 +99,7 @@ def build_spec_configmap(tj: TrainingJob, worker_spec: TrainingJobSpec | None = 
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": metadata(tj, spec_configmap_name(tj), tj_labels(tj)),
-        "data": {SPEC_KEY: yaml.safe_dump(doc, sort_keys=False)},
+        "data": {SPEC_KEY: dump_yaml(doc)},
     }
 
 
