@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -76,17 +76,22 @@ def summarize(reqs: Sequence[Request], fleet: Fleet, cfg: SimConfig, t0: float, 
     }
 
 
+def _cached_prefix_blocks(r: Request, cached: Container[int], block_size: int) -> int:
+    """Leading full blocks of `r`'s prompt found in `cached` (the prompt's last token is always computed)."""
+    limit = min(len(r.keys), (r.prompt_len - 1) // block_size)
+    n = 0
+    while n < limit and r.keys[n] in cached:
+        n += 1
+    return n
+
+
 def oracle_hit_rate(w: Workload) -> float:
     """Perfect affinity and an infinite cache: every block any earlier request computed is a hit."""
     seen: set[int] = set()
     hit = total = 0
     bs = w.block_size
     for r in w.requests:
-        limit = min(len(r.keys), (r.prompt_len - 1) // bs)
-        n = 0
-        while n < limit and r.keys[n] in seen:
-            n += 1
-        hit += n * bs
+        hit += _cached_prefix_blocks(r, seen, bs) * bs
         total += r.prompt_len
         seen.update(r.keys)
     return hit / total if total else 0.0
@@ -115,11 +120,7 @@ def finite_cache_hit_bound(w: Workload, capacity_blocks: int, policy: str = "bel
     if policy == "lru":
         lru: OrderedDict[int, None] = OrderedDict()
         for r in reqs:
-            limit = min(len(r.keys), (r.prompt_len - 1) // bs)
-            n = 0
-            while n < limit and r.keys[n] in lru:
-                n += 1
-            hit += n * bs
+            hit += _cached_prefix_blocks(r, lru, bs) * bs
             for k in r.keys:
                 if k in lru:
                     lru.move_to_end(k)
@@ -177,12 +178,8 @@ def ttft_lower_bound(w: Workload, cost: StepCostModel, max_batched_tokens: int =
     out = []
     bs = w.block_size
     for r in w.requests:
-        limit = min(len(r.keys), (r.prompt_len - 1) // bs)
-        n = 0
-        while n < limit and r.keys[n] in seen:
-            n += 1
+        start, t = _cached_prefix_blocks(r, seen, bs) * bs, 0.0
         seen.update(r.keys)
-        start, t = n * bs, 0.0
         while start < r.prompt_len:
             c = min(max_batched_tokens, r.prompt_len - start)
             t += cost.prefill_time(c, start)

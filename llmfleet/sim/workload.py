@@ -131,45 +131,64 @@ def _arrival(where: str, seconds: float) -> float:
     return seconds
 
 
+@contextmanager
+def _reading(p: Path, expected: str) -> Iterator[None]:
+    """A trace file that cannot be opened or decoded: WorkloadError naming the file."""
+    try:
+        yield
+    except OSError as e:
+        raise WorkloadError(f"{p}: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise WorkloadError(f"{p}: not a text file ({expected} expected)") from None
+
+
+@contextmanager
+def _record(where: str, problem: str) -> Iterator[None]:
+    """A record with a missing or malformed value: WorkloadError naming the line."""
+    try:
+        yield
+    except WorkloadError:
+        raise
+    except KeyError as e:
+        raise WorkloadError(f"{where}: {problem} (no {e})") from None
+    except (TypeError, ValueError, OverflowError) as e:
+        raise WorkloadError(f"{where}: {problem} ({e})") from None
+
+
+def _in_arrival_order(reqs: list[Request], *, from_zero: bool = False) -> list[Request]:
+    """Sorted by arrival, numbered in that order; `from_zero` shifts arrivals so the first is at 0."""
+    reqs.sort(key=lambda r: r.arrival)
+    t0 = reqs[0].arrival if from_zero and reqs else 0.0
+    for i, r in enumerate(reqs):
+        r.rid, r.arrival = i, r.arrival - t0
+    return reqs
+
+
 def load_mooncake(path: str | Path, block_size: int = MOONCAKE_BLOCK) -> Workload:
     """Mooncake JSONL: timestamp (ms), input_length, output_length, hash_ids (512-token blocks)."""
     p = Path(path)
     reqs: list[Request] = []
-    try:
-        with p.open(encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                where = f"{p}:{n}"
-                try:
-                    d = json.loads(line)
-                    if not isinstance(d, dict):
-                        raise WorkloadError(f"{where}: not a JSON object")
-                    inp, out = _lengths(where, d["input_length"], d["output_length"])
-                    ts = d["timestamp"]
-                    if isinstance(ts, bool) or not isinstance(ts, int | float):
-                        raise WorkloadError(f"{where}: timestamp must be a number, got {ts!r}")
-                    ids = d.get("hash_ids") or []
-                    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-                        raise WorkloadError(f"{where}: hash_ids must be a list of integers")
-                    reqs.append(Request(len(reqs), _arrival(where, float(ts) / 1000.0), inp, out,
-                                        chain(ids[: inp // block_size])))
-                except KeyError as e:
-                    raise WorkloadError(f"{where}: not a Mooncake record (no {e})") from None
-                except (TypeError, ValueError, OverflowError) as e:
-                    if isinstance(e, WorkloadError):
-                        raise
-                    raise WorkloadError(f"{where}: not a Mooncake record ({e})") from None
-    except OSError as e:
-        raise WorkloadError(f"{p}: {e.strerror or e}") from None
-    except UnicodeDecodeError:
-        raise WorkloadError(f"{p}: not a text file (Mooncake JSONL expected)") from None
+    with _reading(p, "Mooncake JSONL"), p.open(encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{p}:{n}"
+            with _record(where, "not a Mooncake record"):
+                d = json.loads(line)
+                if not isinstance(d, dict):
+                    raise WorkloadError(f"{where}: not a JSON object")
+                inp, out = _lengths(where, d["input_length"], d["output_length"])
+                ts = d["timestamp"]
+                if isinstance(ts, bool) or not isinstance(ts, int | float):
+                    raise WorkloadError(f"{where}: timestamp must be a number, got {ts!r}")
+                ids = d.get("hash_ids") or []
+                if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+                    raise WorkloadError(f"{where}: hash_ids must be a list of integers")
+                reqs.append(Request(len(reqs), _arrival(where, float(ts) / 1000.0), inp, out,
+                                    chain(ids[: inp // block_size])))
     if not reqs:
         raise WorkloadError(f"{p}: no requests")
-    reqs.sort(key=lambda r: r.arrival)
-    for i, r in enumerate(reqs):
-        r.rid = i
-    return Workload(p.stem, reqs, block_size)
+    return Workload(p.stem, _in_arrival_order(reqs), block_size)
 
 
 def _parse_ts(s: str) -> float:
@@ -185,36 +204,24 @@ def load_azure(path: str | Path, block_size: int = 16) -> Workload:
     p = Path(path)
     reqs: list[Request] = []
     try:
-        with p.open(newline="", encoding="utf-8") as f:
+        with _reading(p, "Azure CSV"), p.open(newline="", encoding="utf-8") as f:
             rd = csv.DictReader(f)
             missing = {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} - set(rd.fieldnames or [])
             if missing:
                 raise WorkloadError(f"{p}: missing columns {', '.join(sorted(missing))}")
             for n, row in enumerate(rd, 2):
                 where = f"{p}:{n}"
-                try:
+                with _record(where, "bad row"):
                     ts = row["TIMESTAMP"]
                     if not isinstance(ts, str):
                         raise WorkloadError(f"{where}: no TIMESTAMP")
                     inp, out = _lengths(where, row["ContextTokens"], row["GeneratedTokens"])
                     reqs.append(Request(0, _parse_ts(ts), inp, out))
-                except (TypeError, ValueError, OverflowError) as e:
-                    if isinstance(e, WorkloadError):
-                        raise
-                    raise WorkloadError(f"{where}: bad row ({e})") from None
-    except OSError as e:
-        raise WorkloadError(f"{p}: {e.strerror or e}") from None
-    except UnicodeDecodeError:
-        raise WorkloadError(f"{p}: not a text file (Azure CSV expected)") from None
     except csv.Error as e:
         raise WorkloadError(f"{p}: not a CSV file ({e})") from None
     if not reqs:
         raise WorkloadError(f"{p}: no requests")
-    reqs.sort(key=lambda r: r.arrival)
-    t0 = reqs[0].arrival
-    for i, r in enumerate(reqs):
-        r.rid, r.arrival = i, r.arrival - t0
-    return Workload(p.stem, reqs, block_size)
+    return Workload(p.stem, _in_arrival_order(reqs, from_zero=True), block_size)
 
 
 TRACE_FORMATS = ("mooncake", "azure")
@@ -320,7 +327,4 @@ def _synthetic(spec: SyntheticSpec) -> Workload:
                 reqs.append(Request(0, at, prompt, out, tuple(keys[:n_blocks]), f"tenant-{tenant}", f"s{sid}"))
             history += user + out
             at += rng.exponential(spec.think_time_s)
-    reqs.sort(key=lambda r: r.arrival)
-    for i, r in enumerate(reqs):
-        r.rid = i
-    return Workload(f"synthetic-{spec.seed}", reqs, bs)
+    return Workload(f"synthetic-{spec.seed}", _in_arrival_order(reqs), bs)
