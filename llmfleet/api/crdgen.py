@@ -127,6 +127,22 @@ def _strip_defaults(node: Schema) -> None:
         _strip_defaults(node["items"])
 
 
+# A `kubectl get` column: name, type, jsonPath[, priority (1: only with -o wide)].
+Column = tuple[str, str, str] | tuple[str, str, str, int]
+
+
+def _printer_columns(own: list[Column]) -> list[dict[str, Any]]:
+    """Phase, the kind's own columns, Age."""
+    out = []
+    for name, type_, path, *priority in [("Phase", "string", ".status.phase"), *own,
+                                         ("Age", "date", ".metadata.creationTimestamp")]:
+        column: dict[str, Any] = {"name": name, "type": type_, "jsonPath": path}
+        if priority:
+            column["priority"] = priority[0]
+        out.append(column)
+    return out
+
+
 def _crd(
     kind: str,
     plural: str,
@@ -134,7 +150,7 @@ def _crd(
     spec_model: type[Any],
     status_model: type[Any],
     description: str,
-    columns: list[dict[str, Any]],
+    columns: list[Column],
     scale: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     status = structural_schema(status_model)
@@ -181,7 +197,7 @@ def _crd(
                     "storage": True,
                     "schema": {"openAPIV3Schema": schema},
                     "subresources": subresources,
-                    "additionalPrinterColumns": columns,
+                    "additionalPrinterColumns": _printer_columns(columns),
                 }
             ],
         },
@@ -197,13 +213,11 @@ def trainingjob_crd() -> dict[str, Any]:
         TrainingJobStatus,
         "FSDP2 training or distillation of a Llama-style decoder on N GPU workers.",
         [
-            {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
-            {"name": "Workers", "type": "integer", "jsonPath": ".spec.workers.count"},
-            {"name": "Step", "type": "integer", "jsonPath": ".status.step"},
-            {"name": "Loss", "type": "number", "jsonPath": ".status.loss"},
-            {"name": "MFU", "type": "number", "jsonPath": ".status.mfu"},
-            {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts", "priority": 1},
-            {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+            ("Workers", "integer", ".spec.workers.count"),
+            ("Step", "integer", ".status.step"),
+            ("Loss", "number", ".status.loss"),
+            ("MFU", "number", ".status.mfu"),
+            ("Restarts", "integer", ".status.restarts", 1),
         ],
     )
 
@@ -217,12 +231,10 @@ def inferenceservice_crd() -> dict[str, Any]:
         InferenceServiceStatus,
         "Pools of vLLM (or Ray Serve) replicas behind the llmfleet router, scaled on SLO metrics.",
         [
-            {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
-            {"name": "Replicas", "type": "integer", "jsonPath": ".spec.replicas"},
-            {"name": "Ready", "type": "integer", "jsonPath": ".status.pools[0].readyReplicas"},
-            {"name": "URL", "type": "string", "jsonPath": ".status.url"},
-            {"name": "TTFT-p95", "type": "number", "jsonPath": ".status.metrics.ttftP95Ms", "priority": 1},
-            {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+            ("Replicas", "integer", ".spec.replicas"),
+            ("Ready", "integer", ".status.pools[0].readyReplicas"),
+            ("URL", "string", ".status.url"),
+            ("TTFT-p95", "number", ".status.metrics.ttftP95Ms", 1),
         ],
         scale={
             "specReplicasPath": ".spec.replicas",
