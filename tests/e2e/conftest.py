@@ -10,18 +10,16 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
 
 import pytest
+from polling import poll
 
 from llmfleet.util.net import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-T = TypeVar("T")
 
 
 def _cluster_skip_reason() -> str | None:
@@ -59,19 +57,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "tests/e2e/" in str(item.path).replace(os.sep, "/"):
             item.add_marker(marker)
-
-
-def poll(what: str, fn: Callable[[], T | None], timeout: float, interval: float = 2.0) -> T:
-    """Call fn until it returns something truthy; fail with `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while True:
-        last = fn()
-        if last:
-            return last
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
-        time.sleep(interval)
 
 
 @pytest.fixture(scope="session")

@@ -10,33 +10,19 @@ from __future__ import annotations
 
 import subprocess
 import threading
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import yaml
+from polling import poll
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "e2e" / "manifests"
 GROUP, VERSION = "llmfleet.io", "v1alpha1"
-T = TypeVar("T")
-
-
-def poll(what: str, fn: Callable[[], T | None], timeout: float, interval: float = 2.0) -> T:
-    """Call fn until it returns something truthy; fail with `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        last = fn()
-        if last:
-            return last
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
-        time.sleep(interval)
 
 
 @dataclass
