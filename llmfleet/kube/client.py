@@ -5,6 +5,11 @@ Objects go in and come out as plain dicts (the builders render dicts; no typed m
 plural and scope come from lightkube's models for built-in kinds and from `CUSTOM_RESOURCES` for CRDs.
 Errors are `ApiError` (a non-2xx answer, or 503 "Unreachable" when no answer came).
 
+Server-side apply, the operator's bulk verb, is sent as a prepared httpx2 request (URL parsed once per object,
+body encoded by msgspec) through the client lightkube builds from the same configuration (its authentication)
+and the same transport (its connections): lightkube's generic request path (building and parsing the URL three
+times, then decoding the answer) cost about as much client CPU per apply as the HTTP exchange itself.
+
 Time spent waiting for the API server is accumulated per task (see `start_api_timer`) so reconcile timings
 can exclude round trips.
 """
@@ -18,14 +23,17 @@ import functools
 import json
 import os
 import time
+import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import httpx2
 import lightkube
+import msgspec
 from lightkube import operators
-from lightkube.config.client_adapter import verify_cluster
+from lightkube.config.client_adapter import AsyncClient as HttpxClient
+from lightkube.config.client_adapter import ConnectionParams, verify_cluster
 from lightkube.config.models import User
 from lightkube.core.resource import ApiInfo, NamespacedResource, ResourceDef, api_info
 from lightkube.core.resource_registry import resource_registry
@@ -137,6 +145,16 @@ def plural_of(api_version: str, kind: str) -> tuple[str, bool]:
     return api_info(res).plural, issubclass(res, NamespacedResource)
 
 
+@functools.lru_cache(maxsize=16384)
+def _apply_url(server: str, api_version: str, kind: str, namespace: str | None, name: str) -> httpx2.URL:
+    """The server-side apply URL of one object, parsed once (the operator applies the same objects over and over)."""
+    res = resource(api_version, kind)
+    root = f"/apis/{api_version}" if "/" in api_version else f"/api/{api_version}"
+    scope = f"/namespaces/{urllib.parse.quote(namespace, safe='')}" if namespace is not None else ""
+    query = urllib.parse.urlencode({"fieldManager": FIELD_MANAGER, "force": "true"})
+    return httpx2.URL(f"{server}{root}{scope}/{api_info(res).plural}/{urllib.parse.quote(name, safe='')}?{query}")
+
+
 def label_selector(text: str) -> dict[str, Any]:
     """An equality-based label selector (`a=b,c!=d,e,!f`) as lightkube's `labels` argument."""
     out: dict[str, Any] = {}
@@ -228,6 +246,8 @@ class KubeClient:
     requests: int = 0
     _applied: AppliedCache | None = field(default=None, repr=False)
     _client: lightkube.AsyncClient | None = field(default=None, repr=False)
+    _transport: AiohttpTransport | None = field(default=None, repr=False)
+    _apply_client: httpx2.AsyncClient | None = field(default=None, repr=False)
     _slots: asyncio.Semaphore | None = field(default=None, repr=False)
 
     @classmethod
@@ -254,19 +274,39 @@ class KubeClient:
             "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
         })))
 
-    def _lightkube(self) -> lightkube.AsyncClient:
-        if self._client is None:
+    def _connections(self) -> AiohttpTransport:
+        if self._transport is None:
             tls = (verify_cluster(self.config.cluster, self.config.user or User(), self.config.abs_file)
                    if self.config.cluster.server.startswith("https") else False)
-            transport = AiohttpTransport(tls, max_connections=self.max_inflight, timeout_seconds=self.timeout_seconds)
+            self._transport = AiohttpTransport(tls, max_connections=self.max_inflight,
+                                               timeout_seconds=self.timeout_seconds)
+        return self._transport
+
+    def _lightkube(self) -> lightkube.AsyncClient:
+        if self._client is None:
             self._client = lightkube.AsyncClient(self.config, timeout=httpx2.Timeout(self.timeout_seconds),
-                                                 field_manager=FIELD_MANAGER, transport=transport)
+                                                 field_manager=FIELD_MANAGER, transport=self._connections())
         return self._client
+
+    def _applier(self) -> httpx2.AsyncClient:
+        """lightkube's httpx2 client for this configuration (base URL, authentication), on the shared transport."""
+        if self._apply_client is None:
+            # ConnectionParams annotates a sync transport; lightkube.AsyncClient hands it async ones too.
+            params = ConnectionParams(timeout=httpx2.Timeout(self.timeout_seconds),
+                                      transport=self._connections())  # type: ignore[arg-type]
+            self._apply_client = HttpxClient(self.config, params)
+        return self._apply_client
 
     async def close(self) -> None:
         if self._client is not None:
             await self._client.close()
             self._client = None
+        if self._apply_client is not None:
+            await self._apply_client.aclose()
+            self._apply_client = None
+        if self._transport is not None:  # closed by either client already; a new call opens a new one
+            await self._transport.aclose()
+            self._transport = None
 
     async def _call(self, what: str, call: Callable[[lightkube.AsyncClient], Any]) -> Any:
         """Run one lightkube call with the in-flight limit and the API timer; errors become ApiError."""
@@ -311,15 +351,24 @@ class KubeClient:
             if (cached := cache.lookup(key, body, generation)) is not None:
                 return cached
             cache.forget(key)  # also while in flight: a failed apply must not leave the old entry trusted
-        result = dict(await self._call(
-            f"apply {manifest['kind']} {meta['name']}",
-            lambda c: c.patch(res, meta["name"], manifest, namespace=ns, patch_type=PatchType.APPLY,
-                              field_manager=FIELD_MANAGER, force=True),
-        ))
+        url = _apply_url(self.config.cluster.server.rstrip("/"), manifest["apiVersion"], manifest["kind"], ns,
+                         meta["name"])
+        result: dict[str, Any] = await self._call(f"apply {manifest['kind']} {meta['name']}",
+                                                  lambda _: self._send_apply(url, manifest))
         if body:
             cache.store(key, body, generation, result)
         if self.on_applied is not None:
             self.on_applied(result)
+        return result
+
+    async def _send_apply(self, url: httpx2.URL, manifest: Mapping[str, Any]) -> dict[str, Any]:
+        request = httpx2.Request("PATCH", url, content=msgspec.json.encode(manifest),
+                                 headers={"Content-Type": PatchType.APPLY.value})
+        response = await self._applier().send(request)
+        response.raise_for_status()
+        result: object = msgspec.json.decode(response.content)
+        if not isinstance(result, dict):
+            raise httpx2.DecodingError(f"apply answered {type(result).__name__}, not an object", request=request)
         return result
 
     async def create(self, manifest: Mapping[str, Any]) -> dict[str, Any]:

@@ -72,6 +72,26 @@ async def test_verbs_round_trip_plain_dicts(cluster: tuple[Any, KubeClient]) -> 
     assert await client.get("v1", "Namespace", None, "ml") is not None  # cluster-scoped kinds too
 
 
+async def test_apply_addresses_every_kind_of_object(cluster: tuple[Any, KubeClient]) -> None:
+    """Core and grouped kinds, namespaced and cluster-scoped, llmfleet's CRDs, no namespace given (default)."""
+    emu, client = cluster
+    paths: list[str] = []
+    emu.faults.append(lambda req: paths.append(req.url.path) if req.method == "PATCH" else None)
+    await client.apply({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": "ml"},
+                        "data": {"k": "v"}})
+    await client.apply({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "d"}, "data": {}})
+    await client.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                        "metadata": {"name": "r", "namespace": "ignored"}, "rules": []})
+    await client.apply({"apiVersion": API_VERSION, "kind": "TrainingJob", "metadata": {"name": "t", "namespace": "ml"},
+                        "spec": {"model": {"layers": 2}}})
+    assert paths == ["/api/v1/namespaces/ml/configmaps/c", "/api/v1/namespaces/default/configmaps/d",
+                     "/apis/rbac.authorization.k8s.io/v1/clusterroles/r",
+                     f"/apis/{API_VERSION}/namespaces/ml/trainingjobs/t"]
+    assert emu.get("v1/configmaps", "ml", "c")["data"] == {"k": "v"}
+    assert emu.get("v1/configmaps", "default", "d") is not None
+    assert emu.get("rbac.authorization.k8s.io/v1/clusterroles", None, "r") is not None
+
+
 async def test_errors_carry_status_reason_and_message(cluster: tuple[Any, KubeClient]) -> None:
     emu, client = cluster
     await client.create({"apiVersion": API_VERSION, "kind": "TrainingJob", "metadata": {"name": "t", "namespace": "ml"},
