@@ -315,9 +315,9 @@ class KubeClient:
             timer.enter()
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.max_inflight)
-        self.requests += 1
         try:
             async with self._slots:
+                self.requests += 1
                 return await call(self._lightkube())
         except httpx2.HTTPError as err:
             raise _error(err, what) from err
