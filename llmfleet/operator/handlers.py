@@ -239,32 +239,27 @@ def _tj(read: bool) -> Reconciler:
     return _run
 
 
-@kopf.on.resume(*ISVC)
-@kopf.on.create(*ISVC)
-@kopf.on.update(*ISVC)
-async def reconcile_inferenceservice_handler(
-    body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, reason: str, **_: Any
-) -> None:
-    await run_reconcile("InferenceService", str(reason), body, patch, memo, _isvc)
+def _register(resource: tuple[str, str, str], kind: str, name: str, on_change: Reconciler,
+              on_tick: Reconciler) -> Callable[..., Awaitable[None]]:
+    """create/update/resume handlers and a timer for one kind, all running its reconcile; returns the timer.
+
+    The handler ids (kopf keeps progress under them) are those of the module-level functions this replaced."""
+
+    async def reconcile_handler(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, reason: str, **_: Any) -> None:
+        await run_reconcile(kind, str(reason), body, patch, memo, on_change)
+
+    async def timer(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
+        await run_reconcile(kind, "timer", body, patch, memo, on_tick)
+
+    for on in (kopf.on.update, kopf.on.create, kopf.on.resume):
+        on(*resource, id=f"reconcile_{name}_handler")(reconcile_handler)
+    kopf.timer(*resource, id=f"{name}_timer", interval=TIMER_INTERVAL, initial_delay=TIMER_INTERVAL)(timer)
+    return timer
 
 
-@kopf.timer(*ISVC, interval=TIMER_INTERVAL, initial_delay=TIMER_INTERVAL)
-async def inferenceservice_timer(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
-    await run_reconcile("InferenceService", "timer", body, patch, memo, _isvc)
-
-
-@kopf.on.resume(*TJ)
-@kopf.on.create(*TJ)
-@kopf.on.update(*TJ)
-async def reconcile_trainingjob_handler(
-    body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, reason: str, **_: Any
-) -> None:
-    await run_reconcile("TrainingJob", str(reason), body, patch, memo, _tj(read=False))
-
-
-@kopf.timer(*TJ, interval=TIMER_INTERVAL, initial_delay=TIMER_INTERVAL)
-async def trainingjob_timer(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
-    await run_reconcile("TrainingJob", "timer", body, patch, memo, _tj(read=True))
+inferenceservice_timer = _register(ISVC, "InferenceService", "inferenceservice", _isvc, _isvc)
+# The timer's tick also reads rank 0's /status while the job runs.
+trainingjob_timer = _register(TJ, "TrainingJob", "trainingjob", _tj(read=False), _tj(read=True))
 
 
 # ---- children: a change made by someone else (a controller's status, a hand edit or deletion) reconciles
