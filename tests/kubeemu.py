@@ -54,6 +54,8 @@ import yaml
 from kmock._internal import apps, dicts, enums, parsing, rendering
 from kmock._internal.k8s import KubernetesObjectConflictError
 
+from llmfleet.operator.promotion import apply_merge_patch  # RFC 7396, as an API server does it
+
 NAMESPACES = kmock.resource("", "v1", "namespaces")
 APPLY = "application/apply-patch+yaml"
 JSON_PATCH = "application/json-patch+json"
@@ -87,21 +89,6 @@ def _now() -> str:
 def _copy(value: Any) -> Any:
     """Deep copy of JSON data (several times faster than copy.deepcopy)."""
     return json.loads(json.dumps(value))
-
-
-def merge_patch(base: Any, patch: Any) -> Any:
-    """RFC 7386 JSON merge patch (returns a new value sharing untouched subtrees; neither input is modified).
-
-    Stored objects are never mutated in place, so sharing subtrees between versions is safe."""
-    if not isinstance(patch, Mapping):
-        return patch
-    out = dict(base) if isinstance(base, Mapping) else {}
-    for key, value in patch.items():
-        if value is None:
-            out.pop(key, None)
-        else:
-            out[key] = merge_patch(out.get(key), value)
-    return out
 
 
 def _removed_paths(old: Any, new: Any, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
@@ -441,10 +428,10 @@ class KubeEmulator(kmock.KubernetesEmulator):
                     for path in _removed_paths(_without(prev, "apiVersion", "kind"), patch):
                         if path[:1] != ("metadata",) or path[1:2] in (("labels",), ("annotations",)):
                             _drop(base, path)
-                new = merge_patch(base, _without(patch, "apiVersion", "kind"))
+                new = apply_merge_patch(base, _without(patch, "apiVersion", "kind"))
                 self._applied[(key, str(manager))] = _copy(patch)
             else:
-                new = merge_patch(old, patch)
+                new = apply_merge_patch(old, patch)
         if mode != "apply":
             # A plain write takes ownership of what it changed away from the appliers (as managedFields do):
             # their next apply without those fields leaves them as they are.

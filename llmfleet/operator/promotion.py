@@ -227,7 +227,9 @@ def pool_model(body: dict[str, Any], pool: str) -> str | None:
 
 
 def apply_merge_patch(doc: Any, patch: Any) -> Any:
-    """RFC 7396 JSON merge patch (what the API server does with `pool_model_patch`), for runtimes without one."""
+    """RFC 7396 JSON merge patch (what the API server does with `pool_model_patch`), for runtimes without one.
+
+    Returns a new value that shares untouched subtrees with `doc`; neither input is modified."""
     if not isinstance(patch, dict):
         return patch
     out = dict(doc) if isinstance(doc, dict) else {}
