@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from llmfleet.api.common import (
     ApiModel,
@@ -224,17 +224,17 @@ class RouterSpec(ApiModel):
         return self
 
 
+# The CEL rule of a pool's bounds (the primary's on the spec, each student pool's on the pool).
+MIN_NOT_ABOVE_MAX_REPLICAS = ("self.minReplicas <= self.maxReplicas", "minReplicas must be <= maxReplicas")
+
+
 class StudentPool(ApiModel):
     """A lightweight (e.g. distilled) pool that takes overflow when the primary burns its SLO."""
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                {"rule": "self.minReplicas <= self.maxReplicas", "message": "minReplicas must be <= maxReplicas"},
-                {"rule": "!(self.name in " + str(list(RESERVED_POOL_NAMES)).replace("'", '"') + ")",
-                 "message": f"pool names {', '.join(RESERVED_POOL_NAMES)} are reserved"},
-            ]
-        }
+    model_config = cel_rules(
+        MIN_NOT_ABOVE_MAX_REPLICAS,
+        ("!(self.name in " + str(list(RESERVED_POOL_NAMES)).replace("'", '"') + ")",
+         f"pool names {', '.join(RESERVED_POOL_NAMES)} are reserved"),
     )
 
     name: str = Field(min_length=1, max_length=40, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
@@ -324,13 +324,7 @@ class FeatureStoreSpec(ApiModel):
 class InferenceServiceSpec(ApiModel):
     """Desired state of an InferenceService."""
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                {"rule": "self.minReplicas <= self.maxReplicas", "message": "minReplicas must be <= maxReplicas"},
-            ]
-        }
-    )
+    model_config = cel_rules(MIN_NOT_ABOVE_MAX_REPLICAS)
 
     model: ServedModel = Field(description="The primary pool's model.")
     engine: Literal["vllm", "ray-serve"] = Field(default="vllm", description="Serving engine: vllm, or ray-serve (Ray Serve LLM over vLLM).")
