@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import shutil
 import subprocess
+import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -36,3 +40,14 @@ def render(*extra: str) -> list[dict[str, Any]]:
     """Every object of `helm template` (CRDs included) with the given extra arguments (-f values.yaml, ...)."""
     out = helm("template", "rel", str(CHART), "--namespace", NAMESPACE, "--include-crds", *extra).stdout
     return [d for d in yaml.safe_load_all(out) if d]
+
+
+@functools.cache
+def chart_generator() -> ModuleType:
+    """charts/llmfleet/hack/generate.py (it is no package module), loaded once."""
+    spec = importlib.util.spec_from_file_location("llmfleet_chart_generate", CHART / "hack" / "generate.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module

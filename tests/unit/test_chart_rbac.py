@@ -3,15 +3,13 @@ no more (least privilege, no wildcards), no less; namespaced Roles when watchNam
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from helmchart import helm_binary
+from helmchart import chart_generator, helm_binary
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "llmfleet"
@@ -22,18 +20,7 @@ pytestmark = pytest.mark.helm
 Triple = tuple[str, str, str, str]  # (apiGroup, resource, verb, resourceName or "")
 
 
-def _generator() -> Any:
-    spec = importlib.util.spec_from_file_location(
-        "llmfleet_chart_generate_rbac", CHART / "hack" / "generate.py"
-    )
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-gen = _generator()
+gen = chart_generator()
 
 
 def operator_rules() -> list[dict[str, list[str]]]:

@@ -3,17 +3,14 @@ generated from it and fresh, and the router/autoscaler defaults valid for the AP
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import subprocess
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import jsonschema
 import pytest
 import yaml
-from helmchart import helm_binary
+from helmchart import chart_generator, helm_binary
 
 from llmfleet.api.inferenceservice import AutoscalingSpec, RouterSpec
 
@@ -24,16 +21,7 @@ VALUES = yaml.safe_load(VALUES_TEXT)
 SCHEMA = yaml.safe_load((CHART / "values.schema.json").read_text())
 
 
-def load_generator() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("llmfleet_chart_generate", CHART / "hack" / "generate.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-gen = load_generator()
+gen = chart_generator()
 
 
 def test_every_value_has_a_doc_comment() -> None:
