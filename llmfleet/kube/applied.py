@@ -2,8 +2,8 @@
 
 The operator's reconcile is level-triggered: every trigger (a create/update of the CR, a child's watch event, a
 timer tick) renders all children and applies them. Most of those applies send the very bytes the previous one
-sent, and the API server answers them without changing anything, yet each costs a request (about 0.5 ms of
-operator CPU with lightkube, docs/architecture.md). An apply is skipped, and the answer of the last one
+sent, and the API server answers them without changing anything, yet each costs a request (about 0.4 ms of
+operator CPU, docs/architecture.md). An apply is skipped, and the answer of the last one
 returned instead, only while all of these hold:
 - the manifest serializes to the same bytes (compared by a 128-bit BLAKE2b digest) as the last apply of the same object that succeeded;
 - the caller's `generation` (the owner's metadata.generation) is the same as then: a spec change re-sends all;

@@ -366,7 +366,10 @@ class KubeClient:
                                  headers={"Content-Type": PatchType.APPLY.value})
         response = await self._applier().send(request)
         response.raise_for_status()
-        result: object = msgspec.json.decode(response.content)
+        try:
+            result: object = msgspec.json.decode(response.content)
+        except msgspec.DecodeError as err:
+            raise httpx2.DecodingError(f"apply answered no JSON: {err}", request=request) from err
         if not isinstance(result, dict):
             raise httpx2.DecodingError(f"apply answered {type(result).__name__}, not an object", request=request)
         return result
