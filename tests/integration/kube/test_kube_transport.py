@@ -36,8 +36,12 @@ async def server() -> AsyncIterator[tuple[str, list[dict[str, Any]]]]:
             request.transport.close()  # the client sees a closed keep-alive connection
         return web.json_response({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "q", "namespace": "ml"}})
 
+    async def garbled(request: web.Request) -> web.StreamResponse:
+        return web.Response(text="<html>proxy error page</html>", content_type="text/html")
+
     app = web.Application()
     app.router.add_route("*", "/api/v1/namespaces/ml/pods/p", pod)
+    app.router.add_route("*", "/api/v1/namespaces/ml/pods/garbled", garbled)
     app.router.add_route("*", "/api/v1/namespaces/ml/pods/q", flaky)
     app.router.add_route("POST", "/api/v1/namespaces/ml/pods", flaky)
     runner = web.AppRunner(app)
@@ -64,6 +68,17 @@ async def test_compressed_answer_is_decoded_and_headers_are_not_doubled(server: 
     assert headers["Content-Type"] == "application/apply-patch+yaml"
     assert "br" not in headers.get("Accept-Encoding", "") and "zstd" not in headers.get("Accept-Encoding", "")
     assert json.loads(seen[0]["body"])["metadata"]["name"] == "p"
+
+
+async def test_an_apply_answer_that_is_no_json_is_an_api_error(server: tuple[str, list[dict[str, Any]]]) -> None:
+    url, _ = server
+    client = KubeClient.for_server(url)
+    try:
+        with pytest.raises(ApiError) as err:  # e.g. a proxy's error page with status 200
+            await client.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "garbled", "namespace": "ml"}})
+    finally:
+        await client.close()
+    assert err.value.status == 503 and "no JSON" in str(err.value)
 
 
 async def test_dropped_connection_is_retried_for_get_only(server: tuple[str, list[dict[str, Any]]]) -> None:
