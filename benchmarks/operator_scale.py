@@ -229,10 +229,11 @@ def main() -> None:
         client_requests = client.requests if client is not None else 0
         applies_skipped = client.applied_cache().hits if client is not None else 0
         cpu_emulator = emulator_cpu_seconds(emu.pid)
-        errors = sum(
-            m.value for fam in metrics.RECONCILES.collect() for m in fam.samples
-            if m.name.endswith("_total") and m.labels.get("result") == "error"
-        )
+        counted = [m for fam in metrics.RECONCILES.collect() for m in fam.samples if m.name.endswith("_total")]
+        errors = sum(m.value for m in counted if m.labels.get("result") == "error")
+        by_trigger: dict[str, int] = {}
+        for m in counted:
+            by_trigger[m.labels["trigger"]] = by_trigger.get(m.labels["trigger"], 0) + int(m.value)
         stop.set()
         thread.join(30)
     finally:
@@ -246,6 +247,7 @@ def main() -> None:
         **result,
         "count_each": args.count,
         "reconciles": len(samples),
+        "reconciles_by_trigger": dict(sorted(by_trigger.items())),
         "reconcile_errors": int(errors),
         "reconcile_compute_p50_ms": percentile(compute, 0.50) * 1000,
         "reconcile_compute_p99_ms": percentile(compute, 0.99) * 1000,

@@ -195,10 +195,12 @@ async def run_reconcile(
         old = status_of(body)
         merged = {**body, "status": {**old, **rt.written.get(uid, {})}}
         # The timer is a safety net: skip it when another trigger reconciled the object less than half an
-        # interval ago (under a backlog, timers would otherwise re-apply everything again). A running
-        # TrainingJob's tick is never skipped: it reads rank 0's status.
-        recent = time.monotonic() - rt.last_done.get(uid, -1e9) < rt.config.timer_interval_seconds / 2
-        if trigger == "timer" and recent and merged["status"].get("phase") != "Running":
+        # interval ago, or when none has yet (kopf runs the object's create or resume handler, which is still
+        # queued): under a backlog, timers would otherwise reconcile everything twice. A running TrainingJob's
+        # tick is never skipped: it reads rank 0's status.
+        last = rt.last_done.get(uid)
+        settled = last is None or time.monotonic() - last < rt.config.timer_interval_seconds / 2
+        if trigger == "timer" and settled and merged["status"].get("phase") != "Running":
             return
         api = start_api_timer()
         started = time.perf_counter()
