@@ -3,7 +3,7 @@ command with one-line errors (`InputFileError`) instead of decoder tracebacks.""
 
 from __future__ import annotations
 
-import functools
+import hashlib
 import json
 from collections.abc import Iterable
 from pathlib import Path
@@ -71,26 +71,33 @@ _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _YAML_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
+# YAML texts remembered by dump_yaml, by a digest of the data's JSON text; the oldest goes first when full.
+_YAML_TEXTS: dict[bytes, str] = {}
+_YAML_TEXTS_MAX = 4096
+
+
 def dump_yaml(data: Any) -> str:
     """`yaml.safe_dump(data, sort_keys=False)` (keys in insertion order, block style), remembered for JSON data.
 
     The operator renders the same router config and TrainingJob spec as YAML on every reconcile of an
     unchanged object, and PyYAML's representer (pure Python, also with libyaml) costs milliseconds each;
-    the JSON text of the data (insertion order kept, 1 and 1.0 and true told apart) is the cache key."""
+    the JSON text of the data (insertion order kept, 1 and 1.0 and true told apart) identifies it."""
     try:
-        key = json.dumps(data, allow_nan=True)
+        text = json.dumps(data, allow_nan=True)
     except (TypeError, ValueError):  # not JSON data (e.g. a date): dumped as it is, not remembered
         return _dump_yaml(data)
-    return _dump_json_as_yaml(key)
+    key = hashlib.blake2b(text.encode(), digest_size=16).digest()
+    if (known := _YAML_TEXTS.get(key)) is not None:
+        return known
+    dumped = _dump_yaml(data)
+    if len(_YAML_TEXTS) >= _YAML_TEXTS_MAX:
+        _YAML_TEXTS.pop(next(iter(_YAML_TEXTS)), None)
+    _YAML_TEXTS[key] = dumped
+    return dumped
 
 
 def _dump_yaml(data: Any) -> str:
     return str(yaml.dump(data, Dumper=_YAML_DUMPER, sort_keys=False))
-
-
-@functools.lru_cache(maxsize=4096)
-def _dump_json_as_yaml(text: str) -> str:
-    return _dump_yaml(json.loads(text))
 
 
 def _too_deep(source: str) -> InputFileError:
