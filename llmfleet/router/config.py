@@ -48,6 +48,13 @@ class _Model(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
 
 
+# The Kubernetes API access the router's discovery needs (it lists EndpointSlices; nothing else): the operator
+# grants exactly this to each router's ServiceAccount (builders.inferenceservice.build_router).
+DISCOVERY_RULES: tuple[dict[str, list[str]], ...] = (
+    {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list"]},
+)
+
+
 class KubernetesDiscovery(_Model):
     """Find a pool's replicas from EndpointSlices of its headless Service (in cluster)."""
 
