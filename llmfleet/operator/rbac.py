@@ -74,11 +74,8 @@ def cluster_role(name: str = "llmfleet-operator", labels: dict[str, str] | None 
     }
 
 
-def rules_allow(rules: list[dict[str, Any]], group: str, resource: str, verb: str) -> bool:
-    """Whether `rules` grant `verb` on `group`/`resource` (resource may be `plural/subresource`)."""
-    return any(group in r["apiGroups"] and resource in r["resources"] and verb in r["verbs"] for r in rules)
-
-
 def allows(group: str, resource: str, verb: str) -> bool:
     """Whether OPERATOR_RULES grant `verb` on `group`/`resource` (resource may be `plural/subresource`)."""
-    return rules_allow(OPERATOR_RULES, group, resource, verb)
+    return any(
+        group in r["apiGroups"] and resource in r["resources"] and verb in r["verbs"] for r in OPERATOR_RULES
+    )
