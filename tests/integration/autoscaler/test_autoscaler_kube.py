@@ -161,3 +161,26 @@ async def test_pending_gpus_counts_unschedulable_pods(cluster: tuple[Any, KubeCl
 
 async def _idle(_replica: ObservedReplica) -> float:
     return 0.0
+
+
+async def test_a_missing_grant_is_refused_and_reported(cluster: tuple[Any, KubeClient]) -> None:
+    """The emulator's RBAC bites: without `patch` on pods the drain is answered 403 and the denial is named
+    (what the fixture's check reports when the code outgrows OPERATOR_RULES)."""
+    emu, operator_client = cluster
+    await emu.put(IS, ISVC)
+    await emu.put("v1/pods", pod("chat-b", "primary", ip="10.0.0.2"))
+    without = [{**r, "verbs": [v for v in r["verbs"] if v != "patch"]} if "pods" in r["resources"] else r
+               for r in OPERATOR_RULES]
+    enforcer = rbac_enforcer.enforce(emu, without, token="no-pod-patch")
+    client = KubeClient.for_server(operator_client.config.cluster.server, token="no-pod-patch")
+    try:
+        granted = KubernetesActuator("chat", "default", operator_client)
+        assert [r.name for r in await granted.list_replicas("primary")] == ["chat-b"]
+        act = KubernetesActuator("chat", "default", client, probe=_idle)
+        assert [r.name for r in await act.list_replicas("primary")] == ["chat-b"]  # list is still granted
+        with pytest.raises(ApiError) as err:
+            await act.drain_and_remove(ObservedReplica("primary", "chat-b", "http://10.0.0.2:8000"), timeout_s=1)
+    finally:
+        await client.close()
+    assert err.value.status == 403
+    assert enforcer.denied == {("patch", "", "pods")}
