@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import gc
 import getpass
 import hashlib
 import logging
@@ -93,6 +94,10 @@ class RunOptions:
     config: OperatorConfig | None = None
     autoscaler: bool = True  # also run the autoscaler's kopf timers
     runtime: Any = None  # a pre-made handlers.Runtime (tests inspect it)
+
+
+# gc.set_threshold for the operator process: collect the youngest generation every 10,000 net allocations.
+GC_THRESHOLDS = (10_000, 10, 10)
 
 
 def _settings(opts: RunOptions) -> kopf.OperatorSettings:
@@ -234,6 +239,10 @@ async def run_async(
         from llmfleet.operator.metrics import REGISTRY
 
         start_http_server(opts.metrics_port, registry=REGISTRY)
+    # A reconcile allocates thousands of short-lived objects (dicts, HTTP requests and answers, kopf's causes):
+    # with Python's default first-generation threshold (700) they reach the older generations, whose
+    # collections then cost about a quarter of the operator's CPU at 1,000 CRs reconciled at once.
+    gc.set_threshold(*GC_THRESHOLDS)
     clusterwide = opts.all_namespaces or not opts.namespaces
     await kopf.operator(
         settings=settings,
