@@ -17,7 +17,7 @@ from aiohttp import web
 from llmfleet.router.accounting import Accounting, RequestContext
 from llmfleet.router.config import LimitsConfig, RouterConfig, SLOConfig
 from llmfleet.router.dispatch import on_done, on_first_byte
-from llmfleet.router.plugins.base import ReplicaState
+from llmfleet.router.plugins.base import AwaitingFirstByte, ReplicaState
 from llmfleet.router.upstream_client import UpstreamClient, UpstreamError, UpstreamResponse, UpstreamTimeout
 
 log = logging.getLogger("llmfleet.router.proxy")
@@ -85,6 +85,7 @@ class Upstream:
         if rid and rid.isprintable():
             up_headers += b"x-request-id: " + rid.encode("utf-8") + b"\r\n"
         replica.in_flight += 1
+        awaiting = AwaitingFirstByte(replica if parsed.stream else None)
         t_send = ctx.t_sent = time.perf_counter()
         ctx.replica = replica.id
         resp: UpstreamResponse | None = None
@@ -106,7 +107,7 @@ class Upstream:
             out_headers = {**ctx.headers, "x-llmfleet-replica": replica.id,
                            "Content-Type": resp.content_type or "application/json"}
             if parsed.stream and resp.status == 200:
-                return await self._stream(ctx, resp, out_headers, accounting)
+                return await self._stream(ctx, resp, out_headers, accounting, awaiting)
             try:
                 data = await resp.read()
             except UpstreamError as e:
@@ -122,10 +123,11 @@ class Upstream:
             if resp is not None:
                 resp.close()  # unread data (client gone, error) closes the connection: vLLM aborts the request
             replica.in_flight -= 1
+            awaiting.release()  # no-op after the first byte
             on_done(ctx.info)  # no-op when the first byte already released the prefill charge
 
     async def _stream(self, ctx: RequestContext, resp: UpstreamResponse, out_headers: dict[str, str],
-                      accounting: Accounting) -> web.StreamResponse:
+                      accounting: Accounting, awaiting: AwaitingFirstByte) -> web.StreamResponse:
         out_headers["Cache-Control"] = "no-cache"
         out = web.StreamResponse(status=200, headers=out_headers)
         request, t0 = ctx.request, ctx.t0
@@ -140,6 +142,7 @@ class Upstream:
                 now = time.perf_counter()
                 if first is None:
                     first = now
+                    awaiting.release()
                     on_first_byte(ctx.info)  # the replica is through this prompt's prefill
                 last = now
                 events += chunk.count(b"data: ")

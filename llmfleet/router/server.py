@@ -369,10 +369,12 @@ class Router:
         self.metrics.child(self.metrics.lookups, "hit" if hit is not None else "miss").inc()
         return hit
 
-    def _signals(self, pool: PoolRuntime) -> FallbackSignals:
+    def _signals(self, pool: PoolRuntime, now: float) -> FallbackSignals:
         routable = pool.replicas.routable()
-        return FallbackSignals(pool.name, len(routable), waiting=sum(r.waiting for r in routable),
-                           running=sum(r.running for r in routable), scales_from_zero=pool.replicas.pool.scales_from_zero)
+        wait = min((r.prefill_wait_s(now) for r in routable), default=0.0)
+        return FallbackSignals(pool.name, len(routable), waiting=sum(r.queued for r in routable),
+                           running=sum(r.generating for r in routable), prefill_wait_ms=wait * 1e3,
+                           scales_from_zero=pool.replicas.pool.scales_from_zero)
 
     async def _route_and_proxy(self, ctx: RequestContext, pool_name: str) -> web.StreamResponse:
         m = self.metrics
@@ -387,8 +389,8 @@ class Router:
             now = time.monotonic()
             if self.tenants.version != self._tenants_version:  # the Secret file changed: new per-tenant caps
                 self.policy.tenant_caps, self._tenants_version = self.tenants.caps(), self.tenants.version
-            students = [self._signals(p) for p in self.pools.values() if p.role == "student"]
-            dec = dispatch.pick_pool(self.policy, now, self._signals(pool), students, tenant=tenant,
+            students = [self._signals(p, now) for p in self.pools.values() if p.role == "student"]
+            dec = dispatch.pick_pool(self.policy, now, self._signals(pool, now), students, tenant=tenant,
                                      input_tokens=n_tokens,
                                      request_class=request.headers.get(self.cfg.fallback.class_header))
             if dec.pool != pool.name:
