@@ -13,9 +13,17 @@ from llmfleet.autoscaler.types import PolicyConfig, PoolBounds, PoolSignals
 
 
 def stabilize(
-    cfg: PolicyConfig, pool: PoolBounds, st: PoolState, sig: PoolSignals, rec: int, reasons: list[str], cold_s: float
+    cfg: PolicyConfig, pool: PoolBounds, st: PoolState, sig: PoolSignals, rec: int, reasons: list[str], cold_s: float,
+    covered: int = 0,
 ) -> tuple[int, Action]:
     """HPA-style windows, steps and cooldown; returns (desired, action).
+
+    `covered`: how many of this pool's replicas the ready replicas of its student pools can stand in for right now
+    (the slo policy's primary; 0 otherwise). The down-window exists because a replica released too early takes a
+    cold start to come back, during which its traffic waits; while warm students can take that traffic (the
+    router's fallback sends it there), a replica no recommendation of the last cold start needed is released
+    without waiting for the whole down-window: up to `covered` replicas at once, once per cooldown, while the
+    measured TTFT of that cold start stayed within the planned fraction of the SLO.
 
     One exception to "down to the highest recommendation of the down-window, maxScaleDownStep at a
     time": capacity that is clearly idle (the highest recommendation over a short window of two cold
@@ -43,6 +51,21 @@ def stabilize(
         if desired < up:
             reasons.append(f"step limited to +{cfg.max_up_step}")
         return desired, "up"
+    # Covered by warm students, a replica released too early costs one cold start of GPU time to come back (its
+    # traffic meanwhile goes to the students). Holding an idle replica for as long as that cost and then releasing
+    # it is the break-even rule of rent-or-buy: whatever the gap until the replica is needed again, it spends at most
+    # twice the GPU time of the better choice made with hindsight. At least two intervals: one noisy interval's
+    # recommendation is no evidence.
+    hold = max(cold_s, 2 * cfg.interval_s)
+    needed = max(r for t, r in st.history if t >= now - hold)
+    if covered > 0 and needed < current and not sig.stale and now - st.first_seen >= hold:
+        worst = max((p for t, p in st.ttft_history if t >= now - hold), default=None)
+        cooled = st.last_action_at is None or now - st.last_action_at >= cfg.cooldown_s
+        if cooled and (worst is None or worst <= cfg.ttft_target_fraction * cfg.ttft_slo_ms):
+            desired = max(needed, current - covered)
+            reasons.append(f"highest recommendation over {hold:g} s is {needed}, ready students stand in for "
+                           f"{covered} replica(s) during a cold start: -{current - desired}")
+            return desired, "down"
     # Clearly idle capacity (below) is released even while the down-window still holds the recommendation of a burst
     # that has ended, once the last burst (the slo policy's level-shift detection) began more than a down-window
     # ago: traffic whose bursts recur within the window would find the capacity gone when the next one arrives,

@@ -436,7 +436,7 @@ def test_requests_held_at_the_router_start_a_replica_at_once() -> None:
 def test_replicas_of_a_burst_that_ended_are_released_without_waiting_for_the_down_window() -> None:
     """One burst (0.5 -> 20 req/s for 300 s) that ends: its scale-up is the down-window's highest recommendation, yet
     once the recommendation is clearly idle the burst's replicas go within two cold starts and a cooldown."""
-    w = World(config(), replicas={"primary": 1, "small": 0})
+    w = World(primary_only(), replicas={"primary": 1, "small": 0})
     w.run(lambda t: 20.0 if 300 <= t < 600 else 0.5, 1200)
     assert max(d.pools["primary"].desired for _, _, d in w.log) >= needed(20.0)
     first_down = next(t for t, _, d in w.log if t >= 600 and d.pools["primary"].action == "down")
@@ -445,10 +445,44 @@ def test_replicas_of_a_burst_that_ended_are_released_without_waiting_for_the_dow
     assert w.replicas["primary"] <= 2
 
 
+def primary_only(**kw: object) -> PolicyConfig:
+    """`config` without the student pool: no fallback capacity to stand in for a released primary."""
+    cfg = config(**kw)
+    return replace(cfg, pools=cfg.pools[:1])
+
+
+def recurring_bursts(t: float) -> float:
+    """20 req/s for 30 s every 120 s from 300 s on (shorter gaps than the down-window), else 0.5 req/s."""
+    return 20.0 if t >= 300 and (t - 300) % 120 < 30 else 0.5
+
+
 def test_replicas_are_kept_for_the_down_window_while_bursts_recur() -> None:
-    """Bursts every 120 s (shorter than the down-window): each would arrive faster than a replica starts, so the
-    capacity of the last one is not released early."""
-    w = World(config(), replicas={"primary": 1, "small": 0})
-    w.run(lambda t: 20.0 if t >= 300 and (t - 300) % 120 < 30 else 0.5, 900)
+    """Bursts every 120 s (shorter than the down-window) and no student: each would arrive faster than a replica
+    starts, so the capacity of the last one is not released early."""
+    w = World(primary_only(), replicas={"primary": 1, "small": 0})
+    w.run(recurring_bursts, 900)
     after = [d.pools["primary"].desired for t, _, d in w.log if 450 <= t <= 900]
     assert min(after) >= needed(20.0)
+
+
+def test_warm_students_let_the_primary_release_a_burst_after_one_cold_start() -> None:
+    """The same recurring bursts with a student pool: the first burst warms a student, which can take a released
+    primary's traffic while a replica starts again, so the primary goes back down one cold start after each burst
+    (not a down-window) and up again for the next; the student stays warm while the bursts recur."""
+    w = World(config(), replicas={"primary": 1, "small": 0})
+    w.run(recurring_bursts, 900)
+    assert w.ready["small"] >= 1
+    lows = [d.pools["primary"].desired for t, _, d in w.log if 450 <= t <= 900]
+    assert min(lows) < needed(20.0) and max(lows) >= needed(20.0)
+    downs = [(t, d) for t, _, d in w.log if t >= 450 and d.pools["primary"].action == "down"]
+    assert downs and all("ready students stand in for" in " ".join(d.pools["primary"].reasons) for _, d in downs)
+    for t, _ in downs:  # never within one cold start of the last interval that needed the replicas
+        recent = [d.pools["primary"].recommended for tt, _, d in w.log if t - 60 <= tt < t]
+        assert max(recent) <= w.replicas_at(t)
+
+
+def test_without_a_ready_student_the_primary_keeps_the_down_window() -> None:
+    """A student that is still starting (or at zero) stands in for nothing: the fast release needs ready ones."""
+    w = World(config(), replicas={"primary": 1, "small": 0}, cold_start=10_000.0)  # nothing ever becomes ready
+    w.run(recurring_bursts, 900)
+    assert not any("stand in" in " ".join(d.pools["primary"].reasons) for _, _, d in w.log)
