@@ -46,6 +46,19 @@ def stabilize(
     if current < pool.min_replicas or current > pool.max_replicas:
         reasons.append(f"outside [{pool.min_replicas}, {pool.max_replicas}]")
         return min(max(current, pool.min_replicas), pool.max_replicas), ("up" if current < pool.min_replicas else "down")
+    hold = max(cold_s, 2 * cfg.interval_s)  # see the covered release below
+    planned_ms = cfg.ttft_target_fraction * cfg.ttft_slo_ms
+    carried = sig.ttft_p95_ms is None or sig.ttft_p95_ms <= planned_ms
+    if up > current and covered > 0 and carried and not sig.stale:
+        # Covered by warm students (they carry the overflow with room to spare, and the pool's measured TTFT shows
+        # it), a scale-up waits like a release: a primary started for an overflow that ends at once costs a cold
+        # start and a hold for nothing, so it is bought only once the recommendation has asked for it for a whole
+        # hold (rent-or-buy again). A TTFT above the plan says the students do not carry it: no wait.
+        sustained = min(r for t, r in st.history if t >= now - hold)
+        if sustained <= current:
+            reasons.append(f"ready students carry the overflow: scale-up to {up} waits until {hold:g} s ask for it")
+            return current, "hold"
+        up = sustained
     if up > current:
         desired = min(up, current + cfg.max_up_step)
         if desired < up:
@@ -56,7 +69,6 @@ def stabilize(
     # it is the break-even rule of rent-or-buy: whatever the gap until the replica is needed again, it spends at most
     # twice the GPU time of the better choice made with hindsight. At least two intervals: one noisy interval's
     # recommendation is no evidence.
-    hold = max(cold_s, 2 * cfg.interval_s)
     needed = max(r for t, r in st.history if t >= now - hold)
     if covered > 0 and needed < current and not sig.stale and now - st.first_seen >= hold:
         worst = max((p for t, p in st.ttft_history if t >= now - hold), default=None)

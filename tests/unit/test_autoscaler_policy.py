@@ -220,7 +220,7 @@ def test_slo_violation_feedback_adds_replica_keeps_capacity_estimate(violated_in
 
 def test_slo_feedback_waits_until_the_last_action_settled() -> None:
     """Right after a scale-up the old replicas still drain the backlog: a TTFT miss then is no capacity error."""
-    w = World(config(), cold_start=30.0)
+    w = World(primary_only(), cold_start=30.0)
     for i in range(10):
         w.tick(15.0 * i, 2.0)
     w.tick(150.0, 8.0)  # burst: scale up
@@ -466,15 +466,15 @@ def test_replicas_are_kept_for_the_down_window_while_bursts_recur() -> None:
 
 
 def test_warm_students_let_the_primary_release_a_burst_after_one_cold_start() -> None:
-    """The same recurring bursts with a student pool: the first burst warms a student, which can take a released
-    primary's traffic while a replica starts again, so the primary goes back down one cold start after each burst
-    (not a down-window) and up again for the next; the student stays warm while the bursts recur."""
+    """Bursts of two minutes every four with a student pool: the first burst warms a student, which can take a
+    released primary's traffic while a replica starts again, so the primary goes back down one cold start after
+    each burst (not a down-window) and up again for the next; the student stays warm while the bursts recur."""
     w = World(config(), replicas={"primary": 1, "small": 0})
-    w.run(recurring_bursts, 900)
+    w.run(lambda t: 20.0 if t >= 300 and (t - 300) % 240 < 120 else 0.5, 1500)
     assert w.ready["small"] >= 1
-    lows = [d.pools["primary"].desired for t, _, d in w.log if 450 <= t <= 900]
+    lows = [d.pools["primary"].desired for t, _, d in w.log if 540 <= t <= 1500]
     assert min(lows) < needed(20.0) and max(lows) >= needed(20.0)
-    downs = [(t, d) for t, _, d in w.log if t >= 450 and d.pools["primary"].action == "down"]
+    downs = [(t, d) for t, _, d in w.log if t >= 540 and d.pools["primary"].action == "down"]
     assert downs and all("ready students stand in for" in " ".join(d.pools["primary"].reasons) for _, d in downs)
     for t, _ in downs:  # never within one cold start of the last interval that needed the replicas
         recent = [d.pools["primary"].recommended for tt, _, d in w.log if t - 60 <= tt < t]
@@ -486,3 +486,25 @@ def test_without_a_ready_student_the_primary_keeps_the_down_window() -> None:
     w = World(config(), replicas={"primary": 1, "small": 0}, cold_start=10_000.0)  # nothing ever becomes ready
     w.run(recurring_bursts, 900)
     assert not any("stand in" in " ".join(d.pools["primary"].reasons) for _, _, d in w.log)
+
+
+def test_warm_students_carry_an_overflow_shorter_than_a_cold_start() -> None:
+    """With a ready student that can carry the overflow, the primary starts replicas only for an overflow that
+    lasted a cold start (a shorter one would buy a cold start and a hold for nothing); without students at once."""
+    def short(t: float) -> float:
+        return 8.0 if 60 <= t < 90 else 1.0  # 30 s of 8 req/s: needs 4 primaries, 2 are there
+
+    def sustained(t: float) -> float:
+        return 8.0 if t >= 60 else 1.0
+
+    w = World(config(), replicas={"primary": 2, "small": 1})
+    w.run(short, 240)
+    assert max(d.pools["primary"].desired for _, _, d in w.log) == 2
+    assert any("ready students carry the overflow" in " ".join(d.pools["primary"].reasons) for _, _, d in w.log)
+    w = World(config(), replicas={"primary": 2, "small": 1})
+    w.run(sustained, 240)
+    first_up = next(t for t, _, d in w.log if d.pools["primary"].action == "up")
+    assert 60 + 60 <= first_up <= 60 + 60 + 15 and w.replicas["primary"] >= needed(8.0)
+    w = World(primary_only(), replicas={"primary": 2, "small": 0})
+    w.run(short, 240)
+    assert next(t for t, _, d in w.log if d.pools["primary"].action == "up") == 60
