@@ -235,7 +235,8 @@ def _covered_by_students(cfg: PolicyConfig, primary: PoolBounds, students: Seque
     their spare capacity at the primary's request mix (capacity at max_utilization less the traffic they serve
     already) in primary replicas, less one. The one kept back is for the burst that may come while a released
     replica starts again: the students were warmed for overflow, and a stand-in that uses all of it leaves a
-    burst right after the release to the shrunken primary alone. 0 without ready students or usable signals."""
+    burst right after the release to the shrunken primary alone. A student pool whose measured TTFT p95 is past the
+    planned fraction of the SLO counts nothing. 0 without ready students or usable signals."""
     psig = signals[primary.name]
     if not psig.usable or mu_primary <= 0:
         return 0
@@ -244,6 +245,8 @@ def _covered_by_students(cfg: PolicyConfig, primary: PoolBounds, students: Seque
         sig = signals[pool.name]
         if not sig.usable or sig.ready_replicas <= 0:
             continue
+        if sig.ttft_p95_ms is not None and sig.ttft_p95_ms > cfg.ttft_target_fraction * cfg.ttft_slo_ms:
+            continue  # its own measured TTFT is past the plan: no spare capacity, whatever its model says
         mix = replace(sig, mean_input_tokens=psig.mean_input_tokens, mean_output_tokens=psig.mean_output_tokens)
         spare += sig.ready_replicas * _mu(pool, state.pool(pool.name), mix) * cfg.max_utilization
         spare -= float(sig.arrival_rate or 0.0)

@@ -52,7 +52,7 @@ class World:
         self.ready = dict(self.replicas)
 
     def tick(self, t: float, rate: float, *, stale: bool = False, queue: float = 0.0,
-             ttft: float | None = None, missing: bool = False) -> ScalingDecision:
+             ttft: float | None = None, missing: bool = False, student_ttft: float | None = None) -> ScalingDecision:
         for at, pool in list(self.starting):
             if at <= t:
                 self.ready[pool] += 1
@@ -62,7 +62,8 @@ class World:
                         arrival_rate=None if missing else rate, mean_input_tokens=MEAN_IN,
                         mean_output_tokens=MEAN_OUT, queue_depth=queue, ttft_p95_ms=ttft, stale=stale),
             PoolSignals("small", "student", t, self.replicas["small"], self.ready["small"],
-                        arrival_rate=None if missing else 0.0, queue_depth=0.0, stale=stale),
+                        arrival_rate=None if missing else 0.0, queue_depth=0.0, ttft_p95_ms=student_ttft,
+                        stale=stale),
         ]
         d = decide(self.cfg, sigs, self.state)
         self.state = d.state
@@ -508,3 +509,13 @@ def test_warm_students_carry_an_overflow_shorter_than_a_cold_start() -> None:
     w = World(primary_only(), replicas={"primary": 2, "small": 0})
     w.run(short, 240)
     assert next(t for t, _, d in w.log if d.pools["primary"].action == "up") == 60
+
+
+def test_a_student_past_its_planned_ttft_carries_nothing() -> None:
+    """A student whose own measured TTFT p95 is past the plan (70 % of the SLO) has no spare capacity, whatever its
+    capacity model says: the primary scales up at once instead of waiting for it to carry the overflow."""
+    for student_ttft, waits in ((None, True), (1000.0, True), (1900.0, False)):
+        w = World(config(), replicas={"primary": 2, "small": 1})
+        w.run(lambda t: 1.0, 60, student_ttft=student_ttft)
+        d = w.tick(75.0, 8.0, student_ttft=student_ttft)
+        assert (d.pools["primary"].action == "hold") is waits, (student_ttft, d.pools["primary"].reasons)
