@@ -13,8 +13,9 @@ local runtime and the simulator run the same code. Policies, selected by `spec.a
 Then, for `slo` and `queue`, the HPA's behaviour: scale up to the lowest recommendation of the
 up-window at most `maxScaleUpStep` at once (no cooldown: spec replicas already count replicas that
 are still starting), scale down to the highest recommendation of the down-window, at most
-`maxScaleDownStep` at once, not within `cooldownSeconds` of the last action. Missing or stale
-signals hold the current size and block scale-down for a whole down-window.
+`maxScaleDownStep` at once, not within `cooldownSeconds` of the last action. For `slo`'s primary, while
+ready student replicas can stand in for its replicas, both windows shrink to one cold start (stabilize.py).
+Missing or stale signals hold the current size and block scale-down for a whole down-window.
 """
 
 from __future__ import annotations
