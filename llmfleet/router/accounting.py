@@ -21,6 +21,7 @@ from llmfleet.router.outliers import OutlierDetector
 from llmfleet.router.plugins.base import RequestInfo
 from llmfleet.router.request_log import RequestLog
 from llmfleet.router.requests import ParsedRequest
+from llmfleet.router.respond import ClientRequest, Responder
 
 log = logging.getLogger("llmfleet.router")
 
@@ -29,7 +30,8 @@ log = logging.getLogger("llmfleet.router")
 class RequestContext:
     """What the router knows about one request once it is parsed and routed to a pool."""
 
-    request: Any  # the client's aiohttp web.Request
+    request: ClientRequest
+    out: Responder  # where the answer goes
     parsed: ParsedRequest
     tenant: str
     t0: float  # perf_counter at arrival
