@@ -209,11 +209,10 @@ class ClientConnection(asyncio.Protocol):
                 self._arm()
 
     def eof_received(self) -> bool | None:
-        # The client sent everything it will: finish what it asked for (a half-closed HTTP/1.0 client still reads).
+        # The client closed its side: taken as gone (as aiohttp's server did), the transport closes and
+        # connection_lost cancels the request being answered.
         self._stop_reading()
-        if self.task is None and not self.queue:
-            self._close()
-        return True
+        return None
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -318,7 +317,7 @@ class ClientConnection(asyncio.Protocol):
             self._close()
         elif self.queue:
             self._next()
-        elif self.parser is None:  # nothing more will be read (Upgrade, eof)
+        elif self.parser is None:  # nothing more will be read (Upgrade, a body too large, malformed bytes)
             self._close()
         elif self.phase == _IDLE:  # nothing to do until the next request: the idle deadline runs
             self._restart_clock()
