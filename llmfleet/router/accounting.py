@@ -12,7 +12,6 @@ import logging
 import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from llmfleet.router.dispatch import Latency, on_done, record_attempt
 from llmfleet.router.fallback import FallbackPolicy

@@ -80,7 +80,7 @@ class _Family(Collector):
                 fam.add_metric(values, c.value)
         else:
             fam = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
-            les = [floatToGoString(b) for b in (*self.bounds, float("inf"))]
+            les = [floatToGoString(b) for b in (*self.bounds, float("inf"))]  # type: ignore[no-untyped-call]
             for values, h in self.children.items():
                 cum, buckets = 0.0, []
                 for le, n in zip(les, h.counts, strict=True):
