@@ -145,6 +145,9 @@ class UpstreamResponse:
                     raise self._error
                 return b""
             await self._wait()
+        return self._take()
+
+    def _take(self) -> bytes:
         data = self._buf[0] if len(self._buf) == 1 else b"".join(self._buf)
         self._buf.clear()
         if self._buffered > HIGH_WATER:
@@ -154,12 +157,7 @@ class UpstreamResponse:
 
     async def read(self) -> bytes:
         if self._done and self._error is None:  # already whole (a short answer arrives with its headers)
-            data = self._buf[0] if len(self._buf) == 1 else b"".join(self._buf)
-            self._buf.clear()
-            if self._buffered > HIGH_WATER:
-                self._conn.resume()
-            self._buffered = 0
-            return data
+            return self._take() if self._buf else b""
         parts = []
         while data := await self.next_data():
             parts.append(data)
