@@ -74,6 +74,7 @@ class Exchange:
 
     __slots__ = ("body", "conn", "head_only", "headers", "keep_alive", "method", "path", "query", "started",
                  "too_large", "version_10")
+    written_on_send = True
 
     def __init__(self, conn: ClientConnection, method: str, url: bytes, headers: dict[str, str], body: bytes,
                  keep_alive: bool, version_10: bool, too_large: bool) -> None:
@@ -96,10 +97,8 @@ class Exchange:
         return str(peer[0]) if isinstance(peer, tuple) and peer else None
 
     def _head(self, status: int, headers: Mapping[str, str], framing: bytes) -> bytes:
-        parts = [_status_line(status), _Date.header()]
-        for name, value in headers.items():
-            parts.append(f"{name}: {value}\r\n".encode("latin-1", "replace"))
-        parts.append(framing)
+        lines = "".join([f"{name}: {value}\r\n" for name, value in headers.items()])
+        parts = [_status_line(status), _Date.header(), lines.encode("latin-1", "replace"), framing]
         if not self.keep_alive:
             parts.append(b"Connection: close\r\n")
         elif self.version_10:

@@ -114,9 +114,12 @@ class Upstream:
                 raise UpstreamFailed(f"response body failed: {e}", mark_down=False) from None
             e2e = time.perf_counter() - ctx.t0
             ctx.out.send(resp.status, out_headers, data)
-            # Recorded after the response is on its way (the lean server wrote it already; aiohttp writes it
-            # when the handler returns, before the next loop iteration).
-            asyncio.get_running_loop().call_soon(_observe_body, accounting, ctx, resp.status, data, e2e)
+            # Recorded once the response is on its way: the router's server has written it already; aiohttp
+            # writes it when the handler returns, before the next loop iteration.
+            if ctx.out.written_on_send:
+                _observe_body(accounting, ctx, resp.status, data, e2e)
+            else:
+                asyncio.get_running_loop().call_soon(_observe_body, accounting, ctx, resp.status, data, e2e)
         except asyncio.CancelledError:
             accounting.client_gone(ctx.pool)
             raise

@@ -27,7 +27,10 @@ class ClientRequest:
 
 class Responder(Protocol):
     """Where a request's answer goes: `send` one whole response, or `start` a stream, `write`, `end`.
-    `write` and `end` raise ConnectionResetError once the client is gone."""
+    `write` and `end` raise ConnectionResetError once the client is gone. `written_on_send`: `send` has handed
+    the bytes to the socket when it returns (else they are written later, after the handler returns)."""
+
+    written_on_send: bool
 
     def send(self, status: int, headers: Mapping[str, str], body: bytes) -> None: ...
 
@@ -50,6 +53,8 @@ def send_json(out: Responder, status: int, obj: Any, headers: Mapping[str, str] 
 
 class AiohttpResponder:
     """A `Responder` for an aiohttp handler: the handler returns `response` once the proxy path is done."""
+
+    written_on_send = False
 
     def __init__(self, request: web.Request) -> None:
         self.request = request
