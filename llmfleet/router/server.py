@@ -338,7 +338,8 @@ class Router(SmallEndpoints):
         t_route = time.perf_counter()
         pool = self.pools[pool_name]
         adapter, adapter_path = (parsed.model, self.adapters[parsed.model][1]) if parsed.model in self.adapters else (None, "")
-        keys, n_tokens = await self._keys(pool, parsed, adapter)
+        keys_now = self._keys_now(pool, parsed, adapter)
+        keys, n_tokens = keys_now if isinstance(keys_now, tuple) else await keys_now
         degraded, reason = False, "primary"
         # An adapter request never goes to a student pool: a student does not hold the adapter (another base).
         if pool.role == "primary" and len(self.pools) > 1 and adapter is None:
@@ -426,15 +427,21 @@ class Router(SmallEndpoints):
         send_json(ctx.out, 503, error_body(f"no replica could serve the request ({last_error})", "service_unavailable"),
                   headers)
 
-    async def _keys(self, pool: PoolRuntime, parsed: ParsedRequest,
-                    adapter: str | None = None) -> tuple[Sequence[int], int]:
+    def _keys_now(self, pool: PoolRuntime, parsed: ParsedRequest,
+                  adapter: str | None = None) -> tuple[Sequence[int], int] | Awaitable[tuple[Sequence[int], int]]:
+        """The prompt's prefix keys and token count, or (a long prompt with a tokenizer) an awaitable of them."""
         if not self.use_prefix:
             return [], max(1, len(parsed.prompt_text) // 4)
         if pool.blocks.tokenizer is not None and len(parsed.prompt_text) > LONG_PROMPT_CHARS:
             # Rendering the chat template and tokenizing 8k tokens take milliseconds: keep the event loop serving
             # other requests meanwhile.
-            return await asyncio.to_thread(self._prompt_keys, pool, parsed, adapter)
-        return self._prompt_keys(pool, parsed, adapter)
+            return asyncio.to_thread(self._prompt_keys, pool, parsed, adapter)
+        return self._prompt_keys(pool, parsed, adapter)  # no coroutine for the usual, short prompt
+
+    async def _keys(self, pool: PoolRuntime, parsed: ParsedRequest,
+                    adapter: str | None = None) -> tuple[Sequence[int], int]:
+        keys = self._keys_now(pool, parsed, adapter)
+        return keys if isinstance(keys, tuple) else await keys
 
     @staticmethod
     def _prompt_keys(pool: PoolRuntime, parsed: ParsedRequest, adapter: str | None) -> tuple[Sequence[int], int]:
