@@ -21,12 +21,14 @@ bytes go to the transport as they come, no response object in between.
 * Back-pressure: a streamed answer waits while the transport's write buffer is above its high-water mark.
 * The client gone: the running handler is cancelled (the proxy then closes its upstream connection, so vLLM
   aborts the request).
-* Malformed HTTP: 400 and close.
+* Malformed HTTP: 400 and close; a request line and headers still incomplete after `MAX_HEAD_BYTES`: 431
+  and close.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections import deque
@@ -37,10 +39,12 @@ from http import HTTPStatus
 import httptools
 
 from llmfleet.router.config import LimitsConfig
+from llmfleet.router.respond import error_body
 
 log = logging.getLogger("llmfleet.router")
 
 MAX_QUEUED = 8  # pipelined requests waiting for their turn before the connection stops reading
+MAX_HEAD_BYTES = 64 * 1024  # request line and headers; more still incomplete: 431 and close
 _IDLE, _HEAD, _BODY = 0, 1, 2
 _PHASE_NAMES = {_HEAD: "header", _BODY: "body"}
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
@@ -183,6 +187,7 @@ class ClientConnection(asyncio.Protocol):
         self._body: list[bytes] = []
         self._size = 0
         self._too_large = False
+        self._head_bytes = 0  # read since the current request's headers began (at most: see data_received)
 
     # -- asyncio.Protocol ---------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -193,14 +198,19 @@ class ClientConnection(asyncio.Protocol):
         parser = self.parser
         if parser is None:
             return
+        if self.phase != _BODY:  # (an upper bound: the read may also hold bodies and whole requests)
+            self._head_bytes += len(data)
         try:
             parser.feed_data(data)
         except httptools.HttpParserUpgrade:  # bytes after an Upgrade/CONNECT are not HTTP: answer what is whole
             self._stop_reading()
         except httptools.HttpParserError as e:
-            self._bad_request(str(e))
+            self._bad_request(f"malformed HTTP request ({e})")
             return
         if self.phase != _IDLE:  # a request still incomplete after this read: its deadline runs
+            if self.phase == _HEAD and self._head_bytes > MAX_HEAD_BYTES:
+                self._bad_request("request headers too large", 431)
+                return
             if self.stamp:
                 self.stamp = False
                 self._restart_clock()
@@ -245,7 +255,7 @@ class ClientConnection(asyncio.Protocol):
         self._headers.setdefault(name.decode("latin-1").lower(), value.decode("latin-1"))
 
     def on_headers_complete(self) -> None:
-        self.phase, self.stamp = _BODY, True
+        self.phase, self.stamp, self._head_bytes = _BODY, True, 0
         if self.parser is None:  # reading stopped earlier in this read (a body too large): ignore the rest
             return
         length = self._headers.get("content-length")
@@ -264,7 +274,7 @@ class ClientConnection(asyncio.Protocol):
             self._body.append(body)
 
     def on_message_complete(self) -> None:
-        self.phase = _IDLE
+        self.phase, self._head_bytes = _IDLE, 0
         if not self._too_large and self.parser is not None:
             self._queue_request(keep_alive=self.parser is not None and self.parser.should_keep_alive())
 
@@ -307,7 +317,7 @@ class ClientConnection(asyncio.Protocol):
             if not ex.started:
                 ex.keep_alive = False
                 ex.send(500, {"Content-Type": "application/json"},
-                        b'{"error": {"message": "internal error", "type": "server_error", "param": null, "code": null}}')
+                        json.dumps(error_body("internal error", "server_error")).encode())
             ex.keep_alive = False
         self.task = None
         if ex.started != 2:  # a stream cut short (or no answer): the client cannot tell where it ends
@@ -377,14 +387,14 @@ class ClientConnection(asyncio.Protocol):
             self.timer.cancel()
             self.timer = None
 
-    def _bad_request(self, reason: str) -> None:
-        """400 and close; while earlier requests are still being answered, close after them (no 400)."""
-        log.debug("malformed request: %s", reason)
+    def _bad_request(self, reason: str, status: int = 400) -> None:
+        """`status` (400: malformed) and close; while earlier requests are still being answered, close after
+        them (no answer to this one)."""
+        log.debug("bad request: %s", reason)
         self._stop_reading()
         if self.task is None and not self.queue and not self.closed:
-            body = b'{"error": {"message": "malformed HTTP request", "type": "invalid_request_error", ' \
-                   b'"param": null, "code": null}}'
-            Exchange(self, "GET", b"/", {}, b"", False, False, False).send(400, {"Content-Type": "application/json"},
+            body = json.dumps(error_body(reason)).encode()
+            Exchange(self, "GET", b"/", {}, b"", False, False, False).send(status, {"Content-Type": "application/json"},
                                                                             body)
             self._close()
 

@@ -22,7 +22,7 @@ from yarl import URL
 
 from llmfleet.router.config import RouterConfig
 from llmfleet.router.http_conn import ClientConnection, Exchange
-from llmfleet.router.respond import ClientRequest
+from llmfleet.router.respond import ClientRequest, error_body, send_json
 from llmfleet.router.server import PROXIED, Router
 
 log = logging.getLogger("llmfleet.router")
@@ -84,8 +84,7 @@ class RouterServer:
             handler = self.router.not_found
         if ex.too_large:
             ex.keep_alive = False
-            ex.send(413, {"Content-Type": "application/json"}, b'{"error": {"message": "request body too large", '
-                    b'"type": "invalid_request_error", "param": null, "code": null}}')
+            send_json(ex, 413, error_body("request body too large"))
             return
         resp = await handler(cast(web.Request, PlainRequest(ex)))
         body = resp.body if isinstance(resp, web.Response) else None

@@ -178,6 +178,18 @@ async def test_malformed_http_gets_400_and_a_close() -> None:
     assert transport.out.startswith(b"HTTP/1.1 400") and transport.closed and handler.seen == []
 
 
+async def test_headers_that_never_end_get_431_and_a_close() -> None:
+    c, handler, transport, _ = connection(asyncio.get_running_loop())
+    c.data_received(b"GET /a HTTP/1.1\r\n")
+    for _ in range(20):
+        c.data_received(b"X-Filler: " + b"y" * 4000 + b"\r\n")
+    assert transport.out.startswith(b"HTTP/1.1 431") and transport.closed and handler.seen == []
+    c, _, transport, _ = connection(asyncio.get_running_loop())
+    c.data_received(b"GET /a HTTP/1.1\r\n" + b"X-Filler: " + b"y" * 30000 + b"\r\n\r\n")  # large, but whole
+    await settle(c)
+    assert transport.out.startswith(b"HTTP/1.1 200") and not transport.closed
+
+
 async def test_whole_requests_run_no_deadline() -> None:
     c, _, transport, timeouts = connection(asyncio.get_running_loop(), header=0.05, body=0.05)
     for _ in range(3):
