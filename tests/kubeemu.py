@@ -511,12 +511,12 @@ async def serve(
         yield emu, str(server.url).rstrip("/")
 
 
-def kubeconfig(url: str) -> dict[str, Any]:
-    """A kubeconfig document pointing at the emulator (no auth)."""
+def kubeconfig(url: str, token: str = "kubeemu") -> dict[str, Any]:
+    """A kubeconfig document pointing at the emulator (its bearer token only matters to tests/rbac_enforcer.py)."""
     return {
         "apiVersion": "v1", "kind": "Config", "current-context": "kubeemu",
         "clusters": [{"name": "kubeemu", "cluster": {"server": url}}],
-        "users": [{"name": "kubeemu", "user": {"token": "kubeemu"}}],
+        "users": [{"name": "kubeemu", "user": {"token": token}}],
         "contexts": [{"name": "kubeemu", "context": {"cluster": "kubeemu", "user": "kubeemu", "namespace": "default"}}],
     }
 

@@ -19,6 +19,7 @@ from llmfleet.api.common import (
     StatusModel,
     cel_rules,
 )
+from llmfleet.api.outliers import OutlierEjection
 from llmfleet.api.storage import ModelUri, StorageSpec
 
 PRIMARY_POOL = "primary"
@@ -206,6 +207,11 @@ class RouterSpec(ApiModel):
         description="vLLM replicas publish their KV-cache events (stored/evicted blocks) and the router corrects its "
         "prefix index from them. Applies to engine vllm with prefix caching on (ray-serve does not publish them); "
         "false turns the event stream off.",
+    )
+    outliers: OutlierEjection = Field(
+        default_factory=OutlierEjection,
+        description="Outlier ejection: the router takes a replica out of rotation for a back-off period when its "
+        "requests fail in a row or it runs far slower than its pool's other replicas (passive health).",
     )
 
     @field_validator("scorers")

@@ -1,16 +1,29 @@
-"""The exact RBAC rules the operator needs, as data: the Helm chart renders its ClusterRole from these and
-tests check the chart against them. No wildcards.
+"""The exact RBAC rules the operator process needs, as data: the Helm chart renders its (Cluster)Roles from
+OPERATOR_RULES (charts/llmfleet/hack/generate.py), tests/unit/test_chart_rbac.py checks the chart against them,
+and the operator and autoscaler integration tests run against an API emulator that answers 403 to every
+request these rules do not grant (tests/rbac_enforcer.py). No wildcards.
 
-Why each rule exists:
-- llmfleet CRs: watch them (kopf), write status, patch an InferenceService's spec/annotations (promotion).
-- events: kopf posts Kubernetes Events (core/v1).
-- namespaces, CRDs: kopf's dynamic scanning of watched namespaces and served resources.
-- kopf peerings: leader election between operator replicas.
-- children: server-side apply (`patch`, plus `create` for the first apply), `get`/`list` to read and prune,
-  `watch` on Deployments and Jobs (their changes reconcile the owner), `delete` to prune removed pools and
-  to restart a failed training gang.
-- endpointslices: the operator creates a Role for each router that grants reading EndpointSlices; Kubernetes
-  only lets it grant permissions it holds itself (RBAC escalation prevention).
+Why each rule exists (the operator process runs kopf, the reconcilers and the autoscaler's kopf timers):
+- llmfleet CRs: kopf lists and watches them and patches them (finalizers, annotations, status); the
+  reconcilers and the autoscaler `get` an InferenceService and patch its spec (promotion, replicas); GPU
+  arbitration lists and patches TrainingJobs; a child's change reads its owner (`get`). Nothing `update`s
+  (PUT): every write is a patch.
+- `/status`: kopf and the child-event handler patch status through the status subresource.
+- events: kopf and the autoscaler post Events (create only).
+- namespaces: kopf lists and watches them to resolve namespace globs (`--namespace 'team-*'`).
+- CRDs: the operator reads a CRD to tell whether an optional API is served (PodGroup, PodMonitor, kopf's
+  peering); kopf lists and watches them to learn served resources.
+- kopf peerings: leader election between operator replicas (kopf watches and patches; the start-up check
+  reads the object).
+- children: server-side apply is a `patch`, plus `create` for the first apply of an object. `list` and
+  `delete` only where the operator prunes (reconcile_isvc.PRUNED_KINDS) or restarts a failed training gang
+  (Jobs); `watch` where kopf watches the kind (Deployments, Jobs; their changes reconcile the owner); `get`
+  on Jobs (with Kueue the operator reads the Job before applying).
+- pods: the autoscaler lists a pool's pods (replica URLs, pending GPUs) and labels/annotates the pod it
+  drains (merge patch); it never deletes one (the Deployment does).
+- endpointslices: the operator creates a Role per router granting the router's discovery rules
+  (llmfleet.router.config.DISCOVERY_RULES); Kubernetes only lets it grant permissions it holds itself (RBAC
+  escalation prevention), so it holds exactly those.
 """
 
 from __future__ import annotations
@@ -18,31 +31,33 @@ from __future__ import annotations
 from typing import Any
 
 from llmfleet.api.contracts import GROUP, INFERENCESERVICE_PLURAL, TRAININGJOB_PLURAL
+from llmfleet.router.config import DISCOVERY_RULES
 
-_CHILD_VERBS = ["get", "list", "create", "patch", "delete"]
-_WATCHED_CHILD_VERBS = ["get", "list", "watch", "create", "patch", "delete"]  # kopf watches these kinds
+_APPLY = ["create", "patch"]  # server-side apply: patch, and create when the object is new
+_APPLY_PRUNE = ["list", "create", "patch", "delete"]  # applied, and pruned when the spec drops them
 
 OPERATOR_RULES: list[dict[str, Any]] = [
     {"apiGroups": [GROUP], "resources": [INFERENCESERVICE_PLURAL, TRAININGJOB_PLURAL],
-     "verbs": ["get", "list", "watch", "patch", "update"]},
+     "verbs": ["get", "list", "watch", "patch"]},
     {"apiGroups": [GROUP], "resources": [f"{INFERENCESERVICE_PLURAL}/status", f"{TRAININGJOB_PLURAL}/status"],
-     "verbs": ["get", "patch", "update"]},
-    {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
-    {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]},
+     "verbs": ["patch"]},
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+    {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},
     {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["get", "list", "watch"]},
     {"apiGroups": ["kopf.dev"], "resources": ["clusterkopfpeerings", "kopfpeerings"],
      "verbs": ["get", "list", "watch", "patch"]},
-    {"apiGroups": [""], "resources": ["configmaps", "services", "serviceaccounts", "persistentvolumeclaims"],
-     "verbs": _CHILD_VERBS},
-    {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": _WATCHED_CHILD_VERBS},
-    {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": _WATCHED_CHILD_VERBS},
-    {"apiGroups": ["batch"], "resources": ["cronjobs"], "verbs": _CHILD_VERBS},
-    {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": _CHILD_VERBS},
-    {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": _CHILD_VERBS},
-    {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles", "rolebindings"], "verbs": _CHILD_VERBS},
-    {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]},
-    {"apiGroups": ["scheduling.x-k8s.io"], "resources": ["podgroups"], "verbs": _CHILD_VERBS},
-    {"apiGroups": ["monitoring.coreos.com"], "resources": ["podmonitors"], "verbs": _CHILD_VERBS},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "patch"]},
+    {"apiGroups": [""], "resources": ["configmaps", "serviceaccounts", "persistentvolumeclaims"], "verbs": _APPLY},
+    {"apiGroups": [""], "resources": ["services"], "verbs": _APPLY_PRUNE},
+    {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["list", "watch", "create", "patch", "delete"]},
+    {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
+    {"apiGroups": ["batch"], "resources": ["cronjobs"], "verbs": _APPLY},
+    {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": _APPLY_PRUNE},
+    {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": _APPLY_PRUNE},
+    {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles", "rolebindings"], "verbs": _APPLY},
+    *({k: list(v) for k, v in rule.items()} for rule in DISCOVERY_RULES),
+    {"apiGroups": ["scheduling.x-k8s.io"], "resources": ["podgroups"], "verbs": _APPLY},
+    {"apiGroups": ["monitoring.coreos.com"], "resources": ["podmonitors"], "verbs": _APPLY},
 ]
 
 

@@ -20,6 +20,7 @@ from pydantic.alias_generators import to_camel
 
 from llmfleet.api.contracts import KV_EVENTS_PORT, REPLICA_PORT, ROUTER_PORT, STORE_URL_ENV, pool_selector
 from llmfleet.api.inferenceservice import DEFAULT_SCORERS, SCORER_NAMES, InferenceService
+from llmfleet.api.outliers import OutlierEjection
 from llmfleet.api.storage import parse_uri
 
 # The router's ConfigMap key and where the operator mounts it (and the tenants Secret) in the router's pod.
@@ -46,6 +47,13 @@ DEFAULT_ADAPTER_WEIGHT = 1.0
 
 class _Model(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+# The Kubernetes API access the router's discovery needs (it lists EndpointSlices; nothing else): the operator
+# grants exactly this to each router's ServiceAccount (builders.inferenceservice.build_router).
+DISCOVERY_RULES: tuple[dict[str, list[str]], ...] = (
+    {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list"]},
+)
 
 
 class KubernetesDiscovery(_Model):
@@ -210,43 +218,8 @@ class LimitsConfig(_Model):
     )
 
 
-class OutlierConfig(_Model):
-    """Outlier ejection (llmfleet.router.outliers): replicas whose requests fail in a row or run far slower than
-    their peers' leave rotation for a back-off period, although their health checks pass."""
-
-    enabled: bool = Field(default=True, description="Eject outliers at all.")
-    consecutive_failures: int = Field(
-        default=3, ge=1,
-        description="Failed attempts in a row that eject a replica: timeouts, HTTP 5xx and streams broken "
-        "mid-response (HTTP 429 is back-pressure; a refused connection marks the replica down instead).",
-    )
-    slow_factor: float = Field(
-        default=3.0, gt=1,
-        description="A replica whose seconds per output token (moving average of attempt time / (1 + output "
-        "tokens)) exceeds this multiple of the median of its peers' is ejected as slow.",
-    )
-    slow_min_seconds_per_token: float = Field(
-        default=0.02, ge=0,
-        description="Below this many seconds per output token no replica counts as slow (noise among fast ones).",
-    )
-    min_requests: int = Field(
-        default=10, ge=1, description="Successful attempts a replica needs before its speed is judged or compared.",
-    )
-    window_requests: int = Field(
-        default=20, ge=1, description="Span of the moving average of seconds per token, in requests.",
-    )
-    interval_seconds: float = Field(default=5.0, gt=0, description="Seconds between two judgements of speed.")
-    base_ejection_seconds: float = Field(
-        default=30.0, gt=0, description="First ejection's length; the n-th ejection lasts n times as long.",
-    )
-    max_ejection_seconds: float = Field(
-        default=300.0, gt=0,
-        description="Bound on one ejection's length; each such period back in rotation lowers the multiplier by one.",
-    )
-    max_ejection_percent: float = Field(
-        default=50.0, ge=0, le=100,
-        description="Most of a pool's replicas (percent, rounded down) ejected at once; its last replica never is.",
-    )
+# Outlier ejection's settings are the InferenceService API's (spec.router.outliers): one definition.
+OutlierConfig = OutlierEjection
 
 
 class TenantConfig(_Model):
@@ -452,4 +425,5 @@ def router_config_from_service(
             limit_share=1.0 / spec.router.replicas,
         ),
         upstream_api_key_env=UPSTREAM_API_KEY_ENV if spec.router.upstream_key_secret else None,
+        outliers=spec.router.outliers.model_copy(),
     )

@@ -140,3 +140,24 @@ def test_yaml_syntax_error_is_a_manifest_error_naming_the_line() -> None:
 def test_negative_scorer_weight_rejected() -> None:
     with pytest.raises(ManifestError, match="scorers.queue-depth"):
         parse_resource(_isvc(router={"scorers": {"queue-depth": -1}}))
+
+
+@pytest.mark.parametrize(("outliers", "path"), [
+    ({"consecutiveFailures": 0}, "spec.router.outliers.consecutiveFailures"),
+    ({"slowFactor": 1.0}, "spec.router.outliers.slowFactor"),
+    ({"maxEjectionPercent": 101}, "spec.router.outliers.maxEjectionPercent"),
+    ({"baseEjectionSeconds": 0}, "spec.router.outliers.baseEjectionSeconds"),
+    ({"ejectAfter": 3}, "spec.router.outliers.ejectAfter"),
+])
+def test_outlier_ejection_bad_values_name_the_field(outliers: dict, path: str) -> None:
+    with pytest.raises(ManifestError) as info:
+        parse_resource(_isvc(router={"outliers": outliers}))
+    assert [p for p, _ in info.value.problems] == [path]
+
+
+def test_outlier_ejection_defaults_are_the_routers() -> None:
+    from llmfleet.router.config import OutlierConfig
+
+    isvc = parse_resource(_isvc())
+    assert isinstance(isvc, InferenceService)
+    assert isvc.spec.router.outliers == OutlierConfig()

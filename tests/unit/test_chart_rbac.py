@@ -138,3 +138,30 @@ def test_peering_permissions_match_the_mode() -> None:
 
 def test_rbac_can_be_turned_off() -> None:
     assert render("rbac.create=false") == []
+
+
+def test_chart_grants_the_autoscaler_its_pod_access() -> None:
+    """The autoscaler runs in the operator process: it lists a pool's pods and labels the one it drains
+    (tests/integration/autoscaler runs it against an emulator that enforces these very rules)."""
+    granted = triples(next(d for d in render() if d["kind"] == "ClusterRole")["rules"])
+    assert {("", "pods", "list", ""), ("", "pods", "patch", "")} <= granted
+    assert not {t for t in granted if t[1] == "pods" and t[2] not in ("list", "patch")}
+
+
+@pytest.mark.parametrize("sets", [(), ("operator.watchNamespaces={ml}",)])
+def test_chart_lets_the_operator_grant_each_router_its_role(sets: tuple[str, ...]) -> None:
+    """Kubernetes refuses a Role that grants more than its creator holds (escalation prevention): the router
+    Role the operator applies must be covered by what the chart gives the operator, in either mode."""
+    from llmfleet.api import InferenceService
+    from llmfleet.operator.builders import build_inferenceservice
+    from llmfleet.operator.config import OperatorConfig
+
+    isvc = InferenceService.model_validate({
+        "apiVersion": "llmfleet.io/v1alpha1", "kind": "InferenceService", "metadata": {"name": "a", "namespace": "ml", "uid": "u"},
+        "spec": {"model": {"path": "/m"}, "resources": {"gpus": 1}},
+    })
+    (role,) = [m for m in build_inferenceservice(isvc, OperatorConfig()) if m["kind"] == "Role"]
+    docs = render(*sets)
+    held = set().union(*(triples(d["rules"]) for d in docs
+                         if d["kind"] == "ClusterRole" or (d["kind"] == "Role" and d["metadata"]["namespace"] == "ml")))
+    assert triples(role["rules"]) <= held

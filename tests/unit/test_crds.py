@@ -170,3 +170,11 @@ def test_schema_rejects_unknown_fields_and_bad_enums() -> None:
         jsonschema.validate({"model": {"path": "/m"}, "vllm": {"kvCacheDtype": "int3"}}, schema)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({"model": {"path": "/m"}, "replicaz": 2}, schema)
+
+
+def test_schema_rejects_bad_outlier_ejection_values() -> None:
+    schema = _to_jsonschema(_schema("InferenceService")["properties"]["spec"])
+    jsonschema.validate({"model": {"path": "/m"}, "router": {"outliers": {"consecutiveFailures": 5}}}, schema)
+    for bad in ({"consecutiveFailures": 0}, {"slowFactor": 1}, {"maxEjectionPercent": 101}, {"ejectAfter": 1}):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate({"model": {"path": "/m"}, "router": {"outliers": bad}}, schema)

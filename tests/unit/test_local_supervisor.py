@@ -161,3 +161,12 @@ def test_a_store_url_from_a_secret_stays_out_of_the_local_router_config(tmp_path
     plain = Supervisor(isvc(featureStore={"url": f"sqlite:///{tmp_path / 'plain.db'}"}), tmp_path / "plain",
                        prometheus=False)
     assert RouterConfig.from_yaml(plain.write_router_config().read_text()).feature_store.url.endswith("plain.db")
+
+
+def test_llmfleet_up_router_config_carries_outlier_ejection(tmp_path: Path) -> None:
+    """`llmfleet up` writes the same spec.router.outliers into its router.yaml as the operator's ConfigMap."""
+    from llmfleet.router.config import RouterConfig
+
+    sup = Supervisor(isvc(router={"outliers": {"consecutiveFailures": 7, "enabled": False}}), tmp_path, prometheus=False)
+    cfg = RouterConfig.from_yaml(sup.write_router_config().read_text())
+    assert cfg.outliers.consecutive_failures == 7 and cfg.outliers.enabled is False

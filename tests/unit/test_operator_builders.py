@@ -16,7 +16,7 @@ from llmfleet.api.contracts import KV_EVENTS_PORT, child_name
 from llmfleet.operator.builders import ServiceSpecError, build_inferenceservice, build_trainingjob
 from llmfleet.operator.builders.trainingjob import job_name
 from llmfleet.operator.config import Capabilities, OperatorConfig
-from llmfleet.router.config import RouterConfig
+from llmfleet.router.config import OutlierConfig, RouterConfig
 from llmfleet.workers.serve.vllm_args import InvalidServeSpec, render_vllm_args, validate_pool
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -332,3 +332,19 @@ def test_kv_events_on_by_default_for_vllm() -> None:
     no_cache = build_inferenceservice(_isvc(vllm={"enablePrefixCaching": False}), FULL)
     assert _kv_events(no_cache, "primary") == (None, [8000], None)
     assert _kv_events(no_cache, "student")[2] == KV_EVENTS_PORT  # the student has its own vllm spec
+
+
+def _router_config(isvc: InferenceService) -> RouterConfig:
+    configmap = _by(build_inferenceservice(isvc, FULL), "ConfigMap", "chat-router")
+    return RouterConfig.from_yaml(configmap["data"]["router.yaml"])
+
+
+def test_router_configmap_carries_outlier_ejection() -> None:
+    assert _router_config(_isvc()).outliers == OutlierConfig()
+    tuned = {"consecutiveFailures": 5, "slowFactor": 4.0, "maxEjectionPercent": 34, "baseEjectionSeconds": 10}
+    cfg = _router_config(_isvc(router={"outliers": tuned}))
+    assert (cfg.outliers.consecutive_failures, cfg.outliers.slow_factor, cfg.outliers.max_ejection_percent,
+            cfg.outliers.base_ejection_seconds) == (5, 4.0, 34, 10)
+    default = OutlierConfig()
+    assert cfg.outliers.max_ejection_seconds == default.max_ejection_seconds  # unset fields keep the defaults
+    assert _router_config(_isvc(router={"outliers": {"enabled": False}})).outliers.enabled is False

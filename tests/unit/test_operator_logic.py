@@ -139,6 +139,9 @@ def test_job_outcome() -> None:
 
 
 def test_rbac_covers_every_child_and_has_no_wildcards() -> None:
+    from llmfleet.operator.reconcile_isvc import PRUNED_KINDS
+    from llmfleet.router.config import DISCOVERY_RULES
+
     for rule in rbac.OPERATOR_RULES:
         for key in ("apiGroups", "resources", "verbs"):
             assert "*" not in rule[key]
@@ -156,13 +159,19 @@ def test_rbac_covers_every_child_and_has_no_wildcards() -> None:
     })
     full = OperatorConfig(capabilities=Capabilities(True, True))
     children = build_inferenceservice(isvc, full) + build_trainingjob(tj, full)
-    for m in children:
+    for m in children:  # server-side apply: patch, and create for a new object
         group = m["apiVersion"].rpartition("/")[0]
         plural, _ = plural_of(m["apiVersion"], m["kind"])
-        for verb in ("get", "create", "patch", "delete", "list"):
+        for verb in ("create", "patch"):
             assert rbac.allows(group, plural, verb), (m["kind"], verb)
-    # The router Role may only be granted if the operator holds it (escalation prevention).
+    for api_version, kind in PRUNED_KINDS:  # listed and deleted by the prune
+        plural, _ = plural_of(api_version, kind)
+        for verb in ("list", "delete"):
+            assert rbac.allows(api_version.rpartition("/")[0], plural, verb), (kind, verb)
+    # The router Role may only be granted if the operator holds it (escalation prevention); it is exactly
+    # the router's discovery rules (the router only lists EndpointSlices).
     role = next(m for m in children if m["kind"] == "Role")
+    assert role["rules"] == [dict(r) for r in DISCOVERY_RULES]
     for rule in role["rules"]:
         for verb in rule["verbs"]:
             assert rbac.allows(rule["apiGroups"][0], rule["resources"][0], verb)
@@ -172,7 +181,11 @@ def test_rbac_covers_every_child_and_has_no_wildcards() -> None:
     assert rbac.allows("apps", "deployments", "watch") and rbac.allows("batch", "jobs", "watch")
     assert rbac.allows("llmfleet.io", "trainingjobs/status", "patch")
     assert rbac.allows("kopf.dev", "clusterkopfpeerings", "patch")
-    assert not rbac.allows("", "pods", "get")  # worker status comes over HTTP, not the API
+    # The autoscaler (in the operator process) lists and labels pods; worker status comes over HTTP.
+    assert rbac.allows("", "pods", "list") and rbac.allows("", "pods", "patch")
+    assert not rbac.allows("", "pods", "get") and not rbac.allows("", "pods", "delete")
+    # Every write is a patch (kopf and llmfleet's client never PUT).
+    assert not any("update" in r["verbs"] for r in rbac.OPERATOR_RULES)
 
 
 def test_plurals_come_from_lightkube_and_our_crds() -> None:

@@ -68,6 +68,38 @@ def test_residual_stream_cast_to_bf16() -> None:
     assert torch.isfinite(loss)
 
 
+def test_final_norm_runs_inside_the_compiled_loss_region() -> None:
+    """The loss function gets the last block's output and the final norm (so compile fuses the norm with the
+    LM head and cross-entropy), and the loss equals norm -> LM head -> cross-entropy done step by step."""
+    from llmfleet.workers.train.model import cross_entropy
+    from llmfleet.workers.train.parallelize import apply_compile
+
+    torch.manual_seed(0)
+    model = Transformer(ModelArgs(layers=2, hidden=32, heads=4, kv_heads=2, ffn=64, vocab=128, seq_len=16))
+    model.init_weights(0)
+    with torch.no_grad():
+        model.norm.weight.mul_(torch.linspace(0.5, 1.5, 32))  # a norm that is not the identity scale
+    x, y = torch.randint(0, 128, (2, 16)), torch.randint(0, 128, (2, 16))
+    seen: list[tuple[torch.Tensor, object]] = []
+    loss_fn = model.loss_fn
+
+    def spy(h: torch.Tensor, norm: object, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        seen.append((h, norm))
+        return loss_fn(h, norm, weight, targets)  # type: ignore[arg-type]
+
+    model.loss_fn = spy
+    loss = model(x, y)
+    (h, norm), = seen
+    assert norm is model.norm
+    assert torch.allclose(h, model.hidden_states(x, final_norm=False))
+    expected = cross_entropy(model.norm(model.hidden_states(x, final_norm=False)), model.lm_head.weight, y)
+    assert torch.allclose(loss, expected)
+    assert torch.allclose(expected, cross_entropy(model.hidden_states(x), model.lm_head.weight, y))
+    model.loss_fn = loss_fn
+    apply_compile(model)
+    assert torch.allclose(model(x, y), expected, atol=1e-5)
+
+
 def test_sliding_window_equals_full_attention_when_window_covers_sequence() -> None:
     full = _model()
     wide = Transformer(ModelArgs(**{**TINY.__dict__, "sliding_window": 32}))

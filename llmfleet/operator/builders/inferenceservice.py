@@ -42,6 +42,7 @@ from llmfleet.operator.builders.security import ENGINE_SCRATCH, restricted
 from llmfleet.operator.builders.storage import PodStorage, StorageSpecError, fetch_image
 from llmfleet.operator.config import OperatorConfig
 from llmfleet.router.config import (
+    DISCOVERY_RULES,
     ROUTER_CONFIG_DIR,
     ROUTER_CONFIG_KEY,
     ROUTER_MODEL_FILES,
@@ -267,7 +268,7 @@ def build_router(isvc: InferenceService, config: OperatorConfig) -> list[Manifes
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
         "metadata": metadata(isvc, name, labels),
-        "rules": [{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]}],
+        "rules": [{k: list(v) for k, v in rule.items()} for rule in DISCOVERY_RULES],
     }
     binding = {
         "apiVersion": "rbac.authorization.k8s.io/v1",

@@ -154,9 +154,16 @@ class Block(nn.Module):
 
 
 def cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Output projection + mean token cross-entropy in fp32; compiled as one region by parallelize."""
+    """Output projection + mean token cross-entropy in fp32."""
     logits = F.linear(h, weight)
     return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def norm_cross_entropy(h: torch.Tensor, norm: RMSNorm, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Final norm + output projection + cross-entropy: compiled as one region by parallelize. The norm belongs
+    here rather than after the last block: run eagerly it is seven fp32 kernels over the (tokens x hidden)
+    activations forward and more backward: 0.9 % of a one-GPU fp8 step on the 0.9B reference model (H200)."""
+    return cross_entropy(norm(h), weight, targets)
 
 
 class Transformer(nn.Module):
@@ -173,7 +180,7 @@ class Transformer(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         self._block_mask: Any = None
-        self.loss_fn = cross_entropy  # parallelize.apply_compile swaps in a compiled version
+        self.loss_fn = norm_cross_entropy  # parallelize.apply_compile swaps in a compiled version
 
     @torch.no_grad()
     def init_weights(self, seed: int) -> None:
@@ -195,7 +202,8 @@ class Transformer(nn.Module):
         buf_sin.copy_(sin)
         torch.random.set_rng_state(gen_state)
 
-    def hidden_states(self, tokens: torch.Tensor) -> torch.Tensor:
+    def hidden_states(self, tokens: torch.Tensor, final_norm: bool = True) -> torch.Tensor:
+        """The last block's output, after the final norm unless `final_norm` is False."""
         h = self.embed_tokens(tokens)
         mask = None
         if self.args.sliding_window and self.args.sliding_window < tokens.shape[1]:
@@ -210,11 +218,10 @@ class Transformer(nn.Module):
             mask = self._block_mask
         for layer in self.layers:
             h = layer(h, self.rope_cos, self.rope_sin, mask)
-        return cast(torch.Tensor, self.norm(h))
+        return cast(torch.Tensor, self.norm(h)) if final_norm else h
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         """Logits (B, S, V), or the mean cross-entropy when targets are given."""
-        h = self.hidden_states(tokens)
         if targets is not None:
-            return self.loss_fn(h, self.lm_head.weight, targets)
-        return cast(torch.Tensor, self.lm_head(h))
+            return self.loss_fn(self.hidden_states(tokens, final_norm=False), self.norm, self.lm_head.weight, targets)
+        return cast(torch.Tensor, self.lm_head(self.hidden_states(tokens)))

@@ -29,7 +29,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from llmfleet.workers.train import float8
-from llmfleet.workers.train.model import Transformer, cross_entropy
+from llmfleet.workers.train.model import Transformer, norm_cross_entropy
 
 
 def build_mesh(device_type: str, world_size: int, replicate_groups: int) -> DeviceMesh:
@@ -61,11 +61,11 @@ def apply_activation_checkpointing(model: Transformer, mode: str) -> None:
 
 def apply_compile(model: Transformer, mode: str | None = None) -> None:
     """Compile each block on its own (one graph reused L times: short compile, no recompiles) and the
-    output projection + cross-entropy as one fused region. Static shapes: the microBatch probe runs other
-    batch sizes first, and a dynamic-shape recompile would leave the run on slower symbolic kernels."""
+    final norm + output projection + cross-entropy as one fused region. Static shapes: the microBatch probe
+    runs other batch sizes first, and a dynamic-shape recompile would leave the run on slower symbolic kernels."""
     for i, block in enumerate(model.layers):
         model.layers[i] = torch.compile(block, fullgraph=True, mode=mode, dynamic=False)  # type: ignore[assignment]
-    model.loss_fn = torch.compile(cross_entropy, fullgraph=True, mode=mode, dynamic=False)
+    model.loss_fn = torch.compile(norm_cross_entropy, fullgraph=True, mode=mode, dynamic=False)
 
 
 def apply_fsdp(

@@ -10,6 +10,7 @@ from typing import Any
 
 import kubeemu  # tests/conftest.py puts tests/ on sys.path
 import pytest
+import rbac_enforcer
 
 from llmfleet.api.contracts import (
     AUTOSCALER_STATE_ANNOTATION,
@@ -23,6 +24,7 @@ from llmfleet.autoscaler.actuation import ObservedReplica
 from llmfleet.autoscaler.arbitration import ServingNeed
 from llmfleet.autoscaler.kube import KubernetesActuator, apply_arbitration, pending_gpus
 from llmfleet.kube.client import ApiError, KubeClient
+from llmfleet.operator.rbac import OPERATOR_RULES
 
 ROOT = Path(__file__).resolve().parents[3]
 TJ, IS = "llmfleet.io/v1alpha1/trainingjobs", "llmfleet.io/v1alpha1/inferenceservices"
@@ -30,15 +32,22 @@ TJ, IS = "llmfleet.io/v1alpha1/trainingjobs", "llmfleet.io/v1alpha1/inferenceser
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 
+TOKEN = "llmfleet-operator"
+
+
 @pytest.fixture
 async def cluster() -> AsyncIterator[tuple[Any, KubeClient]]:
-    """The emulator with llmfleet's CRDs, and a client of it."""
+    """The emulator with llmfleet's CRDs, and a client of it with the operator's RBAC (the autoscaler runs in
+    the operator process): a request the chart does not grant is answered 403 and fails the test. The tests
+    set objects up directly in the emulator (`emu.put`), as a cluster admin would."""
     async with kubeemu.serve(crds=ROOT / "crds") as (emu, url):
-        client = KubeClient.for_server(url)
+        enforcer = rbac_enforcer.enforce(emu, OPERATOR_RULES, token=TOKEN)
+        client = KubeClient.for_server(url, token=TOKEN)
         try:
             yield emu, client
         finally:
             await client.close()
+        enforcer.assert_clean()
 
 
 ISVC = {
@@ -62,9 +71,9 @@ def events_for(emu: Any, name: str) -> list[str]:
 
 async def test_arbitration_suspends_then_resumes_lower_priority_job(cluster: tuple[Any, KubeClient]) -> None:
     emu, client = cluster
-    isvc = await client.create(ISVC)
+    isvc = await emu.put(IS, ISVC)
     for name, prio in (("low", -10), ("high", 100)):
-        await client.create(job(name, prio))
+        await emu.put(TJ, job(name, prio))
     burning = ServingNeed("chat", priority=0, burning=True, gpus_missing=3, gpus_surplus=0)
     actions = await apply_arbitration(client, isvc, burning)
     assert [(a.job, a.action) for a in actions] == [("low", "suspend")]
@@ -103,7 +112,7 @@ def pod(name: str, pool: str, *, ready: bool = True, ip: str | None = "10.0.0.1"
 
 async def test_kubernetes_actuator_patches_pool_replicas_and_state_annotation(cluster: tuple[Any, KubeClient]) -> None:
     emu, client = cluster
-    await client.create(ISVC)
+    await emu.put(IS, ISVC)
     act = KubernetesActuator("chat", "default", client)
     await act.set_replicas({"primary": 5, "small": 2}, reason="test", state_json='{"primary":{}}')
     obj = emu.get(IS, "default", "chat")
@@ -120,10 +129,10 @@ async def test_kubernetes_actuator_patches_pool_replicas_and_state_annotation(cl
 
 async def test_kubernetes_actuator_lists_and_drains_pods(cluster: tuple[Any, KubeClient]) -> None:
     emu, client = cluster
-    await client.create(ISVC)
+    await emu.put(IS, ISVC)
     for p in (pod("chat-b", "primary", ip="10.0.0.2"), pod("chat-a", "primary", ready=False),
               pod("chat-s", "small", ip=None)):
-        await client.create(p)
+        await emu.put("v1/pods", p)
     act = KubernetesActuator("chat", "default", client, probe=_idle)
     assert await act.list_replicas("primary") == [
         ObservedReplica("primary", "chat-a", "http://10.0.0.1:8000", ready=False),
@@ -139,12 +148,12 @@ async def test_kubernetes_actuator_lists_and_drains_pods(cluster: tuple[Any, Kub
 
 
 async def test_pending_gpus_counts_unschedulable_pods(cluster: tuple[Any, KubeClient]) -> None:
-    _emu, client = cluster
+    emu, client = cluster
     for p in (pod("p1", "primary", phase="Pending", unschedulable=True),
               pod("p2", "primary", phase="Pending"),  # pending, but scheduled (pulling the image)
               pod("p3", "primary"),
               pod("s1", "small", phase="Pending", unschedulable=True)):
-        await client.create(p)
+        await emu.put("v1/pods", p)
     isvc = parse_resource({**ISVC, "spec": {**ISVC["spec"], "fallback": {"pools": [
         {"name": "small", "model": {"path": "/s"}, "replicas": 0, "resources": {"gpus": 2}}]}}})
     assert await pending_gpus(client, isvc) == 1 + 2
@@ -152,3 +161,26 @@ async def test_pending_gpus_counts_unschedulable_pods(cluster: tuple[Any, KubeCl
 
 async def _idle(_replica: ObservedReplica) -> float:
     return 0.0
+
+
+async def test_a_missing_grant_is_refused_and_reported(cluster: tuple[Any, KubeClient]) -> None:
+    """The emulator's RBAC bites: without `patch` on pods the drain is answered 403 and the denial is named
+    (what the fixture's check reports when the code outgrows OPERATOR_RULES)."""
+    emu, operator_client = cluster
+    await emu.put(IS, ISVC)
+    await emu.put("v1/pods", pod("chat-b", "primary", ip="10.0.0.2"))
+    without = [{**r, "verbs": [v for v in r["verbs"] if v != "patch"]} if "pods" in r["resources"] else r
+               for r in OPERATOR_RULES]
+    enforcer = rbac_enforcer.enforce(emu, without, token="no-pod-patch")
+    client = KubeClient.for_server(operator_client.config.cluster.server, token="no-pod-patch")
+    try:
+        granted = KubernetesActuator("chat", "default", operator_client)
+        assert [r.name for r in await granted.list_replicas("primary")] == ["chat-b"]
+        act = KubernetesActuator("chat", "default", client, probe=_idle)
+        assert [r.name for r in await act.list_replicas("primary")] == ["chat-b"]  # list is still granted
+        with pytest.raises(ApiError) as err:
+            await act.drain_and_remove(ObservedReplica("primary", "chat-b", "http://10.0.0.2:8000"), timeout_s=1)
+    finally:
+        await client.close()
+    assert err.value.status == 403
+    assert enforcer.denied == {("patch", "", "pods")}

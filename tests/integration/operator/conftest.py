@@ -14,6 +14,7 @@ from typing import Any
 
 import kubeemu  # tests/conftest.py puts tests/ on sys.path
 import pytest
+import rbac_enforcer
 import yaml
 
 # Fast timers for tests; read when llmfleet.operator.handlers is first imported (kopf fixes timer intervals).
@@ -23,6 +24,8 @@ os.environ.setdefault("LLMFLEET_AUTOSCALER_TICK", "1")
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 CRDS = ROOT / "crds"
+# The operator's bearer token: the emulator authorizes its requests against the chart's rules (OPERATOR_RULES).
+OPERATOR_TOKEN = "llmfleet-operator"
 
 
 
@@ -75,7 +78,7 @@ class Operator:
         from llmfleet.operator.run import RunOptions
 
         config = options.pop("config", None) or OperatorConfig(timer_interval_seconds=1.0)
-        self.runtime = Runtime(config=config, connection=kopf.ConnectionInfo(server=url))
+        self.runtime = Runtime(config=config, connection=kopf.ConnectionInfo(server=url, token=OPERATOR_TOKEN))
         defaults: dict[str, Any] = {"metrics_port": None, "liveness_port": None, "standalone": True, "autoscaler": False}
         self.options = RunOptions(runtime=self.runtime, **{**defaults, **options})
         self.stop_flag = threading.Event()
@@ -112,10 +115,18 @@ class Operator:
 
 @pytest.fixture
 async def cluster() -> AsyncIterator[tuple[Any, str]]:
+    """The emulator with llmfleet's and kopf's CRDs. Operators started by the fixtures below get exactly the
+    chart's RBAC (OPERATOR_RULES): a request outside it is answered 403 and fails the test at teardown."""
+    from llmfleet.operator.rbac import OPERATOR_RULES
+
     async with kubeemu.serve(CRDS) as (emu, url):
         for crd in KOPF_PEERING_CRDS:
             emu.add_crd(crd)
+        enforcer = rbac_enforcer.enforce(emu, OPERATOR_RULES, token=OPERATOR_TOKEN)
         yield emu, url
+    assert not enforcer.denied, (
+        "the operator made requests its RBAC (llmfleet/operator/rbac.py) does not grant: " + repr(sorted(enforcer.denied))
+    )
 
 
 @pytest.fixture
@@ -179,7 +190,7 @@ async def spawn(tmp_path: pathlib.Path) -> AsyncIterator[Any]:
 
     async def start(url: str, *args: str) -> OperatorProcess:
         cfg = tmp_path / f"kubeconfig-{len(started)}"
-        cfg.write_text(yaml.safe_dump(kubeemu.kubeconfig(url)))
+        cfg.write_text(yaml.safe_dump(kubeemu.kubeconfig(url, token=OPERATOR_TOKEN)))
         log = tmp_path / f"operator-{len(started)}.log"
         env = {**os.environ, "KUBECONFIG": str(cfg), "LLMFLEET_RECONCILE_INTERVAL": "1",
                "KUBERNETES_SERVICE_HOST": ""}

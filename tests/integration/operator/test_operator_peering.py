@@ -9,7 +9,8 @@ from typing import Any
 
 import kubeemu
 import pytest
-from operator_testkit import CRDS, Operator, eventually, isvc_manifest
+import rbac_enforcer
+from operator_testkit import CRDS, OPERATOR_TOKEN, Operator, eventually, isvc_manifest
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -19,9 +20,14 @@ DEPLOY = "apps/v1/deployments"
 
 @pytest.fixture
 async def bare_cluster() -> AsyncIterator[tuple[Any, str]]:
-    """The llmfleet CRDs only (as after `kubectl apply -f crds/`): no kopf peering resource."""
+    """The llmfleet CRDs only (as after `kubectl apply -f crds/`): no kopf peering resource. The operator gets
+    the chart's RBAC, as in the `cluster` fixture."""
+    from llmfleet.operator.rbac import OPERATOR_RULES
+
     async with kubeemu.serve(CRDS) as (emu, url):
+        enforcer = rbac_enforcer.enforce(emu, OPERATOR_RULES, token=OPERATOR_TOKEN)
         yield emu, url
+    assert not enforcer.denied, sorted(enforcer.denied)
 
 
 async def test_missing_peering_resource_exits_1_with_one_line(bare_cluster: Any, spawn: Any) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 import kmock
 import pytest
-from operator_testkit import eventually, isvc_manifest, tj_manifest
+from operator_testkit import OPERATOR_TOKEN, eventually, isvc_manifest, tj_manifest
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -227,6 +227,6 @@ async def test_a_live_peer_with_the_same_kopf_priority_is_refused_at_start(clust
     await emu.put("kopf.dev/v1/clusterkopfpeerings",
                   {"metadata": {"name": "llmfleet"}, "status": {"someone-else": taken}})
     opts = RunOptions(peering="llmfleet", priority=0, identity="me", metrics_port=None, liveness_port=None,
-                      autoscaler=False, connection=kopf.ConnectionInfo(server=url))
+                      autoscaler=False, connection=kopf.ConnectionInfo(server=url, token=OPERATOR_TOKEN))
     with pytest.raises(PeeringConflict, match="live peer 'someone-else' has the same kopf priority"):
         await asyncio.wait_for(run_async(opts), 20)
