@@ -55,8 +55,8 @@ class _Family(Collector):
         self.name, self.documentation, self.labelnames = name, documentation, tuple(labelnames)
         self.bounds = None if buckets is None else tuple(float(b) for b in buckets if b != float("inf"))
         self.children: dict[tuple[str, ...], Any] = {}
-        if not self.labelnames:
-            self.labels()  # exposed from the start, zero (as prometheus_client does)
+        # without labels: the one child, exposed from the start at zero (as prometheus_client does)
+        self._only = self.labels() if not self.labelnames else None
         registry.register(self)
 
     def labels(self, *values: str) -> Any:
@@ -68,10 +68,10 @@ class _Family(Collector):
         return child
 
     def inc(self, amount: float = 1.0) -> None:
-        self.labels().inc(amount)
+        (self._only or self.labels()).inc(amount)
 
     def observe(self, amount: float) -> None:
-        self.labels().observe(amount)
+        (self._only or self.labels()).observe(amount)
 
     def collect(self) -> Iterator[Any]:
         if self.bounds is None:
