@@ -510,6 +510,7 @@ async def test_scale_from_zero_holds_requests_and_wakes_the_autoscaler(fakes, ro
     # The deadline: no replica in time -> 503 with Retry-After, nothing hangs.
     replica.healthy = False
     late = await routers(cfg(hold_timeout_seconds=0.3))
+    await wait_for(lambda: not late.router.pools["primary"].replicas.routable())  # its first health check
     async with http.post(late.url + "/v1/chat/completions", json=CHAT) as resp:
         assert resp.status == 503 and "became ready within" in (await resp.json())["error"]["message"]
         assert resp.headers["Retry-After"]
