@@ -319,6 +319,76 @@ def route_decision_bench(n_blocks: int = 100_000, prompt_tokens: int = 8192, rep
             "index_update_p50_us": quantile(update_t, 0.5), "tokenize_8k_us": tok_us if tok_us is not None else float("nan")}
 
 
+async def start_router(name: str, cmd: list[str] | str, tmp: Path) -> tuple[subprocess.Popen[bytes], str] | str:
+    """Start one router on a free port and wait until it answers; the reason it cannot run otherwise."""
+    if isinstance(cmd, str):
+        return cmd
+    port = free_port()
+    if name == "llmfleet":
+        cmd = [*cmd, "--port", str(port)]
+    else:
+        cmd = [c.replace("{port}", str(port)).replace("{pport}", str(free_port())) for c in cmd]
+    proc = start(cmd, tmp / f"{name}.log")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        await wait_ready(url)
+    except RuntimeError as e:
+        stop(proc)
+        return f"did not start: {e}; log {tmp / (name + '.log')}"
+    return proc, url
+
+
+async def head_to_head(commands: dict[str, list[str] | str], tmp: Path, rounds: int, duration: float,
+                       concurrency: int) -> dict[str, Any]:
+    """Closed-loop rounds with every router up at once, measured one after another in an order that rotates
+    each round: on a shared machine a change of load then falls on all routers alike rather than on whichever
+    ran at that moment. Per round and mode: req/s and the router's CPU per request. Kept: every round, the
+    medians, and per round llmfleet's ratio to each peer (req/s: llmfleet / peer; CPU: peer us / llmfleet us,
+    so above 1 is llmfleet ahead in both)."""
+    up: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
+    skipped: dict[str, str] = {}
+    try:
+        for name, cmd in commands.items():
+            started = await start_router(name, cmd, tmp)
+            if isinstance(started, str):
+                skipped[name] = started
+            else:
+                up[name] = started
+        names = list(up)
+        per: dict[str, dict[str, list[dict[str, float]]]] = {n: {"nonstream": [], "stream": []} for n in names}
+        for r in range(rounds):
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                proc, url = up[name]
+                for stream in (False, True):
+                    mode = "stream" if stream else "nonstream"
+                    cpu0 = cpu_seconds(proc.pid)
+                    res = await closed_loop(url, concurrency, duration, stream)
+                    cpu_us = (cpu_seconds(proc.pid) - cpu0) * 1e6 / max(1, res["requests"])
+                    per[name][mode].append({"rps": res["max_rps"], "cpu_us": cpu_us, "errors": res["errors"]})
+            print(f"head-to-head round {r + 1}/{rounds}:", {n: {m: round(v[m][-1]["rps"]) for m in v}
+                                                            for n, v in per.items()}, flush=True)
+    finally:
+        for proc, _ in up.values():
+            stop(proc)
+    out: dict[str, Any] = {"rounds": rounds, "duration_s": duration, "concurrency": concurrency, "skipped": skipped,
+                           "routers": {}, "llmfleet_vs": {}}
+    for name, modes in per.items():
+        out["routers"][name] = {m: {"rounds": rows, "rps_median": statistics.median(x["rps"] for x in rows),
+                                    "cpu_us_median": statistics.median(x["cpu_us"] for x in rows)}
+                                for m, rows in modes.items() if rows}
+    if "llmfleet" in per:
+        for peer in (n for n in per if n != "llmfleet"):
+            ratios: dict[str, Any] = {}
+            for m in ("nonstream", "stream"):
+                ours, theirs = per["llmfleet"][m], per[peer][m]
+                rps = [a["rps"] / b["rps"] for a, b in zip(ours, theirs, strict=True) if b["rps"]]
+                cpu = [b["cpu_us"] / a["cpu_us"] for a, b in zip(ours, theirs, strict=True) if a["cpu_us"]]
+                ratios[m] = {"rps_ratio_per_round": rps, "rps_ratio_median": statistics.median(rps) if rps else None,
+                             "cpu_ratio_per_round": cpu, "cpu_ratio_median": statistics.median(cpu) if cpu else None}
+            out["llmfleet_vs"][peer] = ratios
+    return out
+
+
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="router-bench-"))
     procs: list[subprocess.Popen[bytes]] = []
@@ -340,24 +410,13 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             proc = None
             if name == "direct":
                 url = backends[0]
-            elif isinstance(cmd, str):
-                results["skipped"][name] = cmd
-                print(f"{name}: skipped: {cmd}")
-                continue
             else:
-                port = free_port()
-                if name == "llmfleet":
-                    cmd = [*cmd, "--port", str(port)]
-                else:
-                    cmd = [c.replace("{port}", str(port)).replace("{pport}", str(free_port())) for c in cmd]
-                proc = start(cmd, tmp / f"{name}.log")
-                url = f"http://127.0.0.1:{port}"
-                try:
-                    await wait_ready(url)
-                except RuntimeError as e:
-                    results["skipped"][name] = f"did not start: {e}; log {tmp / (name + '.log')}"
-                    stop(proc)
+                started = await start_router(name, cmd, tmp)
+                if isinstance(started, str):
+                    results["skipped"][name] = started
+                    print(f"{name}: skipped: {started}")
                     continue
+                proc, url = started
             row: dict[str, Any] = {}
             for stream in (False, True):
                 mode = "stream" if stream else "nonstream"
@@ -387,6 +446,10 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             results["routers"][name] = row
             if proc is not None:
                 stop(proc)
+        if args.rounds:
+            results["head_to_head"] = await head_to_head(
+                {n: c for n, c in targets.items() if n != "direct" and (not args.only or n in args.only)},
+                tmp, args.rounds, args.duration, args.concurrency)
     finally:
         for p in procs:
             stop(p)
@@ -453,6 +516,8 @@ def main() -> None:
     ap.add_argument("--compare-python", default=os.environ.get("ROUTER_BENCH_PYTHON", "/tmp/rbv/bin/python"))
     ap.add_argument("--only", nargs="*", default=[], help="subset of direct llmfleet sglang-router vllm-router")
     ap.add_argument("--skip-http", action="store_true", help="only the route-decision micro-benchmark")
+    ap.add_argument("--rounds", type=int, default=0,
+                    help="then this many head-to-head closed-loop rounds, all routers up, order rotating")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "router_overhead.json"))
     ap.add_argument("--decision-json", action="store_true", help=argparse.SUPPRESS)  # the child process below
     args = ap.parse_args()
@@ -511,11 +576,29 @@ def main() -> None:
     print(table(res))
     print()
     print(verdicts(res))
+    if "head_to_head" in res:
+        print(head_to_head_lines(res["head_to_head"]))
     print(f"wrote {out}")
 
 
+def head_to_head_lines(h: dict[str, Any]) -> str:
+    """Medians of the head-to-head rounds, and llmfleet's per-round ratios to each peer."""
+    lines = [f"head-to-head: {h['rounds']} rounds x {h['duration_s']:g} s, {h['concurrency']} connections, closed loop"]
+    for name, modes in h["routers"].items():
+        lines.append(f"  {name:14s} " + ", ".join(f"{m} {v['rps_median']:,.0f} req/s {v['cpu_us_median']:.0f} us/req"
+                                                  for m, v in modes.items()))
+    for peer, modes in h["llmfleet_vs"].items():
+        for m, v in modes.items():
+            if v["rps_ratio_median"] is None or v["cpu_ratio_median"] is None:
+                continue
+            lines.append(f"  llmfleet / {peer} {m}: req/s x{v['rps_ratio_median']:.2f} (rounds "
+                         + " ".join(f"{x:.2f}" for x in v["rps_ratio_per_round"]) + f"), CPU x{v['cpu_ratio_median']:.2f}"
+                         " (rounds " + " ".join(f"{x:.2f}" for x in v["cpu_ratio_per_round"]) + ")")
+    return "\n".join(lines)
+
+
 def verdicts(res: dict[str, Any]) -> str:
-    """One line per issue-6 target: the measured values and PASS / FAIL / not measured."""
+    """One line per target: the measured values and PASS / FAIL / not measured."""
     t, rate = res["targets_met"], res["args"]["rate"]
     ll = res["routers"].get("llmfleet", {})
 

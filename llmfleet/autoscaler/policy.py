@@ -13,8 +13,9 @@ local runtime and the simulator run the same code. Policies, selected by `spec.a
 Then, for `slo` and `queue`, the HPA's behaviour: scale up to the lowest recommendation of the
 up-window at most `maxScaleUpStep` at once (no cooldown: spec replicas already count replicas that
 are still starting), scale down to the highest recommendation of the down-window, at most
-`maxScaleDownStep` at once, not within `cooldownSeconds` of the last action. Missing or stale
-signals hold the current size and block scale-down for a whole down-window.
+`maxScaleDownStep` at once, not within `cooldownSeconds` of the last action. For `slo`'s primary, while
+ready student replicas can stand in for its replicas, both windows shrink to one cold start (stabilize.py).
+Missing or stale signals hold the current size and block scale-down for a whole down-window.
 """
 
 from __future__ import annotations
@@ -229,6 +230,30 @@ def _slo_students(
     return out
 
 
+def _covered_by_students(cfg: PolicyConfig, primary: PoolBounds, students: Sequence[PoolBounds],
+                         signals: Mapping[str, PoolSignals], state: PolicyState, mu_primary: float) -> int:
+    """How many primary replicas the student replicas that are ready now can stand in for (stabilize's fast release):
+    their spare capacity at the primary's request mix (capacity at max_utilization less the traffic they serve
+    already) in primary replicas, less one. The one kept back is for the burst that may come while a released
+    replica starts again: the students were warmed for overflow, and a stand-in that uses all of it leaves a
+    burst right after the release to the shrunken primary alone. A student pool whose measured TTFT p95 is past the
+    planned fraction of the SLO counts nothing. 0 without ready students or usable signals."""
+    psig = signals[primary.name]
+    if not psig.usable or mu_primary <= 0:
+        return 0
+    spare = 0.0
+    for pool in students:
+        sig = signals[pool.name]
+        if not sig.usable or sig.ready_replicas <= 0:
+            continue
+        if sig.ttft_p95_ms is not None and sig.ttft_p95_ms > cfg.ttft_target_fraction * cfg.ttft_slo_ms:
+            continue  # its own measured TTFT is past the plan: no spare capacity, whatever its model says
+        mix = replace(sig, mean_input_tokens=psig.mean_input_tokens, mean_output_tokens=psig.mean_output_tokens)
+        spare += sig.ready_replicas * _mu(pool, state.pool(pool.name), mix) * cfg.max_utilization
+        spare -= float(sig.arrival_rate or 0.0)
+    return max(math.floor(spare / (mu_primary * cfg.max_utilization)) - 1, 0)
+
+
 def _queue_rec(cfg: PolicyConfig, sig: PoolSignals) -> tuple[int, list[str]]:
     if sig.stale or sig.queue_depth is None:
         return sig.replicas, ["metrics stale or missing: hold"]
@@ -304,6 +329,9 @@ def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState
                                         headroom, recent_burst).items():
             raw[name] = item
 
+    covered: dict[str, int] = {}
+    if cfg.policy == "slo" and primary is not None and capacity.get(primary.name):
+        covered[primary.name] = _covered_by_students(cfg, primary, students, by_name, state, capacity[primary.name] or 0.0)
     decisions: dict[str, PoolDecision] = {}
     for pool in cfg.pools:
         sig, st = by_name[pool.name], state.pool(pool.name)
@@ -314,7 +342,8 @@ def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState
             desired = rec
             action = "up" if rec > sig.replicas else "down" if rec < sig.replicas else "hold"
         else:
-            desired, action = stabilize(cfg, pool, st, sig, rec, reasons, cold_start_seconds(cfg, pool, st))
+            desired, action = stabilize(cfg, pool, st, sig, rec, reasons, cold_start_seconds(cfg, pool, st),
+                                        covered.get(pool.name, 0))
         if sig.replicas == 0 and (sig.held_requests or 0) > 0 and desired < 1 <= pool.max_replicas:
             # Scale from zero: requests wait at the router for this pool; start a replica now, whatever the
             # stabilization windows say (there is nothing to keep stable at zero).

@@ -13,9 +13,17 @@ from llmfleet.autoscaler.types import PolicyConfig, PoolBounds, PoolSignals
 
 
 def stabilize(
-    cfg: PolicyConfig, pool: PoolBounds, st: PoolState, sig: PoolSignals, rec: int, reasons: list[str], cold_s: float
+    cfg: PolicyConfig, pool: PoolBounds, st: PoolState, sig: PoolSignals, rec: int, reasons: list[str], cold_s: float,
+    covered: int = 0,
 ) -> tuple[int, Action]:
     """HPA-style windows, steps and cooldown; returns (desired, action).
+
+    `covered`: how many of this pool's replicas the ready replicas of its student pools can stand in for right now
+    (the slo policy's primary; 0 otherwise). The down-window exists because a replica released too early takes a
+    cold start to come back, during which its traffic waits; while warm students can take that traffic (the
+    router's fallback sends it there), a replica no recommendation of the last cold start needed is released
+    without waiting for the whole down-window: up to `covered` replicas at once, once per cooldown, while the
+    measured TTFT of that cold start stayed within the planned fraction of the SLO.
 
     One exception to "down to the highest recommendation of the down-window, maxScaleDownStep at a
     time": capacity that is clearly idle (the highest recommendation over a short window of two cold
@@ -38,11 +46,38 @@ def stabilize(
     if current < pool.min_replicas or current > pool.max_replicas:
         reasons.append(f"outside [{pool.min_replicas}, {pool.max_replicas}]")
         return min(max(current, pool.min_replicas), pool.max_replicas), ("up" if current < pool.min_replicas else "down")
+    hold = max(cold_s, 2 * cfg.interval_s)  # see the covered release below
+    planned_ms = cfg.ttft_target_fraction * cfg.ttft_slo_ms
+    carried = sig.ttft_p95_ms is None or sig.ttft_p95_ms <= planned_ms
+    if up > current and covered > 0 and carried and not sig.stale:
+        # Covered by warm students (they carry the overflow with room to spare, and the pool's measured TTFT shows
+        # it), a scale-up waits like a release: a primary started for an overflow that ends at once costs a cold
+        # start and a hold for nothing, so it is bought only once the recommendation has asked for it for a whole
+        # hold (rent-or-buy again). A TTFT above the plan says the students do not carry it: no wait.
+        sustained = min(r for t, r in st.history if t >= now - hold)
+        if sustained <= current:
+            reasons.append(f"ready students carry the overflow: scale-up to {up} waits until {hold:g} s ask for it")
+            return current, "hold"
+        up = sustained
     if up > current:
         desired = min(up, current + cfg.max_up_step)
         if desired < up:
             reasons.append(f"step limited to +{cfg.max_up_step}")
         return desired, "up"
+    # Covered by warm students, a replica released too early costs one cold start of GPU time to come back (its
+    # traffic meanwhile goes to the students). Holding an idle replica for as long as that cost and then releasing
+    # it is the break-even rule of rent-or-buy: whatever the gap until the replica is needed again, it spends at most
+    # twice the GPU time of the better choice made with hindsight. At least two intervals: one noisy interval's
+    # recommendation is no evidence.
+    needed = max(r for t, r in st.history if t >= now - hold)
+    if covered > 0 and needed < current and not sig.stale and now - st.first_seen >= hold:
+        worst = max((p for t, p in st.ttft_history if t >= now - hold), default=None)
+        cooled = st.last_action_at is None or now - st.last_action_at >= cfg.cooldown_s
+        if cooled and (worst is None or worst <= cfg.ttft_target_fraction * cfg.ttft_slo_ms):
+            desired = max(needed, current - covered)
+            reasons.append(f"highest recommendation over {hold:g} s is {needed}, ready students stand in for "
+                           f"{covered} replica(s) during a cold start: -{current - desired}")
+            return desired, "down"
     # Clearly idle capacity (below) is released even while the down-window still holds the recommendation of a burst
     # that has ended, once the last burst (the slo policy's level-shift detection) began more than a down-window
     # ago: traffic whose bursts recur within the window would find the capacity gone when the next one arrives,

@@ -12,7 +12,6 @@ import logging
 import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from llmfleet.router.dispatch import Latency, on_done, record_attempt
 from llmfleet.router.fallback import FallbackPolicy
@@ -21,6 +20,7 @@ from llmfleet.router.outliers import OutlierDetector
 from llmfleet.router.plugins.base import RequestInfo
 from llmfleet.router.request_log import RequestLog
 from llmfleet.router.requests import ParsedRequest
+from llmfleet.router.respond import ClientRequest, Responder
 
 log = logging.getLogger("llmfleet.router")
 
@@ -29,7 +29,8 @@ log = logging.getLogger("llmfleet.router")
 class RequestContext:
     """What the router knows about one request once it is parsed and routed to a pool."""
 
-    request: Any  # the client's aiohttp web.Request
+    request: ClientRequest
+    out: Responder  # where the answer goes
     parsed: ParsedRequest
     tenant: str
     t0: float  # perf_counter at arrival

@@ -60,8 +60,8 @@ def pick_replica(pipeline: Pipeline, info: RequestInfo, replicas: Iterable[Repli
         cands: Sequence[ReplicaState] = [r for r in replicas if r.id not in tried and r.id not in ejected]
         if not cands and ejected:
             cands = [r for r in replicas if r.id not in tried]
-    else:
-        cands = replicas if isinstance(replicas, Sequence) else list(replicas)
+    else:  # (no isinstance check against the Sequence ABC: it cost more than the rest of this function)
+        cands = replicas if isinstance(replicas, list) else list(replicas)
     return pipeline.pick(info, cands, commit=False)
 
 

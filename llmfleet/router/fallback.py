@@ -9,7 +9,7 @@ Per request `FallbackPolicy.decide` picks the primary pool or a student pool fro
   * request class in `sheddable_classes` -> a student (not capped);
   * prompt longer than `long_context_tokens` -> a student (capped);
   * SLO burn rate of the primary above `slo_burn_rate` (capped);
-  * predicted primary queueing delay above `max_queue_delay_ms` (capped).
+  * predicted primary queueing delay above `max_queue_delay_ms` (capped; `predicted_queue_delay_ms`).
 "Capped": only while degrading this request keeps the tenant's degraded fraction over the window at or
 below its cap (0 disables; a tenant's first request in an empty window is not held back).
 """
@@ -30,9 +30,13 @@ class FallbackSignals:
 
     name: str
     routable_replicas: int
-    waiting: float = 0.0  # requests queued at the pool's replicas (sum)
-    running: float = 0.0  # requests running at the pool's replicas (sum)
+    # requests at the pool's replicas still waiting for their first token (sum of ReplicaState.queued: the engines'
+    # queues, or the router's streamed requests without a first byte when more: in prefill counts as queued)
+    waiting: float = 0.0
+    running: float = 0.0  # requests at the pool's replicas past their first token (sum of ReplicaState.generating)
     mean_e2e_ms: float | None = None  # recent mean end-to-end latency of the pool
+    # when the least-loaded replica is through the prefill work the router has sent it (ReplicaState.prefill_wait_s)
+    prefill_wait_ms: float = 0.0
     scales_from_zero: bool = False  # no routable replica means a cold start, not an outage
 
 
@@ -114,12 +118,15 @@ class TenantWindow:
 
 
 def predicted_queue_delay_ms(p: FallbackSignals) -> float:
-    """Little's-law estimate: queued requests drain at `running / mean_e2e` per ms across the pool."""
+    """The longer of two estimates, one per bottleneck: Little's law for the engine's batch slots (queued requests
+    drain at `running / mean_e2e` per ms across the pool) and the router's prefill queue for its compute (the
+    least-loaded replica's pending prefill work at its prefill rate; prompt-heavy bursts wait there while the batch
+    has free slots)."""
     if p.routable_replicas == 0:
         return float("inf")
     if p.waiting <= 0 or p.mean_e2e_ms is None:
-        return 0.0
-    return p.waiting * p.mean_e2e_ms / max(p.running, float(p.routable_replicas))
+        return p.prefill_wait_ms
+    return max(p.waiting * p.mean_e2e_ms / max(p.running, float(p.routable_replicas)), p.prefill_wait_ms)
 
 
 class FallbackPolicy:

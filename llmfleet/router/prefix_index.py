@@ -357,7 +357,7 @@ class PrefixIndex:
         self._version += 1
         # tails first, so the prompt's first block is the most recently used: eviction (oldest first) then
         # takes suffixes before prefixes, as the engine's LRU does, and what remains is still a usable prefix
-        for k in reversed(keys if isinstance(keys, Sequence) else list(keys)):
+        for k in reversed(keys if isinstance(keys, list) or isinstance(keys, Sequence) else list(keys)):
             if k in lru:
                 lru.move_to_end(k)
             else:
@@ -388,7 +388,8 @@ class PrefixIndex:
     def _match(self, keys: Sequence[int]) -> dict[str, int]:
         owners = self._owners
         # BlockKeys: read single keys from the array (no conversion of the whole prompt)
-        key = keys.array.item if isinstance(keys, BlockKeys) else keys.__getitem__
+        # (a plain list first: isinstance against BlockKeys, a Sequence ABC, is the slow path)
+        key = keys.__getitem__ if type(keys) is list or not isinstance(keys, BlockKeys) else keys.array.item
         first = owners.get(key(0), 0)
         if not first:
             return {}

@@ -12,12 +12,12 @@ import time
 from collections.abc import Callable
 
 import aiohttp
-from aiohttp import web
 
 from llmfleet.router.accounting import Accounting, RequestContext
 from llmfleet.router.config import LimitsConfig, RouterConfig, SLOConfig
 from llmfleet.router.dispatch import on_done, on_first_byte
-from llmfleet.router.plugins.base import ReplicaState
+from llmfleet.router.plugins.base import AwaitingFirstByte, ReplicaState
+from llmfleet.router.respond import error_body
 from llmfleet.router.upstream_client import UpstreamClient, UpstreamError, UpstreamResponse, UpstreamTimeout
 
 log = logging.getLogger("llmfleet.router.proxy")
@@ -73,8 +73,8 @@ class Upstream:
         await self.session.close()
 
     async def proxy(self, ctx: RequestContext, replica: ReplicaState, accounting: Accounting,
-                    after_send: Callable[[], None] | None = None) -> web.StreamResponse:
-        """Send the request to `replica` and relay the answer. `ctx.info` carries the prefill charged at routing
+                    after_send: Callable[[], None] | None = None) -> None:
+        """Send the request to `replica` and relay the answer to `ctx.out`. `ctx.info` carries the prefill charged at routing
         (estimated-ttft scorer): released on the first streamed byte, and in any case when the request ends.
         `after_send`: the router's bookkeeping for this routing decision, run once the request is on the wire.
         Metrics of a non-streaming response are recorded after it is written (not before)."""
@@ -85,6 +85,7 @@ class Upstream:
         if rid and rid.isprintable():
             up_headers += b"x-request-id: " + rid.encode("utf-8") + b"\r\n"
         replica.in_flight += 1
+        awaiting = AwaitingFirstByte(replica if parsed.stream else None)
         t_send = ctx.t_sent = time.perf_counter()
         ctx.replica = replica.id
         resp: UpstreamResponse | None = None
@@ -106,15 +107,20 @@ class Upstream:
             out_headers = {**ctx.headers, "x-llmfleet-replica": replica.id,
                            "Content-Type": resp.content_type or "application/json"}
             if parsed.stream and resp.status == 200:
-                return await self._stream(ctx, resp, out_headers, accounting)
+                await self._stream(ctx, resp, out_headers, accounting, awaiting)
+                return
             try:
                 data = await resp.read()
             except UpstreamError as e:
                 raise UpstreamFailed(f"response body failed: {e}", mark_down=False) from None
             e2e = time.perf_counter() - ctx.t0
-            # recorded on the next loop iteration: after aiohttp has written this response
-            asyncio.get_running_loop().call_soon(_observe_body, accounting, ctx, resp.status, data, e2e)
-            return web.Response(body=data, status=resp.status, headers=out_headers)
+            ctx.out.send(resp.status, out_headers, data)
+            # Recorded once the response is on its way: the router's server has written it already; aiohttp
+            # writes it when the handler returns, before the next loop iteration.
+            if ctx.out.written_on_send:
+                _observe_body(accounting, ctx, resp.status, data, e2e)
+            else:
+                asyncio.get_running_loop().call_soon(_observe_body, accounting, ctx, resp.status, data, e2e)
         except asyncio.CancelledError:
             accounting.client_gone(ctx.pool)
             raise
@@ -122,13 +128,13 @@ class Upstream:
             if resp is not None:
                 resp.close()  # unread data (client gone, error) closes the connection: vLLM aborts the request
             replica.in_flight -= 1
+            awaiting.release()  # no-op after the first byte
             on_done(ctx.info)  # no-op when the first byte already released the prefill charge
 
     async def _stream(self, ctx: RequestContext, resp: UpstreamResponse, out_headers: dict[str, str],
-                      accounting: Accounting) -> web.StreamResponse:
+                      accounting: Accounting, awaiting: AwaitingFirstByte) -> None:
         out_headers["Cache-Control"] = "no-cache"
-        out = web.StreamResponse(status=200, headers=out_headers)
-        request, t0 = ctx.request, ctx.t0
+        out, t0 = ctx.out, ctx.t0
         first: float | None = None
         last = 0.0
         events = 0
@@ -140,6 +146,7 @@ class Upstream:
                 now = time.perf_counter()
                 if first is None:
                     first = now
+                    awaiting.release()
                     on_first_byte(ctx.info)  # the replica is through this prompt's prefill
                 last = now
                 events += chunk.count(b"data: ")
@@ -148,15 +155,16 @@ class Upstream:
                     if mt:
                         usage_tokens = int(mt.group(1))
                 if not prepared:
-                    await out.prepare(request)
+                    await out.start(200, out_headers)
                     prepared = True
                 if resp.complete:  # the last bytes: one write with the end-of-stream chunk (and the headers)
-                    await out.write_eof(chunk)
+                    await out.end(chunk)
                     break
                 await out.write(chunk)
-            if not prepared:
-                await out.prepare(request)
-            await out.write_eof()
+            else:
+                if not prepared:
+                    await out.start(200, out_headers)
+                await out.end()
         except (ConnectionResetError, aiohttp.ClientConnectionResetError):
             accounting.client_gone(ctx.pool)
             status = 499
@@ -171,20 +179,17 @@ class Upstream:
             status = 502
             # An explicit error event (OpenAI clients raise on it) instead of a stream that just stops.
             with contextlib.suppress(ConnectionResetError, aiohttp.ClientConnectionResetError):
-                await out.write(stream_error_event(f"the replica's stream broke mid-response: {e}"))
-                await out.write_eof()
+                await out.end(stream_error_event(f"the replica's stream broke mid-response: {e}"))
         e2e = time.perf_counter() - t0
         tokens = usage_tokens if usage_tokens is not None else max(0, events - 2)  # minus role chunk and [DONE]
         ttft = None if first is None else first - t0
         tpot = (last - first) / (tokens - 1) if first is not None and tokens > 1 else None
         accounting.finish(ctx, status, ctx.input_tokens, tokens, ttft, tpot, e2e)
-        return out
 
 
 def stream_error_event(message: str, type_: str = "upstream_error", code: int = 502) -> bytes:
     """An SSE event carrying an OpenAI-shaped error; no [DONE] follows it."""
-    body = {"error": {"message": message, "type": type_, "param": None, "code": code}}
-    return b"data: " + json.dumps(body).encode() + b"\n\n"
+    return b"data: " + json.dumps(error_body(message, type_, code)).encode() + b"\n\n"
 
 
 def _observe_body(accounting: Accounting, ctx: RequestContext, status: int, data: bytes, e2e: float) -> None:

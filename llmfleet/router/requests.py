@@ -105,6 +105,10 @@ def _deeper_than(value: Any, limit: int) -> bool:
     return False
 
 
+def _too_deep(max_depth: int) -> RequestError:
+    return RequestError(400, f"request body is nested deeper than {max_depth} levels")
+
+
 def decode_json_body(raw: bytes, max_depth: int = MAX_JSON_DEPTH) -> Any:
     """UTF-8 JSON (RFC 8259: no BOM, no other encoding; no NaN/Infinity) nested at most `max_depth` levels,
     else RequestError 400.
@@ -112,7 +116,6 @@ def decode_json_body(raw: bytes, max_depth: int = MAX_JSON_DEPTH) -> Any:
     Decoded here once, strictly: `json.loads(bytes)` would guess UTF-16/32 from the first bytes and let
     UTF-8-encoded surrogates through, and such a body, forwarded as is, fails at every replica instead.
     """
-    too_deep = RequestError(400, f"request body is nested deeper than {max_depth} levels")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -120,12 +123,12 @@ def decode_json_body(raw: bytes, max_depth: int = MAX_JSON_DEPTH) -> Any:
     try:
         body = _DECODER.decode(text)  # a UTF-8 BOM is refused too ("Expecting value")
     except RecursionError:  # the decoder's own recursion guard: far deeper than max_depth
-        raise too_deep from None
+        raise _too_deep(max_depth) from None
     except ValueError as e:
         raise RequestError(400, f"request body is not valid JSON: {e}") from None
     # Only bodies with more brackets than the limit can be too deep: skip the walk for everything else.
     if isinstance(body, (dict, list)) and raw.count(b"[") + raw.count(b"{") > max_depth and _deeper_than(body, max_depth):
-        raise too_deep
+        raise _too_deep(max_depth)
     return body
 
 

@@ -1,9 +1,10 @@
-"""The router's HTTP server (aiohttp): OpenAI API in, the chosen replica out, metrics and a request log.
+"""The router: OpenAI API in, the chosen replica out, metrics and a request log.
 
-Per request: size limit -> API key + token bucket -> parse -> model -> pool (feature-store lookup, fallback
+Per request: API key + token bucket -> size limit -> parse -> model -> pool (feature-store lookup, fallback
 policy) -> prefix keys -> plugin pipeline -> upstream, retried on another replica while nothing has been sent
-to the client. The handler is cancelled when the client goes away (handler_cancellation), which closes the
-upstream connection, so vLLM aborts the request.
+to the client. `serve` is the proxy path for both front ends: the router's own HTTP server (`http_server.py`,
+what `llmfleet router` runs) and `app`, an aiohttp application with the same routes. The handler is cancelled
+when the client goes away, which closes the upstream connection, so vLLM aborts the request.
 """
 
 from __future__ import annotations
@@ -11,14 +12,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from llmfleet.kube.client import KubeClient, NoClusterConfig
 from llmfleet.router import dispatch
@@ -26,6 +25,7 @@ from llmfleet.router.accounting import Accounting, RequestContext
 from llmfleet.router.adapters import AdapterLoader, AdapterLoadFailed, ConfigFile, adapter_table
 from llmfleet.router.chat_template import ChatTemplate
 from llmfleet.router.config import RouterConfig
+from llmfleet.router.endpoints import SmallEndpoints, error_response
 from llmfleet.router.fallback import FallbackPolicy, FallbackSignals
 from llmfleet.router.held import HeldRequests, HoldRejected
 from llmfleet.router.kv_events import KVEventSubscribers
@@ -36,13 +36,16 @@ from llmfleet.router.prefix_index import PrefixIndex, PromptBlocks, load_tokeniz
 from llmfleet.router.proxy import Upstream, UpstreamFailed, upstream_api_key
 from llmfleet.router.replicas import PoolReplicas
 from llmfleet.router.request_log import RequestLog
-from llmfleet.router.requests import Endpoint, ParsedRequest, RequestError, decode_json_body, parse_request
+from llmfleet.router.requests import Endpoint, ParsedRequest, RequestError, parse_request
+from llmfleet.router.respond import AiohttpResponder, ClientRequest, Responder, error_body, send_json
 from llmfleet.router.store_response import lookup_response
 from llmfleet.router.tenants import AuthError, Tenants
 
 log = logging.getLogger("llmfleet.router")
 LONG_PROMPT_CHARS = 4096
 PREFIX_SCORERS = ("prefix-cache", "estimated-ttft")  # scorers that read the prompt's prefix-index keys
+PROXIED: dict[str, Endpoint] = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}  # POST
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 @dataclass
@@ -66,15 +69,13 @@ class PoolRuntime:
         self.session_scorer = next((s for s, _ in self.pipeline.scorers if s.name == "session-affinity"), None)
 
 
-def error_response(status: int, message: str, type_: str = "invalid_request_error", code: str | None = None,
-                   headers: dict[str, str] | None = None) -> web.Response:
-    body = {"error": {"message": message, "type": type_, "param": None, "code": code}}
-    return web.json_response(body, status=status, headers=headers)
-
-
-class Router:
+class Router(SmallEndpoints):
     def __init__(self, cfg: RouterConfig, lookup: Any | None = None, config_path: str | None = None) -> None:
         self.cfg = cfg
+        # header names as the proxy path looks them up (ClientRequest: lower-case)
+        self._class_header = cfg.fallback.class_header.lower()
+        self._session_header = cfg.session_affinity_header.lower() if cfg.session_affinity_header else None
+        self._opt_out_header = cfg.feature_store.opt_out_header.lower()
         self._upstream_key = upstream_api_key(cfg)  # first: a missing key stops the router before it listens
         # re-read for adapter changes (a ConfigMap update, `llmfleet up`)
         self._config_file = ConfigFile(config_path) if config_path else None
@@ -136,29 +137,38 @@ class Router:
         return removed
 
     # -- lifecycle ----------------------------------------------------------------------------------------
+    def small_routes(self) -> dict[str, tuple[str, Handler]]:
+        """path -> (method, handler) of every route but the proxied ones (PROXIED); `not_found` answers the rest."""
+        return {"/v1/models": ("GET", self._models), "/metrics": ("GET", self._metrics), "/health": ("GET", self._health),
+                "/debug/replicas": ("GET", self._debug_replicas), "/admin/drain": ("POST", self._admin_drain),
+                "/admin/held": ("GET", self._admin_held)}
+
     def _build_app(self) -> web.Application:
         app = web.Application(client_max_size=self.cfg.limits.max_request_bytes)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completions)
-        app.router.add_get("/v1/models", self._models)
-        app.router.add_get("/metrics", self._metrics)
-        app.router.add_get("/health", self._health)
-        app.router.add_get("/debug/replicas", self._debug_replicas)
-        app.router.add_post("/admin/drain", self._admin_drain)
-        app.router.add_get("/admin/held", self._admin_held)
-        app.router.add_route("*", "/{tail:.*}", self._not_found)
+        for path, (method, handler) in self.small_routes().items():
+            app.router.add_route(method, path, handler)
+        app.router.add_route("*", "/{tail:.*}", self.not_found)
         app.on_startup.append(self._on_startup)
         app.on_cleanup.append(self._on_cleanup)
         return app
 
     async def _on_startup(self, app: web.Application) -> None:
+        await self.start()
+
+    async def _on_cleanup(self, app: web.Application) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        """Start the upstream client and the background loops (health checks, discovery)."""
         lim = self.cfg.limits
         self.upstream = Upstream(lim, self.cfg.slo, self._upstream_key)
         self._tasks.append(asyncio.create_task(self._health_loop()))
         if any(p.replicas.pool.discovery for p in self.pools.values()):
             self._tasks.append(asyncio.create_task(self._discovery_loop()))
 
-    async def _on_cleanup(self, app: web.Application) -> None:
+    async def close(self) -> None:
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -239,102 +249,48 @@ class Router:
             m.child(m.replica_stale, pool.name, r.id).set(1 if r.stale else 0)
         m.child(m.index_blocks, pool.name).set(len(pool.index))
 
-    # -- small endpoints ------------------------------------------------------------------------------------
-    async def _models(self, request: web.Request) -> web.Response:
-        data = []
-        for name, pool in self.model_to_pool.items():
-            card = {"id": name, "object": "model", "created": 0, "owned_by": "llmfleet", "root": name, "pool": pool}
-            if name in self.adapters:  # a LoRA adapter: its base model is the pool's, as vLLM lists it
-                card |= {"root": self.adapters[name][1], "parent": self.pools[pool].served_name}
-            data.append(card)
-        return web.json_response({"object": "list", "data": data})
-
-    async def _metrics(self, request: web.Request) -> web.Response:
-        for pool in self.pools.values():
-            for r in pool.replicas.replicas.values():
-                self.metrics.child(self.metrics.exclusive_blocks, pool.name, r.id).set(pool.index.hot_blocks_lost_if_removed(r.id))
-                # Set at scrape time from the replica's own counter: no gauge update on the request path.
-                self.metrics.child(self.metrics.in_flight, pool.name, r.id).set(r.in_flight)
-        return web.Response(body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-    async def _health(self, request: web.Request) -> web.Response:
-        if any(p.replicas.routable() for p in self.pools.values()):
-            return web.json_response({"status": "ok"})
-        # A pool at zero replicas that scales from zero is not an outage: the router must stay ready (in its
-        # Service) to take the requests that wake the autoscaler, and holds them.
-        if any(p.replicas.pool.scales_from_zero for p in self.pools.values()):
-            return web.json_response({"status": "scaling from zero"})
-        return web.json_response({"status": "no routable replica"}, status=503)
-
-    async def _debug_replicas(self, request: web.Request) -> web.Response:
-        out = []
-        for pool in self.pools.values():
-            for r in pool.replicas.replicas.values():
-                out.append({"pool": pool.name, "replica": r.id, "healthy": r.healthy, "draining": r.draining,
-                            "ejected": r.id in pool.replicas.outliers.ejected,
-                            "stale": r.stale, "running": r.running, "waiting": r.waiting, "kvUsage": r.kv_usage,
-                            "inFlight": r.in_flight, "adapters": sorted(r.adapters),
-                            "indexedBlocks": pool.index.blocks_of(r.id),
-                            "exclusiveBlocks": pool.index.hot_blocks_lost_if_removed(r.id)})
-        return web.json_response({"replicas": out})
-
-    async def _admin_drain(self, request: web.Request) -> web.Response:
-        token = os.environ.get("LLMFLEET_ROUTER_ADMIN_TOKEN")
-        if token is not None:
-            if request.headers.get("x-llmfleet-admin-token") != token:
-                return error_response(403, "admin token required", "permission_error")
-        elif request.remote not in ("127.0.0.1", "::1"):
-            return error_response(403, "admin endpoints are loopback-only without LLMFLEET_ROUTER_ADMIN_TOKEN",
-                                  "permission_error")
-        try:
-            body = decode_json_body(await request.read())
-            url, draining = str(body["replica"]), bool(body.get("draining", True))
-        except (RequestError, KeyError, TypeError, AttributeError):
-            return error_response(400, 'body must be {"replica": "<url>", "draining": true|false}')
-        if not any(p.replicas.set_draining(url, draining) for p in self.pools.values()):
-            return error_response(404, f"no replica {url}", code="replica_not_found")
-        return web.json_response({"replica": url, "draining": draining})
-
-    async def _admin_held(self, request: web.Request) -> web.Response:
-        """Long poll for the autoscaler (llmfleet.router.held): {"held": {pool: n}, "episode": e}."""
-        try:
-            wait = min(max(float(request.query.get("wait", "0")), 0.0), 60.0)
-            since = int(request.query.get("since", "-1"))
-        except ValueError:
-            return error_response(400, "wait (seconds) and since (an episode number) must be numbers")
-        held, episode = await self.held.wait_held(since, wait)
-        return web.json_response({"held": held, "episode": episode})
-
-    async def _not_found(self, request: web.Request) -> web.Response:
-        known = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/metrics", "/health"}
-        if request.path in known:
-            return error_response(405, f"method {request.method} not allowed on {request.path}")
-        return error_response(404, f"no route {request.method} {request.path}", code="not_found")
-
     async def _chat(self, request: web.Request) -> web.StreamResponse:
-        return await self._serve(request, "chat")
+        return await self._serve_aiohttp(request, "chat")
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._serve(request, "completions")
+        return await self._serve_aiohttp(request, "completions")
 
-    # -- the proxy -------------------------------------------------------------------------------------------
-    async def _serve(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
-        t0 = time.perf_counter()
-        m = self.metrics
-        try:
-            tenant = self.tenants.authenticate(request.headers.get("Authorization"))
-        except AuthError as e:
-            m.child(m.rejected, "auth" if e.status == 401 else "rate-limit").inc()
-            hdr = {"Retry-After": f"{max(1, round(e.retry_after or 1))}"} if e.status == 429 else None
-            return error_response(e.status, e.message, "authentication_error" if e.status == 401 else "rate_limit_error",
-                                  headers=hdr)
-        try:
-            if request.content_length is not None and request.content_length > self.cfg.limits.max_request_bytes:
-                raise RequestError(413, f"request body larger than {self.cfg.limits.max_request_bytes} bytes")
+    async def _serve_aiohttp(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
+        """`app`'s proxied endpoints: `serve` through an aiohttp response."""
+        headers: dict[str, str] = {}
+        for name, value in request.headers.items():
+            headers.setdefault(name.lower(), value)  # the first of repeated headers, as headers.get gives
+        too_large, raw = False, b""
+        if request.content_length is not None and request.content_length > self.cfg.limits.max_request_bytes:
+            too_large = True
+        else:
             try:
                 raw = await request.read()
             except web.HTTPRequestEntityTooLarge:
-                raise RequestError(413, f"request body larger than {self.cfg.limits.max_request_bytes} bytes") from None
+                too_large = True
+        out = AiohttpResponder(request)
+        await self.serve(ClientRequest(headers, raw, too_large), endpoint, out)
+        if out.response is None:
+            raise RuntimeError("the proxy path ended without a response")
+        return out.response
+
+    # -- the proxy -------------------------------------------------------------------------------------------
+    async def serve(self, request: ClientRequest, endpoint: Endpoint, out: Responder) -> None:
+        """Answer one proxied request (`endpoint`) through `out`: exactly one response, whatever happens."""
+        t0 = time.perf_counter()
+        m = self.metrics
+        try:
+            tenant = self.tenants.authenticate(request.headers.get("authorization"))
+        except AuthError as e:
+            m.child(m.rejected, "auth" if e.status == 401 else "rate-limit").inc()
+            hdr = {"Retry-After": f"{max(1, round(e.retry_after or 1))}"} if e.status == 429 else None
+            send_json(out, e.status, error_body(e.message, "authentication_error" if e.status == 401 else "rate_limit_error"),
+                      hdr)
+            return
+        try:
+            if request.too_large:
+                raise RequestError(413, f"request body larger than {self.cfg.limits.max_request_bytes} bytes")
+            raw = request.body
             parsed = parse_request(endpoint, raw)
             pool_name = self.model_to_pool.get(parsed.model)
             if pool_name is None:
@@ -342,18 +298,20 @@ class Router:
                                    code="model_not_found", param="model")
         except RequestError as e:
             m.child(m.rejected, f"http-{e.status}").inc()
-            return web.json_response(e.body(), status=e.status)
+            send_json(out, e.status, e.body())
+            return
 
-        ctx = RequestContext(request, parsed, tenant, t0, body=raw)
+        ctx = RequestContext(request, out, parsed, tenant, t0, body=raw)
         if self.lookup is not None and self.cfg.feature_store.enabled:
-            if self.cfg.feature_store.opt_out_header in request.headers:
+            if self._opt_out_header in request.headers:
                 m.child(m.lookups, "skipped").inc()
             else:
                 hit = await self._lookup(tenant, parsed)
                 if hit is not None:
-                    return await lookup_response(ctx, hit, self.accounting)
+                    await lookup_response(ctx, hit, self.accounting)
+                    return
 
-        return await self._route_and_proxy(ctx, pool_name)
+        await self._route_and_proxy(ctx, pool_name)
 
     async def _lookup(self, tenant: str, parsed: ParsedRequest) -> Any:
         lookup = self.lookup
@@ -369,28 +327,31 @@ class Router:
         self.metrics.child(self.metrics.lookups, "hit" if hit is not None else "miss").inc()
         return hit
 
-    def _signals(self, pool: PoolRuntime) -> FallbackSignals:
+    def _signals(self, pool: PoolRuntime, now: float) -> FallbackSignals:
         routable = pool.replicas.routable()
-        return FallbackSignals(pool.name, len(routable), waiting=sum(r.waiting for r in routable),
-                           running=sum(r.running for r in routable), scales_from_zero=pool.replicas.pool.scales_from_zero)
+        wait = min((r.prefill_wait_s(now) for r in routable), default=0.0)
+        return FallbackSignals(pool.name, len(routable), waiting=sum(r.queued for r in routable),
+                           running=sum(r.generating for r in routable), prefill_wait_ms=wait * 1e3,
+                           scales_from_zero=pool.replicas.pool.scales_from_zero)
 
-    async def _route_and_proxy(self, ctx: RequestContext, pool_name: str) -> web.StreamResponse:
+    async def _route_and_proxy(self, ctx: RequestContext, pool_name: str) -> None:
         m = self.metrics
         request, parsed, tenant = ctx.request, ctx.parsed, ctx.tenant
         t_route = time.perf_counter()
         pool = self.pools[pool_name]
         adapter, adapter_path = (parsed.model, self.adapters[parsed.model][1]) if parsed.model in self.adapters else (None, "")
-        keys, n_tokens = await self._keys(pool, parsed, adapter)
+        keys_now = self._keys_now(pool, parsed, adapter)
+        keys, n_tokens = keys_now if isinstance(keys_now, tuple) else await keys_now
         degraded, reason = False, "primary"
         # An adapter request never goes to a student pool: a student does not hold the adapter (another base).
         if pool.role == "primary" and len(self.pools) > 1 and adapter is None:
             now = time.monotonic()
             if self.tenants.version != self._tenants_version:  # the Secret file changed: new per-tenant caps
                 self.policy.tenant_caps, self._tenants_version = self.tenants.caps(), self.tenants.version
-            students = [self._signals(p) for p in self.pools.values() if p.role == "student"]
-            dec = dispatch.pick_pool(self.policy, now, self._signals(pool), students, tenant=tenant,
+            students = [self._signals(p, now) for p in self.pools.values() if p.role == "student"]
+            dec = dispatch.pick_pool(self.policy, now, self._signals(pool, now), students, tenant=tenant,
                                      input_tokens=n_tokens,
-                                     request_class=request.headers.get(self.cfg.fallback.class_header))
+                                     request_class=request.headers.get(self._class_header))
             if dec.pool != pool.name:
                 pool, degraded, reason = self.pools[dec.pool], dec.degraded, dec.reason
                 keys, n_tokens = await self._keys(pool, parsed)
@@ -402,9 +363,10 @@ class Router:
                                                  self.cfg.limits.hold_timeout_seconds or self.cfg.limits.request_timeout_seconds)
             except HoldRejected as e:
                 m.child(m.requests, pool.name, parsed.model, parsed.endpoint, "503", "true" if degraded else "false").inc()
-                return error_response(503, str(e), "service_unavailable", headers={"Retry-After": f"{e.retry_after_s:.0f}"})
+                send_json(ctx.out, 503, error_body(str(e), "service_unavailable"), {"Retry-After": f"{e.retry_after_s:.0f}"})
+                return
             t_route = time.perf_counter()
-        sh = self.cfg.session_affinity_header
+        sh = self._session_header
         info = RequestInfo(model=pool.served_name, block_hashes=keys, input_tokens=n_tokens,
                            session_id=request.headers.get(sh) if sh else None, tenant=tenant, stream=parsed.stream,
                            block_size=pool.blocks.block_size, adapter=adapter)
@@ -418,7 +380,8 @@ class Router:
         last_error = "no routable replica"
         upstream = self.upstream
         if upstream is None:
-            return error_response(503, "router is starting", "service_unavailable")
+            send_json(ctx.out, 503, error_body("router is starting", "service_unavailable"))
+            return
         for attempt in range(self.cfg.limits.max_retries + 1):
             decision = dispatch.pick_replica(pool.pipeline, info, pool.replicas.replicas.values(), tried,
                                              pool.replicas.outliers)
@@ -448,7 +411,8 @@ class Router:
                     continue
                 self.adapter_loader.begin(replica, adapter)
             try:
-                return await upstream.proxy(ctx, replica, self.accounting, after_send=routed)
+                await upstream.proxy(ctx, replica, self.accounting, after_send=routed)
+                return
             except UpstreamFailed as e:
                 m.child(m.upstream_attempts, pool.name, "overloaded" if e.overloaded else "error").inc()
                 if not e.overloaded and not e.mark_down:  # a refused connection: down until a health check passes
@@ -462,18 +426,24 @@ class Router:
                     self.adapter_loader.end(replica, adapter)
             t_route = time.perf_counter()
         m.child(m.requests, pool.name, parsed.model, parsed.endpoint, "503", "true" if degraded else "false").inc()
-        return error_response(503, f"no replica could serve the request ({last_error})", "service_unavailable",
-                              headers=headers)
+        send_json(ctx.out, 503, error_body(f"no replica could serve the request ({last_error})", "service_unavailable"),
+                  headers)
 
-    async def _keys(self, pool: PoolRuntime, parsed: ParsedRequest,
-                    adapter: str | None = None) -> tuple[Sequence[int], int]:
+    def _keys_now(self, pool: PoolRuntime, parsed: ParsedRequest,
+                  adapter: str | None = None) -> tuple[Sequence[int], int] | Awaitable[tuple[Sequence[int], int]]:
+        """The prompt's prefix keys and token count, or (a long prompt with a tokenizer) an awaitable of them."""
         if not self.use_prefix:
             return [], max(1, len(parsed.prompt_text) // 4)
         if pool.blocks.tokenizer is not None and len(parsed.prompt_text) > LONG_PROMPT_CHARS:
             # Rendering the chat template and tokenizing 8k tokens take milliseconds: keep the event loop serving
             # other requests meanwhile.
-            return await asyncio.to_thread(self._prompt_keys, pool, parsed, adapter)
-        return self._prompt_keys(pool, parsed, adapter)
+            return asyncio.to_thread(self._prompt_keys, pool, parsed, adapter)
+        return self._prompt_keys(pool, parsed, adapter)  # no coroutine for the usual, short prompt
+
+    async def _keys(self, pool: PoolRuntime, parsed: ParsedRequest,
+                    adapter: str | None = None) -> tuple[Sequence[int], int]:
+        keys = self._keys_now(pool, parsed, adapter)
+        return keys if isinstance(keys, tuple) else await keys
 
     @staticmethod
     def _prompt_keys(pool: PoolRuntime, parsed: ParsedRequest, adapter: str | None) -> tuple[Sequence[int], int]:

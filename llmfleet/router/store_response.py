@@ -6,9 +6,8 @@ import json
 import time
 from typing import Any
 
-from aiohttp import web
-
 from llmfleet.router.accounting import Accounting, RequestContext
+from llmfleet.router.respond import send_json
 
 
 def _as_sse(resp: dict[str, Any], endpoint: str) -> bytes:
@@ -26,7 +25,7 @@ def _as_sse(resp: dict[str, Any], endpoint: str) -> bytes:
     return b"data: " + json.dumps(chunk).encode() + b"\n\ndata: [DONE]\n\n"
 
 
-async def lookup_response(ctx: RequestContext, hit: Any, accounting: Accounting) -> web.StreamResponse:
+async def lookup_response(ctx: RequestContext, hit: Any, accounting: Accounting) -> None:
     """Answer from the feature store (pool `feature-store`, never degraded)."""
     parsed = ctx.parsed
     headers = {"x-llmfleet-pool": "feature-store", "x-llmfleet-degraded": "false",
@@ -35,14 +34,11 @@ async def lookup_response(ctx: RequestContext, hit: Any, accounting: Accounting)
     usage = resp.get("usage") or {}
     out_tokens = int(usage.get("completion_tokens") or 0)
     if parsed.stream:
-        out = web.StreamResponse(status=200, headers={**headers, "Content-Type": "text/event-stream"})
-        await out.prepare(ctx.request)
-        await out.write(_as_sse(resp, parsed.endpoint))
-        await out.write_eof()
+        await ctx.out.start(200, {**headers, "Content-Type": "text/event-stream"})
+        await ctx.out.end(_as_sse(resp, parsed.endpoint))
     else:
-        out = web.json_response(resp, headers=headers)
+        send_json(ctx.out, 200, resp, headers)
     e2e = time.perf_counter() - ctx.t0
     ctx.pool, ctx.degraded = "feature-store", False
     accounting.finish(ctx, 200, int(usage.get("prompt_tokens") or 0), out_tokens, e2e if parsed.stream else None,
                       None, e2e)
-    return out

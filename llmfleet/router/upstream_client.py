@@ -10,7 +10,7 @@ its own task wake-ups per chunk). This client does only what the router needs:
   transparent retry on a fresh connection when a *reused* connection is found closed before any response byte
   (the server timed it out while idle; nothing was processed);
 * timeouts: connect, headers (first byte), any later gap between reads (like aiohttp's sock_read), and the
-  whole request; one lazy timer per request, not one per chunk;
+  whole request; one lazy timer per connection, re-armed only when it fires: not one per request or chunk;
 * back-pressure: reading from the replica pauses while more than `HIGH_WATER` bytes wait for the consumer;
 * `close()` before the end closes the connection, so vLLM aborts the request.
 
@@ -50,7 +50,7 @@ class UpstreamBroken(UpstreamError):
 class UpstreamResponse:
     """One response: `status`, `content_type`, then `read()` or `next_data()` until b"", then `close()`."""
 
-    __slots__ = ("_buf", "_buffered", "_conn", "_deadline", "_done", "_error", "_gap", "_headers", "_timer",
+    __slots__ = ("_buf", "_buffered", "_conn", "_deadline", "_done", "_error", "_gap", "_headers",
                  "_waiter", "content_type", "received_any", "status")
 
     def __init__(self, conn: _Connection, gap: float, deadline: float) -> None:
@@ -63,7 +63,6 @@ class UpstreamResponse:
         self._error: UpstreamError | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._headers = False
-        self._timer: asyncio.TimerHandle | None = None
         self.status = 0
         self.content_type = ""
         self.received_any = False
@@ -83,7 +82,6 @@ class UpstreamResponse:
 
     def _finish(self) -> None:
         self._done = True
-        self._cancel_timer()
         self._wake()
 
     def _fail(self, error: UpstreamError) -> None:
@@ -91,22 +89,22 @@ class UpstreamResponse:
             return
         self._error = error
         self._done = True
-        self._cancel_timer()
         self._wake()
 
-    def _cancel_timer(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
     def _arm(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._timer = loop.call_at(min(loop.time() + self._gap, self._deadline), self._on_timer)
+        # The timer is the connection's and outlives the response: with keep-alive, one per connection per
+        # read-gap interval rather than one per request. A pending one due later than this response's first
+        # deadline is replaced; one due earlier finds this response when it fires and re-arms for it.
+        conn = self._conn
+        due = min(loop.time() + self._gap, self._deadline)
+        timer = conn.timer
+        if timer is None or timer.when() > due:
+            if timer is not None:
+                timer.cancel()
+            conn.timer = loop.call_at(due, conn.on_timer)
 
     def _on_timer(self) -> None:
         # Lazy: data_received only stamps conn.last_read; the timer re-arms until a gap or the deadline passes.
-        self._timer = None
-        if self._done:
-            return
         loop = self._conn.loop
         now = loop.time()
         # While reading is paused (the client is slow to take the bytes) the gap is not the replica's:
@@ -114,7 +112,7 @@ class UpstreamResponse:
         gap_due = now + self._gap if self._conn.paused else self._conn.last_read + self._gap
         due = min(gap_due, self._deadline)
         if now < due:
-            self._timer = loop.call_at(due, self._on_timer)
+            self._conn.timer = loop.call_at(due, self._conn.on_timer)
             return
         what = "the request deadline" if now >= self._deadline else (
             f"{self._gap:.1f} s without data" if self._headers else f"no response within {self._gap:.1f} s")
@@ -131,7 +129,11 @@ class UpstreamResponse:
 
     async def _wait_headers(self) -> None:
         while not self._headers and not self._done:
-            await self._wait()
+            w = self._waiter = self._conn.loop.create_future()  # _wait inlined: one coroutine less per request
+            try:
+                await w
+            finally:
+                self._waiter = None
         if not self._headers:
             raise self._error or UpstreamBroken("connection closed before the response headers")
 
@@ -143,6 +145,9 @@ class UpstreamResponse:
                     raise self._error
                 return b""
             await self._wait()
+        return self._take()
+
+    def _take(self) -> bytes:
         data = self._buf[0] if len(self._buf) == 1 else b"".join(self._buf)
         self._buf.clear()
         if self._buffered > HIGH_WATER:
@@ -151,6 +156,8 @@ class UpstreamResponse:
         return data
 
     async def read(self) -> bytes:
+        if self._done and self._error is None:  # already whole (a short answer arrives with its headers)
+            return self._take() if self._buf else b""
         parts = []
         while data := await self.next_data():
             parts.append(data)
@@ -162,7 +169,6 @@ class UpstreamResponse:
 
     def close(self) -> None:
         """Back to the pool when complete and reusable, else the connection is closed (the replica aborts)."""
-        self._cancel_timer()
         self._conn.release(self)
 
 
@@ -173,6 +179,7 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.resp: UpstreamResponse | None = None
+        self.timer: asyncio.TimerHandle | None = None  # the read deadlines of the response under way
         self.last_read = 0.0
         self.idle_since = 0.0
         self.closed = False
@@ -200,6 +207,9 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
         self.pool.forget(self)
         resp = self.resp
         if resp is not None and not resp._done:
@@ -239,6 +249,12 @@ class _Connection(asyncio.Protocol):
         if self.resp is not None and self.resp._headers:
             self.keep_alive = self.parser.should_keep_alive()  # only valid inside the callback
             self.resp._finish()
+
+    def on_timer(self) -> None:
+        self.timer = None
+        resp = self.resp
+        if resp is not None and not resp._done and not self.closed:
+            resp._on_timer()
 
     # used by UpstreamResponse
     def pause(self) -> None:

@@ -224,9 +224,12 @@ class LlmfleetRouter(SimRouter):
         from llmfleet.router.config import FallbackConfig, SLOConfig
         from llmfleet.router.fallback import FallbackPolicy
         from llmfleet.router.plugins import PrefixIndex, ReplicaState, RequestInfo, build_pipeline
+        from llmfleet.router.plugins.base import AwaitingFirstByte
 
         super().attach(fleet)
         self._RequestInfo = RequestInfo
+        self._Awaiting = AwaitingFirstByte
+        self.awaiting: dict[int, Any] = {}  # rid -> AwaitingFirstByte until its first token (every request streams)
         self._dispatch = dispatch
         self.index = PrefixIndex(max_blocks=10_000_000)
         self.pipeline = build_pipeline(self.weights, self.index, seed=self.seed, max_candidates=self.max_candidates,
@@ -274,19 +277,20 @@ class LlmfleetRouter(SimRouter):
             if rep.adapter_slots:  # what the production router reads from the engine's /v1/models
                 st.adapters = set(rep.adapters)
 
-    def _signals(self, fleet: Fleet, pool: str) -> Any:
+    def _signals(self, fleet: Fleet, pool: str, now: float) -> Any:
         from llmfleet.router.fallback import FallbackSignals
 
-        reps = fleet.routable[pool]
-        return FallbackSignals(pool, len(reps), float(sum(len(r.waiting) for r in reps)),
-                           float(sum(len(r.running) for r in reps)))
+        states = [self.states[r.id] for r in fleet.routable[pool]]  # the production router's signals (server.py)
+        return FallbackSignals(pool, len(states), float(sum(s.queued for s in states)),
+                           float(sum(s.generating for s in states)),
+                           prefill_wait_ms=min((s.prefill_wait_s(now) for s in states), default=0.0) * 1e3)
 
     def route(self, req: Request, fleet: Fleet, now: float) -> SimReplica | None:
         dispatch = self._dispatch
         pool = fleet.primary
         if self.policy is not None:
-            pool = dispatch.pick_pool(self.policy, now, self._signals(fleet, fleet.primary),
-                                      [self._signals(fleet, s) for s in self.students], tenant=req.tenant,
+            pool = dispatch.pick_pool(self.policy, now, self._signals(fleet, fleet.primary, now),
+                                      [self._signals(fleet, s, now) for s in self.students], tenant=req.tenant,
                                       input_tokens=req.prompt_len, request_class=req.cls).pool
         cands = self.state_lists[pool]
         if not cands:
@@ -300,9 +304,17 @@ class LlmfleetRouter(SimRouter):
         dispatch.commit(self.pipeline, info, dec.replica)  # at once: a simulated request is on the wire when routed
         if info.prefill_charge is not None:
             self.infos[req.rid] = info
+        self._release(req)  # routed again (held for a pool at zero): counted once, where it goes now
+        self.awaiting[req.rid] = self._Awaiting(dec.replica)
         return fleet.replicas[int(dec.replica.id)]
 
+    def _release(self, req: Request) -> None:
+        counted = self.awaiting.pop(req.rid, None)
+        if counted is not None:
+            counted.release()
+
     def on_first_token(self, req: Request, now: float) -> None:
+        self._release(req)
         self._dispatch.on_first_byte(self.infos.pop(req.rid, None), now)
 
     def on_complete(self, req: Request, now: float) -> None:
@@ -310,6 +322,7 @@ class LlmfleetRouter(SimRouter):
         if self.policy is not None and req.pool == self.fleet.primary:
             tpot = (req.finish - req.first_token) * 1e3 / (req.output_len - 1) if req.output_len > 1 else None
             latency = self._dispatch.Latency((req.first_token - req.arrival) * 1e3, tpot, (req.finish - req.arrival) * 1e3)
+        self._release(req)
         # info still there: the engine rejected the request, or no first token was seen
         self._dispatch.on_done(self.infos.pop(req.rid, None), now, self.policy, latency)
 

@@ -52,7 +52,7 @@ class World:
         self.ready = dict(self.replicas)
 
     def tick(self, t: float, rate: float, *, stale: bool = False, queue: float = 0.0,
-             ttft: float | None = None, missing: bool = False) -> ScalingDecision:
+             ttft: float | None = None, missing: bool = False, student_ttft: float | None = None) -> ScalingDecision:
         for at, pool in list(self.starting):
             if at <= t:
                 self.ready[pool] += 1
@@ -62,7 +62,8 @@ class World:
                         arrival_rate=None if missing else rate, mean_input_tokens=MEAN_IN,
                         mean_output_tokens=MEAN_OUT, queue_depth=queue, ttft_p95_ms=ttft, stale=stale),
             PoolSignals("small", "student", t, self.replicas["small"], self.ready["small"],
-                        arrival_rate=None if missing else 0.0, queue_depth=0.0, stale=stale),
+                        arrival_rate=None if missing else 0.0, queue_depth=0.0, ttft_p95_ms=student_ttft,
+                        stale=stale),
         ]
         d = decide(self.cfg, sigs, self.state)
         self.state = d.state
@@ -220,7 +221,7 @@ def test_slo_violation_feedback_adds_replica_keeps_capacity_estimate(violated_in
 
 def test_slo_feedback_waits_until_the_last_action_settled() -> None:
     """Right after a scale-up the old replicas still drain the backlog: a TTFT miss then is no capacity error."""
-    w = World(config(), cold_start=30.0)
+    w = World(primary_only(), cold_start=30.0)
     for i in range(10):
         w.tick(15.0 * i, 2.0)
     w.tick(150.0, 8.0)  # burst: scale up
@@ -436,7 +437,7 @@ def test_requests_held_at_the_router_start_a_replica_at_once() -> None:
 def test_replicas_of_a_burst_that_ended_are_released_without_waiting_for_the_down_window() -> None:
     """One burst (0.5 -> 20 req/s for 300 s) that ends: its scale-up is the down-window's highest recommendation, yet
     once the recommendation is clearly idle the burst's replicas go within two cold starts and a cooldown."""
-    w = World(config(), replicas={"primary": 1, "small": 0})
+    w = World(primary_only(), replicas={"primary": 1, "small": 0})
     w.run(lambda t: 20.0 if 300 <= t < 600 else 0.5, 1200)
     assert max(d.pools["primary"].desired for _, _, d in w.log) >= needed(20.0)
     first_down = next(t for t, _, d in w.log if t >= 600 and d.pools["primary"].action == "down")
@@ -445,10 +446,76 @@ def test_replicas_of_a_burst_that_ended_are_released_without_waiting_for_the_dow
     assert w.replicas["primary"] <= 2
 
 
+def primary_only(**kw: object) -> PolicyConfig:
+    """`config` without the student pool: no fallback capacity to stand in for a released primary."""
+    cfg = config(**kw)
+    return replace(cfg, pools=cfg.pools[:1])
+
+
+def recurring_bursts(t: float) -> float:
+    """20 req/s for 30 s every 120 s from 300 s on (shorter gaps than the down-window), else 0.5 req/s."""
+    return 20.0 if t >= 300 and (t - 300) % 120 < 30 else 0.5
+
+
 def test_replicas_are_kept_for_the_down_window_while_bursts_recur() -> None:
-    """Bursts every 120 s (shorter than the down-window): each would arrive faster than a replica starts, so the
-    capacity of the last one is not released early."""
-    w = World(config(), replicas={"primary": 1, "small": 0})
-    w.run(lambda t: 20.0 if t >= 300 and (t - 300) % 120 < 30 else 0.5, 900)
+    """Bursts every 120 s (shorter than the down-window) and no student: each would arrive faster than a replica
+    starts, so the capacity of the last one is not released early."""
+    w = World(primary_only(), replicas={"primary": 1, "small": 0})
+    w.run(recurring_bursts, 900)
     after = [d.pools["primary"].desired for t, _, d in w.log if 450 <= t <= 900]
     assert min(after) >= needed(20.0)
+
+
+def test_warm_students_let_the_primary_release_a_burst_after_one_cold_start() -> None:
+    """Bursts of two minutes every four with a student pool: the first burst warms a student, which can take a
+    released primary's traffic while a replica starts again, so the primary goes back down one cold start after
+    each burst (not a down-window) and up again for the next; the student stays warm while the bursts recur."""
+    w = World(config(), replicas={"primary": 1, "small": 0})
+    w.run(lambda t: 20.0 if t >= 300 and (t - 300) % 240 < 120 else 0.5, 1500)
+    assert w.ready["small"] >= 1
+    lows = [d.pools["primary"].desired for t, _, d in w.log if 540 <= t <= 1500]
+    assert min(lows) < needed(20.0) and max(lows) >= needed(20.0)
+    downs = [(t, d) for t, _, d in w.log if t >= 540 and d.pools["primary"].action == "down"]
+    assert downs and all("ready students stand in for" in " ".join(d.pools["primary"].reasons) for _, d in downs)
+    for t, _ in downs:  # never within one cold start of the last interval that needed the replicas
+        recent = [d.pools["primary"].recommended for tt, _, d in w.log if t - 60 <= tt < t]
+        assert max(recent) <= w.replicas_at(t)
+
+
+def test_without_a_ready_student_the_primary_keeps_the_down_window() -> None:
+    """A student that is still starting (or at zero) stands in for nothing: the fast release needs ready ones."""
+    w = World(config(), replicas={"primary": 1, "small": 0}, cold_start=10_000.0)  # nothing ever becomes ready
+    w.run(recurring_bursts, 900)
+    assert not any("stand in" in " ".join(d.pools["primary"].reasons) for _, _, d in w.log)
+
+
+def test_warm_students_carry_an_overflow_shorter_than_a_cold_start() -> None:
+    """With a ready student that can carry the overflow, the primary starts replicas only for an overflow that
+    lasted a cold start (a shorter one would buy a cold start and a hold for nothing); without students at once."""
+    def short(t: float) -> float:
+        return 8.0 if 60 <= t < 90 else 1.0  # 30 s of 8 req/s: needs 4 primaries, 2 are there
+
+    def sustained(t: float) -> float:
+        return 8.0 if t >= 60 else 1.0
+
+    w = World(config(), replicas={"primary": 2, "small": 1})
+    w.run(short, 240)
+    assert max(d.pools["primary"].desired for _, _, d in w.log) == 2
+    assert any("ready students carry the overflow" in " ".join(d.pools["primary"].reasons) for _, _, d in w.log)
+    w = World(config(), replicas={"primary": 2, "small": 1})
+    w.run(sustained, 240)
+    first_up = next(t for t, _, d in w.log if d.pools["primary"].action == "up")
+    assert 60 + 60 <= first_up <= 60 + 60 + 15 and w.replicas["primary"] >= needed(8.0)
+    w = World(primary_only(), replicas={"primary": 2, "small": 0})
+    w.run(short, 240)
+    assert next(t for t, _, d in w.log if d.pools["primary"].action == "up") == 60
+
+
+def test_a_student_past_its_planned_ttft_carries_nothing() -> None:
+    """A student whose own measured TTFT p95 is past the plan (70 % of the SLO) has no spare capacity, whatever its
+    capacity model says: the primary scales up at once instead of waiting for it to carry the overflow."""
+    for student_ttft, waits in ((None, True), (1000.0, True), (1900.0, False)):
+        w = World(config(), replicas={"primary": 2, "small": 1})
+        w.run(lambda t: 1.0, 60, student_ttft=student_ttft)
+        d = w.tick(75.0, 8.0, student_ttft=student_ttft)
+        assert (d.pools["primary"].action == "hold") is waits, (student_ttft, d.pools["primary"].reasons)

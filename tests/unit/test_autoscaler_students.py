@@ -118,3 +118,22 @@ def test_a_student_that_absorbed_a_burst_is_held_for_the_down_window() -> None:
     assert recommended
     first_down = next(t for t, _, d in w.log if t > recommended[0] and d.pools["small"].action == "down")
     assert first_down >= recommended[0] + w.cfg.down_window_s
+
+
+def test_queue_delay_fallback_sees_a_prompt_heavy_burst_inside_the_batch() -> None:
+    """Prompt-heavy burst on one primary with a warm student and only the queue-delay trigger (no SLO-burn
+    fallback): with chunked prefill the engine admits the burst into its running batch, so its waiting queue stays
+    short while the prompts wait for prefill compute. The router's own signals (requests without a first token,
+    its prefill queue) must still see the delay and send the overflow to the student before TTFTs pass the SLO."""
+    from llmfleet.sim.production import Fallback
+
+    w = synthetic(SyntheticSpec(duration_s=240.0, rate_rps=2.0, diurnal_amplitude=0.0, bursts=[(60.0, 120.0, 10.0)],
+                                tenants=4, user_tokens_mean=4000, output_tokens_mean=20, turns_mean=1.0, seed=3))
+    isvc = make_service(policy="static", ttft_slo_ms=1000.0, replicas=1, model="llama-3.1-8b", student="llama-3.2-1b",
+                        student_min=1, student_max_model_len=131072,
+                        fallback=Fallback(queue_delay_fraction=0.5, max_degraded=0.9, burn_rate=1e9))
+    res, _ = simulate_service(w, isvc)
+    burst = [r for r in res.records if 60.0 <= r["arrival"] < 180.0]
+    assert sum(1 for r in burst if r["pool"] == "small") > 0.3 * len(burst)
+    on_time = sum(1 for r in burst if r["ttft"] is not None and r["ttft"] <= 1.0)
+    assert on_time >= 0.99 * len(burst)

@@ -90,6 +90,10 @@ def test_sheddable_not_capped() -> None:
         (FallbackSignals("p", 2, waiting=10, running=0, mean_e2e_ms=100), 500.0),
         (FallbackSignals("p", 0), float("inf")),
         (FallbackSignals("p", 1, waiting=3), 0.0),
+        # the prefill queue is the bottleneck: the batch has slots, the compute does not
+        (FallbackSignals("p", 1, waiting=25, running=40, mean_e2e_ms=400, prefill_wait_ms=1800), 1800.0),
+        (FallbackSignals("p", 1, waiting=0, running=4, mean_e2e_ms=400, prefill_wait_ms=700), 700.0),
+        (FallbackSignals("p", 2, waiting=10, running=0, mean_e2e_ms=100, prefill_wait_ms=50), 500.0),
     ],
 )
 def test_predicted_queue_delay(pool: FallbackSignals, ms: float) -> None:
@@ -124,3 +128,23 @@ def test_scale_from_zero_degrades_only_up_to_the_tenant_cap() -> None:
         policy.record(float(i), "default", d)
         picks.append(d.pool)
     assert picks.count("small") == 2 and picks.count("primary") == 6  # the rest wait for the cold start
+
+
+def test_requests_without_a_first_token_count_as_queued() -> None:
+    """With chunked prefill an engine admits a burst into its running batch: its waiting gauge stays 0 while the
+    router still has the prompts open without a first byte; those are queued, not generating."""
+    from llmfleet.router.plugins.base import AwaitingFirstByte, ReplicaState
+
+    r = ReplicaState(id="http://r", pool="p", running=30.0, waiting=0.0)
+    counted = [AwaitingFirstByte(r) for _ in range(25)]
+    assert (r.queued, r.generating) == (25.0, 5.0)
+    counted[0].release()
+    counted[0].release()  # idempotent: a first byte and then the end of the same request
+    assert r.awaiting_first_byte == 24
+    AwaitingFirstByte(None).release()  # a non-streamed request is not counted
+    assert r.awaiting_first_byte == 24
+    r2 = ReplicaState(id="http://r2", pool="p", running=4.0, waiting=6.0)  # the engine's own queue is the larger
+    assert (r2.queued, r2.generating) == (6.0, 4.0)
+    busy = ReplicaState(id="http://r3", pool="p", prefill_tokens=8000.0, prefill_busy_until=12.5)
+    assert busy.prefill_wait_s(10.0) == 2.5 and busy.prefill_wait_s(13.0) == 0.0
+    assert ReplicaState(id="http://r4", pool="p", prefill_busy_until=12.5).prefill_wait_s(10.0) == 0.0

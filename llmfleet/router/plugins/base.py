@@ -103,6 +103,9 @@ class ReplicaState:
     waiting: float = 0.0  # vllm:num_requests_waiting (scraped)
     kv_usage: float = 0.0  # vllm:kv_cache_usage_perc, 0-1 (scraped)
     in_flight: int = 0  # requests this router has open to the replica right now
+    # Of those, streamed requests that have not answered a first byte yet: queued at the engine or in its prefill
+    # (a non-streamed answer's first byte is the whole answer, so those are not counted).
+    awaiting_first_byte: int = 0
     stale: bool = True  # no fresh scrape: load numbers are guesses
     cache_capacity_blocks: int | None = None  # KV blocks (from config or vllm:cache_config_info)
     prefix_hits: float = 0.0  # vllm prefix-cache hit counter (tokens or queries, as scraped)
@@ -123,6 +126,39 @@ class ReplicaState:
     def load(self) -> float:
         """Requests at the replica: the scraped count, or our own in-flight count when that is higher."""
         return max(self.running + self.waiting, float(self.in_flight))
+
+    @property
+    def queued(self) -> float:
+        """Requests at the replica still waiting for their first token: the engine's waiting queue, or this router's
+        streamed requests without a first byte when there are more of those. With chunked prefill an engine admits
+        a burst into its running batch at once (up to max_num_seqs), so its waiting queue stays empty while the
+        prompts wait their turn for the step's token budget: the engine's queue alone does not show that delay."""
+        return max(self.waiting, float(self.awaiting_first_byte))
+
+    def prefill_wait_s(self, now: float) -> float:
+        """Seconds until the replica is through the prefill work this router sent it (0 when none is pending);
+        `now` on the clock of RequestInfo.now."""
+        return max(self.prefill_busy_until - now, 0.0) if self.prefill_tokens > 0 else 0.0
+
+    @property
+    def generating(self) -> float:
+        """Requests at the replica past their first token (the rest of `running + waiting`, see `queued`)."""
+        return max(self.running + self.waiting - self.queued, 0.0)
+
+
+class AwaitingFirstByte:
+    """A streamed request counted in its replica's `awaiting_first_byte` until `release` (its first byte, or its end
+    without one; idempotent). `replica` None: not counted (a non-streamed answer's first byte is the whole answer)."""
+
+    def __init__(self, replica: ReplicaState | None) -> None:
+        self.replica = replica
+        if replica is not None:
+            replica.awaiting_first_byte += 1
+
+    def release(self) -> None:
+        if self.replica is not None:
+            self.replica.awaiting_first_byte -= 1
+            self.replica = None
 
 
 @dataclass

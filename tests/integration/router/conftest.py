@@ -14,13 +14,13 @@ import pytest
 from aiohttp import web
 
 from llmfleet.router.config import LimitsConfig, PoolConfig, RouterConfig
-from llmfleet.router.http_server import start_http
+from llmfleet.router.http_server import RouterServer, start_http
 from llmfleet.router.server import Router
 from llmfleet.testing.fake_backend import FakeBackend
 
 
 class RouterUnderTest:
-    def __init__(self, router: Router, runner: web.AppRunner, url: str) -> None:
+    def __init__(self, router: Router, runner: RouterServer | web.AppRunner, url: str) -> None:
         self.router = router
         self.runner = runner
         self.url = url
@@ -29,8 +29,8 @@ class RouterUnderTest:
 async def start_router(cfg: RouterConfig, lookup: Any = None) -> RouterUnderTest:
     """The router as `llmfleet router` serves it (connection deadlines included), on a free port."""
     router = Router(cfg, lookup)
-    runner, site = await start_http(router, "127.0.0.1", 0)
-    return RouterUnderTest(router, runner, f"http://127.0.0.1:{site.port}")
+    server = await start_http(router, "127.0.0.1", 0)
+    return RouterUnderTest(router, server, f"http://127.0.0.1:{server.port}")
 
 
 def config(pools: dict[str, tuple[str, list[str]]], **kw: Any) -> RouterConfig:

@@ -89,6 +89,7 @@ async def test_retry_on_another_replica_before_first_byte(fakes, routers, http) 
     assert "llmfleet_router_retries_total" in text
     state = {x["replica"]: x for x in (await (await http.get(r.url + "/debug/replicas")).json())["replicas"]}
     assert state[dead_url]["healthy"] is False  # connection refused marks it down at once
+    assert all(x.awaiting_first_byte == 0 for x in r.router.pools["primary"].replicas.replicas.values())
 
 
 async def test_upstream_failures_are_counted_per_pool_for_the_error_rate(fakes, routers, http) -> None:
@@ -163,6 +164,7 @@ async def test_client_disconnect_cancels_upstream(fakes, routers, http) -> None:
     resp.close()  # client goes away mid-stream
     await wait_for(lambda: a.cancelled == 1)
     await wait_for(lambda: r.router.pools["primary"].replicas.replicas[a.url].in_flight == 0)
+    assert r.router.pools["primary"].replicas.replicas[a.url].awaiting_first_byte == 0
 
 
 async def test_load_metrics_scraped_and_stale(fakes, routers) -> None:
@@ -508,6 +510,31 @@ async def test_scale_from_zero_holds_requests_and_wakes_the_autoscaler(fakes, ro
     # The deadline: no replica in time -> 503 with Retry-After, nothing hangs.
     replica.healthy = False
     late = await routers(cfg(hold_timeout_seconds=0.3))
+    await wait_for(lambda: not late.router.pools["primary"].replicas.routable())  # its first health check
     async with http.post(late.url + "/v1/chat/completions", json=CHAT) as resp:
         assert resp.status == 503 and "became ready within" in (await resp.json())["error"]["message"]
         assert resp.headers["Retry-After"]
+
+
+async def test_streamed_requests_count_as_queued_until_their_first_byte(fakes, routers, http) -> None:
+    """A streamed request counts in its replica's `awaiting_first_byte` (and so as queued in the fallback's signals)
+    from the moment it is sent until its first byte; a non-streamed one never (its first byte is the answer)."""
+    a = await fakes(name="a", tokens=50, delay_s=0.3, token_delay_s=0.02)
+    r = await routers(config({"primary": ("m", [a.url])}))
+    pool = r.router.pools["primary"]
+    rep = pool.replicas.replicas[a.url]
+    task = asyncio.ensure_future(http.post(r.url + "/v1/chat/completions", json={**CHAT, "stream": True}))
+    await wait_for(lambda: rep.in_flight == 1)
+    assert rep.awaiting_first_byte == 1 and rep.queued == 1.0
+    assert r.router._signals(pool, 0.0).waiting == 1.0
+    resp = await task
+    await resp.content.readline()  # the first event: past the prefill, generating
+    assert rep.in_flight == 1 and rep.awaiting_first_byte == 0
+    await resp.read()
+    resp.close()
+    plain = asyncio.ensure_future(http.post(r.url + "/v1/chat/completions", json=CHAT))
+    await wait_for(lambda: rep.in_flight == 1)
+    assert rep.awaiting_first_byte == 0
+    (await plain).close()
+    await wait_for(lambda: rep.in_flight == 0)
+    assert rep.awaiting_first_byte == 0
