@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,7 +34,9 @@ ObjectKey = tuple[str, str, str]
 class _Entry:
     body: bytes  # digest of the manifest as sent (thousands of children: no copy of each kept)
     generation: object
-    result: bytes  # the answer, encoded: each hit decodes a fresh copy that callers may edit
+    # The answer, JSON encoded and deflated (level 1: ~10 us per child object; JSON of Kubernetes objects shrinks
+    # 4-6x): each hit decodes a fresh copy that callers may edit, and thousands of children stay a few MB.
+    result: bytes
     expires: float
 
 
@@ -56,12 +59,13 @@ class AppliedCache:
         if entry is None or entry.body != body or entry.generation != generation or self.clock() >= entry.expires:
             return None
         self.hits += 1
-        result: dict[str, Any] = msgspec.json.decode(entry.result)
+        result: dict[str, Any] = msgspec.json.decode(zlib.decompress(entry.result))
         return result
 
     def store(self, key: ObjectKey, body: bytes, generation: object, result: dict[str, Any]) -> None:
         if self.ttl_seconds > 0:
-            self._entries[key] = _Entry(body, generation, msgspec.json.encode(result), self.clock() + self.ttl_seconds)
+            self._entries[key] = _Entry(body, generation, zlib.compress(msgspec.json.encode(result), 1),
+                                        self.clock() + self.ttl_seconds)
 
     def forget(self, key: ObjectKey) -> None:
         self._entries.pop(key, None)
