@@ -550,8 +550,8 @@ def main() -> None:
     res["machine"] = {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
                       "processor": platform.processor() or platform.machine(), "loadavg_1m_at_start": load_at_start,
                       "loadavg_1m_at_end": load1,
-                      "note": "shared 2-core dev machine (other work running); routers pinned to CPU 1, "
-                              "backends + load generator to CPU 0"}
+                      "note": "routers pinned to CPU 1, backends + load generator to CPU 0; the load averages "
+                              "say how busy the machine was"}
     targets = {"added_p50_le_0.5ms": None, "added_p99_le_2ms": None, "ge_2000_rps": None, "decision_le_50us": None}
     ll = res["routers"].get("llmfleet")
     if ll:
