@@ -73,7 +73,7 @@ def stabilize(
     if covered > 0 and needed < current and not sig.stale and now - st.first_seen >= hold:
         worst = max((p for t, p in st.ttft_history if t >= now - hold), default=None)
         cooled = st.last_action_at is None or now - st.last_action_at >= cfg.cooldown_s
-        if cooled and (worst is None or worst <= cfg.ttft_target_fraction * cfg.ttft_slo_ms):
+        if cooled and (worst is None or worst <= planned_ms):
             desired = max(needed, current - covered)
             reasons.append(f"highest recommendation over {hold:g} s is {needed}, ready students stand in for "
                            f"{covered} replica(s) during a cold start: -{current - desired}")

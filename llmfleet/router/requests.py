@@ -13,6 +13,12 @@ Endpoint = Literal["chat", "completions"]
 MAX_JSON_DEPTH = 64
 
 
+def error_body(message: str, type_: str = "invalid_request_error", code: str | int | None = None,
+               param: str | None = None) -> dict[str, Any]:
+    """OpenAI's error shape."""
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
 class RequestError(Exception):
     """A client error with an OpenAI-shaped JSON body."""
 
@@ -26,7 +32,7 @@ class RequestError(Exception):
         self.code = code
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        return error_body(self.message, self.type, self.code, self.param)
 
 
 @dataclass

@@ -15,6 +15,8 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
+from llmfleet.router.requests import error_body
+
 
 @dataclass(slots=True)
 class ClientRequest:
@@ -39,12 +41,6 @@ class Responder(Protocol):
     async def write(self, data: bytes) -> None: ...
 
     async def end(self, data: bytes = b"") -> None: ...
-
-
-def error_body(message: str, type_: str = "invalid_request_error", code: str | int | None = None,
-               param: str | None = None) -> dict[str, Any]:
-    """OpenAI's error shape."""
-    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
 def send_json(out: Responder, status: int, obj: Any, headers: Mapping[str, str] | None = None) -> None:
