@@ -45,8 +45,9 @@ class RequestContext:
 
 
 class Accounting:
-    """The end of a request: counters and histograms by pool and model, the SLO window of the primary pools,
-    the request log; the end of every attempt: the pool's outlier detector."""
+    """The end of a request: counters and histograms by pool and model, the fallback policy's latency windows
+    (the primary pools' SLO window; the student pools' end-to-end latency, which prices their queues), the
+    request log; the end of every attempt: the pool's outlier detector."""
 
     def __init__(self, metrics: RouterMetrics, policy: FallbackPolicy | None = None,
                  request_log: RequestLog | None = None, primary_pools: Collection[str] = (),
@@ -90,9 +91,10 @@ class Accounting:
                 h.ttft.observe(ttft)
             if tpot is not None:
                 h.tpot.observe(tpot)
-            if pool in self.primary_pools:
+            if pool in self.primary_pools or pool in self.replica_pools:  # a student pool's latency prices its queue
                 on_done(None, None, self.policy, Latency(None if ttft is None else ttft * 1000,
-                                                          None if tpot is None else tpot * 1000, e2e * 1000))
+                                                          None if tpot is None else tpot * 1000, e2e * 1000),
+                        student_pool=None if pool in self.primary_pools else pool)
         if self.request_log is not None:
             self.request_log.write(tenant=ctx.tenant, model=model, parsed=ctx.parsed, input_tokens=input_tokens,
                                    output_tokens=output_tokens, pool=pool, degraded=ctx.degraded, ttft=ttft, e2e=e2e,

@@ -86,11 +86,16 @@ def on_first_byte(info: RequestInfo | None, now: float | None = None) -> None:
 
 
 def on_done(info: RequestInfo | None, now: float | None = None, policy: FallbackPolicy | None = None,
-            latency: Latency | None = None) -> None:
+            latency: Latency | None = None, student_pool: str | None = None) -> None:
     """The request (or this attempt of it) ended. Releases a prefill charge no first byte released
     (idempotent); with `policy` and the `latency` of a request the primary pool served, feeds the policy's SLO
-    window. `now` None: time.monotonic() (the production clock; the simulator passes its own)."""
+    window (`student_pool`: served by that student pool, which prices its queue). `now` None: time.monotonic()
+    (the production clock; the simulator passes its own)."""
     if info is not None:
         release_prefill(info, now, first_byte=False)
     if policy is not None and latency is not None:
-        policy.observe_primary(time.monotonic() if now is None else now, latency.ttft_ms, latency.tpot_ms, latency.e2e_ms)
+        t = time.monotonic() if now is None else now
+        if student_pool is None:
+            policy.observe_primary(t, latency.ttft_ms, latency.tpot_ms, latency.e2e_ms)
+        else:
+            policy.observe_student(student_pool, t, latency.ttft_ms, latency.tpot_ms, latency.e2e_ms)

@@ -12,6 +12,11 @@ Per request `FallbackPolicy.decide` picks the primary pool or a student pool fro
   * predicted primary queueing delay above `max_queue_delay_ms` (capped; `predicted_queue_delay_ms`).
 "Capped": only while degrading this request keeps the tenant's degraded fraction over the window at or
 below its cap (0 disables; a tenant's first request in an empty window is not held back).
+The student pool is the one with the lowest predicted queueing delay (config order breaks ties), each pool's
+delay from its own queue, prefill queue and recent end-to-end latency (`observe_student`). For the load rules
+(SLO burn, queue delay) a request degrades only when that student's predicted delay is not above the primary's:
+a student whose own queue is longer would answer later, and worse (reason `student-busier:<why>`; equal
+delays degrade: an SLO burn with both queues empty is not a queueing problem the primary would solve).
 """
 
 from __future__ import annotations
@@ -37,6 +42,9 @@ class FallbackSignals:
     mean_e2e_ms: float | None = None  # recent mean end-to-end latency of the pool
     # when the least-loaded replica is through the prefill work the router has sent it (ReplicaState.prefill_wait_s)
     prefill_wait_ms: float = 0.0
+    # Of `waiting`, the requests the engines have not admitted to a batch (their waiting gauges); None: not known
+    # apart (no prefill queue kept), all of `waiting` wait for a batch slot
+    engine_waiting: float | None = None
     scales_from_zero: bool = False  # no routable replica means a cold start, not an outage
 
 
@@ -44,7 +52,9 @@ class FallbackSignals:
 class FallbackDecision:
     pool: str
     degraded: bool
-    reason: str  # primary | requested | unavailable | sheddable | long-context | slo-burn | queue-delay | capped:<why>
+    # primary | requested | unavailable | sheddable | long-context | slo-burn | queue-delay | capped:<why>
+    # | student-busier:<why>
+    reason: str
 
 
 class SLOTracker:
@@ -118,23 +128,50 @@ class TenantWindow:
 
 
 def predicted_queue_delay_ms(p: FallbackSignals) -> float:
-    """The longer of two estimates, one per bottleneck: Little's law for the engine's batch slots (queued requests
-    drain at `running / mean_e2e` per ms across the pool) and the router's prefill queue for its compute (the
-    least-loaded replica's pending prefill work at its prefill rate; prompt-heavy bursts wait there while the batch
-    has free slots)."""
+    """The longer of two estimates, one per bottleneck: Little's law for the engine's batch slots (requests waiting
+    for a slot drain at `in batch / mean_e2e` per ms across the pool) and the router's prefill queue for its compute
+    (the least-loaded replica's pending prefill work at its prefill rate; prompt-heavy bursts wait there while the
+    batch has free slots). With the prefill queue kept (`engine_waiting` known), a request without a first token
+    that the engine has admitted waits for prefill compute, which that queue prices: only the engines' own waiting
+    requests wait for slots. Counting the admitted ones in Little's law too would price each at a whole request's
+    latency per slot, a queue of seconds on a replica with free slots and its prefill done."""
     if p.routable_replicas == 0:
         return float("inf")
-    if p.waiting <= 0 or p.mean_e2e_ms is None:
+    slot_waiting = p.waiting if p.engine_waiting is None else min(p.engine_waiting, p.waiting)
+    if slot_waiting <= 0 or p.mean_e2e_ms is None:
         return p.prefill_wait_ms
-    return max(p.waiting * p.mean_e2e_ms / max(p.running, float(p.routable_replicas)), p.prefill_wait_ms)
+    in_batch = p.running + p.waiting - slot_waiting
+    return max(slot_waiting * p.mean_e2e_ms / max(in_batch, float(p.routable_replicas)), p.prefill_wait_ms)
+
+
+# Rules that degrade because the primary is loaded: they help only if the student answers sooner.
+LOAD_REASONS = ("slo-burn", "queue-delay")
 
 
 class FallbackPolicy:
     def __init__(self, cfg: FallbackConfig, slo: SLOConfig, tenant_caps: dict[str, float] | None = None) -> None:
         self.cfg = cfg
         self.slo_tracker = SLOTracker(slo)
+        self.student_trackers: dict[str, SLOTracker] = {}  # per student pool: its recent end-to-end latencies
         self.tenants = TenantWindow(slo.window_seconds)
         self.tenant_caps = tenant_caps or {}
+
+    def predicted_delay_ms(self, now: float, pool: FallbackSignals, tracker: SLOTracker | None) -> float:
+        """`predicted_queue_delay_ms` of `pool`, its mean end-to-end latency from `tracker` when the signals
+        carry none."""
+        if pool.mean_e2e_ms is None and tracker is not None:
+            pool = FallbackSignals(**{**pool.__dict__, "mean_e2e_ms": tracker.mean_e2e_ms(now)})
+        return predicted_queue_delay_ms(pool)
+
+    def _student(self, now: float, students: list[FallbackSignals]) -> tuple[FallbackSignals, float] | None:
+        """The routable student pool with the lowest predicted delay (the first in config order on ties)."""
+        best: tuple[FallbackSignals, float] | None = None
+        for s in students:
+            if s.routable_replicas > 0:
+                ms = self.predicted_delay_ms(now, s, self.student_trackers.get(s.name))
+                if best is None or ms < best[1]:
+                    best = (s, ms)
+        return best
 
     def decide(
         self,
@@ -149,9 +186,10 @@ class FallbackPolicy:
         """Pure given the tracker state; call `record` with the outcome so the caps see it."""
         if requested_pool is not None and requested_pool != primary.name:
             return FallbackDecision(requested_pool, False, "requested")
-        student = next((s for s in students if s.routable_replicas > 0), None)
-        if not self.cfg.enabled or student is None:
+        best = self._student(now, students) if self.cfg.enabled else None
+        if best is None:
             return FallbackDecision(primary.name, False, "primary")
+        student, student_ms = best
         if primary.routable_replicas == 0 and not primary.scales_from_zero:
             return FallbackDecision(student.name, True, "unavailable")
         if request_class is not None and request_class in self.cfg.sheddable_classes:
@@ -163,6 +201,8 @@ class FallbackPolicy:
         cap = self.tenant_caps.get(tenant, self.cfg.max_degraded_fraction)
         if cap <= 0 or self.tenants.fraction_if_degraded(tenant, now) > cap:
             return FallbackDecision(primary.name, False, f"capped:{why}")  # at zero replicas: held
+        if why in LOAD_REASONS and student_ms > self.predicted_delay_ms(now, primary, self.slo_tracker):
+            return FallbackDecision(primary.name, False, f"student-busier:{why}")
         return FallbackDecision(student.name, True, why)
 
     def _capped_reason(self, now: float, primary: FallbackSignals, input_tokens: int) -> str | None:
@@ -174,8 +214,7 @@ class FallbackPolicy:
         ):
             return "slo-burn"
         if self.cfg.max_queue_delay_ms is not None:
-            p = FallbackSignals(**{**primary.__dict__, "mean_e2e_ms": primary.mean_e2e_ms or self.slo_tracker.mean_e2e_ms(now)})
-            if predicted_queue_delay_ms(p) > self.cfg.max_queue_delay_ms:
+            if self.predicted_delay_ms(now, primary, self.slo_tracker) > self.cfg.max_queue_delay_ms:
                 return "queue-delay"
         return None
 
@@ -184,3 +223,9 @@ class FallbackPolicy:
 
     def observe_primary(self, now: float, ttft_ms: float | None, tpot_ms: float | None, e2e_ms: float) -> None:
         self.slo_tracker.observe(now, ttft_ms, tpot_ms, e2e_ms)
+
+    def observe_student(self, pool: str, now: float, ttft_ms: float | None, tpot_ms: float | None,
+                        e2e_ms: float) -> None:
+        """A request student pool `pool` served ended: its latency prices that pool's queue (not the burn rate,
+        which is the primary's)."""
+        self.student_trackers.setdefault(pool, SLOTracker(self.slo_tracker.slo)).observe(now, ttft_ms, tpot_ms, e2e_ms)

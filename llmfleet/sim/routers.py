@@ -207,7 +207,8 @@ class LlmfleetRouter(SimRouter):
 
     def __init__(self, weights: Mapping[str, float] | None = None, seed: int = 0,
                  fallback: Any = None, slo: Any = None, max_candidates: int | None = None,
-                 prefill_tokens_per_s: float | None = None, measure_prefill_rate: bool = False) -> None:
+                 prefill_tokens_per_s: float | None = None, measure_prefill_rate: bool = False,
+                 pool_prefill_rates: Mapping[str, float] | None = None) -> None:
         from llmfleet.api.inferenceservice import RouterSpec
         from llmfleet.router.plugins import DEFAULT_MAX_CANDIDATES
 
@@ -218,6 +219,7 @@ class LlmfleetRouter(SimRouter):
         self.max_candidates = max_candidates if max_candidates is not None else DEFAULT_MAX_CANDIDATES
         self.prefill_rate = prefill_tokens_per_s
         self.measure_prefill_rate = measure_prefill_rate  # RouterConfig.measure_prefill_rate
+        self.pool_prefill_rates = dict(pool_prefill_rates or {})  # pool -> rate (RouterConfig: prefill_tokens_per_s)
 
     def attach(self, fleet: Fleet) -> None:
         from llmfleet.router import dispatch
@@ -249,7 +251,8 @@ class LlmfleetRouter(SimRouter):
     def _on_fleet(self, what: str, rep: SimReplica) -> None:
         if what == "add":
             st = self._State(id=str(rep.id), pool=rep.pool, stale=False, cache_capacity_blocks=rep.total,
-                             prefill_tokens_per_s=self.prefill_rate, adapter_slots=rep.adapter_slots)
+                             prefill_tokens_per_s=self.pool_prefill_rates.get(rep.pool, self.prefill_rate),
+                             adapter_slots=rep.adapter_slots)
             self.states[rep.id] = st
             self.state_lists[rep.pool].append(st)
             self.index.set_capacity(str(rep.id), rep.cached_capacity)
@@ -283,7 +286,8 @@ class LlmfleetRouter(SimRouter):
         states = [self.states[r.id] for r in fleet.routable[pool]]  # the production router's signals (server.py)
         return FallbackSignals(pool, len(states), float(sum(s.queued for s in states)),
                            float(sum(s.generating for s in states)),
-                           prefill_wait_ms=min((s.prefill_wait_s(now) for s in states), default=0.0) * 1e3)
+                           prefill_wait_ms=min((s.prefill_wait_s(now) for s in states), default=0.0) * 1e3,
+                           engine_waiting=float(sum(s.waiting for s in states)) if self.pipeline.charges_prefill else None)
 
     def route(self, req: Request, fleet: Fleet, now: float) -> SimReplica | None:
         dispatch = self._dispatch
@@ -319,12 +323,14 @@ class LlmfleetRouter(SimRouter):
 
     def on_complete(self, req: Request, now: float) -> None:
         latency = None
-        if self.policy is not None and req.pool == self.fleet.primary:
+        student = None if req.pool == self.fleet.primary else req.pool
+        if self.policy is not None and (student is None or req.first_token >= 0):
             tpot = (req.finish - req.first_token) * 1e3 / (req.output_len - 1) if req.output_len > 1 else None
             latency = self._dispatch.Latency((req.first_token - req.arrival) * 1e3, tpot, (req.finish - req.arrival) * 1e3)
         self._release(req)
         # info still there: the engine rejected the request, or no first token was seen
-        self._dispatch.on_done(self.infos.pop(req.rid, None), now, self.policy, latency)
+        self._dispatch.on_done(self.infos.pop(req.rid, None), now, self.policy, latency,
+                               student_pool=student)
 
 
 def make_router(name: str, seed: int = 0) -> SimRouter:

@@ -120,20 +120,51 @@ def test_a_student_that_absorbed_a_burst_is_held_for_the_down_window() -> None:
     assert first_down >= recommended[0] + w.cfg.down_window_s
 
 
+def _prompt_heavy_burst_on_one_primary(duration_s: float, burst_at: float, burst_s: float):  # type: ignore[no-untyped-def]
+    """A 10x burst of 4k-token prompts on 1 primary with 1 warm student, only the queue-delay fallback trigger."""
+    from llmfleet.sim.production import Fallback
+
+    w = synthetic(SyntheticSpec(duration_s=duration_s, rate_rps=2.0, diurnal_amplitude=0.0,
+                                bursts=[(burst_at, burst_s, 10.0)], tenants=4, user_tokens_mean=4000,
+                                output_tokens_mean=20, turns_mean=1.0, seed=3))
+    isvc = make_service(policy="static", ttft_slo_ms=1000.0, replicas=1, model="llama-3.1-8b", student="llama-3.2-1b",
+                        student_min=1, student_max_model_len=131072,
+                        fallback=Fallback(queue_delay_fraction=0.5, max_degraded=0.9, burn_rate=1e9))
+    return w, isvc
+
+
 def test_queue_delay_fallback_sees_a_prompt_heavy_burst_inside_the_batch() -> None:
     """Prompt-heavy burst on one primary with a warm student and only the queue-delay trigger (no SLO-burn
     fallback): with chunked prefill the engine admits the burst into its running batch, so its waiting queue stays
     short while the prompts wait for prefill compute. The router's own signals (requests without a first token,
     its prefill queue) must still see the delay and send the overflow to the student before TTFTs pass the SLO."""
-    from llmfleet.sim.production import Fallback
-
-    w = synthetic(SyntheticSpec(duration_s=240.0, rate_rps=2.0, diurnal_amplitude=0.0, bursts=[(60.0, 120.0, 10.0)],
-                                tenants=4, user_tokens_mean=4000, output_tokens_mean=20, turns_mean=1.0, seed=3))
-    isvc = make_service(policy="static", ttft_slo_ms=1000.0, replicas=1, model="llama-3.1-8b", student="llama-3.2-1b",
-                        student_min=1, student_max_model_len=131072,
-                        fallback=Fallback(queue_delay_fraction=0.5, max_degraded=0.9, burn_rate=1e9))
-    res, _ = simulate_service(w, isvc)
+    res, _ = simulate_service(*_prompt_heavy_burst_on_one_primary(240.0, 60.0, 120.0))
     burst = [r for r in res.records if 60.0 <= r["arrival"] < 180.0]
     assert sum(1 for r in burst if r["pool"] == "small") > 0.3 * len(burst)
     on_time = sum(1 for r in burst if r["ttft"] is not None and r["ttft"] <= 1.0)
     assert on_time >= 0.99 * len(burst)
+
+
+def test_the_simulated_router_prices_each_pool_at_its_own_rate_and_learns_the_students_latency(monkeypatch) -> None:
+    """simulate_service runs the production router config: each pool's prefill queue at the planner's rate for
+    its model (the 1B student's is several times the 8B primary's), and the fallback hears the student's own
+    end-to-end latencies (they price its queue when it compares the pools)."""
+    from llmfleet.sim import production
+    from llmfleet.sim.routers import LlmfleetRouter
+
+    made: list[LlmfleetRouter] = []
+
+    class Spy(LlmfleetRouter):
+        def attach(self, fleet) -> None:  # type: ignore[no-untyped-def]
+            super().attach(fleet)
+            made.append(self)
+
+    monkeypatch.setattr(production, "LlmfleetRouter", Spy)
+    res, _ = simulate_service(*_prompt_heavy_burst_on_one_primary(120.0, 30.0, 60.0))
+    (router,) = made
+    rates = {st.pool: st.prefill_tokens_per_s for st in router.states.values()}
+    assert rates["small"] is not None and rates["primary"] is not None and rates["small"] > 3 * rates["primary"]
+    assert router.policy is not None
+    served = sum(1 for r in res.records if r["pool"] == "small")
+    assert served > 0 and len(router.policy.student_trackers["small"].samples) > 0
+    assert len(router.policy.slo_tracker.samples) <= sum(1 for r in res.records if r["pool"] == "primary")

@@ -148,3 +148,83 @@ def test_requests_without_a_first_token_count_as_queued() -> None:
     busy = ReplicaState(id="http://r3", pool="p", prefill_tokens=8000.0, prefill_busy_until=12.5)
     assert busy.prefill_wait_s(10.0) == 2.5 and busy.prefill_wait_s(13.0) == 0.0
     assert ReplicaState(id="http://r4", pool="p", prefill_busy_until=12.5).prefill_wait_s(10.0) == 0.0
+
+
+# A student pool with a queue of its own: 30 requests without a first token, 10 past it, 2 s end-to-end latency.
+S_QUEUED = FallbackSignals("small", routable_replicas=1, waiting=30, running=10, mean_e2e_ms=2000)  # 6 s
+
+
+@pytest.mark.parametrize(
+    "primary, kw, expected",
+    [
+        # P_QUEUED: 40 waiting x 500 ms / 8 running = 2.5 s; the student's own queue would take 6 s
+        (P_QUEUED, {}, ("primary", False, "student-busier:queue-delay")),
+        # ... its prefill queue is what the student is busy with (priced at its own replicas' rate)
+        (P_QUEUED, {"student": FallbackSignals("small", 1, prefill_wait_ms=2600)},
+         ("primary", False, "student-busier:queue-delay")),
+        (P_QUEUED, {"student": FallbackSignals("small", 1, prefill_wait_ms=2400)}, ("small", True, "queue-delay")),
+        # load does not matter for rules about the request itself
+        (P_OK, {"input_tokens": 5000}, ("small", True, "long-context")),
+        (P_OK, {"request_class": "batch"}, ("small", True, "sheddable")),
+    ],
+)
+def test_load_rules_degrade_only_to_a_student_predicted_sooner(primary: FallbackSignals, kw: dict,
+                                                               expected: tuple) -> None:
+    student = kw.pop("student", S_QUEUED)
+    d = FallbackPolicy(CFG, SLOConfig()).decide(100.0, primary, [student], **kw)
+    assert (d.pool, d.degraded, d.reason) == expected
+
+
+def test_slo_burn_compares_the_pools_too() -> None:
+    pol = FallbackPolicy(FallbackConfig(slo_burn_rate=2.0, min_requests_for_burn=1, max_degraded_fraction=1.0),
+                         SLOConfig(ttft_p95_ms=100))
+    pol.observe_primary(0.0, ttft_ms=500, tpot_ms=10, e2e_ms=600)
+    assert pol.decide(1.0, P_QUEUED, [S_QUEUED]).reason == "student-busier:slo-burn"
+    assert pol.decide(1.0, P_QUEUED, [S_OK]).reason == "slo-burn"
+
+
+def test_the_student_pool_predicted_soonest_is_picked() -> None:
+    busy = FallbackSignals("a", 1, prefill_wait_ms=900)
+    idle = FallbackSignals("b", 1, prefill_wait_ms=100)
+    down = FallbackSignals("c", 0)
+    pol = FallbackPolicy(CFG, SLOConfig())
+    assert pol.decide(0.0, P_QUEUED, [down, busy, idle]).pool == "b"
+    assert pol.decide(0.0, P_DOWN, [busy, idle]).pool == "b"  # also when the primary is down
+    assert pol.decide(0.0, P_QUEUED, [FallbackSignals("a", 1), FallbackSignals("b", 1)]).pool == "a"  # tie: order
+
+
+def test_a_student_pools_own_latency_prices_its_queue() -> None:
+    """The student's Little's-law delay uses its own recent end-to-end latency (fed by `observe_student`), not the
+    primary's: without any it counts only its prefill queue."""
+    student = FallbackSignals("small", 1, waiting=20, running=10)
+    pol = FallbackPolicy(CFG, SLOConfig(window_seconds=60))
+    assert pol.decide(0.0, P_QUEUED, [student]).degraded  # no student latency seen yet: 0 ms
+    for i in range(3):
+        pol.observe_student("small", float(i), None, None, e2e_ms=1500.0)  # 20 x 1.5 s / 10 = 3 s > 2.5 s
+    assert pol.decide(3.0, P_QUEUED, [student]).reason == "student-busier:queue-delay"
+    assert pol.slo_tracker.count(3.0) == 0  # the student's latencies are not the primary's burn
+    assert not pol.decide(100.0, P_QUEUED, [student]).reason.startswith("student-busier")  # window expired
+
+
+@pytest.mark.parametrize(
+    "pool, ms",
+    [
+        # 12 requests without a first token, but the engine admitted all of them (chunked prefill): they wait for
+        # prefill compute, which the prefill queue prices, not for a slot
+        (FallbackSignals("p", 1, waiting=12, running=20, mean_e2e_ms=4000, prefill_wait_ms=300, engine_waiting=0), 300.0),
+        # 4 of them wait for a slot: 4 x 4 s / the 28 in the batch
+        (FallbackSignals("p", 1, waiting=12, running=20, mean_e2e_ms=4000, prefill_wait_ms=300, engine_waiting=4),
+         4 * 4000 / 28),
+        # no prefill queue kept (engine_waiting None): every request without a first token waits for a slot
+        (FallbackSignals("p", 1, waiting=12, running=20, mean_e2e_ms=4000), 12 * 4000 / 20),
+    ],
+)
+def test_only_the_engines_waiting_requests_wait_for_a_slot(pool: FallbackSignals, ms: float) -> None:
+    assert predicted_queue_delay_ms(pool) == pytest.approx(ms)
+
+
+def test_pipelines_with_the_estimated_ttft_scorer_keep_the_prefill_queue() -> None:
+    from llmfleet.router.plugins import PrefixIndex, build_pipeline
+
+    assert build_pipeline({"estimated-ttft": 1.0, "queue-depth": 0.1}, PrefixIndex()).charges_prefill
+    assert not build_pipeline({"queue-depth": 1.0}, PrefixIndex()).charges_prefill
