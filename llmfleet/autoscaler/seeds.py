@@ -11,19 +11,20 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from llmfleet.api.contracts import MODEL_PRESET_ANNOTATION
 from llmfleet.autoscaler.capacity import DEFAULT_SEED, CapacitySeed
-from llmfleet.plan.capacity import ReplicaCapacity, TrafficShape
-from llmfleet.plan.pools import pool_capacity, prefill_tokens_per_s, preset_for_pool, service_shape
+from llmfleet.plan.capacity import ReplicaCapacity, TrafficShape, replica_capacity
+from llmfleet.plan.hardware import get_gpu
+from llmfleet.plan.models import get_model
 
 if TYPE_CHECKING:
     from llmfleet.api.inferenceservice import InferenceService, PoolView
 
-__all__ = ["preset_for_pool", "seed_for_pool", "seed_from_capacity", "seeds_for_service"]
-
 
 def seed_from_capacity(cap: ReplicaCapacity, w: TrafficShape) -> CapacitySeed:
     """Convert the planner's per-replica numbers into a CapacitySeed. Pure."""
-    prefill_tps = prefill_tokens_per_s(cap, w) or DEFAULT_SEED.prefill_tokens_per_s
+    new_tokens = max(1.0, w.input_tokens * (1.0 - w.prefix_hit_rate))
+    prefill_tps = new_tokens / cap.prefill_s if cap.prefill_s > 0 else DEFAULT_SEED.prefill_tokens_per_s
     decode_tps = cap.max_batch / cap.decode_step_s if cap.decode_step_s > 0 else DEFAULT_SEED.decode_tokens_per_s
     # Prefills run one at a time per replica (they own the step's token budget): one queueing slot.
     return CapacitySeed(prefill_tokens_per_s=prefill_tps, decode_tokens_per_s=decode_tps, slots=1)
@@ -34,14 +35,35 @@ def seed_for_pool(
     ttft_slo_s: float = 1.0, tpot_slo_s: float = 0.1,
 ) -> CapacitySeed:
     """Planner seed for `pool` (model preset name as the planner knows it, GPU from resources.gpuType)."""
+    gpu_type = pool.resources.gpu_type
+    if not model_preset or not gpu_type or pool.resources.gpus <= 0:
+        return DEFAULT_SEED
+    try:
+        model, gpu = get_model(model_preset), get_gpu(gpu_type)
+    except ValueError:
+        return DEFAULT_SEED
     w = TrafficShape(input_tokens=input_tokens, output_tokens=output_tokens, ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s)
-    cap = pool_capacity(pool, model_preset, w)
-    return seed_from_capacity(cap, w) if cap is not None else DEFAULT_SEED
+    kv = "fp8" if pool.vllm.kv_cache_dtype.startswith("fp8") else "bf16"
+    cap = replica_capacity(model, gpu, w, kv_dtype=kv, tensor_parallel=pool.vllm.tensor_parallel_size,
+                           max_num_seqs=pool.vllm.max_num_seqs or 256)
+    return seed_from_capacity(cap, w)
+
+
+def preset_for_pool(isvc: InferenceService, pool: PoolView) -> str | None:
+    """The planner preset a pool serves: annotation `llmfleet.io/model-preset.<pool>`, for the primary also the
+    unsuffixed one."""
+    ann = isvc.metadata.annotations
+    return ann.get(f"{MODEL_PRESET_ANNOTATION}.{pool.name}") or (
+        ann.get(MODEL_PRESET_ANNOTATION) if pool.role == "primary" else None
+    )
 
 
 def seeds_for_service(isvc: InferenceService) -> dict[str, CapacitySeed]:
     """Seeds for every pool; the planner preset comes from annotation `llmfleet.io/model-preset[.<pool>]`."""
-    w = service_shape(isvc)
-    return {pool.name: seed_for_pool(pool, preset_for_pool(isvc, pool), input_tokens=w.input_tokens,
-                                     output_tokens=w.output_tokens, ttft_slo_s=w.ttft_slo_s, tpot_slo_s=w.tpot_slo_s)
-            for pool in isvc.pools()}
+    out = {}
+    for pool in isvc.pools():
+        preset = preset_for_pool(isvc, pool)
+        out[pool.name] = seed_for_pool(
+            pool, preset, ttft_slo_s=isvc.spec.slo.ttft_p95_ms / 1000.0, tpot_slo_s=isvc.spec.slo.tpot_p95_ms / 1000.0
+        )
+    return out

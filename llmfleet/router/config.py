@@ -23,7 +23,6 @@ from llmfleet.api.inferenceservice import DEFAULT_SCORERS, SCORER_NAMES, Inferen
 from llmfleet.api.loader import dump_yaml
 from llmfleet.api.outliers import OutlierEjection
 from llmfleet.api.storage import parse_uri
-from llmfleet.plan.pools import pool_prefill_tokens_per_s
 
 # The router's ConfigMap key and where the operator mounts it (and the tenants Secret) in the router's pod.
 ROUTER_CONFIG_KEY = "router.yaml"
@@ -104,12 +103,6 @@ class PoolConfig(_Model):
         "when the engine's cache_config_info does not report one.",
     )
     tensor_parallel_size: int = Field(default=1, ge=1, description="GPUs per replica (sizes KV bytes per block).")
-    prefill_tokens_per_s: float | None = Field(
-        default=None, gt=0,
-        description="Prompt tokens one replica prefills per second: the estimated-TTFT scorer and the fallback's "
-        "predicted delay price this pool's prefill queue at it (a small student model prefills several times faster "
-        "than the primary). Unset: measured (measurePrefillRate) or the scorer's default.",
-    )
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         default="auto", description="The engine's model dtype; the KV dtype when its cache dtype is auto.",
     )
@@ -386,7 +379,6 @@ def router_config_from_service(
                 max_model_len=view.model.max_model_len,
                 kv_offload_gib=view.vllm.kv_offload_gib,
                 tensor_parallel_size=view.vllm.tensor_parallel_size,
-                prefill_tokens_per_s=pool_prefill_tokens_per_s(isvc, view),
                 dtype=view.model.dtype,
                 kv_events_port=(kv_events_port or KV_EVENTS_PORT)
                 if isvc.publishes_kv_events(view) and view.name not in events_by_pool else None,

@@ -42,9 +42,6 @@ class FallbackSignals:
     mean_e2e_ms: float | None = None  # recent mean end-to-end latency of the pool
     # when the least-loaded replica is through the prefill work the router has sent it (ReplicaState.prefill_wait_s)
     prefill_wait_ms: float = 0.0
-    # Of `waiting`, the requests the engines have not admitted to a batch (their waiting gauges); None: not known
-    # apart (no prefill queue kept), all of `waiting` wait for a batch slot
-    engine_waiting: float | None = None
     scales_from_zero: bool = False  # no routable replica means a cold start, not an outage
 
 
@@ -128,20 +125,15 @@ class TenantWindow:
 
 
 def predicted_queue_delay_ms(p: FallbackSignals) -> float:
-    """The longer of two estimates, one per bottleneck: Little's law for the engine's batch slots (requests waiting
-    for a slot drain at `in batch / mean_e2e` per ms across the pool) and the router's prefill queue for its compute
-    (the least-loaded replica's pending prefill work at its prefill rate; prompt-heavy bursts wait there while the
-    batch has free slots). With the prefill queue kept (`engine_waiting` known), a request without a first token
-    that the engine has admitted waits for prefill compute, which that queue prices: only the engines' own waiting
-    requests wait for slots. Counting the admitted ones in Little's law too would price each at a whole request's
-    latency per slot, a queue of seconds on a replica with free slots and its prefill done."""
+    """The longer of two estimates, one per bottleneck: Little's law for the engine's batch slots (queued requests
+    drain at `running / mean_e2e` per ms across the pool) and the router's prefill queue for its compute (the
+    least-loaded replica's pending prefill work at its prefill rate; prompt-heavy bursts wait there while the batch
+    has free slots)."""
     if p.routable_replicas == 0:
         return float("inf")
-    slot_waiting = p.waiting if p.engine_waiting is None else min(p.engine_waiting, p.waiting)
-    if slot_waiting <= 0 or p.mean_e2e_ms is None:
+    if p.waiting <= 0 or p.mean_e2e_ms is None:
         return p.prefill_wait_ms
-    in_batch = p.running + p.waiting - slot_waiting
-    return max(slot_waiting * p.mean_e2e_ms / max(in_batch, float(p.routable_replicas)), p.prefill_wait_ms)
+    return max(p.waiting * p.mean_e2e_ms / max(p.running, float(p.routable_replicas)), p.prefill_wait_ms)
 
 
 # Rules that degrade because the primary is loaded: they help only if the student answers sooner.

@@ -99,7 +99,6 @@ class PoolReplicas:
                 r = self.replicas[url] = ReplicaState(
                     id=url, pool=self.pool.name, models=tuple(self.pool.served_names),
                     cache_capacity_blocks=self.pool.cache_capacity_blocks, adapter_slots=self.pool.adapter_slots,
-                    prefill_tokens_per_s=self.pool.prefill_tokens_per_s,
                 )
                 if self.pool.cache_capacity_blocks:
                     self._report_capacity(url, self.pool.cache_capacity_blocks, self.pool.host_cache_blocks or 0)

@@ -332,7 +332,6 @@ class Router(SmallEndpoints):
         wait = min((r.prefill_wait_s(now) for r in routable), default=0.0)
         return FallbackSignals(pool.name, len(routable), waiting=sum(r.queued for r in routable),
                            running=sum(r.generating for r in routable), prefill_wait_ms=wait * 1e3,
-                           engine_waiting=sum(r.waiting for r in routable) if pool.pipeline.charges_prefill else None,
                            scales_from_zero=pool.replicas.pool.scales_from_zero)
 
     async def _route_and_proxy(self, ctx: RequestContext, pool_name: str) -> None:

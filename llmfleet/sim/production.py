@@ -92,8 +92,7 @@ def simulate_service(w: Workload, isvc: InferenceService, *, seed: int = 0,
                     tpot_slo_s=isvc.spec.slo.tpot_p95_ms / 1e3, autoscale_interval_s=auto.interval_seconds,
                     scale_in=scale_in, seed=seed, context_overflow=context_overflow)
     rc = router_config_from_service(isvc, endpoints={})  # the production mapping of spec.router and spec.fallback
-    router = LlmfleetRouter(weights=dict(isvc.spec.router.scorers), fallback=rc.fallback, seed=seed,
-                            pool_prefill_rates={p.name: p.prefill_tokens_per_s for p in rc.pools if p.prefill_tokens_per_s})
+    router = LlmfleetRouter(weights=dict(isvc.spec.router.scorers), fallback=rc.fallback, seed=seed)
     return simulate(w, cfg, router=router, autoscaler=hook), hook
 
 

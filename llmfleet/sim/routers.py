@@ -207,8 +207,7 @@ class LlmfleetRouter(SimRouter):
 
     def __init__(self, weights: Mapping[str, float] | None = None, seed: int = 0,
                  fallback: Any = None, slo: Any = None, max_candidates: int | None = None,
-                 prefill_tokens_per_s: float | None = None, measure_prefill_rate: bool = False,
-                 pool_prefill_rates: Mapping[str, float] | None = None) -> None:
+                 prefill_tokens_per_s: float | None = None, measure_prefill_rate: bool = False) -> None:
         from llmfleet.api.inferenceservice import RouterSpec
         from llmfleet.router.plugins import DEFAULT_MAX_CANDIDATES
 
@@ -219,7 +218,6 @@ class LlmfleetRouter(SimRouter):
         self.max_candidates = max_candidates if max_candidates is not None else DEFAULT_MAX_CANDIDATES
         self.prefill_rate = prefill_tokens_per_s
         self.measure_prefill_rate = measure_prefill_rate  # RouterConfig.measure_prefill_rate
-        self.pool_prefill_rates = dict(pool_prefill_rates or {})  # pool -> rate (RouterConfig: prefill_tokens_per_s)
 
     def attach(self, fleet: Fleet) -> None:
         from llmfleet.router import dispatch
@@ -251,8 +249,7 @@ class LlmfleetRouter(SimRouter):
     def _on_fleet(self, what: str, rep: SimReplica) -> None:
         if what == "add":
             st = self._State(id=str(rep.id), pool=rep.pool, stale=False, cache_capacity_blocks=rep.total,
-                             prefill_tokens_per_s=self.pool_prefill_rates.get(rep.pool, self.prefill_rate),
-                             adapter_slots=rep.adapter_slots)
+                             prefill_tokens_per_s=self.prefill_rate, adapter_slots=rep.adapter_slots)
             self.states[rep.id] = st
             self.state_lists[rep.pool].append(st)
             self.index.set_capacity(str(rep.id), rep.cached_capacity)
@@ -286,8 +283,7 @@ class LlmfleetRouter(SimRouter):
         states = [self.states[r.id] for r in fleet.routable[pool]]  # the production router's signals (server.py)
         return FallbackSignals(pool, len(states), float(sum(s.queued for s in states)),
                            float(sum(s.generating for s in states)),
-                           prefill_wait_ms=min((s.prefill_wait_s(now) for s in states), default=0.0) * 1e3,
-                           engine_waiting=float(sum(s.waiting for s in states)) if self.pipeline.charges_prefill else None)
+                           prefill_wait_ms=min((s.prefill_wait_s(now) for s in states), default=0.0) * 1e3)
 
     def route(self, req: Request, fleet: Fleet, now: float) -> SimReplica | None:
         dispatch = self._dispatch

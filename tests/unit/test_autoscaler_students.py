@@ -145,10 +145,9 @@ def test_queue_delay_fallback_sees_a_prompt_heavy_burst_inside_the_batch() -> No
     assert on_time >= 0.99 * len(burst)
 
 
-def test_the_simulated_router_prices_each_pool_at_its_own_rate_and_learns_the_students_latency(monkeypatch) -> None:
-    """simulate_service runs the production router config: each pool's prefill queue at the planner's rate for
-    its model (the 1B student's is several times the 8B primary's), and the fallback hears the student's own
-    end-to-end latencies (they price its queue when it compares the pools)."""
+def test_the_simulated_fallback_learns_the_students_own_latency(monkeypatch) -> None:
+    """The fallback hears the student's own end-to-end latencies in the simulator as in the router (they price its
+    queue when it compares the pools), and the primary's SLO window only the primary's."""
     from llmfleet.sim import production
     from llmfleet.sim.routers import LlmfleetRouter
 
@@ -162,8 +161,6 @@ def test_the_simulated_router_prices_each_pool_at_its_own_rate_and_learns_the_st
     monkeypatch.setattr(production, "LlmfleetRouter", Spy)
     res, _ = simulate_service(*_prompt_heavy_burst_on_one_primary(120.0, 30.0, 60.0))
     (router,) = made
-    rates = {st.pool: st.prefill_tokens_per_s for st in router.states.values()}
-    assert rates["small"] is not None and rates["primary"] is not None and rates["small"] > 3 * rates["primary"]
     assert router.policy is not None
     served = sum(1 for r in res.records if r["pool"] == "small")
     assert served > 0 and len(router.policy.student_trackers["small"].samples) > 0

@@ -79,15 +79,3 @@ def test_invalid_configs(doc: dict, message: str) -> None:
 def test_from_yaml_rejects_non_mapping() -> None:
     with pytest.raises(ValueError, match="mapping"):
         RouterConfig.from_yaml("- a\n- b\n")
-
-
-def test_each_pools_prefill_rate_is_the_planners_for_its_model_and_gpu() -> None:
-    """The router prices a pool's prefill queue at that pool's rate: the student's small model prefills faster."""
-    from llmfleet.sim.production import make_service
-
-    isvc = make_service(model="llama-3.1-8b", student="llama-3.2-1b", gpu="H200")
-    rates = {p.name: p.prefill_tokens_per_s for p in router_config_from_service(isvc).pools}
-    assert rates["primary"] is not None and rates["small"] is not None
-    assert 20_000 < rates["primary"] < 60_000 and rates["small"] > 3 * rates["primary"]
-    # no preset (or GPU type) the planner knows: unset, the scorer's measured or default rate
-    assert [p.prefill_tokens_per_s for p in router_config_from_service(_isvc()).pools] == [None]

@@ -205,26 +205,3 @@ def test_a_student_pools_own_latency_prices_its_queue() -> None:
     assert pol.slo_tracker.count(3.0) == 0  # the student's latencies are not the primary's burn
     assert not pol.decide(100.0, P_QUEUED, [student]).reason.startswith("student-busier")  # window expired
 
-
-@pytest.mark.parametrize(
-    "pool, ms",
-    [
-        # 12 requests without a first token, but the engine admitted all of them (chunked prefill): they wait for
-        # prefill compute, which the prefill queue prices, not for a slot
-        (FallbackSignals("p", 1, waiting=12, running=20, mean_e2e_ms=4000, prefill_wait_ms=300, engine_waiting=0), 300.0),
-        # 4 of them wait for a slot: 4 x 4 s / the 28 in the batch
-        (FallbackSignals("p", 1, waiting=12, running=20, mean_e2e_ms=4000, prefill_wait_ms=300, engine_waiting=4),
-         4 * 4000 / 28),
-        # no prefill queue kept (engine_waiting None): every request without a first token waits for a slot
-        (FallbackSignals("p", 1, waiting=12, running=20, mean_e2e_ms=4000), 12 * 4000 / 20),
-    ],
-)
-def test_only_the_engines_waiting_requests_wait_for_a_slot(pool: FallbackSignals, ms: float) -> None:
-    assert predicted_queue_delay_ms(pool) == pytest.approx(ms)
-
-
-def test_pipelines_with_the_estimated_ttft_scorer_keep_the_prefill_queue() -> None:
-    from llmfleet.router.plugins import PrefixIndex, build_pipeline
-
-    assert build_pipeline({"estimated-ttft": 1.0, "queue-depth": 0.1}, PrefixIndex()).charges_prefill
-    assert not build_pipeline({"queue-depth": 1.0}, PrefixIndex()).charges_prefill

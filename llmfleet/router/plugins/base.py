@@ -246,9 +246,6 @@ class Scorer(Filter):
     """Scores each replica in [0, 1] (higher = better); the framework clamps and weights."""
 
     name = "scorer"
-    # Keeps each replica's queue of prefill work (`charge_prefill` at routing): ReplicaState.prefill_wait_s means
-    # something only in a pipeline with such a scorer.
-    charges_prefill = False
 
     def score(self, req: RequestInfo, replicas: Sequence[ReplicaState]) -> Sequence[float]:
         raise NotImplementedError
@@ -297,11 +294,6 @@ class Pipeline:
         self.scorers = [(s, float(w)) for s, w in scorers if w > 0]
         self.rng = rng or random.Random(0)
         self.preselector = preselector
-
-    @property
-    def charges_prefill(self) -> bool:
-        """Whether routing keeps the replicas' prefill queues (`ReplicaState.prefill_wait_s`)."""
-        return any(s.charges_prefill for s, _ in self.scorers)
 
     def _filter(self, req: RequestInfo, cands: list[ReplicaState], timings: dict[str, int]) -> str | None:
         """Run the filters in place on `cands`; returns the name of the filter that left nothing, else None."""

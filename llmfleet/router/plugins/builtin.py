@@ -264,7 +264,6 @@ class EstimatedTTFTScorer(Scorer):
     """
 
     name = "estimated-ttft"
-    charges_prefill = True
 
     def __init__(self, index: PrefixIndex, default_tokens_per_s: float = DEFAULT_PREFILL_TOKENS_PER_S,
                  attention_tokens: float | None = DEFAULT_ATTENTION_TOKENS,
