@@ -217,7 +217,6 @@ class SimSetup:
     block_size: int
     variants: dict[str, dict[str, float]] | None = None
     llmfleet_scorers: dict[str, float] | None = None
-    shared_cores: float = 0.0  # the replicas' host's cores (PoolSpec.shared_cores); 0: independent replicas
 
 
 def simulate_one(turns: list[list[Turn]], cost: StepCostModel, setup: SimSetup, router: str, seed: int) -> dict[str, Any]:
@@ -227,7 +226,7 @@ def simulate_one(turns: list[list[Turn]], cost: StepCostModel, setup: SimSetup, 
     # vLLM keeps one of the overridden blocks as its null block
     pool = PoolSpec(replicas=setup.replicas, model=tiny_shape(), cost=cost, kv_blocks=setup.kv_blocks - 1,
                     max_num_seqs=setup.max_num_seqs, max_batched_tokens=max(2048, setup.max_model_len),
-                    max_model_len=setup.max_model_len, shared_cores=setup.shared_cores)
+                    max_model_len=setup.max_model_len)
     res = simulate(w, SimConfig(pools=[pool], seed=seed), sim_routers(seed, setup.variants, setup.llmfleet_scorers)[router])
     recs = [r for r in res.records if r["ttft"] is not None]
     prompt = sum(r["prompt"] for r in recs)
