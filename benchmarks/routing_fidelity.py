@@ -1,10 +1,10 @@
 """Simulator fidelity for routing: the routing_vllm workload through `llmfleet.sim`, beside the real runs.
 
-    python benchmarks/routing_fidelity.py [--result benchmarks/results/routing_vllm.json]
+    python benchmarks/routing_fidelity.py [--result benchmarks/results/routing_vllm.json] [--speed engine|calibrated|client]
 
 `routing_vllm.py` calls `calibrate_replicas` once on its replicas before any router runs (its own prompts and
-seed: nothing of the evaluated workload) and `simulate_seeds` after them; run alone, this script re-simulates
-the workloads of a routing_vllm result file with the calibration stored there (no replicas needed).
+seed: nothing of the evaluated workload) and `resimulate` after them; run alone, this script re-simulates
+the runs of a routing_vllm result file with the calibration stored there (no replicas needed).
 
 CPU replica model: `llmfleet.plan.roofline.StepCostModel` of the tiny Llama's shape, its per-step overhead and
 roofline scale fitted (`roofline.calibrate`, least squares) to measured prefills (`max_tokens` 1, prompts of
@@ -12,17 +12,28 @@ roofline scale fitted (`roofline.calibrate`, least squares) to measured prefills
 replica measured at once, one request at a time each (they share the host's cores as during the runs), the
 median of each prompt length's measurements one point. Client-side times: they include HTTP, the chat
 template and tokenization, which the fitted overhead absorbs. KV cache: the replicas' own `--num-gpu-blocks-override` less
-vLLM's one null block, `max_num_seqs` as rendered. Workload: the same conversations (systems, turns, think
-times) tokenized with the served model's tokenizer and chat template into 32-token block keys; a turn is sent
-its think time after the previous turn's answer, which the simulator (open loop) places at the calibrated
-latency of one turn (prefill of the median prompt + the decode steps), so every simulated router sees the
-same arrival times.
+vLLM's one null block, `max_num_seqs` as rendered.
 
-Simulated routers, one per real one: llmfleet's own plugin pipeline (the defaults `router_config_from_service`
-gives); sglang-router and vllm-router `cache_aware` (`llmfleet.sim.routers.SGLangCacheAware` with the CLIs'
-defaults: cache threshold 0.3, balance thresholds 64 and 1.5, a prompt that matches less goes to the least
-loaded replica, a tree that only grows during a run as the real trees do below their 32M-character budget);
-round-robin.
+Speed of each run (`--speed`, SPEEDS): the host is shared, so the replicas' speed during a run is not the
+calibration's. `engine` (the default when the result file has the series) slows the calibrated model, run by
+run, until the simulated mean TTFT equals the mean TTFT the replicas' own vLLM series measured during that run
+(arrival at the engine to the first token: neither the router nor the client is in it); `calibrated` keeps the
+calibration's speed; `client` fits the client's TTFT p50 instead (the router and the client slow down with the
+host too, so it overstates the replicas' slowdown). The fitted factor is one number per run; the simulated
+TTFT is then matched by construction and the hit shares are what the comparison tests.
+
+Workload: the same conversations (systems, turns, think times) tokenized with the served model's tokenizer and
+chat template into 32-token block keys; as the real client does, a conversation's next turn is sent its think
+time after the previous turn's answer ended in the simulation (closed loop), so a slower replica or router
+spreads a conversation's turns over more time, as it did for real.
+
+Simulated routers, one per real one: llmfleet's own plugin pipeline with the scorer weights the run used
+(`llmfleet_scorers` in the result file, `--llmfleet-scorers` for files without it); sglang-router 0.3.2
+`cache_aware` (`llmfleet.sim.routers.SGLangCacheAware` with its CLI defaults: cache threshold 0.3, balance
+thresholds 64 and 1.5, a prompt that matches less goes to the least loaded replica, load ties to the first
+replica of a per-run order, a tree that only grows during a run as the real one does below its
+32M-character budget); vllm-router 0.1.17 `cache_aware`, which gets 403 for its render calls from these
+replicas and then routes without prefix affinity (`VllmRouterNoRender`); round-robin.
 """
 
 from __future__ import annotations
@@ -163,20 +174,19 @@ def render_turns(systems: list[str], convs: list[Any], block_size: int, tokenize
     return out
 
 
-def sim_workload(name: str, turns: list[list[Turn]], cost: StepCostModel, max_tokens: int, block_size: int) -> Any:
-    """Simulator requests for rendered conversations: a turn is sent its think time after the previous turn's
-    answer, which the simulator (open loop) places at the replica model's latency of one turn alone (prefill
-    of the whole prompt + the decode steps), so every simulated router sees the same arrival times."""
+def sim_workload(name: str, turns: list[list[Turn]], max_tokens: int, block_size: int) -> Any:
+    """Simulator requests for rendered conversations, as routing_vllm's client sends them: a conversation's
+    first turn at its start, every later turn its think time after the previous turn's answer ended (closed
+    loop: `Request.after`)."""
     from llmfleet.sim.workload import Request, Workload
 
-    timed = []
+    reqs = []
     for conv in turns:
-        at = conv[0][0] if conv else 0.0
-        for _, think, n, keys, tenant, session in conv:
-            timed.append((at, n, keys, tenant, session))
-            at += cost.prefill_time(n) + max_tokens * cost.decode_step_time(1, n) + think
-    timed.sort(key=lambda x: x[0])
-    reqs = [Request(i, at, n, max_tokens, keys, tenant, session) for i, (at, n, keys, tenant, session) in enumerate(timed)]
+        prev = -1
+        for k, (start, _, n, keys, tenant, session) in enumerate(conv):
+            think = conv[k - 1][1] if k else 0.0  # the client sleeps after a turn's answer
+            reqs.append(Request(len(reqs), start, n, max_tokens, keys, tenant, session, after=prev, think=think))
+            prev = reqs[-1].rid
     return Workload(name, reqs, block_size)
 
 
@@ -222,7 +232,7 @@ class SimSetup:
 def simulate_one(turns: list[list[Turn]], cost: StepCostModel, setup: SimSetup, router: str, seed: int) -> dict[str, Any]:
     from llmfleet.sim.engine import PoolSpec, SimConfig, simulate
 
-    w = sim_workload(f"chat-{seed}", turns, cost, setup.max_tokens, setup.block_size)
+    w = sim_workload(f"chat-{seed}", turns, setup.max_tokens, setup.block_size)
     # vLLM keeps one of the overridden blocks as its null block
     pool = PoolSpec(replicas=setup.replicas, model=tiny_shape(), cost=cost, kv_blocks=setup.kv_blocks - 1,
                     max_num_seqs=setup.max_num_seqs, max_batched_tokens=max(2048, setup.max_model_len),

@@ -23,8 +23,11 @@ vLLM's preemptions) and client-side TTFT (request sent -> first streamed chunk);
 router's own series (time before the upstream send, its TTFT, KV events applied). `--variant NAME=JSON` adds
 llmfleet runs with other scorer weights or router limits.
 Simulator beside it (routing_fidelity.py): before any router runs, a CPU replica model is fitted on the replicas
-from prompts of its own; after the runs the same conversations go through `llmfleet.sim` with each router, and
-the result has real and simulated hit shares and TTFT side by side. Writes benchmarks/results/routing_vllm.json.
+from prompts of its own; every run also records the replicas' own TTFT series (vLLM's
+time_to_first_token_seconds), and after the runs the same conversations go through `llmfleet.sim` with each
+router, each run's simulated replicas slowed to the speed its engines measured (the host's load changes between
+runs); the result has real and simulated hit shares and TTFT side by side. Writes
+benchmarks/results/routing_vllm.json.
 """
 
 from __future__ import annotations
