@@ -227,6 +227,11 @@ class SimSetup:
     block_size: int
     variants: dict[str, dict[str, float]] | None = None
     llmfleet_scorers: dict[str, float] | None = None
+    # A simulated run's hit share is the mean over these draws, each a speed factor around the run's (the
+    # calibration and the fit know the speed to about 10 %, and 10 % moves one seed's simulated hit share by
+    # up to several points: routers that follow load react to when requests end) and a router seed
+    # (llmfleet's tie-breaks; the real router draws them anew in every process).
+    speed_draws: tuple[float, ...] = (1.0, 0.9, 1.1, 0.95, 1.05)
 
 
 def simulate_one(turns: list[list[Turn]], cost: StepCostModel, setup: SimSetup, router: str, seed: int) -> dict[str, Any]:
@@ -307,7 +312,11 @@ def simulate_runs(real_runs: list[dict[str, Any]], turns_by_seed: dict[int, list
             if speed != "calibrated":
                 raise ValueError(f"run {r['router']} seed {r['seed']} has no TTFT series for speed {speed!r}")
             factor, sim = 1.0, simulate_one(turns, cost, setup, r["router"], r["seed"])
-        out.append({**sim, "slowdown": round(factor, 3)})
+        shares = [sim["hit_share"]] + [
+            simulate_one(turns, slowed(cost, factor * f), setup, r["router"], 1000 * k + r["seed"])["hit_share"]
+            for k, f in enumerate(setup.speed_draws[1:], start=1)]
+        out.append({**sim, "hit_share": statistics.fmean(x for x in shares if x is not None), "hit_share_draws": shares,
+                    "slowdown": round(factor, 3)})
     return out
 
 
