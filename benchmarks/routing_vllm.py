@@ -426,7 +426,7 @@ def main() -> None:
     # (routing_fidelity.py does the same from the written file)
     sim = resimulate(out)
     out["simulated_runs"], out["fidelity"] = sim["runs"], sim["comparison"]
-    lines += ["", "simulator (replica model from the calibration, each run at its engines' measured speed) vs real:",
+    lines += ["", "simulator (replica model from the calibration; its speed per run below) vs real:",
               *fidelity_table(sim["comparison"])]
     out["table"] = lines
     print("\n".join(lines))
