@@ -236,25 +236,22 @@ DEFAULT_WORK_EXTERNALITY = 0.5
 
 
 def sole_holder_discounted(costs: list[float], work: Sequence[float], floor: float) -> list[float]:
-    """Costs with the one candidate that alone holds the most of the prompt discounted by the work it saves.
+    """`costs` with the one candidate that alone holds the most of the prompt discounted by the work it saves.
 
-    `work[i]` is the prefill work the request would do on candidate i (its uncached tokens, attention-weighted,
-    as `EstimatedTTFTScorer._work`). When exactly one candidate needs the least work, w1, and the runner-up
-    needs w2 > w1, that candidate's cost is multiplied by w1 / w2, w1 floored at `floor` (one prefix-index
-    block of work: the router sees matches in whole blocks, and this bounds the tolerated slowdown by the
-    prompt's blocks beyond the runner-up's match). Every other cost is unchanged: a request whose prefix
-    nobody holds, or two or more candidates hold equally, is ranked by plain estimated TTFT.
+    `work[i]`: the request's prefill work on candidate i (uncached tokens, attention-weighted, as `_work`). When
+    exactly one candidate needs the least work, w1, and the runner-up needs w2 > w1, its cost is multiplied by
+    w1 / w2, w1 floored at `floor` (one prefix-index block of work, the index's granularity: this bounds the
+    factor by the prompt's block count). Nobody else changes: a prefix held by nobody, or equally by two or
+    more candidates (a popular system prompt), is ranked by plain estimated TTFT.
 
-    Why: blocks that one replica alone holds are, in practice, this request's own history (a conversation's
-    earlier turns; a popular system prompt soon sits on several replicas and gets no discount). Recomputing
-    them elsewhere spends w2 - w1 of prefill on work already done, and leaves two copies: the new one, which
-    takes the other replica's cache space, and the old one, which the conversation's next turn no longer
-    reaches (it follows the longest match), dead until LRU ages it out. Plain estimated TTFT counts none of
-    that: on a busy holder it sends the request away whenever waiting costs more than recomputing. With the
-    discount the choice between the sole holder and the rest minimises estimated TTFT x prefill work: the
-    holder may be as many times slower as it saves work. The trade has no units (the same at any prefill
-    rate, prompt length, load or fleet size), so nothing here is fitted to a trace; it changes nothing
-    while the holder is also the fastest (an idle fleet), and little where the saved work is small.
+    Why: blocks only one replica holds are, in practice, the request's own history (a conversation's earlier
+    turns). Recomputing them elsewhere repeats work already done and leaves two copies: a new one taking
+    another replica's cache space and the old one, dead (the next turn follows the longest match) until LRU
+    ages it out. Plain estimated TTFT sends the request away from a busy holder as soon as waiting costs more
+    than recomputing. With the discount, the choice between the holder and the rest minimises TTFT x prefill
+    work: the holder may be as many times slower as it saves work. That trade has no units (the same at any
+    prefill rate, prompt length, load or fleet size), so nothing is fitted to a trace; it changes nothing
+    while the holder is also the fastest, e.g. in an idle fleet.
     """
     n = len(costs)
     if n < 2:
