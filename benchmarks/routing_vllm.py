@@ -188,8 +188,23 @@ async def prefix_counters(urls: list[str]) -> list[tuple[float, float, float]]:
 
 
 # ---- routers ------------------------------------------------------------------------------------------------
+# `python -m llmfleet.router` under cProfile (the event loop's thread), stats written when the run stops it
+PROFILED_ROUTER = """import cProfile, runpy, sys
+out = sys.argv.pop(1)
+sys.argv[0] = "llmfleet.router"
+prof = cProfile.Profile()
+prof.enable()
+try:
+    runpy.run_module("llmfleet.router", run_name="__main__")  # returns on SIGTERM (the router stops gracefully)
+finally:
+    prof.disable()
+    prof.dump_stats(out)
+"""
+
+
 def router_command(name: str, isvc: InferenceService, urls: list[str], events: dict[str, str], port: int,
-                   tmp: Path, compare_python: str | None, variants: dict[str, dict[str, Any]]) -> list[str] | str:
+                   tmp: Path, compare_python: str | None, variants: dict[str, dict[str, Any]],
+                   profile_dir: Path | None = None) -> list[str] | str:
     """The command that serves `name` on `port`, or a string saying why it cannot run."""
     if name == "llmfleet" or name in variants:
         # the config `llmfleet up` writes for this service (local/runtime.py: router_config_from_service, the
@@ -199,7 +214,9 @@ def router_command(name: str, isvc: InferenceService, urls: list[str], events: d
         if name in variants:
             cfg = variant_config(variants[name], cfg)
         (tmp / "router.yaml").write_text(cfg.to_yaml())
-        return [sys.executable, "-m", "llmfleet.router", "--config", str(tmp / "router.yaml")]
+        if profile_dir is None:
+            return [sys.executable, "-m", "llmfleet.router", "--config", str(tmp / "router.yaml")]
+        return [sys.executable, "-c", PROFILED_ROUTER, str(profile_dir / f"{name}.prof"), "--config", str(tmp / "router.yaml")]
     if compare_python is None or not Path(compare_python).exists():
         return "not installed (pass --compare-python of a venv that has sglang-router and vllm-router)"
     if name in ("sglang-router", "round-robin"):
@@ -353,7 +370,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             order = list(args.routers[k % len(args.routers):]) + list(args.routers[:k % len(args.routers)])
             for name in order:  # rotated per seed, so drift in the shared machine's load hits every router
                 port = free_port()
-                cmd = router_command(name, isvc, urls, events, port, tmp, args.compare_python, args.variants)
+                cmd = router_command(name, isvc, urls, events, port, tmp, args.compare_python, args.variants,
+                                     args.profile_router)
                 if isinstance(cmd, str):
                     skipped[name] = cmd
                     continue
@@ -418,8 +436,12 @@ def main() -> None:
     ap.add_argument("--max-turns", type=int, default=5)
     ap.add_argument("--think", type=float, default=0.5, help="mean think time between turns, s")
     ap.add_argument("--max-tokens", type=int, default=4)
+    ap.add_argument("--profile-router", type=Path, default=None, metavar="DIR",
+                    help="run the llmfleet routers under cProfile; DIR/<router>.prof per run (the last seed's)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "routing_vllm.json")
     args = ap.parse_args()
+    if args.profile_router is not None:
+        args.profile_router.mkdir(parents=True, exist_ok=True)
     args.variants = {n: v for n, v in DEFAULT_VARIANTS.items() if args.routers is None or n in args.routers}
     if args.routers is None:
         args.routers = [*ROUTERS, *args.variants]
