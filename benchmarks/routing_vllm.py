@@ -235,8 +235,9 @@ def _camel(d: dict[str, Any]) -> dict[str, Any]:
 
 
 def is_config_variant(variant: dict[str, Any]) -> bool:
-    """RouterConfig fields ({"scorers": ..., "limits": {...}, "measurePrefillRate": true}) rather than weights."""
-    return bool(set(_camel(variant)) & {to_camel(f) for f in RouterConfig.model_fields})
+    """RouterConfig fields ({"scorers": ..., "limits": {...}, "measurePrefillRate": true}) rather than weights;
+    {} is the default configuration."""
+    return not variant or bool(set(_camel(variant)) & {to_camel(f) for f in RouterConfig.model_fields})
 
 
 def variant_config(variant: dict[str, Any], cfg: RouterConfig) -> RouterConfig:
@@ -316,6 +317,21 @@ async def run_conversations(url: str, systems: list[str], convs: list[Conversati
     return ttfts, errors
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process and its descendants (psutil: a vLLM dependency)."""
+    import psutil
+
+    p = psutil.Process(pid)
+    total = 0.0
+    for q in (p, *p.children(recursive=True)):
+        try:
+            t = q.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += t.user + t.system
+    return total
+
+
 async def one_run(name: str, cmd: list[str], port: int, replica_urls: list[str], systems: list[str],
                   convs: list[Conversation], salt: str, args: argparse.Namespace, log: Path) -> dict[str, Any]:
     url = f"http://127.0.0.1:{port}"
@@ -323,9 +339,11 @@ async def one_run(name: str, cmd: list[str], port: int, replica_urls: list[str],
     try:
         await wait_health(url, proc, 60)
         before = await prefix_counters(replica_urls)
+        cpu0 = cpu_seconds(proc.pid)
         t = time.monotonic()
         ttfts, errors = await run_conversations(url, systems, convs, salt, args.max_tokens)
         wall = time.monotonic() - t
+        router_cpu = cpu_seconds(proc.pid) - cpu0
         after = await prefix_counters(replica_urls)
         stats = await router_stats(url) if name.startswith("llmfleet") else None
     finally:
@@ -340,6 +358,7 @@ async def one_run(name: str, cmd: list[str], port: int, replica_urls: list[str],
         "hit_share": hits / queries if queries else None,
         "ttft_p50_ms": quantile(ttfts, 0.5) * 1e3, "ttft_p95_ms": quantile(ttfts, 0.95) * 1e3,
         "ttfts_ms": [round(x * 1e3, 1) for x in ttfts],
+        "router_cpu_s": round(router_cpu, 3),  # the router process's CPU (user + system) during the conversations
         **({"router_stats": stats} if stats is not None else {}),
     }
 
@@ -380,7 +399,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 runs.append(r)
                 print(f"seed {seed} {name:14s} hit share {r['hit_share']:.3f}  TTFT p50 {r['ttft_p50_ms']:.0f} ms "
                       f"p95 {r['ttft_p95_ms']:.0f} ms  errors {r['errors']}  tokens per replica {r['prompt_tokens_per_replica']}  "
-                      f"preemptions {r['preemptions_per_replica']}  ({r['wall_s']} s)", flush=True)
+                      f"preemptions {r['preemptions_per_replica']}  router CPU {r['router_cpu_s'] * 1e3 / max(1, r['requests']):.2f} ms/request  ({r['wall_s']} s)", flush=True)
     finally:
         for p in procs:
             p.terminate()
@@ -412,6 +431,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             "hit_share_mean": statistics.fmean(shares), "hit_share_per_seed": shares,
             "ttft_p50_ms": quantile(ttfts, 0.5), "ttft_p95_ms": quantile(ttfts, 0.95),
             "requests": sum(r["requests"] for r in rs), "errors": sum(r["errors"] for r in rs),
+            "router_cpu_ms_per_request": 1e3 * sum(r["router_cpu_s"] for r in rs) / max(1, sum(r["requests"] for r in rs)),
         }
     return out
 
@@ -459,11 +479,12 @@ def main() -> None:
     t = time.monotonic()
     result = asyncio.run(main_async(args))
     summary = summarize(result["runs"])
-    lines = [f"{'router':14s} {'hit share':>9s} {'per seed':>22s} {'TTFT p50':>9s} {'TTFT p95':>9s} {'errors':>6s}"]
+    lines = [f"{'router':14s} {'hit share':>9s} {'per seed':>22s} {'TTFT p50':>9s} {'TTFT p95':>9s} {'errors':>6s} "
+             f"{'router CPU/request':>18s}"]
     for name, s in summary.items():
         per = " ".join(f"{x:.3f}" for x in s["hit_share_per_seed"])
         lines.append(f"{name:14s} {s['hit_share_mean']:9.3f} {per:>22s} {s['ttft_p50_ms']:7.0f}ms "
-                     f"{s['ttft_p95_ms']:7.0f}ms {s['errors']:6d}")
+                     f"{s['ttft_p95_ms']:7.0f}ms {s['errors']:6d} {s['router_cpu_ms_per_request']:15.2f} ms")
     for name, why in result["skipped"].items():
         lines.append(f"{name:14s} skipped: {why}")
     fidelity = compare(summary, result["simulated_runs"])
