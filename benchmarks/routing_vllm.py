@@ -188,11 +188,11 @@ async def prefix_counters(urls: list[str]) -> list[tuple[float, float, float]]:
 
 
 # ---- routers ------------------------------------------------------------------------------------------------
-# `python -m llmfleet.router` under cProfile (the event loop's thread), stats written when the run stops it
-PROFILED_ROUTER = """import cProfile, runpy, sys
+# `python -m llmfleet.router` under cProfile (CPU time of the process), stats written when the run stops it
+PROFILED_ROUTER = """import cProfile, runpy, sys, time
 out = sys.argv.pop(1)
 sys.argv[0] = "llmfleet.router"
-prof = cProfile.Profile()
+prof = cProfile.Profile(time.process_time)  # CPU time: wall time on a shared host is mostly waiting for a core
 prof.enable()
 try:
     runpy.run_module("llmfleet.router", run_name="__main__")  # returns on SIGTERM (the router stops gracefully)
