@@ -499,7 +499,9 @@ def main() -> None:
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "processor": platform.processor(),
                     "load_average_start": load_start, "load_average_end": os.getloadavg(), "shared": True},
         "wall_s": round(time.monotonic() - t, 1),
-        "params": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        # variants as routing_fidelity.py reads them back (config-field variants with their scorers named)
+        "params": {**{k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+                   "variants": sim_variants(args.variants)},
         "summary": summary, "runs": result["runs"], "skipped": result["skipped"], "table": lines,
         "block_size": BLOCK, "max_num_seqs": MAX_NUM_SEQS, "max_model_len": max_model_len(args.kv_blocks),
         "calibration": result["calibration"], "simulated_runs": result["simulated_runs"], "fidelity": fidelity,
