@@ -26,8 +26,11 @@ router's own series (time before the upstream send, its TTFT, KV events applied)
 process's CPU time. `--variant NAME=JSON` adds llmfleet runs with other scorer weights or RouterConfig fields;
 `--routers` runs a subset; `--profile-router DIR` writes the llmfleet routers' CPU profiles.
 Simulator beside it (routing_fidelity.py): before any router runs, a CPU replica model is fitted on the replicas
-from prompts of its own; after the runs the same conversations go through `llmfleet.sim` with each router, and
-the result has real and simulated hit shares and TTFT side by side. Writes benchmarks/results/routing_vllm.json.
+from prompts of its own; every run also records the replicas' own TTFT series (vLLM's
+time_to_first_token_seconds), and after the runs the same conversations go through `llmfleet.sim` with each
+router, each run's simulated replicas slowed to the speed its engines measured (the host's load changes between
+runs); the result has real and simulated hit shares and TTFT side by side. Writes
+benchmarks/results/routing_vllm.json.
 """
 
 from __future__ import annotations
@@ -58,11 +61,11 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from router_overhead import quantile, start, stop  # noqa: E402
-from routing_fidelity import calibrate_replicas, compare, cost_from, sim_workload, simulate_seeds  # noqa: E402
+from routing_fidelity import calibrate_replicas, cost_from, resimulate  # noqa: E402
 from routing_fidelity import table as fidelity_table  # noqa: E402
 
 from llmfleet.api import InferenceService  # noqa: E402
-from llmfleet.api.inferenceservice import DEFAULT_SCORERS  # noqa: E402
+from llmfleet.api.inferenceservice import DEFAULT_SCORERS, RouterSpec  # noqa: E402
 from llmfleet.router.config import RouterConfig, router_config_from_service  # noqa: E402
 from llmfleet.router.replicas import parse_vllm_metrics  # noqa: E402
 from llmfleet.util.net import free_port  # noqa: E402
@@ -176,9 +179,11 @@ def _counter(text: str, name: str) -> float:
                if line.startswith(name) and line[len(name)] in " {")
 
 
-async def prefix_counters(urls: list[str]) -> list[tuple[float, float, float]]:
-    """(prefix-cache hit tokens, queried tokens, preemptions) per replica, from vLLM's own counters. vLLM
-    queries its prefix cache again when a preempted request is scheduled again, so preemptions lower the share."""
+async def prefix_counters(urls: list[str]) -> list[tuple[float, float, float, float, float]]:
+    """(prefix-cache hit tokens, queried tokens, preemptions, TTFT seconds summed, TTFTs counted) per replica,
+    from vLLM's own series. vLLM queries its prefix cache again when a preempted request is scheduled again,
+    so preemptions lower the share. The engine's TTFT (arrival at its API server to the first token: no
+    router, no client) tells the simulator how fast the replicas ran during a run."""
     out = []
     async with aiohttp.ClientSession() as s:
         for u in urls:
@@ -186,7 +191,9 @@ async def prefix_counters(urls: list[str]) -> list[tuple[float, float, float]]:
                 text = await r.text()
             v = parse_vllm_metrics(text)
             out.append((v.get("prefix_hits", 0.0), v.get("prefix_queries", 0.0),
-                        _counter(text, "vllm:num_preemptions_total")))
+                        _counter(text, "vllm:num_preemptions_total"),
+                        _counter(text, "vllm:time_to_first_token_seconds_sum"),
+                        _counter(text, "vllm:time_to_first_token_seconds_count")))
     return out
 
 
@@ -358,6 +365,8 @@ async def one_run(name: str, cmd: list[str], port: int, replica_urls: list[str],
         "router": name, "requests": len(ttfts) + errors, "errors": errors, "wall_s": round(wall, 1),
         "prompt_tokens": queries, "prompt_tokens_per_replica": per_replica,
         "preemptions_per_replica": [int(a[2] - b[2]) for a, b in zip(after, before, strict=True)],
+        "engine_ttft_s_sum": sum(a[3] - b[3] for a, b in zip(after, before, strict=True)),
+        "engine_ttft_count": int(sum(a[4] - b[4] for a, b in zip(after, before, strict=True))),
         "hit_share": hits / queries if queries else None,
         "ttft_p50_ms": quantile(ttfts, 0.5) * 1e3, "ttft_p95_ms": quantile(ttfts, 0.95) * 1e3,
         "ttfts_ms": [round(x * 1e3, 1) for x in ttfts],
@@ -412,14 +421,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait(timeout=10)
-    cost = cost_from(calibration)
-    workloads = {}
-    for seed in args.seeds:
-        systems, convs = chat_workload(seed, *workload_args(args))
-        workloads[seed] = sim_workload(f"chat-{seed}", systems, convs, cost, BLOCK, args.max_tokens, model)
-    sim_runs = simulate_seeds(workloads, cost, args.replicas, args.kv_blocks, MAX_NUM_SEQS, max_model_len(args.kv_blocks),
-                              [n for n in args.routers if n not in skipped], sim_variants(args.variants))
-    return {"runs": runs, "skipped": skipped, "calibration": calibration, "simulated_runs": sim_runs}
+    return {"runs": runs, "skipped": skipped, "calibration": calibration}
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -490,9 +492,6 @@ def main() -> None:
                      f"{s['ttft_p95_ms']:7.0f}ms {s['errors']:6d} {s['router_cpu_ms_per_request']:15.2f} ms")
     for name, why in result["skipped"].items():
         lines.append(f"{name:14s} skipped: {why}")
-    fidelity = compare(summary, result["simulated_runs"])
-    lines += ["", "simulator (CPU replica model fitted on a separate calibration run) vs real:", *fidelity_table(fidelity)]
-    print("\n".join(lines))
     out = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -504,8 +503,17 @@ def main() -> None:
                    "variants": sim_variants(args.variants)},
         "summary": summary, "runs": result["runs"], "skipped": result["skipped"], "table": lines,
         "block_size": BLOCK, "max_num_seqs": MAX_NUM_SEQS, "max_model_len": max_model_len(args.kv_blocks),
-        "calibration": result["calibration"], "simulated_runs": result["simulated_runs"], "fidelity": fidelity,
+        "calibration": result["calibration"],
+        "llmfleet_scorers": dict(RouterSpec().scorers),  # what the llmfleet row ran with (the defaults)
     }
+    # the same conversations through the simulator, each run at the slowdown its engines' own TTFT gives
+    # (routing_fidelity.py does the same from the written file)
+    sim = resimulate(out)
+    out["simulated_runs"], out["fidelity"] = sim["runs"], sim["comparison"]
+    lines += ["", "simulator (replica model from the calibration; its speed per run below) vs real:",
+              *fidelity_table(sim["comparison"])]
+    out["table"] = lines
+    print("\n".join(lines))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {args.out}")
