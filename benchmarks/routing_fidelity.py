@@ -198,14 +198,20 @@ def slowed(cost: StepCostModel, factor: float) -> StepCostModel:
 
 def sim_routers(seed: int, variants: dict[str, dict[str, float]] | None = None,
                 llmfleet_scorers: dict[str, float] | None = None) -> dict[str, Any]:
+    from llmfleet.router.config import RouterConfig
     from llmfleet.sim.routers import LlmfleetRouter, RoundRobin, SGLangCacheAware, VllmRouterNoRender
 
+    default_measure = bool(RouterConfig.model_fields["measure_prefill_rate"].default)
+
+    def measured(w: dict[str, Any]) -> bool:  # a config variant may set it, in either spelling
+        return bool(w.get("measure_prefill_rate", w.get("measurePrefillRate", default_measure)))
+
     return {
-        # the scorer weights the real run used (None: today's defaults), as routing_vllm's CPU replicas
-        "llmfleet": LlmfleetRouter(weights=llmfleet_scorers, seed=seed, measure_prefill_rate=True),
-        # a variant's scorer weights (its router limits, if any, have no simulated counterpart)
-        **{name: LlmfleetRouter(weights=w.get("scorers") if "scorers" in w or "limits" in w else w, seed=seed,
-                                measure_prefill_rate=True)
+        # the scorer weights the real run used (None: today's defaults) and the router's default config
+        "llmfleet": LlmfleetRouter(weights=llmfleet_scorers, seed=seed, measure_prefill_rate=default_measure),
+        # a variant's scorer weights and prefill pricing (its router limits, if any, have no simulated counterpart)
+        **{name: LlmfleetRouter(weights=w["scorers"], seed=seed, measure_prefill_rate=measured(w))
+           if "scorers" in w else LlmfleetRouter(weights=w, seed=seed, measure_prefill_rate=default_measure)
            for name, w in (variants or {}).items()},
         # sglang-router 0.3.2 cache_aware with its CLI defaults
         "sglang-router": SGLangCacheAware(cache_threshold=0.3, balance_abs=64, balance_rel=1.5, seed=seed),
