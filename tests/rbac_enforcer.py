@@ -7,13 +7,16 @@ used that the rules lack, even where the code under test swallows the 403 and re
     ...  # run the operator with ConnectionInfo(server=url, token="operator")
     enforcer.assert_clean()
 
+A server-side apply that creates its object needs `create` as well as `patch`, as the API server checks
+(api-concepts, "Patch and apply"): the enforcer asks the emulator whether the object exists.
+
 Requests with another token (or none) are the test's own set-up and pass unchecked. Non-resource URLs (API
 discovery, /version) are allowed for every authenticated user in a real cluster and pass too.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +24,7 @@ import kmock
 from kmock._internal import enums, rendering
 
 Access = tuple[str, str, str]  # (verb, apiGroup, resource or resource/subresource)
+APPLY = "application/apply-patch+yaml"
 
 
 def request_access(request: rendering.Request) -> Access | None:
@@ -61,6 +65,7 @@ def granted(rules: Iterable[Mapping[str, Any]], access: Access, name: str | None
 class RbacEnforcer:
     rules: list[Mapping[str, Any]]
     token: str
+    exists: Callable[[rendering.Request], bool] = lambda request: True
     checked: set[Access] = field(default_factory=set)
     denied: set[Access] = field(default_factory=set)
 
@@ -71,11 +76,16 @@ class RbacEnforcer:
         access = request_access(request)
         if access is None:
             return None
-        self.checked.add(access)
-        if granted(self.rules, access, request.name):
+        needed = [access]
+        ctype = (request.headers.get("Content-Type") or "").split(";")[0].strip()
+        if access[0] == "patch" and ctype == APPLY and not self.exists(request):
+            needed.append(("create", access[1], access[2]))
+        missing = [a for a in needed if not granted(self.rules, a, request.name)]
+        self.checked.update(needed)
+        if not missing:
             return None
-        self.denied.add(access)
-        verb, group, resource = access
+        self.denied.update(missing)
+        verb, group, resource = missing[0]
         return kmock.KubernetesError(
             status=403, reason="Forbidden",
             message=f'{resource}{"." + group if group else ""} is forbidden: cannot {verb} (not in the rules)',
@@ -90,6 +100,12 @@ class RbacEnforcer:
 
 def enforce(emu: Any, rules: Iterable[Mapping[str, Any]], token: str) -> RbacEnforcer:
     """Answer 403 to `token`'s requests that `rules` do not grant; the enforcer records what it saw."""
-    enforcer = RbacEnforcer(rules=list(rules), token=token)
+    def exists(request: rendering.Request) -> bool:
+        res = request.resource
+        ns = request.namespace if emu._namespaced(res) else None
+        obj = emu.objects._objects.get((res, ns, str(request.name)))  # the key the emulator stores it under
+        return obj is not None and not obj.deleted
+
+    enforcer = RbacEnforcer(rules=list(rules), token=token, exists=exists)
     emu.faults.insert(0, enforcer)
     return enforcer

@@ -9,7 +9,7 @@ from pydantic import Field, model_validator
 
 from llmfleet.api.common import ApiModel, Condition, ObjectMeta, StatusModel, cel_rules
 from llmfleet.api.contracts import TRAINING_METRICS_PORT
-from llmfleet.api.inferenceservice import LORA_RANKS
+from llmfleet.api.lora import LORA_RANKS
 from llmfleet.api.storage import DataUri, OutputUri, SourceUri, StorageSpec, parse_uri
 
 

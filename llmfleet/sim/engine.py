@@ -6,7 +6,8 @@
     res.summary["ttft"]["p99"], res.records, res.series
 
 Events are (time, seq, kind, a, b) tuples on one heap; arrivals are read from the sorted request list
-without entering the heap. Replicas plan a step when the previous one ends; `SimReplica.version` invalidates
+without entering the heap, except closed-loop requests (`Request.after`: a conversation's next turn), which
+a _SEND event dispatches their think time after the request they follow finished or was rejected. Replicas plan a step when the previous one ends; `SimReplica.version` invalidates
 step events that a truncated decode run made obsolete.
 """
 
@@ -28,7 +29,7 @@ from llmfleet.sim.workload import Request, Workload, gc_paused
 
 __all__ = ["Autoscaler", "Fleet", "PoolSpec", "SimRouter", "SimConfig", "SimPoolSignals", "SimResult", "simulate"]
 
-_STEP, _READY, _TICK, _SAMPLE = 0, 1, 2, 3
+_STEP, _READY, _TICK, _SAMPLE, _SEND = 0, 1, 2, 3, 4
 
 
 def _check_unchunked_budget(cfg: SimConfig, reqs: list[Request]) -> None:
@@ -63,7 +64,13 @@ def check_inputs(workload: Workload, cfg: SimConfig) -> None:
             raise ValueError(f"pool {p.name}: cold_start_s must be a finite number >= 0, got {p.cold_start_s}")
         if p.max_model_len is not None and p.max_model_len < 2:
             raise ValueError(f"pool {p.name}: max_model_len must be >= 2, got {p.max_model_len}")
+    rids = {r.rid for r in workload.requests}
     for r in workload.requests:
+        if r.after >= 0 and (r.after >= r.rid or r.after not in rids):
+            raise ValueError(f"request {r.rid}: it follows request {r.after}, which must be an earlier request "
+                             "(a smaller rid) of the workload")
+        if r.after >= 0 and (not math.isfinite(r.think) or r.think < 0):
+            raise ValueError(f"request {r.rid}: think time must be a finite number >= 0, got {r.think}")
         if not math.isfinite(r.arrival) or r.arrival < 0:
             raise ValueError(f"request {r.rid}: arrival time must be a finite number >= 0, got {r.arrival}")
         if r.prompt_len < 1 or r.output_len < 1:
@@ -120,7 +127,11 @@ def _simulate(workload: Workload, cfg: SimConfig, router: SimRouter | str,
         if end is not None:
             push(end, _STEP, r.id, r.version)
 
-    t0 = reqs[0].arrival if reqs else 0.0
+    # closed-loop requests (`after`) are sent when the request they follow ends; the rest at their arrival
+    stream = [r for r in reqs if r.after < 0]
+    follower = {r.after: r for r in reqs if r.after >= 0}
+    held: list[Request] = []  # followers sent (a _SEND event's index)
+    t0 = stream[0].arrival if stream else 0.0
     for p in cfg.pools:
         for _ in range(p.replicas):
             fleet.make_routable(fleet.add(p.name, t0, t0))
@@ -136,7 +147,15 @@ def _simulate(workload: Workload, cfg: SimConfig, router: SimRouter | str,
         push(next_tick, _TICK)
     push(t0, _SAMPLE)
     n = len(reqs)
+    ns = len(stream)
     i = 0
+
+    def ended(req: Request, now: float) -> None:
+        """`req` finished or was rejected: send the request that follows it (a client's next turn)."""
+        f = follower.get(req.rid)
+        if f is not None:
+            held.append(f)
+            push(now + f.think, _SEND, len(held) - 1)
 
     def dispatch(req: Request, now: float) -> None:
         rep = rt.route(req, fleet, now)
@@ -146,9 +165,11 @@ def _simulate(workload: Workload, cfg: SimConfig, router: SimRouter | str,
         if req.prompt_len + req.output_len > context[rep.pool]:
             too_long.add(req.rid)
             rejected.append(req)
+            ended(req, now)
             return
         if -(-(req.prompt_len + req.output_len) // bs) > rep.total:
             rejected.append(req)
+            ended(req, now)
             return
         req.replica, req.pool = rep.id, rep.pool
         req.degraded = fleet.specs[rep.pool].role == "student"
@@ -166,17 +187,17 @@ def _simulate(workload: Workload, cfg: SimConfig, router: SimRouter | str,
         if changed is not None:
             changed(rep)
 
-    horizon = (reqs[-1].arrival if reqs else t0) + 86400.0  # requests still pending a day later stay pending
+    horizon = (stream[-1].arrival if stream else t0) + 86400.0  # requests still pending a day later stay pending
 
     def more(now: float) -> bool:
-        return (i < n or finished + len(rejected) < n) and now < horizon
+        return (i < ns or finished + len(rejected) < n) and now < horizon
 
     def stop_if_drained(rep: SimReplica, now: float) -> None:
         if rep.draining and not rep.running and not rep.waiting and rep.stopped_at is None:
             rep.stopped_at = now
 
     while True:
-        na = reqs[i].arrival if i < n else math.inf
+        na = stream[i].arrival if i < ns else math.inf
         if heap and heap[0][0] <= na:
             now, _, kind, a, b = heapq.heappop(heap)
             if kind == _STEP:
@@ -194,6 +215,7 @@ def _simulate(workload: Workload, cfg: SimConfig, router: SimRouter | str,
                     finished += 1
                     done_window.append(r)
                     rt.on_complete(r, now)
+                    ended(r, now)
                 push_step(rep, rep.schedule(now))
                 if len(rep.waiting) < rep.min_waiting:
                     rep.min_waiting = len(rep.waiting)
@@ -212,12 +234,17 @@ def _simulate(workload: Workload, cfg: SimConfig, router: SimRouter | str,
                 window, done_window = [], []
                 if more(now):
                     push(now + cfg.autoscale_interval_s, _TICK)
+            elif kind == _SEND:
+                req = held[a]
+                req.arrival = now
+                window.append(req)
+                dispatch(req, now)
             elif kind == _SAMPLE:
                 series.append(_sample(fleet, now, len(pending)))
                 if more(now):
                     push(now + cfg.series_interval_s, _SAMPLE)
-        elif i < n:
-            req = reqs[i]
+        elif i < ns:
+            req = stream[i]
             i += 1
             window.append(req)
             dispatch(req, req.arrival)
@@ -227,6 +254,8 @@ def _simulate(workload: Workload, cfg: SimConfig, router: SimRouter | str,
     for rep in fleet.replicas:
         if rep.stopped_at is None:
             rep.stopped_at = end
+    sent = {id(r) for r in held}
+    pending += [r for r in follower.values() if id(r) not in sent]  # behind a request that never ran
     lost = n - finished - len(rejected) - len(pending)
     if lost:
         raise RuntimeError(f"simulation lost {lost} requests (bug)")

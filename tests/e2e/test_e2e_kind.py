@@ -8,9 +8,9 @@ Every test creates what it needs when it is missing, so a single phase can be re
 
 from __future__ import annotations
 
+import json
 import subprocess
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,47 +22,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "e2e" / "manifests"
-GROUP, VERSION = "llmfleet.io", "v1alpha1"
-
-
-@dataclass
-class Kube:
-    """Thin handles on the Kubernetes APIs the e2e tests use."""
-
-    core: Any
-    apps: Any
-    batch: Any
-    custom: Any
-
-    def cr(self, namespace: str, plural: str, name: str) -> dict[str, Any] | None:
-        from kubernetes import client
-
-        try:
-            return self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, plural, name)
-        except client.ApiException as err:
-            if err.status == 404:
-                return None
-            raise
-
-
-@pytest.fixture(scope="module")
-def kube() -> Kube:
-    from kubernetes import client, config
-
-    config.load_kube_config()
-    return Kube(client.CoreV1Api(), client.AppsV1Api(), client.BatchV1Api(), client.CustomObjectsApi())
-
-
-def ensure_namespace(kube: Kube, name: str) -> str:
-    from kubernetes import client
-
-    body = {"metadata": {"name": name, "labels": {"llmfleet.io/e2e": "true"}}}
-    try:
-        kube.core.create_namespace(body)
-    except client.ApiException as err:
-        if err.status != 409:
-            raise
-    return name
 
 
 def kubectl(*args: str, timeout: float = 120) -> str:
@@ -70,6 +29,30 @@ def kubectl(*args: str, timeout: float = 120) -> str:
     if proc.returncode:
         raise AssertionError(f"kubectl {' '.join(args)}: {proc.stderr.strip()}")
     return proc.stdout
+
+
+# The suite reads the cluster with kubectl, as a user would (and as e2e/run.sh does): no second Kubernetes
+# client next to llmfleet's own.
+def get_object(namespace: str, kind: str, name: str) -> dict[str, Any] | None:
+    """One object as JSON, or None when it does not exist."""
+    out = kubectl("-n", namespace, "get", kind, name, "--ignore-not-found", "-o", "json", timeout=30)
+    return json.loads(out) if out.strip() else None
+
+
+def list_objects(namespace: str, kind: str, selector: str) -> list[dict[str, Any]]:
+    """The objects of one kind (or comma-separated kinds) matching a label selector."""
+    out = kubectl("-n", namespace, "get", kind, "-l", selector, "-o", "json", timeout=30)
+    return list(json.loads(out).get("items") or [])
+
+
+def ensure_namespace(name: str) -> str:
+    manifest = {"apiVersion": "v1", "kind": "Namespace",
+                "metadata": {"name": name, "labels": {"llmfleet.io/e2e": "true"}}}
+    proc = subprocess.run(["kubectl", "apply", "--server-side", "-f", "-"], input=json.dumps(manifest),
+                          capture_output=True, text=True, timeout=60)
+    if proc.returncode:
+        raise AssertionError(f"kubectl apply namespace {name}: {proc.stderr.strip()}")
+    return name
 
 
 ISVC = "tiny-chat"
@@ -94,8 +77,8 @@ def pool_selector(pool: str = "primary") -> str:
     return f"llmfleet.io/inferenceservice={ISVC},llmfleet.io/pool={pool},llmfleet.io/component=replica"
 
 
-def isvc_ready(kube: Kube, ns: str) -> dict[str, Any] | None:
-    obj = kube.cr(ns, "inferenceservices", ISVC)
+def isvc_ready(ns: str) -> dict[str, Any] | None:
+    obj = get_object(ns, "inferenceservices", ISVC)
     if not obj:
         return None
     status = obj.get("status") or {}
@@ -103,23 +86,21 @@ def isvc_ready(kube: Kube, ns: str) -> dict[str, Any] | None:
     return obj if ready and status.get("phase") == "Ready" else None
 
 
-def ensure_serving(kube: Kube, run_id: str) -> str:
+def ensure_serving(run_id: str) -> str:
     """The shared InferenceService, Ready (created when an earlier phase has not)."""
-    ns = ensure_namespace(kube, serve_ns(run_id))
-    if kube.cr(ns, "inferenceservices", ISVC) is None:
+    ns = ensure_namespace(serve_ns(run_id))
+    if get_object(ns, "inferenceservices", ISVC) is None:
         apply(ns, MANIFESTS / "inferenceservice.yaml")
     poll(
-        f"InferenceService {ns}/{ISVC} Ready", lambda: isvc_ready(kube, ns), timeout=READY_TIMEOUT, interval=5
+        f"InferenceService {ns}/{ISVC} Ready", lambda: isvc_ready(ns), timeout=READY_TIMEOUT, interval=5
     )
     return ns
 
 
-def router_service(kube: Kube, ns: str) -> str:
-    svcs = kube.core.list_namespaced_service(
-        ns, label_selector=f"llmfleet.io/inferenceservice={ISVC},llmfleet.io/component=router"
-    ).items
-    assert len(svcs) == 1, f"expected one router Service, found {[s.metadata.name for s in svcs]}"
-    return str(svcs[0].metadata.name)
+def router_service(ns: str) -> str:
+    svcs = list_objects(ns, "services", f"llmfleet.io/inferenceservice={ISVC},llmfleet.io/component=router")
+    assert len(svcs) == 1, f"expected one router Service, found {[s['metadata']['name'] for s in svcs]}"
+    return str(svcs[0]["metadata"]["name"])
 
 
 def openai_client(base_url: str, max_retries: int = 0) -> Any:
@@ -137,26 +118,26 @@ def chat(client: Any, text: str) -> str:
     return str(out.choices[0].message.content)
 
 
-def ready_replicas(kube: Kube, ns: str) -> int:
-    deps = kube.apps.list_namespaced_deployment(ns, label_selector=pool_selector()).items
-    return sum((d.status.ready_replicas or 0) for d in deps)
+def ready_replicas(ns: str) -> int:
+    deps = list_objects(ns, "deployments", pool_selector())
+    return sum(int((d.get("status") or {}).get("readyReplicas") or 0) for d in deps)
 
 
-def test_serve_ready(kube: Kube, run_id: str) -> None:
-    ns = ensure_serving(kube, run_id)
-    obj = kube.cr(ns, "inferenceservices", ISVC)
+def test_serve_ready(run_id: str) -> None:
+    ns = ensure_serving(run_id)
+    obj = get_object(ns, "inferenceservices", ISVC)
     assert obj is not None
     assert obj["status"]["pools"][0]["readyReplicas"] >= 1
     # Children carry the contract labels and an owner reference to the CR.
-    deps = kube.apps.list_namespaced_deployment(ns, label_selector=pool_selector()).items
+    deps = list_objects(ns, "deployments", pool_selector())
     assert deps, "no pool Deployment with the contract labels"
-    owner = deps[0].metadata.owner_references[0]
-    assert owner.kind == "InferenceService" and owner.name == ISVC
+    owner = deps[0]["metadata"]["ownerReferences"][0]
+    assert owner["kind"] == "InferenceService" and owner["name"] == ISVC
 
 
-def test_chat_completions_through_router(kube: Kube, run_id: str, port_forward: Any) -> None:
-    ns = ensure_serving(kube, run_id)
-    base = port_forward(ns, router_service(kube, ns), 8080)
+def test_chat_completions_through_router(run_id: str, port_forward: Any) -> None:
+    ns = ensure_serving(run_id)
+    base = port_forward(ns, router_service(ns), 8080)
     client = openai_client(base)
     for i in range(5):
         chat(client, f"Say hello number {i}")
@@ -168,32 +149,32 @@ def test_chat_completions_through_router(kube: Kube, run_id: str, port_forward: 
     assert chunks, "no streamed content"
 
 
-def test_scale_pools_follow(kube: Kube, run_id: str) -> None:
-    ns = ensure_serving(kube, run_id)
+def test_scale_pools_follow(run_id: str) -> None:
+    ns = ensure_serving(run_id)
     kubectl("-n", ns, "scale", f"inferenceservice/{ISVC}", "--replicas=2")
     poll(
         "2 ready replicas after kubectl scale",
-        lambda: ready_replicas(kube, ns) >= 2,
+        lambda: ready_replicas(ns) >= 2,
         timeout=READY_TIMEOUT,
         interval=5,
     )
 
     def status_follows() -> bool:
-        obj = kube.cr(ns, "inferenceservices", ISVC) or {}
+        obj = get_object(ns, "inferenceservices", ISVC) or {}
         st = obj.get("status") or {}
         return st.get("replicas") == 2 and st.get("pools", [{}])[0].get("readyReplicas") == 2
 
     poll("status.replicas == 2", status_follows, timeout=120)
 
 
-def test_kill_replica_no_failed_requests(kube: Kube, run_id: str, port_forward: Any) -> None:
+def test_kill_replica_no_failed_requests(run_id: str, port_forward: Any) -> None:
     from openai import OpenAIError
 
-    ns = ensure_serving(kube, run_id)
-    if ready_replicas(kube, ns) < 2:
+    ns = ensure_serving(run_id)
+    if ready_replicas(ns) < 2:
         kubectl("-n", ns, "scale", f"inferenceservice/{ISVC}", "--replicas=2")
-        poll("2 ready replicas", lambda: ready_replicas(kube, ns) >= 2, timeout=READY_TIMEOUT, interval=5)
-    base = port_forward(ns, router_service(kube, ns), 8080)
+        poll("2 ready replicas", lambda: ready_replicas(ns) >= 2, timeout=READY_TIMEOUT, interval=5)
+    base = port_forward(ns, router_service(ns), 8080)
     client = openai_client(
         base, max_retries=3
     )  # the router retries first; the client's retries are the backstop
@@ -214,13 +195,13 @@ def test_kill_replica_no_failed_requests(kube: Kube, run_id: str, port_forward: 
     worker.start()
     try:
         poll("first requests under load", lambda: done >= 3, timeout=120, interval=0.5)
-        victim = kube.core.list_namespaced_pod(ns, label_selector=pool_selector()).items[0].metadata.name
+        victim = list_objects(ns, "pods", pool_selector())[0]["metadata"]["name"]
         kubectl("-n", ns, "delete", "pod", victim, "--wait=false")
         before = done
         # Keep the load on until the replacement is Ready again, and at least 10 more requests have passed.
         poll(
             "replacement replica Ready",
-            lambda: ready_replicas(kube, ns) >= 2,
+            lambda: ready_replicas(ns) >= 2,
             timeout=READY_TIMEOUT,
             interval=5,
         )
@@ -231,45 +212,40 @@ def test_kill_replica_no_failed_requests(kube: Kube, run_id: str, port_forward: 
     assert not failures, f"{len(failures)} failed requests after retry: {failures[:3]}"
 
 
-def _children_gone(kube: Kube, ns: str, label: str) -> bool:
-    deps = kube.apps.list_namespaced_deployment(ns, label_selector=label).items
-    jobs = kube.batch.list_namespaced_job(ns, label_selector=label).items
-    svcs = kube.core.list_namespaced_service(ns, label_selector=label).items
-    cms = kube.core.list_namespaced_config_map(ns, label_selector=label).items
-    pods = kube.core.list_namespaced_pod(ns, label_selector=label).items
-    return not (deps or jobs or svcs or cms or pods)
+def _children_gone(ns: str, label: str) -> bool:
+    return not list_objects(ns, "deployments,jobs,services,configmaps,pods", label)
 
 
-def test_serve_delete_garbage_collects(kube: Kube, run_id: str) -> None:
-    ns = ensure_serving(kube, run_id)
+def test_serve_delete_garbage_collects(run_id: str) -> None:
+    ns = ensure_serving(run_id)
     label = f"llmfleet.io/inferenceservice={ISVC}"
-    assert not _children_gone(kube, ns, label), "no children to collect"
+    assert not _children_gone(ns, label), "no children to collect"
     kubectl("-n", ns, "delete", f"inferenceservice/{ISVC}", "--wait=true", "--timeout=120s")
-    poll("InferenceService children garbage-collected", lambda: _children_gone(kube, ns, label), timeout=180)
+    poll("InferenceService children garbage-collected", lambda: _children_gone(ns, label), timeout=180)
     kubectl("delete", "namespace", ns, "--wait=false")
 
 
-def _train_phase(kube: Kube, ns: str) -> str | None:
-    obj = kube.cr(ns, "trainingjobs", TJ) or {}
+def _train_phase(ns: str) -> str | None:
+    obj = get_object(ns, "trainingjobs", TJ) or {}
     phase = (obj.get("status") or {}).get("phase")
     if phase in ("Failed", "Invalid"):
         raise AssertionError(f"TrainingJob {ns}/{TJ} is {phase}: {obj.get('status')}")
     return phase if phase == "Succeeded" else None
 
 
-def ensure_training(kube: Kube, run_id: str) -> str:
-    ns = ensure_namespace(kube, train_ns(run_id))
-    if kube.cr(ns, "trainingjobs", TJ) is None:
+def ensure_training(run_id: str) -> str:
+    ns = ensure_namespace(train_ns(run_id))
+    if get_object(ns, "trainingjobs", TJ) is None:
         apply(ns, MANIFESTS / "trainingjob.yaml")
     poll(
-        f"TrainingJob {ns}/{TJ} Succeeded", lambda: _train_phase(kube, ns), timeout=TRAIN_TIMEOUT, interval=5
+        f"TrainingJob {ns}/{TJ} Succeeded", lambda: _train_phase(ns), timeout=TRAIN_TIMEOUT, interval=5
     )
     return ns
 
 
-def test_training_succeeds_with_checkpoint(kube: Kube, run_id: str) -> None:
-    ns = ensure_training(kube, run_id)
-    status = (kube.cr(ns, "trainingjobs", TJ) or {})["status"]
+def test_training_succeeds_with_checkpoint(run_id: str) -> None:
+    ns = ensure_training(run_id)
+    status = (get_object(ns, "trainingjobs", TJ) or {})["status"]
     spec = yaml.safe_load((MANIFESTS / "trainingjob.yaml").read_text())["spec"]
     assert status["step"] == spec["optimization"]["steps"]
     assert status["loss"] > 0 and status["tokensPerSecond"] > 0
@@ -304,22 +280,24 @@ def test_training_succeeds_with_checkpoint(kube: Kube, run_id: str) -> None:
             "volumes": [{"name": "ckpt", "persistentVolumeClaim": {"claimName": spec["checkpoint"]["pvc"]}}],
         },
     }
-    kube.core.create_namespaced_pod(ns, pod)
+    proc = subprocess.run(["kubectl", "-n", ns, "create", "-f", "-"], input=json.dumps(pod), capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
 
     def pod_done() -> str | None:
-        phase = kube.core.read_namespaced_pod("ckpt-check", ns).status.phase
+        phase = ((get_object(ns, "pod", "ckpt-check") or {}).get("status") or {}).get("phase")
         return phase if phase in ("Succeeded", "Failed") else None
 
-    assert poll("checkpoint listing pod", pod_done, timeout=180) == "Succeeded", (
-        kube.core.read_namespaced_pod_log("ckpt-check", ns)
-    )
-    assert kube.core.read_namespaced_pod_log("ckpt-check", ns).strip(), "checkpoint folder is empty"
-    kube.core.delete_namespaced_pod("ckpt-check", ns)
+    phase = poll("checkpoint listing pod", pod_done, timeout=180)
+    listing = kubectl("-n", ns, "logs", "ckpt-check")
+    assert phase == "Succeeded", listing
+    assert listing.strip(), "checkpoint folder is empty"
+    kubectl("-n", ns, "delete", "pod", "ckpt-check", "--wait=false")
 
 
-def test_training_delete_garbage_collects(kube: Kube, run_id: str) -> None:
-    ns = ensure_training(kube, run_id)
+def test_training_delete_garbage_collects(run_id: str) -> None:
+    ns = ensure_training(run_id)
     label = f"llmfleet.io/trainingjob={TJ}"
     kubectl("-n", ns, "delete", f"trainingjob/{TJ}", "--wait=true", "--timeout=120s")
-    poll("TrainingJob children garbage-collected", lambda: _children_gone(kube, ns, label), timeout=180)
+    poll("TrainingJob children garbage-collected", lambda: _children_gone(ns, label), timeout=180)
     kubectl("delete", "namespace", ns, "--wait=false")

@@ -94,8 +94,9 @@ def test_measured_rate_keeps_a_prefix_hit_that_a_default_rate_gives_up() -> None
     keys = list(range(1, 33))  # 32 blocks of 32 tokens
     index = PrefixIndex()
     index.insert("a", keys[:30])
+    # the sole-holder discount alone would keep this hit (a saves 30 of 32 blocks): off, to test the rate
     s = EstimatedTTFTScorer(index, default_tokens_per_s=30_000.0, attention_tokens=None, work_externality=0.0,
-                            measure_rate=True)
+                            measure_rate=True, sole_holder_discount=False)
     a = R("a", in_flight=1, prefill_tokens=200.0, prefill_busy_until=10.3)  # 0.3 s of work ahead (real time)
     b = R("b")
     req = RequestInfo(model="m", block_hashes=keys, input_tokens=1024, block_size=32, now=10.0)

@@ -19,6 +19,7 @@ from llmfleet.router.plugins import (
     charge_prefill,
     release_prefill,
 )
+from llmfleet.router.plugins.builtin import sole_holder_discounted
 
 RATE = 1000.0  # tokens/s: estimates read directly as seconds
 
@@ -54,9 +55,9 @@ REQ = dict(model="m", block_hashes=KEYS, input_tokens=100, block_size=16, now=10
     ],
 )
 def test_estimates_and_scores(replicas: list[ReplicaState], expected_s: list[float]) -> None:
-    # work_externality 0: the scores are the TTFT estimates' ratios (the externality is tested below)
+    # work_externality 0, no sole-holder discount: the scores are the TTFT estimates' ratios (both tested below)
     s = EstimatedTTFTScorer(_index_with("a", KEYS[:4]), default_tokens_per_s=RATE, attention_tokens=None,
-                            work_externality=0.0)
+                            work_externality=0.0, sole_holder_discount=False)
     req = RequestInfo(**REQ)  # type: ignore[arg-type]
     assert s.estimates(req, replicas) == pytest.approx(expected_s)
     scores = s.score(req, replicas)
@@ -71,9 +72,10 @@ def test_work_externality_keeps_a_cache_hit_worth_a_short_wait() -> None:
     reps = [R("a", in_flight=1, prefill_tokens=70.0, prefill_busy_until=10.07), R("b")]
     req = RequestInfo(**REQ)  # type: ignore[arg-type]
     pure = EstimatedTTFTScorer(_index_with("a", KEYS[:4]), default_tokens_per_s=RATE, attention_tokens=None,
-                               work_externality=0.0)
+                               work_externality=0.0, sole_holder_discount=False)
     assert pure.score(req, reps) == pytest.approx([0.100 / 0.106, 1.0])
-    default = EstimatedTTFTScorer(_index_with("a", KEYS[:4]), default_tokens_per_s=RATE, attention_tokens=None)
+    default = EstimatedTTFTScorer(_index_with("a", KEYS[:4]), default_tokens_per_s=RATE, attention_tokens=None,
+                                  sole_holder_discount=False)
     assert default.estimates(req, reps) == pytest.approx([0.106, 0.100])  # estimates stay plain TTFT
     assert default.score(req, reps) == pytest.approx([1.0, 0.115 / 0.125])
     # every candidate busy: the full 1.5x
@@ -84,6 +86,61 @@ def test_work_externality_keeps_a_cache_hit_worth_a_short_wait() -> None:
     assert default.score(req, idle) == pytest.approx(pure.score(req, idle))
     with pytest.raises(ValueError, match="work_externality"):
         EstimatedTTFTScorer(PrefixIndex(), work_externality=-0.1)
+
+
+def test_sole_holder_keeps_its_conversation_while_it_saves_more_work_than_it_waits() -> None:
+    """a alone holds 64 of the prompt's 100 tokens: it computes 36, b 100. With 1 s of prefill queued on a,
+    plain TTFT sends the request to b (0.100 s vs 1.036 s) and leaves a second copy of the prefix there. The
+    discount multiplies a's cost by 36 / 100: the holder keeps the request while it is at most 100 / 36 times
+    slower, and loses it beyond that."""
+    req = RequestInfo(**REQ)  # type: ignore[arg-type]
+
+    def scorer(discount: bool = True) -> EstimatedTTFTScorer:
+        return EstimatedTTFTScorer(_index_with("a", KEYS[:4]), default_tokens_per_s=RATE, attention_tokens=None,
+                                   work_externality=0.0, sole_holder_discount=discount)
+
+    b = R("b")
+    # a: 0.2 s queued + 0.036 s own = 0.236 s, 2.4x b's 0.100 s but within 100 / 36 = 2.78x: a keeps it
+    a = R("a", in_flight=1, prefill_tokens=200.0, prefill_busy_until=10.2)
+    assert scorer(False).score(req, [a, b]) == pytest.approx([0.100 / 0.236, 1.0])
+    assert scorer().score(req, [a, b]) == pytest.approx([1.0, 0.236 * 0.36 / 0.100])
+    assert scorer().estimates(req, [a, b]) == pytest.approx([0.236, 0.100])  # estimates stay plain TTFT
+    # a: 0.3 s queued -> 0.336 s, 3.4x: waiting there costs more than the work it saves, b takes it
+    a = R("a", in_flight=1, prefill_tokens=300.0, prefill_busy_until=10.3)
+    assert scorer().score(req, [a, b]) == pytest.approx([0.100 / (0.336 * 0.36), 1.0])
+    # an idle fleet: the holder is the fastest anyway, the choice is the same
+    assert scorer().score(req, [R("a"), b])[0] == 1.0
+
+
+@pytest.mark.parametrize(
+    "costs, work, floor, expected",
+    [
+        ([1.0, 0.5, 0.5], [10.0, 40.0, 100.0], 0.0, [0.25, 0.5, 0.5]),  # the runner-up's work is the reference
+        ([1.0, 0.5], [40.0, 40.0], 0.0, [1.0, 0.5]),  # two hold the most: nobody is discounted
+        ([0.5, 1.0, 1.0], [100.0, 100.0, 100.0], 0.0, [0.5, 1.0, 1.0]),  # nobody holds anything
+        ([1.0, 0.5], [1.0, 100.0], 20.0, [0.2, 0.5]),  # a full hit: at most 100 / 20 (a block) times slower
+        ([1.0, 0.5], [1.0, 10.0], 20.0, [1.0, 0.5]),  # the runner-up does less than a block: no discount
+        ([1.0], [1.0], 0.0, [1.0]),
+    ],
+)
+def test_sole_holder_discounted(costs: list[float], work: list[float], floor: float, expected: list[float]) -> None:
+    assert sole_holder_discounted(costs, work, floor) == pytest.approx(expected)
+
+
+def test_a_popular_prefix_on_several_replicas_is_ranked_by_plain_ttft() -> None:
+    """A system prompt that two replicas hold equally gives neither a discount: the idle cold replica c, faster
+    than both busy holders, gets the request as with the discount off."""
+    index = PrefixIndex()
+    index.insert("a", KEYS[:4])
+    index.insert("b", KEYS[:4])
+    s = EstimatedTTFTScorer(index, default_tokens_per_s=RATE, attention_tokens=None, work_externality=0.0)
+    off = EstimatedTTFTScorer(index, default_tokens_per_s=RATE, attention_tokens=None, work_externality=0.0,
+                              sole_holder_discount=False)
+    reps = [R("a", in_flight=1, prefill_tokens=200.0, prefill_busy_until=10.2),
+            R("b", in_flight=1, prefill_tokens=300.0, prefill_busy_until=10.3), R("c")]
+    req = RequestInfo(**REQ)  # type: ignore[arg-type]
+    assert s.score(req, reps) == pytest.approx(off.score(req, reps))
+    assert s.score(req, reps)[2] == 1.0
 
 
 @pytest.mark.parametrize(

@@ -86,3 +86,69 @@ def test_pool_membership_and_scrape() -> None:
     assert pool.routable() == []
     pool.set_endpoints({"http://b": False})
     assert removed == ["http://a"] and [r.id for r in pool.routable()] == ["http://b"]
+
+
+def _reference_parse(text: str, cache_info: dict[str, str]) -> dict[str, float]:
+    """What the router read with prometheus_client's full text parser: the equivalence target."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    gauges = {"vllm:num_requests_running": "running", "vllm:num_requests_waiting": "waiting",
+              "vllm:kv_cache_usage_perc": "kv_usage", "vllm:gpu_cache_usage_perc": "kv_usage"}
+    counters = {"vllm:prefix_cache_hits": "prefix_hits", "vllm:prefix_cache_queries": "prefix_queries"}
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == "llmfleet:kv_cache_bytes_per_token":
+                out["kv_bytes_per_token"] = s.value
+            elif s.name == "vllm:cache_config_info":
+                cache_info.update(s.labels)
+                out["cache_capacity_blocks"] = float(s.labels["num_gpu_blocks"])
+            elif not s.name.endswith("_created"):
+                attr = gauges.get(s.name) or counters.get(s.name.removesuffix("_total"))
+                if attr is not None:
+                    out[attr] = out.get(attr, 0.0) + s.value
+    return out
+
+
+def test_vllm_metrics_page_parsed_like_prometheus_client() -> None:
+    """A page rendered by prometheus_client as vLLM's is (two engines, histograms with their buckets, counters
+    with _total and _created, look-alike names, escaped label values): the router's line scan reads exactly
+    what a full Prometheus parse reads, and skips everything else."""
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+    reg = CollectorRegistry()
+    running = Gauge("vllm:num_requests_running", "running", ["engine", "model_name"], registry=reg)
+    waiting = Gauge("vllm:num_requests_waiting", "waiting", ["engine", "model_name"], registry=reg)
+    by_reason = Gauge("vllm:num_requests_waiting_by_reason", "look-alike", ["engine", "reason"], registry=reg)
+    usage = Gauge("vllm:kv_cache_usage_perc", "usage", ["engine"], registry=reg)
+    hits = Counter("vllm:prefix_cache_hits", "hits", ["engine"], registry=reg)
+    queries = Counter("vllm:prefix_cache_queries", "queries", ["engine"], registry=reg)
+    ttft = Histogram("vllm:time_to_first_token_seconds", "ttft", ["engine"], registry=reg,
+                     buckets=[0.001 * 2 ** i for i in range(20)])
+    info = Gauge("vllm:cache_config_info", "cache config",
+                 ["block_size", "cache_dtype", "engine", "kv_offloading_size", "num_gpu_blocks", "note"], registry=reg)
+    wrapper = Gauge("llmfleet:kv_cache_bytes_per_token", "bytes", registry=reg)
+    for e, (run, wait, use) in enumerate([(3, 1, 0.25), (2, 0, 0.5)]):
+        running.labels(str(e), "m").set(run)
+        waiting.labels(str(e), "m").set(wait)
+        by_reason.labels(str(e), "capacity").set(100)
+        usage.labels(str(e)).set(use)
+        hits.labels(str(e)).inc(40 + e)
+        queries.labels(str(e)).inc(100 + e)
+        for x in (0.01, 0.2, 3.0):
+            ttft.labels(str(e)).observe(x)
+    info.labels("16", "auto", "0", "None", "2048", 'a "quoted" \\ back} slash\nnewline').set(1)
+    wrapper.set(131072)
+    text = generate_latest(reg).decode()
+    info_labels: dict[str, str] = {}
+    values = parse_vllm_metrics(text, info_labels)
+    expected_labels: dict[str, str] = {}
+    assert values == _reference_parse(text, expected_labels)
+    assert values == {"running": 5, "waiting": 1, "kv_usage": 0.75, "prefix_hits": 81, "prefix_queries": 201,
+                      "cache_capacity_blocks": 2048, "kv_bytes_per_token": 131072}
+    assert info_labels == expected_labels and info_labels["note"] == 'a "quoted" \\ back} slash\nnewline'
+    # counters without the _total suffix (older exposition), timestamps after the value
+    assert parse_vllm_metrics("vllm:prefix_cache_hits 7 1700000000000\nvllm:num_requests_running 1\n") == {
+        "prefix_hits": 7, "running": 1}
+    with pytest.raises(ValueError):
+        parse_vllm_metrics("vllm:num_requests_running{engine=\"0\"} lots\n")

@@ -217,3 +217,31 @@ def test_cli_writes_result_json_and_png_plots(tmp_path: Path) -> None:
     assert {"ttft_cdf.png", "queue.png"} <= set(pngs), pngs
     for name in ("ttft_cdf.png", "queue.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_closed_loop_turn_is_sent_its_think_time_after_the_previous_one_ends() -> None:
+    """A conversation's next turn (Request.after) leaves the client its think time after the previous turn's
+    answer: a slower replica sends it later. A rejected turn releases the next one too; an `after` that is not
+    an earlier request is refused."""
+    reqs = [Request(0, 1.0, 16, 3, (1, 2, 3, 4)),
+            Request(1, 0.0, 16, 1, (1, 2, 3, 4), after=0, think=0.5),  # its arrival field is not used
+            Request(2, 0.0, 400, 1, after=1, think=0.25)]  # longer than the context: rejected
+    reqs.append(Request(3, 0.0, 8, 1, after=2, think=1.0))
+    cost = UNIT
+    pool = PoolSpec(replicas=1, kv_blocks=200, cost=cost, max_model_len=64)
+    res = simulate(Workload("conv", reqs, block_size=4), SimConfig(pools=[pool], check_invariants=True))
+    rec = {r["rid"]: r for r in res.records}
+    end0 = rec[0]["arrival"] + rec[0]["e2e"]
+    assert rec[0]["arrival"] == 1.0 and rec[0]["e2e"] > 0.016  # a 16-token prefill at 1 ms/token, then 2 steps
+    assert rec[1]["arrival"] == pytest.approx(end0 + 0.5)
+    assert rec[1]["hitTokens"] == 12  # the previous turn's prompt is still cached
+    end1 = rec[1]["arrival"] + rec[1]["e2e"]
+    assert rec[2]["rejected"] == "context" and rec[2]["arrival"] == pytest.approx(end1 + 0.25)
+    assert rec[3]["arrival"] == pytest.approx(rec[2]["arrival"] + 1.0) and rec[3]["e2e"] is not None
+    slow = PoolSpec(replicas=1, kv_blocks=200, cost=StepCostModel(**{**cost.__dict__, "peak_flops": 100.0}),
+                    max_model_len=64)
+    res_slow = simulate(Workload("conv", reqs, block_size=4), SimConfig(pools=[slow]))
+    assert res_slow.records[1]["arrival"] > rec[1]["arrival"]  # 10x slower steps: the next turn leaves later
+    bad = [Request(0, 0.0, 8, 1), Request(1, 0.0, 8, 1, after=1)]
+    with pytest.raises(ValueError, match="earlier request"):
+        simulate(Workload("bad", bad, block_size=4), SimConfig(pools=[pool]))

@@ -235,6 +235,37 @@ DEFAULT_ATTENTION_TOKENS = 30_000.0
 DEFAULT_WORK_EXTERNALITY = 0.5
 
 
+def sole_holder_discounted(costs: list[float], work: Sequence[float], floor: float) -> list[float]:
+    """`costs` with the one candidate that alone holds the most of the prompt discounted by the work it saves.
+
+    `work[i]`: the request's prefill work on candidate i (uncached tokens, attention-weighted, as `_work`). When
+    exactly one candidate needs the least work, w1, and the runner-up needs w2 > w1, its cost is multiplied by
+    w1 / w2, w1 floored at `floor` (one prefix-index block of work, the index's granularity: this bounds the
+    factor by the prompt's block count). Nobody else changes: a prefix held by nobody, or equally by two or
+    more candidates (a popular system prompt), is ranked by plain estimated TTFT.
+
+    Why: blocks only one replica holds are, in practice, the request's own history (a conversation's earlier
+    turns). Recomputing them elsewhere repeats work already done and leaves two copies: a new one taking
+    another replica's cache space and the old one, dead (the next turn follows the longest match) until LRU
+    ages it out. Plain estimated TTFT sends the request away from a busy holder as soon as waiting costs more
+    than recomputing. With the discount, the choice between the holder and the rest minimises TTFT x prefill
+    work: the holder may be as many times slower as it saves work. That trade has no units (the same at any
+    prefill rate, prompt length, load or fleet size), so nothing is fitted to a trace; it changes nothing
+    while the holder is also the fastest, e.g. in an idle fleet.
+    """
+    n = len(costs)
+    if n < 2:
+        return costs
+    i1 = min(range(n), key=work.__getitem__)
+    w1 = work[i1]
+    w2 = min(w for i, w in enumerate(work) if i != i1)
+    if w2 <= w1:
+        return costs  # two or more candidates hold the most: plain estimated TTFT decides between them
+    out = list(costs)
+    out[i1] = costs[i1] * min(1.0, max(w1, floor) / w2)
+    return out
+
+
 class EstimatedTTFTScorer(Scorer):
     """Estimated time to first token of THIS request on each replica, relative to the best one.
 
@@ -244,6 +275,9 @@ class EstimatedTTFTScorer(Scorer):
     cost(r)     = wait(r) + (1 + work_externality · busy) · work / rate(r), busy = the fraction of candidates
                   with queued prefill: under load this request's new work also delays the requests routed
                   to r after it (see DEFAULT_WORK_EXTERNALITY; 0 = pure TTFT)
+    cost(h)    *= w(h) / w(runner-up) for the one candidate h that alone holds the most of the prompt (the least
+                  uncached work w): its cached history is worth keeping (`sole_holder_discounted`; off with
+                  sole_holder_discount=False)
     score(r)    = min cost / cost(r): 1 for the cheapest replica, in (0, 1] for all, deterministic.
 
     Unlike request counts, a 40k-token prompt weighs what its prefill costs (`work` grows with context:
@@ -267,13 +301,15 @@ class EstimatedTTFTScorer(Scorer):
 
     def __init__(self, index: PrefixIndex, default_tokens_per_s: float = DEFAULT_PREFILL_TOKENS_PER_S,
                  attention_tokens: float | None = DEFAULT_ATTENTION_TOKENS,
-                 work_externality: float = DEFAULT_WORK_EXTERNALITY, measure_rate: bool = False) -> None:
+                 work_externality: float = DEFAULT_WORK_EXTERNALITY, measure_rate: bool = False,
+                 sole_holder_discount: bool = True) -> None:
         if attention_tokens is not None and attention_tokens <= 0:
             raise ValueError("attention_tokens must be > 0 (or None for a linear cost)")
         if work_externality < 0:
             raise ValueError("work_externality must be >= 0")
         self.index = index
         self.work_externality = work_externality
+        self.sole_holder_discount = sole_holder_discount  # see sole_holder_discounted
         self._costs: list[float] = []
         self.default_rate = default_tokens_per_s
         self.attention_tokens = attention_tokens
@@ -339,7 +375,10 @@ class EstimatedTTFTScorer(Scorer):
             out.append(wait + t)
             own.append(t)
         extra = self.work_externality * busy_n / len(replicas) if busy_n else 0.0
-        self._costs = [e + extra * t for e, t in zip(out, own, strict=True)] if extra else out
+        costs = [e + extra * t for e, t in zip(out, own, strict=True)] if extra else out
+        if self.sole_holder_discount and m:
+            costs = sole_holder_discounted(costs, uncached, self._work(n_tokens, max(0, n_tokens - bs)))
+        self._costs = costs
         # remembered for on_routed: by then another plugin may already have taught the index this prompt
         self._last = (req, replicas, uncached)
         return out

@@ -184,3 +184,29 @@ async def test_a_missing_grant_is_refused_and_reported(cluster: tuple[Any, KubeC
         await client.close()
     assert err.value.status == 403
     assert enforcer.denied == {("patch", "", "pods")}
+
+
+async def test_server_side_apply_that_creates_needs_create(cluster: tuple[Any, KubeClient]) -> None:
+    """As the API server authorizes it: an apply that creates its object needs `create` besides `patch`; once
+    the object exists, `patch` alone lets the same apply through."""
+    emu, operator_client = cluster
+    rules = [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "patch"]}]
+    enforcer = rbac_enforcer.enforce(emu, rules, token="patch-only")
+    client = KubeClient.for_server(operator_client.config.cluster.server, token="patch-only")
+    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cfg", "namespace": "default"},
+          "data": {"a": "1"}}
+    try:
+        with pytest.raises(ApiError) as err:
+            await client.apply(cm)
+        assert err.value.status == 403
+        assert enforcer.denied == {("create", "", "configmaps")}
+        assert emu.get("v1/configmaps", "default", "cfg") is None  # nothing was created
+        await emu.put("v1/configmaps", {**cm, "data": {"a": "0"}})
+        enforcer.denied.clear()
+        await client.apply(cm)
+    finally:
+        await client.close()
+    assert not enforcer.denied
+    assert (emu.get("v1/configmaps", "default", "cfg") or {}).get("data") == {"a": "1"}
+    # the fixture checks that its operator-token client was used within its grants
+    assert await operator_client.get("llmfleet.io/v1alpha1", "InferenceService", "default", "chat") is None
