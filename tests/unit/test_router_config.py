@@ -57,6 +57,9 @@ def test_static_endpoints_and_roundtrip(tmp_path) -> None:
     f.write_text(cfg.to_yaml())
     assert load_router_config(f) == cfg
     assert "servedNames" in cfg.to_yaml()
+    assert cfg.sole_holder_discount  # on by default; router.yaml spells it soleHolderDiscount
+    off = RouterConfig.model_validate({**cfg.model_dump(by_alias=True), "soleHolderDiscount": False})
+    assert not off.sole_holder_discount and "soleHolderDiscount: false" in off.to_yaml()
 
 
 @pytest.mark.parametrize(
