@@ -434,4 +434,6 @@ def router_config_from_service(
         ),
         upstream_api_key_env=UPSTREAM_API_KEY_ENV if spec.router.upstream_key_secret else None,
         outliers=spec.router.outliers.model_copy(),
+        measure_prefill_rate=spec.router.measure_prefill_rate,
+        sole_holder_discount=spec.router.sole_holder_discount,
     )
