@@ -92,7 +92,8 @@ def simulate_service(w: Workload, isvc: InferenceService, *, seed: int = 0,
                     tpot_slo_s=isvc.spec.slo.tpot_p95_ms / 1e3, autoscale_interval_s=auto.interval_seconds,
                     scale_in=scale_in, seed=seed, context_overflow=context_overflow)
     rc = router_config_from_service(isvc, endpoints={})  # the production mapping of spec.router and spec.fallback
-    router = LlmfleetRouter(weights=dict(isvc.spec.router.scorers), fallback=rc.fallback, seed=seed)
+    router = LlmfleetRouter(weights=dict(isvc.spec.router.scorers), fallback=rc.fallback, seed=seed,
+                            measure_prefill_rate=rc.measure_prefill_rate, sole_holder_discount=rc.sole_holder_discount)
     return simulate(w, cfg, router=router, autoscaler=hook), hook
 
 

@@ -237,7 +237,8 @@ class LlmfleetRouter(SimRouter):
 
     def __init__(self, weights: Mapping[str, float] | None = None, seed: int = 0,
                  fallback: Any = None, slo: Any = None, max_candidates: int | None = None,
-                 prefill_tokens_per_s: float | None = None, measure_prefill_rate: bool = False) -> None:
+                 prefill_tokens_per_s: float | None = None, measure_prefill_rate: bool = False,
+                 sole_holder_discount: bool = True, ttft_objective_s: float | None = None) -> None:
         from llmfleet.api.inferenceservice import RouterSpec
         from llmfleet.router.plugins import DEFAULT_MAX_CANDIDATES
 
@@ -248,6 +249,8 @@ class LlmfleetRouter(SimRouter):
         self.max_candidates = max_candidates if max_candidates is not None else DEFAULT_MAX_CANDIDATES
         self.prefill_rate = prefill_tokens_per_s
         self.measure_prefill_rate = measure_prefill_rate  # RouterConfig.measure_prefill_rate
+        self.sole_holder_discount = sole_holder_discount  # RouterConfig.sole_holder_discount
+        self.ttft_objective_s = ttft_objective_s  # None: the simulation's TTFT SLO, as the router gets spec.slo's
 
     def attach(self, fleet: Fleet) -> None:
         from llmfleet.router import dispatch
@@ -263,7 +266,10 @@ class LlmfleetRouter(SimRouter):
         self._dispatch = dispatch
         self.index = PrefixIndex(max_blocks=10_000_000)
         self.pipeline = build_pipeline(self.weights, self.index, seed=self.seed, max_candidates=self.max_candidates,
-                                       measure_prefill_rate=self.measure_prefill_rate)
+                                       measure_prefill_rate=self.measure_prefill_rate,
+                                       sole_holder_discount=self.sole_holder_discount,
+                                       ttft_objective_s=self.ttft_objective_s if self.ttft_objective_s is not None
+                                       else fleet.cfg.ttft_slo_s)
         self.states: dict[int, Any] = {}
         self.state_lists: dict[str, list[Any]] = {pool: [] for pool in fleet.routable}
         self.infos: dict[int, Any] = {}  # rid -> RequestInfo until its first token

@@ -335,3 +335,23 @@ def test_router_config_switches_the_sole_holder_discount(discount: bool) -> None
     a = R("a", in_flight=1, prefill_tokens=200.0, prefill_busy_until=10.2)
     picked = pipe.pick(RequestInfo(**REQ), [a, R("b")])  # type: ignore[arg-type]
     assert picked.replica.id == ("a" if discount else "b")
+
+
+@pytest.mark.parametrize("holder_estimate_s, discounted", [(0.7, True), (0.8, True), (0.9, False)])
+def test_sole_holder_discount_stops_at_the_ttft_objective(holder_estimate_s: float, discounted: bool) -> None:
+    """Past the TTFT objective the holder is overloaded: plain estimated TTFT decides, so the request can move
+    to a replica that holds nothing yet (one an autoscaler just added)."""
+    out = sole_holder_discounted([holder_estimate_s, 0.5], [10.0, 100.0], 0.0,
+                                 estimates=[holder_estimate_s, 0.5], limit_s=0.8)
+    assert out == pytest.approx([holder_estimate_s * 0.1 if discounted else holder_estimate_s, 0.5])
+
+
+def test_pipeline_bounds_the_discount_by_the_objective() -> None:
+    """build_pipeline's ttft_objective_s reaches the scorer: a holder estimated at 0.236 s keeps the request under
+    a 0.3 s objective and loses it under a 0.2 s one."""
+    for objective, expected in ((0.3, "a"), (0.2, "b")):
+        pipe = build_pipeline({"estimated-ttft": 1.0}, _index_with("a", KEYS[:4]), ttft_objective_s=objective)
+        scorer = next(s for s, _ in pipe.scorers if isinstance(s, EstimatedTTFTScorer))
+        scorer.default_rate, scorer.attention_tokens, scorer.work_externality = RATE, None, 0.0
+        a = R("a", in_flight=1, prefill_tokens=200.0, prefill_busy_until=10.2)
+        assert pipe.pick(RequestInfo(**REQ), [a, R("b")]).replica.id == expected  # type: ignore[arg-type]

@@ -235,7 +235,8 @@ DEFAULT_ATTENTION_TOKENS = 30_000.0
 DEFAULT_WORK_EXTERNALITY = 0.5
 
 
-def sole_holder_discounted(costs: list[float], work: Sequence[float], floor: float) -> list[float]:
+def sole_holder_discounted(costs: list[float], work: Sequence[float], floor: float,
+                           estimates: Sequence[float] | None = None, limit_s: float | None = None) -> list[float]:
     """`costs` with the one candidate that alone holds the most of the prompt discounted by the work it saves.
 
     `work[i]`: the request's prefill work on candidate i (uncached tokens, attention-weighted, as `_work`). When
@@ -252,6 +253,11 @@ def sole_holder_discounted(costs: list[float], work: Sequence[float], floor: flo
     work: the holder may be as many times slower as it saves work. That trade has no units (the same at any
     prefill rate, prompt length, load or fleet size), so nothing is fitted to a trace; it changes nothing
     while the holder is also the fastest, e.g. in an idle fleet.
+
+    `limit_s` (the TTFT objective): no discount once the holder's own estimate (`estimates[i]`, plain TTFT)
+    exceeds it. Affinity is worth waiting for only while the wait stays within what the service promises; past
+    it the holder is overloaded, and keeping its conversations there would also keep them off replicas an
+    autoscaler just added (they hold no history), so scaling out would relieve nothing.
     """
     n = len(costs)
     if n < 2:
@@ -261,6 +267,8 @@ def sole_holder_discounted(costs: list[float], work: Sequence[float], floor: flo
     w2 = min(w for i, w in enumerate(work) if i != i1)
     if w2 <= w1:
         return costs  # two or more candidates hold the most: plain estimated TTFT decides between them
+    if limit_s is not None and estimates is not None and estimates[i1] > limit_s:
+        return costs  # the holder is already past the TTFT objective: plain estimated TTFT decides
     out = list(costs)
     out[i1] = costs[i1] * min(1.0, max(w1, floor) / w2)
     return out
@@ -310,6 +318,7 @@ class EstimatedTTFTScorer(Scorer):
         self.index = index
         self.work_externality = work_externality
         self.sole_holder_discount = sole_holder_discount  # see sole_holder_discounted
+        self.ttft_objective_s: float | None = None  # the service's TTFT objective: bounds the discount
         self._costs: list[float] = []
         self.default_rate = default_tokens_per_s
         self.attention_tokens = attention_tokens
@@ -377,7 +386,8 @@ class EstimatedTTFTScorer(Scorer):
         extra = self.work_externality * busy_n / len(replicas) if busy_n else 0.0
         costs = [e + extra * t for e, t in zip(out, own, strict=True)] if extra else out
         if self.sole_holder_discount and m:
-            costs = sole_holder_discounted(costs, uncached, self._work(n_tokens, max(0, n_tokens - bs)))
+            costs = sole_holder_discounted(costs, uncached, self._work(n_tokens, max(0, n_tokens - bs)),
+                                           out, self.ttft_objective_s)
         self._costs = costs
         # remembered for on_routed: by then another plugin may already have taught the index this prompt
         self._last = (req, replicas, uncached)
