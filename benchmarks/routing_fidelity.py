@@ -11,8 +11,12 @@ CPU replica model: `llmfleet.plan.roofline.StepCostModel` of the tiny Llama's sh
 roofline scale fitted (`roofline.calibrate`, least squares) to measured prefills (`max_tokens` 1, prompts of
 64-1,800 tokens, no prefix shared) and decodes (17 output tokens: (e2e - e2e of 1 token) / 16 per step), every
 replica measured at once, one request at a time each (they share the host's cores as during the runs), the
-median of each prompt length's measurements one point. Client-side times: they include HTTP, the chat
-template and tokenization, which the fitted overhead absorbs. KV cache: the replicas' own `--num-gpu-blocks-override` less
+median of each prompt length's measurements one point. Client-side times: a prefill point is a whole request
+(HTTP, the chat template and tokenization besides its one step), a decode point one step. `--cost-fit requests`
+(the default) fits a per-step overhead and a per-request cost (`calibrate_with_request_cost`; the simulator
+charges the latter once, to the step that admits the request); `--cost-fit steps` is the one-overhead fit stored
+in the result file (`calibrate`), which charges every decode step about half the per-request cost (here ~23 ms
+per decode step against ~11 ms measured), so simulated requests hold their replica longer than real ones. KV cache: the replicas' own `--num-gpu-blocks-override` less
 vLLM's one null block, `max_num_seqs` as rendered.
 
 Speed of each run (`--speed`, SPEEDS): the host is shared, so the replicas' speed during a run is not the
@@ -64,7 +68,7 @@ sys.path.insert(0, str(ROOT))
 
 from llmfleet.api.trainingjob import ModelShape  # noqa: E402
 from llmfleet.plan.hardware import get_gpu  # noqa: E402
-from llmfleet.plan.roofline import StepCostModel, calibrate  # noqa: E402
+from llmfleet.plan.roofline import StepCostModel, calibrate, calibrate_with_request_cost  # noqa: E402
 
 CALIBRATION_LENGTHS = (64, 160, 320, 480, 640, 800, 1000, 1200, 1500, 1800)  # about; < max_model_len 2,016  # prompt tokens (approximate)
 DECODE_TOKENS = 17
@@ -146,8 +150,15 @@ async def calibrate_replicas(urls: list[str], words: list[str], tokenizer_dir: s
             "model": dict(cost.__dict__)}
 
 
-def cost_from(calibration: dict[str, Any]) -> StepCostModel:
+def cost_from(calibration: dict[str, Any], fit: str = "steps") -> StepCostModel:
+    """The replica model of a stored calibration: its stored one-overhead fit ("steps"), or refitted from its
+    points with a per-request cost ("requests", `calibrate_with_request_cost`)."""
+    if fit == "requests":
+        # the prefill points time whole 1-token requests; the decode points (they read their context) single steps
+        points = [{**p, "wholeRequest": not p.get("readContext")} for p in calibration["points"]]
+        return calibrate_with_request_cost(base_cost(), points)
     return StepCostModel(**calibration["model"])
+
 
 
 # ---- the same workload for the simulator --------------------------------------------------------------------
@@ -206,7 +217,8 @@ def alone_on_host(cost: StepCostModel, replicas: int, host_cores: float) -> Step
 def slowed(cost: StepCostModel, factor: float) -> StepCostModel:
     """The replica model with every step `factor` times longer (a host busier than during the calibration)."""
     return dataclasses.replace(cost, overhead_s=cost.overhead_s * factor, compute_eff=cost.compute_eff / factor,
-                               bandwidth_eff=cost.bandwidth_eff / factor)
+                               bandwidth_eff=cost.bandwidth_eff / factor,
+                               request_overhead_s=cost.request_overhead_s * factor)
 
 
 def sim_routers(seed: int, variants: dict[str, dict[str, float]] | None = None,
@@ -389,6 +401,8 @@ def table(cmp: dict[str, Any]) -> list[str]:
                      f"{r['sim_ttft_p95_ms']:6.0f}ms  {' '.join(f'{x:.1f}' for x in r['slowdowns'])}")
     speed = cmp.get("speed", "calibrated")
     lines.append(f"simulated replicas' speed: {speed} ({SPEEDS[speed]})")
+    if cmp.get("cost_fit"):
+        lines.append(f"replica model: {cmp['cost_fit']} ({COST_FITS[cmp['cost_fit']]})")
     if cmp.get("host_cores"):
         lines.append(f"replicas share a host of {cmp['host_cores']:g} cores (a step: max(1, busy replicas / cores) x alone)")
     lines.append(f"ranking of {', '.join(SYSTEMS)}: real {' > '.join(cmp['systems_real_ranking'])}; simulated "
@@ -399,8 +413,15 @@ def table(cmp: dict[str, Any]) -> list[str]:
     return lines
 
 
+COST_FITS = {
+    "requests": "a per-step overhead and a per-request cost (`calibrate_with_request_cost`)",
+    "steps": "one per-step overhead for prefill requests and decode steps alike (the stored `calibrate` fit)",
+}
+
+
 def resimulate(result: dict[str, Any], speed: str | None = None,
-               llmfleet_scorers: dict[str, float] | None = None, host_cores: float | None = None) -> dict[str, Any]:
+               llmfleet_scorers: dict[str, float] | None = None, host_cores: float | None = None,
+               cost_fit: str = "requests") -> dict[str, Any]:
     """Simulate every run of a routing_vllm result (its workloads, its stored calibration, each run at the
     speed `speed` gives it: None for `default_speed`) and compare with the real runs."""
     from routing_vllm import chat_workload, workload_args
@@ -408,7 +429,9 @@ def resimulate(result: dict[str, Any], speed: str | None = None,
     from llmfleet.local.tinymodel import PRIMARY, build_tiny
 
     p = argparse.Namespace(**result["params"])
-    cost = cost_from(result["calibration"])
+    if cost_fit not in COST_FITS:
+        raise ValueError(f"cost_fit must be one of {', '.join(COST_FITS)}, got {cost_fit!r}")
+    cost = cost_from(result["calibration"], cost_fit)
     cores = 0.0 if host_cores is None else host_cores
     if cores > 0:
         cost = alone_on_host(cost, p.replicas, cores)
@@ -424,7 +447,8 @@ def resimulate(result: dict[str, Any], speed: str | None = None,
     real = [r for r in result["runs"] if r.get("hit_share") is not None]
     speed = speed or default_speed(real)
     runs = simulate_runs(real, turns, cost, setup, speed)
-    return {"runs": runs, "comparison": {**compare(result["summary"], runs), "speed": speed, "host_cores": cores},
+    return {"runs": runs, "comparison": {**compare(result["summary"], runs), "speed": speed, "host_cores": cores,
+                                         "cost_fit": cost_fit},
             "llmfleet_scorers": setup.llmfleet_scorers}
 
 
@@ -439,11 +463,14 @@ def main() -> None:
     ap.add_argument("--host-cores", type=float, default=None, metavar="N",
                     help="simulate the replicas sharing a host of N cores (a step is max(1, busy replicas / N) times "
                          "as long as alone); 0: independent replicas")
+    ap.add_argument("--cost-fit", choices=list(COST_FITS), default="requests",
+                    help="the replica model from the calibration's points: " + "; ".join(f"{k}: {v}" for k, v in COST_FITS.items()))
     args = ap.parse_args()
     result = json.loads(args.result.read_text())
     if "calibration" not in result:
         raise SystemExit(f"{args.result}: no calibration (run routing_vllm.py first)")
-    out = resimulate(result, speed=args.speed, llmfleet_scorers=args.llmfleet_scorers, host_cores=args.host_cores)
+    out = resimulate(result, speed=args.speed, llmfleet_scorers=args.llmfleet_scorers, host_cores=args.host_cores,
+                     cost_fit=args.cost_fit)
     print("\n".join(table(out["comparison"])))
 
 

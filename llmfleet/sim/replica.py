@@ -324,6 +324,7 @@ class SimReplica:
         # host-tier blocks loaded for the requests this step admits, plus adapter loads since the last step
         load_s, self.adapter_pending_s = self.adapter_pending_s, 0.0
         preempted_before = self.preemptions
+        admitted_now = 0  # requests admitted for the first time: each adds the cost model's request overhead
         plan: list[tuple[Request, int]] = []
         tokens = 0
         attended = 0.0
@@ -412,6 +413,7 @@ class SimReplica:
             if loaded:
                 load_s += loaded * self.host_load_s
             if not r.admitted:
+                admitted_now += 1
                 r.admitted = True
                 r.hit_tokens = start
                 self.prompt_tokens += r.prompt_len
@@ -457,7 +459,8 @@ class SimReplica:
                 self.busy_until = now + self.run_time(k)
                 return self.busy_until
         self.run = None
-        self.busy_until = now + c.step_time(tokens, attended, read) * self.slow + load_s
+        step = c.step_time(tokens, attended, read) + admitted_now * c.request_overhead_s
+        self.busy_until = now + step * self.slow + load_s
         return self.busy_until
 
     def _undo_lookup(self, r: Request) -> None:

@@ -1,4 +1,5 @@
-"""Simulator replicas sharing one host's cores (PoolSpec.shared_cores): steps slow down with the busy replicas."""
+"""Simulator step costs: replicas sharing one host's cores (PoolSpec.shared_cores: steps slow down with the busy
+replicas), and the cost model's per-request overhead (paid once, by the step that admits the request)."""
 
 from __future__ import annotations
 
@@ -59,3 +60,17 @@ def test_shared_host_needs_cores() -> None:
 
     with pytest.raises(ValueError, match="cores > 0"):
         SimReplica(0, "primary", 10, 4, UNIT).share_host([0], 0.0)
+
+
+def test_the_request_overhead_is_paid_once_by_the_admitting_step() -> None:
+    # step = tokens / 1000 s; a 20 ms per-request cost: the prefill step of 100 tokens takes 0.12 s, the four
+    # decode steps that follow 1 ms each, as without it
+    cost = StepCostModel(**{**UNIT.__dict__, "request_overhead_s": 0.02})
+    w = Workload("one", [Request(0, 0.0, 100, 5, ())], block_size=4)
+    rec = simulate(w, SimConfig(pools=[PoolSpec(replicas=1, kv_blocks=100, cost=cost)]), RoundRobin()).records[0]
+    assert rec["ttft"] == pytest.approx(0.12)
+    assert rec["e2e"] - rec["ttft"] == pytest.approx(0.004)
+    # the second request arrives while the first's step runs: its own step pays the cost again
+    w2 = Workload("two", [Request(0, 0.0, 100, 1, ()), Request(1, 0.0, 100, 1, ())], block_size=4)
+    pool = PoolSpec(replicas=1, kv_blocks=100, cost=cost)
+    assert [r["ttft"] for r in simulate(w2, SimConfig(pools=[pool]), RoundRobin()).records] == pytest.approx([0.12, 0.24])
