@@ -465,13 +465,25 @@ def main() -> None:
                          "as long as alone); 0: independent replicas")
     ap.add_argument("--cost-fit", choices=list(COST_FITS), default="requests",
                     help="the replica model from the calibration's points: " + "; ".join(f"{k}: {v}" for k, v in COST_FITS.items()))
+    ap.add_argument("--write", action="store_true",
+                    help="store the re-simulation in the result file (simulated_runs, fidelity, the table's simulator "
+                         "lines, fidelity_command), as routing_vllm.py writes them")
     args = ap.parse_args()
     result = json.loads(args.result.read_text())
     if "calibration" not in result:
         raise SystemExit(f"{args.result}: no calibration (run routing_vllm.py first)")
     out = resimulate(result, speed=args.speed, llmfleet_scorers=args.llmfleet_scorers, host_cores=args.host_cores,
                      cost_fit=args.cost_fit)
-    print("\n".join(table(out["comparison"])))
+    lines = table(out["comparison"])
+    print("\n".join(lines))
+    if args.write:
+        result["simulated_runs"], result["fidelity"] = out["runs"], out["comparison"]
+        result["fidelity_command"] = "python benchmarks/routing_fidelity.py " + " ".join(sys.argv[1:])
+        old = result.get("table", [])
+        head = next((i for i, line in enumerate(old) if line.startswith("simulator (")), len(old))
+        result["table"] = [*old[:head + 1], *lines] if head < len(old) else [*old, "", "simulator vs real:", *lines]
+        args.result.write_text(json.dumps(result, indent=1) + "\n")
+        print(f"wrote {args.result}")
 
 
 if __name__ == "__main__":
