@@ -146,6 +146,17 @@ class RouterSpec(ApiModel):
         "prefix index from them. Applies to engine vllm with prefix caching on (ray-serve does not publish them); "
         "false turns the event stream off.",
     )
+    measure_prefill_rate: bool = Field(
+        default=False,
+        description="Price prefill in the estimated-ttft scorer at each pool's rate measured from the router's first "
+        "bytes instead of the H200-class default: for replicas far slower than that (CPU hosts).",
+    )
+    sole_holder_discount: bool = Field(
+        default=True,
+        description="Keep a request on the one replica that alone holds most of its prompt while that replica is at "
+        "most as many times slower as it saves prefill work (docs/router.md); false spreads a burst behind a newly "
+        "cached prefix sooner, at the cost of prefix hits.",
+    )
     outliers: OutlierEjection = Field(
         default_factory=OutlierEjection,
         description="Outlier ejection: the router takes a replica out of rotation for a back-off period when its "

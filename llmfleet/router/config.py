@@ -273,6 +273,13 @@ class RouterConfig(_Model):
         "times instead of the default (H200-class) rate: for replicas far slower than that (CPU hosts). Off by "
         "default: under bursts first bytes wait inside the engine and the fit prices prefill too high.",
     )
+    sole_holder_discount: bool = Field(
+        default=True,
+        description="Let the estimated-ttft scorer keep a request on the one replica that alone holds most of its "
+        "prompt while that replica is at most as many times slower as it saves prefill work (docs/router.md, "
+        "'Sole-holder discount'). Off: plain estimated TTFT, which spreads a burst behind a newly cached prefix "
+        "sooner at the cost of prefix hits.",
+    )
     block_size: int = Field(default=16, ge=1, description="Default prefix-index block size.")
     max_index_blocks: int = Field(default=1_000_000, ge=1, description="Bound on prefix-index entries (memory).")
     slo: SLOConfig = Field(default_factory=SLOConfig, description="Primary SLOs.")
@@ -427,4 +434,6 @@ def router_config_from_service(
         ),
         upstream_api_key_env=UPSTREAM_API_KEY_ENV if spec.router.upstream_key_secret else None,
         outliers=spec.router.outliers.model_copy(),
+        measure_prefill_rate=spec.router.measure_prefill_rate,
+        sole_holder_discount=spec.router.sole_holder_discount,
     )

@@ -46,12 +46,14 @@ DEFAULT_MAX_CANDIDATES = 32  # fleets larger than this are preselected (prefix m
 
 def build_pipeline(weights: Mapping[str, float], index: PrefixIndex | None = None, seed: int = 0,
                    max_candidates: int | None = DEFAULT_MAX_CANDIDATES, prefix_candidates: int = 8,
-                   session_bytes: int = DEFAULT_SESSION_BYTES, measure_prefill_rate: bool = False) -> Pipeline:
+                   session_bytes: int = DEFAULT_SESSION_BYTES, measure_prefill_rate: bool = False,
+                   sole_holder_discount: bool = True) -> Pipeline:
     """The standard pipeline: healthy + model filters, then the named scorers with their weights.
 
     Fleets with more than `max_candidates` replicas are first narrowed by `PrefixSampledPreselector`
     (None: always score every replica). `session_bytes` bounds the session-affinity scorer's table;
-    `measure_prefill_rate` lets the estimated-TTFT scorer use each pool's measured prefill rate.
+    `measure_prefill_rate` lets the estimated-TTFT scorer use each pool's measured prefill rate;
+    `sole_holder_discount` switches its sole-holder discount (`sole_holder_discounted`).
     """
     index = index if index is not None else PrefixIndex()
     scorers: list[tuple[Scorer, float]] = [
@@ -62,6 +64,7 @@ def build_pipeline(weights: Mapping[str, float], index: PrefixIndex | None = Non
     for scorer, _ in scorers:
         if isinstance(scorer, EstimatedTTFTScorer):
             scorer.measure_rate = measure_prefill_rate
+            scorer.sole_holder_discount = sole_holder_discount
     return Pipeline([HealthyFilter(), ModelFilter()], scorers, random.Random(seed), preselector=pre)
 
 
