@@ -1,6 +1,7 @@
 """Simulator fidelity for routing: the routing_vllm workload through `llmfleet.sim`, beside the real runs.
 
     python benchmarks/routing_fidelity.py [--result benchmarks/results/routing_vllm.json] [--speed engine|calibrated|client]
+                                          [--host-cores N]
 
 `routing_vllm.py` calls `calibrate_replicas` once on its replicas before any router runs (its own prompts and
 seed: nothing of the evaluated workload) and `resimulate` after them; run alone, this script re-simulates
@@ -10,8 +11,12 @@ CPU replica model: `llmfleet.plan.roofline.StepCostModel` of the tiny Llama's sh
 roofline scale fitted (`roofline.calibrate`, least squares) to measured prefills (`max_tokens` 1, prompts of
 64-1,800 tokens, no prefix shared) and decodes (17 output tokens: (e2e - e2e of 1 token) / 16 per step), every
 replica measured at once, one request at a time each (they share the host's cores as during the runs), the
-median of each prompt length's measurements one point. Client-side times: they include HTTP, the chat
-template and tokenization, which the fitted overhead absorbs. KV cache: the replicas' own `--num-gpu-blocks-override` less
+median of each prompt length's measurements one point. Client-side times: a prefill point is a whole request
+(HTTP, the chat template and tokenization besides its one step), a decode point one step. `--cost-fit requests`
+(the default) fits a per-step overhead and a per-request cost (`calibrate_with_request_cost`; the simulator
+charges the latter once, to the step that admits the request); `--cost-fit steps` is the one-overhead fit stored
+in the result file (`calibrate`), which charges every decode step about half the per-request cost (here ~23 ms
+per decode step against ~11 ms measured), so simulated requests hold their replica longer than real ones. KV cache: the replicas' own `--num-gpu-blocks-override` less
 vLLM's one null block, `max_num_seqs` as rendered.
 
 Speed of each run (`--speed`, SPEEDS): the host is shared, so the replicas' speed during a run is not the
@@ -21,6 +26,12 @@ run, until the simulated mean TTFT equals the mean TTFT the replicas' own vLLM s
 calibration's speed; `client` fits the client's TTFT p50 instead (the router and the client slow down with the
 host too, so it overstates the replicas' slowdown). The fitted factor is one number per run; the simulated
 TTFT is then matched by construction and the hit shares are what the comparison tests.
+
+Shared host (`--host-cores N`, off by default): the replicas step on one host of N cores (`PoolSpec.shared_cores`:
+a step takes max(1, busy replicas / N) times as long as alone), so a replica busy alone runs faster than one
+of three busy ones. The calibration measured every replica at once, so the replica model alone on the host is
+the calibrated one sped up by max(1, replicas / N); the per-run speed fit then scales that host-level model
+(one factor for the host: the router, the client and other jobs slowing every replica alike).
 
 Workload: the same conversations (systems, turns, think times) tokenized with the served model's tokenizer and
 chat template into 32-token block keys; as the real client does, a conversation's next turn is sent its think
@@ -57,7 +68,7 @@ sys.path.insert(0, str(ROOT))
 
 from llmfleet.api.trainingjob import ModelShape  # noqa: E402
 from llmfleet.plan.hardware import get_gpu  # noqa: E402
-from llmfleet.plan.roofline import StepCostModel, calibrate  # noqa: E402
+from llmfleet.plan.roofline import StepCostModel, calibrate, calibrate_with_request_cost  # noqa: E402
 
 CALIBRATION_LENGTHS = (64, 160, 320, 480, 640, 800, 1000, 1200, 1500, 1800)  # about; < max_model_len 2,016  # prompt tokens (approximate)
 DECODE_TOKENS = 17
@@ -139,8 +150,15 @@ async def calibrate_replicas(urls: list[str], words: list[str], tokenizer_dir: s
             "model": dict(cost.__dict__)}
 
 
-def cost_from(calibration: dict[str, Any]) -> StepCostModel:
+def cost_from(calibration: dict[str, Any], fit: str = "steps") -> StepCostModel:
+    """The replica model of a stored calibration: its stored one-overhead fit ("steps"), or refitted from its
+    points with a per-request cost ("requests", `calibrate_with_request_cost`)."""
+    if fit == "requests":
+        # the prefill points time whole 1-token requests; the decode points (they read their context) single steps
+        points = [{**p, "wholeRequest": not p.get("readContext")} for p in calibration["points"]]
+        return calibrate_with_request_cost(base_cost(), points)
     return StepCostModel(**calibration["model"])
+
 
 
 # ---- the same workload for the simulator --------------------------------------------------------------------
@@ -190,10 +208,17 @@ def sim_workload(name: str, turns: list[list[Turn]], max_tokens: int, block_size
     return Workload(name, reqs, block_size)
 
 
+def alone_on_host(cost: StepCostModel, replicas: int, host_cores: float) -> StepCostModel:
+    """One replica's speed alone on the host, from the calibration's (`calibrate_replicas` measures every
+    replica at once: each ran max(1, replicas / cores) times slower than alone)."""
+    return slowed(cost, 1.0 / max(1.0, replicas / host_cores))
+
+
 def slowed(cost: StepCostModel, factor: float) -> StepCostModel:
     """The replica model with every step `factor` times longer (a host busier than during the calibration)."""
     return dataclasses.replace(cost, overhead_s=cost.overhead_s * factor, compute_eff=cost.compute_eff / factor,
-                               bandwidth_eff=cost.bandwidth_eff / factor)
+                               bandwidth_eff=cost.bandwidth_eff / factor,
+                               request_overhead_s=cost.request_overhead_s * factor)
 
 
 def sim_routers(seed: int, variants: dict[str, dict[str, float]] | None = None,
@@ -238,6 +263,9 @@ class SimSetup:
     # up to several points: routers that follow load react to when requests end) and a router seed
     # (llmfleet's tie-breaks; the real router draws them anew in every process).
     speed_draws: tuple[float, ...] = (1.0, 0.9, 1.1, 0.95, 1.05)
+    # The replicas' host's cores (PoolSpec.shared_cores): a replica's step is max(1, busy replicas / cores) times
+    # its time alone on the host. 0: independent replicas, each at the calibrated speed.
+    host_cores: float = 0.0
 
 
 def simulate_one(turns: list[list[Turn]], cost: StepCostModel, setup: SimSetup, router: str, seed: int) -> dict[str, Any]:
@@ -247,7 +275,7 @@ def simulate_one(turns: list[list[Turn]], cost: StepCostModel, setup: SimSetup, 
     # vLLM keeps one of the overridden blocks as its null block
     pool = PoolSpec(replicas=setup.replicas, model=tiny_shape(), cost=cost, kv_blocks=setup.kv_blocks - 1,
                     max_num_seqs=setup.max_num_seqs, max_batched_tokens=max(2048, setup.max_model_len),
-                    max_model_len=setup.max_model_len)
+                    max_model_len=setup.max_model_len, shared_cores=setup.host_cores)
     res = simulate(w, SimConfig(pools=[pool], seed=seed), sim_routers(seed, setup.variants, setup.llmfleet_scorers)[router])
     recs = [r for r in res.records if r["ttft"] is not None]
     prompt = sum(r["prompt"] for r in recs)
@@ -373,6 +401,10 @@ def table(cmp: dict[str, Any]) -> list[str]:
                      f"{r['sim_ttft_p95_ms']:6.0f}ms  {' '.join(f'{x:.1f}' for x in r['slowdowns'])}")
     speed = cmp.get("speed", "calibrated")
     lines.append(f"simulated replicas' speed: {speed} ({SPEEDS[speed]})")
+    if cmp.get("cost_fit"):
+        lines.append(f"replica model: {cmp['cost_fit']} ({COST_FITS[cmp['cost_fit']]})")
+    if cmp.get("host_cores"):
+        lines.append(f"replicas share a host of {cmp['host_cores']:g} cores (a step: max(1, busy replicas / cores) x alone)")
     lines.append(f"ranking of {', '.join(SYSTEMS)}: real {' > '.join(cmp['systems_real_ranking'])}; simulated "
                  f"{' > '.join(cmp['systems_sim_ranking'])} ({'same' if cmp['same_systems_ranking'] else 'DIFFERENT'})")
     lines.append(f"all rows: real {' > '.join(cmp['real_ranking'])}; simulated {' > '.join(cmp['sim_ranking'])} "
@@ -381,8 +413,15 @@ def table(cmp: dict[str, Any]) -> list[str]:
     return lines
 
 
+COST_FITS = {
+    "requests": "a per-step overhead and a per-request cost (`calibrate_with_request_cost`)",
+    "steps": "one per-step overhead for prefill requests and decode steps alike (the stored `calibrate` fit)",
+}
+
+
 def resimulate(result: dict[str, Any], speed: str | None = None,
-               llmfleet_scorers: dict[str, float] | None = None) -> dict[str, Any]:
+               llmfleet_scorers: dict[str, float] | None = None, host_cores: float | None = None,
+               cost_fit: str = "requests") -> dict[str, Any]:
     """Simulate every run of a routing_vllm result (its workloads, its stored calibration, each run at the
     speed `speed` gives it: None for `default_speed`) and compare with the real runs."""
     from routing_vllm import chat_workload, workload_args
@@ -390,7 +429,12 @@ def resimulate(result: dict[str, Any], speed: str | None = None,
     from llmfleet.local.tinymodel import PRIMARY, build_tiny
 
     p = argparse.Namespace(**result["params"])
-    cost = cost_from(result["calibration"])
+    if cost_fit not in COST_FITS:
+        raise ValueError(f"cost_fit must be one of {', '.join(COST_FITS)}, got {cost_fit!r}")
+    cost = cost_from(result["calibration"], cost_fit)
+    cores = 0.0 if host_cores is None else host_cores
+    if cores > 0:
+        cost = alone_on_host(cost, p.replicas, cores)
     tok_dir = str(build_tiny(PRIMARY))
     turns = {}
     for seed in p.seeds:
@@ -399,11 +443,12 @@ def resimulate(result: dict[str, Any], speed: str | None = None,
     setup = SimSetup(replicas=p.replicas, kv_blocks=p.kv_blocks, max_num_seqs=result["max_num_seqs"],
                      max_model_len=result["max_model_len"], max_tokens=p.max_tokens, block_size=result["block_size"],
                      variants=getattr(p, "variants", None),
-                     llmfleet_scorers=llmfleet_scorers or result.get("llmfleet_scorers"))
+                     llmfleet_scorers=llmfleet_scorers or result.get("llmfleet_scorers"), host_cores=cores)
     real = [r for r in result["runs"] if r.get("hit_share") is not None]
     speed = speed or default_speed(real)
     runs = simulate_runs(real, turns, cost, setup, speed)
-    return {"runs": runs, "comparison": {**compare(result["summary"], runs), "speed": speed},
+    return {"runs": runs, "comparison": {**compare(result["summary"], runs), "speed": speed, "host_cores": cores,
+                                         "cost_fit": cost_fit},
             "llmfleet_scorers": setup.llmfleet_scorers}
 
 
@@ -415,12 +460,30 @@ def main() -> None:
                     + " (default: engine when the result file has the engines' TTFT series, else calibrated)")
     ap.add_argument("--llmfleet-scorers", type=json.loads, default=None, metavar="JSON",
                     help="the scorer weights the llmfleet row ran with, for result files that do not record them")
+    ap.add_argument("--host-cores", type=float, default=None, metavar="N",
+                    help="simulate the replicas sharing a host of N cores (a step is max(1, busy replicas / N) times "
+                         "as long as alone); 0: independent replicas")
+    ap.add_argument("--cost-fit", choices=list(COST_FITS), default="requests",
+                    help="the replica model from the calibration's points: " + "; ".join(f"{k}: {v}" for k, v in COST_FITS.items()))
+    ap.add_argument("--write", action="store_true",
+                    help="store the re-simulation in the result file (simulated_runs, fidelity, the table's simulator "
+                         "lines, fidelity_command), as routing_vllm.py writes them")
     args = ap.parse_args()
     result = json.loads(args.result.read_text())
     if "calibration" not in result:
         raise SystemExit(f"{args.result}: no calibration (run routing_vllm.py first)")
-    out = resimulate(result, speed=args.speed, llmfleet_scorers=args.llmfleet_scorers)
-    print("\n".join(table(out["comparison"])))
+    out = resimulate(result, speed=args.speed, llmfleet_scorers=args.llmfleet_scorers, host_cores=args.host_cores,
+                     cost_fit=args.cost_fit)
+    lines = table(out["comparison"])
+    print("\n".join(lines))
+    if args.write:
+        result["simulated_runs"], result["fidelity"] = out["runs"], out["comparison"]
+        result["fidelity_command"] = "python benchmarks/routing_fidelity.py " + " ".join(sys.argv[1:])
+        old = result.get("table", [])
+        head = next((i for i, line in enumerate(old) if line.startswith("simulator (")), len(old))
+        result["table"] = [*old[:head + 1], *lines] if head < len(old) else [*old, "", "simulator vs real:", *lines]
+        args.result.write_text(json.dumps(result, indent=1) + "\n")
+        print(f"wrote {args.result}")
 
 
 if __name__ == "__main__":

@@ -192,6 +192,10 @@ class StepCostModel:
     compute_eff: float = 0.6
     bandwidth_eff: float = 0.8
     overhead_s: float = 0.003
+    # Fixed cost of each request, paid once by the step that admits it (not by its later steps): the work around
+    # the engine's steps that a step's overhead would otherwise absorb when a calibration times whole requests
+    # (chat template, tokenization; HTTP for client-side timings). 0: none (step times only).
+    request_overhead_s: float = 0.0
 
     @classmethod
     def build(cls, m: ModelShape, gpu: GPUProfile, *, weight_dtype: str = "bf16", kv_dtype: str = "bf16",
@@ -248,3 +252,30 @@ def calibrate(model: StepCostModel, points: list[dict[str, float]]) -> StepCostM
     overhead = max(0.0, my - k * mx)
     return StepCostModel(**{**model.__dict__, "compute_eff": model.compute_eff / k,
                             "bandwidth_eff": model.bandwidth_eff / k, "overhead_s": overhead})
+
+
+def calibrate_with_request_cost(model: StepCostModel, points: list[dict[str, float]]) -> StepCostModel:
+    """`calibrate` for points of two kinds: whole requests (`"wholeRequest": true`: one step plus what the request
+    costs once, as a client timing a 1-token completion sees it) and single steps (the rest, e.g. decode steps
+    from e2e differences). Least squares with one scale on the roofline time and two constants: the steps' is
+    the per-step overhead, the requests' excess over it is `request_overhead_s` (one constant for both would
+    charge every step part of the per-request cost)."""
+    base = StepCostModel(**{**model.__dict__, "overhead_s": 0.0, "request_overhead_s": 0.0})
+    groups: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
+    for p in points:
+        x = base.step_time(p["tokens"], p.get("attendedContext", 0.0), p.get("readContext", 0.0))
+        groups[bool(p.get("wholeRequest", False))].append((x, float(p["seconds"])))
+    if not groups[True] or not groups[False]:
+        raise ValueError("calibration needs whole-request points and single-step points")
+    means = {g: (sum(x for x, _ in v) / len(v), sum(y for _, y in v) / len(v)) for g, v in groups.items()}
+    sxx = sum((x - means[g][0]) ** 2 for g, v in groups.items() for x, _ in v)
+    if sxx <= 0:
+        raise ValueError("calibration points all have the same predicted time; vary batch sizes")
+    k = sum((x - means[g][0]) * (y - means[g][1]) for g, v in groups.items() for x, y in v) / sxx
+    if k <= 0:
+        raise ValueError("calibration points do not grow with work; check the file")
+    step_s = max(0.0, means[False][1] - k * means[False][0])
+    request_s = max(0.0, means[True][1] - k * means[True][0] - step_s)
+    return StepCostModel(**{**model.__dict__, "compute_eff": model.compute_eff / k,
+                            "bandwidth_eff": model.bandwidth_eff / k, "overhead_s": step_s,
+                            "request_overhead_s": request_s})

@@ -102,6 +102,28 @@ class SimReplica:
         self.first_tokens: list[Request] = []  # got their first token in the last completed step (engine drains)
         self.on_evict: Callable[[int, int], None] | None = None
         self.on_store: Callable[[int, int], None] | None = None
+        self.host_busy: list[int] | None = None  # busy replicas on a host shared with others (share_host)
+        self.host_cores = 0.0
+        self.on_host = False  # counted in host_busy
+        self.slow = 1.0  # the planned step's (or decode run's) time factor for sharing the host's cores
+
+    def share_host(self, busy: list[int], cores: float) -> None:
+        """Run on a host of `cores` cores with the other replicas holding the same `busy` counter (a one-item
+        list; each replica steps on about one core): a step is planned max(1, busy replicas / cores) times as
+        long as alone, the busy count sampled when the step is planned (this one included)."""
+        if cores <= 0:
+            raise ValueError(f"a shared host needs cores > 0, got {cores}")
+        self.host_busy = busy
+        self.host_cores = cores
+
+    def _host_slowdown(self, busy: bool) -> None:
+        hb = self.host_busy
+        if hb is None:
+            return
+        if busy != self.on_host:
+            hb[0] += 1 if busy else -1
+            self.on_host = busy
+        self.slow = max(1.0, hb[0] / self.host_cores)
 
     # -- blocks --------------------------------------------------------------------------------------------
     # `cache` maps a cached block key to its reference count, or to -stamp when nobody references it (idle:
@@ -302,6 +324,7 @@ class SimReplica:
         # host-tier blocks loaded for the requests this step admits, plus adapter loads since the last step
         load_s, self.adapter_pending_s = self.adapter_pending_s, 0.0
         preempted_before = self.preemptions
+        admitted_now = 0  # requests admitted for the first time: each adds the cost model's request overhead
         plan: list[tuple[Request, int]] = []
         tokens = 0
         attended = 0.0
@@ -390,6 +413,7 @@ class SimReplica:
             if loaded:
                 load_s += loaded * self.host_load_s
             if not r.admitted:
+                admitted_now += 1
                 r.admitted = True
                 r.hit_tokens = start
                 self.prompt_tokens += r.prompt_len
@@ -406,9 +430,11 @@ class SimReplica:
             self.adapter_pending_s += load_s  # nothing runs: the next step pays the adapter loads
             self.plan = []
             self.run = None
+            self._host_slowdown(False)
             return None
         self.plan = plan
         self.step_start = now
+        self._host_slowdown(True)
         c = self.cost
         if all_decode and len(plan) == len(running) and (not self.waiting or admit_blocked) and not load_s:
             k = min(map(sub, map(_output_len, running), map(_generated, running)))
@@ -433,7 +459,8 @@ class SimReplica:
                 self.busy_until = now + self.run_time(k)
                 return self.busy_until
         self.run = None
-        self.busy_until = now + c.step_time(tokens, attended, read) + load_s
+        step = c.step_time(tokens, attended, read) + admitted_now * c.request_overhead_s
+        self.busy_until = now + step * self.slow + load_s
         return self.busy_until
 
     def _undo_lookup(self, r: Request) -> None:
@@ -471,7 +498,7 @@ class SimReplica:
                 body = series(ma, mb, 0, split) + series(fa, fb, split, j)
             else:  # compute-bound first, memory-bound from `split`
                 body = series(fa, fb, 0, split) + series(ma, mb, split, j)
-        return j * self.cost.overhead_s + body
+        return (j * self.cost.overhead_s + body) * self.slow
 
     def truncate(self, now: float) -> float | None:
         """An arrival during a decode run: end the run after the step in progress; returns the new end."""

@@ -44,6 +44,10 @@ class PoolSpec:
     adapter_slots: int = 0  # LoRA adapters a replica holds at once (spec.lora maxCpuLoras); 0 = no LoRA limit
     adapter_load_s: float = 0.0  # seconds one adapter load stalls the replica
     cold_start_s: float = 60.0
+    # Replicas of this pool share one host of this many cores (CPU engines on one machine, each stepping on about
+    # one core): a step takes max(1, busy replicas / shared_cores) times as long as the cost model's (which is
+    # then one replica's speed alone on the host). 0: every replica has its own accelerator.
+    shared_cores: float = 0.0
     # Context (prompt + output tokens) the engine accepts, as vLLM's max_model_len: longer requests are rejected
     # (the OpenAI server answers 400) or clipped (SimConfig.context_overflow). None: the model's seq_len.
     max_model_len: int | None = None
@@ -129,6 +133,7 @@ class Fleet:
         self.pool_host = {p.name: p.host_tier(block_size) for p in cfg.pools}
         self.primary = next((p.name for p in cfg.pools if p.role == "primary"), cfg.pools[0].name)
         self.replicas: list[SimReplica] = []
+        self.hosts = {p.name: [0] for p in cfg.pools}  # busy replicas on each pool's shared host (shared_cores)
         self.routable: dict[str, list[SimReplica]] = {p.name: [] for p in cfg.pools}
         self.listeners: list[Callable[[str, SimReplica], None]] = []  # ("add"|"remove", replica)
 
@@ -140,6 +145,8 @@ class Fleet:
                     chunked_prefill=spec.chunked_prefill, ready_at=ready_at, host_blocks=host_blocks,
                     host_load_s_per_block=host_load_s, adapter_slots=spec.adapter_slots,
                     adapter_load_s=spec.adapter_load_s)
+        if spec.shared_cores > 0:
+            r.share_host(self.hosts[pool], spec.shared_cores)
         r.started_at = now
         self.replicas.append(r)
         return r

@@ -16,6 +16,7 @@ from llmfleet.plan.roofline import (
     StepCostModel,
     attention_traffic,
     calibrate,
+    calibrate_with_request_cost,
     decode_compute_bound_batch,
     decode_roofline,
     kv_capacity,
@@ -110,6 +111,25 @@ def test_step_cost_and_calibration() -> None:
     assert fit.step_time(1024, 1024 * 512, 0) == pytest.approx(truth.step_time(1024, 1024 * 512, 0), rel=1e-6)
     with pytest.raises(ValueError):
         calibrate(c, pts[:1])
+
+
+def test_calibration_with_a_per_request_cost() -> None:
+    # whole 1-token requests pay a step plus a per-request cost; decode steps (single steps) only a step
+    c = StepCostModel.build(L3, H200)
+    truth = StepCostModel(**{**c.__dict__, "compute_eff": 0.3, "bandwidth_eff": 0.4, "overhead_s": 0.005})
+    request_s = 0.02
+    pts = [{"tokens": t, "attendedContext": t * t / 2, "readContext": 0, "wholeRequest": True,
+            "seconds": truth.step_time(t, t * t / 2, 0) + request_s} for t in (64, 512, 2048, 8192)]
+    pts += [{"tokens": 1, "attendedContext": ctx, "readContext": ctx, "seconds": truth.decode_step_time(1, ctx)}
+            for ctx in (256, 4096, 32768)]
+    fit = calibrate_with_request_cost(c, pts)
+    assert fit.overhead_s == pytest.approx(0.005, rel=1e-6)
+    assert fit.request_overhead_s == pytest.approx(request_s, rel=1e-6)
+    assert fit.decode_step_time(1, 4096) == pytest.approx(truth.decode_step_time(1, 4096), rel=1e-6)
+    # one constant for both kinds charges the decode steps part of the per-request cost
+    assert calibrate(c, pts).decode_step_time(1, 4096) > truth.decode_step_time(1, 4096) + 0.005
+    with pytest.raises(ValueError, match="whole-request points and single-step points"):
+        calibrate_with_request_cost(c, pts[:4])
 
 
 def test_replicas_needed_scales_with_rate() -> None:
