@@ -152,10 +152,10 @@ class RouterSpec(ApiModel):
         "bytes instead of the H200-class default: for replicas far slower than that (CPU hosts).",
     )
     sole_holder_discount: bool = Field(
-        default=True,
+        default=False,
         description="Keep a request on the one replica that alone holds most of its prompt while that replica is at "
-        "most as many times slower as it saves prefill work (docs/router.md); false spreads a burst behind a newly "
-        "cached prefix sooner, at the cost of prefix hits.",
+        "most as many times slower as it saves prefill work and within the TTFT objective (docs/router.md). More "
+        "prefix hits; off by default because it keeps conversations off replicas an autoscaler adds in a burst.",
     )
     outliers: OutlierEjection = Field(
         default_factory=OutlierEjection,

@@ -274,11 +274,9 @@ class RouterConfig(_Model):
         "default: under bursts first bytes wait inside the engine and the fit prices prefill too high.",
     )
     sole_holder_discount: bool = Field(
-        default=True,
-        description="Let the estimated-ttft scorer keep a request on the one replica that alone holds most of its "
-        "prompt while that replica is at most as many times slower as it saves prefill work (docs/router.md, "
-        "'Sole-holder discount'). Off: plain estimated TTFT, which spreads a burst behind a newly cached prefix "
-        "sooner at the cost of prefix hits.",
+        default=False,
+        description="The estimated-ttft scorer's sole-holder discount (spec.router.soleHolderDiscount; "
+        "docs/router.md), bounded by slo.ttftP95Ms.",
     )
     block_size: int = Field(default=16, ge=1, description="Default prefix-index block size.")
     max_index_blocks: int = Field(default=1_000_000, ge=1, description="Bound on prefix-index entries (memory).")

@@ -238,7 +238,7 @@ class LlmfleetRouter(SimRouter):
     def __init__(self, weights: Mapping[str, float] | None = None, seed: int = 0,
                  fallback: Any = None, slo: Any = None, max_candidates: int | None = None,
                  prefill_tokens_per_s: float | None = None, measure_prefill_rate: bool = False,
-                 sole_holder_discount: bool = True, ttft_objective_s: float | None = None) -> None:
+                 sole_holder_discount: bool = False, ttft_objective_s: float | None = None) -> None:
         from llmfleet.api.inferenceservice import RouterSpec
         from llmfleet.router.plugins import DEFAULT_MAX_CANDIDATES
 

@@ -350,7 +350,8 @@ def test_pipeline_bounds_the_discount_by_the_objective() -> None:
     """build_pipeline's ttft_objective_s reaches the scorer: a holder estimated at 0.236 s keeps the request under
     a 0.3 s objective and loses it under a 0.2 s one."""
     for objective, expected in ((0.3, "a"), (0.2, "b")):
-        pipe = build_pipeline({"estimated-ttft": 1.0}, _index_with("a", KEYS[:4]), ttft_objective_s=objective)
+        pipe = build_pipeline({"estimated-ttft": 1.0}, _index_with("a", KEYS[:4]), sole_holder_discount=True,
+                              ttft_objective_s=objective)
         scorer = next(s for s, _ in pipe.scorers if isinstance(s, EstimatedTTFTScorer))
         scorer.default_rate, scorer.attention_tokens, scorer.work_externality = RATE, None, 0.0
         a = R("a", in_flight=1, prefill_tokens=200.0, prefill_busy_until=10.2)

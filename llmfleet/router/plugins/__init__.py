@@ -47,7 +47,7 @@ DEFAULT_MAX_CANDIDATES = 32  # fleets larger than this are preselected (prefix m
 def build_pipeline(weights: Mapping[str, float], index: PrefixIndex | None = None, seed: int = 0,
                    max_candidates: int | None = DEFAULT_MAX_CANDIDATES, prefix_candidates: int = 8,
                    session_bytes: int = DEFAULT_SESSION_BYTES, measure_prefill_rate: bool = False,
-                   sole_holder_discount: bool = True, ttft_objective_s: float | None = None) -> Pipeline:
+                   sole_holder_discount: bool = False, ttft_objective_s: float | None = None) -> Pipeline:
     """The standard pipeline: healthy + model filters, then the named scorers with their weights.
 
     Fleets with more than `max_candidates` replicas are first narrowed by `PrefixSampledPreselector`

@@ -310,7 +310,7 @@ class EstimatedTTFTScorer(Scorer):
     def __init__(self, index: PrefixIndex, default_tokens_per_s: float = DEFAULT_PREFILL_TOKENS_PER_S,
                  attention_tokens: float | None = DEFAULT_ATTENTION_TOKENS,
                  work_externality: float = DEFAULT_WORK_EXTERNALITY, measure_rate: bool = False,
-                 sole_holder_discount: bool = True) -> None:
+                 sole_holder_discount: bool = False) -> None:
         if attention_tokens is not None and attention_tokens <= 0:
             raise ValueError("attention_tokens must be > 0 (or None for a linear cost)")
         if work_externality < 0:
