@@ -226,17 +226,23 @@ def sim_routers(seed: int, variants: dict[str, dict[str, float]] | None = None,
     from llmfleet.router.config import RouterConfig
     from llmfleet.sim.routers import LlmfleetRouter, RoundRobin, SGLangCacheAware, VllmRouterNoRender
 
-    default_measure = bool(RouterConfig.model_fields["measure_prefill_rate"].default)
+    fields = RouterConfig.model_fields
+    # the router's TTFT objective (spec.slo's default, as `llmfleet up` writes it) bounds the sole-holder discount
+    objective_s = RouterConfig.model_fields["slo"].default_factory().ttft_p95_ms / 1e3  # type: ignore[misc]
 
-    def measured(w: dict[str, Any]) -> bool:  # a config variant may set it, in either spelling
-        return bool(w.get("measure_prefill_rate", w.get("measurePrefillRate", default_measure)))
+    def flag(w: dict[str, Any], name: str, camel: str) -> bool:  # a config variant may set it, in either spelling
+        return bool(w.get(name, w.get(camel, fields[name].default)))
+
+    def llmfleet(weights: dict[str, float] | None, w: dict[str, Any]) -> Any:
+        return LlmfleetRouter(weights=weights, seed=seed, ttft_objective_s=objective_s,
+                              measure_prefill_rate=flag(w, "measure_prefill_rate", "measurePrefillRate"),
+                              sole_holder_discount=flag(w, "sole_holder_discount", "soleHolderDiscount"))
 
     return {
         # the scorer weights the real run used (None: today's defaults) and the router's default config
-        "llmfleet": LlmfleetRouter(weights=llmfleet_scorers, seed=seed, measure_prefill_rate=default_measure),
-        # a variant's scorer weights and prefill pricing (its router limits, if any, have no simulated counterpart)
-        **{name: LlmfleetRouter(weights=w["scorers"], seed=seed, measure_prefill_rate=measured(w))
-           if "scorers" in w else LlmfleetRouter(weights=w, seed=seed, measure_prefill_rate=default_measure)
+        "llmfleet": llmfleet(llmfleet_scorers, {}),
+        # a variant's scorer weights and router fields (its router limits have no simulated counterpart)
+        **{name: llmfleet(w["scorers"], w) if "scorers" in w else llmfleet(w, {})
            for name, w in (variants or {}).items()},
         # sglang-router 0.3.2 cache_aware with its CLI defaults
         "sglang-router": SGLangCacheAware(cache_threshold=0.3, balance_abs=64, balance_rel=1.5, seed=seed),
