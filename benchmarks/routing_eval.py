@@ -201,7 +201,7 @@ def main() -> int:
             spread[router] = {"seeds": list(seeds), "p99Min": p99s[0], "p99Median": p99s[len(p99s) // 2],
                               "p99Max": p99s[-1], "hitMin": hits[0], "hitMedian": hits[len(hits) // 2],
                               "hitMax": hits[-1]}
-        base = [r for r in results if r.router != "llmfleet"]
+        base = [r for r in results if not r.router.startswith("llmfleet")]  # llmfleet variants are not baselines
         ours = next(r for r in results if r.router == "llmfleet")
         best = min(base, key=lambda r: r.summary["ttft"]["p99"])
         imp = 1 - ours.summary["ttft"]["p99"] / best.summary["ttft"]["p99"]

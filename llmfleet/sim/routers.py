@@ -17,7 +17,8 @@ Baselines (re-implemented from the projects' documented algorithms):
   list, as observed in front of stub workers (identical prompts in a row went to three replicas),
   llm-d (llm-d inference scheduler: weighted queue 2 + kv-cache-utilization 2 + prefix-cache 3, max score).
 llmfleet: `llmfleet.router.plugins.build_pipeline` with the RouterSpec's default scorer weights and
-`llmfleet.router.fallback.FallbackPolicy` when the fleet has student pools.
+`llmfleet.router.fallback.FallbackPolicy` when the fleet has student pools; llmfleet-sole-holder: the same with
+the estimated-ttft scorer's sole-holder discount on (`spec.router.soleHolderDiscount`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from llmfleet.sim.replica import SimReplica
 from llmfleet.sim.types import Fleet, SimRouter
 from llmfleet.sim.workload import Request
 
-ROUTERS = ("round-robin", "least-request", "power-of-two", "sglang", "vllm-router-norender", "llm-d", "llmfleet")
+ROUTERS = ("round-robin", "least-request", "power-of-two", "sglang", "vllm-router-norender", "llm-d", "llmfleet",
+           "llmfleet-sole-holder")
 
 
 def _load(r: SimReplica) -> int:
@@ -380,4 +382,8 @@ def make_router(name: str, seed: int = 0) -> SimRouter:
         return LlmdWeighted(seed=seed)
     if name == "llmfleet":
         return LlmfleetRouter(seed=seed)
+    if name == "llmfleet-sole-holder":  # the default pipeline with spec.router.soleHolderDiscount on
+        router = LlmfleetRouter(seed=seed, sole_holder_discount=True)
+        router.name = name
+        return router
     raise ValueError(f"unknown router {name!r}; known: {', '.join(ROUTERS)}")
