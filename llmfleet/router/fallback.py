@@ -22,7 +22,7 @@ delays degrade: an SLO burn with both queues empty is not a queueing problem the
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from llmfleet.router.config import FallbackConfig, SLOConfig
 
@@ -152,7 +152,7 @@ class FallbackPolicy:
         """`predicted_queue_delay_ms` of `pool`, its mean end-to-end latency from `tracker` when the signals
         carry none."""
         if pool.mean_e2e_ms is None and tracker is not None:
-            pool = FallbackSignals(**{**pool.__dict__, "mean_e2e_ms": tracker.mean_e2e_ms(now)})
+            pool = replace(pool, mean_e2e_ms=tracker.mean_e2e_ms(now))
         return predicted_queue_delay_ms(pool)
 
     def _student(self, now: float, students: list[FallbackSignals]) -> tuple[FallbackSignals, float] | None:
