@@ -1,6 +1,6 @@
 """Autoscaling policies in the fleet simulator: slo vs queue vs static-at-peak, on every trace and a 10x spike.
 
-    python benchmarks/autoscale_eval.py [--trace PATH ...] [--no-trace] [--spike 10] [--quick]
+    python benchmarks/autoscale_eval.py [--trace PATH ...] [--no-trace] [--spike 10] [--quick] [--time-scale K ...]
 
 Workloads: every trace in ../shared/data/traces/ (Mooncake JSONL, Azure CSV; or --trace) and a synthetic
 multi-tenant workload with a 10x spike. Policies run through the production code: the InferenceService
@@ -14,6 +14,8 @@ multi-tenant workload with a 10x spike. Policies run through the production code
   by any engine and counted apart). GPU-seconds include every pool's replicas.
 - Each policy runs with ROUTER_SEEDS router seeds (the table shows seed 0, the JSON all of them).
 Prints a table, writes benchmarks/results/autoscale_eval.json and docs/img/autoscale_eval_<workload>.png.
+Held-out variants: --time-scale K replays each workload at K x its rate (Workload.scaled), named <workload>-rate<K>x
+(their results go to benchmarks/results/autoscale_eval_heldout.json with --out).
 
 Analyses of the recorded runs, each merged into the JSON under its own key: --validation (another spike factor),
 --queue-sweep (queue at several depths, for equal-GPU-seconds comparisons), --hindsight (the cheapest schedule
