@@ -86,8 +86,8 @@ def register(app: typer.Typer) -> None:
     @sim.command("run", help="Simulate a workload on a fleet with one or more routers, or with the production "
                              "autoscaler (--autoscaler); print a table, write JSON/PNG.")
     def run(
-        trace: Path | None = typer.Option(None, help="Trace file (Mooncake JSONL or Azure CSV); synthetic when omitted."),
-        fmt: str = typer.Option("auto", "--format", help="auto, mooncake, azure."),
+        trace: Path | None = typer.Option(None, help="Trace file (Mooncake JSONL, Azure or BurstGPT CSV); synthetic when omitted."),
+        fmt: str = typer.Option("auto", "--format", help="auto, mooncake, azure, burstgpt."),
         router: list[str] | None = typer.Option(None, help="Routers to compare (repeatable): round-robin, "
                                                 "least-request, power-of-two, sglang, llm-d, llmfleet (default: "
                                                 "least-request and llmfleet). With --autoscaler: llmfleet only."),
@@ -171,7 +171,8 @@ def register(app: typer.Typer) -> None:
             raise _fail(e) from None
         oracle = oracle_hit_rate(w)
         scaled = f", {autoscaler} autoscaler from {replicas}" if autoscaler else ""
-        _table(f"{w.name}: {len(w.requests)} requests, {replicas} x {model} on {gpu}{scaled}, "
+        failed = f" ({w.failed_skipped} failed in the trace, not replayed)" if w.failed_skipped else ""
+        _table(f"{w.name}: {len(w.requests)} requests{failed}, {replicas} x {model} on {gpu}{scaled}, "
                f"oracle hit rate {oracle:.3f}", results, ttft_slo_ms / 1e3)
         if timeline:
             peak = {k: max(x[k] for x in timeline) for k in timeline[0] if k not in ("t", "why")}
@@ -192,8 +193,8 @@ def register(app: typer.Typer) -> None:
     @sim.command("hindsight", help="The cheapest replica schedule a clairvoyant scaler finds for a workload "
                                    "(llmfleet.sim.oracle): a replica count per window meeting the TTFT target.")
     def hindsight(
-        trace: Path | None = typer.Option(None, help="Trace file (Mooncake JSONL or Azure CSV); synthetic when omitted."),
-        fmt: str = typer.Option("auto", "--format", help="auto, mooncake, azure."),
+        trace: Path | None = typer.Option(None, help="Trace file (Mooncake JSONL, Azure or BurstGPT CSV); synthetic when omitted."),
+        fmt: str = typer.Option("auto", "--format", help="auto, mooncake, azure, burstgpt."),
         start_replicas: int = typer.Option(..., help="Replicas in every window to start from; must meet the target "
                                                      "(the static-at-peak size)."),
         model: str = typer.Option("llama-3-8b", help="Model preset."),
