@@ -4,6 +4,7 @@ routers and (optionally) the production autoscaler; the cheapest schedule a clai
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
 
@@ -17,7 +18,8 @@ if TYPE_CHECKING:
 
 AUTOSCALERS = ("slo", "queue", "static")
 # workload options shared by `run` and `hindsight`
-TimeScale = Annotated[float, typer.Option(help="Replay at k x the trace's rate.")]
+TimeScale = Annotated[float, typer.Option(help="Replay at k x the workload's rate (arrival times divided by k: 2 "
+                                                 "doubles the rate, 0.5 halves it); k > 0.")]
 MaxRequests = Annotated[int | None, typer.Option(help="Use the first N requests.")]
 Duration = Annotated[float, typer.Option(help="Synthetic workload length, s.")]
 Rate = Annotated[float, typer.Option(help="Synthetic mean rate, requests/s.")]
@@ -33,6 +35,8 @@ def _workload(trace: Path | None, fmt: str, duration: float, rate: float, tenant
               max_requests: int | None, time_scale: float) -> Workload:
     from llmfleet.sim.workload import SyntheticSpec, load_trace, synthetic
 
+    if not math.isfinite(time_scale) or time_scale <= 0:  # before loading a trace: a bad flag fails at once
+        raise ValueError(f"--time-scale must be a finite number > 0, got {time_scale:g}")
     if trace is None:
         if duration <= 0 or rate <= 0 or tenants < 1:
             raise ValueError("--duration and --rate must be > 0 and --tenants >= 1")

@@ -85,9 +85,11 @@ class Workload:
         return self.requests[-1].arrival - self.requests[0].arrival if self.requests else 0.0
 
     def scaled(self, k: float) -> Workload:
-        """Replay at k x the rate (arrival times divided by k)."""
-        if k <= 0:
-            raise ValueError("time scale must be > 0")
+        """Replay at k x the rate: arrival times (and closed-loop think times) divided by k, lengths and prompt
+        contents kept, so k = 2 is the same traffic twice as dense and k = 0.5 half as dense. Pure: a new
+        workload named `<name>x<k>`; a held-out variant of a trace for policies developed on it."""
+        if isinstance(k, bool) or not isinstance(k, int | float) or not math.isfinite(k) or k <= 0:
+            raise WorkloadError(f"{self.name}: rate scale must be a finite number > 0, got {k!r}")
         reqs = [Request(r.rid, r.arrival / k, r.prompt_len, r.output_len, r.keys, r.tenant, r.session, r.cls,
                         r.adapter, r.after, r.think / k) for r in self.requests]
         return Workload(f"{self.name}x{k:g}", reqs, self.block_size, self.failed_skipped)
