@@ -16,7 +16,8 @@ requests at once). The 95th percentile of the waiting time of M/M/c is
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,17 @@ class CapacitySeed:
     decode_tokens_per_s: float
     # Requests one replica really runs concurrently at full throughput (continuous batching).
     slots: int = 4
+    # The seed at another request mix (mean input tokens, mean output tokens, prefix hit rate): the planner's roofline
+    # evaluated there (seeds.py). A replica's throughput depends on the mix (every decode step reads the KV of its
+    # batch's whole context; a prompt's attention grows with its length), so one fixed shape mis-seeds every workload
+    # whose requests are longer or shorter. None: these throughputs at any mix.
+    at_mix: Callable[[float, float, float], CapacitySeed] | None = field(default=None, compare=False, repr=False)
+
+    def for_mix(self, mean_in: float | None, mean_out: float | None, hit_rate: float | None) -> CapacitySeed:
+        """The seed at an observed mix; this one where there is no mix function or the mix is not measured."""
+        if self.at_mix is None or mean_in is None or mean_out is None:
+            return self
+        return self.at_mix(mean_in, mean_out, hit_rate or 0.0)
 
 
 DEFAULT_SEED = CapacitySeed(prefill_tokens_per_s=8000.0, decode_tokens_per_s=1500.0, slots=4)

@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from llmfleet.autoscaler.capacity import (
+    CapacitySeed,
     learn_efficiency,
     prefill_seconds,
     replicas_for_ttft,
@@ -75,11 +76,30 @@ def _track_cold_start(st: PoolState, sig: PoolSignals) -> None:
         st.pending = None
 
 
+def _seed(pool: PoolBounds, sig: PoolSignals) -> CapacitySeed:
+    """The pool's capacity seed at the interval's measured request mix (the planner's roofline there), or its
+    configured seed where the mix is not measured. The learned efficiency corrects whatever the roofline misses at
+    that mix, not the gap between the mix and a fixed reference shape."""
+    return pool.seed.for_mix(sig.mean_input_tokens, sig.mean_output_tokens, sig.prefix_hit_rate)
+
+
 def _mu(pool: PoolBounds, st: PoolState, sig: PoolSignals) -> float:
     mean_in = sig.mean_input_tokens if sig.mean_input_tokens is not None else 512.0
     mean_out = sig.mean_output_tokens if sig.mean_output_tokens is not None else 128.0
-    cost = service_seconds(pool.seed, st.efficiency, mean_in, mean_out, sig.prefix_hit_rate or 0.0)
+    cost = service_seconds(_seed(pool, sig), st.efficiency, mean_in, mean_out, sig.prefix_hit_rate or 0.0)
     return 1.0 / cost if cost > 0 else math.inf
+
+
+def _mu_planned(pool: PoolBounds, st: PoolState, sig: PoolSignals) -> float:
+    """A primary's capacity per replica for planning: at the smoothed cost of its request mix (`st.service`, seed
+    replica-seconds per request, smoothed like the arrival rate's level), else at this interval's mix. One interval's
+    mean of a heavy-tailed prompt length swings by tens of percent (Mooncake: 8k-26k tokens per 15 s); planning each
+    swing would keep a replica the down-window then holds for minutes. The smoother averages about four intervals,
+    the one-minute window the production signals are read over (signals.py)."""
+    cost = st.service.level
+    if cost is None or cost <= 0:
+        return _mu(pool, st, sig)
+    return max(st.efficiency, 1e-3) / cost
 
 
 def _saturated(st: PoolState, sig: PoolSignals) -> bool:
@@ -94,7 +114,7 @@ def _learn(cfg: PolicyConfig, pool: PoolBounds, st: PoolState, sig: PoolSignals)
     saturated = _saturated(st, sig)
     headroom = sig.ttft_p95_ms is not None and sig.ttft_p95_ms <= cfg.ttft_target_fraction * cfg.ttft_slo_ms
     st.prev_ready = sig.ready_replicas
-    work = work_per_replica(sig.prefill_tokens_per_s, sig.decode_tokens_per_s, sig.ready_replicas, pool.seed)
+    work = work_per_replica(sig.prefill_tokens_per_s, sig.decode_tokens_per_s, sig.ready_replicas, _seed(pool, sig))
     st.efficiency = learn_efficiency(st.efficiency, work, saturated=saturated, headroom=headroom,
                                      interval_s=cfg.interval_s)
 
@@ -141,11 +161,15 @@ def _slo_primary(
     # Requests already queued on a replica stay there (engines do not hand them over): new replicas only
     # help by taking the new arrivals, so the backlog is planned to clear over several cold starts.
     backlog = max(sig.queue_depth or 0.0, 0.0) / max(4 * cold, 4 * cfg.interval_s)
-    mu = _mu(pool, st, sig)
-    prefill = prefill_seconds(pool.seed, st.efficiency, sig.mean_input_tokens or 512.0, sig.prefix_hit_rate or 0.0)
+    if sig.mean_input_tokens is not None and sig.mean_output_tokens is not None:
+        st.service.update(sig.now, service_seconds(_seed(pool, sig), 1.0, sig.mean_input_tokens, sig.mean_output_tokens,
+                                                   sig.prefix_hit_rate or 0.0))
+    mu = _mu_planned(pool, st, sig)
+    seed = _seed(pool, sig)
+    prefill = prefill_seconds(seed, st.efficiency, sig.mean_input_tokens or 512.0, sig.prefix_hit_rate or 0.0)
     slo_s = cfg.ttft_slo_ms / 1000.0
     budget = max(cfg.ttft_target_fraction * slo_s - prefill, 0.05 * slo_s)
-    n = replicas_for_ttft(planned + backlog, mu, pool.seed.slots, budget, cfg.max_utilization, pool.max_replicas)
+    n = replicas_for_ttft(planned + backlog, mu, seed.slots, budget, cfg.max_utilization, pool.max_replicas)
     reasons.append(
         f"rate {rate:.2f}/s forecast {planned:.2f}/s backlog {backlog:.2f}/s, {mu:.2f} req/s per replica "
         f"(efficiency {st.efficiency:.2f}), TTFT budget {budget * 1000:.0f} ms -> {n}"
@@ -211,14 +235,15 @@ def _slo_students(
         mu_overflow = mu if mix is sig else _mu(pool, st, mix)
         own = float(sig.arrival_rate or 0.0)
         slo_s = cfg.ttft_slo_ms / 1000.0
-        prefill = prefill_seconds(pool.seed, st.efficiency, mix.mean_input_tokens or 512.0, sig.prefix_hit_rate or 0.0)
+        prefill = prefill_seconds(_seed(pool, mix), st.efficiency, mix.mean_input_tokens or 512.0,
+                                  sig.prefix_hit_rate or 0.0)
         budget = max(cfg.ttft_target_fraction * slo_s - prefill, 0.05 * slo_s)
         predicted = ahead(cold_start_seconds(cfg, pool, st) + cfg.interval_s) if ahead is not None else 0.0
         want = max(remaining, predicted - (overflow - remaining))  # what earlier students absorb, absorbed
         need_overflow = replicas_for_ttft(
-            want, mu_overflow, pool.seed.slots, budget, cfg.max_utilization, pool.max_replicas
+            want, mu_overflow, _seed(pool, mix).slots, budget, cfg.max_utilization, pool.max_replicas
         )
-        need_own = 0 if primary_headroom else replicas_for_ttft(own, mu, pool.seed.slots, budget, cfg.max_utilization,
+        need_own = 0 if primary_headroom else replicas_for_ttft(own, mu, _seed(pool, sig).slots, budget, cfg.max_utilization,
                                                                 pool.max_replicas)
         warm = 1 if recent_burst and pool is students[0] else 0
         n = min(max(need_overflow, need_own, warm), pool.max_replicas)
@@ -296,7 +321,7 @@ def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState
             if sig.usable:
                 n, reasons, planned, burst = _slo_primary(cfg, primary, st, sig)
                 raw[primary.name] = (n, reasons)
-                mu = _mu(primary, st, sig)
+                mu = _mu_planned(primary, st, sig)
                 capacity[primary.name] = mu
                 # Overflow the ready primary replicas cannot absorb until new ones are up (or ever, at max).
                 ready_cap = sig.ready_replicas * mu * cfg.max_utilization
@@ -363,8 +388,9 @@ def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState
         if cap is None and sig.usable:
             cap = _mu(pool, st, sig)
         if cap is not None and sig.arrival_rate is not None:
-            wait = wait_p95_seconds(desired, pool.seed.slots, sig.arrival_rate, cap)
-            pre = prefill_seconds(pool.seed, st.efficiency, sig.mean_input_tokens or 512.0, sig.prefix_hit_rate or 0.0)
+            seed = _seed(pool, sig)
+            wait = wait_p95_seconds(desired, seed.slots, sig.arrival_rate, cap)
+            pre = prefill_seconds(seed, st.efficiency, sig.mean_input_tokens or 512.0, sig.prefix_hit_rate or 0.0)
             pred = (wait + pre) * 1000.0 if math.isfinite(wait) else None
         predicted[pool.name] = pred
         decisions[pool.name] = PoolDecision(

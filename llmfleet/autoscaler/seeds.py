@@ -3,12 +3,16 @@
 The planner answers "how fast is one replica of model M on GPU G for this request shape": prefill
 time of the uncached prompt, and the decode step time at the largest batch meeting the TPOT SLO.
 The policy wants tokens/s, so prefill tokens/s = uncached tokens / prefill time and decode tokens/s
-= batch / step time. Anything the planner cannot resolve (unknown model or GPU, CPU replicas) falls
+= batch / step time. The seed of a pool the planner knows also carries the roofline at any other mix
+(`CapacitySeed.for_mix`): the policy evaluates it at each interval's measured mean request shape and prefix
+hit rate, since a replica's throughput depends on them. Anything the planner cannot resolve (unknown model or GPU, CPU replicas) falls
 back to the default seed; the online learning corrects the rest.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from llmfleet.api.contracts import MODEL_PRESET_ANNOTATION
@@ -16,6 +20,7 @@ from llmfleet.autoscaler.capacity import DEFAULT_SEED, CapacitySeed
 from llmfleet.plan.capacity import ReplicaCapacity, TrafficShape, replica_capacity
 from llmfleet.plan.hardware import get_gpu
 from llmfleet.plan.models import get_model
+from llmfleet.plan.roofline import StepCostModel
 
 if TYPE_CHECKING:
     from llmfleet.api.inferenceservice import InferenceService, PoolView
@@ -42,11 +47,22 @@ def seed_for_pool(
         model, gpu = get_model(model_preset), get_gpu(gpu_type)
     except ValueError:
         return DEFAULT_SEED
-    w = TrafficShape(input_tokens=input_tokens, output_tokens=output_tokens, ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s)
     kv = "fp8" if pool.vllm.kv_cache_dtype.startswith("fp8") else "bf16"
-    cap = replica_capacity(model, gpu, w, kv_dtype=kv, tensor_parallel=pool.vllm.tensor_parallel_size,
-                           max_num_seqs=pool.vllm.max_num_seqs or 256)
-    return seed_from_capacity(cap, w)
+    tp, seqs = pool.vllm.tensor_parallel_size, pool.vllm.max_num_seqs or 256
+    cost = StepCostModel.build(model, gpu, kv_dtype=kv, tensor_parallel=tp)
+
+    @lru_cache(maxsize=64)  # one interval asks for the same mix several times (capacity, prefill, learning)
+    def at(mean_in: int, mean_out: int, hit_rate: float) -> CapacitySeed:
+        w = TrafficShape(input_tokens=mean_in, output_tokens=mean_out, prefix_hit_rate=hit_rate, ttft_slo_s=ttft_slo_s,
+                         tpot_slo_s=tpot_slo_s)
+        return seed_from_capacity(replica_capacity(model, gpu, w, kv_dtype=kv, tensor_parallel=tp, max_num_seqs=seqs,
+                                                   cost=cost), w)
+
+    def at_mix(mean_in: float, mean_out: float, hit_rate: float) -> CapacitySeed:
+        """The roofline at the observed mix (whole tokens, at least one each; a hit rate within [0, 1])."""
+        return at(max(1, round(mean_in)), max(1, round(mean_out)), min(max(hit_rate, 0.0), 1.0))
+
+    return replace(at(input_tokens, output_tokens, 0.0), at_mix=at_mix)
 
 
 def preset_for_pool(isvc: InferenceService, pool: PoolView) -> str | None:

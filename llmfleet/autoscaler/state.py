@@ -24,6 +24,7 @@ class PoolState:
     last_action: Action = "hold"
     efficiency: float = 1.0  # learned capacity / seeded capacity
     arrival: Holt = field(default_factory=Holt)
+    service: Holt = field(default_factory=Holt)
     cold_start_s: float | None = None  # measured
     pending: tuple[float, int] | None = None  # (since, target) of a scale-up not ready yet
     first_seen: float | None = None

@@ -241,6 +241,29 @@ def test_seeds_come_from_the_planner_roofline() -> None:
     assert cfg.pool("primary").seed == seeds["primary"]
 
 
+def test_a_planner_seed_is_the_roofline_at_any_measured_mix() -> None:
+    """The primary's seed carries the planner's roofline at another mix: long prompts make a replica slower per token
+    (attention over the prompt, the batch's KV read every decode step), so Mooncake-like requests get the planner's
+    throughput at their own shape rather than at the 2,048 / 256 reference. The student without a preset keeps the
+    default seed at every mix, and an unmeasured mix keeps the reference."""
+    from llmfleet.autoscaler.capacity import DEFAULT_SEED
+    from llmfleet.plan.capacity import TrafficShape, replica_capacity
+    from llmfleet.plan.hardware import get_gpu
+    from llmfleet.plan.models import get_model
+
+    seeds = seeds_for_service(isvc())
+    ref = seeds["primary"]
+    assert ref.for_mix(2048, 256, 0.0) == ref and ref.for_mix(None, 256, 0.0) is ref
+    w = TrafficShape(input_tokens=15000, output_tokens=170, prefix_hit_rate=0.1, ttft_slo_s=1.0, tpot_slo_s=0.1)
+    expected = seed_from_capacity(replica_capacity(get_model("llama-3-8b"), get_gpu("H200"), w), w)
+    long = ref.for_mix(15000.4, 169.6, 0.1)  # means are fractional: whole tokens
+    assert long == expected
+    assert long.prefill_tokens_per_s < 0.95 * ref.prefill_tokens_per_s  # attention over a 15k prompt
+    assert long.decode_tokens_per_s < 0.5 * ref.decode_tokens_per_s  # KV reads of 15k-token contexts
+    assert ref.for_mix(3000, 100, 7.0) == ref.for_mix(3000, 100, 1.0)  # a hit rate is clamped to [0, 1]
+    assert seeds["small"] == DEFAULT_SEED and seeds["small"].for_mix(15000, 170, 0.1) is seeds["small"]
+
+
 # --- CLI ----------------------------------------------------------------------------------------------------------
 
 def test_cli_decide_prints_decision_and_rejects_bad_input(tmp_path: Path) -> None:

@@ -519,3 +519,47 @@ def test_a_student_past_its_planned_ttft_carries_nothing() -> None:
         w.run(lambda t: 1.0, 60, student_ttft=student_ttft)
         d = w.tick(75.0, 8.0, student_ttft=student_ttft)
         assert (d.pools["primary"].action == "hold") is waits, (student_ttft, d.pools["primary"].reasons)
+
+
+def _primary_only(seed: CapacitySeed) -> PolicyConfig:
+    return config(pools=(PoolBounds("primary", "primary", 1, 30, 2, seed=seed),))
+
+
+def _mix_sig(t: float, mean_in: float, rate: float = 3.0) -> PoolSignals:
+    return PoolSignals("primary", "primary", t, 2, 2, arrival_rate=rate, mean_input_tokens=mean_in,
+                       mean_output_tokens=MEAN_OUT, queue_depth=0.0)
+
+
+def test_capacity_is_seeded_at_the_measured_mix() -> None:
+    """A seed with a roofline per mix (seeds.py) is read at the interval's mean request shape: a mix at which the
+    roofline halves the throughputs halves the capacity per replica and asks for more replicas than the fixed seed."""
+    half = CapacitySeed(SEED.prefill_tokens_per_s / 2, SEED.decode_tokens_per_s / 2, 1)
+    asked: list[tuple[float, float, float]] = []
+
+    def at_mix(mean_in: float, mean_out: float, hit: float) -> CapacitySeed:
+        asked.append((mean_in, mean_out, hit))
+        return half if mean_in > 4000 else SEED
+
+    fixed = decide(_primary_only(SEED), [_mix_sig(0.0, 8000.0)], PolicyState()).pools["primary"]
+    mixed = decide(_primary_only(replace(SEED, at_mix=at_mix)), [_mix_sig(0.0, 8000.0)], PolicyState()).pools["primary"]
+    assert (8000.0, MEAN_OUT, 0.0) in asked
+    assert mixed.capacity_rps == pytest.approx((fixed.capacity_rps or 0.0) / 2)
+    assert mixed.recommended > fixed.recommended
+    short = decide(_primary_only(replace(SEED, at_mix=at_mix)), [_mix_sig(0.0, MEAN_IN)], PolicyState()).pools["primary"]
+    assert short.capacity_rps == pytest.approx(MU)  # the roofline at the seed's own mix: the seed
+
+
+def test_one_interval_of_long_prompts_moves_the_planned_capacity_part_way() -> None:
+    """The primary plans at the smoothed cost of its mix: one interval whose mean prompt is 4x the usual (a few very
+    long prompts in ~50 requests) lowers the planned capacity, but by less than that interval alone says; intervals
+    that stay long bring it there."""
+    cfg, st = _primary_only(SEED), PolicyState()
+    for k in range(6):
+        st = decide(cfg, [_mix_sig(15.0 * k, MEAN_IN)], st).state
+    raw_long = 1.0 / (4 * MEAN_IN / SEED.prefill_tokens_per_s + MEAN_OUT / SEED.decode_tokens_per_s)
+    d = decide(cfg, [_mix_sig(90.0, 4 * MEAN_IN)], st)
+    assert raw_long < (d.pools["primary"].capacity_rps or 0.0) < 0.9 * MU
+    st = d.state
+    for k in range(7, 20):
+        st, d = (x := decide(cfg, [_mix_sig(15.0 * k, 4 * MEAN_IN)], st)).state, x
+    assert d.pools["primary"].capacity_rps == pytest.approx(raw_long, rel=0.05)
