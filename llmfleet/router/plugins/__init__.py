@@ -1,4 +1,4 @@
-"""Routing plugins: one interface (base.py), the built-in filters and scorers (builtin.py).
+"""Routing plugins: one interface (base.py), the built-in filters and scorers (builtin.py; session affinity in session.py).
 
 Pure Python, importable without aiohttp: `from llmfleet.router.plugins import build_pipeline`.
 """
@@ -23,7 +23,6 @@ from llmfleet.router.plugins.base import (
     release_prefill,
 )
 from llmfleet.router.plugins.builtin import (
-    BYTES_PER_SESSION,
     DEFAULT_PREFILL_TOKENS_PER_S,
     AdapterLoadedScorer,
     EstimatedTTFTScorer,
@@ -35,10 +34,9 @@ from llmfleet.router.plugins.builtin import (
     PrefixSampledPreselector,
     QueueDepthScorer,
     RunningRequestsScorer,
-    SessionAffinityScorer,
     build_scorer,
-    session_key,
 )
+from llmfleet.router.plugins.session import BYTES_PER_SESSION, SessionAffinityScorer, session_key
 from llmfleet.router.prefix_index import PrefixIndex
 
 DEFAULT_MAX_CANDIDATES = 32  # fleets larger than this are preselected (prefix matches + a random sample)
