@@ -186,7 +186,8 @@ DEFAULT_WORK_EXTERNALITY = 0.5
 
 
 def sole_holder_discounted(costs: list[float], work: Sequence[float], floor: float,
-                           estimates: Sequence[float] | None = None, limit_s: float | None = None) -> list[float]:
+                           estimates: Sequence[float] | None = None, limit_s: float | None = None,
+                           has_room: Callable[[int], bool] | None = None) -> list[float]:
     """`costs` with the one candidate that alone holds the most of the prompt discounted by the work it saves.
 
     `work[i]`: the request's prefill work on candidate i (uncached tokens, attention-weighted, as `_work`). When
@@ -208,6 +209,11 @@ def sole_holder_discounted(costs: list[float], work: Sequence[float], floor: flo
     exceeds it. Affinity is worth waiting for only while the wait stays within what the service promises; past
     it the holder is overloaded, and keeping its conversations there would also keep them off replicas an
     autoscaler just added (they hold no history), so scaling out would relieve nothing.
+
+    `has_room(i)`: whether candidate i takes the request's blocks without evicting any. No discount when the
+    candidate the request would otherwise go to (the cheapest other by `costs`) has room: the two copies
+    cost nothing there (the new one takes free space, and the holder's copy stays where it was, to be reused or
+    aged out), and the work repeated is what plain estimated TTFT already weighs against waiting.
     """
     n = len(costs)
     if n < 2:
@@ -219,6 +225,8 @@ def sole_holder_discounted(costs: list[float], work: Sequence[float], floor: flo
         return costs  # two or more candidates hold the most: plain estimated TTFT decides between them
     if limit_s is not None and estimates is not None and estimates[i1] > limit_s:
         return costs  # the holder is already past the TTFT objective: plain estimated TTFT decides
+    if has_room is not None and has_room(min((i for i in range(n) if i != i1), key=costs.__getitem__)):
+        return costs  # the alternative evicts nothing to take it (e.g. a replica just added): plain estimated TTFT
     out = list(costs)
     out[i1] = costs[i1] * min(1.0, max(w1, floor) / w2)
     return out
@@ -336,8 +344,14 @@ class EstimatedTTFTScorer(Scorer):
         extra = self.work_externality * busy_n / len(replicas) if busy_n else 0.0
         costs = [e + extra * t for e, t in zip(out, own, strict=True)] if extra else out
         if self.sole_holder_discount and m:
+            index, keys = self.index, req.block_hashes
+
+            def has_room(i: int) -> bool:  # the blocks of this prompt candidate i lacks fit in its free space
+                rid = replicas[i].id
+                return index.has_room(rid, len(keys) - m.get(rid, 0))
+
             costs = sole_holder_discounted(costs, uncached, self._work(n_tokens, max(0, n_tokens - bs)),
-                                           out, self.ttft_objective_s)
+                                           out, self.ttft_objective_s, has_room)
         self._costs = costs
         # remembered for on_routed: by then another plugin may already have taught the index this prompt
         self._last = (req, replicas, uncached)
