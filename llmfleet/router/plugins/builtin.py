@@ -6,6 +6,7 @@ import heapq
 import random
 from collections.abc import Callable, Iterable, Sequence
 
+from llmfleet.api.inferenceservice import DEFAULT_SOLE_HOLDER_DISCOUNT
 from llmfleet.router.plugins.base import (
     STALE_LOAD_FACTOR,
     Filter,
@@ -207,13 +208,15 @@ def sole_holder_discounted(costs: list[float], work: Sequence[float], floor: flo
 
     `limit_s` (the TTFT objective): no discount once the holder's own estimate (`estimates[i]`, plain TTFT)
     exceeds it. Affinity is worth waiting for only while the wait stays within what the service promises; past
-    it the holder is overloaded, and keeping its conversations there would also keep them off replicas an
-    autoscaler just added (they hold no history), so scaling out would relieve nothing.
+    it the holder is overloaded and the request would miss the objective for the sake of the cache
+    (docs/router.md: without the bound, more TTFT misses in the autoscaler's Mooncake simulation).
 
-    `has_room(i)`: whether candidate i takes the request's blocks without evicting any. No discount when the
-    candidate the request would otherwise go to (the cheapest other by `costs`) has room: the two copies
-    cost nothing there (the new one takes free space, and the holder's copy stays where it was, to be reused or
-    aged out), and the work repeated is what plain estimated TTFT already weighs against waiting.
+    `has_room(i)`: whether candidate i takes the request's blocks without evicting any (`PrefixIndex.has_room`).
+    No discount when the candidate the request would otherwise go to (the cheapest other by `costs`) has room:
+    the copy made there takes free space and evicts nothing, so only the repeated work is left, which plain
+    estimated TTFT already weighs against waiting. The test compares counts of one unit (blocks believed held
+    plus blocks to add, against capacity), so it has no constant to fit and reads the same at any cache size,
+    fleet size or load; a replica an autoscaler just added is empty, so a burst's requests move to it.
     """
     n = len(costs)
     if n < 2:
@@ -242,8 +245,9 @@ class EstimatedTTFTScorer(Scorer):
                   with queued prefill: under load this request's new work also delays the requests routed
                   to r after it (see DEFAULT_WORK_EXTERNALITY; 0 = pure TTFT)
     cost(h)    *= w(h) / w(runner-up) for the one candidate h that alone holds the most of the prompt (the least
-                  uncached work w): its cached history is worth keeping (`sole_holder_discounted`; off with
-                  sole_holder_discount=False)
+                  uncached work w), unless the cheapest other candidate has room for the prompt's blocks: its
+                  cached history is worth keeping where a copy elsewhere would evict (`sole_holder_discounted`;
+                  off with sole_holder_discount=False)
     score(r)    = min cost / cost(r): 1 for the cheapest replica, in (0, 1] for all, deterministic.
 
     Unlike request counts, a 40k-token prompt weighs what its prefill costs (`work` grows with context:
@@ -268,7 +272,7 @@ class EstimatedTTFTScorer(Scorer):
     def __init__(self, index: PrefixIndex, default_tokens_per_s: float = DEFAULT_PREFILL_TOKENS_PER_S,
                  attention_tokens: float | None = DEFAULT_ATTENTION_TOKENS,
                  work_externality: float = DEFAULT_WORK_EXTERNALITY, measure_rate: bool = False,
-                 sole_holder_discount: bool = False) -> None:
+                 sole_holder_discount: bool = DEFAULT_SOLE_HOLDER_DISCOUNT) -> None:
         if attention_tokens is not None and attention_tokens <= 0:
             raise ValueError("attention_tokens must be > 0 (or None for a linear cost)")
         if work_externality < 0:
