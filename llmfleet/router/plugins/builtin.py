@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import heapq
+import math
 import random
 from collections.abc import Callable, Iterable, Sequence
 
@@ -218,18 +219,21 @@ def sole_holder_discounted(costs: list[float], work: Sequence[float], floor: flo
     plus blocks to add, against capacity), so it has no constant to fit and reads the same at any cache size,
     fleet size or load; a replica an autoscaler just added is empty, so a burst's requests move to it.
     """
-    n = len(costs)
-    if n < 2:
+    if len(costs) < 2:
         return costs
-    i1 = min(range(n), key=work.__getitem__)
-    w1 = work[i1]
-    w2 = min(w for i, w in enumerate(work) if i != i1)
+    # (hot path: min/index/slices run in C; the first of equal values wins, as min over indices would)
+    w1 = min(work)
+    i1 = work.index(w1)
+    w2 = min(min(work[:i1], default=math.inf), min(work[i1 + 1:], default=math.inf))
     if w2 <= w1:
         return costs  # two or more candidates hold the most: plain estimated TTFT decides between them
     if limit_s is not None and estimates is not None and estimates[i1] > limit_s:
         return costs  # the holder is already past the TTFT objective: plain estimated TTFT decides
-    if has_room is not None and has_room(min((i for i in range(n) if i != i1), key=costs.__getitem__)):
-        return costs  # the alternative evicts nothing to take it (e.g. a replica just added): plain estimated TTFT
+    if has_room is not None:
+        head, tail = costs[:i1], costs[i1 + 1:]
+        c_head, c_tail = min(head, default=math.inf), min(tail, default=math.inf)
+        if has_room(head.index(c_head) if c_head <= c_tail else i1 + 1 + tail.index(c_tail)):
+            return costs  # the alternative evicts nothing to take it (a replica just added): plain estimated TTFT
     out = list(costs)
     out[i1] = costs[i1] * min(1.0, max(w1, floor) / w2)
     return out
