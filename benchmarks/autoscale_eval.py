@@ -1,6 +1,6 @@
 """Autoscaling policies in the fleet simulator: slo vs queue vs static-at-peak, on every trace and a 10x spike.
 
-    python benchmarks/autoscale_eval.py [--trace PATH ...] [--no-trace] [--spike 10] [--quick]
+    python benchmarks/autoscale_eval.py [--trace PATH ...] [--no-trace] [--spike 10] [--quick] [--time-scale K ...]
 
 Workloads: every trace in ../shared/data/traces/ (Mooncake JSONL, Azure CSV; or --trace) and a synthetic
 multi-tenant workload with a 10x spike. Policies run through the production code: the InferenceService
@@ -14,6 +14,8 @@ multi-tenant workload with a 10x spike. Policies run through the production code
   by any engine and counted apart). GPU-seconds include every pool's replicas.
 - Each policy runs with ROUTER_SEEDS router seeds (the table shows seed 0, the JSON all of them).
 Prints a table, writes benchmarks/results/autoscale_eval.json and docs/img/autoscale_eval_<workload>.png.
+Held-out variants: --time-scale K replays each workload at K x its rate (Workload.scaled), named <workload>-rate<K>x
+(their results go to benchmarks/results/autoscale_eval_heldout.json with --out).
 
 Analyses of the recorded runs, each merged into the JSON under its own key: --validation (another spike factor),
 --queue-sweep (queue at several depths, for equal-GPU-seconds comparisons), --hindsight (the cheapest schedule
@@ -44,6 +46,7 @@ from autoscale_setup import (
     STUDENT_MODEL,
     PolicyHook,
     misses,
+    rate_variant,
     run_policy,
     run_static,
     service,
@@ -357,11 +360,17 @@ def render(doc: dict[str, Any]) -> str:
 
 
 def select(args: argparse.Namespace, recorded: dict[str, Any] | None) -> dict[str, Workload]:
-    """The workloads asked for (--trace / --no-trace / --spike / --workload), limited to `recorded` when given."""
+    """The workloads asked for (--trace / --no-trace / --spike / --steady, each at every --time-scale factor; --workload
+    names a workload or one of its variants), limited to `recorded` when given."""
     traces = [] if args.no_trace else args.trace
-    ws = workloads(traces, args.quick, args.spike, args.steady)
-    return {k: w for k, w in ws.items() if (not args.workload or k in args.workload)
-            and (recorded is None or k in recorded)}
+    wanted = set(args.workload or ())
+    out: dict[str, Workload] = {}
+    for name, w in workloads(traces, args.quick, args.spike, args.steady).items():
+        for k in args.time_scale or (None,):  # --time-scale: held-out variants instead of the workload itself
+            label = name if k is None else rate_variant(name, k)
+            if (not wanted or label in wanted or name in wanted) and (recorded is None or label in recorded):
+                out[label] = w if k is None else w.scaled(k)
+    return out
 
 
 def main() -> None:
@@ -384,8 +393,13 @@ def main() -> None:
     ap.add_argument("--hindsight", type=float, nargs="+", metavar="WINDOW_S",
                     help="only search the cheapest hindsight schedule (windows of these many seconds) for the recorded "
                          "workloads in --out and merge it under `hindsight`")
+    ap.add_argument("--time-scale", type=float, nargs="+", metavar="K",
+                    help="held-out variants: replay each workload at K x its rate instead (arrival times divided by K, "
+                         "as `llmfleet sim run --time-scale`: 2 doubles the rate, 0.5 halves it), named "
+                         "<workload>-rate<K>x (azure-rate2x); the SLO and static-at-peak are found again for each")
     ap.add_argument("--workload", action="append",
-                    help="only these workloads (names as in the results: mooncake, azure, bursty-10x)")
+                    help="only these workloads (names as in the results: mooncake, azure, bursty-10x; with "
+                         "--time-scale also a variant's name, azure-rate2x)")
     ap.add_argument("--seeds", type=int, default=ROUTER_SEEDS,
                     help="run each policy with this many router seeds (0 .. N-1); the table shows seed 0")
     ap.add_argument("--orders", nargs="+", choices=["highest", "forward", "backward"], default=["highest"],
@@ -403,6 +417,8 @@ def main() -> None:
                     help="skip the SLO rule's 64-replica reference run and the static-at-peak search (and the "
                          "planner-peak static fleet): use this SLO and static-at-peak size from an earlier run")
     args = ap.parse_args()
+    if bad := [k for k in args.time_scale or () if not np.isfinite(k) or k <= 0]:
+        ap.error(f"--time-scale must be a finite number > 0, got {bad[0]:g}")
     if args.render:
         print(render(json.loads(args.out.read_text())))
         return
@@ -455,6 +471,11 @@ def main() -> None:
     else:
         results = [evaluate(name, w, seeds=args.seeds, known=known, planner_static=known is None)
                    for name, w in select(args, None).items()]
+    for r in results:  # a held-out variant records what it varies
+        base = r["workload"].rsplit("-rate", 1)[0]
+        for k in args.time_scale or ():
+            if rate_variant(base, k) == r["workload"]:
+                r["heldOut"] = {"of": base, "rateScale": k}
     print(f"{'workload':12} {'policy':19} {'attain':>7} {'misses':>6} {'GPU-s':>9} {'degraded':>8} {'actions':>7} "
           f"{'peak':>4} {'p99 TTFT':>8}")
     for r in results:

@@ -21,7 +21,7 @@ from llmfleet.sim.workload import SyntheticSpec, Workload, WorkloadError, load_t
 
 __all__ = ["GPU", "MAX_REPLICAS", "PRIMARY_COLD_S", "PRIMARY_MODEL", "ROOT", "ROUTER_SEEDS", "STUDENT_COLD_S",
            "STUDENT_MODEL", "STUDENT_WARM", "TRACES", "PolicyHook", "misses", "run_policy", "run_static", "service",
-           "summary_row", "ttft_attainment", "workloads"]
+           "rate_variant", "summary_row", "ttft_attainment", "workloads"]
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT.parent / "shared" / "data" / "traces"
@@ -110,6 +110,11 @@ def steady(rate: float, quick: bool) -> tuple[str, Workload]:
     jump past 1.5x their smoothed level now and then, which must not read as bursts."""
     spec = SyntheticSpec(duration_s=900.0 if quick else 1800.0, rate_rps=rate, diurnal_amplitude=0.0, seed=5)
     return f"steady-{rate:g}", synthetic(spec)
+
+
+def rate_variant(name: str, k: float) -> str:
+    """The name of workload `name` replayed at k x its rate (`Workload.scaled(k)`): azure-rate2x, mooncake-rate0.5x."""
+    return f"{name}-rate{k:g}x"
 
 
 def workloads(traces: list[Path] | None, quick: bool, spike_factor: float | None = 10.0,

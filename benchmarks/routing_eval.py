@@ -58,7 +58,7 @@ SWEEP_ROUTERS = ("least-request", "sglang", "llm-d", "llmfleet")
 
 def scenarios(quick: bool, traces: list[Path] | None = None) -> list[tuple[str, int, object, float]]:
     """(name, replicas, workload, host KV tier GiB per replica); `traces`: more traces (any format load_trace
-    knows: Mooncake JSONL, Azure CSV), each replayed as is on 8 replicas."""
+    knows: Mooncake JSONL, Azure or BurstGPT CSV), each replayed as is on 8 replicas."""
     trace = TRACE if TRACE.exists() else FALLBACK_TRACE
     moon = load_mooncake(trace)
     out: list[tuple[str, int, object, float]] = []
@@ -159,7 +159,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="small workloads")
     ap.add_argument("--render", metavar="JSON", help="print the markdown tables of a results file and exit")
     ap.add_argument("--trace", type=Path, action="append",
-                    help="also replay this trace (Mooncake JSONL or Azure CSV) on 8 replicas; repeatable")
+                    help="also replay this trace (Mooncake JSONL, Azure or BurstGPT CSV) on 8 replicas; repeatable")
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/routing_eval.json"))
     ap.add_argument("--img", default=str(ROOT / "docs/img"))
     args = ap.parse_args()

@@ -4,6 +4,7 @@ routers and (optionally) the production autoscaler; the cheapest schedule a clai
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
 
@@ -17,7 +18,8 @@ if TYPE_CHECKING:
 
 AUTOSCALERS = ("slo", "queue", "static")
 # workload options shared by `run` and `hindsight`
-TimeScale = Annotated[float, typer.Option(help="Replay at k x the trace's rate.")]
+TimeScale = Annotated[float, typer.Option(help="Replay at k x the workload's rate (arrival times divided by k: 2 "
+                                                 "doubles the rate, 0.5 halves it); k > 0.")]
 MaxRequests = Annotated[int | None, typer.Option(help="Use the first N requests.")]
 Duration = Annotated[float, typer.Option(help="Synthetic workload length, s.")]
 Rate = Annotated[float, typer.Option(help="Synthetic mean rate, requests/s.")]
@@ -33,6 +35,8 @@ def _workload(trace: Path | None, fmt: str, duration: float, rate: float, tenant
               max_requests: int | None, time_scale: float) -> Workload:
     from llmfleet.sim.workload import SyntheticSpec, load_trace, synthetic
 
+    if not math.isfinite(time_scale) or time_scale <= 0:  # before loading a trace: a bad flag fails at once
+        raise ValueError(f"--time-scale must be a finite number > 0, got {time_scale:g}")
     if trace is None:
         if duration <= 0 or rate <= 0 or tenants < 1:
             raise ValueError("--duration and --rate must be > 0 and --tenants >= 1")
@@ -82,8 +86,8 @@ def register(app: typer.Typer) -> None:
     @sim.command("run", help="Simulate a workload on a fleet with one or more routers, or with the production "
                              "autoscaler (--autoscaler); print a table, write JSON/PNG.")
     def run(
-        trace: Path | None = typer.Option(None, help="Trace file (Mooncake JSONL or Azure CSV); synthetic when omitted."),
-        fmt: str = typer.Option("auto", "--format", help="auto, mooncake, azure."),
+        trace: Path | None = typer.Option(None, help="Trace file (Mooncake JSONL, Azure or BurstGPT CSV); synthetic when omitted."),
+        fmt: str = typer.Option("auto", "--format", help="auto, mooncake, azure, burstgpt."),
         router: list[str] | None = typer.Option(None, help="Routers to compare (repeatable): round-robin, "
                                                 "least-request, power-of-two, sglang, llm-d, llmfleet (default: "
                                                 "least-request and llmfleet). With --autoscaler: llmfleet only."),
@@ -167,7 +171,8 @@ def register(app: typer.Typer) -> None:
             raise _fail(e) from None
         oracle = oracle_hit_rate(w)
         scaled = f", {autoscaler} autoscaler from {replicas}" if autoscaler else ""
-        _table(f"{w.name}: {len(w.requests)} requests, {replicas} x {model} on {gpu}{scaled}, "
+        failed = f" ({w.failed_skipped} failed in the trace, not replayed)" if w.failed_skipped else ""
+        _table(f"{w.name}: {len(w.requests)} requests{failed}, {replicas} x {model} on {gpu}{scaled}, "
                f"oracle hit rate {oracle:.3f}", results, ttft_slo_ms / 1e3)
         if timeline:
             peak = {k: max(x[k] for x in timeline) for k in timeline[0] if k not in ("t", "why")}
@@ -188,8 +193,8 @@ def register(app: typer.Typer) -> None:
     @sim.command("hindsight", help="The cheapest replica schedule a clairvoyant scaler finds for a workload "
                                    "(llmfleet.sim.oracle): a replica count per window meeting the TTFT target.")
     def hindsight(
-        trace: Path | None = typer.Option(None, help="Trace file (Mooncake JSONL or Azure CSV); synthetic when omitted."),
-        fmt: str = typer.Option("auto", "--format", help="auto, mooncake, azure."),
+        trace: Path | None = typer.Option(None, help="Trace file (Mooncake JSONL, Azure or BurstGPT CSV); synthetic when omitted."),
+        fmt: str = typer.Option("auto", "--format", help="auto, mooncake, azure, burstgpt."),
         start_replicas: int = typer.Option(..., help="Replicas in every window to start from; must meet the target "
                                                      "(the static-at-peak size)."),
         model: str = typer.Option("llama-3-8b", help="Model preset."),

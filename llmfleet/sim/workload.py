@@ -1,9 +1,9 @@
-"""Workloads for the simulator: Mooncake JSONL traces, Azure LLM-inference CSVs, a synthetic generator.
+"""Workloads for the simulator: Mooncake JSONL traces, Azure LLM-inference and BurstGPT CSVs, a synthetic generator.
 
 A request's prompt is described by the keys of its full KV blocks (`keys`): key i identifies the whole
 prefix up to and including block i (a hash chain), so two requests share cache exactly where their keys
-are equal. Mooncake's `hash_ids` (512-token blocks) become such chains; Azure CSVs carry no content, so
-their requests share nothing; the synthetic generator builds chains from tenants' system prompts and
+are equal. Mooncake's `hash_ids` (512-token blocks) become such chains; Azure and BurstGPT CSVs carry no
+content, so their requests share nothing; the synthetic generator builds chains from tenants' system prompts and
 multi-turn sessions.
 """
 
@@ -78,18 +78,21 @@ class Workload:
     name: str
     requests: list[Request]
     block_size: int
+    failed_skipped: int = 0  # trace records of requests that failed in the traced service, not replayed
 
     @property
     def duration(self) -> float:
         return self.requests[-1].arrival - self.requests[0].arrival if self.requests else 0.0
 
     def scaled(self, k: float) -> Workload:
-        """Replay at k x the rate (arrival times divided by k)."""
-        if k <= 0:
-            raise ValueError("time scale must be > 0")
+        """Replay at k x the rate: arrival times (and closed-loop think times) divided by k, lengths and prompt
+        contents kept, so k = 2 is the same traffic twice as dense and k = 0.5 half as dense. Pure: a new
+        workload named `<name>x<k>`; a held-out variant of a trace for policies developed on it."""
+        if isinstance(k, bool) or not isinstance(k, int | float) or not math.isfinite(k) or k <= 0:
+            raise WorkloadError(f"{self.name}: rate scale must be a finite number > 0, got {k!r}")
         reqs = [Request(r.rid, r.arrival / k, r.prompt_len, r.output_len, r.keys, r.tenant, r.session, r.cls,
                         r.adapter, r.after, r.think / k) for r in self.requests]
-        return Workload(f"{self.name}x{k:g}", reqs, self.block_size)
+        return Workload(f"{self.name}x{k:g}", reqs, self.block_size, self.failed_skipped)
 
     def head(self, n: int | None = None, seconds: float | None = None) -> Workload:
         reqs = self.requests
@@ -100,7 +103,7 @@ class Workload:
             reqs = reqs[:n]
         return Workload(self.name, [Request(r.rid, r.arrival, r.prompt_len, r.output_len, r.keys, r.tenant,
                                             r.session, r.cls, r.adapter, r.after, r.think) for r in reqs],
-                        self.block_size)
+                        self.block_size, self.failed_skipped)
 
     def fresh(self) -> Workload:
         """A copy with simulation state cleared (workloads are reused across runs)."""
@@ -229,17 +232,62 @@ def load_azure(path: str | Path, block_size: int = 16) -> Workload:
     return Workload(p.stem, _in_arrival_order(reqs, from_zero=True), block_size)
 
 
-TRACE_FORMATS = ("mooncake", "azure")
+BURSTGPT_COLUMNS = ("Timestamp", "Request tokens", "Response tokens")
+
+
+def load_burstgpt(path: str | Path, block_size: int = 16) -> Workload:
+    """BurstGPT CSV (HPMLL/BurstGPT: Timestamp in seconds, Model, Request tokens, Response tokens, Total tokens,
+    Log Type; no content: no sharing).
+
+    The release marks requests that failed in the original service with `Response tokens` 0: they are not
+    replayed (no engine was asked for an answer of zero tokens) and are counted in `Workload.failed_skipped`.
+    Any other bad row is an error naming its line."""
+    p = Path(path)
+    reqs: list[Request] = []
+    failed = 0
+    try:
+        with _reading(p, "BurstGPT CSV"), p.open(newline="", encoding="utf-8") as f:
+            rd = csv.DictReader(f)
+            missing = set(BURSTGPT_COLUMNS) - set(rd.fieldnames or [])
+            if missing:
+                raise WorkloadError(f"{p}: missing columns {', '.join(sorted(missing))}")
+            for n, row in enumerate(rd, 2):
+                where = f"{p}:{n}"
+                with _record(where, "bad row"):
+                    out = row["Response tokens"]
+                    if isinstance(out, str) and out.strip() in ("0", "0.0"):
+                        failed += 1
+                        continue
+                    inp, outn = _lengths(where, row["Request tokens"], out)
+                    ts = _arrival(where, float(row["Timestamp"]))
+                    reqs.append(Request(0, ts, inp, outn))
+    except csv.Error as e:
+        raise WorkloadError(f"{p}: not a CSV file ({e})") from None
+    if not reqs:
+        raise WorkloadError(f"{p}: no requests" + (f" ({failed} failed ones skipped)" if failed else ""))
+    return Workload(p.stem, _in_arrival_order(reqs, from_zero=True), block_size, failed_skipped=failed)
+
+
+TRACE_FORMATS = ("mooncake", "azure", "burstgpt")
+
+
+def _csv_kind(p: Path) -> str:
+    """Which CSV trace `p` is, by its header row: BurstGPT's columns, else Azure's (whose loader names what is
+    missing)."""
+    with _reading(p, "CSV trace"), p.open(newline="", encoding="utf-8") as f:
+        header = f.readline()
+    return "burstgpt" if all(c in header for c in BURSTGPT_COLUMNS) else "azure"
 
 
 def load_trace(path: str | Path, fmt: str = "auto") -> Workload:
-    """Any trace format the simulator knows: `fmt` "mooncake" (JSONL), "azure" (CSV) or "auto" (by suffix: .csv is
-    Azure, anything else Mooncake)."""
+    """Any trace format the simulator knows: `fmt` "mooncake" (JSONL), "azure" (CSV), "burstgpt" (CSV) or "auto"
+    (a .csv is BurstGPT when its header has BurstGPT's columns, else Azure; anything else is Mooncake)."""
     p = Path(path)
-    kind = fmt if fmt != "auto" else ("azure" if p.suffix.lower() == ".csv" else "mooncake")
-    if kind not in TRACE_FORMATS:
+    if fmt not in ("auto", *TRACE_FORMATS):
         raise WorkloadError(f"unknown trace format {fmt!r}; known: auto, {', '.join(TRACE_FORMATS)}")
-    return load_azure(p) if kind == "azure" else load_mooncake(p)
+    kind = fmt if fmt != "auto" else (_csv_kind(p) if p.suffix.lower() == ".csv" else "mooncake")
+    loaders = {"mooncake": load_mooncake, "azure": load_azure, "burstgpt": load_burstgpt}
+    return loaders[kind](p)
 
 
 @dataclass

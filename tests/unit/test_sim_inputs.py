@@ -102,16 +102,40 @@ def test_azure_loader_refuses_zero_lengths(tmp_path: Path) -> None:
         load_azure(p)
 
 
+def test_rate_scaled_variant_is_a_new_workload_with_the_same_requests_denser_or_sparser() -> None:
+    w = load_mooncake(HEAD300)
+    before = [(r.arrival, r.prompt_len, r.output_len, r.keys) for r in w.requests]
+    for k in (2.0, 0.5):
+        v = w.scaled(k)
+        assert v.name == f"{w.name}x{k:g}" and v.block_size == w.block_size and len(v.requests) == len(w.requests)
+        for a, b in zip(w.requests, v.requests, strict=True):
+            assert b.arrival == pytest.approx(a.arrival / k)  # 0.5: arrivals twice as far apart, half the rate
+            assert (b.rid, b.prompt_len, b.output_len, b.keys) == (a.rid, a.prompt_len, a.output_len, a.keys)
+        assert v.duration == pytest.approx(w.duration / k)
+    assert [(r.arrival, r.prompt_len, r.output_len, r.keys) for r in w.requests] == before  # pure
+    turn = Workload("conv", [Request(0, 1.0, 8, 2), Request(1, 0.0, 8, 2, after=0, think=4.0)], 16).scaled(2)
+    assert turn.requests[1].think == 2.0 and turn.requests[1].after == 0  # closed-loop clients think faster too
+
+
+@pytest.mark.parametrize("k", [0, -1.0, float("nan"), float("inf")])
+def test_a_rate_scale_that_is_not_a_finite_positive_number_is_refused(k: float) -> None:
+    with pytest.raises(WorkloadError, match="rate scale must be a finite number > 0"):
+        load_mooncake(HEAD300).scaled(k)
+
+
 def test_cli_errors_are_one_line_with_exit_2(tmp_path: Path) -> None:
     bad = tmp_path / "neg.jsonl"
     bad.write_text(json.dumps({"timestamp": -1000, "input_length": 10, "output_length": 1}) + "\n")
     for args in (["--replicas", "0"], ["--trace", str(bad)], ["--autoscaler", "magic"],
-                 ["--student", "llama-3.2-1b:x"], ["--max-model-len", "1"]):
+                 ["--student", "llama-3.2-1b:x"], ["--max-model-len", "1"], ["--time-scale", "0"],
+                 ["--time-scale", "nan"], ["--trace", str(HEAD300), "--time-scale", "-2"]):
         r = CliRunner().invoke(app, ["sim", "run", "--duration", "20", "--rate", "2", *args])
         assert r.exit_code == 2, (args, r.output)
         assert r.output.startswith("llmfleet sim: ") and r.output.count("\n") == 1, r.output
     r = CliRunner().invoke(app, ["sim", "hindsight", "--start-replicas", "0"])
     assert r.exit_code == 2 and "--start-replicas" in r.output
+    r = CliRunner().invoke(app, ["sim", "hindsight", "--start-replicas", "1", "--time-scale", "0"])
+    assert r.exit_code == 2 and "--time-scale must be a finite number > 0" in r.output
 
 
 def test_cli_table_shows_rejected_requests() -> None:
