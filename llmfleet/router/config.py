@@ -19,7 +19,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 from llmfleet.api.contracts import KV_EVENTS_PORT, REPLICA_PORT, ROUTER_PORT, STORE_URL_ENV, pool_selector
-from llmfleet.api.inferenceservice import DEFAULT_SCORERS, SCORER_NAMES, InferenceService
+from llmfleet.api.inferenceservice import (
+    DEFAULT_SCORERS,
+    DEFAULT_SOLE_HOLDER_DISCOUNT,
+    SCORER_NAMES,
+    InferenceService,
+)
 from llmfleet.api.loader import dump_yaml
 from llmfleet.api.outliers import OutlierEjection
 from llmfleet.api.storage import parse_uri
@@ -274,9 +279,9 @@ class RouterConfig(_Model):
         "default: under bursts first bytes wait inside the engine and the fit prices prefill too high.",
     )
     sole_holder_discount: bool = Field(
-        default=False,
+        default=DEFAULT_SOLE_HOLDER_DISCOUNT,
         description="The estimated-ttft scorer's sole-holder discount (spec.router.soleHolderDiscount; "
-        "docs/router.md), bounded by slo.ttftP95Ms.",
+        "docs/router.md): only where the alternative must evict, bounded by slo.ttftP95Ms.",
     )
     block_size: int = Field(default=16, ge=1, description="Default prefix-index block size.")
     max_index_blocks: int = Field(default=1_000_000, ge=1, description="Bound on prefix-index entries (memory).")

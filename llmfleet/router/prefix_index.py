@@ -301,6 +301,15 @@ class PrefixIndex:
     def blocks_of(self, replica: str) -> int:
         return len(self._lru.get(replica, ()))
 
+    def capacity_of(self, replica: str) -> int:
+        """Blocks `replica`'s LRU holds at most: its KV capacity (`set_capacity`), else the default."""
+        return self._capacity.get(replica, self.default_capacity)
+
+    def has_room(self, replica: str, new_blocks: int) -> bool:
+        """Whether `replica` is believed to take `new_blocks` more blocks without evicting any: what it holds
+        plus them fits its capacity (a replica added empty has room; one whose cache has filled has none)."""
+        return self.blocks_of(replica) + new_blocks <= self.capacity_of(replica)
+
     # -- core ------------------------------------------------------------------------------------------------
     def _clear(self, key: int, bit: int) -> None:
         self._version += 1
@@ -316,7 +325,7 @@ class PrefixIndex:
         if lru is None:
             return
         bit = self._bit[replica]
-        cap = self._capacity.get(replica, self.default_capacity)
+        cap = self.capacity_of(replica)
         while len(lru) > cap:
             k, _ = lru.popitem(last=False)
             self._clear(k, bit)

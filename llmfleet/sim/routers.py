@@ -17,8 +17,8 @@ Baselines (re-implemented from the projects' documented algorithms):
   list, as observed in front of stub workers (identical prompts in a row went to three replicas),
   llm-d (llm-d inference scheduler: weighted queue 2 + kv-cache-utilization 2 + prefix-cache 3, max score).
 llmfleet: `llmfleet.router.plugins.build_pipeline` with the RouterSpec's default scorer weights and
-`llmfleet.router.fallback.FallbackPolicy` when the fleet has student pools; llmfleet-sole-holder: the same with
-the estimated-ttft scorer's sole-holder discount on (`spec.router.soleHolderDiscount`).
+`llmfleet.router.fallback.FallbackPolicy` when the fleet has student pools; llmfleet-no-sole-holder: the same with
+the estimated-ttft scorer's sole-holder discount off (`spec.router.soleHolderDiscount: false`).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from llmfleet.sim.types import Fleet, SimRouter
 from llmfleet.sim.workload import Request
 
 ROUTERS = ("round-robin", "least-request", "power-of-two", "sglang", "vllm-router-norender", "llm-d", "llmfleet",
-           "llmfleet-sole-holder")
+           "llmfleet-no-sole-holder")
 
 
 def _load(r: SimReplica) -> int:
@@ -240,7 +240,7 @@ class LlmfleetRouter(SimRouter):
     def __init__(self, weights: Mapping[str, float] | None = None, seed: int = 0,
                  fallback: Any = None, slo: Any = None, max_candidates: int | None = None,
                  prefill_tokens_per_s: float | None = None, measure_prefill_rate: bool = False,
-                 sole_holder_discount: bool = False, ttft_objective_s: float | None = None) -> None:
+                 sole_holder_discount: bool | None = None, ttft_objective_s: float | None = None) -> None:
         from llmfleet.api.inferenceservice import RouterSpec
         from llmfleet.router.plugins import DEFAULT_MAX_CANDIDATES
 
@@ -251,7 +251,9 @@ class LlmfleetRouter(SimRouter):
         self.max_candidates = max_candidates if max_candidates is not None else DEFAULT_MAX_CANDIDATES
         self.prefill_rate = prefill_tokens_per_s
         self.measure_prefill_rate = measure_prefill_rate  # RouterConfig.measure_prefill_rate
-        self.sole_holder_discount = sole_holder_discount  # RouterConfig.sole_holder_discount
+        # RouterConfig.sole_holder_discount (None: the service's default)
+        self.sole_holder_discount = (RouterSpec().sole_holder_discount if sole_holder_discount is None
+                                     else sole_holder_discount)
         self.ttft_objective_s = ttft_objective_s  # None: the simulation's TTFT SLO, as the router gets spec.slo's
 
     def attach(self, fleet: Fleet) -> None:
@@ -382,8 +384,8 @@ def make_router(name: str, seed: int = 0) -> SimRouter:
         return LlmdWeighted(seed=seed)
     if name == "llmfleet":
         return LlmfleetRouter(seed=seed)
-    if name == "llmfleet-sole-holder":  # the default pipeline with spec.router.soleHolderDiscount on
-        router = LlmfleetRouter(seed=seed, sole_holder_discount=True)
+    if name == "llmfleet-no-sole-holder":  # the default pipeline with spec.router.soleHolderDiscount off
+        router = LlmfleetRouter(seed=seed, sole_holder_discount=False)
         router.name = name
         return router
     raise ValueError(f"unknown router {name!r}; known: {', '.join(ROUTERS)}")

@@ -88,16 +88,24 @@ def test_work_externality_keeps_a_cache_hit_worth_a_short_wait() -> None:
         EstimatedTTFTScorer(PrefixIndex(), work_externality=-0.1)
 
 
+def _index_with_full(replica: str, keys: list[int], full: str) -> PrefixIndex:
+    """`replica` holds `keys`; `full`'s cache (capacity 8 blocks) is full of other prompts' blocks."""
+    index = PrefixIndex(default_capacity=8)
+    index.insert(replica, keys)
+    index.insert(full, list(range(100, 108)))
+    return index
+
+
 def test_sole_holder_keeps_its_conversation_while_it_saves_more_work_than_it_waits() -> None:
     """a alone holds 64 of the prompt's 100 tokens: it computes 36, b 100. With 1 s of prefill queued on a,
-    plain TTFT sends the request to b (0.100 s vs 1.036 s) and leaves a second copy of the prefix there. The
-    discount multiplies a's cost by 36 / 100: the holder keeps the request while it is at most 100 / 36 times
-    slower, and loses it beyond that."""
+    plain TTFT sends the request to b (0.100 s vs 1.036 s) and leaves a second copy of the prefix there, evicting
+    other prompts' blocks (b's cache is full). The discount multiplies a's cost by 36 / 100: the holder keeps the
+    request while it is at most 100 / 36 times slower, and loses it beyond that."""
     req = RequestInfo(**REQ)  # type: ignore[arg-type]
 
     def scorer(discount: bool = True) -> EstimatedTTFTScorer:
-        return EstimatedTTFTScorer(_index_with("a", KEYS[:4]), default_tokens_per_s=RATE, attention_tokens=None,
-                                   work_externality=0.0, sole_holder_discount=discount)
+        return EstimatedTTFTScorer(_index_with_full("a", KEYS[:4], "b"), default_tokens_per_s=RATE,
+                                   attention_tokens=None, work_externality=0.0, sole_holder_discount=discount)
 
     b = R("b")
     # a: 0.2 s queued + 0.036 s own = 0.236 s, 2.4x b's 0.100 s but within 100 / 36 = 2.78x: a keeps it
@@ -125,6 +133,50 @@ def test_sole_holder_keeps_its_conversation_while_it_saves_more_work_than_it_wai
 )
 def test_sole_holder_discounted(costs: list[float], work: list[float], floor: float, expected: list[float]) -> None:
     assert sole_holder_discounted(costs, work, floor) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("b_full", [False, True])
+def test_no_sole_holder_discount_where_the_alternative_evicts_nothing(b_full: bool) -> None:
+    """The discount prices the copy a recompute leaves in another cache. A replica with room for the prompt (b
+    just added by the autoscaler: an empty cache) loses nothing by taking it, so plain estimated TTFT decides and
+    the busy holder a loses the request; once b's cache is full, a keeps it (0.236 x 0.36 < 0.100)."""
+    index = _index_with_full("a", KEYS[:4], "b") if b_full else _index_with("a", KEYS[:4])
+    s = EstimatedTTFTScorer(index, default_tokens_per_s=RATE, attention_tokens=None, work_externality=0.0,
+                            sole_holder_discount=True)
+    req = RequestInfo(**REQ)  # type: ignore[arg-type]
+    a = R("a", in_flight=1, prefill_tokens=200.0, prefill_busy_until=10.2)
+    scores = s.score(req, [a, R("b")])
+    assert scores == pytest.approx([1.0, 0.236 * 0.36 / 0.100] if b_full else [0.100 / 0.236, 1.0])
+
+
+@pytest.mark.parametrize(
+    "room, expected",
+    [
+        ((), [0.25, 0.5, 0.6]),  # nobody has room: discounted
+        ((1,), [1.0, 0.5, 0.6]),  # the cheapest other candidate (1) has room: no discount
+        ((2,), [0.25, 0.5, 0.6]),  # only a dearer one has room: the request would go to 1, which must evict
+    ],
+)
+def test_sole_holder_discount_asks_the_cheapest_other_candidate_for_room(room: tuple[int, ...],
+                                                                         expected: list[float]) -> None:
+    asked: list[int] = []
+
+    def has_room(i: int) -> bool:
+        asked.append(i)
+        return i in room
+
+    assert sole_holder_discounted([1.0, 0.5, 0.6], [10.0, 40.0, 100.0], 0.0, has_room=has_room) == pytest.approx(
+        expected)
+    assert asked == [1]
+
+
+def test_prefix_index_has_room_counts_the_blocks_held_against_the_capacity() -> None:
+    index = PrefixIndex(default_capacity=8)
+    assert index.has_room("new", 8) and not index.has_room("new", 9)  # unknown replica: empty, default capacity
+    index.insert("a", [1, 2, 3, 4, 5])
+    assert index.has_room("a", 3) and not index.has_room("a", 4)
+    index.set_capacity("a", 16)
+    assert index.capacity_of("a") == 16 and index.has_room("a", 11)
 
 
 def test_a_popular_prefix_on_several_replicas_is_ranked_by_plain_ttft() -> None:
@@ -328,7 +380,7 @@ def test_global_index_bound_cuts_the_biggest_replicas_first() -> None:
 def test_router_config_switches_the_sole_holder_discount(discount: bool) -> None:
     """RouterConfig.sole_holder_discount reaches the pipeline's estimated-ttft scorer: with it a busy sole holder
     (2.4x slower, saving 100 / 36 of the work) keeps the request, without it plain TTFT sends it to b."""
-    pipe = build_pipeline({"estimated-ttft": 1.0}, _index_with("a", KEYS[:4]), sole_holder_discount=discount)
+    pipe = build_pipeline({"estimated-ttft": 1.0}, _index_with_full("a", KEYS[:4], "b"), sole_holder_discount=discount)
     scorer = next(s for s, _ in pipe.scorers if isinstance(s, EstimatedTTFTScorer))
     assert scorer.sole_holder_discount is discount
     scorer.default_rate, scorer.attention_tokens, scorer.work_externality = RATE, None, 0.0
@@ -350,7 +402,7 @@ def test_pipeline_bounds_the_discount_by_the_objective() -> None:
     """build_pipeline's ttft_objective_s reaches the scorer: a holder estimated at 0.236 s keeps the request under
     a 0.3 s objective and loses it under a 0.2 s one."""
     for objective, expected in ((0.3, "a"), (0.2, "b")):
-        pipe = build_pipeline({"estimated-ttft": 1.0}, _index_with("a", KEYS[:4]), sole_holder_discount=True,
+        pipe = build_pipeline({"estimated-ttft": 1.0}, _index_with_full("a", KEYS[:4], "b"), sole_holder_discount=True,
                               ttft_objective_s=objective)
         scorer = next(s for s, _ in pipe.scorers if isinstance(s, EstimatedTTFTScorer))
         scorer.default_rate, scorer.attention_tokens, scorer.work_externality = RATE, None, 0.0

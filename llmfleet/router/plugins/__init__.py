@@ -1,4 +1,4 @@
-"""Routing plugins: one interface (base.py), the built-in filters and scorers (builtin.py).
+"""Routing plugins: one interface (base.py), the built-in filters and scorers (builtin.py; session affinity in session.py).
 
 Pure Python, importable without aiohttp: `from llmfleet.router.plugins import build_pipeline`.
 """
@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping
 
+from llmfleet.api.inferenceservice import DEFAULT_SOLE_HOLDER_DISCOUNT
 from llmfleet.router.config import DEFAULT_SESSION_BYTES
 from llmfleet.router.plugins.base import (
     Filter,
@@ -23,7 +24,6 @@ from llmfleet.router.plugins.base import (
     release_prefill,
 )
 from llmfleet.router.plugins.builtin import (
-    BYTES_PER_SESSION,
     DEFAULT_PREFILL_TOKENS_PER_S,
     AdapterLoadedScorer,
     EstimatedTTFTScorer,
@@ -35,10 +35,9 @@ from llmfleet.router.plugins.builtin import (
     PrefixSampledPreselector,
     QueueDepthScorer,
     RunningRequestsScorer,
-    SessionAffinityScorer,
     build_scorer,
-    session_key,
 )
+from llmfleet.router.plugins.session import BYTES_PER_SESSION, SessionAffinityScorer, session_key
 from llmfleet.router.prefix_index import PrefixIndex
 
 DEFAULT_MAX_CANDIDATES = 32  # fleets larger than this are preselected (prefix matches + a random sample)
@@ -47,14 +46,16 @@ DEFAULT_MAX_CANDIDATES = 32  # fleets larger than this are preselected (prefix m
 def build_pipeline(weights: Mapping[str, float], index: PrefixIndex | None = None, seed: int = 0,
                    max_candidates: int | None = DEFAULT_MAX_CANDIDATES, prefix_candidates: int = 8,
                    session_bytes: int = DEFAULT_SESSION_BYTES, measure_prefill_rate: bool = False,
-                   sole_holder_discount: bool = False, ttft_objective_s: float | None = None) -> Pipeline:
+                   sole_holder_discount: bool = DEFAULT_SOLE_HOLDER_DISCOUNT,
+                   ttft_objective_s: float | None = None) -> Pipeline:
     """The standard pipeline: healthy + model filters, then the named scorers with their weights.
 
     Fleets with more than `max_candidates` replicas are first narrowed by `PrefixSampledPreselector`
     (None: always score every replica). `session_bytes` bounds the session-affinity scorer's table;
     `measure_prefill_rate` lets the estimated-TTFT scorer use each pool's measured prefill rate;
-    `sole_holder_discount` switches its sole-holder discount (`sole_holder_discounted`), which stops where the
-    holder's estimate passes `ttft_objective_s` (the service's TTFT objective; None: no bound).
+    `sole_holder_discount` switches its sole-holder discount (`sole_holder_discounted`; on by default), which
+    applies only where the alternative must evict cached blocks and stops where the holder's estimate passes
+    `ttft_objective_s` (the service's TTFT objective; None: no bound).
     """
     index = index if index is not None else PrefixIndex()
     scorers: list[tuple[Scorer, float]] = [

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import hashlib
 import heapq
+import math
 import random
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 
-from llmfleet.router.config import DEFAULT_SESSION_BYTES
+from llmfleet.api.inferenceservice import DEFAULT_SOLE_HOLDER_DISCOUNT
 from llmfleet.router.plugins.base import (
     STALE_LOAD_FACTOR,
     Filter,
@@ -19,6 +18,7 @@ from llmfleet.router.plugins.base import (
     Scorer,
     charge_prefill,
 )
+from llmfleet.router.plugins.session import SessionAffinityScorer
 from llmfleet.router.prefix_index import PrefixIndex
 
 
@@ -146,54 +146,6 @@ class PrefixCacheScorer(Scorer):
             self.index.insert(replica.id, req.block_hashes)
 
 
-# Memory of one remembered session (tracemalloc, CPython 3.11: an OrderedDict entry with its 64-bit int key, the
-# replica id shared), with sessions evicted as new ones come: 180-220 bytes in steady state, up to 250 while the
-# table resizes; rounded up.
-BYTES_PER_SESSION = 256
-
-
-def session_key(session_id: str) -> int:
-    """A session id as 8 bytes (BLAKE2b): what the table keeps, whatever the id's length. Deterministic across
-    processes (unlike hash()); a collision (2^-64 per pair) only shares a pin."""
-    digest = hashlib.blake2b(session_id.encode("utf-8", "surrogatepass"), digest_size=8).digest()
-    return int.from_bytes(digest, "little")
-
-
-class SessionAffinityScorer(Scorer):
-    """1 for the replica that served this session last, else 0. An LRU table bounded by bytes: session ids are
-    kept as 8-byte hashes, so `max_bytes` holds max_bytes // BYTES_PER_SESSION sessions of any id length."""
-
-    name = "session-affinity"
-
-    def __init__(self, max_bytes: int = DEFAULT_SESSION_BYTES) -> None:
-        self.max_bytes = max_bytes
-        self.max_sessions = max(1, max_bytes // BYTES_PER_SESSION)
-        self.sessions: OrderedDict[int, str] = OrderedDict()
-        self.last_pinned: str | None = None
-        self._last: tuple[str, int] | None = None  # (session id, key) of the request being routed
-
-    def _key(self, session_id: str) -> int:
-        last = self._last
-        if last is not None and last[0] is session_id:  # score() then on_routed() of the same request
-            return last[1]
-        key = session_key(session_id)
-        self._last = (session_id, key)
-        return key
-
-    def score(self, req: RequestInfo, replicas: Sequence[ReplicaState]) -> list[float]:
-        pinned = self.last_pinned = self.sessions.get(self._key(req.session_id)) if req.session_id else None
-        return [1.0 if r.id == pinned else 0.0 for r in replicas]
-
-    def on_routed(self, req: RequestInfo, replica: ReplicaState) -> None:
-        if not req.session_id:
-            return
-        key = self._key(req.session_id)
-        self.sessions[key] = replica.id
-        self.sessions.move_to_end(key)
-        while len(self.sessions) > self.max_sessions:
-            self.sessions.popitem(last=False)
-
-
 class AdapterLoadedScorer(Scorer):
     """LoRA adapter affinity: 1 on a replica that holds the request's adapter; elsewhere 0.5 x the fraction of
     its adapter slots still free (a load there evicts nothing), 0 on a full one. Base-model requests: 1 on all.
@@ -236,7 +188,8 @@ DEFAULT_WORK_EXTERNALITY = 0.5
 
 
 def sole_holder_discounted(costs: list[float], work: Sequence[float], floor: float,
-                           estimates: Sequence[float] | None = None, limit_s: float | None = None) -> list[float]:
+                           estimates: Sequence[float] | None = None, limit_s: float | None = None,
+                           has_room: Callable[[int], bool] | None = None) -> list[float]:
     """`costs` with the one candidate that alone holds the most of the prompt discounted by the work it saves.
 
     `work[i]`: the request's prefill work on candidate i (uncached tokens, attention-weighted, as `_work`). When
@@ -256,19 +209,31 @@ def sole_holder_discounted(costs: list[float], work: Sequence[float], floor: flo
 
     `limit_s` (the TTFT objective): no discount once the holder's own estimate (`estimates[i]`, plain TTFT)
     exceeds it. Affinity is worth waiting for only while the wait stays within what the service promises; past
-    it the holder is overloaded, and keeping its conversations there would also keep them off replicas an
-    autoscaler just added (they hold no history), so scaling out would relieve nothing.
+    it the holder is overloaded and the request would miss the objective for the sake of the cache
+    (docs/router.md: without the bound, more TTFT misses in the autoscaler's Mooncake simulation).
+
+    `has_room(i)`: whether candidate i takes the request's blocks without evicting any (`PrefixIndex.has_room`).
+    No discount when the candidate the request would otherwise go to (the cheapest other by `costs`) has room:
+    the copy made there takes free space and evicts nothing, so only the repeated work is left, which plain
+    estimated TTFT already weighs against waiting. The test compares counts of one unit (blocks believed held
+    plus blocks to add, against capacity), so it has no constant to fit and reads the same at any cache size,
+    fleet size or load; a replica an autoscaler just added is empty, so a burst's requests move to it.
     """
-    n = len(costs)
-    if n < 2:
+    if len(costs) < 2:
         return costs
-    i1 = min(range(n), key=work.__getitem__)
-    w1 = work[i1]
-    w2 = min(w for i, w in enumerate(work) if i != i1)
+    # (hot path: min/index/slices run in C; the first of equal values wins, as min over indices would)
+    w1 = min(work)
+    i1 = work.index(w1)
+    w2 = min(min(work[:i1], default=math.inf), min(work[i1 + 1:], default=math.inf))
     if w2 <= w1:
         return costs  # two or more candidates hold the most: plain estimated TTFT decides between them
     if limit_s is not None and estimates is not None and estimates[i1] > limit_s:
         return costs  # the holder is already past the TTFT objective: plain estimated TTFT decides
+    if has_room is not None:
+        head, tail = costs[:i1], costs[i1 + 1:]
+        c_head, c_tail = min(head, default=math.inf), min(tail, default=math.inf)
+        if has_room(head.index(c_head) if c_head <= c_tail else i1 + 1 + tail.index(c_tail)):
+            return costs  # the alternative evicts nothing to take it (a replica just added): plain estimated TTFT
     out = list(costs)
     out[i1] = costs[i1] * min(1.0, max(w1, floor) / w2)
     return out
@@ -284,8 +249,9 @@ class EstimatedTTFTScorer(Scorer):
                   with queued prefill: under load this request's new work also delays the requests routed
                   to r after it (see DEFAULT_WORK_EXTERNALITY; 0 = pure TTFT)
     cost(h)    *= w(h) / w(runner-up) for the one candidate h that alone holds the most of the prompt (the least
-                  uncached work w): its cached history is worth keeping (`sole_holder_discounted`; off with
-                  sole_holder_discount=False)
+                  uncached work w), unless the cheapest other candidate has room for the prompt's blocks: its
+                  cached history is worth keeping where a copy elsewhere would evict (`sole_holder_discounted`;
+                  off with sole_holder_discount=False)
     score(r)    = min cost / cost(r): 1 for the cheapest replica, in (0, 1] for all, deterministic.
 
     Unlike request counts, a 40k-token prompt weighs what its prefill costs (`work` grows with context:
@@ -310,7 +276,7 @@ class EstimatedTTFTScorer(Scorer):
     def __init__(self, index: PrefixIndex, default_tokens_per_s: float = DEFAULT_PREFILL_TOKENS_PER_S,
                  attention_tokens: float | None = DEFAULT_ATTENTION_TOKENS,
                  work_externality: float = DEFAULT_WORK_EXTERNALITY, measure_rate: bool = False,
-                 sole_holder_discount: bool = False) -> None:
+                 sole_holder_discount: bool = DEFAULT_SOLE_HOLDER_DISCOUNT) -> None:
         if attention_tokens is not None and attention_tokens <= 0:
             raise ValueError("attention_tokens must be > 0 (or None for a linear cost)")
         if work_externality < 0:
@@ -386,8 +352,14 @@ class EstimatedTTFTScorer(Scorer):
         extra = self.work_externality * busy_n / len(replicas) if busy_n else 0.0
         costs = [e + extra * t for e, t in zip(out, own, strict=True)] if extra else out
         if self.sole_holder_discount and m:
+            index, keys = self.index, req.block_hashes
+
+            def has_room(i: int) -> bool:  # the blocks of this prompt candidate i lacks fit in its free space
+                rid = replicas[i].id
+                return index.has_room(rid, len(keys) - m.get(rid, 0))
+
             costs = sole_holder_discounted(costs, uncached, self._work(n_tokens, max(0, n_tokens - bs)),
-                                           out, self.ttft_objective_s)
+                                           out, self.ttft_objective_s, has_room)
         self._costs = costs
         # remembered for on_routed: by then another plugin may already have taught the index this prompt
         self._last = (req, replicas, uncached)
