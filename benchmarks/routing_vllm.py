@@ -11,7 +11,7 @@ caches but not one replica's. Every router runs in front of the same replicas:
   * llmfleet: `python -m llmfleet.router` with the config `llmfleet up` writes for this service (default scorers,
     KV-event subscriptions to every replica, a request log): llmfleet's default configuration; the default
     variants llmfleet-measured (measured prefill rate), llmfleet-guard (load-balance scorer) and
-    llmfleet-no-sole-holder (the sole-holder discount off) beside it;
+    llmfleet-sole-holder (the sole-holder discount) beside it;
   * sglang-router `--policy cache_aware` and vllm-router `--policy cache_aware` (PyPI, from --compare-python's
     venv: `python -m venv /tmp/rbv && /tmp/rbv/bin/pip install sglang-router vllm-router`);
   * round-robin: sglang-router `--policy round_robin`.
@@ -80,8 +80,8 @@ DEFAULT_VARIANTS: dict[str, dict[str, Any]] = {
     "llmfleet-measured": {"measure_prefill_rate": True},
     # the load-balance guard beside the default scorers (docs/router.md, `load-balance`)
     "llmfleet-guard": {**DEFAULT_SCORERS, "load-balance": 0.5},
-    # without the estimated-ttft scorer's sole-holder discount (docs/router.md; on by default)
-    "llmfleet-no-sole-holder": {"sole_holder_discount": False},
+    # the estimated-ttft scorer's sole-holder discount (docs/router.md), off by default
+    "llmfleet-sole-holder": {"sole_holder_discount": True},
 }
 MAX_NUM_SEQS = 16
 

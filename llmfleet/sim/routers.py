@@ -17,8 +17,8 @@ Baselines (re-implemented from the projects' documented algorithms):
   list, as observed in front of stub workers (identical prompts in a row went to three replicas),
   llm-d (llm-d inference scheduler: weighted queue 2 + kv-cache-utilization 2 + prefix-cache 3, max score).
 llmfleet: `llmfleet.router.plugins.build_pipeline` with the RouterSpec's default scorer weights and
-`llmfleet.router.fallback.FallbackPolicy` when the fleet has student pools; llmfleet-no-sole-holder: the same with
-the estimated-ttft scorer's sole-holder discount off (`spec.router.soleHolderDiscount: false`).
+`llmfleet.router.fallback.FallbackPolicy` when the fleet has student pools; llmfleet-sole-holder: the same with
+the estimated-ttft scorer's sole-holder discount on (`spec.router.soleHolderDiscount: true`).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from llmfleet.sim.types import Fleet, SimRouter
 from llmfleet.sim.workload import Request
 
 ROUTERS = ("round-robin", "least-request", "power-of-two", "sglang", "vllm-router-norender", "llm-d", "llmfleet",
-           "llmfleet-no-sole-holder")
+           "llmfleet-sole-holder")
 
 
 def _load(r: SimReplica) -> int:
@@ -384,8 +384,8 @@ def make_router(name: str, seed: int = 0) -> SimRouter:
         return LlmdWeighted(seed=seed)
     if name == "llmfleet":
         return LlmfleetRouter(seed=seed)
-    if name == "llmfleet-no-sole-holder":  # the default pipeline with spec.router.soleHolderDiscount off
-        router = LlmfleetRouter(seed=seed, sole_holder_discount=False)
+    if name == "llmfleet-sole-holder":  # the default pipeline with spec.router.soleHolderDiscount on
+        router = LlmfleetRouter(seed=seed, sole_holder_discount=True)
         router.name = name
         return router
     raise ValueError(f"unknown router {name!r}; known: {', '.join(ROUTERS)}")

@@ -57,12 +57,12 @@ def test_static_endpoints_and_roundtrip(tmp_path) -> None:
     f.write_text(cfg.to_yaml())
     assert load_router_config(f) == cfg
     assert "servedNames" in cfg.to_yaml()
-    assert cfg.sole_holder_discount and not cfg.measure_prefill_rate  # the spec's defaults
-    spec_set = router_config_from_service(
-        _isvc(router={"soleHolderDiscount": False, "measurePrefillRate": True}), {"primary": ["http://127.0.0.1:9"]})
-    assert not spec_set.sole_holder_discount and spec_set.measure_prefill_rate  # spec.router reaches the router
-    off = RouterConfig.model_validate({**cfg.model_dump(by_alias=True), "soleHolderDiscount": False})
-    assert not off.sole_holder_discount and "soleHolderDiscount: false" in off.to_yaml()
+    assert not cfg.sole_holder_discount and not cfg.measure_prefill_rate  # the spec's defaults
+    spec_on = router_config_from_service(
+        _isvc(router={"soleHolderDiscount": True, "measurePrefillRate": True}), {"primary": ["http://127.0.0.1:9"]})
+    assert spec_on.sole_holder_discount and spec_on.measure_prefill_rate  # spec.router reaches the router
+    on = RouterConfig.model_validate({**cfg.model_dump(by_alias=True), "soleHolderDiscount": True})
+    assert on.sole_holder_discount and "soleHolderDiscount: true" in on.to_yaml()
 
 
 @pytest.mark.parametrize(

@@ -205,12 +205,12 @@ def test_vllm_router_without_render_has_no_prefix_affinity() -> None:
     assert len(set(_replicas(VllmRouterNoRender(), idle))) == 1  # ties: the first worker of its list
 
 
-def test_the_no_sole_holder_variant_is_its_own_router() -> None:
-    """`llmfleet-no-sole-holder` (routing_eval, `sim run --router`) is the default pipeline with the discount off,
+def test_the_sole_holder_variant_is_its_own_router() -> None:
+    """`llmfleet-sole-holder` (routing_eval, `sim run --router`) is the default pipeline with the discount on,
     reported under its own name so benchmarks do not mistake it for the default or for a baseline."""
     from llmfleet.sim.routers import ROUTERS, make_router
 
-    variant, default = make_router("llmfleet-no-sole-holder"), make_router("llmfleet")
-    assert "llmfleet-no-sole-holder" in ROUTERS
-    assert (variant.name, variant.sole_holder_discount) == ("llmfleet-no-sole-holder", False)  # type: ignore[attr-defined]
-    assert (default.name, default.sole_holder_discount) == ("llmfleet", True)  # type: ignore[attr-defined]
+    variant, default = make_router("llmfleet-sole-holder"), make_router("llmfleet")
+    assert "llmfleet-sole-holder" in ROUTERS
+    assert (variant.name, variant.sole_holder_discount) == ("llmfleet-sole-holder", True)  # type: ignore[attr-defined]
+    assert (default.name, default.sole_holder_discount) == ("llmfleet", False)  # type: ignore[attr-defined]

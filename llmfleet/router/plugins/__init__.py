@@ -53,7 +53,7 @@ def build_pipeline(weights: Mapping[str, float], index: PrefixIndex | None = Non
     Fleets with more than `max_candidates` replicas are first narrowed by `PrefixSampledPreselector`
     (None: always score every replica). `session_bytes` bounds the session-affinity scorer's table;
     `measure_prefill_rate` lets the estimated-TTFT scorer use each pool's measured prefill rate;
-    `sole_holder_discount` switches its sole-holder discount (`sole_holder_discounted`; on by default), which
+    `sole_holder_discount` switches its sole-holder discount (`sole_holder_discounted`; off by default), which
     applies only where the alternative must evict cached blocks and stops where the holder's estimate passes
     `ttft_objective_s` (the service's TTFT objective; None: no bound).
     """
