@@ -207,26 +207,35 @@ def _parse_ts(s: str) -> float:
     return datetime.fromisoformat(s).timestamp()
 
 
+AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+
+
+def _csv_rows(p: Path, expected: str, columns: tuple[str, ...]) -> Iterator[tuple[str, dict[str, str | None]]]:
+    """(file:line, row) for each data row of a CSV trace that has `columns`; a WorkloadError naming the file for
+    one that cannot be read, lacks a column or is not CSV."""
+    try:
+        with _reading(p, expected), p.open(newline="", encoding="utf-8") as f:
+            rd = csv.DictReader(f)
+            missing = set(columns) - set(rd.fieldnames or [])
+            if missing:
+                raise WorkloadError(f"{p}: missing columns {', '.join(sorted(missing))}")
+            for n, row in enumerate(rd, 2):
+                yield f"{p}:{n}", row
+    except csv.Error as e:
+        raise WorkloadError(f"{p}: not a CSV file ({e})") from None
+
+
 def load_azure(path: str | Path, block_size: int = 16) -> Workload:
     """Azure LLM inference trace CSV: TIMESTAMP, ContextTokens, GeneratedTokens (no content: no sharing)."""
     p = Path(path)
     reqs: list[Request] = []
-    try:
-        with _reading(p, "Azure CSV"), p.open(newline="", encoding="utf-8") as f:
-            rd = csv.DictReader(f)
-            missing = {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} - set(rd.fieldnames or [])
-            if missing:
-                raise WorkloadError(f"{p}: missing columns {', '.join(sorted(missing))}")
-            for n, row in enumerate(rd, 2):
-                where = f"{p}:{n}"
-                with _record(where, "bad row"):
-                    ts = row["TIMESTAMP"]
-                    if not isinstance(ts, str):
-                        raise WorkloadError(f"{where}: no TIMESTAMP")
-                    inp, out = _lengths(where, row["ContextTokens"], row["GeneratedTokens"])
-                    reqs.append(Request(0, _parse_ts(ts), inp, out))
-    except csv.Error as e:
-        raise WorkloadError(f"{p}: not a CSV file ({e})") from None
+    for where, row in _csv_rows(p, "Azure CSV", AZURE_COLUMNS):
+        with _record(where, "bad row"):
+            ts = row["TIMESTAMP"]
+            if not isinstance(ts, str):
+                raise WorkloadError(f"{where}: no TIMESTAMP")
+            inp, out = _lengths(where, row["ContextTokens"], row["GeneratedTokens"])
+            reqs.append(Request(0, _parse_ts(ts), inp, out))
     if not reqs:
         raise WorkloadError(f"{p}: no requests")
     return Workload(p.stem, _in_arrival_order(reqs, from_zero=True), block_size)
@@ -245,24 +254,17 @@ def load_burstgpt(path: str | Path, block_size: int = 16) -> Workload:
     p = Path(path)
     reqs: list[Request] = []
     failed = 0
-    try:
-        with _reading(p, "BurstGPT CSV"), p.open(newline="", encoding="utf-8") as f:
-            rd = csv.DictReader(f)
-            missing = set(BURSTGPT_COLUMNS) - set(rd.fieldnames or [])
-            if missing:
-                raise WorkloadError(f"{p}: missing columns {', '.join(sorted(missing))}")
-            for n, row in enumerate(rd, 2):
-                where = f"{p}:{n}"
-                with _record(where, "bad row"):
-                    out = row["Response tokens"]
-                    if isinstance(out, str) and out.strip() in ("0", "0.0"):
-                        failed += 1
-                        continue
-                    inp, outn = _lengths(where, row["Request tokens"], out)
-                    ts = _arrival(where, float(row["Timestamp"]))
-                    reqs.append(Request(0, ts, inp, outn))
-    except csv.Error as e:
-        raise WorkloadError(f"{p}: not a CSV file ({e})") from None
+    for where, row in _csv_rows(p, "BurstGPT CSV", BURSTGPT_COLUMNS):
+        with _record(where, "bad row"):
+            out = row["Response tokens"]
+            if isinstance(out, str) and out.strip() in ("0", "0.0"):
+                failed += 1
+                continue
+            inp, outn = _lengths(where, row["Request tokens"], out)
+            ts = row["Timestamp"]
+            if ts is None:
+                raise WorkloadError(f"{where}: no Timestamp")
+            reqs.append(Request(0, _arrival(where, float(ts)), inp, outn))
     if not reqs:
         raise WorkloadError(f"{p}: no requests" + (f" ({failed} failed ones skipped)" if failed else ""))
     return Workload(p.stem, _in_arrival_order(reqs, from_zero=True), block_size, failed_skipped=failed)
