@@ -2,7 +2,7 @@
 
     python benchmarks/autoscale_eval.py [--trace PATH ...] [--no-trace] [--spike 10] [--quick] [--time-scale K ...]
 
-Workloads: every trace in ../shared/data/traces/ (Mooncake JSONL, Azure CSV; or --trace) and a synthetic
+Workloads: every trace in ../shared/data/traces/ (Mooncake JSONL, Azure or BurstGPT CSV; or --trace) and a synthetic
 multi-tenant workload with a 10x spike. Policies run through the production code: the InferenceService
 (autoscale_setup.py) -> llmfleet.sim.production.simulate_service (PolicyConfig.from_service -> policy.decide every
 15 s of simulated time, the production router with its fallback to the student pool).
@@ -59,7 +59,7 @@ from llmfleet.sim.oracle import Order, hindsight_schedule
 from llmfleet.sim.production import pool_specs
 from llmfleet.sim.routers import LlmfleetRouter
 from llmfleet.sim.types import SimResult
-from llmfleet.sim.workload import Workload
+from llmfleet.sim.workload import Workload, WorkloadError, rate_scale
 
 
 def static_at_peak(w: Workload, slo_s: float) -> tuple[int, SimResult]:
@@ -376,7 +376,7 @@ def select(args: argparse.Namespace, recorded: dict[str, Any] | None) -> dict[st
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trace", type=Path, action="append",
-                    help="trace file (Mooncake JSONL or Azure CSV; repeatable); default: every trace in "
+                    help="trace file (Mooncake JSONL, Azure or BurstGPT CSV; repeatable); default: every trace in "
                          "../shared/data/traces/")
     ap.add_argument("--quick", action="store_true", help="shorter synthetic workload")
     ap.add_argument("--spike", type=float, default=10.0, help="rate factor of the synthetic spike (validation)")
@@ -417,8 +417,11 @@ def main() -> None:
                     help="skip the SLO rule's 64-replica reference run and the static-at-peak search (and the "
                          "planner-peak static fleet): use this SLO and static-at-peak size from an earlier run")
     args = ap.parse_args()
-    if bad := [k for k in args.time_scale or () if not np.isfinite(k) or k <= 0]:
-        ap.error(f"--time-scale must be a finite number > 0, got {bad[0]:g}")
+    try:
+        for k in args.time_scale or ():
+            rate_scale(k, "--time-scale")
+    except WorkloadError as e:
+        ap.error(str(e))
     if args.render:
         print(render(json.loads(args.out.read_text())))
         return

@@ -4,7 +4,6 @@ routers and (optionally) the production autoscaler; the cheapest schedule a clai
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
 
@@ -33,10 +32,9 @@ def _fail(e: BaseException) -> typer.Exit:
 
 def _workload(trace: Path | None, fmt: str, duration: float, rate: float, tenants: int, seed: int,
               max_requests: int | None, time_scale: float) -> Workload:
-    from llmfleet.sim.workload import SyntheticSpec, load_trace, synthetic
+    from llmfleet.sim.workload import SyntheticSpec, load_trace, rate_scale, synthetic
 
-    if not math.isfinite(time_scale) or time_scale <= 0:  # before loading a trace: a bad flag fails at once
-        raise ValueError(f"--time-scale must be a finite number > 0, got {time_scale:g}")
+    rate_scale(time_scale, "--time-scale")  # before loading a trace: a bad flag fails at once
     if trace is None:
         if duration <= 0 or rate <= 0 or tenants < 1:
             raise ValueError("--duration and --rate must be > 0 and --tenants >= 1")

@@ -27,6 +27,7 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
+from llmfleet.api.inferenceservice import DEFAULT_SOLE_HOLDER_DISCOUNT
 from llmfleet.sim.replica import SimReplica
 from llmfleet.sim.types import Fleet, SimRouter
 from llmfleet.sim.workload import Request
@@ -240,7 +241,7 @@ class LlmfleetRouter(SimRouter):
     def __init__(self, weights: Mapping[str, float] | None = None, seed: int = 0,
                  fallback: Any = None, slo: Any = None, max_candidates: int | None = None,
                  prefill_tokens_per_s: float | None = None, measure_prefill_rate: bool = False,
-                 sole_holder_discount: bool | None = None, ttft_objective_s: float | None = None) -> None:
+                 sole_holder_discount: bool = DEFAULT_SOLE_HOLDER_DISCOUNT, ttft_objective_s: float | None = None) -> None:
         from llmfleet.api.inferenceservice import RouterSpec
         from llmfleet.router.plugins import DEFAULT_MAX_CANDIDATES
 
@@ -251,9 +252,7 @@ class LlmfleetRouter(SimRouter):
         self.max_candidates = max_candidates if max_candidates is not None else DEFAULT_MAX_CANDIDATES
         self.prefill_rate = prefill_tokens_per_s
         self.measure_prefill_rate = measure_prefill_rate  # RouterConfig.measure_prefill_rate
-        # RouterConfig.sole_holder_discount (None: the service's default)
-        self.sole_holder_discount = (RouterSpec().sole_holder_discount if sole_holder_discount is None
-                                     else sole_holder_discount)
+        self.sole_holder_discount = sole_holder_discount  # RouterConfig.sole_holder_discount
         self.ttft_objective_s = ttft_objective_s  # None: the simulation's TTFT SLO, as the router gets spec.slo's
 
     def attach(self, fleet: Fleet) -> None:

@@ -88,8 +88,7 @@ class Workload:
         """Replay at k x the rate: arrival times (and closed-loop think times) divided by k, lengths and prompt
         contents kept, so k = 2 is the same traffic twice as dense and k = 0.5 half as dense. Pure: a new
         workload named `<name>x<k>`; a held-out variant of a trace for policies developed on it."""
-        if isinstance(k, bool) or not isinstance(k, int | float) or not math.isfinite(k) or k <= 0:
-            raise WorkloadError(f"{self.name}: rate scale must be a finite number > 0, got {k!r}")
+        k = rate_scale(k, f"{self.name}: rate scale")
         reqs = [Request(r.rid, r.arrival / k, r.prompt_len, r.output_len, r.keys, r.tenant, r.session, r.cls,
                         r.adapter, r.after, r.think / k) for r in self.requests]
         return Workload(f"{self.name}x{k:g}", reqs, self.block_size, self.failed_skipped)
@@ -108,6 +107,13 @@ class Workload:
     def fresh(self) -> Workload:
         """A copy with simulation state cleared (workloads are reused across runs)."""
         return self.head()
+
+
+def rate_scale(k: object, what: str = "rate scale") -> float:
+    """`k` as a factor for `Workload.scaled` (a finite number > 0), else a WorkloadError naming `what`."""
+    if isinstance(k, bool) or not isinstance(k, int | float) or not math.isfinite(k) or k <= 0:
+        raise WorkloadError(f"{what} must be a finite number > 0, got {k!r}")
+    return float(k)
 
 
 def chain(ids: list[int] | tuple[int, ...]) -> tuple[int, ...]:
