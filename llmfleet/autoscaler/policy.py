@@ -161,11 +161,11 @@ def _slo_primary(
     # Requests already queued on a replica stay there (engines do not hand them over): new replicas only
     # help by taking the new arrivals, so the backlog is planned to clear over several cold starts.
     backlog = max(sig.queue_depth or 0.0, 0.0) / max(4 * cold, 4 * cfg.interval_s)
+    seed = _seed(pool, sig)
     if sig.mean_input_tokens is not None and sig.mean_output_tokens is not None:
-        st.service.update(sig.now, service_seconds(_seed(pool, sig), 1.0, sig.mean_input_tokens, sig.mean_output_tokens,
+        st.service.update(sig.now, service_seconds(seed, 1.0, sig.mean_input_tokens, sig.mean_output_tokens,
                                                    sig.prefix_hit_rate or 0.0))
     mu = _mu_planned(pool, st, sig)
-    seed = _seed(pool, sig)
     prefill = prefill_seconds(seed, st.efficiency, sig.mean_input_tokens or 512.0, sig.prefix_hit_rate or 0.0)
     slo_s = cfg.ttft_slo_ms / 1000.0
     budget = max(cfg.ttft_target_fraction * slo_s - prefill, 0.05 * slo_s)
