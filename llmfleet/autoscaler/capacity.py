@@ -166,10 +166,17 @@ class Holt:
     trend: float = 0.0
     last_t: float | None = None
 
-    def update(self, t: float, value: float, alpha: float = 0.4, beta: float = 0.1) -> None:
+    def update(self, t: float, value: float, alpha: float = 0.4, beta: float = 0.1, weight: float = 1.0) -> None:
+        """Fold in `value` measured at `t`. `weight`: how many regular samples' worth of time it was measured over
+        (a decision brought forward measures over a fraction of an interval); `alpha` and `beta` are per regular
+        sample and are compounded to the weight, so a sample over a third of an interval moves the level about a
+        third as far, and the trend, a difference over a short time, is not read from noise."""
         if self.level is None or self.last_t is None:
             self.level, self.trend, self.last_t = value, 0.0, t
             return
+        if weight != 1.0:
+            w = min(max(weight, 0.0), 1.0)
+            alpha, beta = 1.0 - (1.0 - alpha) ** w, 1.0 - (1.0 - beta) ** w
         dt = max(t - self.last_t, 1e-6)
         predicted = self.level + self.trend * dt
         level = alpha * value + (1 - alpha) * predicted

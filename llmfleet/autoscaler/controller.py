@@ -22,6 +22,40 @@ from llmfleet.autoscaler.signals import PoolRef
 log = logging.getLogger("llmfleet.autoscaler")
 
 
+@dataclass(frozen=True)
+class Burst:
+    """The router's burst wake-up (llmfleet.router.burst): the arrival rate it measured over its window."""
+
+    rate: float
+    window_s: float
+
+
+@dataclass(frozen=True)
+class Wake:
+    """Why the router woke the autoscaler: requests held per pool at zero replicas, and/or an arrival burst."""
+
+    held: dict[str, int] = field(default_factory=dict)
+    burst: Burst | None = None
+
+
+def wakes_on_burst(isvc: InferenceService) -> bool:
+    """Whether an arrival burst brings the next decision forward: for `slo` only. `queue` is the KEDA/HPA-style
+    baseline and decides on its interval, as those do."""
+    return isvc.spec.autoscaling.policy == "slo"
+
+
+def with_burst(signals: Sequence[PoolSignals], burst: Burst | None) -> list[PoolSignals]:
+    """The primary's signals at a decision a burst brought forward. Rates measured since the last decision (scrapes:
+    `window_s` set) already hold the burst's seconds and are kept. Rates over a fixed window (Prometheus' one
+    minute: `window_s` None) dilute a burst seconds old below the policy's burst test: there the router's arrival
+    rate over its detection window replaces the primary's where it is higher, with that window as `window_s`."""
+    if burst is None:
+        return list(signals)
+    return [replace(s, arrival_rate=burst.rate, window_s=burst.window_s)
+            if s.role == "primary" and s.window_s is None and s.arrival_rate is not None and burst.rate > s.arrival_rate
+            else s for s in signals]
+
+
 class SignalSource(Protocol):
     async def collect(self, pools: Sequence[PoolRef], now: float | None = None) -> list[PoolSignals]: ...
 
@@ -49,6 +83,7 @@ async def autoscale_step(
     drain_timeout_s: float | None = None,
     replicas_from_spec: bool = True,
     held: Mapping[str, int] | None = None,
+    burst: Burst | None = None,
 ) -> StepResult:
     """Run the policy once for `isvc` and apply its decision through `actuator`.
 
@@ -67,6 +102,7 @@ async def autoscale_step(
     if held:  # the router's wake-up call carries the count before any scrape or Prometheus sees it
         sigs = [replace(s, held_requests=max(s.held_requests or 0, held[s.pool])) if held.get(s.pool) else s
                 for s in sigs]
+    sigs = with_burst(sigs, burst)
     decision = decide(cfg, sigs, state)
     result = StepResult(decision=decision, signals=sigs)
     ups = {n: d.desired for n, d in decision.pools.items() if d.desired > d.current}

@@ -37,11 +37,12 @@ from llmfleet.api.inferenceservice import InferenceService
 from llmfleet.api.loader import ManifestError, parse_resource
 from llmfleet.autoscaler.actuation import Actuator
 from llmfleet.autoscaler.arbitration import serving_need
-from llmfleet.autoscaler.controller import autoscale_step
+from llmfleet.autoscaler.controller import Burst, autoscale_step, wakes_on_burst
 from llmfleet.autoscaler.kube import KubernetesActuator, apply_arbitration, pending_gpus
 from llmfleet.autoscaler.policy import PolicyState, PoolSignals
 from llmfleet.autoscaler.signals import PoolRef, PrometheusSignals, ScrapeSignals, live_metrics, parse_metrics
 from llmfleet.kube.client import ApiError, KubeClient, NoClusterConfig
+from llmfleet.router.burst import WINDOW_S as BURST_WINDOW_S
 
 TICK = float(os.environ.get("LLMFLEET_AUTOSCALER_TICK") or 5.0)
 log = logging.getLogger("llmfleet.autoscaler")
@@ -53,6 +54,7 @@ class _Memory:
     last_run: float = 0.0
     scrape: ScrapeSignals | None = None
     held: dict[str, int] = field(default_factory=dict)  # the router's wake-up: pool -> requests held
+    burst: Burst | None = None  # the router's burst wake-up (slo policy): decide at the next tick
     bad_priority: str | None = None  # the malformed priority annotation already reported (one Event per value)
 
 
@@ -142,10 +144,13 @@ async def autoscale_inferenceservice(body: kopf.Body, memo: kopf.Memo, patch: ko
     mem = _service_memory(_memo(memo), isvc)
     m = _memo(memo)
     now = time.monotonic()
-    if now - mem.last_run < isvc.spec.autoscaling.interval_seconds and not mem.held:
+    since = now - mem.last_run
+    # a burst: once the router's detection window has passed since the last decision (its counts then hold it)
+    if since < isvc.spec.autoscaling.interval_seconds and not mem.held and not (mem.burst and since >= BURST_WINDOW_S):
         return
     mem.last_run = now
     held, mem.held = mem.held, {}
+    burst, mem.burst = mem.burst, None
     ns = isvc.metadata.namespace or "default"
     actuator = KubernetesActuator(isvc.metadata.name, ns, _client(m))
     router_url = _router_url(isvc)
@@ -157,7 +162,8 @@ async def autoscale_inferenceservice(body: kopf.Body, memo: kopf.Memo, patch: ko
         source = _ScrapeSource(mem.scrape, actuator)
     lost = await _lost_blocks(router_url, [p.name for p in isvc.pools()])
     try:
-        result = await autoscale_step(isvc, actuator, source, mem.state, now, lost_blocks=lost, held=held)
+        result = await autoscale_step(isvc, actuator, source, mem.state, now, lost_blocks=lost, held=held,
+                                      burst=burst)
     except ApiError as err:
         raise kopf.TemporaryError(f"autoscaler: Kubernetes API call failed: {err}", delay=30) from err
     mem.state = result.decision.state
@@ -183,8 +189,8 @@ def _service_memory(m: _Memo, isvc: InferenceService) -> _Memory:
 
 @kopf.daemon(GROUP, VERSION, "inferenceservices", cancellation_timeout=5.0)
 async def wake_from_zero(body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped, **_: Any) -> None:
-    """Long-poll the service's router for requests held at a pool with zero replicas; the timer then decides
-    at its next tick (seconds) instead of at the next autoscaling interval."""
+    """Long-poll the service's router for requests held at a pool with zero replicas and (policy `slo`) for arrival
+    bursts; the timer then decides at its next tick (seconds) instead of at the next autoscaling interval."""
     import asyncio
 
     from llmfleet.autoscaler.local import Wakeup
@@ -199,10 +205,15 @@ async def wake_from_zero(body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonS
     wakeup = Wakeup(_router_url(isvc))
     never = asyncio.Event()  # kopf cancels this task when the daemon stops
     while not stopped:
-        held = await wakeup.wait(never, 30.0)
-        if held:
-            log.info("%s/%s: router holds requests for %s; deciding at the next tick", ns, isvc.metadata.name, held)
-            _service_memory(_memo(memo), isvc).held = held
+        wake = await wakeup.wait(never, 30.0)
+        mem = _service_memory(_memo(memo), isvc)
+        if wake.held:
+            log.info("%s/%s: router holds requests for %s; deciding at the next tick", ns, isvc.metadata.name, wake.held)
+            mem.held = wake.held
+        if wake.burst is not None and wakes_on_burst(isvc):
+            log.info("%s/%s: arrival burst at the router (%.1f req/s); deciding at the next tick", ns,
+                     isvc.metadata.name, wake.burst.rate)
+            mem.burst = wake.burst
 
 
 def _burning(isvc: InferenceService, signals: Sequence[PoolSignals]) -> bool:

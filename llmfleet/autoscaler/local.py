@@ -4,7 +4,9 @@
 `spec.autoscaling.intervalSeconds` it scrapes the router and the replicas (or queries Prometheus when
 `prometheus_url` is given) and runs one `controller.autoscale_step` through `actuator`. Between steps it
 long-polls the router's `/admin/held` (llmfleet.router.held): when the router starts holding requests for a
-pool at zero replicas, the next step runs at once and starts a replica (scale from zero).
+pool at zero replicas, the next step runs at once and starts a replica (scale from zero); when the router sees an
+arrival burst (llmfleet.router.burst) and the policy is `slo`, the next step runs as soon as WINDOW_S seconds have
+passed since the last one, with the router's burst rate (controller.with_burst).
 """
 
 from __future__ import annotations
@@ -16,34 +18,36 @@ from collections.abc import Callable, Sequence
 
 from llmfleet.api.inferenceservice import InferenceService
 from llmfleet.autoscaler.actuation import Actuator
-from llmfleet.autoscaler.controller import StepResult, autoscale_step
+from llmfleet.autoscaler.controller import Burst, StepResult, Wake, autoscale_step, wakes_on_burst
 from llmfleet.autoscaler.policy import PolicyState, PoolSignals
 from llmfleet.autoscaler.scalein import lost_blocks_of_pools
 from llmfleet.autoscaler.signals import PoolRef, PrometheusSignals, ScrapeSignals
+from llmfleet.router.burst import WINDOW_S as BURST_WINDOW_S
 
 log = logging.getLogger("llmfleet.autoscaler")
 
 
 class Wakeup:
-    """The router's scale-from-zero long poll; without a router (or when it fails) a plain sleep."""
+    """The router's wake-up long poll (held requests, arrival bursts); without a router (or when it fails) a plain
+    sleep."""
 
     def __init__(self, router_url: str | None) -> None:
         self.router_url = router_url
         self.episode = -1
 
-    async def wait(self, stop: asyncio.Event, timeout_s: float) -> dict[str, int]:
-        """Until `stop`, a new held-requests episode at the router ({pool: held}), or `timeout_s` ({})."""
+    async def wait(self, stop: asyncio.Event, timeout_s: float) -> Wake:
+        """Until `stop`, a new episode at the router (requests held, or a burst), or `timeout_s` (an empty Wake)."""
         stopping = asyncio.ensure_future(stop.wait())
         polling = asyncio.ensure_future(self._poll(timeout_s))
         try:
             done, _ = await asyncio.wait({stopping, polling}, timeout=timeout_s + 5,
                                          return_when=asyncio.FIRST_COMPLETED)
-            return polling.result() if polling in done else {}
+            return polling.result() if polling in done else Wake()
         finally:
             for t in (stopping, polling):
                 t.cancel()
 
-    async def _poll(self, timeout_s: float) -> dict[str, int]:
+    async def _poll(self, timeout_s: float) -> Wake:
         import httpx
 
         deadline = time.monotonic() + timeout_s
@@ -57,12 +61,14 @@ class Wakeup:
                 log.debug("router wake-up poll failed: %s", err)
                 await asyncio.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
                 continue
-            self.episode = int(body.get("episode", self.episode))
-            if body.get("held"):
-                return {str(k): int(v) for k, v in body["held"].items()}
-            # {} before the deadline: the first poll (it learns the current episode) or a poll cut short
+            first, self.episode = self.episode < 0, int(body.get("episode", self.episode))
+            raw = body.get("burst")
+            burst = Burst(float(raw["rate"]), float(raw["windowS"])) if isinstance(raw, dict) and not first else None
+            if body.get("held") or burst is not None:
+                return Wake({str(k): int(v) for k, v in (body.get("held") or {}).items()}, burst)
+            # nothing before the deadline: the first poll (it learns the current episode) or a poll cut short
         await asyncio.sleep(max(0.0, deadline - time.monotonic()))  # no router to ask
-        return {}
+        return Wake()
 
 
 class ScrapeSource:
@@ -111,11 +117,12 @@ async def run_local(
     state = PolicyState()
     interval = isvc.spec.autoscaling.interval_seconds
     wakeup = Wakeup(router_url)
-    held: dict[str, int] = {}
+    wake = Wake()
     while not stop.is_set():
         lost = source.lost_blocks([p.name for p in isvc.pools()]) if isinstance(source, ScrapeSource) else None
-        result = await autoscale_step(isvc, actuator, source, state, time.monotonic(), replicas_from_spec=False,
-                                      lost_blocks=lost or None, held=held)
+        last = time.monotonic()
+        result = await autoscale_step(isvc, actuator, source, state, last, replicas_from_spec=False,
+                                      lost_blocks=lost or None, held=wake.held, burst=wake.burst)
         state = result.decision.state
         for name, d in result.decision.pools.items():
             if d.action != "hold":
@@ -124,7 +131,17 @@ async def run_local(
             on_step(result)
         if once:
             break
-        held = await wakeup.wait(stop, interval)
-        if held:
-            log.info("router holds requests for %s: stepping now", held)
+        deadline, wake = time.monotonic() + interval, Wake()
+        while not stop.is_set() and (left := deadline - time.monotonic()) > 0:
+            wake = await wakeup.wait(stop, left)
+            if wake.burst is not None and not wakes_on_burst(isvc):
+                wake = Wake(wake.held)  # the queue policy decides on its interval only
+            if wake.held or wake.burst is not None:
+                break
+        if wake.held:
+            log.info("router holds requests for %s: stepping now", wake.held)
+        elif wake.burst is not None:
+            log.info("router saw an arrival burst (%.1f req/s): stepping now", wake.burst.rate)
+            # at least the router's detection window after the last step: its counts then hold the burst
+            await asyncio.sleep(max(0.0, last + BURST_WINDOW_S - time.monotonic()))
     return state

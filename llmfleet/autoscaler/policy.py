@@ -45,6 +45,7 @@ from llmfleet.autoscaler.types import (
     Role,
     ScalingDecision,
 )
+from llmfleet.router.burst import BURST_RATIO
 
 __all__ = ["Action", "ScalingDecision", "PolicyConfig", "PolicyName", "PolicyState", "PoolBounds", "PoolDecision",
            "PoolSignals", "PoolState", "Role", "decide"]
@@ -102,6 +103,11 @@ def _mu_planned(pool: PoolBounds, st: PoolState, sig: PoolSignals) -> float:
     return max(st.efficiency, 1e-3) / cost
 
 
+def _window(cfg: PolicyConfig, sig: PoolSignals) -> float:
+    """Seconds the interval's rates were measured over."""
+    return sig.window_s if sig.window_s is not None and sig.window_s > 0 else cfg.interval_s
+
+
 def _saturated(st: PoolState, sig: PoolSignals) -> bool:
     """Every replica ready for the whole interval had requests waiting all along, and none joined or left: the work
     they did is their capacity. A queue seen at one tick is not enough (one request arriving mid-step meets it)."""
@@ -116,7 +122,7 @@ def _learn(cfg: PolicyConfig, pool: PoolBounds, st: PoolState, sig: PoolSignals)
     st.prev_ready = sig.ready_replicas
     work = work_per_replica(sig.prefill_tokens_per_s, sig.decode_tokens_per_s, sig.ready_replicas, _seed(pool, sig))
     st.efficiency = learn_efficiency(st.efficiency, work, saturated=saturated, headroom=headroom,
-                                     interval_s=cfg.interval_s)
+                                     interval_s=_window(cfg, sig))
 
 
 def _slo_primary(
@@ -131,23 +137,25 @@ def _slo_primary(
     rate = float(sig.arrival_rate or 0.0)
     _learn(cfg, pool, st, sig)
     cold = cold_start_seconds(cfg, pool, st)
-    st.arrival.update(sig.now, rate)
+    # a decision brought forward (the router's wake-up) measured over part of an interval: it weighs that much
+    st.arrival.update(sig.now, rate, weight=_window(cfg, sig) / cfg.interval_s)
     level = st.arrival.level if st.arrival.level is not None else rate
     # Smoothed level (noise), except a jump well above it is a burst: a level shift, taken at once. "Well above":
-    # 1.5x the level while the rate is still rising (after a drop the smoothed level's trend undershoots a rate
+    # BURST_RATIO (1.5x) the level while the rate is still rising (after a drop the smoothed level's trend undershoots a rate
     # that merely stays; a ramp outpacing the level still counts), by more requests than Poisson noise explains
     # (BURST_SIGMAS standard deviations of the interval's expected count): at a few requests per interval a 1.5x
     # jump happens by chance alone, and each one would keep a student warm and plan the primary for a burst that
     # is not there.
     rising = st.prev_rate is None or rate > st.prev_rate
-    expected = max(level, 0.0) * cfg.interval_s
-    if (rate > 1.5 * level and rising
-            and (rate - level) * cfg.interval_s >= BURST_SIGMAS * math.sqrt(max(expected, 1.0))):
+    window = _window(cfg, sig)
+    expected = max(level, 0.0) * window
+    if (rate > BURST_RATIO * level and rising
+            and (rate - level) * window >= BURST_SIGMAS * math.sqrt(max(expected, 1.0))):
         st.arrival.level, st.arrival.trend, level = rate, 0.0, rate
         st.burst_until = sig.now + cold
         st.last_burst_at = sig.now
     base = level
-    jump = max(rate - (st.prev_rate if st.prev_rate is not None else rate), 0.0) / max(cfg.interval_s, 1e-6)
+    jump = max(rate - (st.prev_rate if st.prev_rate is not None else rate), 0.0) / max(window, 1e-6)
     st.prev_rate = rate
     burst = min(rate + jump * cold, cfg.burst_forecast_cap * rate)
     forecast = st.arrival.forecast(cold + cfg.interval_s) or base
@@ -164,7 +172,7 @@ def _slo_primary(
     seed = _seed(pool, sig)
     if sig.mean_input_tokens is not None and sig.mean_output_tokens is not None:
         st.service.update(sig.now, service_seconds(seed, 1.0, sig.mean_input_tokens, sig.mean_output_tokens,
-                                                   sig.prefix_hit_rate or 0.0))
+                                                   sig.prefix_hit_rate or 0.0), weight=_window(cfg, sig) / cfg.interval_s)
     mu = _mu_planned(pool, st, sig)
     prefill = prefill_seconds(seed, st.efficiency, sig.mean_input_tokens or 512.0, sig.prefix_hit_rate or 0.0)
     slo_s = cfg.ttft_slo_ms / 1000.0

@@ -385,7 +385,8 @@ class ScrapeSignals:
             values["router_age_s"] = 0.0
             values["replica_age_s"] = 0.0
             sig = assemble(pool, t, values, stale_after_s=self.stale_after_s, failed=failed)
-            out.append(replace(sig, stale=sig.stale or failed))
+            # rates between two scrapes: over the seconds since the last one (a step a wake-up brought forward: fewer)
+            out.append(replace(sig, stale=sig.stale or failed, window_s=t - prev.at if prev else None))
         return out
 
 

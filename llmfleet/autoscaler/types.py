@@ -58,6 +58,9 @@ class PoolSignals:
     # The shortest waiting queue any ready replica had over the interval (Prometheus: min of
     # min_over_time(vllm:num_requests_waiting)): >= 1 means every replica had work waiting all along (saturated).
     min_queue_depth: float | None = None
+    # Seconds the rates above were measured over; None: the policy's interval. A decision the router's wake-up
+    # brings forward measures over the seconds since the last one (shorter: its counts are fewer).
+    window_s: float | None = None
     stale: bool = False
 
     @property

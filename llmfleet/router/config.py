@@ -283,6 +283,11 @@ class RouterConfig(_Model):
         description="The estimated-ttft scorer's sole-holder discount (spec.router.soleHolderDiscount; "
         "docs/router.md; off by default): only where the alternative must evict, bounded by slo.ttftP95Ms.",
     )
+    burst_rearm_seconds: float = Field(
+        default=15.0, gt=0,
+        description="A burst of arrivals wakes the autoscaler through /admin/held at most once per this many seconds "
+                    "(the service's spec.autoscaling.intervalSeconds: the decision it brings forward has seen the burst).",
+    )
     block_size: int = Field(default=16, ge=1, description="Default prefix-index block size.")
     max_index_blocks: int = Field(default=1_000_000, ge=1, description="Bound on prefix-index entries (memory).")
     slo: SLOConfig = Field(default_factory=SLOConfig, description="Primary SLOs.")
@@ -408,6 +413,7 @@ def router_config_from_service(
         pools=pools,
         scorers=_scorers(isvc),
         session_affinity_header=spec.router.session_affinity_header,
+        burst_rearm_seconds=spec.autoscaling.interval_seconds,
         block_size=spec.router.block_size_tokens or isvc.pools()[0].block_size,
         slo=SLOConfig(ttft_p95_ms=spec.slo.ttft_p95_ms, tpot_p95_ms=spec.slo.tpot_p95_ms, e2e_p99_ms=spec.slo.e2e_p99_ms),
         fallback=FallbackConfig(

@@ -87,14 +87,16 @@ class SmallEndpoints:
         return web.json_response({"replica": url, "draining": draining})
 
     async def _admin_held(self, request: web.Request) -> web.Response:
-        """Long poll for the autoscaler (llmfleet.router.held): {"held": {pool: n}, "episode": e}."""
+        """Long poll for the autoscaler (llmfleet.router.held): {"held": {pool: n}, "episode": e}, and "burst":
+        {"rate": r, "windowS": w} when an arrival burst began after episode `since`."""
         try:
             wait = min(max(float(request.query.get("wait", "0")), 0.0), 60.0)
             since = int(request.query.get("since", "-1"))
         except ValueError:
             return error_response(400, "wait (seconds) and since (an episode number) must be numbers")
         held, episode = await self.held.wait_held(since, wait)
-        return web.json_response({"held": held, "episode": episode})
+        burst = self.held.burst_since(since)
+        return web.json_response({"held": held, "episode": episode} | ({"burst": burst} if burst else {}))
 
     async def not_found(self, request: web.Request) -> web.Response:
         known = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/metrics", "/health"}

@@ -5,6 +5,8 @@ router holds such requests (at most `max_held` over all pools, each until its de
 503, and tells the autoscaler at once: `GET /admin/held?since=E&wait=S` is a long poll that returns as soon
 as a pool starts holding requests (an episode: its count goes from 0 to 1; `E` is the last episode the caller
 saw, so one it missed between two polls returns at once and an ongoing cold start does not wake it again).
+The same long poll carries the router's burst wake-up (llmfleet.router.burst): an arrival burst is an episode
+too, answered with `"burst": {"rate": r, "windowS": w}` (the arrival rate the detector measured).
 The autoscaler's loop waits on it between its periodic steps (llmfleet.autoscaler.local), and
 `llmfleet_router_held_requests{pool}` carries the count to scrapes and Prometheus. The health loop calls `replica_ready(pool)` when the pool
 has a routable replica again: the held requests then go through the usual routing.
@@ -33,6 +35,8 @@ class HeldRequests:
         self._ready: dict[str, asyncio.Event] = {}
         self.episode = 0  # pools that went from 0 to >0 held requests, counted
         self._changed = asyncio.Event()  # set on each new episode (wakes long polls)
+        # the last burst episode and the arrival rate (req/s over window_s) it was detected at
+        self.burst_episode, self.burst_rate, self.burst_window_s = -1, 0.0, 0.0
         self._gauge = gauge  # pool -> the prometheus gauge child
 
     def total(self) -> int:
@@ -68,6 +72,18 @@ class HeldRequests:
             return time.monotonic() - t0
         finally:
             self._set(pool, self.held[pool] - 1)
+
+    def burst(self, rate: float, window_s: float) -> None:
+        """An arrival burst began (llmfleet.router.burst): a new episode that wakes the long polls."""
+        self.episode += 1
+        self.burst_episode, self.burst_rate, self.burst_window_s = self.episode, rate, window_s
+        self._changed.set()
+
+    def burst_since(self, since: int) -> dict[str, float] | None:
+        """The last burst, when it began after episode `since`: the long poll's `burst` field."""
+        if self.burst_episode <= since:
+            return None
+        return {"rate": round(self.burst_rate, 3), "windowS": self.burst_window_s}
 
     def replica_ready(self, pool: str) -> None:
         """The pool has a routable replica: release its held requests (they route as usual)."""

@@ -23,6 +23,7 @@ from llmfleet.kube.client import KubeClient, NoClusterConfig
 from llmfleet.router import dispatch
 from llmfleet.router.accounting import Accounting, RequestContext
 from llmfleet.router.adapters import AdapterLoader, AdapterLoadFailed, ConfigFile, adapter_table
+from llmfleet.router.burst import ArrivalBurst
 from llmfleet.router.chat_template import ChatTemplate
 from llmfleet.router.config import RouterConfig
 from llmfleet.router.endpoints import SmallEndpoints, error_response
@@ -82,6 +83,7 @@ class Router(SmallEndpoints):
         self.metrics = RouterMetrics()
         self.held = HeldRequests(cfg.limits.max_held_requests,
                                  gauge=lambda pool: self.metrics.child(self.metrics.held_requests, pool))
+        self.burst = ArrivalBurst(rearm_s=cfg.burst_rearm_seconds)  # wakes the autoscaler too (held.burst)
         self.tenants = Tenants(cfg.tenants)
         self.policy = FallbackPolicy(cfg.fallback, cfg.slo, self.tenants.caps())
         self._tenants_version = self.tenants.version
@@ -340,6 +342,8 @@ class Router(SmallEndpoints):
         m = self.metrics
         request, parsed, tenant = ctx.request, ctx.parsed, ctx.tenant
         t_route = time.perf_counter()
+        if self.burst.observe(time.monotonic()):
+            self.held.burst(self.burst.rate, self.burst.window_s)
         pool = self.pools[pool_name]
         adapter, adapter_path = (parsed.model, self.adapters[parsed.model][1]) if parsed.model in self.adapters else (None, "")
         keys_now = self._keys_now(pool, parsed, adapter)

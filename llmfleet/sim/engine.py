@@ -21,6 +21,7 @@ from typing import Any
 
 from llmfleet.autoscaler.actuation import ObservedReplica as ScaleInReplica
 from llmfleet.autoscaler.scalein import choose_victims
+from llmfleet.router.burst import WINDOW_S as WAKE_MIN_WINDOW_S
 from llmfleet.sim.replica import SimReplica
 from llmfleet.sim.report import summarize
 from llmfleet.sim.routers import make_router
@@ -142,9 +143,11 @@ def _simulate(workload: Workload, cfg: SimConfig, router: SimRouter | str,
     window: list[Request] = []  # arrivals since the last autoscaler tick
     done_window: list[Request] = []
     series: list[dict[str, Any]] = []
-    next_tick = t0 + cfg.autoscale_interval_s if autoscaler else math.inf
+    # The autoscaler runs every interval, and at once when the router wakes it (`rt.wake_due`); a _TICK event
+    # carries its generation, so the regular tick a wake-up replaced is skipped.
+    tick_gen, last_tick, wakes = 0, t0, autoscaler is not None and cfg.autoscale_on_burst
     if autoscaler:
-        push(next_tick, _TICK)
+        push(t0 + cfg.autoscale_interval_s, _TICK, tick_gen)
     push(t0, _SAMPLE)
     n = len(reqs)
     ns = len(stream)
@@ -230,15 +233,21 @@ def _simulate(workload: Workload, cfg: SimConfig, router: SimRouter | str,
                     for r in waiting:
                         dispatch(r, now)
             elif kind == _TICK and autoscaler is not None:
-                _autoscale(fleet, autoscaler, rt, cfg, now, window, done_window, push, stop_if_drained)
-                window, done_window = [], []
+                if a != tick_gen:
+                    continue
+                _autoscale(fleet, autoscaler, rt, cfg, now, now - last_tick, window, done_window, push, stop_if_drained)
+                window, done_window, last_tick = [], [], now
                 if more(now):
-                    push(now + cfg.autoscale_interval_s, _TICK)
+                    push(now + cfg.autoscale_interval_s, _TICK, tick_gen)
             elif kind == _SEND:
                 req = held[a]
                 req.arrival = now
                 window.append(req)
+                rt.on_arrival(req, now)
                 dispatch(req, now)
+                if rt.wake_due and wakes:
+                    rt.wake_due, tick_gen = False, tick_gen + 1
+                    push(max(now, last_tick + WAKE_MIN_WINDOW_S), _TICK, tick_gen)
             elif kind == _SAMPLE:
                 series.append(_sample(fleet, now, len(pending)))
                 if more(now):
@@ -247,7 +256,11 @@ def _simulate(workload: Workload, cfg: SimConfig, router: SimRouter | str,
             req = stream[i]
             i += 1
             window.append(req)
+            rt.on_arrival(req, req.arrival)
             dispatch(req, req.arrival)
+            if rt.wake_due and wakes:
+                rt.wake_due, tick_gen = False, tick_gen + 1
+                push(max(req.arrival, last_tick + WAKE_MIN_WINDOW_S), _TICK, tick_gen)
         else:
             break
     end = max([r.finish for r in reqs if r.finish >= 0] + [t0])
@@ -296,9 +309,12 @@ def _p95(xs: list[float]) -> float | None:
     return xs[min(len(xs) - 1, int(math.ceil(0.95 * len(xs))) - 1)]
 
 
-def _autoscale(fleet: Fleet, autoscaler: Autoscaler, router: SimRouter, cfg: SimConfig, now: float, arrivals: list[Request],
-               done: list[Request], push: Callable[..., None], stop_if_drained: Callable[[SimReplica, float], None]) -> None:
-    iv = cfg.autoscale_interval_s
+def _autoscale(fleet: Fleet, autoscaler: Autoscaler, router: SimRouter, cfg: SimConfig, now: float, iv: float,
+               arrivals: list[Request], done: list[Request], push: Callable[..., None],
+               stop_if_drained: Callable[[SimReplica, float], None]) -> None:
+    """One autoscaler decision on what happened over the last `iv` seconds (an interval, or less when the router's
+    burst wake-up brought it forward). The rates are over those seconds (`window_s`), as the production scrapes'."""
+    iv = max(iv, 1e-3)
     sigs = []
     for spec in cfg.pools:
         reps = [r for r in fleet.replicas if r.pool == spec.name and r.stopped_at is None and not r.draining]
@@ -324,6 +340,7 @@ def _autoscale(fleet: Fleet, autoscaler: Autoscaler, router: SimRouter, cfg: Sim
             decode_tokens_per_s=sum(r.generated - r.tick_marks[1] for r in reps) / iv,
             min_queue_depth=float(min(whole)) if whole else None,
             ttft_slo_miss_fraction=(sum(1 for x in ttfts if x > cfg.ttft_slo_s * 1e3) / len(ttfts)) if ttfts else None,
+            window_s=iv,
         ))
     for r in fleet.replicas:
         if r.stopped_at is None:

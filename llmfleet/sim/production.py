@@ -20,6 +20,7 @@ from typing import Any, Literal
 from llmfleet.api import InferenceService, parse_resource
 from llmfleet.api.contracts import MODEL_PRESET_ANNOTATION
 from llmfleet.api.inferenceservice import PoolView
+from llmfleet.autoscaler.controller import wakes_on_burst
 from llmfleet.autoscaler.policy import PolicyConfig, PolicyState, decide
 from llmfleet.autoscaler.seeds import preset_for_pool, seeds_for_service
 from llmfleet.router.config import router_config_from_service
@@ -90,6 +91,7 @@ def simulate_service(w: Workload, isvc: InferenceService, *, seed: int = 0,
         hook = PolicyHook(PolicyConfig.from_service(isvc, seeds=seeds_for_service(isvc)))
     cfg = SimConfig(pools=pool_specs(isvc, cold_start_s), ttft_slo_s=isvc.spec.slo.ttft_p95_ms / 1e3,
                     tpot_slo_s=isvc.spec.slo.tpot_p95_ms / 1e3, autoscale_interval_s=auto.interval_seconds,
+                    autoscale_on_burst=wakes_on_burst(isvc),
                     scale_in=scale_in, seed=seed, context_overflow=context_overflow)
     rc = router_config_from_service(isvc, endpoints={})  # the production mapping of spec.router and spec.fallback
     router = LlmfleetRouter(weights=dict(isvc.spec.router.scorers), fallback=rc.fallback, seed=seed,

@@ -257,6 +257,7 @@ class LlmfleetRouter(SimRouter):
 
     def attach(self, fleet: Fleet) -> None:
         from llmfleet.router import dispatch
+        from llmfleet.router.burst import ArrivalBurst
         from llmfleet.router.config import FallbackConfig, SLOConfig
         from llmfleet.router.fallback import FallbackPolicy
         from llmfleet.router.plugins import PrefixIndex, ReplicaState, RequestInfo, build_pipeline
@@ -274,6 +275,7 @@ class LlmfleetRouter(SimRouter):
                                        ttft_objective_s=self.ttft_objective_s if self.ttft_objective_s is not None
                                        else fleet.cfg.ttft_slo_s)
         self.states: dict[int, Any] = {}
+        self.burst = ArrivalBurst(rearm_s=fleet.cfg.autoscale_interval_s)
         self.state_lists: dict[str, list[Any]] = {pool: [] for pool in fleet.routable}
         self.infos: dict[int, Any] = {}  # rid -> RequestInfo until its first token
         self._State = ReplicaState
@@ -323,6 +325,10 @@ class LlmfleetRouter(SimRouter):
         return FallbackSignals(pool, len(states), float(sum(s.queued for s in states)),
                            float(sum(s.generating for s in states)),
                            prefill_wait_ms=min((s.prefill_wait_s(now) for s in states), default=0.0) * 1e3)
+
+    def on_arrival(self, req: Request, now: float) -> None:
+        if self.burst.observe(now):  # the production router's burst wake-up (llmfleet.router.burst)
+            self.wake_due = True
 
     def route(self, req: Request, fleet: Fleet, now: float) -> SimReplica | None:
         dispatch = self._dispatch

@@ -98,6 +98,9 @@ class SimConfig:
     ttft_slo_s: float = 2.0
     tpot_slo_s: float = 0.1
     autoscale_interval_s: float = 15.0
+    # Run the autoscaler also when the router's burst detector wakes it (router.wake_due; llmfleet.router.burst),
+    # as the production controller does for the slo policy.
+    autoscale_on_burst: bool = False
     # Which replicas a scale-in drains: "cache-aware" is the production choice (llmfleet.autoscaler.scalein:
     # not-ready ones, then the fewest prefix blocks only that replica caches per the router's index, then the
     # fewest in flight); "least-loaded" ignores the index (what the simulator did before; for comparison).
@@ -194,6 +197,13 @@ class SimRouter:
         """Per replica id: cached prefix blocks no other replica holds, as the production router's index
         reports them to the autoscaler for scale-in. None: this router keeps no prefix index."""
         return None
+
+    # The production router's burst wake-up (llmfleet.router.burst): set when an arrival opened a burst episode; with
+    # SimConfig.autoscale_on_burst the engine then runs the autoscaler, at least WINDOW_S after its last run.
+    wake_due = False
+
+    def on_arrival(self, req: Request, now: float) -> None:
+        """A request reached the router (its arrival, not a re-dispatch of one held for a replica)."""
 
 
 @dataclass

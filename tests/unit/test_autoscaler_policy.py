@@ -563,3 +563,20 @@ def test_one_interval_of_long_prompts_moves_the_planned_capacity_part_way() -> N
     for k in range(7, 20):
         st, d = (x := decide(cfg, [_mix_sig(15.0 * k, 4 * MEAN_IN)], st)).state, x
     assert d.pools["primary"].capacity_rps == pytest.approx(raw_long, rel=0.05)
+
+
+@pytest.mark.parametrize("window_s,burst", [(None, True), (15.0, True), (1.0, False)])
+def test_the_burst_test_counts_the_requests_of_the_window_the_rate_was_measured_over(
+    window_s: float | None, burst: bool
+) -> None:
+    """3x the level (2 req/s) is a burst over an interval (about 36 requests more than the smoothed level's) but not
+    over one second (4 more: within three Poisson standard deviations), the window a decision brought forward by the
+    router's wake-up may have."""
+    w = World(config())
+    for i in range(10):
+        w.tick(15.0 * i, 2.0)
+    sigs = [PoolSignals("primary", "primary", 150.0, w.replicas["primary"], w.ready["primary"], arrival_rate=6.0,
+                        mean_input_tokens=MEAN_IN, mean_output_tokens=MEAN_OUT, queue_depth=0.0, window_s=window_s),
+            PoolSignals("small", "student", 150.0, 0, 0, arrival_rate=0.0, queue_depth=0.0, window_s=window_s)]
+    d = decide(w.cfg, sigs, w.state)
+    assert (d.state.pool("primary").burst_until is not None) is burst

@@ -165,3 +165,29 @@ def test_the_simulated_fallback_learns_the_students_own_latency(monkeypatch) -> 
     served = sum(1 for r in res.records if r["pool"] == "small")
     assert served > 0 and len(router.policy.student_trackers["small"].samples) > 0
     assert len(router.policy.slo_tracker.samples) <= sum(1 for r in res.records if r["pool"] == "primary")
+
+
+def test_the_routers_burst_wake_up_brings_the_decision_forward() -> None:
+    """A burst between two decisions: the router's detector (llmfleet.router.burst) wakes the `slo` autoscaler
+    within its window, which starts students then instead of at the next interval; `queue` (the KEDA/HPA-style
+    baseline) keeps its interval."""
+    from llmfleet.router.burst import WINDOW_S
+
+    w = synthetic(SyntheticSpec(duration_s=260.0, rate_rps=2.0, diurnal_amplitude=0.0, bursts=[(187.0, 60.0, 8.0)],
+                                tenants=4, user_tokens_mean=4000, output_tokens_mean=100, turns_mean=1.0, seed=3))
+    start = w.requests[0].arrival
+    isvc = make_service(policy="slo", ttft_slo_ms=1500.0, replicas=1, model="llama-3.1-8b", max_replicas=16,
+                        student="llama-3.2-1b", student_min=0, student_max_model_len=131072)
+    _, hook = simulate_service(w, isvc)
+    assert hook is not None
+    regular = [start + 15.0 * k for k in range(1, 40)]
+    early = [x for x in hook.timeline if min(abs(x["t"] - r) for r in regular) > 1e-6]
+    assert early and 187.0 < early[0]["t"] <= 187.0 + WINDOW_S + 1.0  # seconds after the burst, not at 195 s
+    assert early[0]["small"] > 0 and early[0]["primary"] > 1  # the decision it brought forward saw the burst
+    before = [x["t"] for x in hook.timeline if x["t"] < 187.0]
+    assert all(min(abs(t - r) for r in regular) < 1e-6 for t in before)  # no wake-up from steady traffic
+    _, qhook = simulate_service(w, make_service(policy="queue", ttft_slo_ms=1500.0, replicas=1, model="llama-3.1-8b",
+                                                max_replicas=16, student="llama-3.2-1b", student_min=0,
+                                                student_max_model_len=131072))
+    assert qhook is not None
+    assert all(min(abs(x["t"] - r) for r in regular) < 1e-6 for x in qhook.timeline)

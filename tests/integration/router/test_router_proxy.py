@@ -464,6 +464,34 @@ async def test_estimated_ttft_gets_prefix_keys_and_prefill_is_released(fakes, ro
     assert 'llmfleet_router_prefix_affinity_hits_total{pool="primary"} 1.0' in text  # the second one matched
 
 
+async def test_an_arrival_burst_wakes_the_autoscaler_with_the_rate_it_was_seen_at(fakes, routers, http) -> None:
+    """Every request the router routes is counted by its burst detector (llmfleet.router.burst); an episode it opens
+    returns the autoscaler's long poll at once with the measured rate, and only once."""
+    from llmfleet.autoscaler.controller import Burst
+    from llmfleet.autoscaler.local import Wakeup
+
+    replica = await fakes()
+    r = await routers(config({"primary": ("m", [replica.url])}))
+
+    class OpensOnThird:  # the detector's contract: observe(now) -> True when an episode opens; rate, window_s
+        rate, window_s, seen = 42.0, 3, 0
+
+        def observe(self, now: float) -> bool:
+            self.seen += 1
+            return self.seen == 3
+
+    r.router.burst = OpensOnThird()  # type: ignore[assignment]
+    wakeup = Wakeup(r.url)
+    assert (await wakeup.wait(asyncio.Event(), 0.2)).burst is None  # learns the episode; nothing yet
+    poll = asyncio.create_task(wakeup.wait(asyncio.Event(), 30))
+    for _ in range(4):
+        async with http.post(r.url + "/v1/chat/completions", json=CHAT) as resp:
+            assert resp.status == 200
+    woke = await asyncio.wait_for(poll, 5)
+    assert woke.burst == Burst(42.0, 3.0) and woke.held == {}
+    assert (await wakeup.wait(asyncio.Event(), 0.2)).burst is None  # the same episode does not wake it again
+
+
 async def test_scale_from_zero_holds_requests_and_wakes_the_autoscaler(fakes, routers, http) -> None:
     """A pool that scales from zero and has no routable replica: requests wait (bounded, with a deadline)
     instead of 503, `/admin/held` wakes a long-polling autoscaler at once, and the requests go through as soon
@@ -482,15 +510,16 @@ async def test_scale_from_zero_holds_requests_and_wakes_the_autoscaler(fakes, ro
         assert resp.status == 200 and (await resp.json())["status"] == "scaling from zero"
     # The autoscaler's side (the local loop and the Kubernetes daemon both use it): a long poll that returns
     # as soon as requests are held, not at its next interval.
+    from llmfleet.autoscaler.controller import Wake
     from llmfleet.autoscaler.local import Wakeup
 
     wakeup = Wakeup(r.url)
-    assert await wakeup.wait(asyncio.Event(), 0.3) == {}  # nothing held: it waits out its timeout
+    assert await wakeup.wait(asyncio.Event(), 0.3) == Wake()  # nothing held: it waits out its timeout
     poll = asyncio.create_task(wakeup.wait(asyncio.Event(), 30))
     await asyncio.sleep(0.1)
     sends = [asyncio.create_task(http.post(r.url + "/v1/chat/completions", json=CHAT)) for _ in range(3)]
     woke = await asyncio.wait_for(poll, 5)
-    assert woke["primary"] >= 1
+    assert woke.held["primary"] >= 1 and woke.burst is None
     await wait_for(lambda: r.router.held.total() == 2)
     metrics = await (await http.get(r.url + "/metrics")).text()
     assert 'llmfleet_router_held_requests{pool="primary"} 2.0' in metrics
@@ -499,11 +528,11 @@ async def test_scale_from_zero_holds_requests_and_wakes_the_autoscaler(fakes, ro
     assert statuses == [200, 200, 503]  # the queue holds two; the third is told to retry (Retry-After)
     assert r.router.held.total() == 0
     # The same cold start does not wake it again; a new one (after the pool emptied) does.
-    assert await wakeup.wait(asyncio.Event(), 0.3) == {}
+    assert await wakeup.wait(asyncio.Event(), 0.3) == Wake()
     replica.healthy = False
     await wait_for(lambda: not r.router.pools["primary"].replicas.routable())
     again = asyncio.create_task(http.post(r.url + "/v1/chat/completions", json=CHAT))
-    assert await asyncio.wait_for(wakeup.wait(asyncio.Event(), 30), 5) == {"primary": 1}
+    assert (await asyncio.wait_for(wakeup.wait(asyncio.Event(), 30), 5)).held == {"primary": 1}
     replica.healthy = True
     assert (await asyncio.wait_for(again, 10)).status == 200
 
