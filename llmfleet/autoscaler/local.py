@@ -6,7 +6,8 @@
 long-polls the router's `/admin/held` (llmfleet.router.held): when the router starts holding requests for a
 pool at zero replicas, the next step runs at once and starts a replica (scale from zero); when the router sees an
 arrival burst (llmfleet.router.burst) and the policy is `slo`, the next step runs as soon as WINDOW_S seconds have
-passed since the last one, with the router's burst rate (controller.with_burst).
+passed since the last one, over the rates since that step (with Prometheus' fixed windows, over the router's burst
+rate instead: controller.with_burst).
 """
 
 from __future__ import annotations
