@@ -131,6 +131,13 @@ async def _stop_autoscaling(memo: kopf.Memo, **_: Any) -> None:
         await m.client.close()
 
 
+def _due(mem: _Memory, interval_s: float, now: float) -> bool:
+    """Whether this tick decides: an interval since the last decision, requests held at the router, or an arrival
+    burst once the router's detection window has passed since the last decision (its counts then hold the burst)."""
+    since = now - mem.last_run
+    return since >= interval_s or bool(mem.held) or (mem.burst is not None and since >= BURST_WINDOW_S)
+
+
 @kopf.timer(GROUP, VERSION, INFERENCESERVICE_PLURAL, interval=TICK, initial_delay=TICK)
 async def autoscale_inferenceservice(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, **_: Any) -> None:
     if _memo(memo).stopping:
@@ -144,9 +151,7 @@ async def autoscale_inferenceservice(body: kopf.Body, memo: kopf.Memo, patch: ko
     mem = _service_memory(_memo(memo), isvc)
     m = _memo(memo)
     now = time.monotonic()
-    since = now - mem.last_run
-    # a burst: once the router's detection window has passed since the last decision (its counts then hold it)
-    if since < isvc.spec.autoscaling.interval_seconds and not mem.held and not (mem.burst and since >= BURST_WINDOW_S):
+    if not _due(mem, isvc.spec.autoscaling.interval_seconds, now):
         return
     mem.last_run = now
     held, mem.held = mem.held, {}

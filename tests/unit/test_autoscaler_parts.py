@@ -299,6 +299,26 @@ def test_kopf_handlers_register_a_timer_on_import() -> None:
     assert out.stdout.strip() == "True"
 
 
+def test_the_kubernetes_timer_decides_on_its_interval_held_requests_or_a_burst() -> None:
+    """A burst marked by the wake-up daemon makes the next tick decide once the router's detection window has passed
+    since the last decision; otherwise the interval rules (or held requests). In a subprocess, as above."""
+    import subprocess
+    import sys
+
+    code = ("import llmfleet.autoscaler.kopf_handlers as kh\n"
+            "from llmfleet.autoscaler.controller import Burst\n"
+            "from llmfleet.autoscaler.policy import PolicyState\n"
+            "m = kh._Memory(PolicyState(), last_run=100.0)\n"
+            "r = [kh._due(m, 15.0, 102.0), kh._due(m, 15.0, 115.0)]\n"
+            "m.burst = Burst(30.0, 3.0)\n"
+            "r += [kh._due(m, 15.0, 102.0), kh._due(m, 15.0, 103.5)]\n"
+            "m.burst, m.held = None, {'small': 1}\n"
+            "r += [kh._due(m, 15.0, 100.5)]\n"
+            "print(r)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "[False, True, False, True, True]"
+
+
 def test_live_metrics_status_from_the_primary_signals() -> None:
     from llmfleet.api.inferenceservice import LiveMetrics
     from llmfleet.autoscaler.policy import PoolSignals
