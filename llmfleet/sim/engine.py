@@ -190,6 +190,17 @@ def _simulate(workload: Workload, cfg: SimConfig, router: SimRouter | str,
         if changed is not None:
             changed(rep)
 
+    def arrive(req: Request, now: float) -> None:
+        """A request reaches the router: counted (the interval's arrivals, the burst detector) and routed; a burst it
+        completes wakes the autoscaler."""
+        nonlocal tick_gen
+        window.append(req)
+        rt.on_arrival(req, now)
+        dispatch(req, now)
+        if rt.wake_due and wakes:
+            rt.wake_due, tick_gen = False, tick_gen + 1
+            push(max(now, last_tick + WAKE_MIN_WINDOW_S), _TICK, tick_gen)
+
     horizon = (stream[-1].arrival if stream else t0) + 86400.0  # requests still pending a day later stay pending
 
     def more(now: float) -> bool:
@@ -242,12 +253,7 @@ def _simulate(workload: Workload, cfg: SimConfig, router: SimRouter | str,
             elif kind == _SEND:
                 req = held[a]
                 req.arrival = now
-                window.append(req)
-                rt.on_arrival(req, now)
-                dispatch(req, now)
-                if rt.wake_due and wakes:
-                    rt.wake_due, tick_gen = False, tick_gen + 1
-                    push(max(now, last_tick + WAKE_MIN_WINDOW_S), _TICK, tick_gen)
+                arrive(req, now)
             elif kind == _SAMPLE:
                 series.append(_sample(fleet, now, len(pending)))
                 if more(now):
@@ -255,12 +261,7 @@ def _simulate(workload: Workload, cfg: SimConfig, router: SimRouter | str,
         elif i < ns:
             req = stream[i]
             i += 1
-            window.append(req)
-            rt.on_arrival(req, req.arrival)
-            dispatch(req, req.arrival)
-            if rt.wake_due and wakes:
-                rt.wake_due, tick_gen = False, tick_gen + 1
-                push(max(req.arrival, last_tick + WAKE_MIN_WINDOW_S), _TICK, tick_gen)
+            arrive(req, req.arrival)
         else:
             break
     end = max([r.finish for r in reqs if r.finish >= 0] + [t0])
