@@ -34,7 +34,7 @@ def poisson_arrivals(rng: random.Random, rate: float, start: float, end: float) 
 @pytest.mark.parametrize("rate", [0.3, 4.0, 40.0])
 def test_steady_poisson_traffic_rarely_wakes_the_autoscaler(rate: float) -> None:
     """At any rate, steady arrivals open episodes at about FALSE_ALARMS_PER_HOUR (a test per second at a Poisson
-    tail of that budget; the baseline's own noise adds some), not one a minute as a fixed-sigma rule would at small
+    tail of that budget; the baseline's own noise adds some), not every few minutes as a fixed 3-sigma rule would at small
     counts (docs/autoscaler.md, "Burst wake-up", has the measured rates)."""
     hours = 6.0 if rate < 10 else 2.0
     det = ArrivalBurst()
