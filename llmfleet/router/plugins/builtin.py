@@ -229,30 +229,32 @@ class TailLevel:
 
 def tail_banded(costs: Sequence[float], work: Sequence[float], rates: Sequence[float], level: float,
                 busy: float) -> list[float]:
-    """`costs` with time under the fleet's TTFT tail made worth nothing against the prompt's best holder.
+    """`costs` where a replica that would recompute part of the prompt's cached prefix costs at least the fleet's
+    TTFT tail level plus the work it repeats.
 
-    Holders: the candidates that need the least prefill work w_min for the prompt (its longest cached prefix);
-    c_h = the least cost among them, floor = min(level, c_h). Candidate r's cost is raised to at least
-    floor + busy x (work(r) - w_min) / rate(r): the prefill it would repeat, which a busy fleet pays again as
-    delay to the requests routed there next (`busy`: the fraction of candidates with queued prefill). Costs
-    above that are unchanged.
+    Holders: the candidates that need the least prefill work w_min (they hold the prompt's longest cached
+    prefix); their costs are unchanged. Every other candidate r costs at least
+    level + busy x (work(r) - w_min) / rate(r): the repeated prefill, which a busy fleet pays again as delay to
+    the requests routed to r next (`busy`: the fraction of candidates with queued prefill, 0 in an idle fleet).
 
     Why: a request sent away from a busy holder saves its own wait but recomputes the prefix elsewhere (work,
     and a second cache copy that evicts others' blocks). Its TTFT only matters to the tail objective above the
-    level (`TailLevel`: what the tail is anyway, from long cold prompts): while the holder's cost is under the
-    level, a faster replica gains nothing there, so the holder keeps the request; above the level, a diversion
-    is priced as plain estimated TTFT against the level plus the repeated work. Unchanged: requests that no
-    candidate holds more of than the others (c_h is then the least cost, so nothing is below the floor), an
-    idle fleet (busy 0: every cost is the request's own prefill, the holder's the least) and a new router (level
-    0). Everything is in seconds of the scorer's own estimates and the busy fraction it observes: no constant.
+    level (`TailLevel`: what the tail is anyway, from long cold prompts), so while a holder's cost is under the
+    level a faster replica gains nothing and the holder keeps the request; above it, a diversion must beat the
+    level plus the repeated work. Decisions do not change for prompts that no candidate holds more of than the
+    others (no one is raised) or in an idle fleet (every cost is the request's own prefill, a holder's the
+    least); before the router has a level (0) the floor is the repeated work alone. Everything is in seconds of the
+    scorer's own estimates and the busy fraction it observes: no constant to fit.
     """
+    if level <= 0.0 and busy <= 0.0:
+        return list(costs)
     w_min = min(work)
-    c_h = min(c for c, w in zip(costs, work, strict=True) if w == w_min)
-    floor = min(level, c_h)
     out = []
     for c, w, r in zip(costs, work, rates, strict=True):
-        f = floor + busy * (w - w_min) / r
-        out.append(c if c > f else f)
+        if w > w_min:
+            f = level + busy * (w - w_min) / r
+            c = c if c > f else f
+        out.append(c)
     return out
 
 
@@ -321,9 +323,9 @@ class EstimatedTTFTScorer(Scorer):
                   uncached work w), unless the cheapest other candidate has room for the prompt's blocks: its
                   cached history is worth keeping where a copy elsewhere would evict (`sole_holder_discounted`;
                   off with sole_holder_discount=False)
-    cost(r)     = max(cost(r), min(L, cost(h)) + busy · (work(r) - work(h)) / rate(r)), h the candidates holding
-                  the most of the prompt, L the 95th percentile of recent requests' unavoidable TTFT (at most the
-                  TTFT objective): time under the tail level does not buy a diversion (`tail_banded`, `TailLevel`)
+    cost(r)     = max(cost(r), L + busy · (work(r) - work(h)) / rate(r)) for r not among the candidates h that
+                  hold the most of the prompt, L the 95th percentile of recent requests' unavoidable TTFT (at most
+                  the TTFT objective): time under the tail level does not buy a diversion (`tail_banded`)
     score(r)    = min cost / cost(r): 1 for the cheapest replica, in (0, 1] for all, deterministic.
 
     Unlike request counts, a 40k-token prompt weighs what its prefill costs (`work` grows with context:
