@@ -205,7 +205,9 @@ def _slo_primary(
     if persistent and settled and sig.ready_replicas >= sig.replicas and n <= sig.ready_replicas and rate > 0:
         n = sig.ready_replicas + 1
         reasons.append("; ".join(violated) + " with all replicas ready: +1")
-    return n, reasons, planned, max(planned, burst)
+    # Outside a detected level shift the rise since the last interval is noise the significance test rejected:
+    # extrapolating its slope over a cold start would warm students for a burst that is not there.
+    return n, reasons, planned, max(planned, burst) if in_burst else planned
 
 
 def _slo_students(

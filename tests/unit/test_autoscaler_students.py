@@ -191,3 +191,29 @@ def test_the_routers_burst_wake_up_brings_the_decision_forward() -> None:
                                                 student_max_model_len=131072))
     assert qhook is not None
     assert all(min(abs(x["t"] - r) for r in regular) < 1e-6 for x in qhook.timeline)
+
+
+def test_a_rise_within_counting_noise_while_a_primary_starts_warms_no_student() -> None:
+    """While a primary replica cold-starts, students are sized for what the ready replicas cannot absorb. A rise the
+    level-shift test rejects as counting noise (75 -> 90 requests in 15 s) is no ramp: its slope kept over the cold
+    start (6 req/s + 1 req/s per 15 s for 60 s = 10 req/s, past the 3 ready replicas' ~6.7) must not warm a student."""
+    w = World(config(), replicas={"primary": 3, "small": 0})
+    w.run(lambda t: 5.0, 600)
+    assert w.replicas == {"primary": 3, "small": 0}
+    w.replicas["primary"] = 4  # a fourth replica asked for by an earlier decision, still starting
+    w.starting.append((700.0, "primary"))
+    d = w.tick(615.0, 6.0)
+    assert w.state.pool("primary").last_burst_at is None  # not a level shift
+    assert d.pools["small"].recommended == 0, d.pools["small"].reasons
+
+
+def test_a_level_shift_while_a_primary_starts_still_sizes_students_for_its_slope() -> None:
+    """The same cold start with a detected burst (5 -> 12 req/s): the students are sized for the jump's slope kept over
+    the cold start, beyond what the ready replicas absorb."""
+    w = World(config(), replicas={"primary": 3, "small": 0})
+    w.run(lambda t: 5.0, 600)
+    w.replicas["primary"] = 4
+    w.starting.append((700.0, "primary"))
+    d = w.tick(615.0, 12.0)
+    assert w.state.pool("primary").last_burst_at == 615.0
+    assert d.pools["small"].recommended >= 1
