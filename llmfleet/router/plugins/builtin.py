@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 import random
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 
 from llmfleet.api.inferenceservice import DEFAULT_SOLE_HOLDER_DISCOUNT
@@ -185,6 +187,75 @@ DEFAULT_ATTENTION_TOKENS = 30_000.0
 # duplicates it in a second cache) must save more than it costs the queue behind it; in an idle fleet it
 # is plain TTFT. 0.5 was chosen on routing_eval.py's scenarios (docs/benchmarks/routing_eval.md says how).
 DEFAULT_WORK_EXTERNALITY = 0.5
+# The fleet's unavoidable TTFT tail (see `TailLevel`): the percentile is the one the TTFT objective is stated at
+# (RouterConfig's slo.ttft_p95_ms), so the level is what the objective can at best reach with this traffic; the
+# window is the last TAIL_WINDOW routed requests: about 50 beyond the 95th percentile, so one request moves the
+# level little, and a changed workload replaces it within ~1,000 requests (seconds to minutes at production rates).
+TAIL_QUANTILE = 0.95
+TAIL_WINDOW = 1024
+
+
+class TailLevel:
+    """The `quantile` of the last `window` requests' unavoidable TTFT: each request's own prefill on its
+    best-cached candidate with nothing queued (min over candidates of uncached work / rate).
+
+    No router can bring the TTFT tail below this level with the traffic it is given (long cold prompts make it),
+    so queueing that keeps a request under it does not move the tail. 0 until the window holds enough samples
+    for one beyond the quantile (1 / (1 - quantile)): an idle or new router is plain TTFT.
+    """
+
+    def __init__(self, quantile: float = TAIL_QUANTILE, window: int = TAIL_WINDOW) -> None:
+        if not 0.0 < quantile < 1.0 or window < 1:
+            raise ValueError("tail level needs 0 < quantile < 1 and window >= 1")
+        self.quantile = quantile
+        self.min_samples = math.ceil(1.0 / (1.0 - quantile))
+        self._recent: deque[float] = deque(maxlen=window)
+        self._sorted: list[float] = []
+
+    def add(self, seconds: float) -> None:
+        recent = self._recent
+        if len(recent) == recent.maxlen:
+            old = recent[0]
+            del self._sorted[bisect.bisect_left(self._sorted, old)]
+        recent.append(seconds)
+        bisect.insort(self._sorted, seconds)
+
+    def level(self) -> float:
+        s = self._sorted
+        if len(s) < self.min_samples:
+            return 0.0
+        return s[min(len(s) - 1, int(self.quantile * len(s)))]
+
+
+def tail_banded(costs: Sequence[float], work: Sequence[float], rates: Sequence[float], level: float,
+                busy: float) -> list[float]:
+    """`costs` where a replica that would recompute part of the prompt's cached prefix costs at least the fleet's
+    TTFT tail level plus the work it repeats.
+
+    Holders: the candidates that need the least prefill work w_min (they hold the prompt's longest cached
+    prefix); their costs are unchanged. Every other candidate r costs at least
+    level + busy x (work(r) - w_min) / rate(r): the repeated prefill, which a busy fleet pays again as delay to
+    the requests routed to r next (`busy`: the fraction of candidates with queued prefill, 0 in an idle fleet).
+
+    Why: a request sent away from a busy holder saves its own wait but recomputes the prefix elsewhere (work,
+    and a second cache copy that evicts others' blocks). Its TTFT only matters to the tail objective above the
+    level (`TailLevel`: what the tail is anyway, from long cold prompts), so while a holder's cost is under the
+    level a faster replica gains nothing and the holder keeps the request; above it, a diversion must beat the
+    level plus the repeated work. Decisions do not change for prompts that no candidate holds more of than the
+    others (no one is raised) or in an idle fleet (every cost is the request's own prefill, a holder's the
+    least); before the router has a level (0) the floor is the repeated work alone. Everything is in seconds of the
+    scorer's own estimates and the busy fraction it observes: no constant to fit.
+    """
+    if level <= 0.0 and busy <= 0.0:
+        return list(costs)
+    w_min = min(work)
+    out = []
+    for c, w, r in zip(costs, work, rates, strict=True):
+        if w > w_min:
+            f = level + busy * (w - w_min) / r
+            c = c if c > f else f
+        out.append(c)
+    return out
 
 
 def sole_holder_discounted(costs: list[float], work: Sequence[float], floor: float,
@@ -252,6 +323,9 @@ class EstimatedTTFTScorer(Scorer):
                   uncached work w), unless the cheapest other candidate has room for the prompt's blocks: its
                   cached history is worth keeping where a copy elsewhere would evict (`sole_holder_discounted`;
                   off with sole_holder_discount=False)
+    cost(r)     = max(cost(r), L + busy · (work(r) - work(h)) / rate(r)) for r not among the candidates h that
+                  hold the most of the prompt, L the 95th percentile of recent requests' unavoidable TTFT (at most
+                  the TTFT objective): time under the tail level does not buy a diversion (`tail_banded`)
     score(r)    = min cost / cost(r): 1 for the cheapest replica, in (0, 1] for all, deterministic.
 
     Unlike request counts, a 40k-token prompt weighs what its prefill costs (`work` grows with context:
@@ -284,11 +358,12 @@ class EstimatedTTFTScorer(Scorer):
         self.index = index
         self.work_externality = work_externality
         self.sole_holder_discount = sole_holder_discount  # see sole_holder_discounted
-        self.ttft_objective_s: float | None = None  # the service's TTFT objective: bounds the discount
+        self.ttft_objective_s: float | None = None  # the service's TTFT objective: bounds the discount and the band
+        self.tail = TailLevel()  # the unavoidable TTFT tail of recent requests (`tail_banded`)
         self._costs: list[float] = []
         self.default_rate = default_tokens_per_s
         self.attention_tokens = attention_tokens
-        self._last: tuple[RequestInfo | None, Sequence[ReplicaState], list[float]] = (None, (), [])
+        self._last: tuple[RequestInfo | None, Sequence[ReplicaState], list[float], float] = (None, (), [], 0.0)
         self.fits: dict[str, PrefillCostFit] = {}  # pool -> measured prefill cost of its replicas
         # Off by default: under bursts a first byte waits inside the engine behind running requests, so the fit
         # learns a rate far below the engine's prefill rate and prices every request's own prefill too high
@@ -326,10 +401,12 @@ class EstimatedTTFTScorer(Scorer):
         uncached: list[float] = []
         out: list[float] = []
         own: list[float] = []  # this request's own prefill time per candidate
+        rates: list[float] = []
         busy_n = 0
         for r in replicas:
             h = m.get(r.id, 0) if m else 0
             rate = self.rate(r)
+            rates.append(rate)
             if h:
                 # at least one token is always computed (the engine needs the last position's logits)
                 cached = min(n_tokens - 1, h * bs)
@@ -360,9 +437,13 @@ class EstimatedTTFTScorer(Scorer):
 
             costs = sole_holder_discounted(costs, uncached, self._work(n_tokens, max(0, n_tokens - bs)),
                                            out, self.ttft_objective_s, has_room)
-        self._costs = costs
-        # remembered for on_routed: by then another plugin may already have taught the index this prompt
-        self._last = (req, replicas, uncached)
+        level = self.tail.level()
+        if self.ttft_objective_s is not None and level > self.ttft_objective_s:
+            level = self.ttft_objective_s  # never hold a request past what the service promises
+        self._costs = tail_banded(costs, uncached, rates, level, busy_n / len(replicas))
+        # remembered for on_routed: by then another plugin may already have taught the index this prompt; the
+        # request's unavoidable TTFT (least own prefill time) feeds the tail level once it is routed
+        self._last = (req, replicas, uncached, min(own))
         return out
 
     def score(self, req: RequestInfo, replicas: Sequence[ReplicaState]) -> list[float]:
@@ -372,9 +453,10 @@ class EstimatedTTFTScorer(Scorer):
         return [lo / c for c in costs]  # every cost >= 1 token / rate > 0
 
     def on_routed(self, req: RequestInfo, replica: ReplicaState) -> None:
-        last_req, cands, uncached = self._last
+        last_req, cands, uncached, unavoidable = self._last
         u = None
         if last_req is req:
+            self.tail.add(unavoidable)
             for r, w in zip(cands, uncached, strict=True):
                 if r.id == replica.id:
                     u = w
