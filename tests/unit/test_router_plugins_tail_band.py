@@ -36,15 +36,14 @@ def test_tail_level_is_a_windowed_quantile_once_it_has_a_sample_beyond_it() -> N
 
 def test_tail_banded_raises_only_candidates_that_would_repeat_cached_work() -> None:
     # a holds the prefix (work 36) and costs 0.5; b and c recompute it (work 100 and 68)
-    costs, work, rates = [0.5, 0.1, 2.0], [36.0, 100.0, 68.0], [RATE] * 3
-    out = tail_banded(costs, work, rates, level=1.0, busy=0.5)
-    assert out == pytest.approx([0.5, 1.0 + 0.5 * 0.064, 2.0])  # c above level + its repeated work: unchanged
+    costs, work = [0.5, 0.1, 2.0], [36.0, 100.0, 68.0]
+    assert tail_banded(costs, work, level=1.0) == [0.5, 1.0, 2.0]  # c above the level: unchanged
     # nobody holds more than the others: nothing changes, whatever the level
-    assert tail_banded([0.3, 0.1], [100.0, 100.0], [RATE] * 2, level=5.0, busy=1.0) == [0.3, 0.1]
-    # no level yet and an idle fleet: plain costs
-    assert tail_banded(costs, work, rates, level=0.0, busy=0.0) == costs
-    # no level yet, busy fleet: a candidate that repeats cached work costs at least that work's time
-    assert tail_banded([0.5, 0.05], [36.0, 100.0], [RATE] * 2, level=0.0, busy=1.0) == pytest.approx([0.5, 0.064])
+    assert tail_banded([0.3, 0.1], [100.0, 100.0], level=5.0) == [0.3, 0.1]
+    # two holders: both keep their costs, the faster one still wins between them
+    assert tail_banded([0.4, 0.2, 0.1], [36.0, 36.0, 100.0], level=1.0) == [0.4, 0.2, 1.0]
+    # no level yet: plain costs
+    assert tail_banded(costs, work, level=0.0) == costs
 
 
 def _scorer(objective_s: float | None = None) -> EstimatedTTFTScorer:
@@ -61,17 +60,17 @@ def _scorer(objective_s: float | None = None) -> EstimatedTTFTScorer:
 def test_holder_keeps_the_request_while_under_the_tail_level(wait_s: float, holder_keeps: bool) -> None:
     """a: `wait_s` of queued prefill + 36 new tokens; b: idle, 100 tokens. One of two candidates is busy, so new
     work counts 1.25x (the work externality): a costs wait + 0.045 s, b 0.125 s. Plain estimated TTFT sends the
-    request to b either way; under the 1 s tail level b's gain is worth nothing, so b costs at least
-    1 + 0.5 x 0.064 s (the level plus the repeated prefill, busy-weighted) and a keeps it until it costs more."""
+    request to b either way; under the 1 s tail level b's gain buys nothing, so b costs 1 s and a keeps the
+    request until it costs more than that."""
     req = RequestInfo(**REQ)  # type: ignore[arg-type]
     reps = [R("a", in_flight=1, prefill_tokens=wait_s * RATE, prefill_busy_until=10.0 + wait_s), R("b")]
     s = _scorer()
     assert s.estimates(req, reps) == pytest.approx([wait_s + 0.036, 0.100])  # estimates stay plain TTFT
-    a, b = wait_s + 0.045, 1.032
-    assert s.score(req, reps) == pytest.approx([1.0, a / b] if holder_keeps else [b / a, 1.0])
-    # a fresh scorer (no level yet): b's floor is its repeated work, 0.5 x 0.064 s, under its 0.125 s: b wins
+    a = wait_s + 0.045
+    assert s.score(req, reps) == pytest.approx([1.0, a / 1.0] if holder_keeps else [1.0 / a, 1.0])
+    # a fresh scorer (no level yet) is plain estimated TTFT: b wins
     fresh = EstimatedTTFTScorer(s.index, default_tokens_per_s=RATE, attention_tokens=None, sole_holder_discount=False)
-    assert fresh.score(req, reps)[1] == 1.0
+    assert fresh.score(req, reps) == pytest.approx([0.125 / a, 1.0])
 
 
 def test_the_band_stops_at_the_ttft_objective() -> None:

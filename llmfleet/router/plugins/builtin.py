@@ -227,35 +227,27 @@ class TailLevel:
         return s[min(len(s) - 1, int(self.quantile * len(s)))]
 
 
-def tail_banded(costs: Sequence[float], work: Sequence[float], rates: Sequence[float], level: float,
-                busy: float) -> list[float]:
+def tail_banded(costs: Sequence[float], work: Sequence[float], level: float) -> list[float]:
     """`costs` where a replica that would recompute part of the prompt's cached prefix costs at least the fleet's
-    TTFT tail level plus the work it repeats.
+    TTFT tail level.
 
-    Holders: the candidates that need the least prefill work w_min (they hold the prompt's longest cached
-    prefix); their costs are unchanged. Every other candidate r costs at least
-    level + busy x (work(r) - w_min) / rate(r): the repeated prefill, which a busy fleet pays again as delay to
-    the requests routed to r next (`busy`: the fraction of candidates with queued prefill, 0 in an idle fleet).
+    Holders: the candidates that need the least prefill work (they hold the prompt's longest cached prefix);
+    their costs are unchanged. Every other candidate costs at least `level` (`TailLevel`, bounded by the TTFT
+    objective): while a holder's cost is under the level, a faster replica gains nothing and the holder keeps
+    the request; above it, plain estimated TTFT decides, against the level instead of a lower cost.
 
-    Why: a request sent away from a busy holder saves its own wait but recomputes the prefix elsewhere (work,
-    and a second cache copy that evicts others' blocks). Its TTFT only matters to the tail objective above the
-    level (`TailLevel`: what the tail is anyway, from long cold prompts), so while a holder's cost is under the
-    level a faster replica gains nothing and the holder keeps the request; above it, a diversion must beat the
-    level plus the repeated work. Decisions do not change for prompts that no candidate holds more of than the
-    others (no one is raised) or in an idle fleet (every cost is the request's own prefill, a holder's the
-    least); before the router has a level (0) the floor is the repeated work alone. Everything is in seconds of the
-    scorer's own estimates and the busy fraction it observes: no constant to fit.
+    Why: a request sent away from a busy holder saves its own wait but recomputes the prefix elsewhere (work
+    that delays what is routed there next, and a second cache copy that evicts others' blocks). The tail level
+    is the TTFT that the fleet's own traffic puts at the objective's percentile anyway (long cold prompts), so a
+    request that starts under it does not move the tail: the diversion buys nothing that the objective measures.
+    The level is in seconds of the scorer's own estimates, measured on the traffic: nothing to fit per trace.
+    Decisions do not change for a prompt no candidate holds more of than the others (nobody is raised), in an
+    idle fleet (every cost is the request's own prefill, a holder's the least) or before the router has a level.
     """
-    if level <= 0.0 and busy <= 0.0:
+    if level <= 0.0:
         return list(costs)
     w_min = min(work)
-    out = []
-    for c, w, r in zip(costs, work, rates, strict=True):
-        if w > w_min:
-            f = level + busy * (w - w_min) / r
-            c = c if c > f else f
-        out.append(c)
-    return out
+    return [level if w > w_min and c < level else c for c, w in zip(costs, work, strict=True)]
 
 
 def sole_holder_discounted(costs: list[float], work: Sequence[float], floor: float,
@@ -323,9 +315,9 @@ class EstimatedTTFTScorer(Scorer):
                   uncached work w), unless the cheapest other candidate has room for the prompt's blocks: its
                   cached history is worth keeping where a copy elsewhere would evict (`sole_holder_discounted`;
                   off with sole_holder_discount=False)
-    cost(r)     = max(cost(r), L + busy · (work(r) - work(h)) / rate(r)) for r not among the candidates h that
-                  hold the most of the prompt, L the 95th percentile of recent requests' unavoidable TTFT (at most
-                  the TTFT objective): time under the tail level does not buy a diversion (`tail_banded`)
+    cost(r)     = max(cost(r), L) for r not among the candidates that hold the most of the prompt, L the 95th
+                  percentile of recent requests' unavoidable TTFT, at most the TTFT objective: time under the
+                  fleet's tail does not buy a diversion from the prefix holder (`tail_banded`, `TailLevel`)
     score(r)    = min cost / cost(r): 1 for the cheapest replica, in (0, 1] for all, deterministic.
 
     Unlike request counts, a 40k-token prompt weighs what its prefill costs (`work` grows with context:
@@ -401,12 +393,10 @@ class EstimatedTTFTScorer(Scorer):
         uncached: list[float] = []
         out: list[float] = []
         own: list[float] = []  # this request's own prefill time per candidate
-        rates: list[float] = []
         busy_n = 0
         for r in replicas:
             h = m.get(r.id, 0) if m else 0
             rate = self.rate(r)
-            rates.append(rate)
             if h:
                 # at least one token is always computed (the engine needs the last position's logits)
                 cached = min(n_tokens - 1, h * bs)
@@ -440,7 +430,7 @@ class EstimatedTTFTScorer(Scorer):
         level = self.tail.level()
         if self.ttft_objective_s is not None and level > self.ttft_objective_s:
             level = self.ttft_objective_s  # never hold a request past what the service promises
-        self._costs = tail_banded(costs, uncached, rates, level, busy_n / len(replicas))
+        self._costs = tail_banded(costs, uncached, level)
         # remembered for on_routed: by then another plugin may already have taught the index this prompt; the
         # request's unavoidable TTFT (least own prefill time) feeds the tail level once it is routed
         self._last = (req, replicas, uncached, min(own))
