@@ -365,7 +365,7 @@ def select(args: argparse.Namespace, recorded: dict[str, Any] | None) -> dict[st
     traces = [] if args.no_trace else args.trace
     wanted = set(args.workload or ())
     out: dict[str, Workload] = {}
-    for name, w in workloads(traces, args.quick, args.spike, args.steady).items():
+    for name, w in workloads(traces, args.quick, None if args.shapes else args.spike, args.steady, args.shapes).items():
         for k in args.time_scale or (None,):  # --time-scale: held-out variants instead of the workload itself
             label = name if k is None else rate_variant(name, k)
             if (not wanted or label in wanted or name in wanted) and (recorded is None or label in recorded):
@@ -383,6 +383,9 @@ def main() -> None:
     ap.add_argument("--no-trace", action="store_true", help="only the synthetic workload")
     ap.add_argument("--steady", type=float, nargs="+", metavar="RATE",
                     help="also a steady synthetic workload (no burst) at each of these rates (req/s), named steady-RATE")
+    ap.add_argument("--shapes", action="store_true",
+                    help="synthetic traffic shapes no constant was chosen on (daily cycle, 30 s bursts every 5 min, "
+                         "long prompts, on/off), named shape-*, instead of the spike; e.g. with --no-trace")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "autoscale_eval.json")
     ap.add_argument("--queue-sweep", type=float, nargs="+", metavar="DEPTH",
                     help="only run `queue` at these targetQueueDepth values against the recorded results in --out "

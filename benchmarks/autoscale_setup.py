@@ -21,7 +21,7 @@ from llmfleet.sim.workload import SyntheticSpec, Workload, WorkloadError, load_t
 
 __all__ = ["GPU", "MAX_REPLICAS", "PRIMARY_COLD_S", "PRIMARY_MODEL", "ROOT", "ROUTER_SEEDS", "STUDENT_COLD_S",
            "STUDENT_MODEL", "STUDENT_WARM", "TRACES", "PolicyHook", "misses", "run_policy", "run_static", "service",
-           "rate_variant", "summary_row", "ttft_attainment", "workloads"]
+           "rate_variant", "shapes", "summary_row", "ttft_attainment", "workloads"]
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT.parent / "shared" / "data" / "traces"
@@ -112,15 +112,34 @@ def steady(rate: float, quick: bool) -> tuple[str, Workload]:
     return f"steady-{rate:g}", synthetic(spec)
 
 
+def shapes() -> dict[str, Workload]:
+    """Synthetic traffic shapes no policy constant was chosen on (a check of generality, not a target set): a daily
+    cycle compressed into 30 minutes, 30 s bursts every 5 minutes, long multi-turn prompts, and two 3-minute 12x
+    bursts on near-idle traffic. Multi-tenant sessions as in `spike`, each shape with its own seed."""
+    base: dict[str, Any] = dict(tenants=8, warmup_s=120.0, seed=11)
+    specs = {
+        "shape-diurnal": SyntheticSpec(duration_s=1800.0, rate_rps=12.0, diurnal_amplitude=0.8,
+                                       diurnal_period_s=1800.0, **base),
+        "shape-periodic": SyntheticSpec(duration_s=1500.0, rate_rps=8.0, diurnal_amplitude=0.0,
+                                        bursts=[(float(t), 30.0, 4.0) for t in range(300, 1500, 300)], **base),
+        "shape-longprompt": SyntheticSpec(duration_s=1500.0, rate_rps=1.5, diurnal_amplitude=0.0,
+                                          user_tokens_mean=6000.0, output_tokens_mean=150.0, **base),
+        "shape-onoff": SyntheticSpec(duration_s=1800.0, rate_rps=0.5, diurnal_amplitude=0.0,
+                                     bursts=[(400.0, 180.0, 12.0), (1200.0, 180.0, 12.0)], **base),
+    }
+    return {name: synthetic(spec) for name, spec in specs.items()}
+
+
 def rate_variant(name: str, k: float) -> str:
     """The name of workload `name` replayed at k x its rate (`Workload.scaled(k)`): azure-rate2x, mooncake-rate0.5x."""
     return f"{name}-rate{k:g}x"
 
 
 def workloads(traces: list[Path] | None, quick: bool, spike_factor: float | None = 10.0,
-              steady_rates: list[float] | None = None) -> dict[str, Workload]:
+              steady_rates: list[float] | None = None, with_shapes: bool = False) -> dict[str, Workload]:
     """Each trace (any known format), then the synthetic spike (unless `spike_factor` is None), then a steady
-    synthetic workload per rate in `steady_rates`. `traces` None: every trace file in TRACES."""
+    synthetic workload per rate in `steady_rates`, then (`with_shapes`) the synthetic shapes. `traces` None: every
+    trace file in TRACES."""
     if traces is None:
         traces = sorted(p for p in TRACES.glob("*") if p.suffix.lower() in (".jsonl", ".csv")) if TRACES.exists() else []
     out: dict[str, Workload] = {}
@@ -138,4 +157,6 @@ def workloads(traces: list[Path] | None, quick: bool, spike_factor: float | None
     for rate in steady_rates or []:
         name, w = steady(rate, quick)
         out[name] = w
+    if with_shapes:
+        out.update(shapes())
     return out

@@ -131,7 +131,8 @@ def _slo_primary(
     """Raw recommendation of the slo policy for a primary pool.
 
     Returns (replicas, reasons, planned rate, burst rate): the burst rate is what student pools are sized
-    for while the primary cold-starts (the demand one cold start ahead at the last jump's slope).
+    for while the primary cold-starts: within a detected level shift the demand one cold start ahead at the
+    last jump's slope, otherwise the planned rate.
     """
     reasons: list[str] = []
     rate = float(sig.arrival_rate or 0.0)
