@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from llmfleet.router.plugins import EstimatedTTFTScorer, PrefixIndex, ReplicaState, RequestInfo
-from llmfleet.router.plugins.builtin import TailLevel, tail_banded
+from llmfleet.router.plugins.tail import TailLevel, tail_banded
 
 RATE = 1000.0  # tokens/s: estimates read directly as seconds
 KEYS = [11, 12, 13, 14, 15, 16]  # 6 blocks of 16 tokens; "a" holds the first 4 (64 of the prompt's 100 tokens)
