@@ -186,6 +186,8 @@ DEFAULT_ATTENTION_TOKENS = 30_000.0
 # duplicates it in a second cache) must save more than it costs the queue behind it; in an idle fleet it
 # is plain TTFT. 0.5 was chosen on routing_eval.py's scenarios (docs/benchmarks/routing_eval.md says how).
 DEFAULT_WORK_EXTERNALITY = 0.5
+
+
 def sole_holder_discounted(costs: list[float], work: Sequence[float], floor: float,
                            estimates: Sequence[float] | None = None, limit_s: float | None = None,
                            has_room: Callable[[int], bool] | None = None) -> list[float]:
