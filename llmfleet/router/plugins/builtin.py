@@ -19,7 +19,6 @@ from llmfleet.router.plugins.base import (
     charge_prefill,
 )
 from llmfleet.router.plugins.session import SessionAffinityScorer
-from llmfleet.router.plugins.tail import TailLevel, tail_banded
 from llmfleet.router.prefix_index import PrefixIndex
 
 
@@ -253,9 +252,6 @@ class EstimatedTTFTScorer(Scorer):
                   uncached work w), unless the cheapest other candidate has room for the prompt's blocks: its
                   cached history is worth keeping where a copy elsewhere would evict (`sole_holder_discounted`;
                   off with sole_holder_discount=False)
-    cost(r)     = max(cost(r), L) for r not among the candidates that hold the most of the prompt, L the 95th
-                  percentile of recent requests' unavoidable TTFT, at most the TTFT objective: time under the
-                  fleet's tail does not buy a diversion from the prefix holder (`tail_banded`, `TailLevel`)
     score(r)    = min cost / cost(r): 1 for the cheapest replica, in (0, 1] for all, deterministic.
 
     Unlike request counts, a 40k-token prompt weighs what its prefill costs (`work` grows with context:
@@ -288,12 +284,11 @@ class EstimatedTTFTScorer(Scorer):
         self.index = index
         self.work_externality = work_externality
         self.sole_holder_discount = sole_holder_discount  # see sole_holder_discounted
-        self.ttft_objective_s: float | None = None  # the service's TTFT objective: bounds the discount and the band
-        self.tail = TailLevel()  # the unavoidable TTFT tail of recent requests (`tail_banded`)
+        self.ttft_objective_s: float | None = None  # the service's TTFT objective: bounds the discount
         self._costs: list[float] = []
         self.default_rate = default_tokens_per_s
         self.attention_tokens = attention_tokens
-        self._last: tuple[RequestInfo | None, Sequence[ReplicaState], list[float], float] = (None, (), [], 0.0)
+        self._last: tuple[RequestInfo | None, Sequence[ReplicaState], list[float]] = (None, (), [])
         self.fits: dict[str, PrefillCostFit] = {}  # pool -> measured prefill cost of its replicas
         # Off by default: under bursts a first byte waits inside the engine behind running requests, so the fit
         # learns a rate far below the engine's prefill rate and prices every request's own prefill too high
@@ -365,13 +360,9 @@ class EstimatedTTFTScorer(Scorer):
 
             costs = sole_holder_discounted(costs, uncached, self._work(n_tokens, max(0, n_tokens - bs)),
                                            out, self.ttft_objective_s, has_room)
-        level = self.tail.level()
-        if self.ttft_objective_s is not None and level > self.ttft_objective_s:
-            level = self.ttft_objective_s  # never hold a request past what the service promises
-        self._costs = tail_banded(costs, uncached, level)
-        # remembered for on_routed: by then another plugin may already have taught the index this prompt; the
-        # request's unavoidable TTFT (least own prefill time) feeds the tail level once it is routed
-        self._last = (req, replicas, uncached, min(own))
+        self._costs = costs
+        # remembered for on_routed: by then another plugin may already have taught the index this prompt
+        self._last = (req, replicas, uncached)
         return out
 
     def score(self, req: RequestInfo, replicas: Sequence[ReplicaState]) -> list[float]:
@@ -381,10 +372,9 @@ class EstimatedTTFTScorer(Scorer):
         return [lo / c for c in costs]  # every cost >= 1 token / rate > 0
 
     def on_routed(self, req: RequestInfo, replica: ReplicaState) -> None:
-        last_req, cands, uncached, unavoidable = self._last
+        last_req, cands, uncached = self._last
         u = None
         if last_req is req:
-            self.tail.add(unavoidable)
             for r, w in zip(cands, uncached, strict=True):
                 if r.id == replica.id:
                     u = w
