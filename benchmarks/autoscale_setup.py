@@ -115,7 +115,7 @@ def steady(rate: float, quick: bool) -> tuple[str, Workload]:
 def shapes() -> dict[str, Workload]:
     """Synthetic traffic shapes no policy constant was chosen on (a check of generality, not a target set): a daily
     cycle compressed into 30 minutes, 30 s bursts every 5 minutes, long multi-turn prompts, and two 3-minute 12x
-    bursts on near-idle traffic. Multi-tenant sessions as in `spike`, each shape with its own seed."""
+    bursts on near-idle traffic. Multi-tenant sessions as in `spike`, one generator seed for all four."""
     base: dict[str, Any] = dict(tenants=8, warmup_s=120.0, seed=11)
     specs = {
         "shape-diurnal": SyntheticSpec(duration_s=1800.0, rate_rps=12.0, diurnal_amplitude=0.8,
