@@ -7,10 +7,13 @@ the running batch). A request of `i` input and `o` output tokens with prefix hit
 the observed mix. The seed comes from the planner's roofline estimate; `learn_efficiency` corrects
 it online from the tokens the replicas computed while every one of them had requests waiting all interval.
 
-The TTFT estimate is M/M/c (Erlang C) over the pool's replicas with a per-replica "slot" count: a
-replica with k slots is treated as k servers of rate mu/k (continuous batching admits several
-requests at once). The 95th percentile of the waiting time of M/M/c is
-`ln(C / 0.05) / (c*mu - lambda)` when the probability of waiting C exceeds 5 %, else 0.
+The TTFT estimate is the prefill of a mean request plus the 95th percentile of its wait for the prefills ahead
+of it: M/M/c (Erlang C) with one server per replica whose service time is a request's prefill. Continuous
+batching adds a new request to the next engine step beside the running decodes, so it waits for prefill work,
+not for whole requests; the decodes take their share of each replica's time (`rate * decode_s / replicas`),
+which slows the prefill server by that much. The 95th percentile of the waiting time of M/M/c is
+`ln(C / 0.05) / (c*mu - lambda)` when the probability of waiting C exceeds 5 %, else 0. Utilization (prefill
+plus decode replica-seconds per second) is capped separately (`replicas_for_ttft`).
 """
 
 from __future__ import annotations
@@ -26,8 +29,6 @@ class CapacitySeed:
 
     prefill_tokens_per_s: float
     decode_tokens_per_s: float
-    # Requests one replica really runs concurrently at full throughput (continuous batching).
-    slots: int = 4
     # The seed at another request mix (mean input tokens, mean output tokens, prefix hit rate): the planner's roofline
     # evaluated there (seeds.py). A replica's throughput depends on the mix (every decode step reads the KV of its
     # batch's whole context; a prompt's attention grows with its length), so one fixed shape mis-seeds every workload
@@ -41,7 +42,7 @@ class CapacitySeed:
         return self.at_mix(mean_in, mean_out, hit_rate or 0.0)
 
 
-DEFAULT_SEED = CapacitySeed(prefill_tokens_per_s=8000.0, decode_tokens_per_s=1500.0, slots=4)
+DEFAULT_SEED = CapacitySeed(prefill_tokens_per_s=8000.0, decode_tokens_per_s=1500.0)
 
 
 def service_seconds(seed: CapacitySeed, efficiency: float, mean_in: float, mean_out: float, hit_rate: float) -> float:
@@ -72,39 +73,39 @@ def erlang_c(servers: int, offered: float) -> float:
     return servers * b / (servers - offered * (1.0 - b))
 
 
-def wait_p95_seconds(replicas: int, slots: int, rate: float, mu_replica: float) -> float:
-    """95th percentile of queueing delay (seconds) for `rate` req/s on `replicas` replicas; inf if overloaded."""
-    if rate <= 0:
+def wait_p95_seconds(replicas: int, rate: float, prefill_s: float, decode_s: float) -> float:
+    """95th percentile of the wait before a request's prefill runs, for `rate` req/s on `replicas` replicas.
+
+    `prefill_s` and `decode_s`: replica-seconds of a mean request's prefill and decode (module docstring); inf if
+    overloaded."""
+    if rate <= 0 or prefill_s <= 0:
         return 0.0
-    if replicas <= 0 or mu_replica <= 0:
+    if replicas <= 0:
         return math.inf
-    servers = replicas * max(slots, 1)
-    mu_server = mu_replica / max(slots, 1)
+    share = rate * max(decode_s, 0.0) / replicas
+    if share >= 1.0:
+        return math.inf
+    mu_server = (1.0 - share) / prefill_s
     offered = rate / mu_server
-    if offered >= servers:
+    if offered >= replicas:
         return math.inf
-    c = erlang_c(servers, offered)
+    c = erlang_c(replicas, offered)
     if c <= 0.05:
         return 0.0
-    return math.log(c / 0.05) / (servers * mu_server - rate)
+    return math.log(c / 0.05) / (replicas * mu_server - rate)
 
 
-def replicas_for_ttft(
-    rate: float,
-    mu_replica: float,
-    slots: int,
-    wait_budget_s: float,
-    max_utilization: float,
-    upper: int,
-) -> int:
-    """Fewest replicas (<= upper) whose p95 queueing delay fits `wait_budget_s` at utilization <= max_utilization."""
+def replicas_for_ttft(rate: float, prefill_s: float, decode_s: float, wait_budget_s: float,
+                      max_utilization: float, upper: int) -> int:
+    """Fewest replicas (<= upper) whose p95 prefill wait fits `wait_budget_s` at utilization <= max_utilization."""
     if rate <= 0:
         return 0
-    if mu_replica <= 0:
-        return upper
-    start = max(1, math.ceil(rate / (mu_replica * max_utilization)))
+    cost = max(prefill_s, 0.0) + max(decode_s, 0.0)
+    if cost <= 0:
+        return 1
+    start = max(1, math.ceil(rate * cost / max_utilization))
     for n in range(start, max(upper, start) + 1):
-        if wait_p95_seconds(n, slots, rate, mu_replica) <= wait_budget_s:
+        if wait_p95_seconds(n, rate, prefill_s, decode_s) <= wait_budget_s:
             return n
     return max(upper, start)
 
@@ -158,6 +159,12 @@ def learn_efficiency(
     return min(max(target, EFFICIENCY_BOUNDS[0]), EFFICIENCY_BOUNDS[1])
 
 
+# Holt's level weight per regular sample. The smoothed level of Poisson counts has sqrt(alpha / (2 - alpha)) of
+# one sample's standard deviation (the variance of an exponentially weighted mean).
+LEVEL_ALPHA = 0.4
+LEVEL_NOISE = math.sqrt(LEVEL_ALPHA / (2 - LEVEL_ALPHA))
+
+
 @dataclass
 class Holt:
     """Holt's linear (level + trend) smoothing of the arrival rate, for a short-horizon forecast."""
@@ -166,7 +173,7 @@ class Holt:
     trend: float = 0.0
     last_t: float | None = None
 
-    def update(self, t: float, value: float, alpha: float = 0.4, beta: float = 0.1, weight: float = 1.0) -> None:
+    def update(self, t: float, value: float, alpha: float = LEVEL_ALPHA, beta: float = 0.1, weight: float = 1.0) -> None:
         """Fold in `value` measured at `t`. `weight`: how many regular samples' worth of time it was measured over
         (a decision brought forward measures over a fraction of an interval); `alpha` and `beta` are per regular
         sample and are compounded to the weight, so a sample over a third of an interval moves the level about a

@@ -4,7 +4,8 @@ Pure and deterministic (no clock, no I/O, the input state is never mutated), so 
 local runtime and the simulator run the same code. Policies, selected by `spec.autoscaling.policy`:
 
 - `slo` (default): per-replica capacity (seeded by the planner's roofline, learned online) and an
-  Erlang-C estimate of TTFT p95 at the arrival rate forecast one cold start ahead; feedback from the
+  Erlang-C estimate of TTFT p95 (the wait for the prefills ahead; capacity.py) at the arrival rate
+  forecast one cold start ahead; feedback from the
   observed TTFT/TPOT p95 when the model is too optimistic. Student pools are sized for the overflow
   the primary cannot absorb while it scales (cold start) or when it is at maxReplicas.
 - `queue`: KEDA/HPA-style, `ceil(waiting / targetQueueDepth)` with a 10 % tolerance (the baseline).
@@ -26,6 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from llmfleet.autoscaler.capacity import (
+    LEVEL_NOISE,
     CapacitySeed,
     learn_efficiency,
     prefill_seconds,
@@ -54,6 +56,9 @@ DEFAULT_COLD_START_S = 60.0
 # A rate jump is a burst only beyond this many Poisson standard deviations of the interval's expected count: the
 # three-sigma convention, a property of counting noise, not of any workload (docs/autoscaler.md).
 BURST_SIGMAS = 3.0
+# A scale-down must also hold at this much more than the planned rate (the HPA's 10 % tolerance): at the
+# utilization cap the recommendation otherwise follows the smoothed rate's noise across a replica boundary.
+DOWN_TOLERANCE = 0.1
 
 
 def _clamp(n: int, cfg: PoolBounds) -> int:
@@ -113,6 +118,26 @@ def _saturated(st: PoolState, sig: PoolSignals) -> bool:
     they did is their capacity. A queue seen at one tick is not enough (one request arriving mid-step meets it)."""
     return (sig.min_queue_depth is not None and sig.min_queue_depth >= 1 and sig.ready_replicas > 0
             and st.prev_ready == sig.ready_replicas)
+
+
+def _split(pool: PoolBounds, st: PoolState, sig: PoolSignals, mu: float) -> tuple[float, float]:
+    """A request's replica-seconds at `mu` requests/s per replica, split into prefill and decode at the interval's
+    mix (the planned cost is smoothed; its split is the measured mix's)."""
+    seed = _seed(pool, sig)
+    eff = max(st.efficiency, 1e-3)
+    sp = prefill_seconds(seed, eff, sig.mean_input_tokens if sig.mean_input_tokens is not None else 512.0,
+                         sig.prefix_hit_rate or 0.0)
+    sd = (sig.mean_output_tokens if sig.mean_output_tokens is not None else 128.0) / (seed.decode_tokens_per_s * eff)
+    cost = 1.0 / mu if mu > 0 and math.isfinite(mu) else sp + sd
+    frac = sp / (sp + sd) if sp + sd > 0 else 1.0
+    return frac * cost, (1.0 - frac) * cost
+
+
+def _within_noise(gap: float, rate: float, window_s: float) -> bool:
+    """A gap between demand and the ready capacity smaller than one standard deviation of the smoothed rate it
+    comes from (LEVEL_NOISE of the Poisson count over `window_s`): not evidence of overflow. At the utilization cap
+    every noisy interval would otherwise warm a student, whose stand-in then releases a primary replica."""
+    return gap * window_s < LEVEL_NOISE * math.sqrt(max(rate * window_s, 1.0))
 
 
 def _learn(cfg: PolicyConfig, pool: PoolBounds, st: PoolState, sig: PoolSignals) -> None:
@@ -175,10 +200,13 @@ def _slo_primary(
         st.service.update(sig.now, service_seconds(seed, 1.0, sig.mean_input_tokens, sig.mean_output_tokens,
                                                    sig.prefix_hit_rate or 0.0), weight=_window(cfg, sig) / cfg.interval_s)
     mu = _mu_planned(pool, st, sig)
-    prefill = prefill_seconds(seed, st.efficiency, sig.mean_input_tokens or 512.0, sig.prefix_hit_rate or 0.0)
+    sp, sd = _split(pool, st, sig, mu)
     slo_s = cfg.ttft_slo_ms / 1000.0
-    budget = max(cfg.ttft_target_fraction * slo_s - prefill, 0.05 * slo_s)
-    n = replicas_for_ttft(planned + backlog, mu, seed.slots, budget, cfg.max_utilization, pool.max_replicas)
+    budget = max(cfg.ttft_target_fraction * slo_s - _split(pool, st, sig, math.inf)[0], 0.05 * slo_s)
+    n = replicas_for_ttft(planned + backlog, sp, sd, budget, cfg.max_utilization, pool.max_replicas)
+    if n < sig.replicas:
+        n = min(sig.replicas, replicas_for_ttft((planned + backlog) * (1 + DOWN_TOLERANCE), sp, sd, budget,
+                                                cfg.max_utilization, pool.max_replicas))
     reasons.append(
         f"rate {rate:.2f}/s forecast {planned:.2f}/s backlog {backlog:.2f}/s, {mu:.2f} req/s per replica "
         f"(efficiency {st.efficiency:.2f}), TTFT budget {budget * 1000:.0f} ms -> {n}"
@@ -246,16 +274,13 @@ def _slo_students(
         mu_overflow = mu if mix is sig else _mu(pool, st, mix)
         own = float(sig.arrival_rate or 0.0)
         slo_s = cfg.ttft_slo_ms / 1000.0
-        prefill = prefill_seconds(_seed(pool, mix), st.efficiency, mix.mean_input_tokens or 512.0,
-                                  sig.prefix_hit_rate or 0.0)
-        budget = max(cfg.ttft_target_fraction * slo_s - prefill, 0.05 * slo_s)
+        budget = max(cfg.ttft_target_fraction * slo_s - _split(pool, st, mix, math.inf)[0], 0.05 * slo_s)
         predicted = ahead(cold_start_seconds(cfg, pool, st) + cfg.interval_s) if ahead is not None else 0.0
         want = max(remaining, predicted - (overflow - remaining))  # what earlier students absorb, absorbed
-        need_overflow = replicas_for_ttft(
-            want, mu_overflow, _seed(pool, mix).slots, budget, cfg.max_utilization, pool.max_replicas
-        )
-        need_own = 0 if primary_headroom else replicas_for_ttft(own, mu, _seed(pool, sig).slots, budget, cfg.max_utilization,
-                                                                pool.max_replicas)
+        need_overflow = replicas_for_ttft(want, *_split(pool, st, mix, mu_overflow), budget, cfg.max_utilization,
+                                          pool.max_replicas)
+        need_own = 0 if primary_headroom else replicas_for_ttft(own, *_split(pool, st, sig, mu), budget,
+                                                                cfg.max_utilization, pool.max_replicas)
         warm = 1 if recent_burst and pool is students[0] else 0
         n = min(max(need_overflow, need_own, warm), pool.max_replicas)
         absorbed = n * mu_overflow * cfg.max_utilization
@@ -341,6 +366,8 @@ def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState
                     overflow = max(burst - ready_cap, 0.0)
                 elif (sig.degraded_fraction or 0.0) > 0:
                     overflow = max(planned - ready_cap, 0.0)
+                if _within_noise(overflow, planned, _window(cfg, sig)):
+                    overflow = 0.0
                 headroom = overflow == 0.0 and sig.ready_replicas >= sig.replicas and ready_cap >= planned
                 # the clearly-idle horizon (two cold starts, stabilize.py): as long as the forecast must have seen
                 # demand coming back before capacity is called idle
@@ -359,7 +386,8 @@ def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState
                 # only when the primary's ready replicas will not absorb the demand a student cold start ahead
                 level = pst.arrival.level or 0.0
                 fc = pst.arrival.forecast(horizon) or level
-                return max(min(fc, 1.25 * level) - ready_cap_p, 0.0)
+                gap = max(min(fc, 1.25 * level) - ready_cap_p, 0.0)
+                return 0.0 if _within_noise(gap, level, cfg.interval_s) else gap
 
         for name, item in _slo_students(cfg, students, by_name, state, overflow, primary_sig, ahead,
                                         headroom, recent_burst).items():
@@ -399,10 +427,9 @@ def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState
         if cap is None and sig.usable:
             cap = _mu(pool, st, sig)
         if cap is not None and sig.arrival_rate is not None:
-            seed = _seed(pool, sig)
-            wait = wait_p95_seconds(desired, seed.slots, sig.arrival_rate, cap)
-            pre = prefill_seconds(seed, st.efficiency, sig.mean_input_tokens or 512.0, sig.prefix_hit_rate or 0.0)
-            pred = (wait + pre) * 1000.0 if math.isfinite(wait) else None
+            sp, sd = _split(pool, st, sig, cap)
+            wait = wait_p95_seconds(desired, sig.arrival_rate, sp, sd)
+            pred = (wait + _split(pool, st, sig, math.inf)[0]) * 1000.0 if math.isfinite(wait) else None
         predicted[pool.name] = pred
         decisions[pool.name] = PoolDecision(
             pool=pool.name,

@@ -31,8 +31,7 @@ def seed_from_capacity(cap: ReplicaCapacity, w: TrafficShape) -> CapacitySeed:
     new_tokens = max(1.0, w.input_tokens * (1.0 - w.prefix_hit_rate))
     prefill_tps = new_tokens / cap.prefill_s if cap.prefill_s > 0 else DEFAULT_SEED.prefill_tokens_per_s
     decode_tps = cap.max_batch / cap.decode_step_s if cap.decode_step_s > 0 else DEFAULT_SEED.decode_tokens_per_s
-    # Prefills run one at a time per replica (they own the step's token budget): one queueing slot.
-    return CapacitySeed(prefill_tokens_per_s=prefill_tps, decode_tokens_per_s=decode_tps, slots=1)
+    return CapacitySeed(prefill_tokens_per_s=prefill_tps, decode_tokens_per_s=decode_tps)
 
 
 def seed_for_pool(

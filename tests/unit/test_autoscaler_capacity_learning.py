@@ -16,7 +16,7 @@ from llmfleet.autoscaler.capacity import (
 )
 from llmfleet.autoscaler.policy import PolicyConfig, PolicyState, PoolBounds, PoolSignals, decide
 
-SEED = CapacitySeed(prefill_tokens_per_s=8000.0, decode_tokens_per_s=1500.0, slots=1)
+SEED = CapacitySeed(prefill_tokens_per_s=8000.0, decode_tokens_per_s=1500.0)
 
 
 def _cfg() -> PolicyConfig:

@@ -235,7 +235,7 @@ def test_seeds_come_from_the_planner_roofline() -> None:
     seed = seed_from_capacity(cap, w)
     assert seed.prefill_tokens_per_s == pytest.approx(2048 / cap.prefill_s)
     seeds = seeds_for_service(isvc())
-    assert seeds["primary"].prefill_tokens_per_s > 1000 and seeds["primary"].slots == 1
+    assert seeds["primary"].prefill_tokens_per_s > 1000
     assert seeds["small"].prefill_tokens_per_s == 8000.0  # no preset/GPU for the student: default seed
     cfg = PolicyConfig.from_service(isvc(), seeds=seeds)
     assert cfg.pool("primary").seed == seeds["primary"]

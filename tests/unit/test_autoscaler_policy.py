@@ -20,7 +20,7 @@ from llmfleet.autoscaler.policy import (
     decide,
 )
 
-SEED = CapacitySeed(prefill_tokens_per_s=8000.0, decode_tokens_per_s=1500.0, slots=1)
+SEED = CapacitySeed(prefill_tokens_per_s=8000.0, decode_tokens_per_s=1500.0)
 MEAN_IN, MEAN_OUT = 2000.0, 200.0
 # One replica at this mix: 2000/8000 + 200/1500 = 0.383 s per request -> ~2.6 req/s.
 MU = 1.0 / (MEAN_IN / SEED.prefill_tokens_per_s + MEAN_OUT / SEED.decode_tokens_per_s)
@@ -29,7 +29,7 @@ MU = 1.0 / (MEAN_IN / SEED.prefill_tokens_per_s + MEAN_OUT / SEED.decode_tokens_
 def config(policy: str = "slo", **kw: object) -> PolicyConfig:
     pools = (
         PoolBounds("primary", "primary", 1, 30, 2, seed=SEED),
-        PoolBounds("small", "student", 0, 6, 0, seed=CapacitySeed(40000.0, 6000.0, 1)),
+        PoolBounds("small", "student", 0, 6, 0, seed=CapacitySeed(40000.0, 6000.0)),
     )
     values: dict[str, object] = dict(policy=policy, pools=pools, ttft_slo_ms=2000.0, interval_s=15.0, cold_start_s=60.0)
     values.update(kw)
@@ -111,13 +111,34 @@ def test_erlang_c_known_values(servers: int, offered: float, expected: float) ->
     assert erlang_c(servers, offered) == pytest.approx(expected, abs=2e-3)
 
 
+PREFILL_S, DECODE_S = MEAN_IN / SEED.prefill_tokens_per_s, MEAN_OUT / SEED.decode_tokens_per_s
+
+
 def test_wait_p95_decreases_with_replicas_and_is_inf_when_overloaded() -> None:
-    waits = [wait_p95_seconds(n, 1, 10.0, MU) for n in range(1, 12)]
+    waits = [wait_p95_seconds(n, 10.0, PREFILL_S, DECODE_S) for n in range(1, 12)]
     assert math.isinf(waits[0]) and math.isinf(waits[2])
     finite = [w for w in waits if math.isfinite(w)]
     assert finite == sorted(finite, reverse=True) and finite[-1] == 0.0
-    n = replicas_for_ttft(10.0, MU, 1, 0.5, 0.85, 30)
-    assert wait_p95_seconds(n, 1, 10.0, MU) <= 0.5 < wait_p95_seconds(n - 1, 1, 10.0, MU)
+    n = replicas_for_ttft(10.0, PREFILL_S, DECODE_S, 0.3, 0.85, 30)
+    assert wait_p95_seconds(n, 10.0, PREFILL_S, DECODE_S) <= 0.3 < wait_p95_seconds(n - 1, 10.0, PREFILL_S, DECODE_S)
+
+
+def test_the_wait_is_for_prefills_and_decodes_only_slow_them() -> None:
+    """A request waits for the prefills ahead of it, not for whole requests (continuous batching adds it to the next
+    step beside the running decodes): the p95 wait is M/M/c over the prefill work, the decodes' share of each
+    replica slowing that server. Whole requests as the service (the model it replaces) would wait 1.65x longer here."""
+    rate, n = 4.0, 2
+    share = rate * DECODE_S / n
+    mu = (1 - share) / PREFILL_S
+    c = erlang_c(n, rate / mu)
+    assert wait_p95_seconds(n, rate, PREFILL_S, DECODE_S) == pytest.approx(math.log(c / 0.05) / (n * mu - rate))
+    # without decodes the prefill server is faster; whole requests as the service would wait longer
+    assert wait_p95_seconds(n, rate, PREFILL_S, 0.0) < wait_p95_seconds(n, rate, PREFILL_S, DECODE_S)
+    whole = 1 / (PREFILL_S + DECODE_S)
+    c_whole = erlang_c(n, rate / whole)
+    assert math.log(c_whole / 0.05) / (n * whole - rate) > 1.6 * wait_p95_seconds(n, rate, PREFILL_S, DECODE_S)
+    # the utilization cap still binds where prefills alone would never queue
+    assert replicas_for_ttft(4.0, 0.001, 0.5, 10.0, 0.85, 30) == math.ceil(4.0 * 0.501 / 0.85)
 
 
 # --- scenarios -------------------------------------------------------------------------------------------------
@@ -171,6 +192,8 @@ def test_noisy_metrics_do_not_flap() -> None:
     w.run(lambda t: 8.0 * (1 + rng.uniform(-0.3, 0.3)), 3600)
     assert w.actions(after=600) <= 2
     assert w.replicas["primary"] >= needed(8.0)
+    # at the utilization cap, a gap within the smoothed rate's noise warms no student (policy._within_noise)
+    assert w.actions("small", after=900) == 0 and w.replicas["small"] == 0
 
 
 @pytest.mark.parametrize("kind", ["stale", "missing"])
@@ -533,7 +556,7 @@ def _mix_sig(t: float, mean_in: float, rate: float = 3.0) -> PoolSignals:
 def test_capacity_is_seeded_at_the_measured_mix() -> None:
     """A seed with a roofline per mix (seeds.py) is read at the interval's mean request shape: a mix at which the
     roofline halves the throughputs halves the capacity per replica and asks for more replicas than the fixed seed."""
-    half = CapacitySeed(SEED.prefill_tokens_per_s / 2, SEED.decode_tokens_per_s / 2, 1)
+    half = CapacitySeed(SEED.prefill_tokens_per_s / 2, SEED.decode_tokens_per_s / 2)
     asked: list[tuple[float, float, float]] = []
 
     def at_mix(mean_in: float, mean_out: float, hit: float) -> CapacitySeed:
