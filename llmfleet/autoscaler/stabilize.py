@@ -36,13 +36,22 @@ def stabilize(
     if st.first_seen is None:
         st.first_seen = now
     st.history.append((now, rec))
+    # A student pool's down-window is rent-or-buy's break-even (its cold start, at least two intervals) for all but
+    # one replica: the first is the insurance for a burst coming back and keeps the full window (on the Azure trace
+    # bursts recur within it; released, each burst found no student); the others are capacity for the size of the
+    # burst that is over, idle once the primaries it bridged are ready.
+    window = cfg.down_window_s
+    if cfg.policy == "slo" and pool.role == "student":
+        window = min(window, max(cold_s, 2 * cfg.interval_s))
     keep = max(cfg.up_window_s, cfg.down_window_s)
     st.history = [(t, r) for t, r in st.history if t >= now - keep]
     if sig.ttft_p95_ms is not None and not sig.stale:
         st.ttft_history.append((now, sig.ttft_p95_ms))
     st.ttft_history = [(t, p) for t, p in st.ttft_history if t >= now - cfg.down_window_s]
     up = min(r for t, r in st.history if t >= now - cfg.up_window_s)
-    down = max(r for t, r in st.history if t >= now - cfg.down_window_s)
+    down = max(r for t, r in st.history if t >= now - window)
+    if window < cfg.down_window_s:
+        down = max(down, min(max(r for t, r in st.history if t >= now - cfg.down_window_s), 1))
     if current < pool.min_replicas or current > pool.max_replicas:
         reasons.append(f"outside [{pool.min_replicas}, {pool.max_replicas}]")
         return min(max(current, pool.min_replicas), pool.max_replicas), ("up" if current < pool.min_replicas else "down")
@@ -101,8 +110,8 @@ def stabilize(
             reasons.append(f"clearly idle: highest recommendation over {short:g} s is {idle}: -{step}")
             return max(idle, current - step), "down"
     if down < current:
-        if now - st.first_seen < cfg.down_window_s:
-            reasons.append(f"scale-down waits for a full {cfg.down_window_s:g} s window of history")
+        if now - st.first_seen < window:
+            reasons.append(f"scale-down waits for a full {window:g} s window of history")
             return current, "hold"
         # The model's headroom must show in the measured latency. It plans TTFT at ttft_target_fraction of the
         # SLO; an interval of the window that measured more says the model is optimistic at this size (it
@@ -110,15 +119,15 @@ def stabilize(
         # heavy-tailed prompts make queueing worse than its estimate), so one replica fewer would spend margin
         # that is not there. Clearly idle capacity (above) is released regardless.
         planned_ms = cfg.ttft_target_fraction * cfg.ttft_slo_ms
-        worst = max((p for _, p in st.ttft_history), default=None)
+        worst = max((p for t, p in st.ttft_history if t >= now - window), default=None)
         if cfg.policy == "slo" and worst is not None and worst > planned_ms:
-            reasons.append(f"TTFT p95 reached {worst:.0f} ms in the last {cfg.down_window_s:g} s, above the "
+            reasons.append(f"TTFT p95 reached {worst:.0f} ms in the last {window:g} s, above the "
                            f"planned {planned_ms:.0f} ms: no scale-down")
             return current, "hold"
         if st.last_action_at is not None and now - st.last_action_at < cfg.cooldown_s:
             reasons.append(f"cooldown: last action {now - st.last_action_at:.0f} s ago")
             return current, "hold"
         desired = max(down, current - cfg.max_down_step)
-        reasons.append(f"highest recommendation over {cfg.down_window_s:g} s is {down}")
+        reasons.append(f"highest recommendation over {window:g} s is {down}")
         return desired, "down"
     return current, "hold"

@@ -539,8 +539,8 @@ def test_a_student_past_its_planned_ttft_carries_nothing() -> None:
     capacity model says: the primary scales up at once instead of waiting for it to carry the overflow."""
     for student_ttft, waits in ((None, True), (1000.0, True), (1900.0, False)):
         w = World(config(), replicas={"primary": 2, "small": 1})
-        w.run(lambda t: 1.0, 60, student_ttft=student_ttft)
-        d = w.tick(75.0, 8.0, student_ttft=student_ttft)
+        w.run(lambda t: 1.0, 30, student_ttft=student_ttft)  # within the idle student's cold start: still there
+        d = w.tick(45.0, 8.0, student_ttft=student_ttft)
         assert (d.pools["primary"].action == "hold") is waits, (student_ttft, d.pools["primary"].reasons)
 
 

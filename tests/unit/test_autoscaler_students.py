@@ -108,16 +108,23 @@ def test_the_base_rate_after_a_burst_ends_is_no_new_burst() -> None:
 
 
 
-def test_a_student_that_absorbed_a_burst_is_held_for_the_down_window() -> None:
-    """The early idle release is the primary's (after a burst more than a down-window old); a student pool keeps the
-    plain rule: what it was asked for stays for the whole down-window, so overflow that comes back during a long
-    burst finds it warm instead of 20 s away."""
+def test_a_student_pool_keeps_one_replica_for_the_down_window_and_releases_the_rest_at_break_even() -> None:
+    """After a burst the student replicas beyond the first are released at rent-or-buy's break-even (idle for their
+    cold start), one per cooldown: they were capacity for the size of a burst the primaries now carry. The first
+    stays for the whole down-window after it was last asked for: overflow that comes back finds it warm instead of
+    a cold start away (the primary's early idle release after a burst is its own)."""
     w = World(config(), replicas={"primary": 1, "small": 0})
     w.run(lambda t: 20.0 if 300 <= t < 900 else 0.5, 1500)
-    recommended = [t for t, _, d in w.log if d.pools["small"].recommended > 0]
-    assert recommended
-    first_down = next(t for t, _, d in w.log if t > recommended[0] and d.pools["small"].action == "down")
-    assert first_down >= recommended[0] + w.cfg.down_window_s
+    small = [(t, d.pools["small"]) for t, _, d in w.log]
+    peak = max(p.desired for _, p in small)
+    assert peak >= 3
+    last_multi = max(t for t, p in small if p.recommended > 1)
+    at_most_one = next(t for t, p in small if t > last_multi and p.desired <= 1)
+    hold = max(w.cold_start, 2 * w.cfg.interval_s)
+    assert at_most_one <= last_multi + hold + (peak - 1) * w.cfg.cooldown_s
+    last_any = max(t for t, p in small if p.recommended > 0)
+    assert all(p.desired >= 1 for t, p in small if last_any <= t < last_any + w.cfg.down_window_s)
+    assert small[-1][1].desired == 0
 
 
 def _prompt_heavy_burst_on_one_primary(duration_s: float, burst_at: float, burst_s: float):  # type: ignore[no-untyped-def]
