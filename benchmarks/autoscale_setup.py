@@ -114,8 +114,9 @@ def steady(rate: float, quick: bool) -> tuple[str, Workload]:
 
 def shapes() -> dict[str, Workload]:
     """Synthetic traffic shapes no policy constant was chosen on (a check of generality, not a target set): a daily
-    cycle compressed into 30 minutes, 30 s bursts every 5 minutes, long multi-turn prompts, and two 3-minute 12x
-    bursts on near-idle traffic. Multi-tenant sessions as in `spike`, one generator seed for all four."""
+    cycle compressed into 30 minutes, 30 s bursts every 5 minutes, long multi-turn prompts, two 3-minute 12x
+    bursts on near-idle traffic, long outputs (1,000 tokens on 200-token turns), 40 req/s, and short chat turns
+    with a 4-minute 3x burst. Multi-tenant sessions as in `spike`, one generator seed for all seven."""
     base: dict[str, Any] = dict(tenants=8, warmup_s=120.0, seed=11)
     specs = {
         "shape-diurnal": SyntheticSpec(duration_s=1800.0, rate_rps=12.0, diurnal_amplitude=0.8,
@@ -126,6 +127,13 @@ def shapes() -> dict[str, Workload]:
                                           user_tokens_mean=6000.0, output_tokens_mean=150.0, **base),
         "shape-onoff": SyntheticSpec(duration_s=1800.0, rate_rps=0.5, diurnal_amplitude=0.0,
                                      bursts=[(400.0, 180.0, 12.0), (1200.0, 180.0, 12.0)], **base),
+        "shape-decode": SyntheticSpec(duration_s=1500.0, rate_rps=6.0, diurnal_amplitude=0.5, diurnal_period_s=1500.0,
+                                      user_tokens_mean=200.0, output_tokens_mean=1000.0, **base),
+        "shape-highrate": SyntheticSpec(duration_s=1200.0, rate_rps=40.0, diurnal_amplitude=0.3,
+                                        diurnal_period_s=1200.0, **base),
+        "shape-shortchat": SyntheticSpec(duration_s=1500.0, rate_rps=15.0, diurnal_amplitude=0.0,
+                                         system_prompt_tokens=(64, 256), user_tokens_mean=100.0,
+                                         output_tokens_mean=100.0, bursts=[(500.0, 240.0, 3.0)], **base),
     }
     return {name: synthetic(spec) for name, spec in specs.items()}
 
