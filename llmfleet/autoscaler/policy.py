@@ -90,9 +90,8 @@ def _seed(pool: PoolBounds, sig: PoolSignals) -> CapacitySeed:
 
 
 def _mu(pool: PoolBounds, st: PoolState, sig: PoolSignals) -> float:
-    mean_in = sig.mean_input_tokens if sig.mean_input_tokens is not None else 512.0
-    mean_out = sig.mean_output_tokens if sig.mean_output_tokens is not None else 128.0
-    cost = service_seconds(_seed(pool, sig), st.efficiency, mean_in, mean_out, sig.prefix_hit_rate or 0.0)
+    """Requests per second one replica completes at the interval's mix."""
+    cost = sum(_split(pool, st, sig, math.inf))
     return 1.0 / cost if cost > 0 else math.inf
 
 
@@ -121,13 +120,14 @@ def _saturated(st: PoolState, sig: PoolSignals) -> bool:
 
 
 def _split(pool: PoolBounds, st: PoolState, sig: PoolSignals, mu: float) -> tuple[float, float]:
-    """A request's replica-seconds at `mu` requests/s per replica, split into prefill and decode at the interval's
-    mix (the planned cost is smoothed; its split is the measured mix's)."""
+    """A request's replica-seconds at `mu` requests/s per replica (inf: at the interval's mix and the learned
+    efficiency), split into prefill and decode at the interval's mix (the planned cost is smoothed; its split is
+    the measured mix's). Without a measured mix: 512 tokens in, 128 out."""
     seed = _seed(pool, sig)
-    eff = max(st.efficiency, 1e-3)
-    sp = prefill_seconds(seed, eff, sig.mean_input_tokens if sig.mean_input_tokens is not None else 512.0,
-                         sig.prefix_hit_rate or 0.0)
-    sd = (sig.mean_output_tokens if sig.mean_output_tokens is not None else 128.0) / (seed.decode_tokens_per_s * eff)
+    mean_in = sig.mean_input_tokens if sig.mean_input_tokens is not None else 512.0
+    mean_out = sig.mean_output_tokens if sig.mean_output_tokens is not None else 128.0
+    sp = prefill_seconds(seed, st.efficiency, mean_in, sig.prefix_hit_rate or 0.0)
+    sd = service_seconds(seed, st.efficiency, mean_in, mean_out, sig.prefix_hit_rate or 0.0) - sp
     cost = 1.0 / mu if mu > 0 and math.isfinite(mu) else sp + sd
     frac = sp / (sp + sd) if sp + sd > 0 else 1.0
     return frac * cost, (1.0 - frac) * cost
