@@ -40,9 +40,10 @@ def stabilize(
     # one replica: the first is the insurance for a burst coming back and keeps the full window (on the Azure trace
     # bursts recur within it; released, each burst found no student); the others are capacity for the size of the
     # burst that is over, idle once the primaries it bridged are ready.
+    hold = max(cold_s, 2 * cfg.interval_s)  # rent-or-buy's break-even; see the covered release below
     window = cfg.down_window_s
     if cfg.policy == "slo" and pool.role == "student":
-        window = min(window, max(cold_s, 2 * cfg.interval_s))
+        window = min(window, hold)
     keep = max(cfg.up_window_s, cfg.down_window_s)
     st.history = [(t, r) for t, r in st.history if t >= now - keep]
     if sig.ttft_p95_ms is not None and not sig.stale:
@@ -55,7 +56,6 @@ def stabilize(
     if current < pool.min_replicas or current > pool.max_replicas:
         reasons.append(f"outside [{pool.min_replicas}, {pool.max_replicas}]")
         return min(max(current, pool.min_replicas), pool.max_replicas), ("up" if current < pool.min_replicas else "down")
-    hold = max(cold_s, 2 * cfg.interval_s)  # see the covered release below
     planned_ms = cfg.ttft_target_fraction * cfg.ttft_slo_ms
     carried = sig.ttft_p95_ms is None or sig.ttft_p95_ms <= planned_ms
     if up > current and covered > 0 and carried and not sig.stale:
