@@ -19,7 +19,7 @@ from llmfleet.router.plugins import (
     charge_prefill,
     release_prefill,
 )
-from llmfleet.router.plugins.builtin import sole_holder_discounted
+from llmfleet.router.plugins.builtin import busy_period_externality, sole_holder_discounted
 
 RATE = 1000.0  # tokens/s: estimates read directly as seconds
 
@@ -67,8 +67,8 @@ def test_estimates_and_scores(replicas: list[ReplicaState], expected_s: list[flo
 
 def test_work_externality_keeps_a_cache_hit_worth_a_short_wait() -> None:
     # a: 64 of 100 tokens cached but 0.07 s of queued prefill -> TTFT 0.106 s; b: idle, cold -> 0.100 s.
-    # Pure TTFT sends the request to b (recomputing the prefix there). With one of the two candidates busy
-    # the default externality 0.5 counts new work 1 + 0.5 x 1/2 = 1.25x: a 0.07 + 0.045 < b 0.125.
+    # Pure TTFT sends the request to b (recomputing the prefix there). With one of the two candidates busy,
+    # rho = (1 + 1) / (2 + 2) = 0.5 and new work counts 1 + rho / (1 - rho) = 2x: a 0.07 + 0.072 < b 0.2.
     reps = [R("a", in_flight=1, prefill_tokens=70.0, prefill_busy_until=10.07), R("b")]
     req = RequestInfo(**REQ)  # type: ignore[arg-type]
     pure = EstimatedTTFTScorer(_index_with("a", KEYS[:4]), default_tokens_per_s=RATE, attention_tokens=None,
@@ -77,13 +77,23 @@ def test_work_externality_keeps_a_cache_hit_worth_a_short_wait() -> None:
     default = EstimatedTTFTScorer(_index_with("a", KEYS[:4]), default_tokens_per_s=RATE, attention_tokens=None,
                                   sole_holder_discount=False)
     assert default.estimates(req, reps) == pytest.approx([0.106, 0.100])  # estimates stay plain TTFT
-    assert default.score(req, reps) == pytest.approx([1.0, 0.115 / 0.125])
-    # every candidate busy: the full 1.5x
+    assert default.score(req, reps) == pytest.approx([1.0, 0.142 / 0.2])
+    # every candidate busy: rho = 3/4, new work counts 1 + 3 = 4x
     both = [reps[0], R("b", in_flight=1, prefill_tokens=10.0, prefill_busy_until=10.01)]
-    assert default.score(req, both) == pytest.approx([0.124 / 0.124, 0.124 / 0.16])
+    assert default.score(req, both) == pytest.approx([1.0, (0.07 + 4 * 0.036) / (0.01 + 4 * 0.1)])
     # an idle fleet: no queue behind anyone, so plain TTFT
     idle = [R("a"), R("b")]
     assert default.score(req, idle) == pytest.approx(pure.score(req, idle))
+
+
+def test_the_work_externality_is_the_busy_period_of_the_candidates_utilization() -> None:
+    # E = rho / (1 - rho), rho = (busy + 1) / (candidates + 2): grows without a fitted slope as the fleet fills,
+    # and stays finite with every candidate busy (at most candidates + 1)
+    assert busy_period_externality(1, 2) == pytest.approx(1.0)
+    assert busy_period_externality(0, 8) == pytest.approx(1 / 9)
+    assert busy_period_externality(8, 8) == pytest.approx(9.0)
+    es = [busy_period_externality(b, 8) for b in range(9)]
+    assert es == sorted(es) and len(set(es)) == 9
     with pytest.raises(ValueError, match="work_externality"):
         EstimatedTTFTScorer(PrefixIndex(), work_externality=-0.1)
 

@@ -179,12 +179,22 @@ DEFAULT_PREFILL_TOKENS_PER_S = 30_000.0
 # (flops_per_token / attention_flops_per_context_token = 2·params / (4·layers·hidden), about 30k for
 # Llama-3-8B): long prompts cost more than linearly, a 60k-token prefill ~2x a 2 x 30k one.
 DEFAULT_ATTENTION_TOKENS = 30_000.0
-# New prefill work sent to a replica delays what is routed there after it, but only when more work is
-# coming: the score counts a replica's work for this request (1 + this x the busy fraction of the
-# candidates) times and its queue once. Under load, recomputing a prefix on an idle replica (which also
-# duplicates it in a second cache) must save more than it costs the queue behind it; in an idle fleet it
-# is plain TTFT. 0.5 was chosen on routing_eval.py's scenarios (docs/benchmarks/routing_eval.md says how).
-DEFAULT_WORK_EXTERNALITY = 0.5
+# New prefill work sent to a replica delays what is routed there after it, but only while its queue lasts: the
+# score counts a replica's work for this request (1 + E) times and its queue once, E = rho / (1 - rho), the
+# requests an M/M/1 busy period serves after the first one (the others a unit of work delays), at the
+# utilization rho the candidates show: the share of them with queued prefill, by Laplace's rule of succession
+# (busy + 1) / (candidates + 2), so it stays below 1 (E at most candidates + 1) with every candidate busy. Under
+# load, recomputing a prefix on an idle replica (which also duplicates it in a second cache) must save more
+# than it costs the queue behind it, and the more so the busier the fleet; in an idle fleet it is plain TTFT (a
+# common factor). Nothing is fitted: a fixed linear factor (0.5 x the busy share) chosen on routing_eval.py's
+# scenarios was a knife edge (docs/router.md, "Work externality"). This scales E (0: plain TTFT).
+DEFAULT_WORK_EXTERNALITY = 1.0
+
+
+def busy_period_externality(busy: int, candidates: int) -> float:
+    """E = rho / (1 - rho) with rho = (busy + 1) / (candidates + 2): other requests a unit of new work delays."""
+    rho = (busy + 1) / (candidates + 2)
+    return rho / (1.0 - rho)
 
 
 def sole_holder_discounted(costs: list[float], work: Sequence[float], floor: float,
@@ -245,9 +255,9 @@ class EstimatedTTFTScorer(Scorer):
     estimate(r) = wait(r) + work(request's prompt tokens beyond r's prefix match) / rate(r)
     wait(r)     = how long r still needs for the prefill work this router already sent it (requests without
                   a first byte yet): a virtual FCFS queue at rate(r), corrected by every observed first byte
-    cost(r)     = wait(r) + (1 + work_externality · busy) · work / rate(r), busy = the fraction of candidates
-                  with queued prefill: under load this request's new work also delays the requests routed
-                  to r after it (see DEFAULT_WORK_EXTERNALITY; 0 = pure TTFT)
+    cost(r)     = wait(r) + (1 + work_externality · E) · work / rate(r), E = rho / (1 - rho) at the share of
+                  candidates with queued prefill (`busy_period_externality`): under load this request's new work
+                  also delays the requests routed to r after it (see DEFAULT_WORK_EXTERNALITY; 0 = pure TTFT)
     cost(h)    *= w(h) / w(runner-up) for the one candidate h that alone holds the most of the prompt (the least
                   uncached work w), unless the cheapest other candidate has room for the prompt's blocks: its
                   cached history is worth keeping where a copy elsewhere would evict (`sole_holder_discounted`;
@@ -349,7 +359,8 @@ class EstimatedTTFTScorer(Scorer):
             t = u / rate
             out.append(wait + t)
             own.append(t)
-        extra = self.work_externality * busy_n / len(replicas) if busy_n else 0.0
+        # (with nothing queued anywhere every wait is 0 and the factor common to all: skipped)
+        extra = self.work_externality * busy_period_externality(busy_n, len(replicas)) if busy_n else 0.0
         costs = [e + extra * t for e, t in zip(out, own, strict=True)] if extra else out
         if self.sole_holder_discount and m:
             index, keys = self.index, req.block_hashes
