@@ -241,9 +241,10 @@ class LlmfleetRouter(SimRouter):
     def __init__(self, weights: Mapping[str, float] | None = None, seed: int = 0,
                  fallback: Any = None, slo: Any = None, max_candidates: int | None = None,
                  prefill_tokens_per_s: float | None = None, measure_prefill_rate: bool = False,
-                 sole_holder_discount: bool = DEFAULT_SOLE_HOLDER_DISCOUNT, ttft_objective_s: float | None = None) -> None:
+                 sole_holder_discount: bool = DEFAULT_SOLE_HOLDER_DISCOUNT, ttft_objective_s: float | None = None,
+                 work_externality: float | None = None) -> None:
         from llmfleet.api.inferenceservice import RouterSpec
-        from llmfleet.router.plugins import DEFAULT_MAX_CANDIDATES
+        from llmfleet.router.plugins import DEFAULT_MAX_CANDIDATES, DEFAULT_WORK_EXTERNALITY
 
         self.weights = dict(weights or RouterSpec().scorers)
         self.seed = seed
@@ -254,6 +255,8 @@ class LlmfleetRouter(SimRouter):
         self.measure_prefill_rate = measure_prefill_rate  # RouterConfig.measure_prefill_rate
         self.sole_holder_discount = sole_holder_discount  # RouterConfig.sole_holder_discount
         self.ttft_objective_s = ttft_objective_s  # None: the simulation's TTFT SLO, as the router gets spec.slo's
+        # the estimated-ttft scorer's externality scale (a benchmark knob: production always has the default)
+        self.work_externality = DEFAULT_WORK_EXTERNALITY if work_externality is None else work_externality
 
     def attach(self, fleet: Fleet) -> None:
         from llmfleet.router import dispatch
@@ -273,7 +276,7 @@ class LlmfleetRouter(SimRouter):
                                        measure_prefill_rate=self.measure_prefill_rate,
                                        sole_holder_discount=self.sole_holder_discount,
                                        ttft_objective_s=self.ttft_objective_s if self.ttft_objective_s is not None
-                                       else fleet.cfg.ttft_slo_s)
+                                       else fleet.cfg.ttft_slo_s, work_externality=self.work_externality)
         self.states: dict[int, Any] = {}
         self.burst = ArrivalBurst(rearm_s=fleet.cfg.autoscale_interval_s)
         self.state_lists: dict[str, list[Any]] = {pool: [] for pool in fleet.routable}

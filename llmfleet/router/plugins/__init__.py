@@ -25,6 +25,7 @@ from llmfleet.router.plugins.base import (
 )
 from llmfleet.router.plugins.builtin import (
     DEFAULT_PREFILL_TOKENS_PER_S,
+    DEFAULT_WORK_EXTERNALITY,
     AdapterLoadedScorer,
     EstimatedTTFTScorer,
     HealthyFilter,
@@ -47,7 +48,8 @@ def build_pipeline(weights: Mapping[str, float], index: PrefixIndex | None = Non
                    max_candidates: int | None = DEFAULT_MAX_CANDIDATES, prefix_candidates: int = 8,
                    session_bytes: int = DEFAULT_SESSION_BYTES, measure_prefill_rate: bool = False,
                    sole_holder_discount: bool = DEFAULT_SOLE_HOLDER_DISCOUNT,
-                   ttft_objective_s: float | None = None) -> Pipeline:
+                   ttft_objective_s: float | None = None,
+                   work_externality: float = DEFAULT_WORK_EXTERNALITY) -> Pipeline:
     """The standard pipeline: healthy + model filters, then the named scorers with their weights.
 
     Fleets with more than `max_candidates` replicas are first narrowed by `PrefixSampledPreselector`
@@ -55,7 +57,8 @@ def build_pipeline(weights: Mapping[str, float], index: PrefixIndex | None = Non
     `measure_prefill_rate` lets the estimated-TTFT scorer use each pool's measured prefill rate;
     `sole_holder_discount` switches its sole-holder discount (`sole_holder_discounted`; off by default), which
     applies only where the alternative must evict cached blocks and stops where the holder's estimate passes
-    `ttft_objective_s` (the service's TTFT objective; None: no bound).
+    `ttft_objective_s` (the service's TTFT objective; None: no bound). `work_externality` scales the
+    estimated-TTFT scorer's busy-period externality (0: plain TTFT; benchmarks compare the two).
     """
     index = index if index is not None else PrefixIndex()
     scorers: list[tuple[Scorer, float]] = [
@@ -68,12 +71,13 @@ def build_pipeline(weights: Mapping[str, float], index: PrefixIndex | None = Non
             scorer.measure_rate = measure_prefill_rate
             scorer.sole_holder_discount = sole_holder_discount
             scorer.ttft_objective_s = ttft_objective_s
+            scorer.work_externality = work_externality
     return Pipeline([HealthyFilter(), ModelFilter()], scorers, random.Random(seed), preselector=pre)
 
 
 __all__ = [
     "BYTES_PER_SESSION", "DEFAULT_SESSION_BYTES", "session_key",
-    "AdapterLoadedScorer", "DEFAULT_MAX_CANDIDATES", "DEFAULT_PREFILL_TOKENS_PER_S", "RoutingDecision", "EstimatedTTFTScorer", "Filter",
+    "AdapterLoadedScorer", "DEFAULT_MAX_CANDIDATES", "DEFAULT_PREFILL_TOKENS_PER_S", "DEFAULT_WORK_EXTERNALITY", "RoutingDecision", "EstimatedTTFTScorer", "Filter",
     "HealthyFilter", "KVCacheScorer", "LoadBalanceScorer", "ModelFilter", "Pipeline", "PrefillCostFit", "PrefixCacheScorer", "PrefixIndex",
     "PrefixSampledPreselector", "Preselector", "QueueDepthScorer", "ReplicaState", "RequestInfo",
     "RunningRequestsScorer", "Scorer", "SessionAffinityScorer", "build_pipeline", "build_scorer",

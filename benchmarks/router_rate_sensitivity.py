@@ -1,0 +1,110 @@
+"""How much the llmfleet router's SLO attainment depends on the prefill rate it prices work at.
+
+    python benchmarks/router_rate_sensitivity.py             # ~8 min on the dev VM; writes
+                                                             # benchmarks/results/router_rate_sensitivity.json
+    python benchmarks/router_rate_sensitivity.py --quick     # three rates
+
+The estimated-ttft scorer prices a request's prefill at a rate: configured, measured (`measurePrefillRate`) or
+the H200-class default (30,000 tokens/s). Real replicas are never exactly at the default, so the routing must
+not hinge on it. The fleet is the autoscaler benchmark's static fleet at the 10x spike's peak (8 Llama-3.1-8B
+replicas on simulated H200s, the 1 s TTFT SLO, autoscale_setup.py's service with the production router's
+mapping); every llmfleet row prices prefill at the rate in its column (`ReplicaState.prefill_tokens_per_s`).
+Rows: llmfleet's default scorers; the same with the work externality off (`work_externality=0`: plain
+estimated TTFT); llmfleet measuring the rate from its own first bytes (one value, the column does not apply);
+llm-d's weighted scorers and least-request (they price nothing: one value each).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from autoscale_setup import ROOT, service, spike, ttft_attainment  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from llmfleet.router.config import router_config_from_service  # noqa: E402
+from llmfleet.sim.engine import simulate  # noqa: E402
+from llmfleet.sim.production import pool_specs  # noqa: E402
+from llmfleet.sim.routers import LlmfleetRouter, make_router  # noqa: E402
+from llmfleet.sim.types import SimConfig  # noqa: E402
+
+RATES = (15_000.0, 20_000.0, 25_000.0, 30_000.0, 35_000.0, 40_000.0, 50_000.0, 60_000.0)
+QUICK_RATES = (20_000.0, 30_000.0, 40_000.0)
+REPLICAS, SLO_S = 8, 1.0
+
+
+def run(w: Any, router: Any) -> dict[str, float]:
+    """The static fleet of the autoscaler benchmark, with `router` in place of the default one."""
+    isvc = service("static", SLO_S, REPLICAS, with_student=False)
+    cfg = SimConfig(pools=pool_specs(isvc, None), ttft_slo_s=SLO_S, tpot_slo_s=isvc.spec.slo.tpot_p95_ms / 1e3)
+    res = simulate(w, cfg, router=router)
+    s = res.summary
+    row: dict[str, Any] = {"attainment": ttft_attainment(res, SLO_S), "hitRate": s["prefixHitRate"],
+                           "ttftP50S": s["ttft"]["p50"], "ttftP99S": s["ttft"]["p99"]}
+    for scorer, _ in getattr(getattr(router, "pipeline", None), "scorers", ()):
+        fit = getattr(scorer, "fits", {}).get("primary")
+        if fit is None:
+            continue
+        est = fit.estimate(scorer.default_rate)
+        if est is not None:  # what the measuring router learned: overhead per request and marginal rate
+            row["measuredFit"] = {"overheadS": est[0], "tokensPerS": est[1], "samples": fit.samples}
+    return row
+
+
+def llmfleet(rate: float | None, externality: float | None = None, measure: bool = False) -> LlmfleetRouter:
+    isvc = service("static", SLO_S, REPLICAS, with_student=False)
+    rc = router_config_from_service(isvc, endpoints={})
+    return LlmfleetRouter(weights=dict(isvc.spec.router.scorers), fallback=rc.fallback, prefill_tokens_per_s=rate,
+                          measure_prefill_rate=measure, sole_holder_discount=rc.sole_holder_discount,
+                          work_externality=externality)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="three rates")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/router_rate_sensitivity.json"))
+    args = ap.parse_args()
+    rates = QUICK_RATES if args.quick else RATES
+    name, w = spike(10.0, quick=False)
+    t0 = time.time()
+    rows: dict[str, dict[str, Any]] = {"llmfleet": {}, "llmfleet, work externality off": {}}
+    for r in rates:
+        rows["llmfleet"][f"{r:.0f}"] = run(w, llmfleet(r))
+        rows["llmfleet, work externality off"][f"{r:.0f}"] = run(w, llmfleet(r, externality=0.0))
+    rows["llmfleet, measured rate"] = {"measured": run(w, llmfleet(None, measure=True))}
+    for base in ("llm-d", "least-request"):
+        rows[base] = {"any": run(w, make_router(base))}
+    table = Table(title=f"{name}: {REPLICAS} static Llama-3.1-8B replicas on H200, TTFT SLO {SLO_S:g} s; "
+                        "share of requests within it (hit rate) by the prefill rate priced, tokens/s")
+    table.add_column("router")
+    for r in rates:
+        table.add_column(f"{r / 1000:g}k")
+    table.add_column("other")
+    for router, by_rate in rows.items():
+        cells = [f"{by_rate[f'{r:.0f}']['attainment']:.2%} ({by_rate[f'{r:.0f}']['hitRate']:.3f})"
+                 if f"{r:.0f}" in by_rate else "" for r in rates]
+        other = next((v for k, v in by_rate.items() if not k[0].isdigit()), None)
+        table.add_row(router, *cells, f"{other['attainment']:.2%} ({other['hitRate']:.3f})" if other else "")
+    Console(width=200).print(table)
+    out = {"benchmark": "router_rate_sensitivity", "workload": name, "replicas": REPLICAS, "ttftSloS": SLO_S,
+           "command": "python benchmarks/router_rate_sensitivity.py" + (" --quick" if args.quick else ""),
+           "date": datetime.now(UTC).isoformat(timespec="seconds"), "simulated": True,
+           "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
+                       "processor": platform.processor() or platform.machine()},
+           "wallSeconds": round(time.time() - t0, 1), "rates": list(rates), "results": rows}
+    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
