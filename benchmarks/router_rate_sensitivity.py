@@ -33,6 +33,7 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from llmfleet.router.config import router_config_from_service  # noqa: E402
+from llmfleet.router.plugins import EstimatedTTFTScorer  # noqa: E402
 from llmfleet.sim.engine import simulate  # noqa: E402
 from llmfleet.sim.production import pool_specs  # noqa: E402
 from llmfleet.sim.routers import LlmfleetRouter, make_router  # noqa: E402
@@ -43,26 +44,32 @@ QUICK_RATES = (20_000.0, 30_000.0, 40_000.0)
 REPLICAS, SLO_S = 8, 1.0
 
 
-def run(w: Any, router: Any) -> dict[str, float]:
+def static_fleet() -> Any:
+    """The autoscaler benchmark's service as a static fleet of REPLICAS primaries (no student)."""
+    return service("static", SLO_S, REPLICAS, with_student=False)
+
+
+def run(w: Any, router: Any) -> dict[str, Any]:
     """The static fleet of the autoscaler benchmark, with `router` in place of the default one."""
-    isvc = service("static", SLO_S, REPLICAS, with_student=False)
+    isvc = static_fleet()
     cfg = SimConfig(pools=pool_specs(isvc, None), ttft_slo_s=SLO_S, tpot_slo_s=isvc.spec.slo.tpot_p95_ms / 1e3)
     res = simulate(w, cfg, router=router)
     s = res.summary
     row: dict[str, Any] = {"attainment": ttft_attainment(res, SLO_S), "hitRate": s["prefixHitRate"],
                            "ttftP50S": s["ttft"]["p50"], "ttftP99S": s["ttft"]["p99"]}
-    for scorer, _ in getattr(getattr(router, "pipeline", None), "scorers", ()):
-        fit = getattr(scorer, "fits", {}).get("primary")
-        if fit is None:
-            continue
-        est = fit.estimate(scorer.default_rate)
-        if est is not None:  # what the measuring router learned: overhead per request and marginal rate
-            row["measuredFit"] = {"overheadS": est[0], "tokensPerS": est[1], "samples": fit.samples}
+    if isinstance(router, LlmfleetRouter):
+        for scorer, _ in router.pipeline.scorers:
+            if not isinstance(scorer, EstimatedTTFTScorer) or "primary" not in scorer.fits:
+                continue
+            fit = scorer.fits["primary"]
+            est = fit.estimate(scorer.default_rate)
+            if est is not None:  # what the measuring router learned: overhead per request and marginal rate
+                row["measuredFit"] = {"overheadS": est[0], "tokensPerS": est[1], "samples": fit.samples}
     return row
 
 
 def llmfleet(rate: float | None, externality: float | None = None, measure: bool = False) -> LlmfleetRouter:
-    isvc = service("static", SLO_S, REPLICAS, with_student=False)
+    isvc = static_fleet()
     rc = router_config_from_service(isvc, endpoints={})
     return LlmfleetRouter(weights=dict(isvc.spec.router.scorers), fallback=rc.fallback, prefill_tokens_per_s=rate,
                           measure_prefill_rate=measure, sole_holder_discount=rc.sole_holder_discount,
