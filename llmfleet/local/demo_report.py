@@ -164,6 +164,7 @@ class Run:
     promotion: dict[str, Any] | None = None
     ab: dict[str, dict[str, Any]] = field(default_factory=dict)
     phases_s: dict[str, float] = field(default_factory=dict)
+    peak_tflops: float | None = None  # this CPU's fp32 matmul rate, measured before anything started: MFU's denominator
 
 
 def pct(vals: list[float], q: float) -> float | None:

@@ -129,7 +129,8 @@ class EnvEchoSupervisor(Supervisor):
     """Replicas that print the engine setting they were started with."""
 
     def replica_command(self, r: Any) -> list[str]:
-        return [sys.executable, "-c", "import os; print('MP=' + os.environ.get('VLLM_ENABLE_V1_MULTIPROCESSING', 'unset'))"]
+        return [sys.executable, "-c", "import os; e = os.environ.get; "
+                "print('MP=' + e('VLLM_ENABLE_V1_MULTIPROCESSING', 'unset') + ' OMP=' + e('OMP_WAIT_POLICY', 'unset'))"]
 
 
 def _started_with(sup: Supervisor, pool: str) -> str:
@@ -141,22 +142,23 @@ def _started_with(sup: Supervisor, pool: str) -> str:
 
 
 @pytest.mark.timeout(60)
-async def test_cpu_replicas_start_with_vllms_multiprocessing_off_unless_the_caller_says(tmp_path: Path,
-                                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    """CPU pools get vLLM's uniprocess executor (no busy-polling worker process beside each engine core);
-    GPU pools keep vLLM's default; the caller's environment wins over the default."""
+async def test_cpu_replicas_start_without_spinning_engines_unless_the_caller_says(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """CPU pools get vLLM's uniprocess executor (no busy-polling worker process beside each engine core) and OpenMP
+    threads that sleep when idle; GPU pools keep vLLM's defaults; the caller's environment wins over the default."""
     monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     student_gpu = {"fallback": {"pools": [{"name": "student", "model": {"path": "/s"}, "replicas": 0, "maxReplicas": 1,
                                            "resources": {"gpus": 1}}]}}
     sup = EnvEchoSupervisor(isvc(**student_gpu), tmp_path / "a", prometheus=False)
     try:
-        assert _started_with(sup, "primary") == "MP=0"
-        assert _started_with(sup, "student") == "MP=unset"
+        assert _started_with(sup, "primary") == "MP=0 OMP=PASSIVE"
+        assert _started_with(sup, "student") == "MP=unset OMP=unset"
     finally:
         await sup.stop(grace_s=0)
     mine = EnvEchoSupervisor(isvc(), tmp_path / "b", prometheus=False, env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"})
     try:
-        assert _started_with(mine, "primary") == "MP=1"
+        assert _started_with(mine, "primary") == "MP=1 OMP=PASSIVE"
     finally:
         await mine.stop(grace_s=0)
 

