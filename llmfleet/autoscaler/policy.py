@@ -337,6 +337,7 @@ def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState
     raw: dict[str, tuple[int, list[str]]] = {}
     predicted: dict[str, float | None] = {}
     capacity: dict[str, float | None] = {}
+    recent_burst = False  # slo: the primary's last level shift is within the clearly-idle horizon
 
     primary = next((p for p in cfg.pools if p.role == "primary"), None)
     students = [p for p in cfg.pools if p.role == "student"]
@@ -351,7 +352,7 @@ def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState
             raw[pool.name] = _queue_rec(cfg, by_name[pool.name])
     else:
         overflow = 0.0
-        headroom = recent_burst = False
+        headroom = False
         if primary is not None:
             sig, st = by_name[primary.name], state.pool(primary.name)
             if sig.usable:
@@ -406,6 +407,9 @@ def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState
             desired = rec
             action = "up" if rec > sig.replicas else "down" if rec < sig.replicas else "hold"
         else:
+            if pool.role == "student":
+                # burst insurance (stabilize.py): bought by a scale-up inside a detected burst, gone at zero
+                st.burst_insured = sig.replicas > 0 and st.burst_insured
             desired, action = stabilize(cfg, pool, st, sig, rec, reasons, cold_start_seconds(cfg, pool, st),
                                         covered.get(pool.name, 0))
         if sig.replicas == 0 and (sig.held_requests or 0) > 0 and desired < 1 <= pool.max_replicas:
@@ -417,6 +421,8 @@ def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState
             action = "hold"
         if action != "hold":
             st.last_action_at, st.last_action = sig.now, action
+        if action == "up" and pool.role == "student" and recent_burst:
+            st.burst_insured = True
         if action == "up" and st.pending is None:
             # Measure from this scale-up until its replicas are ready (later steps wait for the next sample).
             st.pending = (sig.now, desired)

@@ -39,7 +39,9 @@ def stabilize(
     # A student pool's down-window is rent-or-buy's break-even (its cold start, at least two intervals) for all but
     # one replica: the first is the insurance for a burst coming back and keeps the full window (on the Azure trace
     # bursts recur within it; released, each burst found no student); the others are capacity for the size of the
-    # burst that is over, idle once the primaries it bridged are ready.
+    # burst that is over, idle once the primaries it bridged are ready. Insurance only where a burst was seen: a
+    # student warmed on a slow rise (no level shift since the pool was last at zero, `burst_insured`) bridged a
+    # primary's cold start, and traffic that rises slowly gives the forecast time to warm it again.
     hold = max(cold_s, 2 * cfg.interval_s)  # rent-or-buy's break-even; see the covered release below
     window = cfg.down_window_s
     if cfg.policy == "slo" and pool.role == "student":
@@ -51,7 +53,7 @@ def stabilize(
     st.ttft_history = [(t, p) for t, p in st.ttft_history if t >= now - cfg.down_window_s]
     up = min(r for t, r in st.history if t >= now - cfg.up_window_s)
     down = max(r for t, r in st.history if t >= now - window)
-    if window < cfg.down_window_s:
+    if window < cfg.down_window_s and st.burst_insured:
         down = max(down, min(max(r for t, r in st.history if t >= now - cfg.down_window_s), 1))
     if current < pool.min_replicas or current > pool.max_replicas:
         reasons.append(f"outside [{pool.min_replicas}, {pool.max_replicas}]")

@@ -35,6 +35,9 @@ class PoolState:
     burst_until: float | None = None  # a level shift was detected: plan for the burst rate until then
     last_burst_at: float | None = None  # the last level shift (bursty traffic keeps a student warm for a while)
     violated_before: bool = False  # the SLO was violated in the previous interval too
+    # A student pool scaled up during a detected burst since it was last at zero: its first replica is insurance for
+    # the burst coming back and keeps the whole down-window (stabilize.py); a student started on a slow rise is not.
+    burst_insured: bool = False
 
 
 @dataclass

@@ -127,6 +127,26 @@ def test_a_student_pool_keeps_one_replica_for_the_down_window_and_releases_the_r
     assert small[-1][1].desired == 0
 
 
+def test_a_student_warmed_on_a_slow_rise_is_released_at_break_even_not_held_as_burst_insurance() -> None:
+    """A ramp under the level-shift threshold warms a student to bridge the primaries' cold start. No burst was seen,
+    so its first replica is no insurance for one coming back: once nothing asks for it, it goes at rent-or-buy's
+    break-even (its cold start, at least two intervals; then the cooldown), not after the whole down-window."""
+    w = World(config(), replicas={"primary": 2, "small": 0})
+    w.run(lambda t: 1.0, 300)
+    for i in range(20):  # +0.6 req/s per interval, under the level-shift threshold each step
+        w.tick(315.0 + 15.0 * i, 1.0 + 0.6 * (i + 1))
+    for i in range(40):  # then the rate stays
+        w.tick(615.0 + 15.0 * i, 13.0)
+    assert w.state.pool("primary").last_burst_at is None
+    small = [(t, d.pools["small"]) for t, _, d in w.log]
+    asked = [t for t, p in small if p.recommended > 0]
+    assert asked, "the ramp warmed no student"
+    gone = next(t for t, p in small if t > asked[-1] and p.desired == 0)
+    hold = max(w.cold_start, 2 * w.cfg.interval_s)
+    assert gone <= asked[-1] + hold + w.cfg.cooldown_s < asked[-1] + w.cfg.down_window_s
+    assert not w.state.pool("small").burst_insured
+
+
 def _prompt_heavy_burst_on_one_primary(duration_s: float, burst_at: float, burst_s: float):  # type: ignore[no-untyped-def]
     """A 10x burst of 4k-token prompts on 1 primary with 1 warm student, only the queue-delay fallback trigger."""
     from llmfleet.sim.production import Fallback
