@@ -51,7 +51,8 @@ class LoraSpec(ApiModel):
     max_loras: int = Field(default=4, ge=1, le=256, description="Adapters that can be active in one engine batch "
                            "(GPU slots per replica; --max-loras).")
     max_lora_rank: int = Field(default=16, description=f"Largest adapter rank the engine accepts (--max-lora-rank; "
-                               f"one of {', '.join(map(str, LORA_RANKS))}).")
+                               f"one of {', '.join(map(str, LORA_RANKS))}).",
+                               json_schema_extra={"enum": list(LORA_RANKS)})  # the API server refuses other ranks too
     max_cpu_loras: int | None = Field(default=None, ge=1, description="Adapters kept in host memory per replica "
                                       "(--max-cpu-loras, >= maxLoras); maxLoras when unset.")
 

@@ -160,7 +160,8 @@ class LoraTrainingSpec(ApiModel):
 
     base_model: str = Field(min_length=1, description="Hugging Face Llama folder whose weights are frozen and adapted; "
                             "the model shape comes from its config.json (spec.model only sets seqLen).")
-    rank: int = Field(default=8, description=f"LoRA rank r (one of {', '.join(map(str, LORA_RANKS))}, the ranks vLLM serves).")
+    rank: int = Field(default=8, description=f"LoRA rank r (one of {', '.join(map(str, LORA_RANKS))}, the ranks vLLM serves).",
+                      json_schema_extra={"enum": list(LORA_RANKS)})  # the API server refuses other ranks too
     alpha: float = Field(default=16.0, gt=0, description="LoRA alpha: the update is scaled by alpha / rank.")
     targets: list[LoraTarget] = Field(default_factory=lambda: list(DEFAULT_LORA_TARGETS), min_length=1,
                                       description="Projections that get a LoRA update.")

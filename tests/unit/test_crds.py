@@ -178,3 +178,16 @@ def test_schema_rejects_bad_outlier_ejection_values() -> None:
     for bad in ({"consecutiveFailures": 0}, {"slowFactor": 1}, {"maxEjectionPercent": 101}, {"ejectAfter": 1}):
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate({"model": {"path": "/m"}, "router": {"outliers": bad}}, schema)
+
+
+def test_schema_rejects_lora_ranks_vllm_does_not_serve() -> None:
+    """The API server refuses a LoRA rank outside vLLM's list (negative, zero, 5) at admission, not only the operator."""
+    isvc = _to_jsonschema(_schema("InferenceService")["properties"]["spec"])
+    tj = _to_jsonschema(_schema("TrainingJob")["properties"]["spec"])
+    jsonschema.validate({"model": {"path": "/m"}, "lora": {"maxLoraRank": 64}}, isvc)
+    jsonschema.validate({"baseModel": "org/m", "rank": 16}, tj["properties"]["lora"])
+    for bad in (-1, 0, 5):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate({"model": {"path": "/m"}, "lora": {"maxLoraRank": bad}}, isvc)
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate({"baseModel": "org/m", "rank": bad}, tj["properties"]["lora"])
