@@ -338,6 +338,7 @@ def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState
     predicted: dict[str, float | None] = {}
     capacity: dict[str, float | None] = {}
     recent_burst = False  # slo: the primary's last level shift is within the clearly-idle horizon
+    overflow_seen = False  # slo: demand beyond the ready primaries this interval
 
     primary = next((p for p in cfg.pools if p.role == "primary"), None)
     students = [p for p in cfg.pools if p.role == "student"]
@@ -369,6 +370,7 @@ def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState
                     overflow = max(planned - ready_cap, 0.0)
                 if _within_noise(overflow, planned, _window(cfg, sig)):
                     overflow = 0.0
+                overflow_seen = overflow > 0
                 headroom = overflow == 0.0 and sig.ready_replicas >= sig.replicas and ready_cap >= planned
                 # the clearly-idle horizon (two cold starts, stabilize.py): as long as the forecast must have seen
                 # demand coming back before capacity is called idle
@@ -407,11 +409,19 @@ def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState
             desired = rec
             action = "up" if rec > sig.replicas else "down" if rec < sig.replicas else "hold"
         else:
+            insured = False
             if pool.role == "student":
-                # burst insurance (stabilize.py): bought by a scale-up inside a detected burst, gone at zero
+                # burst insurance (stabilize.py): bought by a scale-up inside a detected burst, gone at zero, and held
+                # only while the bursts are ones the student serves: since the latest level shift began it has had
+                # traffic while demand exceeded the ready primaries. A level shift the primaries absorb renews none.
                 st.burst_insured = sig.replicas > 0 and st.burst_insured
+                if sig.usable and (sig.arrival_rate or 0.0) > 0 and overflow_seen:
+                    st.last_served_at = sig.now
+                last = state.pool(primary.name).last_burst_at if primary is not None else None
+                insured = (st.burst_insured and last is not None and st.last_served_at is not None
+                           and st.last_served_at >= last)
             desired, action = stabilize(cfg, pool, st, sig, rec, reasons, cold_start_seconds(cfg, pool, st),
-                                        covered.get(pool.name, 0))
+                                        covered.get(pool.name, 0), insured)
         if sig.replicas == 0 and (sig.held_requests or 0) > 0 and desired < 1 <= pool.max_replicas:
             # Scale from zero: requests wait at the router for this pool; start a replica now, whatever the
             # stabilization windows say (there is nothing to keep stable at zero).

@@ -14,7 +14,7 @@ from llmfleet.autoscaler.types import PolicyConfig, PoolBounds, PoolSignals
 
 def stabilize(
     cfg: PolicyConfig, pool: PoolBounds, st: PoolState, sig: PoolSignals, rec: int, reasons: list[str], cold_s: float,
-    covered: int = 0,
+    covered: int = 0, insured: bool = False,
 ) -> tuple[int, Action]:
     """HPA-style windows, steps and cooldown; returns (desired, action).
 
@@ -23,7 +23,8 @@ def stabilize(
     cold start to come back, during which its traffic waits; while warm students can take that traffic (the
     router's fallback sends it there), a replica no recommendation of the last cold start needed is released
     without waiting for the whole down-window: up to `covered` replicas at once, once per cooldown, while the
-    measured TTFT of that cold start stayed within the planned fraction of the SLO.
+    measured TTFT of that cold start stayed within the planned fraction of the SLO. `insured`: a student pool whose
+    first replica is burst insurance (kept for the whole down-window; the comment below).
 
     One exception to "down to the highest recommendation of the down-window, maxScaleDownStep at a
     time": capacity that is clearly idle (the highest recommendation over a short window of two cold
@@ -39,9 +40,10 @@ def stabilize(
     # A student pool's down-window is rent-or-buy's break-even (its cold start, at least two intervals) for all but
     # one replica: the first is the insurance for a burst coming back and keeps the full window (on the Azure trace
     # bursts recur within it; released, each burst found no student); the others are capacity for the size of the
-    # burst that is over, idle once the primaries it bridged are ready. Insurance only where a burst was seen: a
-    # student warmed on a slow rise (no level shift since the pool was last at zero, `burst_insured`) bridged a
-    # primary's cold start, and traffic that rises slowly gives the forecast time to warm it again.
+    # burst that is over, idle once the primaries it bridged are ready. Insurance (`insured`, policy.decide) only
+    # where a burst was seen and the student was needed for it: a student warmed on a slow rise (no level shift
+    # since the pool was last at zero) bridged a primary's cold start, and traffic that rises slowly gives the
+    # forecast time to warm it again; after a level shift the ready primaries absorbed, no overflow reached it.
     hold = max(cold_s, 2 * cfg.interval_s)  # rent-or-buy's break-even; see the covered release below
     window = cfg.down_window_s
     if cfg.policy == "slo" and pool.role == "student":
@@ -53,7 +55,7 @@ def stabilize(
     st.ttft_history = [(t, p) for t, p in st.ttft_history if t >= now - cfg.down_window_s]
     up = min(r for t, r in st.history if t >= now - cfg.up_window_s)
     down = max(r for t, r in st.history if t >= now - window)
-    if window < cfg.down_window_s and st.burst_insured:
+    if window < cfg.down_window_s and insured:
         down = max(down, min(max(r for t, r in st.history if t >= now - cfg.down_window_s), 1))
     if current < pool.min_replicas or current > pool.max_replicas:
         reasons.append(f"outside [{pool.min_replicas}, {pool.max_replicas}]")

@@ -38,6 +38,8 @@ class PoolState:
     # A student pool scaled up during a detected burst since it was last at zero: its first replica is insurance for
     # the burst coming back and keeps the whole down-window (stabilize.py); a student started on a slow rise is not.
     burst_insured: bool = False
+    # a student pool: the last decision that saw traffic routed to it while demand exceeded the ready primaries
+    last_served_at: float | None = None
 
 
 @dataclass

@@ -62,8 +62,8 @@ class World:
                         arrival_rate=None if missing else rate, mean_input_tokens=MEAN_IN,
                         mean_output_tokens=MEAN_OUT, queue_depth=queue, ttft_p95_ms=ttft, stale=stale),
             PoolSignals("small", "student", t, self.replicas["small"], self.ready["small"],
-                        arrival_rate=None if missing else 0.0, queue_depth=0.0, ttft_p95_ms=student_ttft,
-                        stale=stale),
+                        arrival_rate=None if missing else self.overflow(rate), queue_depth=0.0,
+                        ttft_p95_ms=student_ttft, stale=stale),
         ]
         d = decide(self.cfg, sigs, self.state)
         self.state = d.state
@@ -82,6 +82,12 @@ class World:
             self.replicas[name] = n
         self.log.append((t, rate, d))
         return d
+
+    def overflow(self, rate: float) -> float:
+        """What the router's fallback sends ready students: the demand beyond the ready primaries' capacity."""
+        if self.ready.get("small", 0) <= 0:
+            return 0.0
+        return max(rate - self.ready["primary"] * MU * 0.85, 0.0)
 
     def run(self, rate_at: Callable[[float], float], until: float, **kw: object) -> None:
         t = 0.0

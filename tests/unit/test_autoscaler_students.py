@@ -147,6 +147,22 @@ def test_a_student_warmed_on_a_slow_rise_is_released_at_break_even_not_held_as_b
     assert not w.state.pool("small").burst_insured
 
 
+def test_a_level_shift_the_primaries_absorb_renews_no_burst_insurance() -> None:
+    """A burst the student serves (20 req/s on one primary) buys insurance; a later level shift the ready primaries
+    absorb (0.5 -> 1.5 req/s: nothing overflows to the student) does not renew it. The student goes at its
+    break-even after that shift's warm horizon, not a whole down-window after its last recommendation."""
+    w = World(config(), replicas={"primary": 1, "small": 0})
+    w.run(lambda t: 20.0 if 300 <= t < 420 else 1.5 if t >= 540 else 0.5, 1500)
+    st = w.state.pool("small")
+    assert st.last_served_at is not None and 300 <= st.last_served_at < 420  # it served the burst's overflow
+    assert w.state.pool("primary").last_burst_at == 540.0
+    small = [(t, d.pools["small"]) for t, _, d in w.log]
+    last_asked = max(t for t, p in small if p.recommended > 0)
+    gone = next(t for t, p in small if t > last_asked and p.desired == 0)
+    hold = max(w.cold_start, 2 * w.cfg.interval_s)
+    assert gone <= last_asked + hold + w.cfg.cooldown_s < last_asked + w.cfg.down_window_s
+
+
 def _prompt_heavy_burst_on_one_primary(duration_s: float, burst_at: float, burst_s: float):  # type: ignore[no-untyped-def]
     """A 10x burst of 4k-token prompts on 1 primary with 1 warm student, only the queue-delay fallback trigger."""
     from llmfleet.sim.production import Fallback
