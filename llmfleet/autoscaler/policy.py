@@ -187,11 +187,7 @@ def _slo_primary(
     forecast = st.arrival.forecast(cold + cfg.interval_s) or base
     # A trend extrapolated over a cold start overshoots after a step: plan for at most +25 % of the base.
     planned = max(base, min(forecast, 1.25 * base))
-    # During a ramp that started with a level shift, the smoothed forecast lags by a cold start: plan for
-    # the burst rate (the jump's slope kept over one cold start, at most burst_forecast_cap x the rate).
     in_burst = st.burst_until is not None and sig.now <= st.burst_until
-    if in_burst:
-        planned = max(planned, burst)
     # Requests already queued on a replica stay there (engines do not hand them over): new replicas only
     # help by taking the new arrivals, so the backlog is planned to clear over several cold starts.
     backlog = max(sig.queue_depth or 0.0, 0.0) / max(4 * cold, 4 * cfg.interval_s)
@@ -200,6 +196,13 @@ def _slo_primary(
         st.service.update(sig.now, service_seconds(seed, 1.0, sig.mean_input_tokens, sig.mean_output_tokens,
                                                    sig.prefix_hit_rate or 0.0), weight=_window(cfg, sig) / cfg.interval_s)
     mu = _mu_planned(pool, st, sig)
+    # During a ramp that started with a level shift, the smoothed forecast lags by a cold start: plan for
+    # the burst rate (the jump's slope kept over one cold start, at most burst_forecast_cap x the rate), once the
+    # measured rate already exceeds what the ready replicas carry. A level shift they still absorb is planned at its
+    # measured rate; if it keeps rising past them, the next decision extrapolates (students, which start fast, are
+    # sized for the burst rate either way: decide).
+    if in_burst and rate > sig.ready_replicas * mu * cfg.max_utilization:
+        planned = max(planned, burst)
     sp, sd = _split(pool, st, sig, mu)
     slo_s = cfg.ttft_slo_ms / 1000.0
     budget = max(cfg.ttft_target_fraction * slo_s - _split(pool, st, sig, math.inf)[0], 0.05 * slo_s)

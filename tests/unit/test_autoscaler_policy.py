@@ -371,6 +371,21 @@ def test_level_shift_plans_for_the_ramp_and_sizes_students_for_the_overflow(
     assert d.pools["primary"].recommended <= needed(1.25 * jump_to) + 2
 
 
+def test_a_level_shift_the_ready_primaries_absorb_is_planned_at_its_measured_rate() -> None:
+    """2 -> 5 req/s on 3 ready primaries (~6.7 req/s at the utilization cap) is a level shift, but the ready replicas
+    carry it: the primary plans for the measured rate, not the jump's slope kept over a cold start (10 req/s, which
+    would start primaries that arrive after it). A jump past the ready replicas still plans the burst rate (above)."""
+    w = World(config(), replicas={"primary": 3, "small": 0})
+    for i in range(10):
+        w.tick(15.0 * i, 2.0)
+    assert w.ready["primary"] == 3 and 3 * MU * 0.85 > 5.0
+    d = w.tick(150.0, 5.0)
+    assert w.state.pool("primary").last_burst_at == 150.0  # detected as a level shift
+    prim = d.pools["primary"]
+    assert prim.recommended <= needed(5.0) < needed(10.0)  # not the burst rate
+    assert prim.desired <= 3
+
+
 def test_students_cost_the_overflow_at_the_primary_mix() -> None:
     """A student with no traffic of its own has no mix; the overflow is primary traffic (long prompts here)."""
     cfg = config()
