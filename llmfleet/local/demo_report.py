@@ -165,6 +165,8 @@ class Run:
     ab: dict[str, dict[str, Any]] = field(default_factory=dict)
     phases_s: dict[str, float] = field(default_factory=dict)
     peak_tflops: float | None = None  # this CPU's fp32 matmul rate, measured before anything started: MFU's denominator
+    # the traffic's context check (demo_traffic.context_check): conversations stay within the models' window
+    fits: Callable[[list[dict[str, str]]], bool] | None = None
 
 
 def pct(vals: list[float], q: float) -> float | None:

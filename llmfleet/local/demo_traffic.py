@@ -33,6 +33,7 @@ TENANTS = {
     "overflow in other languages, recursion depth limits, or hash collisions under adversarial input. " * 3,
 }
 SNIPPET_CHARS = 900  # ~250 tokens of the tiny tokenizer
+MAX_TOKENS = 16  # answer tokens per chat turn
 USER_TURNS = [
     "How do I read a large file line by line?", "What is the difference between a list and a tuple?",
     "Why does my loop skip elements?", "How should I cache an expensive function?",
@@ -74,19 +75,40 @@ class Sample:
     error: str = ""
 
 
+def context_check(model_dir: str, max_model_len: int, max_tokens: int) -> Callable[[list[dict[str, str]]], bool]:
+    """Whether a conversation still fits `max_model_len` with `max_tokens` to spare, counted as the engine counts
+    it: the model's own tokenizer and chat template (transformers, which vLLM brings). A code snippet that
+    tokenizes badly, or a fourth turn, can otherwise pass the tiny models' 1,024-token window, and the engine
+    refuses the request (HTTP 400)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+
+    def fits(messages: list[dict[str, str]]) -> bool:
+        ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+        return len(ids) + max_tokens <= max_model_len
+
+    return fits
+
+
 @dataclass
 class Traffic:
-    """Who sends what: `users` concurrent chat users spread over the tenants, until `stop()` or `until`."""
+    """Who sends what: `users` concurrent chat users spread over the tenants, until `stop()` or `until`.
+
+    `fits` (`context_check`): whether a conversation fits the model's window. A user whose next turn would not fit
+    starts a new conversation, as a chat client that knows its model's window does; a first turn that would not
+    fit gets a shorter code snippet. None: no check."""
 
     targets: list[str]
     phase: str
     users: int
     model: str = "demo"
     think_s: tuple[float, float] = (0.3, 1.0)
-    max_tokens: int = 16
+    max_tokens: int = MAX_TOKENS
     salt: str = ""  # makes this phase's prompts unlike other phases' (no cache carried over between A and B)
     seed: int = 7
     timeout_s: float = 300.0
+    fits: Callable[[list[dict[str, str]]], bool] | None = None
 
     def __post_init__(self) -> None:
         self.samples: list[Sample] = []
@@ -121,8 +143,18 @@ class Traffic:
                     return
                 question = rng.choice(USER_TURNS)
                 if turn == 0:  # each session starts from its own piece of code: a long, session-specific prefix
-                    question = f"About this code:\n```\n{code_snippet(rng)}\n```\n{question}"
-                messages.append({"role": "user", "content": question})
+                    snippet = code_snippet(rng)
+                    while True:
+                        messages.append({"role": "user",
+                                         "content": f"About this code:\n```\n{snippet}\n```\n{question}"})
+                        if self.fits is None or self.fits(messages) or not snippet:
+                            break
+                        messages.pop()
+                        snippet = snippet[:len(snippet) // 2]  # a snippet that tokenizes badly: a shorter piece
+                else:
+                    messages.append({"role": "user", "content": question})
+                    if self.fits is not None and not self.fits(messages):
+                        break  # the conversation has outgrown the model's window: a new one
                 s, answer = await self._chat(client, next(self._rr), messages, tenant, turn,
                                              f"{self.phase}-{tenant}-u{user}-s{session}")
                 self.samples.append(s)
