@@ -21,7 +21,12 @@ PolicyName = Literal["slo", "queue", "static"]
 
 # Fraction of the TTFT SLO the model plans for; the rest is headroom for noise and model error.
 TTFT_TARGET_FRACTION = 0.7
-MAX_UTILIZATION = 0.85
+# Highest utilization (prefill plus decode replica-seconds per second, at the seed's full-batch throughputs) a plan may
+# reach. 1.0: no cap of its own. The TTFT budget above is the headroom: Erlang C's p95 wait (capacity.py) diverges as
+# utilization nears 1, so the plan stops short of it by as much as the budget needs, and a second margin would
+# count the same headroom twice (at 0.85, one replica that serves a chat mix within the SLO up to its knee was
+# planned as two: docs/autoscaler.md, "Queueing estimate of TTFT").
+MAX_UTILIZATION = 1.0
 BURST_FORECAST_CAP = 2.0
 IDLE_FRACTION = 0.5
 

@@ -19,6 +19,7 @@ from llmfleet.autoscaler.policy import (
     ScalingDecision,
     decide,
 )
+from llmfleet.autoscaler.types import MAX_UTILIZATION
 
 SEED = CapacitySeed(prefill_tokens_per_s=8000.0, decode_tokens_per_s=1500.0)
 MEAN_IN, MEAN_OUT = 2000.0, 200.0
@@ -87,7 +88,7 @@ class World:
         """What the router's fallback sends ready students: the demand beyond the ready primaries' capacity."""
         if self.ready.get("small", 0) <= 0:
             return 0.0
-        return max(rate - self.ready["primary"] * MU * 0.85, 0.0)
+        return max(rate - self.ready["primary"] * MU * MAX_UTILIZATION, 0.0)
 
     def run(self, rate_at: Callable[[float], float], until: float, **kw: object) -> None:
         t = 0.0
@@ -104,7 +105,7 @@ class World:
 
 def needed(rate: float) -> int:
     """Replicas to hold `rate` at the policy's utilization cap: a lower bound the policy must reach."""
-    return math.ceil(rate / (MU * 0.85))
+    return math.ceil(rate / (MU * MAX_UTILIZATION))
 
 
 # --- queueing math ---------------------------------------------------------------------------------------------
@@ -125,7 +126,7 @@ def test_wait_p95_decreases_with_replicas_and_is_inf_when_overloaded() -> None:
     assert math.isinf(waits[0]) and math.isinf(waits[2])
     finite = [w for w in waits if math.isfinite(w)]
     assert finite == sorted(finite, reverse=True) and finite[-1] == 0.0
-    n = replicas_for_ttft(10.0, PREFILL_S, DECODE_S, 0.3, 0.85, 30)
+    n = replicas_for_ttft(10.0, PREFILL_S, DECODE_S, 0.3, MAX_UTILIZATION, 30)
     assert wait_p95_seconds(n, 10.0, PREFILL_S, DECODE_S) <= 0.3 < wait_p95_seconds(n - 1, 10.0, PREFILL_S, DECODE_S)
 
 
@@ -144,7 +145,18 @@ def test_the_wait_is_for_prefills_and_decodes_only_slow_them() -> None:
     c_whole = erlang_c(n, rate / whole)
     assert math.log(c_whole / 0.05) / (n * whole - rate) > 1.6 * wait_p95_seconds(n, rate, PREFILL_S, DECODE_S)
     # the utilization cap still binds where prefills alone would never queue
-    assert replicas_for_ttft(4.0, 0.001, 0.5, 10.0, 0.85, 30) == math.ceil(4.0 * 0.501 / 0.85)
+    assert replicas_for_ttft(4.0, 0.001, 0.5, 10.0, MAX_UTILIZATION, 30) == math.ceil(4.0 * 0.501 / MAX_UTILIZATION)
+
+
+def test_the_ttft_budget_alone_bounds_utilization() -> None:
+    """No separate utilization cap below 1: a chat-like mix (short prefills, decode most of a request) at 90 %
+    utilization whose p95 wait fits the budget is one replica, as one simulated replica serves it (a shape whose
+    knee is at 16-17 req/s met a 1 s SLO at 16); Erlang C's wait itself diverges as utilization nears 1."""
+    prefill_s, decode_s = 0.004, 0.056  # ~16.7 req/s per replica
+    rate = 0.9 / (prefill_s + decode_s)
+    assert wait_p95_seconds(1, rate, prefill_s, decode_s) <= 0.68
+    assert replicas_for_ttft(rate, prefill_s, decode_s, 0.68, MAX_UTILIZATION, 30) == 1
+    assert math.isinf(wait_p95_seconds(1, 1.0 / (prefill_s + decode_s), prefill_s, decode_s))
 
 
 # --- scenarios -------------------------------------------------------------------------------------------------
@@ -372,17 +384,17 @@ def test_level_shift_plans_for_the_ramp_and_sizes_students_for_the_overflow(
 
 
 def test_a_level_shift_the_ready_primaries_absorb_is_planned_at_its_measured_rate() -> None:
-    """2 -> 5 req/s on 3 ready primaries (~6.7 req/s at the utilization cap) is a level shift, but the ready replicas
+    """2 -> 5 req/s on 3 ready primaries (~7.8 req/s at full utilization) is a level shift, but the ready replicas
     carry it: the primary plans for the measured rate, not the jump's slope kept over a cold start (10 req/s, which
     would start primaries that arrive after it). A jump past the ready replicas still plans the burst rate (above)."""
     w = World(config(), replicas={"primary": 3, "small": 0})
     for i in range(10):
         w.tick(15.0 * i, 2.0)
-    assert w.ready["primary"] == 3 and 3 * MU * 0.85 > 5.0
+    assert w.ready["primary"] == 3 and 3 * MU * MAX_UTILIZATION > 5.0
     d = w.tick(150.0, 5.0)
     assert w.state.pool("primary").last_burst_at == 150.0  # detected as a level shift
     prim = d.pools["primary"]
-    assert prim.recommended <= needed(5.0) < needed(10.0)  # not the burst rate
+    assert prim.recommended <= 3 < needed(10.0)  # the ready replicas carry it; not the burst rate
     assert prim.desired <= 3
 
 

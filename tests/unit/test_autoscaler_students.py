@@ -11,6 +11,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from test_autoscaler_policy import World, config  # noqa: E402
 
+from llmfleet.autoscaler.types import MAX_UTILIZATION  # noqa: E402
 from llmfleet.sim.production import make_service, simulate_service  # noqa: E402
 from llmfleet.sim.workload import SyntheticSpec, synthetic  # noqa: E402
 
@@ -22,9 +23,9 @@ def test_an_idle_student_pool_scales_to_zero_when_the_primary_has_headroom() -> 
     assert all(d.pools["small"].recommended == 0 for _, _, d in w.log)
 
 
-def test_a_student_is_warmed_ahead_of_a_forecast_overflow() -> None:
-    """A ramp the ready primaries will not absorb a student cold start from now: the student is asked for before
-    any overflow exists (no replica starting, no degraded traffic yet)."""
+def test_a_student_is_warmed_while_a_ramp_outgrows_the_ready_primaries() -> None:
+    """A ramp under the level-shift threshold: the student is asked for within an interval of the demand passing what
+    the ready primaries carry, while the primary's new replica still starts (the student bridges its cold start)."""
     w = World(config(), replicas={"primary": 2, "small": 0})
     w.run(lambda t: 1.0, 300)
     assert w.replicas["small"] == 0
@@ -32,12 +33,14 @@ def test_a_student_is_warmed_ahead_of_a_forecast_overflow() -> None:
     first_student = None
     for i in range(20):
         t = 315.0 + 15.0 * i
+        ready = w.ready["primary"]
         d = w.tick(t, 1.0 + 0.6 * (i + 1))
         if d.pools["small"].desired > 0 and first_student is None:
-            first_student = (t, w.ready["primary"] * 2.6 * 0.85, 1.0 + 0.6 * (i + 1))
+            first_student = (ready, ready * 2.6 * MAX_UTILIZATION, 1.0 + 0.6 * (i + 1), d.pools["primary"].desired)
     assert first_student is not None
-    t, ready_cap, rate = first_student
-    assert rate < ready_cap * 1.3  # asked for before the demand outgrew the ready primaries by much
+    ready, ready_cap, rate, primary_desired = first_student
+    assert rate <= ready_cap + 2 * 0.6  # within an interval of the ramp passing the ready primaries
+    assert primary_desired > ready  # a primary replica is on its way: the student bridges its cold start
 
 
 def test_fallback_absorbs_a_burst_while_the_primary_cold_starts() -> None:

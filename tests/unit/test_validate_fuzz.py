@@ -39,7 +39,7 @@ runner = CliRunner()
 # rules do not express (several defaults at once, uniqueness, LoRA method/spec pairing; LoRA ranks are a schema
 # enum, not listed). Any other disagreement between the CRD and the models fails the test.
 PYDANTIC_ONLY = [re.compile(p) for p in (
-    r"optimization\.globalBatchTokens \(\d+\) must be a multiple of microBatch x seqLen x world size",
+    r"optimization\.globalBatchTokens \(\d+\) must be a multiple of (microBatch x )?seqLen x world size",
     r"fsdp\.replicateGroups \(\d+\) must divide the world size",
     r"resources\.gpus \(\d+\) must be a multiple of vllm\.tensorParallelSize",
     r"head dimension \(hidden/heads\) must be even for RoPE",
