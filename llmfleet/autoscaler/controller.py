@@ -7,6 +7,7 @@ and the local runtime. Only the wiring lives here; every decision is in policy.p
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
@@ -20,6 +21,12 @@ from llmfleet.autoscaler.seeds import seeds_for_service
 from llmfleet.autoscaler.signals import PoolRef
 
 log = logging.getLogger("llmfleet.autoscaler")
+
+
+def wall_clock_offset() -> float:
+    """Unix seconds minus `time.monotonic()`: converts the times of a state decided on the monotonic clock (the
+    operator's and the local runtime's `now`) to times another process can read (`PolicyState.to_json`)."""
+    return time.time() - time.monotonic()
 
 
 @dataclass(frozen=True)
@@ -85,7 +92,8 @@ async def autoscale_step(
     held: Mapping[str, int] | None = None,
     burst: Burst | None = None,
 ) -> StepResult:
-    """Run the policy once for `isvc` and apply its decision through `actuator`.
+    """Run the policy once for `isvc` and apply its decision through `actuator`. `now`: `time.monotonic()` (the
+    persisted state's times are converted to Unix seconds).
 
     The current size of a pool is its spec replicas (Kubernetes: the body is fresh each tick), or with
     `replicas_from_spec=False` the replicas the actuator lists (local runtime: the spec is never rewritten).
@@ -107,7 +115,7 @@ async def autoscale_step(
     result = StepResult(decision=decision, signals=sigs)
     ups = {n: d.desired for n, d in decision.pools.items() if d.desired > d.current}
     if ups:
-        await actuator.set_replicas(ups, reason="scale out", state_json=decision.state.to_json())
+        await actuator.set_replicas(ups, reason="scale out", state_json=decision.state.to_json(wall_clock_offset()))
         result.scaled_out = ups
     timeout = float(drain_timeout_s if drain_timeout_s is not None else isvc.spec.drain_seconds)
     for name, d in decision.pools.items():
@@ -121,5 +129,5 @@ async def autoscale_step(
         if missing > 0:  # replicas the runtime has not created yet: lower the count directly
             await actuator.set_replicas({name: d.current - missing - len(victims)}, reason="scale in")
     if not ups and any(d.action != "hold" for d in decision.pools.values()):
-        await actuator.set_replicas({}, reason="state", state_json=decision.state.to_json())
+        await actuator.set_replicas({}, reason="state", state_json=decision.state.to_json(wall_clock_offset()))
     return result

@@ -37,7 +37,7 @@ from llmfleet.api.inferenceservice import InferenceService
 from llmfleet.api.loader import ManifestError, parse_resource
 from llmfleet.autoscaler.actuation import Actuator
 from llmfleet.autoscaler.arbitration import serving_need
-from llmfleet.autoscaler.controller import Burst, autoscale_step, wakes_on_burst
+from llmfleet.autoscaler.controller import Burst, autoscale_step, wakes_on_burst, wall_clock_offset
 from llmfleet.autoscaler.kube import KubernetesActuator, apply_arbitration, pending_gpus
 from llmfleet.autoscaler.policy import PolicyState, PoolSignals
 from llmfleet.autoscaler.signals import PoolRef, PrometheusSignals, ScrapeSignals, live_metrics, parse_metrics
@@ -188,7 +188,9 @@ def _service_memory(m: _Memo, isvc: InferenceService) -> _Memory:
     uid = isvc.metadata.uid or isvc.metadata.name
     mem = m.services.get(uid)
     if mem is None:
-        mem = m.services[uid] = _Memory(PolicyState.from_json(isvc.metadata.annotations.get(AUTOSCALER_STATE_ANNOTATION)))
+        # the annotation's times are Unix seconds; this process decides on its own monotonic clock
+        mem = m.services[uid] = _Memory(PolicyState.from_json(isvc.metadata.annotations.get(AUTOSCALER_STATE_ANNOTATION),
+                                                              wall_offset=wall_clock_offset(), now=time.monotonic()))
     return mem
 
 

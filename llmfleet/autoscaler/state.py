@@ -51,24 +51,70 @@ class PolicyState:
     def pool(self, name: str) -> PoolState:
         return self.pools.setdefault(name, PoolState())
 
-    def to_json(self) -> str:
-        out = {
-            name: {
-                "lastActionAt": s.last_action_at,
+    def to_json(self, wall_offset: float = 0.0) -> str:
+        """The annotation. `wall_offset` is added to every time (the caller's clock to Unix seconds: the operator
+        decides on `time.monotonic()`, which starts again with each process and differs between nodes, so a
+        restarted operator could not read its own times back; `controller.wall_clock_offset()`)."""
+
+        def at(t: float | None) -> float | None:
+            return None if t is None else round(t + wall_offset, 3)
+
+        out = {}
+        for name, s in sorted(self.pools.items()):
+            item: dict[str, object] = {
+                "lastActionAt": at(s.last_action_at),
                 "lastAction": s.last_action,
                 "efficiency": round(s.efficiency, 4),
                 "coldStartSeconds": s.cold_start_s,
             }
-            for name, s in sorted(self.pools.items())
-        }
+            # what a burst left behind: a restart within it keeps its plan and its insurance student
+            for key, value in (("lastBurstAt", at(s.last_burst_at)), ("burstUntil", at(s.burst_until)),
+                               ("lastServedAt", at(s.last_served_at))):
+                if value is not None:
+                    item[key] = value
+            if s.burst_insured:
+                item["burstInsured"] = True
+            out[name] = item
         return json.dumps(out, sort_keys=True, separators=(",", ":"))
 
     @classmethod
-    def from_json(cls, text: str | None) -> PolicyState:
-        """Restore from an annotation; anything unreadable starts fresh (which never scales down early)."""
+    def from_json(cls, text: str | None, wall_offset: float = 0.0, now: float | None = None) -> PolicyState:
+        """Restore from an annotation; anything unreadable starts fresh (which never scales down early).
+        `wall_offset`: subtracted from every time (`to_json`'s, for this process's clock). `now`: no past event
+        is restored later than this (clocks of two nodes differ a little; a last action in the future would hold
+        the cooldown until the clock caught up)."""
         state = cls()
         if not text:
             return state
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError:
+            return state
+        if not isinstance(data, dict):
+            return state
+
+        def at(value: object, past: bool = True) -> float | None:
+            if not isinstance(value, int | float) or isinstance(value, bool):
+                return None
+            t = float(value) - wall_offset
+            return min(t, now) if past and now is not None else t
+
+        for name, item in data.items():
+            if not isinstance(item, dict):
+                continue
+            s = state.pool(str(name))
+            s.last_action_at = at(item.get("lastActionAt"))
+            if item.get("lastAction") in ("up", "down", "hold"):
+                s.last_action = item["lastAction"]
+            if isinstance(item.get("efficiency"), int | float) and item["efficiency"] > 0:
+                s.efficiency = float(item["efficiency"])
+            if isinstance(item.get("coldStartSeconds"), int | float) and item["coldStartSeconds"] > 0:
+                s.cold_start_s = float(item["coldStartSeconds"])
+            s.last_burst_at = at(item.get("lastBurstAt"))
+            s.burst_until = at(item.get("burstUntil"), past=False)
+            s.last_served_at = at(item.get("lastServedAt"))
+            s.burst_insured = item.get("burstInsured") is True
+        return state
         try:
             data = json.loads(text)
         except json.JSONDecodeError:

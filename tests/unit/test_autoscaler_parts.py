@@ -340,3 +340,46 @@ def test_live_metrics_status_from_the_primary_signals() -> None:
     stale = PoolSignals(pool="primary", role="primary", now=0.0, replicas=1, ready_replicas=0, stale=True)
     assert live_metrics([stale], "t") == {"stale": True, "updatedAt": "t", "pools": [{"name": "primary", "stale": True}]}
     assert live_metrics([student], "t") is None
+
+
+def test_the_persisted_state_carries_unix_times_and_the_timer_reads_them_on_its_own_clock() -> None:
+    """`autoscale_step` decides on time.monotonic() and writes the annotation in Unix seconds; the Kubernetes timer
+    of a new process (a restarted operator: another monotonic origin) reads it back on its own clock. In a
+    subprocess, like the other kopf_handlers tests (importing registers handlers)."""
+    code = """
+import asyncio, json, time
+import llmfleet.autoscaler.kopf_handlers as kh
+from llmfleet.api import parse_resource
+from llmfleet.api.contracts import AUTOSCALER_STATE_ANNOTATION
+from llmfleet.autoscaler.actuation import ObservedReplica
+from llmfleet.autoscaler.controller import autoscale_step
+from llmfleet.autoscaler.policy import PolicyState, PoolSignals
+
+isvc = parse_resource({"apiVersion": "llmfleet.io/v1alpha1", "kind": "InferenceService", "metadata": {"name": "s"},
+                       "spec": {"model": {"path": "/m", "servedName": "m"}, "replicas": 1, "maxReplicas": 4}})
+
+class Act:
+    written = None
+    async def list_replicas(self, pool):
+        return [ObservedReplica(pool, "r0", "http://r0", ready=True)]
+    async def set_replicas(self, desired, *, reason, state_json=None):
+        Act.written = state_json
+
+class Busy:  # a queue of 40 on one replica: the policy scales out (an action, so the state is written)
+    async def collect(self, pools, now=None):
+        return [PoolSignals(p.name, p.role, now, p.replicas, p.ready_replicas, arrival_rate=30.0, queue_depth=40.0,
+                            mean_input_tokens=2000, mean_output_tokens=200) for p in pools]
+
+asyncio.run(autoscale_step(isvc, Act(), Busy(), PolicyState(), time.monotonic()))
+written = json.loads(Act.written)["primary"]["lastActionAt"]
+print(abs(written - time.time()) < 5)
+isvc.metadata.annotations[AUTOSCALER_STATE_ANNOTATION] = json.dumps({"primary": {"lastActionAt": time.time() - 40}})
+mem = kh._service_memory(kh._Memo(), isvc)
+print(round(time.monotonic() - mem.state.pools["primary"].last_action_at))
+"""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "40"]

@@ -323,6 +323,36 @@ def test_state_json_tolerates_garbage() -> None:
     assert s.pools["primary"].last_action_at == 12.5 and s.pools["primary"].efficiency == 0.8
 
 
+def test_a_restarted_operator_reads_the_state_times_on_its_own_clock() -> None:
+    """The operator decides on time.monotonic(), which starts again in a new process (another node's uptime). The
+    annotation carries Unix seconds, so a restart keeps the last action's age and what a burst left behind (its
+    plan, the insurance student); a time the writer's clock put after the reader's now is read as now, so the
+    cooldown cannot hold until the clock catches up."""
+    st = PolicyState()
+    p = st.pool("primary")
+    p.last_action_at, p.last_burst_at, p.burst_until = 90.0, 80.0, 140.0
+    s = st.pool("small")
+    s.burst_insured, s.last_served_at = True, 95.0
+    text = st.to_json(wall_offset=1e9)  # process A: monotonic 100 is Unix 1e9 + 100
+    # process B, 30 s later, on a node whose monotonic clock reads 5: Unix 1e9 + 130, so its offset is 1e9 + 125
+    r = PolicyState.from_json(text, wall_offset=1e9 + 125, now=5.0)
+    assert 5.0 - (r.pools["primary"].last_action_at or 0.0) == pytest.approx(40.0)  # 10 s before A's 100, + 30 s
+    assert r.pools["primary"].last_burst_at == pytest.approx(-45.0)
+    assert r.pools["primary"].burst_until == pytest.approx(15.0)  # still ahead: the burst plan goes on
+    assert r.pools["small"].burst_insured and r.pools["small"].last_served_at == pytest.approx(-30.0)
+    assert r.pools["primary"].cold_start_s is None and not r.pools["primary"].burst_insured
+    # the writer's clock ahead of the reader's: the last action is read as now, not 45 s in the future
+    assert PolicyState.from_json(text, wall_offset=1e9 + 45, now=0.0).pools["primary"].last_action_at == 0.0
+    # the cooldown (60 s) then counts from the restored time: a scale-down 40 s after the last action waits
+    cfg = config(idle_fraction=0.0, down_window_s=0.0)
+    sigs = [_sig("primary", 5.0, 3, 3, 0.5), PoolSignals("small", "student", 5.0, 0, 0, arrival_rate=0.0)]
+    r.pools["primary"].first_seen = -1000.0
+    d = decide(cfg, sigs, r)
+    assert d.pools["primary"].action == "hold" and any("cooldown" in x for x in d.pools["primary"].reasons)
+    d = decide(cfg, [replace(x, now=30.0) for x in sigs], d.state)
+    assert d.pools["primary"].action == "down"
+
+
 # --- burst capacity, unbiased capacity learning, idle scale-down ---------------------------------------------
 
 def _sig(pool: str, t: float, replicas: int, ready: int, rate: float, **kw: object) -> PoolSignals:
