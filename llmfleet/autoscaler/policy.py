@@ -70,16 +70,18 @@ def cold_start_seconds(cfg: PolicyConfig, pool: PoolBounds, st: PoolState) -> fl
     return pool.cold_start_s or cfg.cold_start_s or st.cold_start_s or DEFAULT_COLD_START_S
 
 
-def _track_cold_start(st: PoolState, sig: PoolSignals) -> None:
-    """Measure how long a scale-up takes to become ready (EWMA over scale-ups)."""
+def _track_cold_start(st: PoolState, sig: PoolSignals) -> bool:
+    """Measure how long a scale-up takes to become ready (EWMA over scale-ups). True when one became ready now."""
     if st.pending is None:
-        return
+        return False
     since, target = st.pending
     if sig.ready_replicas >= min(target, sig.replicas):
         sample = sig.now - since
         if sample > 0:
             st.cold_start_s = sample if st.cold_start_s is None else 0.5 * st.cold_start_s + 0.5 * sample
         st.pending = None
+        return True
+    return False
 
 
 def _seed(pool: PoolBounds, sig: PoolSignals) -> CapacitySeed:
@@ -138,6 +140,22 @@ def _within_noise(gap: float, rate: float, window_s: float) -> bool:
     comes from (LEVEL_NOISE of the Poisson count over `window_s`): not evidence of overflow. At the utilization cap
     every noisy interval would otherwise warm a student, whose stand-in then releases a primary replica."""
     return gap * window_s < LEVEL_NOISE * math.sqrt(max(rate * window_s, 1.0))
+
+
+def _ttft_budget(cfg: PolicyConfig, pool: PoolBounds, st: PoolState, sig: PoolSignals) -> float:
+    """Seconds a request may wait for the prefills ahead of it: the planned fraction of the TTFT SLO less its own
+    prefill at the interval's mix (at least 5 % of the SLO)."""
+    slo_s = cfg.ttft_slo_ms / 1000.0
+    return max(cfg.ttft_target_fraction * slo_s - _split(pool, st, sig, math.inf)[0], 0.05 * slo_s)
+
+
+def _arrived_late(cfg: PolicyConfig, pool: PoolBounds, st: PoolState, sig: PoolSignals, mu: float) -> bool:
+    """A scale-up that just became ready arrived after the demand it was asked for had gone: the replicas ready
+    before it meet the TTFT plan at the rate measured now (with the scale-down tolerance)."""
+    rate = float(sig.arrival_rate or 0.0) * (1 + DOWN_TOLERANCE)
+    need = replicas_for_ttft(rate, *_split(pool, st, sig, mu), _ttft_budget(cfg, pool, st, sig), cfg.max_utilization,
+                             pool.max_replicas)
+    return need <= st.pending_ready
 
 
 def _learn(cfg: PolicyConfig, pool: PoolBounds, st: PoolState, sig: PoolSignals) -> None:
@@ -204,8 +222,7 @@ def _slo_primary(
     if in_burst and rate > sig.ready_replicas * mu * cfg.max_utilization:
         planned = max(planned, burst)
     sp, sd = _split(pool, st, sig, mu)
-    slo_s = cfg.ttft_slo_ms / 1000.0
-    budget = max(cfg.ttft_target_fraction * slo_s - _split(pool, st, sig, math.inf)[0], 0.05 * slo_s)
+    budget = _ttft_budget(cfg, pool, st, sig)
     n = replicas_for_ttft(planned + backlog, sp, sd, budget, cfg.max_utilization, pool.max_replicas)
     if n < sig.replicas:
         n = min(sig.replicas, replicas_for_ttft((planned + backlog) * (1 + DOWN_TOLERANCE), sp, sd, budget,
@@ -345,8 +362,7 @@ def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState
 
     primary = next((p for p in cfg.pools if p.role == "primary"), None)
     students = [p for p in cfg.pools if p.role == "student"]
-    for pool in cfg.pools:
-        _track_cold_start(state.pool(pool.name), by_name[pool.name])
+    arrived = {pool.name: _track_cold_start(state.pool(pool.name), by_name[pool.name]) for pool in cfg.pools}
 
     if cfg.policy == "static":
         for pool in cfg.pools:
@@ -364,6 +380,9 @@ def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState
                 raw[primary.name] = (n, reasons)
                 mu = _mu_planned(primary, st, sig)
                 capacity[primary.name] = mu
+                if arrived[primary.name]:
+                    # a rise shorter than a cold start: the replicas it bought go at break-even (stabilize.py)
+                    st.late = _arrived_late(cfg, primary, st, sig, mu)
                 # Overflow the ready primary replicas cannot absorb until new ones are up (or ever, at max).
                 ready_cap = sig.ready_replicas * mu * cfg.max_utilization
                 reachable = min(n, primary.max_replicas)
@@ -436,9 +455,12 @@ def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState
             st.last_action_at, st.last_action = sig.now, action
         if action == "up" and pool.role == "student" and recent_burst:
             st.burst_insured = True
+        if action == "up" or (action == "down" and desired <= st.pending_ready):
+            st.late = False  # a new scale-up is judged when it is ready; a late one is over once released
         if action == "up" and st.pending is None:
             # Measure from this scale-up until its replicas are ready (later steps wait for the next sample).
             st.pending = (sig.now, desired)
+            st.pending_ready = sig.ready_replicas
         elif action == "down" and st.pending is not None:
             st.pending = (st.pending[0], desired) if desired > sig.ready_replicas else None
         pred: float | None = None

@@ -44,9 +44,14 @@ def stabilize(
     # where a burst was seen and the student was needed for it: a student warmed on a slow rise (no level shift
     # since the pool was last at zero) bridged a primary's cold start, and traffic that rises slowly gives the
     # forecast time to warm it again; after a level shift the ready primaries absorbed, no overflow reached it.
+    # A primary's scale-up that became ready after the demand it was asked for had gone (`late`, policy.decide: the
+    # replicas ready before it meet the TTFT plan at the rate measured then) bought capacity for a rise shorter than a
+    # cold start, which only a forecast could have served; holding it for the whole down-window waits for the next
+    # such rise, which it would again meet late. It goes at the break-even as well, while the measured TTFT of the
+    # whole down-window stayed within the plan (below).
     hold = max(cold_s, 2 * cfg.interval_s)  # rent-or-buy's break-even; see the covered release below
     window = cfg.down_window_s
-    if cfg.policy == "slo" and pool.role == "student":
+    if cfg.policy == "slo" and (pool.role == "student" or st.late):
         window = min(window, hold)
     keep = max(cfg.up_window_s, cfg.down_window_s)
     st.history = [(t, r) for t, r in st.history if t >= now - keep]
@@ -123,15 +128,17 @@ def stabilize(
         # heavy-tailed prompts make queueing worse than its estimate), so one replica fewer would spend margin
         # that is not there. Clearly idle capacity (above) is released regardless.
         planned_ms = cfg.ttft_target_fraction * cfg.ttft_slo_ms
-        worst = max((p for t, p in st.ttft_history if t >= now - window), default=None)
+        look = cfg.down_window_s if st.late else window
+        worst = max((p for t, p in st.ttft_history if t >= now - look), default=None)
         if cfg.policy == "slo" and worst is not None and worst > planned_ms:
-            reasons.append(f"TTFT p95 reached {worst:.0f} ms in the last {window:g} s, above the "
+            reasons.append(f"TTFT p95 reached {worst:.0f} ms in the last {look:g} s, above the "
                            f"planned {planned_ms:.0f} ms: no scale-down")
             return current, "hold"
         if st.last_action_at is not None and now - st.last_action_at < cfg.cooldown_s:
             reasons.append(f"cooldown: last action {now - st.last_action_at:.0f} s ago")
             return current, "hold"
         desired = max(down, current - cfg.max_down_step)
-        reasons.append(f"highest recommendation over {window:g} s is {down}")
+        reasons.append(f"highest recommendation over {window:g} s is {down}"
+                       + (" (a scale-up that arrived after the rise it was asked for)" if st.late else ""))
         return desired, "down"
     return current, "hold"

@@ -40,6 +40,10 @@ class PoolState:
     burst_insured: bool = False
     # a student pool: the last decision that saw traffic routed to it while demand exceeded the ready primaries
     last_served_at: float | None = None
+    # a primary: its last scale-up became ready after the demand it was asked for had gone (the replicas ready before it
+    # meet the TTFT plan at the rate measured then): a rise shorter than a cold start (stabilize.py: released at break-even)
+    late: bool = False
+    pending_ready: int = 0  # ready replicas when the pending scale-up was asked for
 
 
 @dataclass

@@ -428,6 +428,43 @@ def test_a_level_shift_the_ready_primaries_absorb_is_planned_at_its_measured_rat
     assert prim.desired <= 3
 
 
+def _no_students() -> PolicyConfig:
+    """The slo policy without students (none can stand in for a released primary)."""
+    return config(pools=(PoolBounds("primary", "primary", 1, 30, 2, seed=SEED),
+                         PoolBounds("small", "student", 0, 0, 0, seed=CapacitySeed(40000.0, 6000.0))))
+
+
+def test_a_scale_up_that_arrives_after_a_short_rise_goes_at_break_even() -> None:
+    """A 30 s rise asks for a third primary, which is ready after the rise is over (the two ready before it meet the
+    plan at the rate measured then): it goes one cold start after, not after the 300 s down-window, where it would
+    wait for the next short rise, which it would again meet late. A rise that lasts past the cold start keeps it for
+    the whole window."""
+    for ends, released_by in ((330.0, 450.0), (600.0, None)):
+        w = World(_no_students())
+        w.run(lambda t, ends=ends: 4.0 if 300.0 <= t < ends else 1.5, 1000)  # noqa: B023
+        ups = [t for t, _, d in w.log if d.pools["primary"].action == "up"]
+        downs = [t for t, _, d in w.log if d.pools["primary"].action == "down"]
+        assert ups == [300.0] and downs, (ups, downs)
+        if released_by is not None:
+            assert downs[0] <= released_by
+            d = next(d for t, _, d in w.log if t == downs[0])
+            assert "arrived after the rise" in " ".join(d.pools["primary"].reasons)
+        else:
+            assert downs[0] >= ends + 300.0 - 15.0  # the HPA's down-window after the last high recommendation
+
+
+def test_a_late_scale_up_is_kept_while_the_down_window_measured_ttft_above_the_plan() -> None:
+    """The break-even release of a late scale-up still needs the latency of the whole down-window within the plan."""
+    w = World(_no_students())
+    for i in range(70):
+        t = 15.0 * i
+        w.tick(t, 4.0 if 300.0 <= t < 330.0 else 1.5, ttft=1500.0 if 300.0 <= t < 345.0 else 300.0)
+    downs = [t for t, _, d in w.log if d.pools["primary"].action == "down"]
+    assert downs and downs[0] > 345.0 + 300.0 - 15.0
+    held = [d for t, _, d in w.log if 400.0 <= t <= 600.0]
+    assert any("TTFT p95 reached 1500 ms in the last 300 s" in " ".join(d.pools["primary"].reasons) for d in held)
+
+
 def test_students_cost_the_overflow_at_the_primary_mix() -> None:
     """A student with no traffic of its own has no mix; the overflow is primary traffic (long prompts here)."""
     cfg = config()
