@@ -119,22 +119,3 @@ class PolicyState:
             s.last_served_at = at(item.get("lastServedAt"))
             s.burst_insured = item.get("burstInsured") is True
         return state
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError:
-            return state
-        if not isinstance(data, dict):
-            return state
-        for name, item in data.items():
-            if not isinstance(item, dict):
-                continue
-            s = state.pool(str(name))
-            if isinstance(item.get("lastActionAt"), int | float):
-                s.last_action_at = float(item["lastActionAt"])
-            if item.get("lastAction") in ("up", "down", "hold"):
-                s.last_action = item["lastAction"]
-            if isinstance(item.get("efficiency"), int | float) and item["efficiency"] > 0:
-                s.efficiency = float(item["efficiency"])
-            if isinstance(item.get("coldStartSeconds"), int | float) and item["coldStartSeconds"] > 0:
-                s.cold_start_s = float(item["coldStartSeconds"])
-        return state
