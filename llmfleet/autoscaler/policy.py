@@ -56,8 +56,8 @@ DEFAULT_COLD_START_S = 60.0
 # A rate jump is a burst only beyond this many Poisson standard deviations of the interval's expected count: the
 # three-sigma convention, a property of counting noise, not of any workload (docs/autoscaler.md).
 BURST_SIGMAS = 3.0
-# A scale-down must also hold at this much more than the planned rate (the HPA's 10 % tolerance): at the
-# utilization cap the recommendation otherwise follows the smoothed rate's noise across a replica boundary.
+# A scale-down must also hold at this much more than the planned rate (the HPA's 10 % tolerance): at a replica
+# boundary the recommendation otherwise follows the smoothed rate's noise across it.
 DOWN_TOLERANCE = 0.1
 
 
@@ -137,7 +137,7 @@ def _split(pool: PoolBounds, st: PoolState, sig: PoolSignals, mu: float) -> tupl
 
 def _within_noise(gap: float, rate: float, window_s: float) -> bool:
     """A gap between demand and the ready capacity smaller than one standard deviation of the smoothed rate it
-    comes from (LEVEL_NOISE of the Poisson count over `window_s`): not evidence of overflow. At the utilization cap
+    comes from (LEVEL_NOISE of the Poisson count over `window_s`): not evidence of overflow. At full capacity
     every noisy interval would otherwise warm a student, whose stand-in then releases a primary replica."""
     return gap * window_s < LEVEL_NOISE * math.sqrt(max(rate * window_s, 1.0))
 

@@ -104,7 +104,7 @@ class World:
 
 
 def needed(rate: float) -> int:
-    """Replicas to hold `rate` at the policy's utilization cap: a lower bound the policy must reach."""
+    """Replicas to hold `rate` at the policy's utilization bound (MAX_UTILIZATION): a lower bound it must reach."""
     return math.ceil(rate / (MU * MAX_UTILIZATION))
 
 
@@ -144,7 +144,7 @@ def test_the_wait_is_for_prefills_and_decodes_only_slow_them() -> None:
     whole = 1 / (PREFILL_S + DECODE_S)
     c_whole = erlang_c(n, rate / whole)
     assert math.log(c_whole / 0.05) / (n * whole - rate) > 1.6 * wait_p95_seconds(n, rate, PREFILL_S, DECODE_S)
-    # the utilization cap still binds where prefills alone would never queue
+    # the decodes' share alone bounds the replicas where prefills would never queue
     assert replicas_for_ttft(4.0, 0.001, 0.5, 10.0, MAX_UTILIZATION, 30) == math.ceil(4.0 * 0.501 / MAX_UTILIZATION)
 
 
@@ -210,7 +210,7 @@ def test_noisy_metrics_do_not_flap() -> None:
     w.run(lambda t: 8.0 * (1 + rng.uniform(-0.3, 0.3)), 3600)
     assert w.actions(after=600) <= 2
     assert w.replicas["primary"] >= needed(8.0)
-    # at the utilization cap, a gap within the smoothed rate's noise warms no student (policy._within_noise)
+    # at full capacity, a gap within the smoothed rate's noise warms no student (policy._within_noise)
     assert w.actions("small", after=900) == 0 and w.replicas["small"] == 0
 
 

@@ -1,5 +1,5 @@
 """Student pools cost nothing while the primary has headroom: sized 0 without overflow or traffic of their own,
-warmed one (measured) student cold start ahead of a forecast overflow, and still there to absorb a burst while
+warmed within an interval of a ramp outgrowing the ready primaries, and still there to absorb a burst while
 the primary cold-starts (policy and simulator through the production adapter)."""
 
 from __future__ import annotations
