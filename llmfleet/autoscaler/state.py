@@ -78,6 +78,12 @@ class PolicyState:
                     item[key] = value
             if s.burst_insured:
                 item["burstInsured"] = True
+            # a scale-up in flight and whether the last one arrived late: a restart during a cold start still measures
+            # it and still judges it on arrival (policy._arrived_late), and a late one still goes at the break-even
+            if s.pending is not None:
+                item["pendingScaleUp"] = {"since": at(s.pending[0]), "target": s.pending[1], "readyBefore": s.pending_ready}
+            if s.late:
+                item["lateScaleUp"] = True
             out[name] = item
         return json.dumps(out, sort_keys=True, separators=(",", ":"))
 
@@ -118,4 +124,15 @@ class PolicyState:
             s.burst_until = at(item.get("burstUntil"), past=False)
             s.last_served_at = at(item.get("lastServedAt"))
             s.burst_insured = item.get("burstInsured") is True
+            s.late = item.get("lateScaleUp") is True
+            pending = item.get("pendingScaleUp")
+            if isinstance(pending, dict):
+                since, target, ready = at(pending.get("since")), _count(pending.get("target")), _count(pending.get("readyBefore"))
+                if since is not None and target is not None and ready is not None:
+                    s.pending, s.pending_ready = (since, target), ready
         return state
+
+
+def _count(value: object) -> int | None:
+    """A replica count read back from the annotation (JSON: a non-negative int, not a bool), else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None

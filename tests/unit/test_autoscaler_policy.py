@@ -321,6 +321,10 @@ def test_state_json_tolerates_garbage() -> None:
     assert PolicyState.from_json('{"primary": 3}').pools == {}
     s = PolicyState.from_json('{"primary": {"lastActionAt": 12.5, "efficiency": 0.8, "lastAction": "up"}}')
     assert s.pools["primary"].last_action_at == 12.5 and s.pools["primary"].efficiency == 0.8
+    for bad in ('"x"', '{"since": "x", "target": 3, "readyBefore": 2}', '{"since": 1, "target": true, "readyBefore": 2}',
+                '{"since": 1, "target": 3, "readyBefore": -1}'):
+        s = PolicyState.from_json(f'{{"primary": {{"pendingScaleUp": {bad}, "lateScaleUp": 1}}}}')
+        assert s.pools["primary"].pending is None and not s.pools["primary"].late
 
 
 def test_a_restarted_operator_reads_the_state_times_on_its_own_clock() -> None:
@@ -451,6 +455,22 @@ def test_a_scale_up_that_arrives_after_a_short_rise_goes_at_break_even() -> None
             assert "arrived after the rise" in " ".join(d.pools["primary"].reasons)
         else:
             assert downs[0] >= ends + 300.0 - 15.0  # the HPA's down-window after the last high recommendation
+
+
+@pytest.mark.parametrize("restart_at", [315.0, 375.0])
+def test_a_restart_keeps_the_judgement_of_a_scale_up_in_flight_or_late(restart_at: float) -> None:
+    """The annotation carries a scale-up in flight (since when, to what, how many were ready before it) and the late
+    flag: an operator restarted during the third primary's cold start (315 s) still judges it late when it is ready,
+    and one restarted after that (375 s) still releases it at the break-even, not after the whole down-window."""
+    w = World(_no_students())
+    for i in range(70):
+        t = 15.0 * i
+        if t == restart_at:
+            w.state = PolicyState.from_json(w.state.to_json(wall_offset=1e9), wall_offset=1e9, now=t)
+            assert w.state.pool("primary").pending == (300.0, 3) if t < 360.0 else w.state.pool("primary").late
+        w.tick(t, 4.0 if 300.0 <= t < 330.0 else 1.5)
+    downs = [t for t, _, d in w.log if d.pools["primary"].action == "down"]
+    assert downs and downs[0] <= 480.0, downs
 
 
 def test_a_late_scale_up_is_kept_while_the_down_window_measured_ttft_above_the_plan() -> None:
