@@ -3,6 +3,7 @@ CUDA graphs vs eager launches, the host<->device copy bandwidth. Writes benchmar
 
     python benchmarks/roofline_measure.py                      # all sections on a CUDA GPU (H200 in the docs)
     python benchmarks/roofline_measure.py --only host-link     # section 4 alone, merged into the existing JSON
+    python benchmarks/roofline_measure.py --only prefill       # section 5 alone, merged into the existing JSON
     python benchmarks/roofline_measure.py --tiny               # CPU smoke test of the script
 
 1. Decode step of a Llama-3-8B-shaped stack (32 layers of bf16 q/k/v/o + SwiGLU weights, random values,
@@ -14,6 +15,11 @@ CUDA graphs vs eager launches, the host<->device copy bandwidth. Writes benchmar
 4. Host<->device copies (what CPU KV-cache offloading waits on when it loads cached blocks back instead of
    recomputing the prefill): pinned and pageable host memory, 2 MiB..1 GiB, and one 64 MiB transfer
    issued as one copy vs many block-sized copies. See host_link().
+5. Prefill of one sequence through the same stack with RMSNorm, GQA (32 query / 8 KV heads) and causal FlashAttention
+   (SDPA), at 512..32k new tokens, with and without a cached prefix (the new tokens attend to it as well): what the
+   simulator's step-cost model (`StepCostModel.build`, planner defaults) predicts for each, and the share of the
+   bf16 peak the whole prefill and its attention reached. Where the planner imports (pydantic; not in the GPU image)
+   those columns are added by `--only prefill-model` on the merged JSON. See prefill().
 """
 
 from __future__ import annotations
@@ -193,9 +199,10 @@ def main() -> int:
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--tiny", action="store_true")
-    ap.add_argument("--only", choices=("roofline", "host-link"),
-                    help="run sections 1-3 (roofline) or section 4 (host-link) alone and merge the result "
-                         "into --merge-into, keeping the sections not run")
+    ap.add_argument("--only", choices=("roofline", "host-link", "prefill", "prefill-model"),
+                    help="run sections 1-3 (roofline), section 4 (host-link) or section 5 (prefill) alone and merge "
+                         "the result into --merge-into, keeping the sections not run; prefill-model: add the step-cost "
+                         "model's predictions and fit to the stored prefill timings (no GPU)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/roofline_measure.json"))
     ap.add_argument("--merge-into", default=str(ROOT / "benchmarks/results/roofline_measure.json"),
                     help="with --only: the existing results to add to (default: the committed JSON)")
@@ -203,11 +210,19 @@ def main() -> int:
     out: dict[str, Any] = {}
     if args.only and Path(args.merge_into).exists():
         out = json.loads(Path(args.merge_into).read_text())
-    if args.only != "host-link":
+    if args.only in (None, "roofline"):
         out.update(roofline(torch, args.tiny))
-    if args.only != "roofline":
+    if args.only in (None, "host-link"):
         out["benchmark"] = "roofline_measure"
         out["hostLink"] = host_link(torch, args.tiny)
+    if args.only in (None, "prefill"):
+        out["benchmark"] = "roofline_measure"
+        out["prefill"] = prefill(torch, args.tiny)
+    if "prefill" in out and out["prefill"].get("device") != "cpu":
+        try:
+            out["prefill"].update(prefill_model(out["prefill"]["rows"]))
+        except ImportError:
+            print("planner not importable here (pydantic): run --only prefill-model where it is")
     if not args.tiny:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(out, indent=1))
@@ -322,6 +337,126 @@ def roofline(torch, tiny: bool) -> dict[str, Any]:  # type: ignore[no-untyped-de
                         "device": torch.cuda.get_device_name() if dev == "cuda" else "cpu"},
             "weightBytes": wbytes, "decode": decode, "attention": attn}
 
+
+
+# (new tokens, cached prefix tokens): prompts from a chat turn to Mooncake's long ones (mean 15k), and turns that
+# reuse a cached prefix as a multi-turn session or a shared system prompt does.
+PREFILL_POINTS = ((512, 0), (1024, 0), (2048, 0), (4096, 0), (8192, 0), (16384, 0), (32768, 0),
+                  (512, 4096), (512, 16384), (2048, 8192), (2048, 30720), (8192, 8192), (8192, 24576))
+
+
+def prefill(torch, tiny: bool) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    """Section 5: one sequence's prefill through a Llama-3-8B-shaped stack (eager, bf16, random weights): per layer
+    RMSNorm, q/k/v, causal GQA attention over the cached prefix and the new tokens (SDPA), o, RMSNorm, SwiGLU.
+    The cached prefix's K/V (the same for every layer: only the time matters) is concatenated in front of the new
+    tokens', as a paged engine reads it; the attention's queries are aligned to the end (lower-right causal)."""
+    import torch.nn.functional as F
+    from torch.nn.attention.bias import causal_lower_right
+
+    dev = "cuda" if torch.cuda.is_available() and not tiny else "cpu"
+    dt = torch.bfloat16 if dev == "cuda" else torch.float32
+    layers, heads, kv_heads, hd, ffn = (32, 32, 8, 128, 14336) if not tiny else (2, 4, 2, 32, 512)
+    d, kv = heads * hd, kv_heads * hd
+    points = PREFILL_POINTS if not tiny else ((64, 0), (128, 0), (64, 128))
+    torch.manual_seed(0)
+    W = [(torch.randn(d, d + 2 * kv, device=dev, dtype=dt) * 0.01, torch.randn(d, d, device=dev, dtype=dt) * 0.01,
+          torch.randn(d, 2 * ffn, device=dev, dtype=dt) * 0.01, torch.randn(ffn, d, device=dev, dtype=dt) * 0.01)
+         for _ in range(layers)]
+
+    def attend(q, k, v, cached: int):  # type: ignore[no-untyped-def]
+        # GQA without copying K/V to every query head (a copy costs 0.3 ms a layer at 16k cached tokens); a cached
+        # prefix needs the lower-right causal mask (SDPA runs it on the FlashAttention-2 backend as well)
+        if cached == 0:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(q.shape[2], k.shape[2]),
+                                              enable_gqa=True)
+
+    def forward(x, past_k, past_v, cached: int):  # type: ignore[no-untyped-def]
+        t = x.shape[0]
+        for qkv_w, o_w, up_w, down_w in W:
+            qkv = F.rms_norm(x, (d,)) @ qkv_w
+            q = qkv[:, :d].view(t, heads, hd).transpose(0, 1)[None]
+            k = qkv[:, d:d + kv].view(t, kv_heads, hd).transpose(0, 1)[None]
+            v = qkv[:, d + kv:].view(t, kv_heads, hd).transpose(0, 1)[None]
+            if cached:
+                k, v = torch.cat((past_k, k), dim=2), torch.cat((past_v, v), dim=2)
+            a = attend(q, k, v, cached)
+            x = x + a[0].transpose(0, 1).reshape(t, d) @ o_w
+            gu = F.rms_norm(x, (d,)) @ up_w
+            x = x + (F.silu(gu[:, :ffn]) * gu[:, ffn:]) @ down_w
+        return x
+
+    def sync() -> None:
+        if dev == "cuda":
+            torch.cuda.synchronize()
+
+    rows = []
+    with torch.no_grad():
+        # both attention paths against a repeated-heads reference: the new tokens of a 96-token sequence whose first
+        # 32 are cached see what the last 64 queries of the whole causal sequence see
+        q, k, v = (torch.randn(1, h, 96, hd, device=dev, dtype=dt) for h in (heads, kv_heads, kv_heads))
+        rep = heads // kv_heads
+        ref = F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), is_causal=True)
+        for got, want in ((attend(q, k, v, 0), ref), (attend(q[:, :, 32:], k, v, 32), ref[:, :, 32:])):
+            if not torch.allclose(got, want, atol=2e-2, rtol=2e-2):
+                raise RuntimeError("GQA attention differs from the repeated-heads reference")
+        for new, cached in points:
+            x = torch.randn(new, d, device=dev, dtype=dt)
+            past_k = torch.randn(1, kv_heads, cached, hd, device=dev, dtype=dt)
+            past_v = torch.randn(1, kv_heads, cached, hd, device=dev, dtype=dt)
+            iters = 3 if new * (new + cached) > 2**28 else 10
+            for _ in range(2):
+                forward(x, past_k, past_v, cached)
+            times = []
+            for _ in range(iters):
+                sync()
+                t0 = time.perf_counter()
+                forward(x, past_k, past_v, cached)
+                sync()
+                times.append(time.perf_counter() - t0)
+            sec = statistics.median(times)
+            # the attention alone, every layer's call on tensors of the same shapes (what the rest is matmuls of)
+            q = torch.randn(1, heads, new, hd, device=dev, dtype=dt)
+            k, v = (torch.randn(1, kv_heads, cached + new, hd, device=dev, dtype=dt) for _ in range(2))
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(iters * layers):
+                attend(q, k, v, cached)
+            sync()
+            attn = (time.perf_counter() - t0) / iters
+            rows.append({"tokens": new, "cachedPrefix": cached, "ms": sec * 1e3, "tokensPerS": new / sec,
+                         "attentionMs": attn * 1e3, "iterations": iters})
+            del q, k, v
+            print(json.dumps(rows[-1]))
+            del x, past_k, past_v
+    W.clear()
+    return {"command": "python " + " ".join(sys.argv), "date": datetime.now(UTC).isoformat(timespec="seconds"),
+            "device": torch.cuda.get_device_name() if dev == "cuda" else "cpu", "torch": torch.__version__,
+            "layers": layers, "rows": rows}
+
+
+def prefill_model(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The simulator's step-cost model for Llama-3-8B on H200 (planner defaults: one compute efficiency, 0.6, for
+    every FLOP; bandwidth 0.8; 3 ms a step) next to each measured prefill, the share of the bf16 peak the whole
+    prefill reached, and the attention's alone (timed apart: its launches do not overlap other work there, so at a
+    few hundred tokens it reads low). The measured stack has no embedding or LM head (the model counts the head's FLOPs for every token:
+    2 x 525M of the 2 x 7.5G per token)."""
+    from llmfleet.plan.hardware import get_gpu
+    from llmfleet.plan.models import get_model
+    from llmfleet.plan.roofline import StepCostModel
+
+    model = StepCostModel.build(get_model("llama-3-8b"), get_gpu("H200"))
+    head = 2.0 * 128256 * 4096  # the LM head's FLOPs per token (vocabulary x hidden), not in the measured stack
+    for r in rows:
+        attended = r["tokens"] * r["cachedPrefix"] + r["tokens"] * (r["tokens"] + 1) / 2
+        r["modelMs"] = model.prefill_time(r["tokens"], r["cachedPrefix"]) * 1e3
+        r["measuredOverModel"] = r["ms"] / r["modelMs"]
+        r["attentionEff"] = model.attn_flops_per_ctx * attended / (r["attentionMs"] / 1e3) / model.peak_flops
+        # the whole step's FLOPs (the model's, less the head) over its measured time: one efficiency, as the model has
+        r["stepEff"] = (((model.flops_per_token - head) * r["tokens"] + model.attn_flops_per_ctx * attended)
+                        / (r["ms"] / 1e3) / model.peak_flops)
+    return {"model": {"computeEff": model.compute_eff, "bandwidthEff": model.bandwidth_eff,
+                      "overheadMs": model.overhead_s * 1e3, "peakTflops": model.peak_flops / 1e12}}
 
 
 if __name__ == "__main__":
