@@ -365,7 +365,8 @@ def select(args: argparse.Namespace, recorded: dict[str, Any] | None) -> dict[st
     traces = [] if args.no_trace else args.trace
     wanted = set(args.workload or ())
     out: dict[str, Workload] = {}
-    for name, w in workloads(traces, args.quick, None if args.shapes else args.spike, args.steady, args.shapes).items():
+    for name, w in workloads(traces, args.quick, None if args.shapes else args.spike, args.steady, args.shapes,
+                             args.trace_seconds).items():
         for k in args.time_scale or (None,):  # --time-scale: held-out variants instead of the workload itself
             label = name if k is None else rate_variant(name, k)
             if (not wanted or label in wanted or name in wanted) and (recorded is None or label in recorded):
@@ -378,6 +379,9 @@ def main() -> None:
     ap.add_argument("--trace", type=Path, action="append",
                     help="trace file (Mooncake JSONL, Azure or BurstGPT CSV; repeatable); default: every trace in "
                          "../shared/data/traces/")
+    ap.add_argument("--trace-seconds", type=float, metavar="S",
+                    help="only each trace's first S seconds (a day- or week-long trace: simulating all of it takes "
+                         "hours per policy run)")
     ap.add_argument("--quick", action="store_true", help="shorter synthetic workload")
     ap.add_argument("--spike", type=float, default=10.0, help="rate factor of the synthetic spike (validation)")
     ap.add_argument("--no-trace", action="store_true", help="only the synthetic workload")
@@ -424,6 +428,8 @@ def main() -> None:
     try:
         for k in args.time_scale or ():
             rate_scale(k, "--time-scale")
+        if args.trace_seconds is not None and not args.trace_seconds > 0:
+            raise WorkloadError(f"--trace-seconds {args.trace_seconds:g}: it must be > 0")
     except WorkloadError as e:
         ap.error(str(e))
     if args.render:

@@ -144,10 +144,14 @@ def rate_variant(name: str, k: float) -> str:
 
 
 def workloads(traces: list[Path] | None, quick: bool, spike_factor: float | None = 10.0,
-              steady_rates: list[float] | None = None, with_shapes: bool = False) -> dict[str, Workload]:
+              steady_rates: list[float] | None = None, with_shapes: bool = False,
+              trace_seconds: float | None = None) -> dict[str, Workload]:
     """Each trace (any known format), then the synthetic spike (unless `spike_factor` is None), then a steady
     synthetic workload per rate in `steady_rates`, then (`with_shapes`) the synthetic shapes. `traces` None: every
-    trace file in TRACES."""
+    trace file in TRACES. `trace_seconds`: only each trace's first that many seconds (a day- or week-long trace is
+    hours of simulation per policy run; the static-at-peak search replays it a dozen times)."""
+    if trace_seconds is not None and not trace_seconds > 0:
+        raise WorkloadError(f"trace window: {trace_seconds:g} s; it must be > 0")
     if traces is None:
         traces = sorted(p for p in TRACES.glob("*") if p.suffix.lower() in (".jsonl", ".csv")) if TRACES.exists() else []
     out: dict[str, Workload] = {}
@@ -158,6 +162,8 @@ def workloads(traces: list[Path] | None, quick: bool, spike_factor: float | None
             print(f"skipping trace: {e}", file=sys.stderr)
             continue
         name = p.stem.split("_")[0] if p.stem.split("_")[0] not in out else p.stem
+        if trace_seconds is not None:
+            w = w.head(seconds=trace_seconds)
         out[name] = w.head(1500) if quick else w
     if spike_factor is not None:
         name, w = spike(spike_factor, quick)
