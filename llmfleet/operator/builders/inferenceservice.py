@@ -51,7 +51,12 @@ from llmfleet.router.config import (
     UPSTREAM_KEY_SECRET_KEY,
     router_config_from_service,
 )
-from llmfleet.workers.serve.vllm_args import InvalidServeSpec, model_location_field, serve_command
+from llmfleet.workers.serve.vllm_args import (
+    InvalidServeSpec,
+    engine_env_defaults,
+    model_location_field,
+    serve_command,
+)
 
 # The router fetches only these files of each pool's model (tokenizer, chat template, shape): no weights.
 ROUTER_CACHE = CacheSpec(size_limit="2Gi")
@@ -136,6 +141,9 @@ def build_pool_deployment(isvc: InferenceService, pool: PoolView, config: Operat
             {"name": "LLMFLEET_POOL", "value": pool.name},
             {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
             {"name": "NCCL_NVLS_ENABLE", "value": "0"},
+            # CPU pools: what `llmfleet up` sets too (vllm_args.CPU_ENGINE_ENV: replicas on one node otherwise spin
+            # on each other's cores)
+            *({"name": k, "value": v} for k, v in engine_env_defaults(isvc, pool).items()),
             # vLLM's --api-key, from the environment so the key stays out of the pod spec and `ps`: /v1 requests
             # without it get 401 (/health and /metrics stay open for probes and scrapers).
             *([_secret_env("VLLM_API_KEY", key_secret)] if key_secret else []),
