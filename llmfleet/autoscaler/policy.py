@@ -357,6 +357,7 @@ def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState
     raw: dict[str, tuple[int, list[str]]] = {}
     predicted: dict[str, float | None] = {}
     capacity: dict[str, float | None] = {}
+    ready_carry: dict[str, bool] = {}  # the slo primary: its ready replicas carry the demand (TTFT and backlog in plan)
     recent_burst = False  # slo: the primary's last level shift is within the clearly-idle horizon
     overflow_seen = False  # slo: demand beyond the ready primaries this interval
 
@@ -382,7 +383,10 @@ def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState
                 capacity[primary.name] = mu
                 if arrived[primary.name]:
                     # a rise shorter than a cold start: the replicas it bought go at break-even (stabilize.py)
-                    st.late = _arrived_late(cfg, primary, st, sig, mu)
+                    st.late = st.short_rise = _arrived_late(cfg, primary, st, sig, mu)
+                ready_carry[primary.name] = (
+                    sig.ttft_p95_ms is not None and sig.ttft_p95_ms <= cfg.ttft_target_fraction * cfg.ttft_slo_ms
+                    and (sig.queue_depth or 0.0) <= sig.ready_replicas * mu * _ttft_budget(cfg, primary, st, sig))
                 # Overflow the ready primary replicas cannot absorb until new ones are up (or ever, at max).
                 ready_cap = sig.ready_replicas * mu * cfg.max_utilization
                 reachable = min(n, primary.max_replicas)
@@ -443,7 +447,7 @@ def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState
                 insured = (st.burst_insured and last is not None and st.last_served_at is not None
                            and st.last_served_at >= last)
             desired, action = stabilize(cfg, pool, st, sig, rec, reasons, cold_start_seconds(cfg, pool, st),
-                                        covered.get(pool.name, 0), insured)
+                                        covered.get(pool.name, 0), insured, ready_carry.get(pool.name, False))
         if sig.replicas == 0 and (sig.held_requests or 0) > 0 and desired < 1 <= pool.max_replicas:
             # Scale from zero: requests wait at the router for this pool; start a replica now, whatever the
             # stabilization windows say (there is nothing to keep stable at zero).

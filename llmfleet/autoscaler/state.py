@@ -43,6 +43,9 @@ class PoolState:
     # a primary: its last scale-up became ready after the demand it was asked for had gone (the replicas ready before it
     # meet the TTFT plan at the rate measured then): a rise shorter than a cold start (stabilize.py: released at break-even)
     late: bool = False
+    # the last primary scale-up judged on arrival arrived late (kept after its release): the next rise waits while the
+    # ready replicas meet the TTFT plan (stabilize.py)
+    short_rise: bool = False
     pending_ready: int = 0  # ready replicas when the pending scale-up was asked for
 
 
@@ -84,6 +87,8 @@ class PolicyState:
                 item["pendingScaleUp"] = {"since": at(s.pending[0]), "target": s.pending[1], "readyBefore": s.pending_ready}
             if s.late:
                 item["lateScaleUp"] = True
+            if s.short_rise:
+                item["shortRise"] = True
             out[name] = item
         return json.dumps(out, sort_keys=True, separators=(",", ":"))
 
@@ -125,6 +130,7 @@ class PolicyState:
             s.last_served_at = at(item.get("lastServedAt"))
             s.burst_insured = item.get("burstInsured") is True
             s.late = item.get("lateScaleUp") is True
+            s.short_rise = item.get("shortRise") is True
             pending = item.get("pendingScaleUp")
             if isinstance(pending, dict):
                 since, target, ready = at(pending.get("since")), _count(pending.get("target")), _count(pending.get("readyBefore"))

@@ -111,6 +111,9 @@ class PolicyConfig:
     # Scale-down by the excess (halving the gap per cooldown) when, over a short window, the forecast
     # needs at most this fraction of the current replicas ("clearly idle"); 0 disables. See _stabilize.
     idle_fraction: float = IDLE_FRACTION
+    # After a primary scale-up that arrived after its rise, the next rise waits while the ready replicas carry it
+    # (stabilize.py); False: every rise buys at once (the benchmark's comparison).
+    hold_after_short_rise: bool = True
 
     def pool(self, name: str) -> PoolBounds:
         for p in self.pools:

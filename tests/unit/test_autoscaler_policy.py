@@ -457,6 +457,33 @@ def test_a_scale_up_that_arrives_after_a_short_rise_goes_at_break_even() -> None
             assert downs[0] >= ends + 300.0 - 15.0  # the HPA's down-window after the last high recommendation
 
 
+def test_after_a_late_scale_up_the_next_rise_waits_while_the_ready_replicas_meet_the_ttft_plan() -> None:
+    """Once a scale-up arrived after its rise, the next rise buys no replica while the ready ones measurably carry it
+    (TTFT p95 within the plan): it would arrive late again. When the measured TTFT passes the plan it buys at once,
+    and a scale-up that then arrives while the demand is still there ends the waiting."""
+    w = World(_no_students())
+
+    def rate(t: float) -> float:
+        return 4.0 if 300.0 <= t < 330.0 or 900.0 <= t < 945.0 or t >= 1500.0 else 1.5
+
+    for i in range(150):
+        t = 15.0 * i
+        busy = 900.0 <= t < 945.0 or t >= 1530.0
+        w.tick(t, rate(t), ttft=1500.0 if busy else 300.0)
+    ups = [t for t, _, d in w.log if d.pools["primary"].action == "up"]
+    assert ups[0] == 300.0  # the first rise: no history, bought at once (arrived late)
+    waited = [d for t, _, d in w.log if 900.0 <= t < 945.0 or 1500.0 <= t < 1530.0]
+    assert ups[1:] == [900.0, 1530.0], ups  # the TTFT above the plan buys at once (900 s), within plan it waits
+    assert any("arrived after its rise" in " ".join(d.pools["primary"].reasons) for d in waited)
+    assert not w.state.pool("primary").short_rise  # the last one arrived while the demand was still there
+    # the same rises with requests piling up beyond what the ready replicas drain within the TTFT budget: no wait
+    w = World(_no_students())
+    for i in range(150):
+        t = 15.0 * i
+        w.tick(t, rate(t), ttft=300.0, queue=50.0 if rate(t) > 2 else 0.0)
+    assert [t for t, _, d in w.log if d.pools["primary"].action == "up"][:3] == [300.0, 900.0, 1500.0]
+
+
 @pytest.mark.parametrize("restart_at", [315.0, 375.0])
 def test_a_restart_keeps_the_judgement_of_a_scale_up_in_flight_or_late(restart_at: float) -> None:
     """The annotation carries a scale-up in flight (since when, to what, how many were ready before it) and the late
@@ -467,7 +494,8 @@ def test_a_restart_keeps_the_judgement_of_a_scale_up_in_flight_or_late(restart_a
         t = 15.0 * i
         if t == restart_at:
             w.state = PolicyState.from_json(w.state.to_json(wall_offset=1e9), wall_offset=1e9, now=t)
-            assert w.state.pool("primary").pending == (300.0, 3) if t < 360.0 else w.state.pool("primary").late
+            p = w.state.pool("primary")
+            assert p.pending == (300.0, 3) if t < 360.0 else (p.late and p.short_rise)
         w.tick(t, 4.0 if 300.0 <= t < 330.0 else 1.5)
     downs = [t for t, _, d in w.log if d.pools["primary"].action == "down"]
     assert downs and downs[0] <= 480.0, downs
