@@ -389,7 +389,8 @@ def main() -> None:
                     help="also a steady synthetic workload (no burst) at each of these rates (req/s), named steady-RATE")
     ap.add_argument("--shapes", action="store_true",
                     help="synthetic traffic shapes no constant was chosen on (daily cycle, 30 s bursts every 5 min, "
-                         "long prompts, on/off, long outputs, 40 req/s, short chat), named shape-*, instead of the spike; "
+                         "long prompts, on/off, long outputs, 40 req/s, short chat, short rises before a long or a large "
+                         "one), named shape-*, instead of the spike; "
                          "e.g. with --no-trace")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "autoscale_eval.json")
     ap.add_argument("--queue-sweep", type=float, nargs="+", metavar="DEPTH",
