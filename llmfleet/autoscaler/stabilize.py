@@ -24,7 +24,8 @@ def stabilize(
     router's fallback sends it there), a replica no recommendation of the last cold start needed is released
     without waiting for the whole down-window: up to `covered` replicas at once, once per cooldown, while the
     measured TTFT of that cold start stayed within the planned fraction of the SLO. `insured`: a student pool whose
-    first replica is burst insurance (kept for the whole down-window; the comment below).
+    first replica is burst insurance (kept for the whole down-window; the comment below). `ready_carry`: the slo
+    primary's ready replicas carry the interval's demand (policy.decide); after a late scale-up a rise then waits.
 
     One exception to "down to the highest recommendation of the down-window, maxScaleDownStep at a
     time": capacity that is clearly idle (the highest recommendation over a short window of two cold
@@ -71,8 +72,7 @@ def stabilize(
     # a cold start, so a replica bought now would arrive after this one too. It waits while the ready replicas carry
     # the demand (`ready_carry`, policy.decide: the measured TTFT p95 within the plan and the waiting requests
     # drained within the TTFT budget) and buys at once when they do not; the next scale-up judged on arrival renews
-    # or ends the evidence. Measured: 30 s bursts every 5 minutes 2,076 GPU-s instead of 2,511, same attainment
-    # (docs/benchmarks/autoscale_eval.md).
+    # or ends the evidence (measured in docs/benchmarks/autoscale_eval.md, "Synthetic shapes").
     if (cfg.hold_after_short_rise and cfg.policy == "slo" and up > current and st.short_rise and ready_carry
             and not sig.stale and sig.ready_replicas >= current):
         reasons.append(f"the last scale-up arrived after its rise and the ready replicas carry this one "

@@ -44,7 +44,7 @@ class PoolState:
     # meet the TTFT plan at the rate measured then): a rise shorter than a cold start (stabilize.py: released at break-even)
     late: bool = False
     # the last primary scale-up judged on arrival arrived late (kept after its release): the next rise waits while the
-    # ready replicas meet the TTFT plan (stabilize.py)
+    # ready replicas carry it, TTFT p95 and backlog within the plan (stabilize.py)
     short_rise: bool = False
     pending_ready: int = 0  # ready replicas when the pending scale-up was asked for
 
