@@ -45,6 +45,7 @@ from autoscale_setup import (
     STUDENT_COLD_S,
     STUDENT_MODEL,
     PolicyHook,
+    check_trace_seconds,
     misses,
     rate_variant,
     run_policy,
@@ -429,8 +430,7 @@ def main() -> None:
     try:
         for k in args.time_scale or ():
             rate_scale(k, "--time-scale")
-        if args.trace_seconds is not None and not args.trace_seconds > 0:
-            raise WorkloadError(f"--trace-seconds {args.trace_seconds:g}: it must be > 0")
+        check_trace_seconds(args.trace_seconds)
     except WorkloadError as e:
         ap.error(str(e))
     if args.render:

@@ -150,6 +150,12 @@ def rate_variant(name: str, k: float) -> str:
     return f"{name}-rate{k:g}x"
 
 
+def check_trace_seconds(seconds: float | None) -> None:
+    """`--trace-seconds`: None (whole traces) or a window > 0 (NaN and 0 would leave no request)."""
+    if seconds is not None and not seconds > 0:
+        raise WorkloadError(f"--trace-seconds {seconds:g}: it must be > 0")
+
+
 def workloads(traces: list[Path] | None, quick: bool, spike_factor: float | None = 10.0,
               steady_rates: list[float] | None = None, with_shapes: bool = False,
               trace_seconds: float | None = None) -> dict[str, Workload]:
@@ -157,8 +163,7 @@ def workloads(traces: list[Path] | None, quick: bool, spike_factor: float | None
     synthetic workload per rate in `steady_rates`, then (`with_shapes`) the synthetic shapes. `traces` None: every
     trace file in TRACES. `trace_seconds`: only each trace's first that many seconds (a day- or week-long trace is
     hours of simulation per policy run; the static-at-peak search replays it a dozen times)."""
-    if trace_seconds is not None and not trace_seconds > 0:
-        raise WorkloadError(f"trace window: {trace_seconds:g} s; it must be > 0")
+    check_trace_seconds(trace_seconds)
     if traces is None:
         traces = sorted(p for p in TRACES.glob("*") if p.suffix.lower() in (".jsonl", ".csv")) if TRACES.exists() else []
     out: dict[str, Workload] = {}
