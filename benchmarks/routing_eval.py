@@ -56,23 +56,27 @@ HOST_SWEEP_GIB = (128.0, 192.0, 256.0, 320.0, 384.0, 512.0)
 SWEEP_ROUTERS = ("least-request", "sglang", "llm-d", "llmfleet")
 
 
-def scenarios(quick: bool, traces: list[Path] | None = None) -> list[tuple[str, int, object, float]]:
+def scenarios(quick: bool, traces: list[Path] | None = None, trace_replicas: tuple[int, ...] = (8,),
+              only_traces: bool = False) -> list[tuple[str, int, object, float]]:
     """(name, replicas, workload, host KV tier GiB per replica); `traces`: more traces (any format load_trace
-    knows: Mooncake JSONL, Azure or BurstGPT CSV), each replayed as is on 8 replicas."""
-    trace = TRACE if TRACE.exists() else FALLBACK_TRACE
-    moon = load_mooncake(trace)
+    knows: Mooncake JSONL, Azure or BurstGPT CSV), each replayed as is on each of `trace_replicas`;
+    `only_traces`: those alone, without the standard scenarios."""
     out: list[tuple[str, int, object, float]] = []
-    for reps in (8, 32):
-        k = 3.0 * reps / 8  # 3x the trace's rate for 8 replicas, scaled with the fleet
-        out.append((f"mooncake x{k:g}", reps, moon.scaled(k), 0.0))
-    for reps in (8, 32):
-        dur = (60.0 if quick else 180.0) * (1.0 if reps <= 8 else 0.5)
-        spec = SyntheticSpec(duration_s=dur, rate_rps=RATE_PER_REPLICA * reps, tenants=2 * reps, seed=1, warmup_s=120.0)
-        out.append((f"synthetic {spec.rate_rps:g} rps", reps, synthetic(spec), 0.0))
-    out.append((f"mooncake x3 + {HOST_KV_GIB:g} GiB host KV tier", 8, moon.scaled(3.0), HOST_KV_GIB))
+    if not only_traces:
+        trace = TRACE if TRACE.exists() else FALLBACK_TRACE
+        moon = load_mooncake(trace)
+        for reps in (8, 32):
+            k = 3.0 * reps / 8  # 3x the trace's rate for 8 replicas, scaled with the fleet
+            out.append((f"mooncake x{k:g}", reps, moon.scaled(k), 0.0))
+        for reps in (8, 32):
+            dur = (60.0 if quick else 180.0) * (1.0 if reps <= 8 else 0.5)
+            spec = SyntheticSpec(duration_s=dur, rate_rps=RATE_PER_REPLICA * reps, tenants=2 * reps, seed=1,
+                                 warmup_s=120.0)
+            out.append((f"synthetic {spec.rate_rps:g} rps", reps, synthetic(spec), 0.0))
+        out.append((f"mooncake x3 + {HOST_KV_GIB:g} GiB host KV tier", 8, moon.scaled(3.0), HOST_KV_GIB))
     for p in traces or []:
         w = load_trace(p)
-        out.append((w.name, 8, w, 0.0))
+        out += [(w.name, reps, w, 0.0) for reps in trace_replicas]
     if quick:
         out = [(n, r, w.head(400), h) for n, r, w, h in out]  # type: ignore[attr-defined]
     return out
@@ -134,7 +138,7 @@ def render_markdown(path: str) -> str:
             lines.append(f"TTFT p99 over seeds {seeds[0]}-{seeds[-1]} (min / median / max): " + "; ".join(
                 f"{k} {v['p99Min']:.2f} / {v['p99Median']:.2f} / {v['p99Max']:.2f} s"
                 for k, v in sc["ttftP99SeedSpread"].items()) + ".")
-            if "hitMin" in sc["ttftP99SeedSpread"].get("llmfleet", {}):
+            if "hitMin" in sc["ttftP99SeedSpread"].get("llmfleet", {}) and sc["oracleHitRate"] > 0:  # none to share
                 h = sc["ttftP99SeedSpread"]["llmfleet"]
                 lines.append(f"llmfleet hit rate over the same seeds (min / median / max): {h['hitMin']:.3f} / "
                              f"{h['hitMedian']:.3f} / {h['hitMax']:.3f} = {h['hitMin'] / sc['oracleHitRate']:.1%} / "
@@ -159,17 +163,25 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="small workloads")
     ap.add_argument("--render", metavar="JSON", help="print the markdown tables of a results file and exit")
     ap.add_argument("--trace", type=Path, action="append",
-                    help="also replay this trace (Mooncake JSONL, Azure or BurstGPT CSV) on 8 replicas; repeatable")
+                    help="also replay this trace (Mooncake JSONL, Azure or BurstGPT CSV) as is; repeatable")
+    ap.add_argument("--trace-replicas", type=int, nargs="+", default=[8], metavar="N",
+                    help="fleet sizes each --trace is replayed on (default 8)")
+    ap.add_argument("--only-traces", action="store_true",
+                    help="only the --trace scenarios, not the standard ones (e.g. with a separate --out)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/routing_eval.json"))
     ap.add_argument("--img", default=str(ROOT / "docs/img"))
     args = ap.parse_args()
+    if any(n <= 0 for n in args.trace_replicas):
+        ap.error("--trace-replicas: fleet sizes must be >= 1")
+    if args.only_traces and not args.trace:
+        ap.error("--only-traces needs at least one --trace")
     if args.render:
         print(render_markdown(args.render))
         return 0
     con = Console(width=160)
     rows = []
     t_all = time.time()
-    for name, reps, w, host_gib in scenarios(args.quick, args.trace):
+    for name, reps, w, host_gib in scenarios(args.quick, args.trace, tuple(args.trace_replicas), args.only_traces):
         oracle = oracle_hit_rate(w)  # type: ignore[arg-type]
         pool = PoolSpec(model=MODEL, gpu="H200", replicas=reps, host_kv_gib=host_gib)
         cfg = SimConfig(pools=[pool], ttft_slo_s=2.0, tpot_slo_s=0.1, seed=0)

@@ -1,0 +1,49 @@
+"""benchmarks/routing_eval.py's trace options: other traces on chosen fleet sizes, alone, and their tables."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import routing_eval  # noqa: E402
+
+MOONCAKE = ROOT / "tests/unit/sim_data/mooncake_head300.jsonl"
+SCRIPT = ROOT / "benchmarks/routing_eval.py"
+
+
+def _azure_csv(path: Path, n: int) -> Path:
+    rows = [f"2023-11-16 18:00:{i // 4:02d}.{(i % 4) * 25:02d}00000,{512 + 37 * i},{8 + i % 5}" for i in range(n)]
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "\n".join(rows) + "\n")
+    return path
+
+
+def test_a_trace_runs_on_each_fleet_size_and_alone_when_asked() -> None:
+    alone = routing_eval.scenarios(True, [MOONCAKE], (2, 4), only_traces=True)
+    assert [(reps, host) for _, reps, _, host in alone] == [(2, 0.0), (4, 0.0)]
+    assert len({name for name, *_ in alone}) == 1
+    with_standard = routing_eval.scenarios(True, [MOONCAKE])
+    assert len(with_standard) == 5 + 1 and with_standard[-1][1] == 8  # the standard five, then the trace on 8
+
+
+def test_bad_trace_options_are_one_line_errors() -> None:
+    for argv, msg in ((["--only-traces"], "--only-traces needs at least one --trace"),
+                      (["--trace", str(MOONCAKE), "--trace-replicas", "0"], "fleet sizes must be >= 1")):
+        r = subprocess.run([sys.executable, str(SCRIPT), *argv], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and msg in r.stderr
+
+
+def test_a_trace_without_prefix_information_runs_and_renders(tmp_path: Path) -> None:
+    """An Azure CSV shares nothing cacheable: every hit rate and the oracle are 0, and the tables still render."""
+    trace, out = _azure_csv(tmp_path / "azure-tiny.csv", 40), tmp_path / "out.json"
+    subprocess.run([sys.executable, str(SCRIPT), "--trace", str(trace), "--trace-replicas", "1", "2", "--only-traces",
+                    "--out", str(out), "--img", str(tmp_path / "img")], check=True, capture_output=True, timeout=600)
+    doc = json.loads(out.read_text())
+    assert [(s["scenario"], s["replicas"]) for s in doc["scenarios"]] == [("azure-tiny", 1), ("azure-tiny", 2)]
+    assert all(s["oracleHitRate"] == 0 for s in doc["scenarios"])
+    md = routing_eval.render_markdown(str(out))
+    assert "**azure-tiny, 1 replicas**" in md and "**azure-tiny, 2 replicas**" in md
