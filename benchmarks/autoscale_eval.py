@@ -45,6 +45,7 @@ from autoscale_setup import (
     STUDENT_COLD_S,
     STUDENT_MODEL,
     PolicyHook,
+    check_trace_names,
     check_trace_seconds,
     misses,
     rate_variant,
@@ -431,6 +432,7 @@ def main() -> None:
         for k in args.time_scale or ():
             rate_scale(k, "--time-scale")
         check_trace_seconds(args.trace_seconds)
+        check_trace_names(args.trace)
     except WorkloadError as e:
         ap.error(str(e))
     if args.render:

@@ -156,6 +156,25 @@ def check_trace_seconds(seconds: float | None) -> None:
         raise WorkloadError(f"--trace-seconds {seconds:g}: it must be > 0")
 
 
+def trace_name(path: Path) -> str:
+    """A trace's workload name: the shared traces (TRACES) keep the short names their results are recorded under
+    (`mooncake`, `azure`: the file name up to its first `_`); any other file its whole name without the extension,
+    so a trace given with --trace never takes a recorded workload's name, and with it that workload's results row
+    and plot (`mooncake_conversation_trace.jsonl` is not `mooncake`)."""
+    shared = TRACES.exists() and path.resolve().parent == TRACES.resolve()
+    return path.stem.split("_")[0] if shared else path.stem
+
+
+def check_trace_names(traces: list[Path] | None) -> None:
+    """Two traces with one workload name would write one results row and plot: a one-line error instead."""
+    seen: dict[str, Path] = {}
+    for p in traces or []:
+        name = trace_name(p)
+        if name in seen:
+            raise WorkloadError(f"traces {seen[name]} and {p} are both named {name!r}: rename one")
+        seen[name] = p
+
+
 def workloads(traces: list[Path] | None, quick: bool, spike_factor: float | None = 10.0,
               steady_rates: list[float] | None = None, with_shapes: bool = False,
               trace_seconds: float | None = None) -> dict[str, Workload]:
@@ -164,6 +183,7 @@ def workloads(traces: list[Path] | None, quick: bool, spike_factor: float | None
     trace file in TRACES. `trace_seconds`: only each trace's first that many seconds (a day- or week-long trace is
     hours of simulation per policy run; the static-at-peak search replays it a dozen times)."""
     check_trace_seconds(trace_seconds)
+    check_trace_names(traces)
     if traces is None:
         traces = sorted(p for p in TRACES.glob("*") if p.suffix.lower() in (".jsonl", ".csv")) if TRACES.exists() else []
     out: dict[str, Workload] = {}
@@ -173,7 +193,7 @@ def workloads(traces: list[Path] | None, quick: bool, spike_factor: float | None
         except WorkloadError as e:
             print(f"skipping trace: {e}", file=sys.stderr)
             continue
-        name = p.stem.split("_")[0] if p.stem.split("_")[0] not in out else p.stem
+        name = trace_name(p)
         if trace_seconds is not None:
             w = w.head(seconds=trace_seconds)
         out[name] = w.head(1500) if quick else w

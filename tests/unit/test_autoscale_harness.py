@@ -25,8 +25,8 @@ def _azure_csv(path: Path, seconds: int) -> Path:
 def test_a_long_trace_is_cut_to_its_first_seconds(tmp_path: Path) -> None:
     """--trace-seconds: a week-long trace is hours of simulation per policy run; its first S seconds are the workload."""
     trace = _azure_csv(tmp_path / "azure_day.csv", 600)  # one request a second for 10 minutes
-    whole = autoscale_setup.workloads([trace], quick=False, spike_factor=None)["azure"]
-    head = autoscale_setup.workloads([trace], quick=False, spike_factor=None, trace_seconds=120)["azure"]
+    whole = autoscale_setup.workloads([trace], quick=False, spike_factor=None)["azure_day"]
+    head = autoscale_setup.workloads([trace], quick=False, spike_factor=None, trace_seconds=120)["azure_day"]
     assert len(whole.requests) == 600
     assert len(head.requests) == 121  # arrivals 0..120 s after the first
     assert max(r.arrival for r in head.requests) - min(r.arrival for r in head.requests) <= 120
@@ -39,3 +39,27 @@ def test_the_benchmark_rejects_an_empty_trace_window_in_one_line() -> None:
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 2
     assert run.stderr.strip().splitlines()[-1] == "autoscale_eval.py: error: --trace-seconds -5: it must be > 0"
+
+
+def test_a_trace_of_its_own_never_takes_a_shared_traces_name(tmp_path: Path) -> None:
+    """The shared traces keep their recorded short names; another file named like one (the Mooncake release's
+    `mooncake_conversation_trace.jsonl`) is its own workload, so its run cannot replace the recorded `mooncake` row
+    and plot of the same --out."""
+    own = _azure_csv(tmp_path / "azure_llm_code_2023.csv", 60)  # the shared Azure trace's file name, elsewhere
+    assert autoscale_setup.trace_name(own) == "azure_llm_code_2023"
+    assert list(autoscale_setup.workloads([own], quick=False, spike_factor=None)) == ["azure_llm_code_2023"]
+    for shared in sorted(autoscale_setup.TRACES.glob("*.*")) if autoscale_setup.TRACES.exists() else []:
+        if shared.suffix in (".jsonl", ".csv"):
+            assert autoscale_setup.trace_name(shared) == shared.stem.split("_")[0]  # mooncake, azure
+
+
+def test_two_traces_with_one_name_are_a_one_line_error(tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    traces = [_azure_csv(a / "day.csv", 10), _azure_csv(b / "day.csv", 10)]
+    with pytest.raises(WorkloadError, match="both named 'day'"):
+        autoscale_setup.workloads(traces, quick=False, spike_factor=None)
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "autoscale_eval.py"), "--trace", str(traces[0]),
+                          "--trace", str(traces[1]), "--render"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines()[-1].endswith("are both named 'day': rename one")
