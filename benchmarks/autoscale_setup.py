@@ -10,6 +10,7 @@ knows) and the synthetic spike.
 from __future__ import annotations
 
 import sys
+from collections.abc import Container
 from pathlib import Path
 from typing import Any, Literal
 
@@ -156,23 +157,31 @@ def check_trace_seconds(seconds: float | None) -> None:
         raise WorkloadError(f"--trace-seconds {seconds:g}: it must be > 0")
 
 
-def trace_name(path: Path) -> str:
+def trace_name(path: Path, taken: Container[str] = ()) -> str:
     """A trace's workload name: the shared traces (TRACES) keep the short names their results are recorded under
-    (`mooncake`, `azure`: the file name up to its first `_`); any other file its whole name without the extension,
-    so a trace given with --trace never takes a recorded workload's name, and with it that workload's results row
-    and plot (`mooncake_conversation_trace.jsonl` is not `mooncake`)."""
+    (`mooncake`, `azure`: the file name up to its first `_`) unless an earlier trace took it; any other file its whole
+    name without the extension, so a trace given with --trace never takes a recorded workload's name, and with it
+    that workload's results row and plot (`mooncake_conversation_trace.jsonl` is not `mooncake`)."""
+    short = path.stem.split("_")[0]
     shared = TRACES.exists() and path.resolve().parent == TRACES.resolve()
-    return path.stem.split("_")[0] if shared else path.stem
+    return short if shared and short not in taken else path.stem
 
 
-def check_trace_names(traces: list[Path] | None) -> None:
-    """Two traces with one workload name would write one results row and plot: a one-line error instead."""
+def trace_names(traces: list[Path]) -> list[str]:
+    """Each trace's workload name, in order (`trace_name`). Two traces with one name would write one results row
+    and plot: a one-line error instead."""
     seen: dict[str, Path] = {}
-    for p in traces or []:
-        name = trace_name(p)
+    for p in traces:
+        name = trace_name(p, seen)
         if name in seen:
             raise WorkloadError(f"traces {seen[name]} and {p} are both named {name!r}: rename one")
         seen[name] = p
+    return list(seen)
+
+
+def check_trace_names(traces: list[Path] | None) -> None:
+    """--trace: the given traces' names are distinct (`trace_names`)."""
+    trace_names(traces or [])
 
 
 def workloads(traces: list[Path] | None, quick: bool, spike_factor: float | None = 10.0,
@@ -183,17 +192,15 @@ def workloads(traces: list[Path] | None, quick: bool, spike_factor: float | None
     trace file in TRACES. `trace_seconds`: only each trace's first that many seconds (a day- or week-long trace is
     hours of simulation per policy run; the static-at-peak search replays it a dozen times)."""
     check_trace_seconds(trace_seconds)
-    check_trace_names(traces)
     if traces is None:
         traces = sorted(p for p in TRACES.glob("*") if p.suffix.lower() in (".jsonl", ".csv")) if TRACES.exists() else []
     out: dict[str, Workload] = {}
-    for p in traces:
+    for p, name in zip(traces, trace_names(traces), strict=True):
         try:
             w = load_trace(p)
         except WorkloadError as e:
             print(f"skipping trace: {e}", file=sys.stderr)
             continue
-        name = trace_name(p)
         if trace_seconds is not None:
             w = w.head(seconds=trace_seconds)
         out[name] = w.head(1500) if quick else w

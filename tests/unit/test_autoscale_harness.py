@@ -53,6 +53,17 @@ def test_a_trace_of_its_own_never_takes_a_shared_traces_name(tmp_path: Path) -> 
             assert autoscale_setup.trace_name(shared) == shared.stem.split("_")[0]  # mooncake, azure
 
 
+def test_shared_traces_that_share_a_short_name_both_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every trace in the shared directory runs: a second file whose name starts like the first's keeps its whole
+    name instead of replacing the first (a conversation trace beside the synthetic Mooncake one)."""
+    shared = tmp_path / "traces"
+    shared.mkdir()
+    for name in ("azure_llm_code_2023.csv", "azure_llm_conv_2023.csv"):
+        _azure_csv(shared / name, 10)
+    monkeypatch.setattr(autoscale_setup, "TRACES", shared)
+    assert list(autoscale_setup.workloads(None, quick=False, spike_factor=None)) == ["azure", "azure_llm_conv_2023"]
+
+
 def test_two_traces_with_one_name_are_a_one_line_error(tmp_path: Path) -> None:
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir(), b.mkdir()
