@@ -45,7 +45,6 @@ from autoscale_setup import (
     STUDENT_COLD_S,
     STUDENT_MODEL,
     PolicyHook,
-    check_trace_names,
     check_trace_seconds,
     misses,
     rate_variant,
@@ -53,6 +52,7 @@ from autoscale_setup import (
     run_static,
     service,
     summary_row,
+    trace_names,
     ttft_attainment,
     workloads,
 )
@@ -432,7 +432,7 @@ def main() -> None:
         for k in args.time_scale or ():
             rate_scale(k, "--time-scale")
         check_trace_seconds(args.trace_seconds)
-        check_trace_names(args.trace)
+        trace_names(args.trace or [])  # distinct names, else one results row and plot for two traces
     except WorkloadError as e:
         ap.error(str(e))
     if args.render:

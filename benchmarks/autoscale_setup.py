@@ -179,11 +179,6 @@ def trace_names(traces: list[Path]) -> list[str]:
     return list(seen)
 
 
-def check_trace_names(traces: list[Path] | None) -> None:
-    """--trace: the given traces' names are distinct (`trace_names`)."""
-    trace_names(traces or [])
-
-
 def workloads(traces: list[Path] | None, quick: bool, spike_factor: float | None = 10.0,
               steady_rates: list[float] | None = None, with_shapes: bool = False,
               trace_seconds: float | None = None) -> dict[str, Workload]:
