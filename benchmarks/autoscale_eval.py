@@ -13,7 +13,8 @@ multi-tenant workload with a 10x spike. Policies run through the production code
 - Attainment = requests with TTFT <= SLO / servable requests (those longer than the model's context are rejected
   by any engine and counted apart). GPU-seconds include every pool's replicas.
 - Each policy runs with ROUTER_SEEDS router seeds (the table shows seed 0, the JSON all of them).
-Prints a table, writes benchmarks/results/autoscale_eval.json and docs/img/autoscale_eval_<workload>.png.
+Prints a table, writes benchmarks/results/autoscale_eval.json and docs/img/autoscale_eval_<workload>.png (with
+--out elsewhere, the plots go beside that file).
 Held-out variants: --time-scale K replays each workload at K x its rate (Workload.scaled), named <workload>-rate<K>x
 (their results go to benchmarks/results/autoscale_eval_heldout.json with --out).
 
@@ -62,6 +63,9 @@ from llmfleet.sim.production import pool_specs
 from llmfleet.sim.routers import LlmfleetRouter
 from llmfleet.sim.types import SimResult
 from llmfleet.sim.workload import Workload, WorkloadError, rate_scale
+
+RESULTS = ROOT / "benchmarks" / "results"  # the recorded results the docs show; their plots are in IMG
+IMG = ROOT / "docs" / "img"
 
 
 def static_at_peak(w: Workload, slo_s: float) -> tuple[int, SimResult]:
@@ -152,10 +156,19 @@ def plot(name: str, slo_s: float, runs: dict[str, SimResult], out: Path) -> None
     plt.close(fig)
 
 
+def plot_dir(out: Path) -> Path:
+    """Where a run writes its plots: docs/img for a results file in benchmarks/results (the recorded results the
+    docs show), else the results file's own folder, so a run on one's own traces with `--out elsewhere.json` leaves
+    the documented plots alone."""
+    return IMG if out.resolve().parent == RESULTS.resolve() else out.resolve().parent
+
+
 def evaluate(name: str, w: Workload, policies: tuple[str, ...] = ("slo", "queue"),
              known: tuple[float, int | None] | None = None, plot_it: bool = True,
-             baselines: bool = True, seeds: int = 1, planner_static: bool = True) -> dict[str, Any]:
-    """`known` = (SLO s, static-at-peak replicas) from an earlier run: skips the reference and bisection runs."""
+             baselines: bool = True, seeds: int = 1, planner_static: bool = True,
+             img_dir: Path | None = None) -> dict[str, Any]:
+    """`known` = (SLO s, static-at-peak replicas) from an earlier run: skips the reference and bisection runs.
+    `img_dir`: where the plot goes (`plot_dir`; docs/img when None)."""
     static: SimResult | None = None
     if known is None:
         ref = run_static(w, MAX_REPLICAS, 1e9)
@@ -193,7 +206,7 @@ def evaluate(name: str, w: Workload, policies: tuple[str, ...] = ("slo", "queue"
                 "attainment": [rows[policy]["attainment"], *(round(ttft_attainment(x, slo_s), 5) for x in others)],
                 "misses": [rows[policy]["misses"], *(misses(x, slo_s) for x in others)],
                 "gpuSeconds": [rows[policy]["gpuSeconds"], *(round(x.summary["gpuSeconds"], 1) for x in others)]}
-    img = ROOT / "docs" / "img" / f"autoscale_eval_{name}.png"
+    img = (img_dir or IMG) / f"autoscale_eval_{name}.png"
     if plot_it:
         plot(name, slo_s, runs, img)
     if "slo" not in rows or "queue" not in rows or not baselines:
@@ -202,7 +215,8 @@ def evaluate(name: str, w: Workload, policies: tuple[str, ...] = ("slo", "queue"
     return {"workload": name, "requests": len(w.requests), "durationS": w.duration, "ttftSloS": slo_s,
             "referenceP99TtftS": p99, "staticAtPeakReplicas": n_peak, "plannerPeakReplicas": n_plan,
             "peakRps1m": round(peak_rps, 3), "initialReplicas": initial,
-            "policies": rows, "targets": targets_of(rows), "plot": str(img.relative_to(ROOT))}
+            "policies": rows, "targets": targets_of(rows),
+            "plot": str(img.relative_to(ROOT)) if img.is_relative_to(ROOT) else str(img)}
 
 
 def targets_of(rows: dict[str, dict[str, Any]]) -> dict[str, bool]:
@@ -219,11 +233,11 @@ def targets_of(rows: dict[str, dict[str, Any]]) -> dict[str, bool]:
     return targets
 
 
-def slo_only(name: str, w: Workload, recorded: dict[str, Any], seeds: int) -> dict[str, Any]:
+def slo_only(name: str, w: Workload, recorded: dict[str, Any], seeds: int, img_dir: Path | None = None) -> dict[str, Any]:
     """Run `slo` again and keep every other row of the recorded result (each marked with the run it comes from):
     for a change that touches only the slo policy, on a workload too long to replay every fleet again."""
     fresh = evaluate(name, w, policies=("slo",), known=(recorded["ttftSloS"], recorded["staticAtPeakReplicas"]),
-                     baselines=False, seeds=seeds)
+                     baselines=False, seeds=seeds, img_dir=img_dir)
     origin = {"fromRun": {"command": recorded.get("command"), "date": recorded.get("date")}}
     rows = {k: (v if "fromRun" in v else v | origin) for k, v in recorded["policies"].items() if k != "slo"}
     rows["slo"] = fresh["policies"]["slo"]
@@ -394,7 +408,8 @@ def main() -> None:
                          "long prompts, on/off, long outputs, 40 req/s, short chat, short rises before a long or a large "
                          "one), named shape-*, instead of the spike; "
                          "e.g. with --no-trace")
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "autoscale_eval.json")
+    ap.add_argument("--out", type=Path, default=RESULTS / "autoscale_eval.json",
+                    help="results file; plots go to docs/img for one in benchmarks/results, else beside it")
     ap.add_argument("--queue-sweep", type=float, nargs="+", metavar="DEPTH",
                     help="only run `queue` at these targetQueueDepth values against the recorded results in --out "
                          "(main and validation workloads) and merge an equal-GPU-seconds comparison under "
@@ -483,10 +498,11 @@ def main() -> None:
     known = (args.known[0], int(args.known[1])) if args.known else None
     if args.slo_only:
         recorded = {r["workload"]: r for r in json.loads(args.out.read_text())["results"]}
-        results = [slo_only(name, w, recorded[name], args.seeds) for name, w in select(args, recorded).items()]
+        results = [slo_only(name, w, recorded[name], args.seeds, plot_dir(args.out))
+                   for name, w in select(args, recorded).items()]
     else:
-        results = [evaluate(name, w, seeds=args.seeds, known=known, planner_static=known is None)
-                   for name, w in select(args, None).items()]
+        results = [evaluate(name, w, seeds=args.seeds, known=known, planner_static=known is None,
+                            img_dir=plot_dir(args.out)) for name, w in select(args, None).items()]
     for r in results:  # a held-out variant records what it varies
         base = r["workload"].rsplit("-rate", 1)[0]
         for k in args.time_scale or ():

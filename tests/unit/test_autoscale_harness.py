@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -74,3 +75,21 @@ def test_two_traces_with_one_name_are_a_one_line_error(tmp_path: Path) -> None:
                           "--trace", str(traces[1]), "--render"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 2
     assert run.stderr.strip().splitlines()[-1].endswith("are both named 'day': rename one")
+
+
+def test_a_run_with_its_own_results_file_keeps_its_plots_beside_it(tmp_path: Path) -> None:
+    """Plots go to docs/img only for the recorded results in benchmarks/results; a run on one's own trace with
+    `--out elsewhere.json` writes them beside that file and leaves the documented plots alone."""
+    import autoscale_eval
+
+    assert autoscale_eval.plot_dir(ROOT / "benchmarks" / "results" / "autoscale_eval_public.json") == ROOT / "docs" / "img"
+    assert autoscale_eval.plot_dir(tmp_path / "mine.json") == tmp_path.resolve()
+    trace = _azure_csv(tmp_path / "plotcheck_trace.csv", 30)
+    out = tmp_path / "results" / "mine.json"
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "autoscale_eval.py"), "--trace", str(trace),
+                          "--workload", "plotcheck_trace", "--seeds", "1", "--out", str(out)],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert (out.parent / "autoscale_eval_plotcheck_trace.png").stat().st_size > 0
+    assert not (ROOT / "docs" / "img" / "autoscale_eval_plotcheck_trace.png").exists()
+    assert json.loads(out.read_text())["results"][0]["plot"] == str(out.parent.resolve() / "autoscale_eval_plotcheck_trace.png")
