@@ -38,10 +38,16 @@ def test_bad_trace_options_are_one_line_errors() -> None:
 
 
 def test_a_trace_without_prefix_information_runs_and_renders(tmp_path: Path) -> None:
-    """An Azure CSV shares nothing cacheable: every hit rate and the oracle are 0, and the tables still render."""
+    """An Azure CSV shares nothing cacheable: every hit rate and the oracle are 0, and the tables still render.
+    With its own --out (outside benchmarks/results) and no --img, the plots go beside the results file, not into
+    docs/img, where a trace named like a documented scenario would replace its plots."""
     trace, out = _azure_csv(tmp_path / "azure-tiny.csv", 40), tmp_path / "out.json"
     subprocess.run([sys.executable, str(SCRIPT), "--trace", str(trace), "--trace-replicas", "1", "2", "--only-traces",
-                    "--out", str(out), "--img", str(tmp_path / "img")], check=True, capture_output=True, timeout=600)
+                    "--out", str(out)], check=True, capture_output=True, timeout=600)
+    plots = sorted(p.name for p in tmp_path.glob("routing_eval_azure-tiny_*.png"))
+    assert any(n.startswith("routing_eval_azure-tiny_1_") for n in plots)
+    assert any(n.startswith("routing_eval_azure-tiny_2_") for n in plots)
+    assert not list((ROOT / "docs/img").glob("routing_eval_azure-tiny_*"))
     doc = json.loads(out.read_text())
     assert [(s["scenario"], s["replicas"]) for s in doc["scenarios"]] == [("azure-tiny", 1), ("azure-tiny", 2)]
     assert all(s["oracleHitRate"] == 0 for s in doc["scenarios"])
