@@ -141,6 +141,24 @@ def test_replicas_needed_scales_with_rate() -> None:
     assert cap.decode_step_s <= w.tpot_slo_s and any("replicas" in line for line in plan.reasoning)
 
 
+def test_a_sample_of_prompts_is_planned_at_their_mean_prefill() -> None:
+    """Each sampled prompt is priced on its own: attention grows faster than a prompt's length, so prompts of 1k and
+    23k tokens (mean 12k) cost more than two 12k prompts, and the plan holds fewer requests per replica for them."""
+    cost = StepCostModel.build(L3, H200)
+    w = TrafficShape(input_tokens=12_000, output_tokens=200, rate_rps=4.0, ttft_slo_s=6.0)
+    at_mean = replica_capacity(L3, H200, w)
+    varied = replica_capacity(L3, H200, w, prompts=[1_000, 23_000])
+    assert varied.prefill_s == pytest.approx((cost.prefill_time(1_000, 0) + cost.prefill_time(23_000, 0)) / 2)
+    assert varied.prefill_s > 1.05 * at_mean.prefill_s == pytest.approx(1.05 * cost.prefill_time(12_000, 0))
+    assert varied.requests_per_s < at_mean.requests_per_s and varied.max_utilization <= at_mean.max_utilization
+    assert replica_capacity(L3, H200, w, prompts=[12_000, 12_000]).prefill_s == pytest.approx(at_mean.prefill_s)
+    # prefix hits: each prompt's cached share is not computed
+    hit = replica_capacity(L3, H200, TrafficShape(input_tokens=12_000, prefix_hit_rate=0.5), prompts=[1_000, 23_000])
+    assert hit.prefill_s == pytest.approx((cost.prefill_time(500, 500) + cost.prefill_time(11_500, 11_500)) / 2)
+    assert any("sampled prompts" in line for line in varied.reasoning)
+    assert replicas_needed(L3, H200, w, prompts=[1_000, 23_000]).replicas >= replicas_needed(L3, H200, w).replicas
+
+
 def test_cli_json_and_errors() -> None:
     r = CliRunner().invoke(app, ["plan", "--json", "-"])
     assert r.exit_code == 0, r.output
