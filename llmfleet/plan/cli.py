@@ -79,6 +79,21 @@ def _overrides(items: list[str]) -> dict[str, Any]:
     return out
 
 
+def _prompt_lengths(path: Path) -> tuple[int, ...]:
+    """`--prompts`: prompt lengths in tokens, one per line (blank lines and `#` comments skipped)."""
+    out = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        text = line.split("#", 1)[0].strip()
+        if not text:
+            continue
+        if not text.isdigit() or int(text) < 1:
+            raise ValueError(f"--prompts {path}, line {n}: {text!r} is not a prompt length (a whole number >= 1)")
+        out.append(int(text))
+    if not out:
+        raise ValueError(f"--prompts {path}: no prompt lengths")
+    return tuple(out)
+
+
 def _gpu_checks(resource: Any) -> list[tuple[str, str]]:
     """`llmfleet validate`: what the GPU table says a TrainingJob's GPUs cannot do (fp8 without fp8 cores)."""
     if getattr(resource, "kind", None) != "TrainingJob":
@@ -107,6 +122,10 @@ def register(app: typer.Typer) -> None:
         host_kv_gib: float | None = typer.Option(None, help="Host-memory KV tier per replica, GiB (vLLM CPU offloading)."),
         input_tokens: int = typer.Option(2048, "--input", help="Mean prompt tokens."),
         output_tokens: int = typer.Option(256, "--output", help="Mean output tokens."),
+        prompts: Path | None = typer.Option(
+            None, "--prompts", help="File of prompt lengths (tokens), one per line, from a request log or a trace "
+            "(e.g. `jq .input_length trace.jsonl`): replicas are planned at their mean prefill, each prompt priced "
+            "on its own, instead of the mean prompt's (the mean of these lengths replaces --input)."),
         rate: float = typer.Option(10.0, help="Arrival rate, requests/s."),
         hit_rate: float = typer.Option(0.0, help="Prefix-cache hit rate of prompt tokens, 0-1."),
         ttft_ms: float = typer.Option(1000.0, help="TTFT p95 SLO, ms."),
@@ -134,12 +153,16 @@ def register(app: typer.Typer) -> None:
             g = get_gpu(gpu, _overrides(gpu_override))
             if not (0.0 <= hit_rate <= 1.0) or rate <= 0 or input_tokens < 1 or output_tokens < 1:
                 raise ValueError("need 0 <= --hit-rate <= 1, --rate > 0, --input >= 1, --output >= 1")
+            sample = _prompt_lengths(prompts) if prompts else ()
+            if sample:
+                input_tokens = max(1, round(sum(sample) / len(sample)))
             w = TrafficShape(input_tokens, output_tokens, rate, hit_rate, ttft_ms / 1e3, tpot_ms / 1e3)
             rep = build_report(m, g, w, PlanInputs(
                 weight_dtype=dtype, kv_dtype=kv_dtype, block_size=block_size, tensor_parallel=tp,
                 attention_seq_len=seq_len, train_tokens_per_s=train_tokens_per_s, train_gpus=train_gpus,
                 train_seq_len=train_seq_len, replicate_groups=replicate_groups,
-                activation_checkpointing=activation_checkpointing, host_kv_gib=host_kv_gib))
+                activation_checkpointing=activation_checkpointing, host_kv_gib=host_kv_gib,
+                prompts=sample))
         except (ValueError, OSError, ValidationError, yaml.YAMLError) as e:
             typer.echo(f"llmfleet plan: {str(e).splitlines()[0]}", err=True)
             raise typer.Exit(2) from None

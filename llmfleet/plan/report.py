@@ -36,6 +36,7 @@ class PlanInputs:
     activation_checkpointing: str = "none"
     train_tokens_per_gpu_step: int | None = None  # tokens per GPU per optimizer step (seqLen x microBatch)
     host_kv_gib: float | None = None  # host-memory KV tier per replica (vLLM --kv-offloading-size)
+    prompts: tuple[int, ...] = ()  # a sample's prompt lengths: replicas planned at their mean prefill (capacity.py)
 
 
 def build_report(m: ModelShape, gpu: GPUProfile, w: TrafficShape, p: PlanInputs) -> dict[str, Any]:
@@ -43,7 +44,7 @@ def build_report(m: ModelShape, gpu: GPUProfile, w: TrafficShape, p: PlanInputs)
     pre = prefill_roofline(m, gpu, w.input_tokens, weight_dtype=p.weight_dtype, kv_dtype=p.kv_dtype)
     dec1 = decode_roofline(m, gpu, 1, ctx, weight_dtype=p.weight_dtype, kv_dtype=p.kv_dtype)
     plan = replicas_needed(m, gpu, w, weight_dtype=p.weight_dtype, kv_dtype=p.kv_dtype,
-                           tensor_parallel=p.tensor_parallel)
+                           tensor_parallel=p.tensor_parallel, prompts=p.prompts)
     decb = decode_roofline(m, gpu, plan.capacity.max_batch, ctx, weight_dtype=p.weight_dtype, kv_dtype=p.kv_dtype)
     cb0 = decode_compute_bound_batch(m, gpu, 0, weight_dtype=p.weight_dtype, kv_dtype=p.kv_dtype)
     cbc = decode_compute_bound_batch(m, gpu, ctx, weight_dtype=p.weight_dtype, kv_dtype=p.kv_dtype)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -168,3 +169,20 @@ def test_cli_json_and_errors() -> None:
     assert r.exit_code == 2 and "unknown GPU" in r.output
     r = CliRunner().invoke(app, ["plan", "--gpu-override", "hbmBandwidthTBs=9.6", "--json", "-"])
     assert json.loads(r.output)["gpu"]["hbm_bandwidth_tbs"] == 9.6
+
+
+def test_cli_plans_a_sample_of_prompt_lengths(tmp_path: Path) -> None:
+    """`llmfleet plan --prompts FILE`: the sample's mean prompt replaces --input and replicas are planned at the
+    sample's mean prefill; a bad or empty file is a one-line error (exit 2)."""
+    sample = tmp_path / "prompts.txt"
+    sample.write_text("1000\n# a comment\n\n23000\n")
+    args = ["plan", "--output", "200", "--rate", "10", "--ttft-ms", "6000", "--json", "-"]
+    varied = json.loads(CliRunner().invoke(app, [*args, "--prompts", str(sample)]).output)["replicas"]
+    at_mean = json.loads(CliRunner().invoke(app, [*args, "--input", "12000"]).output)["replicas"]
+    assert any("2 sampled prompts" in line for line in varied["reasoning"])
+    assert any("prefill of 12000 uncached tokens" in line for line in varied["reasoning"])  # the sample's mean
+    assert varied["needed"] > at_mean["needed"]
+    for text, msg in (("1000\nabc\n", "line 2: 'abc' is not a prompt length"), ("\n# nothing\n", "no prompt lengths")):
+        sample.write_text(text)
+        r = CliRunner().invoke(app, ["plan", "--prompts", str(sample)])
+        assert r.exit_code == 2 and msg in r.output and len(r.output.strip().splitlines()) == 1
