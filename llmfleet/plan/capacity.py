@@ -78,14 +78,14 @@ def replica_capacity(m: ModelShape, gpu: GPUProfile, w: TrafficShape, *, weight_
     step = cost.decode_step_time(batch, mean_ctx)
     why.append(f"KV cache holds {cap.tokens:,} tokens = {kv_batch} sequences of {ctx_tokens} tokens; "
                f"decode batch {batch} (limited by {limited_by}), step {step * 1e3:.1f} ms at {mean_ctx:.0f} context")
-    new_tokens = max(1, round(w.input_tokens * (1 - w.prefix_hit_rate)))
-    cached = w.input_tokens - new_tokens
-    prefill = cost.prefill_time(new_tokens, cached)
+    new_tokens = _uncached(w.input_tokens, w.prefix_hit_rate)
+    prefill = cost.prefill_time(new_tokens, w.input_tokens - new_tokens)
     why.append(f"prefill of {new_tokens} uncached tokens ({w.prefix_hit_rate:.0%} prefix hits) takes "
                f"{prefill * 1e3:.1f} ms")
     if prompts:
         mean_prompt = prefill
-        prefill = sum(_prefill_of(cost, p, w.prefix_hit_rate) for p in prompts) / len(prompts)
+        computed = [(_uncached(p, w.prefix_hit_rate), p) for p in prompts]
+        prefill = sum(cost.prefill_time(n, max(p - n, 0)) for n, p in computed) / len(prompts)
         why.append(f"the {len(prompts)} sampled prompts' prefills take {prefill * 1e3:.1f} ms on average "
                    f"({prefill / mean_prompt:.2f}x the mean prompt's): planned with that")
     per_req = prefill + w.output_tokens * step / batch
@@ -105,10 +105,9 @@ def replica_capacity(m: ModelShape, gpu: GPUProfile, w: TrafficShape, *, weight_
     return ReplicaCapacity(batch, limited_by, prefill, step, rps, rho, rps * rho, cap.tokens, why)
 
 
-def _prefill_of(cost: StepCostModel, prompt: int, hit_rate: float) -> float:
-    """One prompt's prefill with `hit_rate` of its tokens served from the prefix cache (at least one computed)."""
-    new = max(1, round(max(prompt, 1) * (1 - hit_rate)))
-    return cost.prefill_time(new, max(prompt - new, 0))
+def _uncached(prompt: int, hit_rate: float) -> int:
+    """Tokens of a prompt the replica computes when `hit_rate` of them come from the prefix cache (at least one)."""
+    return max(1, round(max(prompt, 1) * (1 - hit_rate)))
 
 
 @dataclass(frozen=True)
