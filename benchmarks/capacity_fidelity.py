@@ -1,0 +1,156 @@
+"""The autoscaler's per-replica model against one simulated replica, at each trace's request mix.
+
+    python benchmarks/capacity_fidelity.py [--trace PATH ...] [--requests N] [--out PATH]
+
+`slo` sizes a pool from a model of one replica (llmfleet.autoscaler.capacity): the planner's roofline at the
+interval's mean request gives prefill and decode seconds per request, their sum is the replica's service time, and
+an Erlang-C queue over prefill work gives the TTFT p95 at a rate. Its learned efficiency corrects the model only
+from saturated intervals, which a policy that keeps TTFT headroom seldom produces, so the model's own error is
+what the fleet carries most of the time. This script measures that error on the engine model the simulator runs
+(StepCostModel steps with chunked prefill and continuous batching), one replica at a time:
+
+- Requests: the trace's own (prompt, output) length pairs, drawn at random, arriving as a Poisson process; prefix
+  contents dropped, so no prefix hits on either side (the model is evaluated at hit rate 0).
+- Saturated throughput: arrivals at twice the model's capacity; the completions per second between the first and
+  the third quartile of the finish times, while the replica has a backlog all along, are its capacity at that mix.
+- TTFT p95 at 50, 70 and 85 % of the simulated capacity: the simulator's against the model's
+  (prefill + Erlang-C wait p95 at efficiency 1; null past the model's capacity), and the planner's capacity with each prompt priced on its own
+  (llmfleet.plan.capacity.replica_capacity with `prompts`) beside the mean prompt's.
+
+Prints a table and writes benchmarks/results/capacity_fidelity.json (simulated time: deterministic).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import random
+import sys
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from autoscale_setup import GPU, PRIMARY_MODEL, ROOT, TRACES, run_static, service, trace_names
+
+from llmfleet.autoscaler.capacity import prefill_seconds, service_seconds, wait_p95_seconds
+from llmfleet.autoscaler.seeds import seeds_for_service
+from llmfleet.plan.capacity import TrafficShape, replica_capacity
+from llmfleet.plan.hardware import get_gpu
+from llmfleet.plan.models import get_model
+from llmfleet.sim.workload import Request, Workload, WorkloadError, load_trace
+
+RESULTS = ROOT / "benchmarks" / "results" / "capacity_fidelity.json"
+LOADS = (0.5, 0.7, 0.85)  # fractions of the simulated capacity the TTFT p95 is compared at
+OVERLOAD = 2.0  # arrival rate, in model capacities, of the saturated-throughput run
+PLANNER_SAMPLE = 2000  # prompts the planner's per-prompt figure is taken over (a request log's worth)
+
+
+def poisson(pairs: Sequence[tuple[int, int]], rate: float, requests: int, seed: int = 1) -> Workload:
+    """`requests` requests with lengths drawn from `pairs`, Poisson arrivals at `rate` req/s, no prefix contents."""
+    rng = random.Random(seed)
+    t, out = 0.0, []
+    for i in range(requests):
+        t += rng.expovariate(rate)
+        prompt, output = rng.choice(pairs)
+        out.append(Request(i, t, prompt, output))
+    return Workload("poisson", out, 64)
+
+
+def saturated_rps(pairs: Sequence[tuple[int, int]], model_rps: float, requests: int) -> float:
+    """Completions per second of one replica with a backlog all along: arrivals at OVERLOAD x `model_rps`, and the
+    rate of completions between the first and the third quartile of the finish times. The replica fills its batch
+    before the first quartile, and at twice its capacity about half the requests are still queued when the last
+    arrives, so it is backlogged until well after the third."""
+    res = run_static(poisson(pairs, OVERLOAD * model_rps, requests), 1, 1.0)
+    finish = sorted(r["arrival"] + r["e2e"] for r in res.records if r["e2e"] is not None)
+    lo, hi = len(finish) // 4, (3 * len(finish)) // 4
+    if hi <= lo or finish[hi] <= finish[lo]:
+        raise ValueError(f"{len(finish)} of {requests} requests finished: too few to measure a rate")
+    return float((hi - lo) / (finish[hi] - finish[lo]))
+
+
+def ttft_p95(pairs: Sequence[tuple[int, int]], rate: float, requests: int) -> float:
+    res = run_static(poisson(pairs, rate, requests), 1, 1.0)
+    ttft = sorted(r["ttft"] for r in res.records if r["ttft"] is not None)
+    return float(ttft[min(len(ttft) - 1, int(0.95 * len(ttft)))]) if ttft else float("nan")
+
+
+def evaluate(name: str, pairs: Sequence[tuple[int, int]], requests: int) -> dict[str, Any]:
+    """One mix: the model's capacity and TTFT p95 (at the mean request) against the simulated replica's."""
+    mean_in = sum(p for p, _ in pairs) / len(pairs)
+    mean_out = sum(o for _, o in pairs) / len(pairs)
+    seed = seeds_for_service(service("slo", 1.0, 1))["primary"].for_mix(mean_in, mean_out, 0.0)
+    prefill = prefill_seconds(seed, 1.0, mean_in, 0.0)
+    decode = service_seconds(seed, 1.0, mean_in, mean_out, 0.0) - prefill
+    model_rps = 1.0 / (prefill + decode)
+    sample = [p for p, _ in random.Random(0).sample(list(pairs), min(PLANNER_SAMPLE, len(pairs)))]
+    shape = TrafficShape(input_tokens=round(mean_in), output_tokens=round(mean_out))
+    per_prompt = replica_capacity(get_model(PRIMARY_MODEL), get_gpu(GPU), shape, prompts=sample).requests_per_s
+    sim_rps = saturated_rps(pairs, model_rps, requests)
+    loads = []
+    for frac in LOADS:
+        rate = frac * sim_rps
+        predicted = prefill + wait_p95_seconds(1, rate, prefill, decode)  # inf: past the model's capacity
+        loads.append({"fraction": frac, "rateRps": round(rate, 3), "simTtftP95S": round(ttft_p95(pairs, rate, requests), 3),
+                      "modelTtftP95S": round(predicted, 3) if math.isfinite(predicted) else None})
+    return {"workload": name, "requests": len(pairs), "meanInput": round(mean_in), "meanOutput": round(mean_out),
+            "modelPrefillS": round(prefill, 4), "modelDecodeS": round(decode, 4),
+            "modelRps": round(model_rps, 3), "plannerPerPromptRps": round(per_prompt, 3),
+            "simulatedRps": round(sim_rps, 3), "modelOverSimulated": round(model_rps / sim_rps, 3),
+            "perPromptOverSimulated": round(per_prompt / sim_rps, 3), "loads": loads}
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    head = ("| workload | mean in / out | simulated req/s | model (mean request) | planner, per prompt | "
+            + " | ".join(f"TTFT p95 at {f:.0%}: sim / model" for f in LOADS) + " |")
+    lines = [head, "|" + "---|" * (5 + len(LOADS))]
+    for r in results:
+        ttft = " | ".join(f"{x['simTtftP95S']:.2f} / " + (f"{x['modelTtftP95S']:.2f} s" if x["modelTtftP95S"] is not None
+                                                           else "overloaded") for x in r["loads"])
+        lines.append(f"| {r['workload']} | {r['meanInput']:,} / {r['meanOutput']:,} | {r['simulatedRps']:.2f} | "
+                     f"{r['modelRps']:.2f} ({r['modelOverSimulated']:.2f}x) | "
+                     f"{r['plannerPerPromptRps']:.2f} ({r['perPromptOverSimulated']:.2f}x) | {ttft} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--trace", type=Path, action="append", help="trace file (default: every trace in "
+                    "../shared/data/traces/); repeatable")
+    ap.add_argument("--requests", type=int, default=6000, help="requests per simulated run (default 6000)")
+    ap.add_argument("--out", type=Path, default=RESULTS, help="results JSON (default benchmarks/results/...)")
+    args = ap.parse_args(argv)
+    if args.requests < 30:
+        print(f"--requests {args.requests}: at least 30", file=sys.stderr)
+        return 2
+    traces = args.trace or sorted(p for p in TRACES.glob("*") if p.suffix.lower() in (".jsonl", ".csv"))
+    started = time.time()
+    results = []
+    try:
+        names = trace_names(traces)
+        for path, name in zip(traces, names, strict=True):
+            w = load_trace(path)
+            results.append(evaluate(name, [(r.prompt_len, r.output_len) for r in w.requests], args.requests))
+            print(f"{name}: done ({time.time() - started:.0f} s)", file=sys.stderr, flush=True)
+    except (WorkloadError, OSError, ValueError) as e:
+        print(f"capacity_fidelity: {e}", file=sys.stderr)
+        return 2
+    print(table(results))
+    doc = {"benchmark": "capacity_fidelity", "command": " ".join(["python", *sys.argv]),
+           "date": datetime.now(UTC).isoformat(timespec="seconds"),
+           "machine": {"platform": platform.platform(), "python": platform.python_version(),
+                       "processor": platform.processor() or platform.machine()},
+           "simulated": f"one {PRIMARY_MODEL} replica on {GPU}", "requestsPerRun": args.requests,
+           "wallSeconds": round(time.time() - started, 1), "results": results}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""The capacity-fidelity benchmark's measurements (benchmarks/capacity_fidelity.py): what it calls a replica's
+capacity is one, and what it calls the model is the autoscaler's own."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import capacity_fidelity  # noqa: E402
+from autoscale_setup import service  # noqa: E402
+
+from llmfleet.autoscaler.capacity import service_seconds  # noqa: E402
+from llmfleet.autoscaler.seeds import seeds_for_service  # noqa: E402
+
+PAIRS = [(1000, 100), (3000, 50), (500, 300)]
+
+
+def test_poisson_draws_the_mix_without_prefix_contents() -> None:
+    w = capacity_fidelity.poisson(PAIRS, rate=5.0, requests=400)
+    assert len(w.requests) == 400
+    arrivals = [r.arrival for r in w.requests]
+    assert arrivals == sorted(arrivals) and arrivals[0] > 0
+    assert 400 / arrivals[-1] == pytest.approx(5.0, rel=0.15)
+    assert {(r.prompt_len, r.output_len) for r in w.requests} == set(PAIRS)
+    assert all(not r.keys for r in w.requests)
+
+
+def test_the_saturated_throughput_is_the_rate_the_replica_sustains() -> None:
+    """Below the measured rate the queue stays short; above it, it grows for the whole run."""
+    sat = capacity_fidelity.saturated_rps(PAIRS, model_rps=10.0, requests=1500)
+    assert sat > 1.0
+    calm = capacity_fidelity.ttft_p95(PAIRS, 0.6 * sat, 1500)
+    over = capacity_fidelity.ttft_p95(PAIRS, 1.4 * sat, 1500)
+    assert calm < 1.0
+    assert over > 10 * calm
+
+
+def test_the_model_is_the_policys_seed_at_the_mix(tmp_path: Path) -> None:
+    r = capacity_fidelity.evaluate("mix", PAIRS, requests=600)
+    mean_in = sum(p for p, _ in PAIRS) / 3
+    mean_out = sum(o for _, o in PAIRS) / 3
+    seed = seeds_for_service(service("slo", 1.0, 1))["primary"].for_mix(mean_in, mean_out, 0.0)
+    assert r["modelRps"] == pytest.approx(1.0 / service_seconds(seed, 1.0, mean_in, mean_out, 0.0), rel=1e-3)
+    assert r["modelOverSimulated"] == pytest.approx(r["modelRps"] / r["simulatedRps"], rel=1e-2)
+    assert [x["fraction"] for x in r["loads"]] == list(capacity_fidelity.LOADS)
+    rates = [x["rateRps"] for x in r["loads"]]
+    assert rates == sorted(rates) and rates[-1] < r["simulatedRps"]
+    assert "| mix |" in capacity_fidelity.table([r])
+
+
+def test_cli_writes_results_and_refuses_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "azure_small.csv"
+    rows = [f"2023-11-16 18:00:{s:02d}.0000000,{800 + 40 * s},{60 + s}" for s in range(40)]
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "\n".join(rows) + "\n")
+    out = tmp_path / "cf.json"
+    assert capacity_fidelity.main(["--trace", str(trace), "--requests", "300", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["benchmark"] == "capacity_fidelity" and doc["results"][0]["workload"] == "azure_small"
+    assert capacity_fidelity.main(["--trace", str(tmp_path / "missing.csv"), "--out", str(out)]) == 2
+    assert capacity_fidelity.main(["--trace", str(trace), "--requests", "5", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "missing.csv" in err and "--requests 5" in err
