@@ -313,6 +313,24 @@ def fixed_fleets(name: str, w: Workload, recorded: dict[str, Any], fleets: list[
     return {"workload": name, "ttftSloS": slo_s, "fleets": rows}
 
 
+def compare_hindsight(doc: dict[str, Any]) -> dict[str, Any]:
+    """Each hindsight search's comparison with `slo` (`slo`, `sloVsHindsight`, `sloWithin15PctOfHindsight`) against
+    the workload's current `slo` row: a search takes minutes to an hour and is not repeated when the policy's rows are
+    rerun, but the comparison it stores must follow them. Entries of workloads with no row keep theirs."""
+    rows = {r["workload"]: r["policies"]["slo"] for r in doc.get("results", []) if "slo" in r.get("policies", {})}
+    for h in doc.get("hindsight", {}).get("results", []):
+        row = rows.get(h["workload"])
+        if row is None:
+            continue
+        h["slo"] = {"gpuSeconds": row["gpuSeconds"], "attainment": row["attainment"]}
+        for label in ("withColdStart", "instant"):
+            if label in h:
+                found = h[label]["gpuSeconds"]
+                h[label]["sloVsHindsight"] = round(row["gpuSeconds"] / found - 1.0, 4)
+                h[label]["sloWithin15PctOfHindsight"] = row["gpuSeconds"] <= 1.15 * found
+    return doc
+
+
 def merge_section(out: Path, section: str, found: list[dict[str, Any]], key: Callable[[dict[str, Any]], Any]) -> None:
     """Merge `found` under `section` of the results file, each result stamped with this command and date;
     earlier results with other keys (workload, window) are kept. Reads the file again first: other runs may
@@ -543,7 +561,7 @@ def main() -> None:
             doc["results"] = [r for r in prior.get("results", []) if r["workload"] not in fresh] + [
                 r | stamp for r in results]
             doc["command"] = "see each result's command"
-    args.out.write_text(json.dumps(doc, indent=2) + "\n")
+    args.out.write_text(json.dumps(compare_hindsight(doc), indent=2) + "\n")
     print(f"wrote {args.out}")
 
 

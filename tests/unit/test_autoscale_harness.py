@@ -93,3 +93,24 @@ def test_a_run_with_its_own_results_file_keeps_its_plots_beside_it(tmp_path: Pat
     assert (out.parent / "autoscale_eval_plotcheck_trace.png").stat().st_size > 0
     assert not (ROOT / "docs" / "img" / "autoscale_eval_plotcheck_trace.png").exists()
     assert json.loads(out.read_text())["results"][0]["plot"] == str(out.parent.resolve() / "autoscale_eval_plotcheck_trace.png")
+
+
+def test_hindsight_comparisons_follow_the_current_slo_rows() -> None:
+    """A search is not repeated when `slo` is rerun; the comparison it stores must not keep the old `slo` row."""
+    import autoscale_eval
+
+    def entry(workload: str, slo_gpu: float) -> dict[str, object]:
+        found = {"gpuSeconds": 1000.0, "sloVsHindsight": round(slo_gpu / 1000.0 - 1, 4),
+                 "sloWithin15PctOfHindsight": slo_gpu <= 1150.0}
+        return {"workload": workload, "slo": {"gpuSeconds": slo_gpu, "attainment": 0.99}, "withColdStart": found,
+                "instant": dict(found)}
+
+    doc = {"results": [{"workload": "a", "policies": {"slo": {"gpuSeconds": 1100.0, "attainment": 0.995}}}],
+           "hindsight": {"results": [entry("a", 1300.0), entry("gone", 1300.0)]}}
+    out = autoscale_eval.compare_hindsight(doc)
+    a, gone = out["hindsight"]["results"]
+    assert a["slo"] == {"gpuSeconds": 1100.0, "attainment": 0.995}
+    for label in ("withColdStart", "instant"):
+        assert a[label]["sloVsHindsight"] == 0.1 and a[label]["sloWithin15PctOfHindsight"] is True
+        assert a[label]["gpuSeconds"] == 1000.0
+    assert gone == entry("gone", 1300.0)
