@@ -92,28 +92,19 @@ def static_at_peak(w: Workload, slo_s: float) -> tuple[int, SimResult]:
 
 
 def planner_peak_replicas(w: Workload, slo_s: float, first_minute: bool = False) -> tuple[int, float]:
-    """What the planner (llmfleet.plan.capacity) provisions for the peak 1-minute arrival rate of the workload's
-    requests, each prompt's prefill priced on its own (`replica_capacity(prompts=...)`).
+    """What the planner provisions for the workload's busiest whole minute, each prompt's prefill priced on its own
+    (llmfleet.sim.planning.plan_workload, what `llmfleet sim plan` prints), and that minute's rate.
 
     `first_minute`: for the first minute's rate and requests instead (what an operator deploys from the traffic
     seen before any history exists: the autoscaled fleets start there; nothing of the later trace is used).
     """
-    from llmfleet.plan.capacity import TrafficShape as PlanWorkload
-    from llmfleet.plan.capacity import replicas_needed
     from llmfleet.plan.hardware import get_gpu
     from llmfleet.plan.models import get_model
+    from llmfleet.sim.planning import plan_workload
 
-    arrivals = np.array([r.arrival for r in w.requests])
-    t0 = arrivals.min()
-    counts = np.bincount(((arrivals - t0) // 60.0).astype(int))
-    full = counts[:-1] if counts.size > 1 else counts  # the last minute is partial
-    peak = float(full[0] if first_minute else full.max()) / 60.0
-    sample = [r for r in w.requests if r.arrival - t0 < 60.0] if first_minute else w.requests
-    shape = PlanWorkload(input_tokens=int(np.mean([r.prompt_len for r in sample])),
-                         output_tokens=int(np.mean([r.output_len for r in sample])), rate_rps=peak,
-                         ttft_slo_s=slo_s, tpot_slo_s=0.1)
-    plan = replicas_needed(get_model(PRIMARY_MODEL), get_gpu(GPU), shape, prompts=[r.prompt_len for r in sample])
-    return min(plan.replicas, MAX_REPLICAS), peak
+    found = plan_workload(w, get_model(PRIMARY_MODEL), get_gpu(GPU), ttft_slo_s=slo_s, tpot_slo_s=0.1,
+                          first_minute=first_minute)
+    return min(found.plan.replicas, MAX_REPLICAS), found.rate_rps
 
 
 def ttft_series(res: SimResult, bucket_s: float = 30.0) -> tuple[list[float], list[float]]:

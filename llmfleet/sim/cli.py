@@ -1,5 +1,6 @@
-"""`llmfleet sim run` / `llmfleet sim hindsight`: replay a trace or a synthetic workload through simulated replicas,
-routers and (optionally) the production autoscaler; the cheapest schedule a clairvoyant scaler finds."""
+"""`llmfleet sim run` / `llmfleet sim hindsight` / `llmfleet sim plan`: replay a trace or a synthetic workload through
+simulated replicas, routers and (optionally) the production autoscaler; the cheapest schedule a clairvoyant scaler
+finds; the planner's fleet for a trace."""
 
 from __future__ import annotations
 
@@ -247,3 +248,63 @@ def register(app: typer.Typer) -> None:
                                        "gpuSeconds": found.gpu_seconds, "simulations": found.simulations,
                                        "startReplicas": start_replicas, "ttftSloMs": ttft_slo_ms}, indent=1))
             typer.echo(f"wrote {out}")
+
+    @sim.command("plan", help="The planner's replicas for a trace: its busiest minute's rate, its mean output and "
+                              "its prompts, each priced on its own (llmfleet plan, fed from the trace).")
+    def plan(
+        trace: Path | None = typer.Option(None, help="Trace file (Mooncake JSONL, Azure or BurstGPT CSV); synthetic when omitted."),
+        fmt: str = typer.Option("auto", "--format", help="auto, mooncake, azure, burstgpt."),
+        model: str = typer.Option("llama-3-8b", help="Model preset."),
+        gpu: str = typer.Option("H200", help="GPU profile."),
+        kv_dtype: str = typer.Option("bf16", help="KV-cache dtype."),
+        tp: int = typer.Option(1, help="Tensor parallelism per replica."),
+        ttft_ms: float = typer.Option(1000.0, help="TTFT p95 SLO, ms."),
+        tpot_ms: float = typer.Option(100.0, help="TPOT p95 SLO, ms."),
+        hit_rate: float = typer.Option(0.0, help="Prefix-cache hit rate of prompt tokens to plan with, 0-1."),
+        first_minute: bool = typer.Option(False, help="Plan for the first minute's rate and requests (what is known "
+                                                      "before any history) instead of the busiest minute's."),
+        time_scale: TimeScale = 1.0,
+        max_requests: MaxRequests = None,
+        duration: Duration = 600.0,
+        rate: Rate = 10.0,
+        tenants: Tenants = 8,
+        seed: int = typer.Option(0, help="Random seed (synthetic workload)."),
+        json_out: Path | None = typer.Option(None, "--json", help="Write the plan as JSON to this file ('-' for stdout only)."),
+    ) -> None:
+        from dataclasses import asdict
+
+        from llmfleet.plan.hardware import get_gpu
+        from llmfleet.plan.models import get_model
+        from llmfleet.sim.planning import plan_workload
+        from llmfleet.sim.workload import WorkloadError
+
+        try:
+            if ttft_ms <= 0 or tpot_ms <= 0 or tp < 1:
+                raise ValueError("need --ttft-ms > 0, --tpot-ms > 0 and --tp >= 1")
+            m, g = get_model(model), get_gpu(gpu)
+            w = _workload(trace, fmt, duration, rate, tenants, seed, max_requests, time_scale)
+            found = plan_workload(w, m, g, ttft_slo_s=ttft_ms / 1e3, tpot_slo_s=tpot_ms / 1e3, hit_rate=hit_rate,
+                                  first_minute=first_minute, kv_dtype=kv_dtype, tensor_parallel=tp)
+        except RecursionError:  # a trace line nested deeper than the JSON decoder goes: one line, exit 2
+            raise InputFileError(str(trace), "nested too deeply to parse") from None
+        except (ValueError, OSError, WorkloadError) as e:
+            raise _fail(e) from None
+        doc = {"workload": found.workload, "requests": found.requests, "minutes": found.minutes,
+               "rateRps": round(found.rate_rps, 4), "meanRateRps": round(found.mean_rate_rps, 4),
+               "firstMinute": first_minute, "model": model, "gpu": g.name, "shape": asdict(found.shape),
+               "replicas": found.plan.replicas, "capacity": asdict(found.plan.capacity),
+               "reasoning": found.plan.reasoning}
+        if json_out is not None and str(json_out) == "-":
+            typer.echo(json.dumps(doc, indent=2))
+            return
+        which = "first minute" if first_minute else "busiest minute"
+        typer.echo(f"{found.workload}: {len(w.requests)} requests, {found.minutes} whole minutes; {which} "
+                   f"{found.rate_rps:.2f} req/s (mean {found.mean_rate_rps:.2f})")
+        typer.echo(f"planned for {found.rate_rps:.2f} req/s, {found.shape.input_tokens:,} tokens in (mean of "
+                   f"{found.requests:,} prompts, each priced on its own) / {found.shape.output_tokens:,} out on "
+                   f"{model} / {g.name}: {found.plan.replicas} replica{'s' if found.plan.replicas != 1 else ''}")
+        for line in found.plan.reasoning:
+            typer.echo(f"  {line}")
+        if json_out is not None:
+            json_out.write_text(json.dumps(doc, indent=2))
+            typer.echo(f"wrote {json_out}")

@@ -1,0 +1,72 @@
+"""The planner's fleet for a recorded workload: `llmfleet sim plan`, and the autoscaling benchmark's static
+planner baseline and starting fleets.
+
+A trace holds what the planner otherwise asks for by hand (`llmfleet plan --rate --input --output --prompts`):
+the arrival rate of its busiest minute, its mean output, and its prompt lengths, each priced on its own
+(`llmfleet.plan.capacity.replica_capacity(prompts=...)`: attention makes a long prompt cost more than its share of
+the mean). It lives in the simulator's floor because the trace loaders do; the formulas stay in the planner.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llmfleet.api.trainingjob import ModelShape
+from llmfleet.plan.capacity import ReplicaPlan, TrafficShape, replicas_needed
+from llmfleet.plan.hardware import GPUProfile
+from llmfleet.sim.workload import Request, Workload
+
+MINUTE_S = 60.0  # the rate is planned per whole minute: the window an operator reads a dashboard's peak over
+
+
+@dataclass(frozen=True)
+class TracePlan:
+    """Replicas the planner provisions for a workload, and what it planned them for."""
+
+    workload: str
+    requests: int  # the requests planned for (the first minute's with `first_minute`)
+    minutes: int  # whole minutes of the workload (a last, partial minute is not a rate)
+    rate_rps: float  # the planned rate: the busiest whole minute's (or the first minute's)
+    mean_rate_rps: float  # the whole workload's, for comparison
+    shape: TrafficShape
+    plan: ReplicaPlan
+
+
+def minute_rates(w: Workload) -> list[float]:
+    """Requests per second in each whole minute from the first arrival. A workload shorter than a minute has no
+    whole minute: its one rate is its requests over its span (at least a second)."""
+    if not w.requests:
+        return []
+    t0 = min(r.arrival for r in w.requests)
+    counts: dict[int, int] = {}
+    for r in w.requests:
+        k = int((r.arrival - t0) // MINUTE_S)
+        counts[k] = counts.get(k, 0) + 1
+    last = max(counts)
+    if last == 0:
+        return [len(w.requests) / max(max(r.arrival for r in w.requests) - t0, 1.0)]
+    return [counts.get(k, 0) / MINUTE_S for k in range(last)]
+
+
+def plan_workload(w: Workload, model: ModelShape, gpu: GPUProfile, *, ttft_slo_s: float, tpot_slo_s: float,
+                  hit_rate: float = 0.0, first_minute: bool = False, kv_dtype: str = "bf16",
+                  tensor_parallel: int = 1, max_num_seqs: int = 256) -> TracePlan:
+    """The planner's replicas for `w`'s busiest whole minute, at the mean output of its requests and with each
+    prompt's prefill priced on its own. `first_minute`: for the first minute's rate and requests instead, what an
+    operator deploys from the traffic seen before any history exists (nothing later in the trace is used)."""
+    if not w.requests:
+        raise ValueError(f"{w.name}: no requests to plan for")
+    if not 0.0 <= hit_rate <= 1.0:
+        raise ValueError(f"the prefix hit rate must be within [0, 1], got {hit_rate:g}")
+    rates = minute_rates(w)
+    t0 = min(r.arrival for r in w.requests)
+    sample: list[Request] = [r for r in w.requests if r.arrival - t0 < MINUTE_S] if first_minute else w.requests
+    rate = rates[0] if first_minute else max(rates)
+    span = max(w.duration, MINUTE_S)
+    shape = TrafficShape(input_tokens=int(sum(r.prompt_len for r in sample) / len(sample)),
+                         output_tokens=max(1, int(sum(r.output_len for r in sample) / len(sample))), rate_rps=rate,
+                         prefix_hit_rate=hit_rate, ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s)
+    plan = replicas_needed(model, gpu, shape, kv_dtype=kv_dtype, tensor_parallel=tensor_parallel,
+                           max_num_seqs=max_num_seqs, prompts=[r.prompt_len for r in sample])
+    return TracePlan(workload=w.name, requests=len(sample), minutes=len(rates), rate_rps=rate,
+                     mean_rate_rps=len(w.requests) / span, shape=shape, plan=plan)

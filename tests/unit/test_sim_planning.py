@@ -1,0 +1,70 @@
+"""The planner's fleet for a recorded workload (llmfleet.sim.planning, `llmfleet sim plan`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from llmfleet.cli.main import app
+from llmfleet.plan.capacity import TrafficShape, replicas_needed
+from llmfleet.plan.hardware import get_gpu
+from llmfleet.plan.models import get_model
+from llmfleet.sim.planning import minute_rates, plan_workload
+from llmfleet.sim.workload import Request, Workload
+
+M, G = get_model("llama-3.1-8b"), get_gpu("H200")
+
+
+def _w(arrivals_prompts: list[tuple[float, int]], output: int = 200) -> Workload:
+    return Workload("t", [Request(i, t, p, output) for i, (t, p) in enumerate(arrivals_prompts)], block_size=16)
+
+
+def test_minute_rates_count_whole_minutes_only() -> None:
+    w = _w([(0.0, 100), (30.0, 100), (61.0, 100), (62.0, 100), (63.0, 100), (130.0, 100)])
+    assert minute_rates(w) == [2 / 60, 3 / 60]  # minute 2 holds one request of a partial minute: not a rate
+    assert minute_rates(_w([(0.0, 100), (10.0, 100)])) == [2 / 10]  # shorter than a minute: over its span
+    assert minute_rates(_w([(5.0, 100)])) == [1.0]  # one request: one second
+
+
+def test_the_busiest_minute_and_each_prompt_are_planned_for() -> None:
+    quiet = [(float(t), 2000) for t in range(0, 60, 6)]  # 10 requests in minute 0
+    busy = [(60.0 + t / 20, 2000) for t in range(1200)]  # 1,200 in minute 1
+    tail = [(200.0, 2000)]  # minute 3, partial
+    found = plan_workload(_w(quiet + busy + tail), M, G, ttft_slo_s=1.0, tpot_slo_s=0.1)
+    assert found.rate_rps == pytest.approx(20.0) and found.minutes == 3
+    expected = replicas_needed(M, G, TrafficShape(2000, 200, 20.0, ttft_slo_s=1.0, tpot_slo_s=0.1), prompts=[2000] * 1211)
+    assert found.plan.replicas == expected.replicas > 1
+    first = plan_workload(_w(quiet + busy + tail), M, G, ttft_slo_s=1.0, tpot_slo_s=0.1, first_minute=True)
+    assert first.rate_rps == pytest.approx(10 / 60) and first.requests == 10 and first.plan.replicas == 1
+    # the same mean prompt, spread over short and long prompts, costs more: attention grows faster than length
+    spread = [(60.0 + t / 20, 500 if t % 2 else 3500) for t in range(1200)]
+    assert plan_workload(_w(quiet + spread + tail), M, G, ttft_slo_s=1.0, tpot_slo_s=0.1).plan.capacity.prefill_s > \
+        found.plan.capacity.prefill_s
+
+
+def test_bad_input_is_refused() -> None:
+    with pytest.raises(ValueError, match="no requests"):
+        plan_workload(Workload("empty", [], 16), M, G, ttft_slo_s=1.0, tpot_slo_s=0.1)
+    with pytest.raises(ValueError, match="hit rate"):
+        plan_workload(_w([(0.0, 100)]), M, G, ttft_slo_s=1.0, tpot_slo_s=0.1, hit_rate=1.5)
+
+
+def test_cli_prints_and_writes_the_plan(tmp_path: Path) -> None:
+    trace = tmp_path / "t.csv"
+    rows = [f"2023-11-16 18:{m:02d}:{s:02d}.0000000,{1000 + 10 * s},{100}" for m in range(3) for s in range(60)]
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "\n".join(rows) + "\n")
+    r = CliRunner().invoke(app, ["sim", "plan", "--trace", str(trace), "--model", "llama-3.1-8b"])
+    assert r.exit_code == 0, r.output
+    assert "busiest minute 1.00 req/s" in r.output and ": 1 replica\n" in r.output
+    r = CliRunner().invoke(app, ["sim", "plan", "--trace", str(trace), "--model", "llama-3.1-8b", "--time-scale", "30",
+                                 "--json", "-"])
+    doc = json.loads(r.output)
+    assert doc["rateRps"] == pytest.approx(30.0, rel=0.02) and doc["replicas"] > 1 and doc["reasoning"]
+    for args, msg in ((["--trace", str(tmp_path / "none.csv")], "none.csv"), (["--hit-rate", "2"], "hit rate"),
+                      (["--ttft-ms", "0"], "--ttft-ms"), (["--model", "nope"], "nope")):
+        r = CliRunner().invoke(app, ["sim", "plan", "--duration", "30", "--rate", "1", *args])
+        assert r.exit_code == 2, (args, r.output)
+        assert r.output.startswith("llmfleet sim: ") and msg in r.output and r.output.count("\n") == 1, r.output
