@@ -13,7 +13,8 @@ what the fleet carries most of the time. This script measures that error on the 
   contents dropped, so no prefix hits on either side (the model is evaluated at hit rate 0).
 - Saturated throughput: arrivals at twice the model's capacity; the completions per second between the first and
   the third quartile of the finish times, while the replica has a backlog all along, are its capacity at that mix.
-- TTFT p95 at 50, 70 and 85 % of the simulated capacity: the simulator's against the model's
+- TTFT p95 at 50, 70 and 85 % of the simulated capacity: the simulator's (and its preemptions: running requests
+  the replica evicted when its KV cache ran out, recomputed later as vLLM does) against the model's
   (prefill + Erlang-C wait p95 at efficiency 1; null past the model's capacity), and the planner's capacity with each prompt priced on its own
   (llmfleet.plan.capacity.replica_capacity with `prompts`) beside the mean prompt's.
 
@@ -73,10 +74,13 @@ def saturated_rps(pairs: Sequence[tuple[int, int]], model_rps: float, requests: 
     return float((hi - lo) / (finish[hi] - finish[lo]))
 
 
-def ttft_p95(pairs: Sequence[tuple[int, int]], rate: float, requests: int) -> float:
+def at_load(pairs: Sequence[tuple[int, int]], rate: float, requests: int) -> tuple[float, int]:
+    """The simulated replica's TTFT p95 at `rate`, and how many running requests it preempted (its KV cache full:
+    vLLM recomputes them)."""
     res = run_static(poisson(pairs, rate, requests), 1, 1.0)
     ttft = sorted(r["ttft"] for r in res.records if r["ttft"] is not None)
-    return float(ttft[min(len(ttft) - 1, int(0.95 * len(ttft)))]) if ttft else float("nan")
+    p95 = float(ttft[min(len(ttft) - 1, int(0.95 * len(ttft)))]) if ttft else float("nan")
+    return p95, int(res.summary["preemptions"])
 
 
 def evaluate(name: str, pairs: Sequence[tuple[int, int]], requests: int) -> dict[str, Any]:
@@ -95,8 +99,10 @@ def evaluate(name: str, pairs: Sequence[tuple[int, int]], requests: int) -> dict
     for frac in LOADS:
         rate = frac * sim_rps
         predicted = prefill + wait_p95_seconds(1, rate, prefill, decode)  # inf: past the model's capacity
-        loads.append({"fraction": frac, "rateRps": round(rate, 3), "simTtftP95S": round(ttft_p95(pairs, rate, requests), 3),
-                      "modelTtftP95S": round(predicted, 3) if math.isfinite(predicted) else None})
+        p95, preempted = at_load(pairs, rate, requests)
+        loads.append({"fraction": frac, "rateRps": round(rate, 3), "simTtftP95S": round(p95, 3),
+                      "modelTtftP95S": round(predicted, 3) if math.isfinite(predicted) else None,
+                      "preemptionsPer1000Requests": round(1000 * preempted / requests, 1)})
     return {"workload": name, "requests": len(pairs), "meanInput": round(mean_in), "meanOutput": round(mean_out),
             "modelPrefillS": round(prefill, 4), "modelDecodeS": round(decode, 4),
             "modelRps": round(model_rps, 3), "plannerPerPromptRps": round(per_prompt, 3),
@@ -106,14 +112,15 @@ def evaluate(name: str, pairs: Sequence[tuple[int, int]], requests: int) -> dict
 
 def table(results: list[dict[str, Any]]) -> str:
     head = ("| workload | mean in / out | simulated req/s | model (mean request) | planner, per prompt | "
-            + " | ".join(f"TTFT p95 at {f:.0%}: sim / model" for f in LOADS) + " |")
-    lines = [head, "|" + "---|" * (5 + len(LOADS))]
+            + " | ".join(f"TTFT p95 at {f:.0%}: sim / model" for f in LOADS) + f" | preemptions per 1,000 at {LOADS[-1]:.0%} |")
+    lines = [head, "|" + "---|" * (6 + len(LOADS))]
     for r in results:
         ttft = " | ".join(f"{x['simTtftP95S']:.2f} / " + (f"{x['modelTtftP95S']:.2f} s" if x["modelTtftP95S"] is not None
                                                            else "overloaded") for x in r["loads"])
         lines.append(f"| {r['workload']} | {r['meanInput']:,} / {r['meanOutput']:,} | {r['simulatedRps']:.2f} | "
                      f"{r['modelRps']:.2f} ({r['modelOverSimulated']:.2f}x) | "
-                     f"{r['plannerPerPromptRps']:.2f} ({r['perPromptOverSimulated']:.2f}x) | {ttft} |")
+                     f"{r['plannerPerPromptRps']:.2f} ({r['perPromptOverSimulated']:.2f}x) | {ttft} | "
+                     f"{r['loads'][-1]['preemptionsPer1000Requests']:g} |")
     return "\n".join(lines)
 
 

@@ -35,8 +35,8 @@ def test_the_saturated_throughput_is_the_rate_the_replica_sustains() -> None:
     """Below the measured rate the queue stays short; above it, it grows for the whole run."""
     sat = capacity_fidelity.saturated_rps(PAIRS, model_rps=10.0, requests=1500)
     assert sat > 1.0
-    calm = capacity_fidelity.ttft_p95(PAIRS, 0.6 * sat, 1500)
-    over = capacity_fidelity.ttft_p95(PAIRS, 1.4 * sat, 1500)
+    calm, _ = capacity_fidelity.at_load(PAIRS, 0.6 * sat, 1500)
+    over, _ = capacity_fidelity.at_load(PAIRS, 1.4 * sat, 1500)
     assert calm < 1.0
     assert over > 10 * calm
 
@@ -49,6 +49,7 @@ def test_the_model_is_the_policys_seed_at_the_mix(tmp_path: Path) -> None:
     assert r["modelRps"] == pytest.approx(1.0 / service_seconds(seed, 1.0, mean_in, mean_out, 0.0), rel=1e-3)
     assert r["modelOverSimulated"] == pytest.approx(r["modelRps"] / r["simulatedRps"], rel=1e-2)
     assert [x["fraction"] for x in r["loads"]] == list(capacity_fidelity.LOADS)
+    assert all(x["preemptionsPer1000Requests"] >= 0 for x in r["loads"])
     rates = [x["rateRps"] for x in r["loads"]]
     assert rates == sorted(rates) and rates[-1] < r["simulatedRps"]
     assert "| mix |" in capacity_fidelity.table([r])
