@@ -261,6 +261,9 @@ def register(app: typer.Typer) -> None:
         ttft_ms: float = typer.Option(1000.0, help="TTFT p95 SLO, ms."),
         tpot_ms: float = typer.Option(100.0, help="TPOT p95 SLO, ms."),
         hit_rate: float = typer.Option(0.0, help="Prefix-cache hit rate of prompt tokens to plan with, 0-1."),
+        reuse: bool = typer.Option(False, help="Plan with the hit rate the trace's own prefix reuse gives the planned "
+                                               "fleet (one pooled LRU cache of its replicas' KV: an upper bound on "
+                                               "hits, so the fewest replicas); instead of --hit-rate."),
         first_minute: bool = typer.Option(False, help="Plan for the first minute's rate and requests (what is known "
                                                       "before any history) instead of the busiest minute's."),
         time_scale: TimeScale = 1.0,
@@ -275,16 +278,20 @@ def register(app: typer.Typer) -> None:
 
         from llmfleet.plan.hardware import get_gpu
         from llmfleet.plan.models import get_model
-        from llmfleet.sim.planning import plan_workload
+        from llmfleet.sim.planning import plan_with_reuse, plan_workload
         from llmfleet.sim.workload import WorkloadError
 
         try:
             if ttft_ms <= 0 or tpot_ms <= 0 or tp < 1:
                 raise ValueError("need --ttft-ms > 0, --tpot-ms > 0 and --tp >= 1")
+            if reuse and hit_rate:
+                raise ValueError("--reuse finds the hit rate itself: leave out --hit-rate")
             m, g = get_model(model), get_gpu(gpu)
             w = _workload(trace, fmt, duration, rate, tenants, seed, max_requests, time_scale)
-            found = plan_workload(w, m, g, ttft_slo_s=ttft_ms / 1e3, tpot_slo_s=tpot_ms / 1e3, hit_rate=hit_rate,
-                                  first_minute=first_minute, kv_dtype=kv_dtype, tensor_parallel=tp)
+            kw = dict(ttft_slo_s=ttft_ms / 1e3, tpot_slo_s=tpot_ms / 1e3, first_minute=first_minute,
+                      kv_dtype=kv_dtype, tensor_parallel=tp)
+            found = (plan_with_reuse(w, m, g, **kw) if reuse  # type: ignore[arg-type]
+                     else plan_workload(w, m, g, hit_rate=hit_rate, **kw))  # type: ignore[arg-type]
         except RecursionError:  # a trace line nested deeper than the JSON decoder goes: one line, exit 2
             raise InputFileError(str(trace), "nested too deeply to parse") from None
         except (ValueError, OSError, WorkloadError) as e:
@@ -292,6 +299,7 @@ def register(app: typer.Typer) -> None:
         doc = {"workload": found.workload, "requests": found.requests, "minutes": found.minutes,
                "rateRps": round(found.rate_rps, 4), "meanRateRps": round(found.mean_rate_rps, 4),
                "firstMinute": first_minute, "model": model, "gpu": g.name, "shape": asdict(found.shape),
+               "hitRate": round(found.shape.prefix_hit_rate, 4), "pooledCacheBlocks": found.cache_blocks,
                "replicas": found.plan.replicas, "capacity": asdict(found.plan.capacity),
                "reasoning": found.plan.reasoning}
         if json_out is not None and str(json_out) == "-":
@@ -303,6 +311,9 @@ def register(app: typer.Typer) -> None:
         typer.echo(f"planned for {found.rate_rps:.2f} req/s, {found.shape.input_tokens:,} tokens in (mean of "
                    f"{found.requests:,} prompts, each priced on its own) / {found.shape.output_tokens:,} out on "
                    f"{model} / {g.name}: {found.plan.replicas} replica{'s' if found.plan.replicas != 1 else ''}")
+        if found.cache_blocks is not None:
+            typer.echo(f"prefix hits {found.shape.prefix_hit_rate:.1%}: the trace's reuse in one LRU cache of "
+                       f"{found.cache_blocks:,} blocks of {w.block_size} tokens, the planned replicas' KV together")
         for line in found.plan.reasoning:
             typer.echo(f"  {line}")
         if json_out is not None:

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from llmfleet.api.trainingjob import ModelShape
 from llmfleet.plan.capacity import ReplicaPlan, TrafficShape, replicas_needed
 from llmfleet.plan.hardware import GPUProfile
+from llmfleet.plan.roofline import kv_capacity
+from llmfleet.sim.report import finite_cache_hit_bound
 from llmfleet.sim.workload import Request, Workload
 
 MINUTE_S = 60.0  # the rate is planned per whole minute: the window an operator reads a dashboard's peak over
@@ -30,6 +32,7 @@ class TracePlan:
     mean_rate_rps: float  # the whole workload's, for comparison
     shape: TrafficShape
     plan: ReplicaPlan
+    cache_blocks: int | None = None  # with the workload's own reuse (plan_with_reuse): the pooled cache's blocks
 
 
 def minute_rates(w: Workload) -> list[float]:
@@ -70,3 +73,27 @@ def plan_workload(w: Workload, model: ModelShape, gpu: GPUProfile, *, ttft_slo_s
                            max_num_seqs=max_num_seqs, prompts=[r.prompt_len for r in sample])
     return TracePlan(workload=w.name, requests=len(sample), minutes=len(rates), rate_rps=rate,
                      mean_rate_rps=len(w.requests) / span, shape=shape, plan=plan)
+
+
+def plan_with_reuse(w: Workload, model: ModelShape, gpu: GPUProfile, *, ttft_slo_s: float, tpot_slo_s: float,
+                    first_minute: bool = False, kv_dtype: str = "bf16", tensor_parallel: int = 1,
+                    max_num_seqs: int = 256) -> TracePlan:
+    """`plan_workload` at the prefix hit rate the workload's own reuse gives the fleet it plans: the hit rate of
+    one pooled LRU cache as large as n replicas' KV caches together (`finite_cache_hit_bound`: what routing that
+    sends every prefix where it is cached gets from LRU engines), at the fewest n whose plan at that hit rate is
+    n replicas or fewer. More replicas cache more, and more hits need fewer replicas, so the plan is the smallest
+    fleet that is consistent with its own cache. An upper bound on the hits (the KV cache also holds the running
+    requests, and no router is perfect), so a lower bound on the replicas a real fleet needs."""
+    blocks = kv_capacity(model, gpu, kv_dtype=kv_dtype, tensor_parallel=tensor_parallel,
+                         block_size=w.block_size).blocks
+    t0 = min((r.arrival for r in w.requests), default=0.0)
+    seen = Workload(w.name, [r for r in w.requests if r.arrival - t0 < MINUTE_S], w.block_size) if first_minute else w
+    kw = dict(ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s, first_minute=first_minute, kv_dtype=kv_dtype,
+              tensor_parallel=tensor_parallel, max_num_seqs=max_num_seqs)
+    cold = plan_workload(w, model, gpu, **kw)  # type: ignore[arg-type]
+    for n in range(1, cold.plan.replicas + 1):
+        hits = finite_cache_hit_bound(seen, n * blocks, "lru")
+        found = plan_workload(w, model, gpu, hit_rate=hits, **kw)  # type: ignore[arg-type]
+        if found.plan.replicas <= n:
+            return TracePlan(**{**found.__dict__, "cache_blocks": n * blocks})
+    return cold

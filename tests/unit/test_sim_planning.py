@@ -12,7 +12,8 @@ from llmfleet.cli.main import app
 from llmfleet.plan.capacity import TrafficShape, replicas_needed
 from llmfleet.plan.hardware import get_gpu
 from llmfleet.plan.models import get_model
-from llmfleet.sim.planning import minute_rates, plan_workload
+from llmfleet.sim.planning import minute_rates, plan_with_reuse, plan_workload
+from llmfleet.sim.report import finite_cache_hit_bound
 from llmfleet.sim.workload import Request, Workload
 
 M, G = get_model("llama-3.1-8b"), get_gpu("H200")
@@ -64,7 +65,31 @@ def test_cli_prints_and_writes_the_plan(tmp_path: Path) -> None:
     doc = json.loads(r.output)
     assert doc["rateRps"] == pytest.approx(30.0, rel=0.02) and doc["replicas"] > 1 and doc["reasoning"]
     for args, msg in ((["--trace", str(tmp_path / "none.csv")], "none.csv"), (["--hit-rate", "2"], "hit rate"),
+                      (["--reuse", "--hit-rate", "0.2"], "--reuse"),
                       (["--ttft-ms", "0"], "--ttft-ms"), (["--model", "nope"], "nope")):
         r = CliRunner().invoke(app, ["sim", "plan", "--duration", "30", "--rate", "1", *args])
         assert r.exit_code == 2, (args, r.output)
         assert r.output.startswith("llmfleet sim: ") and msg in r.output and r.output.count("\n") == 1, r.output
+
+
+def test_reuse_plans_the_smallest_fleet_consistent_with_its_own_cache() -> None:
+    """Requests sharing 7 of their 8 prompt blocks: the pooled cache serves most prompt tokens, so fewer replicas."""
+    shared = tuple(range(7))
+    reqs = [Request(i, 60.0 + i / 40, 8 * 512, 100, keys=(*shared, 1000 + i)) for i in range(2400)]
+    ends = [Request(9998, 0.0, 4096, 100, keys=(*shared, 98)), Request(9999, 200.0, 4096, 100, keys=(*shared, 99))]
+    w = Workload("shared", [ends[0], *reqs, ends[1]], block_size=512)  # minute 1 holds 2,400: 40 req/s
+    cold = plan_workload(w, M, G, ttft_slo_s=1.0, tpot_slo_s=0.1)
+    warm = plan_with_reuse(w, M, G, ttft_slo_s=1.0, tpot_slo_s=0.1)
+    assert warm.shape.prefix_hit_rate == pytest.approx(7 / 8, abs=0.01)
+    assert warm.cache_blocks is not None and warm.cache_blocks % warm.plan.replicas == 0
+    assert 1 <= warm.plan.replicas < cold.plan.replicas
+    # minimal: one replica fewer, at the hit rate its own cache gives, would not be enough
+    n = warm.plan.replicas
+    if n > 1:
+        fewer_blocks = warm.cache_blocks // n * (n - 1)
+        hits = finite_cache_hit_bound(w, fewer_blocks, "lru")
+        assert plan_workload(w, M, G, ttft_slo_s=1.0, tpot_slo_s=0.1, hit_rate=hits).plan.replicas > n - 1
+    # no prefix contents: nothing to reuse, the plan is the plain one
+    plain = _w([(60.0 + t / 40, 4096) for t in range(2400)] + [(200.0, 4096)])
+    assert plan_with_reuse(plain, M, G, ttft_slo_s=1.0, tpot_slo_s=0.1).plan.replicas == \
+        plan_workload(plain, M, G, ttft_slo_s=1.0, tpot_slo_s=0.1).plan.replicas
