@@ -58,7 +58,7 @@ from autoscale_setup import (
     workloads,
 )
 
-from llmfleet.sim.oracle import Order, hindsight_schedule
+from llmfleet.sim.oracle import Order, fewest_static, hindsight_schedule
 from llmfleet.sim.production import pool_specs
 from llmfleet.sim.routers import LlmfleetRouter
 from llmfleet.sim.types import SimResult
@@ -69,26 +69,9 @@ IMG = ROOT / "docs" / "img"
 
 
 def static_at_peak(w: Workload, slo_s: float) -> tuple[int, SimResult]:
-    """Fewest static replicas with >= 99 % TTFT attainment (attainment grows with replicas).
-
-    Galloping search (1, 2, 4, ... until one passes, then bisection below it): small fleets simulate
-    much faster than the 64-replica upper bound, so this is cheaper than bisecting [1, 64].
-    """
-    lo, hi, best = 1, 1, None
-    while True:
-        res = run_static(w, hi, slo_s)
-        if ttft_attainment(res, slo_s) >= 0.99 or hi >= MAX_REPLICAS:
-            best = res
-            break
-        lo, hi = hi + 1, min(2 * hi, MAX_REPLICAS)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        res = run_static(w, mid, slo_s)
-        if ttft_attainment(res, slo_s) >= 0.99:
-            hi, best = mid, res
-        else:
-            lo = mid + 1
-    return hi, best
+    """Fewest static replicas with >= 99 % TTFT attainment (llmfleet.sim.oracle.fewest_static: galloping search,
+    then bisection), and its run."""
+    return fewest_static(lambda n: run_static(w, n, slo_s), slo_s, target=0.99, upper=MAX_REPLICAS)
 
 
 def planner_peak_replicas(w: Workload, slo_s: float, first_minute: bool = False) -> tuple[int, float]:

@@ -13,7 +13,7 @@ import typer
 from llmfleet.api.loader import InputFileError
 
 if TYPE_CHECKING:
-    from llmfleet.sim.types import SimResult
+    from llmfleet.sim.types import PoolSpec, SimResult
     from llmfleet.sim.workload import Workload
 
 AUTOSCALERS = ("slo", "queue", "static")
@@ -51,6 +51,24 @@ def _workload(trace: Path | None, fmt: str, duration: float, rate: float, tenant
     if not w.requests:
         raise ValueError("the workload has no requests")
     return w
+
+
+def _fewest_static(w: Workload, pool: PoolSpec, ttft_slo_s: float, target: float, seed: int,
+                   upper: int = 64) -> tuple[int, SimResult]:
+    """Fewest static replicas of `pool` behind the llmfleet router that meet `target` (oracle.fewest_static)."""
+    from dataclasses import replace
+
+    from llmfleet.sim.engine import simulate
+    from llmfleet.sim.oracle import fewest_static
+    from llmfleet.sim.routers import LlmfleetRouter
+    from llmfleet.sim.types import SimConfig
+
+    def run(n: int) -> SimResult:
+        cfg = SimConfig(pools=[replace(pool, replicas=n, min_replicas=n, max_replicas=n)], ttft_slo_s=ttft_slo_s,
+                        seed=seed)
+        return simulate(w, cfg, router=LlmfleetRouter(seed=seed))
+
+    return fewest_static(run, ttft_slo_s, target=target, upper=upper)
 
 
 def _table(title: str, results: list[SimResult], slo_s: float) -> None:
@@ -194,8 +212,9 @@ def register(app: typer.Typer) -> None:
     def hindsight(
         trace: Path | None = typer.Option(None, help="Trace file (Mooncake JSONL, Azure or BurstGPT CSV); synthetic when omitted."),
         fmt: str = typer.Option("auto", "--format", help="auto, mooncake, azure, burstgpt."),
-        start_replicas: int = typer.Option(..., help="Replicas in every window to start from; must meet the target "
-                                                     "(the static-at-peak size)."),
+        start_replicas: int | None = typer.Option(None, help="Replicas in every window to start from; must meet the "
+                                                            "target. Default: the fewest static replicas that do "
+                                                            "(found by simulation, up to 64)."),
         model: str = typer.Option("llama-3-8b", help="Model preset."),
         max_model_len: int | None = typer.Option(None, help="Context the engine accepts; default: the model's."),
         gpu: str = typer.Option("H200", help="GPU profile."),
@@ -213,6 +232,7 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, help="Random seed (synthetic workload, router ties)."),
         out: Path | None = typer.Option(None, help="Write the schedule as JSON here."),
     ) -> None:
+        from dataclasses import replace
         from functools import partial
 
         from llmfleet.sim.oracle import hindsight_schedule
@@ -221,15 +241,18 @@ def register(app: typer.Typer) -> None:
         from llmfleet.sim.workload import WorkloadError
 
         try:
-            if start_replicas < 1:
+            if start_replicas is not None and start_replicas < 1:
                 raise ValueError(f"--start-replicas must be >= 1, got {start_replicas}")
             if not 0 < target <= 1:
                 raise ValueError(f"--target must be in (0, 1], got {target:g}")
             if bad := [o for o in order if o not in ("highest", "forward", "backward")]:
                 raise ValueError(f"unknown --order {bad[0]!r}; known: highest, forward, backward")
             w = _workload(trace, fmt, duration, rate, tenants, seed, max_requests, time_scale)
-            pool = PoolSpec(model=model, gpu=gpu, cold_start_s=cold_start_s, max_model_len=max_model_len,
-                            max_replicas=max(start_replicas, 1))
+            pool = PoolSpec(model=model, gpu=gpu, cold_start_s=cold_start_s, max_model_len=max_model_len)
+            if start_replicas is None:
+                start_replicas, _ = _fewest_static(w, pool, ttft_slo_ms / 1e3, target, seed)
+                typer.echo(f"start: {start_replicas} static replicas, the fewest that meet {target:g} of the TTFT SLO")
+            pool = replace(pool, max_replicas=start_replicas)
             found = hindsight_schedule(w, pool, ttft_slo_ms / 1e3, start_replicas,
                                        router=partial(LlmfleetRouter, seed=seed), target=target, window_s=window_s,
                                        instant=instant, orders=tuple(order))  # type: ignore[arg-type]
@@ -266,6 +289,12 @@ def register(app: typer.Typer) -> None:
                                                "hits, so the fewest replicas); instead of --hit-rate."),
         first_minute: bool = typer.Option(False, help="Plan for the first minute's rate and requests (what is known "
                                                       "before any history) instead of the busiest minute's."),
+        simulate_fleet: bool = typer.Option(False, "--simulate", help="Also replay the trace on static fleets and "
+                                            "report the fewest replicas that meet --target of the TTFT SLO (the "
+                                            "llmfleet router, the model's context; up to 64 replicas)."),
+        target: float = typer.Option(0.99, help="With --simulate: the share of requests within the TTFT SLO."),
+        max_model_len: int | None = typer.Option(None, help="With --simulate: context the engine accepts; default: "
+                                                            "the model's. Longer requests are rejected."),
         time_scale: TimeScale = 1.0,
         max_requests: MaxRequests = None,
         duration: Duration = 600.0,
@@ -278,7 +307,9 @@ def register(app: typer.Typer) -> None:
 
         from llmfleet.plan.hardware import get_gpu
         from llmfleet.plan.models import get_model
+        from llmfleet.sim.oracle import attainment
         from llmfleet.sim.planning import plan_with_reuse, plan_workload
+        from llmfleet.sim.types import PoolSpec
         from llmfleet.sim.workload import WorkloadError
 
         try:
@@ -286,12 +317,21 @@ def register(app: typer.Typer) -> None:
                 raise ValueError("need --ttft-ms > 0, --tpot-ms > 0 and --tp >= 1")
             if reuse and hit_rate:
                 raise ValueError("--reuse finds the hit rate itself: leave out --hit-rate")
+            if not 0 < target <= 1:
+                raise ValueError(f"--target must be in (0, 1], got {target:g}")
             m, g = get_model(model), get_gpu(gpu)
             w = _workload(trace, fmt, duration, rate, tenants, seed, max_requests, time_scale)
             kw = dict(ttft_slo_s=ttft_ms / 1e3, tpot_slo_s=tpot_ms / 1e3, first_minute=first_minute,
                       kv_dtype=kv_dtype, tensor_parallel=tp)
             found = (plan_with_reuse(w, m, g, **kw) if reuse  # type: ignore[arg-type]
                      else plan_workload(w, m, g, hit_rate=hit_rate, **kw))  # type: ignore[arg-type]
+            simulated = None
+            if simulate_fleet:
+                pool = PoolSpec(model=model, gpu=gpu, kv_dtype=kv_dtype, tensor_parallel=tp, max_model_len=max_model_len)
+                n, res = _fewest_static(w, pool, ttft_ms / 1e3, target, seed)
+                simulated = {"replicas": n, "attainment": round(attainment(res, ttft_ms / 1e3), 5),
+                             "target": target, "gpuSeconds": round(float(res.summary["gpuSeconds"]), 1),
+                             "rejectedContext": int(res.summary.get("rejectedContext") or 0)}
         except RecursionError:  # a trace line nested deeper than the JSON decoder goes: one line, exit 2
             raise InputFileError(str(trace), "nested too deeply to parse") from None
         except (ValueError, OSError, WorkloadError) as e:
@@ -301,7 +341,7 @@ def register(app: typer.Typer) -> None:
                "firstMinute": first_minute, "model": model, "gpu": g.name, "shape": asdict(found.shape),
                "hitRate": round(found.shape.prefix_hit_rate, 4), "pooledCacheBlocks": found.cache_blocks,
                "replicas": found.plan.replicas, "capacity": asdict(found.plan.capacity),
-               "reasoning": found.plan.reasoning}
+               "reasoning": found.plan.reasoning, "simulated": simulated}
         if json_out is not None and str(json_out) == "-":
             typer.echo(json.dumps(doc, indent=2))
             return
@@ -316,6 +356,11 @@ def register(app: typer.Typer) -> None:
                        f"{found.cache_blocks:,} blocks of {w.block_size} tokens, the planned replicas' KV together")
         for line in found.plan.reasoning:
             typer.echo(f"  {line}")
+        if simulated is not None:
+            met = "meet" if simulated["attainment"] >= target else "miss"
+            typer.echo(f"simulated: {simulated['replicas']} static replicas {met} {target:g} of the TTFT SLO "
+                       f"({simulated['attainment']:.2%}, {simulated['gpuSeconds']:,.0f} GPU-s; "
+                       f"{simulated['rejectedContext']} requests longer than the context rejected)")
         if json_out is not None:
             json_out.write_text(json.dumps(doc, indent=2))
             typer.echo(f"wrote {json_out}")

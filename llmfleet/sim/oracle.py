@@ -50,6 +50,32 @@ def attainment(res: SimResult, ttft_slo_s: float) -> float:
     return ok / max(len(servable), 1)
 
 
+def fewest_static(run: Callable[[int], SimResult], ttft_slo_s: float, *, target: float = 0.99,
+                  upper: int = 64) -> tuple[int, SimResult]:
+    """Fewest static replicas whose run (`run(n)`) meets `target` TTFT attainment, and that run; `upper` if none
+    up to it does (its run then says by how much it misses). Attainment grows with replicas, so a galloping search
+    (1, 2, 4, ... until one meets the target, then bisection below it): small fleets simulate much faster than the
+    upper bound, so this is cheaper than bisecting [1, upper]."""
+    if upper < 1:
+        raise ValueError(f"the upper bound must be >= 1 replica, got {upper}")
+    if not 0 < target <= 1:
+        raise ValueError(f"the target must be within (0, 1], got {target:g}")
+    lo, hi = 1, 1
+    while True:
+        best = run(hi)
+        if attainment(best, ttft_slo_s) >= target or hi >= upper:
+            break
+        lo, hi = hi + 1, min(2 * hi, upper)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        res = run(mid)
+        if attainment(res, ttft_slo_s) >= target:
+            hi, best = mid, res
+        else:
+            lo = mid + 1
+    return hi, best
+
+
 def replay_schedule(workload: Workload, pool: PoolSpec, schedule: tuple[int, ...], ttft_slo_s: float,
                     window_s: float, router: Callable[[], SimRouter], instant: bool = False) -> SimResult:
     """Replay `workload` with `pool` held at schedule[i] replicas (ready or starting) in window i.

@@ -1,8 +1,10 @@
-"""The planner's fleet for a recorded workload (llmfleet.sim.planning, `llmfleet sim plan`)."""
+"""The fleet a recorded workload needs: the planner's (llmfleet.sim.planning, `llmfleet sim plan`) and the fewest
+static replicas by simulation (llmfleet.sim.oracle.fewest_static, `--simulate`, `sim hindsight`'s start)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -12,8 +14,10 @@ from llmfleet.cli.main import app
 from llmfleet.plan.capacity import TrafficShape, replicas_needed
 from llmfleet.plan.hardware import get_gpu
 from llmfleet.plan.models import get_model
+from llmfleet.sim.oracle import attainment, fewest_static
 from llmfleet.sim.planning import minute_rates, plan_with_reuse, plan_workload
 from llmfleet.sim.report import finite_cache_hit_bound
+from llmfleet.sim.types import SimResult
 from llmfleet.sim.workload import Request, Workload
 
 M, G = get_model("llama-3.1-8b"), get_gpu("H200")
@@ -93,3 +97,49 @@ def test_reuse_plans_the_smallest_fleet_consistent_with_its_own_cache() -> None:
     plain = _w([(60.0 + t / 40, 4096) for t in range(2400)] + [(200.0, 4096)])
     assert plan_with_reuse(plain, M, G, ttft_slo_s=1.0, tpot_slo_s=0.1).plan.replicas == \
         plan_workload(plain, M, G, ttft_slo_s=1.0, tpot_slo_s=0.1).plan.replicas
+
+
+def _fake_run(needed: int, calls: list[int]) -> Callable[[int], SimResult]:
+    """A fleet of n replicas serves n of `needed` requests' worth within the SLO (attainment n / needed, capped)."""
+
+    def run(n: int) -> SimResult:
+        calls.append(n)
+        ok = min(n, needed)
+        records = [{"ttft": 0.1 if i < ok * 100 else 5.0, "rejected": None} for i in range(needed * 100)]
+        return SimResult("w", "r", records, [], [], {}, {})
+
+    return run
+
+
+@pytest.mark.parametrize("needed", [1, 2, 3, 5, 8, 13, 40])
+def test_fewest_static_finds_the_smallest_fleet_meeting_the_target(needed: int) -> None:
+    calls: list[int] = []
+    n, res = fewest_static(_fake_run(needed, calls), 1.0, target=1.0, upper=64)
+    assert n == needed and attainment(res, 1.0) == 1.0
+    assert len(calls) <= 2 * needed.bit_length() + 1  # galloping, then bisection: logarithmic
+    assert all(c <= 2 * needed for c in calls)  # never replays a fleet much larger than needed
+
+
+def test_fewest_static_stops_at_its_upper_bound_and_refuses_bad_input() -> None:
+    n, res = fewest_static(_fake_run(100, []), 1.0, target=1.0, upper=10)
+    assert n == 10 and attainment(res, 1.0) == pytest.approx(0.1)
+    with pytest.raises(ValueError, match="upper"):
+        fewest_static(_fake_run(1, []), 1.0, upper=0)
+    with pytest.raises(ValueError, match="target"):
+        fewest_static(_fake_run(1, []), 1.0, target=1.5)
+
+
+def test_cli_sizes_the_fleet_by_simulation(tmp_path: Path) -> None:
+    trace = Path(__file__).parent / "sim_data" / "mooncake_head300.jsonl"
+    out = tmp_path / "plan.json"
+    r = CliRunner().invoke(app, ["sim", "plan", "--trace", str(trace), "--max-requests", "80", "--model", "llama-3.1-8b",
+                                 "--ttft-ms", "20000", "--simulate", "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    sim = json.loads(out.read_text())["simulated"]
+    assert sim["replicas"] >= 1 and sim["attainment"] >= 0.99 and f"simulated: {sim['replicas']} static" in r.output
+    h = tmp_path / "h.json"
+    r = CliRunner().invoke(app, ["sim", "hindsight", "--trace", str(trace), "--max-requests", "80", "--model",
+                                 "llama-3.1-8b", "--ttft-slo-ms", "20000", "--window-s", "30", "--out", str(h)])
+    assert r.exit_code == 0, r.output
+    assert f"start: {sim['replicas']} static replicas" in r.output  # the same search, the same pool
+    assert json.loads(h.read_text())["startReplicas"] == sim["replicas"]
