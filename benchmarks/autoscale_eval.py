@@ -57,15 +57,13 @@ from autoscale_setup import (
     ttft_attainment,
     workloads,
 )
+from results_paths import IMG, RESULTS, plot_dir
 
 from llmfleet.sim.oracle import Order, fewest_static, hindsight_schedule
 from llmfleet.sim.production import pool_specs
 from llmfleet.sim.routers import LlmfleetRouter
 from llmfleet.sim.types import SimResult
 from llmfleet.sim.workload import Workload, WorkloadError, rate_scale
-
-RESULTS = ROOT / "benchmarks" / "results"  # the recorded results the docs show; their plots are in IMG
-IMG = ROOT / "docs" / "img"
 
 
 def static_at_peak(w: Workload, slo_s: float) -> tuple[int, SimResult]:
@@ -130,13 +128,6 @@ def plot(name: str, slo_s: float, runs: dict[str, SimResult], out: Path) -> None
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=90)
     plt.close(fig)
-
-
-def plot_dir(out: Path) -> Path:
-    """Where a run writes its plots: docs/img for a results file in benchmarks/results (the recorded results the
-    docs show), else the results file's own folder, so a run on one's own traces with `--out elsewhere.json` leaves
-    the documented plots alone."""
-    return IMG if out.resolve().parent == RESULTS.resolve() else out.resolve().parent
 
 
 def evaluate(name: str, w: Workload, policies: tuple[str, ...] = ("slo", "queue"),

@@ -35,7 +35,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from autoscale_setup import GPU, PRIMARY_MODEL, ROOT, TRACES, run_static, service, trace_names
+from autoscale_setup import GPU, PRIMARY_MODEL, TRACES, run_static, service, trace_names
+from results_paths import RESULTS
 
 from llmfleet.autoscaler.capacity import prefill_seconds, service_seconds, wait_p95_seconds
 from llmfleet.autoscaler.seeds import seeds_for_service
@@ -44,7 +45,7 @@ from llmfleet.plan.hardware import get_gpu
 from llmfleet.plan.models import get_model
 from llmfleet.sim.workload import Request, Workload, WorkloadError, load_trace
 
-RESULTS = ROOT / "benchmarks" / "results" / "capacity_fidelity.json"
+RESULT = RESULTS / "capacity_fidelity.json"
 LOADS = (0.5, 0.7, 0.85)  # fractions of the simulated capacity the TTFT p95 is compared at
 OVERLOAD = 2.0  # arrival rate, in model capacities, of the saturated-throughput run
 PLANNER_SAMPLE = 2000  # prompts the planner's per-prompt figure is taken over (a request log's worth)
@@ -129,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trace", type=Path, action="append", help="trace file (default: every trace in "
                     "../shared/data/traces/); repeatable")
     ap.add_argument("--requests", type=int, default=6000, help="requests per simulated run (default 6000)")
-    ap.add_argument("--out", type=Path, default=RESULTS, help="results JSON (default benchmarks/results/...)")
+    ap.add_argument("--out", type=Path, default=RESULT, help="results JSON (default benchmarks/results/...)")
     args = ap.parse_args(argv)
     if args.requests < 30:
         print(f"--requests {args.requests}: at least 30", file=sys.stderr)

@@ -28,6 +28,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from results_paths import RESULTS, plot_dir
 from rich.console import Console
 from rich.table import Table
 
@@ -168,13 +169,12 @@ def main() -> int:
                     help="fleet sizes each --trace is replayed on (default 8)")
     ap.add_argument("--only-traces", action="store_true",
                     help="only the --trace scenarios, not the standard ones (e.g. with a separate --out)")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/routing_eval.json"))
+    ap.add_argument("--out", default=str(RESULTS / "routing_eval.json"))
     ap.add_argument("--img", help="folder for the plots (default: docs/img for an --out in benchmarks/results, else "
                                   "the --out file's folder, so a run on your own traces leaves the documented plots alone)")
     args = ap.parse_args()
     if args.img is None:
-        out_dir = Path(args.out).resolve().parent
-        args.img = str(ROOT / "docs/img" if out_dir == (ROOT / "benchmarks/results").resolve() else out_dir)
+        args.img = str(plot_dir(Path(args.out)))
     if any(n <= 0 for n in args.trace_replicas):
         ap.error("--trace-replicas: fleet sizes must be >= 1")
     if args.only_traces and not args.trace:
