@@ -296,6 +296,14 @@ def compare_hindsight(doc: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
+def merge_results(prior: list[dict[str, Any]], fresh: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The recorded workload results with `fresh` ones in place of those of the same workloads, in the recorded
+    order (so a rerun of one workload leaves the file's and the rendered tables' order alone), new ones last."""
+    by_name = {r["workload"]: r for r in fresh}
+    kept = [by_name.pop(r["workload"], r) for r in prior]
+    return kept + [r for r in fresh if r["workload"] in by_name]
+
+
 def merge_section(out: Path, section: str, found: list[dict[str, Any]], key: Callable[[dict[str, Any]], Any]) -> None:
     """Merge `found` under `section` of the results file, each result stamped with this command and date;
     earlier results with other keys (workload, window) are kept. Reads the file again first: other runs may
@@ -522,9 +530,7 @@ def main() -> None:
         doc |= {k: prior[k] for k in ("validation", "queueSweep", "hindsight", "fixedFleets") if k in prior}
         if args.workload:  # a run of some workloads: the others' results stay, each stamped with its command
             stamp = {"command": doc["command"], "date": doc["date"], "wallSeconds": doc["wallSeconds"]}
-            fresh = {r["workload"] for r in results}
-            doc["results"] = [r for r in prior.get("results", []) if r["workload"] not in fresh] + [
-                r | stamp for r in results]
+            doc["results"] = merge_results(prior.get("results", []), [r | stamp for r in results])
             doc["command"] = "see each result's command"
     args.out.write_text(json.dumps(compare_hindsight(doc), indent=2) + "\n")
     print(f"wrote {args.out}")

@@ -114,3 +114,13 @@ def test_hindsight_comparisons_follow_the_current_slo_rows() -> None:
         assert a[label]["sloVsHindsight"] == 0.1 and a[label]["sloWithin15PctOfHindsight"] is True
         assert a[label]["gpuSeconds"] == 1000.0
     assert gone == entry("gone", 1300.0)
+
+
+def test_a_rerun_keeps_the_recorded_order() -> None:
+    import autoscale_eval
+
+    prior = [{"workload": w, "v": 0} for w in ("mooncake", "azure", "steady-0.3", "bursty-10x")]
+    fresh = [{"workload": "azure", "v": 1}, {"workload": "new", "v": 1}, {"workload": "mooncake", "v": 1}]
+    merged = autoscale_eval.merge_results(prior, fresh)
+    assert [r["workload"] for r in merged] == ["mooncake", "azure", "steady-0.3", "bursty-10x", "new"]
+    assert [r["v"] for r in merged] == [1, 1, 0, 0, 1]
