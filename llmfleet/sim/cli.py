@@ -321,10 +321,12 @@ def register(app: typer.Typer) -> None:
                 raise ValueError(f"--target must be in (0, 1], got {target:g}")
             m, g = get_model(model), get_gpu(gpu)
             w = _workload(trace, fmt, duration, rate, tenants, seed, max_requests, time_scale)
-            kw = dict(ttft_slo_s=ttft_ms / 1e3, tpot_slo_s=tpot_ms / 1e3, first_minute=first_minute,
-                      kv_dtype=kv_dtype, tensor_parallel=tp)
-            found = (plan_with_reuse(w, m, g, **kw) if reuse  # type: ignore[arg-type]
-                     else plan_workload(w, m, g, hit_rate=hit_rate, **kw))  # type: ignore[arg-type]
+            if reuse:
+                found = plan_with_reuse(w, m, g, ttft_slo_s=ttft_ms / 1e3, tpot_slo_s=tpot_ms / 1e3,
+                                        first_minute=first_minute, kv_dtype=kv_dtype, tensor_parallel=tp)
+            else:
+                found = plan_workload(w, m, g, ttft_slo_s=ttft_ms / 1e3, tpot_slo_s=tpot_ms / 1e3, hit_rate=hit_rate,
+                                      first_minute=first_minute, kv_dtype=kv_dtype, tensor_parallel=tp)
             simulated = None
             if simulate_fleet:
                 pool = PoolSpec(model=model, gpu=gpu, kv_dtype=kv_dtype, tensor_parallel=tp, max_model_len=max_model_len)

@@ -9,7 +9,7 @@ the mean). It lives in the simulator's floor because the trace loaders do; the f
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from llmfleet.api.trainingjob import ModelShape
 from llmfleet.plan.capacity import ReplicaPlan, TrafficShape, replicas_needed
@@ -84,16 +84,18 @@ def plan_with_reuse(w: Workload, model: ModelShape, gpu: GPUProfile, *, ttft_slo
     n replicas or fewer. More replicas cache more, and more hits need fewer replicas, so the plan is the smallest
     fleet that is consistent with its own cache. An upper bound on the hits (the KV cache also holds the running
     requests, and no router is perfect), so a lower bound on the replicas a real fleet needs."""
+    def at(hit_rate: float) -> TracePlan:
+        return plan_workload(w, model, gpu, ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s, hit_rate=hit_rate,
+                             first_minute=first_minute, kv_dtype=kv_dtype, tensor_parallel=tensor_parallel,
+                             max_num_seqs=max_num_seqs)
+
     blocks = kv_capacity(model, gpu, kv_dtype=kv_dtype, tensor_parallel=tensor_parallel,
                          block_size=w.block_size).blocks
     t0 = min((r.arrival for r in w.requests), default=0.0)
     seen = Workload(w.name, [r for r in w.requests if r.arrival - t0 < MINUTE_S], w.block_size) if first_minute else w
-    kw = dict(ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s, first_minute=first_minute, kv_dtype=kv_dtype,
-              tensor_parallel=tensor_parallel, max_num_seqs=max_num_seqs)
-    cold = plan_workload(w, model, gpu, **kw)  # type: ignore[arg-type]
+    cold = at(0.0)
     for n in range(1, cold.plan.replicas + 1):
-        hits = finite_cache_hit_bound(seen, n * blocks, "lru")
-        found = plan_workload(w, model, gpu, hit_rate=hits, **kw)  # type: ignore[arg-type]
+        found = at(finite_cache_hit_bound(seen, n * blocks, "lru"))
         if found.plan.replicas <= n:
-            return TracePlan(**{**found.__dict__, "cache_blocks": n * blocks})
+            return replace(found, cache_blocks=n * blocks)
     return cold
