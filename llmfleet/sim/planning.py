@@ -29,7 +29,7 @@ class TracePlan:
     requests: int  # the requests planned for (the first minute's with `first_minute`)
     minutes: int  # whole minutes of the workload (a last, partial minute is not a rate)
     rate_rps: float  # the planned rate: the busiest whole minute's (or the first minute's)
-    mean_rate_rps: float  # the whole workload's, for comparison
+    mean_rate_rps: float  # the whole workload's over its span (at least a second), for comparison
     shape: TrafficShape
     plan: ReplicaPlan
     cache_blocks: int | None = None  # with the workload's own reuse (plan_with_reuse): the pooled cache's blocks
@@ -65,14 +65,13 @@ def plan_workload(w: Workload, model: ModelShape, gpu: GPUProfile, *, ttft_slo_s
     t0 = min(r.arrival for r in w.requests)
     sample: list[Request] = [r for r in w.requests if r.arrival - t0 < MINUTE_S] if first_minute else w.requests
     rate = rates[0] if first_minute else max(rates)
-    span = max(w.duration, MINUTE_S)
     shape = TrafficShape(input_tokens=int(sum(r.prompt_len for r in sample) / len(sample)),
                          output_tokens=max(1, int(sum(r.output_len for r in sample) / len(sample))), rate_rps=rate,
                          prefix_hit_rate=hit_rate, ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s)
     plan = replicas_needed(model, gpu, shape, kv_dtype=kv_dtype, tensor_parallel=tensor_parallel,
                            max_num_seqs=max_num_seqs, prompts=[r.prompt_len for r in sample])
     return TracePlan(workload=w.name, requests=len(sample), minutes=len(rates), rate_rps=rate,
-                     mean_rate_rps=len(w.requests) / span, shape=shape, plan=plan)
+                     mean_rate_rps=len(w.requests) / max(w.duration, 1.0), shape=shape, plan=plan)
 
 
 def plan_with_reuse(w: Workload, model: ModelShape, gpu: GPUProfile, *, ttft_slo_s: float, tpot_slo_s: float,

@@ -32,6 +32,8 @@ def test_minute_rates_count_whole_minutes_only() -> None:
     assert minute_rates(w) == [2 / 60, 3 / 60]  # minute 2 holds one request of a partial minute: not a rate
     assert minute_rates(_w([(0.0, 100), (10.0, 100)])) == [2 / 10]  # shorter than a minute: over its span
     assert minute_rates(_w([(5.0, 100)])) == [1.0]  # one request: one second
+    short = plan_workload(_w([(0.0, 100), (10.0, 100)]), M, G, ttft_slo_s=1.0, tpot_slo_s=0.1)
+    assert short.rate_rps == short.mean_rate_rps == pytest.approx(0.2)  # one span, one rate
 
 
 def test_the_busiest_minute_and_each_prompt_are_planned_for() -> None:
