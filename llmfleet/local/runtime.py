@@ -117,6 +117,7 @@ class Supervisor:
         self.router_restarts = 0
         self.autoscaler_restarts = 0  # kept by the foreground loop, which runs the autoscaler as a task
         self.router_ready = False
+        self.router_routable: dict[str, int] = {}  # each pool's routable replicas, as the router's /health says
         # Prometheus when its binary is installed (None = auto); the dashboard and autoscaler scrape directly.
         self.prometheus_bin = shutil.which("prometheus") if prometheus in (None, True) else None
         self.prometheus: subprocess.Popen[bytes] | None = None
@@ -167,10 +168,12 @@ class Supervisor:
         tmp.replace(self.run_dir / STATE_FILE)
 
     def is_ready(self) -> bool:
-        """Router answering /health and every pool that wants replicas has at least one ready."""
+        """Router answering /health and every pool that wants replicas has at least one ready, in the router's
+        view too (else the first request to a pool the router has not seen yet falls back to a student)."""
         if self.router is None or self.router.poll() is not None or not self.router_ready:
             return False
-        return all(any(r.ready for r in self.slots[p]) for p, n in self.desired.items() if n > 0)
+        return all(any(r.ready for r in self.slots[p]) and self.router_routable.get(p, 0) > 0
+                   for p, n in self.desired.items() if n > 0)
 
     # -- processes --------------------------------------------------------------------------------------
     def _spawn(self, cmd: list[str], log_path: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
@@ -370,9 +373,12 @@ class Supervisor:
                     r.ready = False
             async def check_router() -> None:
                 try:  # 200 once it listens and can take requests (a pool routable, or scaling from zero)
-                    self.router_ready = (await client.get(self.url + "/health")).status_code == 200
-                except httpx.HTTPError:
-                    self.router_ready = False
+                    resp = await client.get(self.url + "/health")
+                    self.router_ready = resp.status_code == 200
+                    routable = resp.json().get("routable", {})
+                    self.router_routable = {str(k): int(v) for k, v in routable.items()}
+                except (httpx.HTTPError, ValueError, AttributeError, TypeError):
+                    self.router_ready, self.router_routable = False, {}
             await asyncio.gather(check_router(), *(check(r) for r in self.replicas()))
 
     async def stop(self, grace_s: float | None = None) -> None:

@@ -49,13 +49,16 @@ class SmallEndpoints:
         return web.Response(body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _health(self, request: web.Request) -> web.Response:
-        if any(p.replicas.routable() for p in self.pools.values()):
-            return web.json_response({"status": "ok"})
+        # `routable` is each pool's count as the router sees it: a supervisor waits for the pools it wants,
+        # since the router's health checks lag the replicas' own readiness by up to a scrape interval.
+        routable = {name: len(p.replicas.routable()) for name, p in self.pools.items()}
+        if any(routable.values()):
+            return web.json_response({"status": "ok", "routable": routable})
         # A pool at zero replicas that scales from zero is not an outage: the router must stay ready (in its
         # Service) to take the requests that wake the autoscaler, and holds them.
         if any(p.replicas.pool.scales_from_zero for p in self.pools.values()):
-            return web.json_response({"status": "scaling from zero"})
-        return web.json_response({"status": "no routable replica"}, status=503)
+            return web.json_response({"status": "scaling from zero", "routable": routable})
+        return web.json_response({"status": "no routable replica", "routable": routable}, status=503)
 
     async def _debug_replicas(self, request: web.Request) -> web.Response:
         out = []

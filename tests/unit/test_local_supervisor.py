@@ -208,3 +208,43 @@ def test_llmfleet_up_router_config_carries_outlier_ejection(tmp_path: Path) -> N
     sup = Supervisor(isvc(router={"outliers": {"consecutiveFailures": 7, "enabled": False}}), tmp_path, prometheus=False)
     cfg = RouterConfig.from_yaml(sup.write_router_config().read_text())
     assert cfg.outliers.consecutive_failures == 7 and cfg.outliers.enabled is False
+
+
+@pytest.mark.timeout(60)
+async def test_ready_waits_for_the_router_to_see_each_wanted_pool(tmp_path: Path) -> None:
+    """A replica's own /health passing is not enough: until the router has health-checked it, a request for its
+    pool would fall back to a student (or fail), so `up -d` must not say ready yet."""
+    from aiohttp import web
+
+    sup = FakeSupervisor(isvc(), tmp_path, prometheus=False)
+    seen: dict[str, int] = {"primary": 0, "student": 0}
+
+    async def router_health(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok" if any(seen.values()) else "no routable replica", "routable": seen},
+                                 status=200 if any(seen.values()) else 503)
+
+    async def replica_health(request: web.Request) -> web.Response:
+        return web.json_response({})
+
+    runners = []
+    for port, handler in ((sup.router_port, router_health), (sup.slots["primary"][0].port, replica_health)):
+        app = web.Application()
+        app.router.add_get("/health", handler)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        runners.append(runner)
+    sup.start()
+    try:
+        await sup.refresh_ready()
+        assert sup.slots["primary"][0].ready and not sup.router_ready and not sup.is_ready()
+        seen["student"] = 1  # the router answers, but has not seen the primary replica yet
+        await sup.refresh_ready()
+        assert sup.router_ready and sup.router_routable == {"primary": 0, "student": 1} and not sup.is_ready()
+        seen["primary"] = 1
+        await sup.refresh_ready()
+        assert sup.is_ready()  # the student pool wants no replicas, so only the primary is waited for
+    finally:
+        await sup.stop(grace_s=5)
+        for runner in runners:
+            await runner.cleanup()

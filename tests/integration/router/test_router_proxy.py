@@ -138,8 +138,12 @@ async def test_drain_and_health(fakes, routers, http) -> None:
     a = await fakes(name="a")
     b = await fakes(name="b")
     r = await routers(config({"primary": ("m", [a.url, b.url])}, scorers={"running-requests": 1.0}))
+    async with http.get(r.url + "/health") as resp:
+        assert resp.status == 200 and (await resp.json())["routable"] == {"primary": 2}
     async with http.post(r.url + "/admin/drain", json={"replica": a.url}) as resp:
         assert resp.status == 200
+    async with http.get(r.url + "/health") as resp:
+        assert (await resp.json())["routable"] == {"primary": 1}  # a draining replica takes no new requests
     for _ in range(6):
         async with http.post(r.url + "/v1/chat/completions", json=CHAT) as resp:
             assert resp.headers["x-llmfleet-replica"] == b.url
@@ -153,7 +157,7 @@ async def test_drain_and_health(fakes, routers, http) -> None:
     a.healthy = False
     await wait_for(lambda: not r.router.pools["primary"].replicas.routable())
     async with http.get(r.url + "/health") as resp:
-        assert resp.status == 503
+        assert resp.status == 503 and (await resp.json())["routable"] == {"primary": 0}
 
 
 async def test_client_disconnect_cancels_upstream(fakes, routers, http) -> None:

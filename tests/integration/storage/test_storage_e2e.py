@@ -123,7 +123,8 @@ def test_up_serves_models_from_s3_and_a_local_path(server: S3Server, tmp_path: P
             raw = client.chat.completions.with_raw_response.create(
                 model=model, max_tokens=4, extra_body={"ignore_eos": True},
                 messages=[{"role": "user", "content": "hello"}])
-            assert raw.headers["x-llmfleet-pool"] == pool and raw.parse().choices[0].message.content is not None
+            assert raw.headers["x-llmfleet-pool"] == pool, dict(raw.headers)  # a fallback names its reason
+            assert raw.parse().choices[0].message.content is not None
         router = yaml.safe_load((run_dir / "router.yaml").read_text())
         folders = {p["name"]: Path(p["tokenizerPath"]) for p in router["pools"]}
         assert folders["primary"].is_relative_to(tmp_path / "cache" / "fetched")
