@@ -443,6 +443,11 @@ def main() -> None:
         trace_names(args.trace or [])  # distinct names, else one results row and plot for two traces
     except WorkloadError as e:
         ap.error(str(e))
+    reads = [f for f, on in (("--render", args.render), ("--hindsight", args.hindsight), ("--fleets", args.fleets),
+                             ("--queue-sweep", args.queue_sweep), ("--slo-only", args.slo_only)) if on]
+    if reads and not args.out.is_file():
+        ap.error(f"{reads[0]} reads the recorded results in --out, and {args.out} does not exist: "
+                 "run the benchmark without it first")
     if args.render:
         print(render(json.loads(args.out.read_text())))
         return

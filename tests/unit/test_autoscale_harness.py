@@ -42,6 +42,18 @@ def test_the_benchmark_rejects_an_empty_trace_window_in_one_line() -> None:
     assert run.stderr.strip().splitlines()[-1] == "autoscale_eval.py: error: --trace-seconds -5: it must be > 0"
 
 
+@pytest.mark.parametrize("mode", [["--slo-only"], ["--render"], ["--hindsight", "60"], ["--fleets", "2+0"],
+                                  ["--queue-sweep", "1"]])
+def test_a_mode_that_reads_recorded_results_names_a_missing_out_file(tmp_path: Path, mode: list[str]) -> None:
+    missing = tmp_path / "none.json"
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "autoscale_eval.py"), *mode, "--out", str(missing)],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert run.stderr.strip().splitlines()[-1] == (
+        f"autoscale_eval.py: error: {mode[0]} reads the recorded results in --out, and {missing} does not exist: "
+        "run the benchmark without it first")
+
+
 def test_a_trace_of_its_own_never_takes_a_shared_traces_name(tmp_path: Path) -> None:
     """The shared traces keep their recorded short names; another file named like one (the Mooncake release's
     `mooncake_conversation_trace.jsonl`) is its own workload, so its run cannot replace the recorded `mooncake` row
