@@ -13,10 +13,11 @@ import csv
 import gc
 import json
 import math
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -205,12 +206,15 @@ def load_mooncake(path: str | Path, block_size: int = MOONCAKE_BLOCK) -> Workloa
     return Workload(p.stem, _in_arrival_order(reqs), block_size)
 
 
+_FRACTION = re.compile(r"\.(\d+)")
+
+
 def _parse_ts(s: str) -> float:
-    s = s.strip()
-    if "." in s:  # Azure writes 7 fractional digits; datetime takes 6
-        head, frac = s.split(".", 1)
-        s = f"{head}.{frac[:6]}"
-    return datetime.fromisoformat(s).timestamp()
+    """Seconds of an Azure TIMESTAMP: 2023's `2023-11-16 18:17:03.9799600` or 2024's
+    `2024-05-10 00:00:00.009930+00:00`. A time without a zone is UTC, so no machine's DST puts a gap in a trace."""
+    # 7 fractional digits in 2023's release; datetime takes at most 6
+    t = datetime.fromisoformat(_FRACTION.sub(lambda m: "." + m.group(1)[:6], s.strip(), count=1))
+    return (t if t.tzinfo is not None else t.replace(tzinfo=UTC)).timestamp()
 
 
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")

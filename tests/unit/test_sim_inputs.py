@@ -102,6 +102,37 @@ def test_azure_loader_refuses_zero_lengths(tmp_path: Path) -> None:
         load_azure(p)
 
 
+def test_azure_loader_reads_both_releases_timestamps_as_utc(tmp_path: Path) -> None:
+    """2023: 7 fractional digits, no zone; 2024 (the week-long release): 6 digits and `+00:00`. Zoneless times are
+    UTC on any machine: read as local time, a DST change inside a trace would open (or fold) an hour."""
+    p = tmp_path / "a.csv"
+    p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9799600,5,10\n"
+                 "2023-11-16 18:17:05.0000000,6,10\n")
+    assert [r.arrival for r in load_azure(p).requests] == pytest.approx([0.0, 1.02004])
+    p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2024-05-10 00:00:00.009930+00:00,5,10\n"
+                 "2024-05-10 02:00:01.5+02:00,6,10\n2024-05-10 00:00:02+00:00,7,1\n")
+    w = load_azure(p)
+    assert [(r.arrival, r.prompt_len) for r in w.requests] == [(pytest.approx(0.0), 5), (pytest.approx(1.49007), 6),
+                                                               (pytest.approx(1.99007), 7)]
+    import os
+    import time
+    old = os.environ.get("TZ")
+    os.environ["TZ"] = "America/New_York"  # there 02:00-03:00 of 2024-03-10 does not exist: read as local time,
+    time.tzset()  # the hour between these two rows would vanish
+    try:
+        p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2024-03-10 01:59:59.0,5,10\n2024-03-10 03:00:01.0,6,10\n")
+        assert [r.arrival for r in load_azure(p).requests] == pytest.approx([0.0, 3602.0])
+    finally:
+        if old is None:
+            os.environ.pop("TZ", None)
+        else:
+            os.environ["TZ"] = old
+        time.tzset()
+    p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,5,10\n")
+    with pytest.raises(WorkloadError, match=r"a.csv:2: bad row"):
+        load_azure(p)
+
+
 def test_rate_scaled_variant_is_a_new_workload_with_the_same_requests_denser_or_sparser() -> None:
     w = load_mooncake(HEAD300)
     before = [(r.arrival, r.prompt_len, r.output_len, r.keys) for r in w.requests]
