@@ -38,7 +38,7 @@ async def test_proxied_and_other_routes_share_one_kept_alive_pipelined_connectio
         answers = [await read_response(reader) for _ in range(6)]
         assert [s for s, _, _ in answers] == [200, 200, 200, 200, 404, 200]
         assert json.loads(answers[0][2])["object"] == "text_completion" and answers[0][1]["x-llmfleet-pool"] == "primary"
-        assert json.loads(answers[1][2]) == {"status": "ok"}
+        assert json.loads(answers[1][2]) == {"status": "ok", "routable": {"primary": 1}}
         assert json.loads(answers[2][2])["object"] == "chat.completion"
         assert json.loads(answers[3][2])["data"][0]["id"] == "m"
         assert json.loads(answers[4][2])["error"]["code"] == "model_not_found"
