@@ -31,6 +31,7 @@ import random
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -62,17 +63,30 @@ def poisson(pairs: Sequence[tuple[int, int]], rate: float, requests: int, seed: 
     return Workload("poisson", out, 64)
 
 
-def saturated_rps(pairs: Sequence[tuple[int, int]], model_rps: float, requests: int) -> float:
+@dataclass(frozen=True)
+class Saturated:
+    """One replica with a backlog all along (`saturated_rps`)."""
+
+    rps: float  # completions per second between the first and the third quartile of the finish times
+    preemptions_per_1000: float  # running requests evicted (KV cache full) per 1,000 requests, to be recomputed
+    prefill_per_prompt_token: float  # prefill tokens computed per prompt token: 1 + the recomputed share
+
+
+def saturated_rps(pairs: Sequence[tuple[int, int]], model_rps: float, requests: int) -> Saturated:
     """Completions per second of one replica with a backlog all along: arrivals at OVERLOAD x `model_rps`, and the
     rate of completions between the first and the third quartile of the finish times. The replica fills its batch
     before the first quartile, and at twice its capacity about half the requests are still queued when the last
-    arrives, so it is backlogged until well after the third."""
+    arrives, so it is backlogged until well after the third. Also what the run recomputed: the preemptions and the
+    prefill tokens computed per prompt token (no prefix hits here, so 1.0 when nothing was preempted)."""
     res = run_static(poisson(pairs, OVERLOAD * model_rps, requests), 1, 1.0)
     finish = sorted(r["arrival"] + r["e2e"] for r in res.records if r["e2e"] is not None)
     lo, hi = len(finish) // 4, (3 * len(finish)) // 4
     if hi <= lo or finish[hi] <= finish[lo]:
         raise ValueError(f"{len(finish)} of {requests} requests finished: too few to measure a rate")
-    return float((hi - lo) / (finish[hi] - finish[lo]))
+    prompt = sum(r["promptTokens"] for r in res.replicas)
+    computed = sum(r["computedPromptTokens"] for r in res.replicas)
+    return Saturated(float((hi - lo) / (finish[hi] - finish[lo])), 1000 * int(res.summary["preemptions"]) / requests,
+                     computed / prompt if prompt else 1.0)
 
 
 def at_load(pairs: Sequence[tuple[int, int]], rate: float, requests: int) -> tuple[float, int]:
@@ -95,7 +109,8 @@ def evaluate(name: str, pairs: Sequence[tuple[int, int]], requests: int) -> dict
     sample = [p for p, _ in random.Random(0).sample(list(pairs), min(PLANNER_SAMPLE, len(pairs)))]
     shape = TrafficShape(input_tokens=round(mean_in), output_tokens=round(mean_out))
     per_prompt = replica_capacity(get_model(PRIMARY_MODEL), get_gpu(GPU), shape, prompts=sample).requests_per_s
-    sim_rps = saturated_rps(pairs, model_rps, requests)
+    sat = saturated_rps(pairs, model_rps, requests)
+    sim_rps = sat.rps
     loads = []
     for frac in LOADS:
         rate = frac * sim_rps
@@ -108,20 +123,24 @@ def evaluate(name: str, pairs: Sequence[tuple[int, int]], requests: int) -> dict
             "modelPrefillS": round(prefill, 4), "modelDecodeS": round(decode, 4),
             "modelRps": round(model_rps, 3), "plannerPerPromptRps": round(per_prompt, 3),
             "simulatedRps": round(sim_rps, 3), "modelOverSimulated": round(model_rps / sim_rps, 3),
-            "perPromptOverSimulated": round(per_prompt / sim_rps, 3), "loads": loads}
+            "perPromptOverSimulated": round(per_prompt / sim_rps, 3),
+            "saturatedPreemptionsPer1000Requests": round(sat.preemptions_per_1000, 1),
+            "saturatedPrefillTokensPerPromptToken": round(sat.prefill_per_prompt_token, 3), "loads": loads}
 
 
 def table(results: list[dict[str, Any]]) -> str:
     head = ("| workload | mean in / out | simulated req/s | model (mean request) | planner, per prompt | "
-            + " | ".join(f"TTFT p95 at {f:.0%}: sim / model" for f in LOADS) + f" | preemptions per 1,000 at {LOADS[-1]:.0%} |")
-    lines = [head, "|" + "---|" * (6 + len(LOADS))]
+            + " | ".join(f"TTFT p95 at {f:.0%}: sim / model" for f in LOADS) + f" | preemptions per 1,000 at {LOADS[-1]:.0%} | "
+            "saturated: preemptions per 1,000, prefill tokens per prompt token |")
+    lines = [head, "|" + "---|" * (7 + len(LOADS))]
     for r in results:
         ttft = " | ".join(f"{x['simTtftP95S']:.2f} / " + (f"{x['modelTtftP95S']:.2f} s" if x["modelTtftP95S"] is not None
                                                            else "overloaded") for x in r["loads"])
         lines.append(f"| {r['workload']} | {r['meanInput']:,} / {r['meanOutput']:,} | {r['simulatedRps']:.2f} | "
                      f"{r['modelRps']:.2f} ({r['modelOverSimulated']:.2f}x) | "
                      f"{r['plannerPerPromptRps']:.2f} ({r['perPromptOverSimulated']:.2f}x) | {ttft} | "
-                     f"{r['loads'][-1]['preemptionsPer1000Requests']:g} |")
+                     f"{r['loads'][-1]['preemptionsPer1000Requests']:g} | "
+                     f"{r['saturatedPreemptionsPer1000Requests']:g}, {r['saturatedPrefillTokensPerPromptToken']:.2f} |")
     return "\n".join(lines)
 
 

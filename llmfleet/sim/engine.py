@@ -289,7 +289,10 @@ def _simulate(workload: Workload, cfg: SimConfig, router: SimRouter | str,
                 else "kv" if r.rid in rejected_ids else None} for r in reqs] if cfg.keep_records else []
     reps = [{"id": r.id, "pool": r.pool, "served": r.served, "busyS": round(r.busy_s, 3),
              "gpuS": round((r.stopped_at or end) - r.started_at, 3), "promptTokens": r.prompt_tokens,
-             "hitTokens": r.hit_tokens, "hostHitTokens": r.host_hit_tokens, "preemptions": r.preemptions, "steps": r.steps} for r in fleet.replicas]
+             "hitTokens": r.hit_tokens, "hostHitTokens": r.host_hit_tokens,
+             # prefill tokens the replica computed, a preempted request's recomputation included
+             "computedPromptTokens": r.computed_prompt, "preemptions": r.preemptions, "steps": r.steps}
+            for r in fleet.replicas]
     return SimResult(workload.name, rt.name, records, series, reps, summary, cfg_dict)
 
 

@@ -33,12 +33,23 @@ def test_poisson_draws_the_mix_without_prefix_contents() -> None:
 
 def test_the_saturated_throughput_is_the_rate_the_replica_sustains() -> None:
     """Below the measured rate the queue stays short; above it, it grows for the whole run."""
-    sat = capacity_fidelity.saturated_rps(PAIRS, model_rps=10.0, requests=1500)
+    measured = capacity_fidelity.saturated_rps(PAIRS, model_rps=10.0, requests=1500)
+    sat = measured.rps
     assert sat > 1.0
+    assert measured.preemptions_per_1000 >= 0 and measured.prefill_per_prompt_token >= 1.0
     calm, _ = capacity_fidelity.at_load(PAIRS, 0.6 * sat, 1500)
     over, _ = capacity_fidelity.at_load(PAIRS, 1.4 * sat, 1500)
     assert calm < 1.0
     assert over > 10 * calm
+
+
+def test_a_saturated_replica_counts_what_it_recomputes() -> None:
+    """Long prompts with long outputs outgrow the KV cache: the replica preempts running requests and computes
+    their prompts again (more prefill tokens than prompt tokens); short ones never do (exactly one per token)."""
+    long = capacity_fidelity.saturated_rps([(100_000, 3000), (20_000, 4000)], model_rps=0.5, requests=120)
+    assert long.preemptions_per_1000 > 100 and long.prefill_per_prompt_token > 1.1
+    short = capacity_fidelity.saturated_rps(PAIRS, model_rps=10.0, requests=600)
+    assert short.preemptions_per_1000 == 0 and short.prefill_per_prompt_token == 1.0
 
 
 def test_the_model_is_the_policys_seed_at_the_mix(tmp_path: Path) -> None:
@@ -50,6 +61,7 @@ def test_the_model_is_the_policys_seed_at_the_mix(tmp_path: Path) -> None:
     assert r["modelOverSimulated"] == pytest.approx(r["modelRps"] / r["simulatedRps"], rel=1e-2)
     assert [x["fraction"] for x in r["loads"]] == list(capacity_fidelity.LOADS)
     assert all(x["preemptionsPer1000Requests"] >= 0 for x in r["loads"])
+    assert r["saturatedPreemptionsPer1000Requests"] >= 0 and r["saturatedPrefillTokensPerPromptToken"] >= 1.0
     rates = [x["rateRps"] for x in r["loads"]]
     assert rates == sorted(rates) and rates[-1] < r["simulatedRps"]
     assert "| mix |" in capacity_fidelity.table([r])
