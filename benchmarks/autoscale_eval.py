@@ -13,6 +13,8 @@ multi-tenant workload with a 10x spike. Policies run through the production code
 - Attainment = requests with TTFT <= SLO / servable requests (those longer than the model's context are rejected
   by any engine and counted apart). GPU-seconds include every pool's replicas.
 - Each policy runs with ROUTER_SEEDS router seeds (the table shows seed 0, the JSON all of them).
+- Misses no fleet avoids (`unavoidableMisses`, also alone with --unavoidable): servable requests whose prefill
+  alone, on an idle replica with every prefix the trace sent before cached, takes longer than the SLO.
 Prints a table, writes benchmarks/results/autoscale_eval.json and docs/img/autoscale_eval_<workload>.png (with
 --out elsewhere, the plots go beside that file).
 Held-out variants: --time-scale K replays each workload at K x its rate (Workload.scaled), named <workload>-rate<K>x
@@ -55,6 +57,7 @@ from autoscale_setup import (
     summary_row,
     trace_names,
     ttft_attainment,
+    unavoidable_misses,
     workloads,
 )
 from results_paths import IMG, RESULTS, plot_dir
@@ -181,7 +184,7 @@ def evaluate(name: str, w: Workload, policies: tuple[str, ...] = ("slo", "queue"
                 "targets": {}, "timelines": {k: h.timeline for k, h in hooks.items()}, "runs": runs}
     return {"workload": name, "requests": len(w.requests), "durationS": w.duration, "ttftSloS": slo_s,
             "referenceP99TtftS": p99, "staticAtPeakReplicas": n_peak, "plannerPeakReplicas": n_plan,
-            "peakRps1m": round(peak_rps, 3), "initialReplicas": initial,
+            "peakRps1m": round(peak_rps, 3), "initialReplicas": initial, **unavoidable_misses(w, slo_s),
             "policies": rows, "targets": targets_of(rows),
             "plot": str(img.relative_to(ROOT)) if img.is_relative_to(ROOT) else str(img)}
 
@@ -210,7 +213,8 @@ def slo_only(name: str, w: Workload, recorded: dict[str, Any], seeds: int, img_d
     rows["slo"] = fresh["policies"]["slo"]
     keep = ("requests", "durationS", "referenceP99TtftS", "plannerPeakReplicas", "peakRps1m", "initialReplicas", "plot")
     return {"workload": name, "ttftSloS": recorded["ttftSloS"], "staticAtPeakReplicas": recorded["staticAtPeakReplicas"],
-            **{k: recorded[k] for k in keep if k in recorded}, "policies": rows, "targets": targets_of(rows)}
+            **{k: recorded[k] for k in keep if k in recorded}, **unavoidable_misses(w, recorded["ttftSloS"]),
+            "policies": rows, "targets": targets_of(rows)}
 
 
 def queue_sweep(name: str, w: Workload, recorded: dict[str, Any], targets: list[float]) -> dict[str, Any]:
@@ -361,6 +365,12 @@ def render(doc: dict[str, Any]) -> str:
             i = h["instant"]
             out.append(f"  without cold start: {i['gpuSeconds']:,.0f} GPU-s ({i['vsStaticAtPeak']:+.1%} vs "
                        f"static-at-peak), schedule {i['replicas']}")
+    for r in doc.get("results", []):
+        if r.get("unavoidableMisses"):
+            out += ["", f"Misses no fleet avoids ({r['workload']}): {r['unavoidableMisses']:,} of the "
+                        f"{r['servableRequests'] // 100:,} that 99 % of {r['servableRequests']:,} servable requests "
+                        f"allows (prefill alone, on an idle replica with every earlier prefix cached, over "
+                        f"{r['ttftSloS']:.2f} s)"]
     for f in doc.get("fixedFleets", {}).get("results", []):
         out += ["", f"Fixed fleets ({f['workload']}, primaries+warm students): " + "; ".join(
             f"{k}: {x['attainment']:.2%}, {x['gpuSeconds']:,.0f} GPU-s ({x['vsStaticAtPeak']:.2f}x), degraded "
@@ -431,6 +441,9 @@ def main() -> None:
     ap.add_argument("--slo-only", action="store_true",
                     help="run only `slo` and keep the recorded result's other rows (static fleets, queue), each marked "
                          "with the run it comes from: for changes to the slo policy alone (the plot shows slo only)")
+    ap.add_argument("--unavoidable", action="store_true",
+                    help="only count, for the recorded workloads in --out, the requests no fleet serves within the "
+                         "SLO (prefill alone on an idle replica, every earlier prefix cached) and record them")
     ap.add_argument("--render", action="store_true", help="print the markdown tables of --out and exit")
     ap.add_argument("--known", type=float, nargs=2, metavar=("SLO_S", "STATIC_REPLICAS"),
                     help="skip the SLO rule's 64-replica reference run and the static-at-peak search (and the "
@@ -444,7 +457,8 @@ def main() -> None:
     except WorkloadError as e:
         ap.error(str(e))
     reads = [f for f, on in (("--render", args.render), ("--hindsight", args.hindsight), ("--fleets", args.fleets),
-                             ("--queue-sweep", args.queue_sweep), ("--slo-only", args.slo_only)) if on]
+                             ("--queue-sweep", args.queue_sweep), ("--slo-only", args.slo_only),
+                             ("--unavoidable", args.unavoidable)) if on]
     if reads and not args.out.is_file():
         ap.error(f"{reads[0]} reads the recorded results in --out, and {args.out} does not exist: "
                  "run the benchmark without it first")
@@ -452,6 +466,17 @@ def main() -> None:
         print(render(json.loads(args.out.read_text())))
         return
     started = time.time()
+    if args.unavoidable:
+        doc = json.loads(args.out.read_text())
+        everything = [*doc["results"], *doc.get("validation", {}).get("results", [])]
+        ws = select(args, {r["workload"]: r for r in everything})
+        for r in everything:
+            if r["workload"] in ws:
+                r |= unavoidable_misses(ws[r["workload"]], r["ttftSloS"])
+                print(f"{r['workload']}: {r['unavoidableMisses']} of {r['servableRequests']} servable requests "
+                      f"cannot meet the {r['ttftSloS']:.2f} s SLO on any fleet")
+        args.out.write_text(json.dumps(doc, indent=2) + "\n")
+        return
     if args.hindsight:
         doc = json.loads(args.out.read_text())
         recorded = {r["workload"]: r for r in [*doc["results"], *doc.get("validation", {}).get("results", [])]

@@ -104,7 +104,9 @@ def test_a_run_with_its_own_results_file_keeps_its_plots_beside_it(tmp_path: Pat
     assert run.returncode == 0, run.stderr
     assert (out.parent / "autoscale_eval_plotcheck_trace.png").stat().st_size > 0
     assert not (ROOT / "docs" / "img" / "autoscale_eval_plotcheck_trace.png").exists()
-    assert json.loads(out.read_text())["results"][0]["plot"] == str(out.parent.resolve() / "autoscale_eval_plotcheck_trace.png")
+    result = json.loads(out.read_text())["results"][0]
+    assert result["plot"] == str(out.parent.resolve() / "autoscale_eval_plotcheck_trace.png")
+    assert (result["unavoidableMisses"], result["servableRequests"]) == (0, 30)  # a full run records them too
 
 
 def test_hindsight_comparisons_follow_the_current_slo_rows() -> None:
@@ -136,3 +138,35 @@ def test_a_rerun_keeps_the_recorded_order() -> None:
     merged = autoscale_eval.merge_results(prior, fresh)
     assert [r["workload"] for r in merged] == ["mooncake", "azure", "steady-0.3", "bursty-10x", "new"]
     assert [r["v"] for r in merged] == [1, 1, 0, 0, 1]
+
+
+def test_misses_no_fleet_avoids_are_prefills_longer_than_the_slo_alone() -> None:
+    """A prompt whose prefill alone (idle replica) exceeds the SLO is a miss on any fleet; the same prompt again,
+    its blocks cached, is not; a request longer than the context is not servable, so not counted at all."""
+    from llmfleet.sim.workload import Request, Workload
+
+    keys = tuple(range(1, 100_000 // 64 + 1))
+    reqs = [Request(0, 0.0, 100_000, 10, keys), Request(1, 1.0, 100_000, 10, keys), Request(2, 2.0, 500, 10),
+            Request(3, 3.0, autoscale_setup.CONTEXT, 10)]
+    w = Workload("long", reqs, 64)
+    assert autoscale_setup.unavoidable_misses(w, 1.0) == {"unavoidableMisses": 1, "servableRequests": 3}
+    assert autoscale_setup.unavoidable_misses(w, 1e6) == {"unavoidableMisses": 0, "servableRequests": 3}
+
+
+def test_the_unavoidable_mode_records_them_for_the_recorded_workloads(tmp_path: Path) -> None:
+    import autoscale_eval
+
+    trace = tmp_path / "unav_trace.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2023-11-16 18:00:{s:02d}.0000000,{100_000 if s % 5 == 0 else 800},20\n" for s in range(20)))
+    out = tmp_path / "r.json"
+    out.write_text(json.dumps({"results": [{"workload": "unav_trace", "ttftSloS": 1.0, "kept": True}]}))
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "autoscale_eval.py"), "--unavoidable", "--quick",
+                          "--trace", str(trace), "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    (r,) = json.loads(out.read_text())["results"]
+    assert r == {"workload": "unav_trace", "ttftSloS": 1.0, "kept": True, "unavoidableMisses": 4, "servableRequests": 20}
+    row = {"attainment": 0.99, "misses": 5, "gpuSeconds": 10.0, "degradedFraction": 0.0, "peakPrimaryReplicas": 1}
+    doc = {"results": [r | {"staticAtPeakReplicas": 1, "plannerPeakReplicas": 1, "policies": {"static-at-peak": row, "slo": row}, "targets": {}}]}
+    assert ("Misses no fleet avoids (unav_trace): 4 of the 0 that 99 % of 20 servable requests allows"
+            in autoscale_eval.render(doc))
