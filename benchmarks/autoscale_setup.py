@@ -15,13 +15,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from llmfleet.api import InferenceService
-from llmfleet.plan.hardware import get_gpu
-from llmfleet.plan.models import get_model
-from llmfleet.plan.roofline import StepCostModel
 from llmfleet.sim.oracle import attainment as ttft_attainment  # requests within the TTFT SLO / servable ones
+from llmfleet.sim.planning import over_slo_alone
 from llmfleet.sim.production import DEFAULT_COLD_START_S, Fallback, PolicyHook, make_service, simulate_service
-from llmfleet.sim.report import ttft_lower_bound
-from llmfleet.sim.types import SimResult
+from llmfleet.sim.types import PoolSpec, SimResult
 from llmfleet.sim.workload import SyntheticSpec, Workload, WorkloadError, load_trace, synthetic
 
 __all__ = ["GPU", "MAX_REPLICAS", "PRIMARY_COLD_S", "PRIMARY_MODEL", "ROOT", "ROUTER_SEEDS", "STUDENT_COLD_S",
@@ -72,12 +69,10 @@ def run_policy(w: Workload, policy: str, slo_s: float, initial: int, target_queu
 def unavoidable_misses(w: Workload, slo_s: float) -> dict[str, int]:
     """The requests no fleet serves within `slo_s` (`unavoidableMisses`), beside the servable requests the 99 % is
     taken over (`servableRequests`): a request's prefill alone, on an idle primary replica with every prefix the
-    trace has sent before cached (`ttft_lower_bound`), already takes longer than the SLO. Requests longer than the
+    trace has sent before cached (`llmfleet.sim.planning.over_slo_alone`), already takes longer than the SLO. Requests longer than the
     context are not servable (the engine rejects them)."""
-    cost = StepCostModel.build(get_model(PRIMARY_MODEL), get_gpu(GPU))
-    servable = [lb for r, lb in zip(w.requests, ttft_lower_bound(w, cost), strict=True)
-                if r.prompt_len + r.output_len <= CONTEXT]
-    return {"unavoidableMisses": sum(1 for lb in servable if lb > slo_s), "servableRequests": len(servable)}
+    over, servable = over_slo_alone(w, PoolSpec(model=PRIMARY_MODEL, gpu=GPU, max_model_len=CONTEXT), slo_s)
+    return {"unavoidableMisses": over, "servableRequests": servable}
 
 
 def misses(res: SimResult, slo_s: float) -> int:

@@ -293,7 +293,8 @@ def register(app: typer.Typer) -> None:
                                             "report the fewest replicas that meet --target of the TTFT SLO (the "
                                             "llmfleet router, the model's context; up to 64 replicas)."),
         target: float = typer.Option(0.99, help="With --simulate: the share of requests within the TTFT SLO."),
-        max_model_len: int | None = typer.Option(None, help="With --simulate: context the engine accepts; default: "
+        max_model_len: int | None = typer.Option(None, help="Context the engine accepts (--simulate; and which "
+                                                            "requests are servable); default: "
                                                             "the model's. Longer requests are rejected."),
         time_scale: TimeScale = 1.0,
         max_requests: MaxRequests = None,
@@ -308,7 +309,7 @@ def register(app: typer.Typer) -> None:
         from llmfleet.plan.hardware import get_gpu
         from llmfleet.plan.models import get_model
         from llmfleet.sim.oracle import attainment
-        from llmfleet.sim.planning import plan_with_reuse, plan_workload
+        from llmfleet.sim.planning import over_slo_alone, plan_with_reuse, plan_workload
         from llmfleet.sim.types import PoolSpec
         from llmfleet.sim.workload import WorkloadError
 
@@ -328,8 +329,9 @@ def register(app: typer.Typer) -> None:
                 found = plan_workload(w, m, g, ttft_slo_s=ttft_ms / 1e3, tpot_slo_s=tpot_ms / 1e3, hit_rate=hit_rate,
                                       first_minute=first_minute, kv_dtype=kv_dtype, tensor_parallel=tp)
             simulated = None
+            pool = PoolSpec(model=model, gpu=gpu, kv_dtype=kv_dtype, tensor_parallel=tp, max_model_len=max_model_len)
+            over, servable = over_slo_alone(w, pool, ttft_ms / 1e3)
             if simulate_fleet:
-                pool = PoolSpec(model=model, gpu=gpu, kv_dtype=kv_dtype, tensor_parallel=tp, max_model_len=max_model_len)
                 n, res = _fewest_static(w, pool, ttft_ms / 1e3, target, seed)
                 simulated = {"replicas": n, "attainment": round(attainment(res, ttft_ms / 1e3), 5),
                              "target": target, "gpuSeconds": round(float(res.summary["gpuSeconds"]), 1),
@@ -343,7 +345,8 @@ def register(app: typer.Typer) -> None:
                "firstMinute": first_minute, "model": model, "gpu": g.name, "shape": asdict(found.shape),
                "hitRate": round(found.shape.prefix_hit_rate, 4), "pooledCacheBlocks": found.cache_blocks,
                "replicas": found.plan.replicas, "capacity": asdict(found.plan.capacity),
-               "reasoning": found.plan.reasoning, "simulated": simulated}
+               "reasoning": found.plan.reasoning, "simulated": simulated,
+               "overSloAlone": {"requests": over, "servable": servable}}
         if json_out is not None and str(json_out) == "-":
             typer.echo(json.dumps(doc, indent=2))
             return
@@ -358,6 +361,9 @@ def register(app: typer.Typer) -> None:
                        f"{found.cache_blocks:,} blocks of {w.block_size} tokens, the planned replicas' KV together")
         for line in found.plan.reasoning:
             typer.echo(f"  {line}")
+        typer.echo(f"over the TTFT SLO on any fleet: {over:,} of {servable:,} servable requests "
+                   f"({over / max(servable, 1):.2%}): their prefill alone, on an idle replica with every earlier prefix "
+                   f"cached, takes longer than {ttft_ms:g} ms")
         if simulated is not None:
             met = "meet" if simulated["attainment"] >= target else "miss"
             typer.echo(f"simulated: {simulated['replicas']} static replicas {met} {target:g} of the TTFT SLO "

@@ -15,7 +15,8 @@ from llmfleet.api.trainingjob import ModelShape
 from llmfleet.plan.capacity import ReplicaPlan, TrafficShape, replicas_needed
 from llmfleet.plan.hardware import GPUProfile
 from llmfleet.plan.roofline import kv_capacity
-from llmfleet.sim.report import finite_cache_hit_bound
+from llmfleet.sim.report import finite_cache_hit_bound, ttft_lower_bound
+from llmfleet.sim.types import PoolSpec
 from llmfleet.sim.workload import Request, Workload
 
 MINUTE_S = 60.0  # the rate is planned per whole minute: the window an operator reads a dashboard's peak over
@@ -33,6 +34,16 @@ class TracePlan:
     shape: TrafficShape
     plan: ReplicaPlan
     cache_blocks: int | None = None  # with the workload's own reuse (plan_with_reuse): the pooled cache's blocks
+
+
+def over_slo_alone(w: Workload, pool: PoolSpec, ttft_slo_s: float) -> tuple[int, int]:
+    """(servable requests no fleet serves within `ttft_slo_s`, servable requests): a request's prefill alone, on an
+    idle replica of `pool` with every prefix the workload sent before cached (`ttft_lower_bound`), takes longer.
+    A request longer than the pool's context is not servable (the engine rejects it)."""
+    bounds = ttft_lower_bound(w, pool.cost_model(), pool.max_batched_tokens)
+    context = pool.context_len()
+    servable = [lb for r, lb in zip(w.requests, bounds, strict=True) if r.prompt_len + r.output_len <= context]
+    return sum(1 for lb in servable if lb > ttft_slo_s), len(servable)
 
 
 def minute_rates(w: Workload) -> list[float]:

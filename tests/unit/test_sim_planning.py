@@ -15,9 +15,9 @@ from llmfleet.plan.capacity import TrafficShape, replicas_needed
 from llmfleet.plan.hardware import get_gpu
 from llmfleet.plan.models import get_model
 from llmfleet.sim.oracle import attainment, fewest_static
-from llmfleet.sim.planning import minute_rates, plan_with_reuse, plan_workload
+from llmfleet.sim.planning import minute_rates, over_slo_alone, plan_with_reuse, plan_workload
 from llmfleet.sim.report import finite_cache_hit_bound
-from llmfleet.sim.types import SimResult
+from llmfleet.sim.types import PoolSpec, SimResult
 from llmfleet.sim.workload import Request, Workload
 
 M, G = get_model("llama-3.1-8b"), get_gpu("H200")
@@ -145,3 +145,27 @@ def test_cli_sizes_the_fleet_by_simulation(tmp_path: Path) -> None:
     assert r.exit_code == 0, r.output
     assert f"start: {sim['replicas']} static replicas" in r.output  # the same search, the same pool
     assert json.loads(h.read_text())["startReplicas"] == sim["replicas"]
+
+
+def test_requests_over_the_slo_on_any_fleet_are_prefills_longer_than_it_alone() -> None:
+    """A prompt whose prefill alone on an idle replica exceeds the SLO misses on any fleet; the same prompt again
+    (its blocks cached) does not; a request longer than the context is not servable and not counted at all."""
+    keys = tuple(range(1, 60_000 // 16 + 1))
+    w = Workload("long", [Request(0, 0.0, 60_000, 10, keys), Request(1, 1.0, 60_000, 10, keys),
+                          Request(2, 2.0, 500, 10), Request(3, 3.0, 9_000, 10)], block_size=16)
+    pool = PoolSpec(model="llama-3.1-8b", gpu="H200", max_model_len=65_536)
+    assert over_slo_alone(w, pool, 1.0) == (1, 4)
+    assert over_slo_alone(w, pool, 1e6) == (0, 4)
+    assert over_slo_alone(w, PoolSpec(model="llama-3.1-8b", gpu="H200", max_model_len=8_192), 1.0) == (0, 1)
+
+
+def test_cli_says_how_many_requests_no_fleet_serves_in_time(tmp_path: Path) -> None:
+    trace = tmp_path / "t.csv"
+    rows = [f"2023-11-16 18:00:{s:02d}.0000000,{60_000 if s < 3 else 1000},{100}" for s in range(60)]
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "\n".join(rows) + "\n")
+    r = CliRunner().invoke(app, ["sim", "plan", "--trace", str(trace), "--model", "llama-3.1-8b", "--ttft-ms", "1000"])
+    assert r.exit_code == 0, r.output
+    assert "over the TTFT SLO on any fleet: 3 of 60 servable requests (5.00%)" in r.output
+    r = CliRunner().invoke(app, ["sim", "plan", "--trace", str(trace), "--model", "llama-3.1-8b", "--max-model-len",
+                                 "8192", "--json", "-"])
+    assert json.loads(r.output)["overSloAlone"] == {"requests": 0, "servable": 57}
