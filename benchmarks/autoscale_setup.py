@@ -68,9 +68,8 @@ def run_policy(w: Workload, policy: str, slo_s: float, initial: int, target_queu
 
 def unavoidable_misses(w: Workload, slo_s: float) -> dict[str, int]:
     """The requests no fleet serves within `slo_s` (`unavoidableMisses`), beside the servable requests the 99 % is
-    taken over (`servableRequests`): a request's prefill alone, on an idle primary replica with every prefix the
-    trace has sent before cached (`llmfleet.sim.planning.over_slo_alone`), already takes longer than the SLO. Requests longer than the
-    context are not servable (the engine rejects them)."""
+    taken over (`servableRequests`): `llmfleet.sim.planning.over_slo_alone` on the primary pool at the benchmark's
+    context."""
     over, servable = over_slo_alone(w, PoolSpec(model=PRIMARY_MODEL, gpu=GPU, max_model_len=CONTEXT), slo_s)
     return {"unavoidableMisses": over, "servableRequests": servable}
 

@@ -320,6 +320,8 @@ def register(app: typer.Typer) -> None:
                 raise ValueError("--reuse finds the hit rate itself: leave out --hit-rate")
             if not 0 < target <= 1:
                 raise ValueError(f"--target must be in (0, 1], got {target:g}")
+            if max_model_len is not None and max_model_len < 2:
+                raise ValueError(f"--max-model-len must be >= 2, got {max_model_len}")
             m, g = get_model(model), get_gpu(gpu)
             w = _workload(trace, fmt, duration, rate, tenants, seed, max_requests, time_scale)
             if reuse:

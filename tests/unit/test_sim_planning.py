@@ -72,7 +72,8 @@ def test_cli_prints_and_writes_the_plan(tmp_path: Path) -> None:
     assert doc["rateRps"] == pytest.approx(30.0, rel=0.02) and doc["replicas"] > 1 and doc["reasoning"]
     for args, msg in ((["--trace", str(tmp_path / "none.csv")], "none.csv"), (["--hit-rate", "2"], "hit rate"),
                       (["--reuse", "--hit-rate", "0.2"], "--reuse"),
-                      (["--ttft-ms", "0"], "--ttft-ms"), (["--model", "nope"], "nope")):
+                      (["--ttft-ms", "0"], "--ttft-ms"), (["--model", "nope"], "nope"),
+                      (["--max-model-len", "1"], "--max-model-len")):
         r = CliRunner().invoke(app, ["sim", "plan", "--duration", "30", "--rate", "1", *args])
         assert r.exit_code == 2, (args, r.output)
         assert r.output.startswith("llmfleet sim: ") and msg in r.output and r.output.count("\n") == 1, r.output
