@@ -40,9 +40,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from llmfleet.router.block_keys import BlockHasher  # noqa: E402
 from llmfleet.router.config import PoolConfig, RouterConfig  # noqa: E402
 from llmfleet.router.plugins import PrefixIndex, ReplicaState, RequestInfo, build_pipeline  # noqa: E402
-from llmfleet.router.prefix_index import BlockHasher  # noqa: E402
 from llmfleet.router.upstream_client import UpstreamClient, UpstreamError  # noqa: E402
 from llmfleet.util.net import free_port  # noqa: E402
 

@@ -126,7 +126,7 @@ async def calibrate_replicas(urls: list[str], words: list[str], tokenizer_dir: s
                              repeats: int = 3) -> dict[str, Any]:
     """Measured prefill and decode times, every replica at once (they share the machine's cores as they do
     during the evaluated runs); the median of each length's measurements becomes one calibration point."""
-    from llmfleet.router.prefix_index import load_tokenizer
+    from llmfleet.router.block_keys import load_tokenizer
 
     tok = load_tokenizer(tokenizer_dir)
     rng = random.Random(seed)
@@ -168,8 +168,8 @@ Turn = tuple[float, float, int, tuple[int, ...], str, str]  # (conversation star
 def render_turns(systems: list[str], convs: list[Any], block_size: int, tokenizer_dir: str) -> list[list[Turn]]:
     """routing_vllm's conversations tokenized as the engine does (the served model's tokenizer and chat
     template), their prompts as 32-token block keys: one list of turns per conversation."""
+    from llmfleet.router.block_keys import PromptBlocks, load_tokenizer
     from llmfleet.router.chat_template import ChatTemplate
-    from llmfleet.router.prefix_index import PromptBlocks, load_tokenizer
 
     tok = load_tokenizer(tokenizer_dir)
     template = ChatTemplate.from_tokenizer_dir(tokenizer_dir, tok)

@@ -56,7 +56,7 @@ def register(app: typer.Typer) -> None:
         prometheus: bool = typer.Option(True, "--prometheus/--no-prometheus",
                                         help="Start Prometheus (scraping router + replicas) when its binary is installed."),
     ) -> None:
-        from llmfleet.local.runtime import pid_alive, read_state, run_dir_for
+        from llmfleet.local.run_state import pid_alive, read_state, run_dir_for
 
         try:
             isvc = load_service(file)
@@ -86,7 +86,7 @@ def register(app: typer.Typer) -> None:
         run_dir: Path | None = typer.Option(None, "--run-dir", help="State folder of the run."),
         timeout: float = typer.Option(180.0, "--timeout", help="Seconds to wait for the drain before killing."),
     ) -> None:
-        from llmfleet.local.runtime import down as stop
+        from llmfleet.local.run_state import down as stop
 
         rdir = _run_dir(name, run_dir)
         try:
@@ -105,7 +105,7 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
 
         from llmfleet.local.dashboard import Collector, render, scrape_texts
-        from llmfleet.local.runtime import pid_alive, read_state
+        from llmfleet.local.run_state import pid_alive, read_state
 
         rdir = _run_dir(name, run_dir)
         state = read_state(rdir)
@@ -160,7 +160,7 @@ def _detach(file: Path, rdir: Path, port: int, ready_timeout: float, prometheus:
     import sys
     import time
 
-    from llmfleet.local.runtime import pid_alive, read_state
+    from llmfleet.local.run_state import pid_alive, read_state
 
     (rdir / "logs").mkdir(parents=True, exist_ok=True)
     (rdir / "state.json").unlink(missing_ok=True)

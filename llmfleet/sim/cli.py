@@ -5,6 +5,7 @@ finds; the planner's fleet for a trace."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
 
@@ -31,14 +32,24 @@ def _fail(e: BaseException) -> typer.Exit:
     return typer.Exit(2)
 
 
+def _require(flag: str, value: float, low: float = 0.0, *, inclusive: bool = False) -> None:
+    """A numeric flag must be finite and > low (>= low with `inclusive`): checked before anything is built from
+    it, so the error names the flag (a model's validation error further in would not) and nan never slips past
+    a comparison."""
+    if not (math.isfinite(value) and (value >= low if inclusive else value > low)):
+        raise ValueError(f"{flag} must be a finite number {'>=' if inclusive else '>'} {low:g}, got {value:g}")
+
+
 def _workload(trace: Path | None, fmt: str, duration: float, rate: float, tenants: int, seed: int,
               max_requests: int | None, time_scale: float) -> Workload:
     from llmfleet.sim.workload import SyntheticSpec, load_trace, rate_scale, synthetic
 
     rate_scale(time_scale, "--time-scale")  # before loading a trace: a bad flag fails at once
+    _require("--seed", seed, inclusive=True)
     if trace is None:
-        if duration <= 0 or rate <= 0 or tenants < 1:
-            raise ValueError("--duration and --rate must be > 0 and --tenants >= 1")
+        _require("--duration", duration)
+        _require("--rate", rate)
+        _require("--tenants", tenants, 1, inclusive=True)
         w = synthetic(SyntheticSpec(duration_s=duration, rate_rps=rate, tenants=tenants, seed=seed))
     else:
         w = load_trace(trace, fmt)
@@ -147,6 +158,9 @@ def register(app: typer.Typer) -> None:
                 raise ValueError(f"--replicas must be >= 1, got {replicas}")
             if host_kv_gib < 0:
                 raise ValueError(f"--host-kv-gib must be >= 0, got {host_kv_gib:g}")
+            _require("--ttft-slo-ms", ttft_slo_ms)
+            _require("--tpot-slo-ms", tpot_slo_ms)
+            _require("--tp", tp, 1, inclusive=True)
             if max_model_len is not None and max_model_len < 2:
                 raise ValueError(f"--max-model-len must be >= 2, got {max_model_len}")
             sm, sn = None, 0
@@ -245,6 +259,9 @@ def register(app: typer.Typer) -> None:
                 raise ValueError(f"--start-replicas must be >= 1, got {start_replicas}")
             if not 0 < target <= 1:
                 raise ValueError(f"--target must be in (0, 1], got {target:g}")
+            _require("--ttft-slo-ms", ttft_slo_ms)
+            _require("--window-s", window_s)
+            _require("--cold-start-s", cold_start_s, inclusive=True)
             if bad := [o for o in order if o not in ("highest", "forward", "backward")]:
                 raise ValueError(f"unknown --order {bad[0]!r}; known: highest, forward, backward")
             w = _workload(trace, fmt, duration, rate, tenants, seed, max_requests, time_scale)
@@ -314,8 +331,9 @@ def register(app: typer.Typer) -> None:
         from llmfleet.sim.workload import WorkloadError
 
         try:
-            if ttft_ms <= 0 or tpot_ms <= 0 or tp < 1:
-                raise ValueError("need --ttft-ms > 0, --tpot-ms > 0 and --tp >= 1")
+            _require("--ttft-ms", ttft_ms)
+            _require("--tpot-ms", tpot_ms)
+            _require("--tp", tp, 1, inclusive=True)
             if reuse and hit_rate:
                 raise ValueError("--reuse finds the hit rate itself: leave out --hit-rate")
             if not 0 < target <= 1:

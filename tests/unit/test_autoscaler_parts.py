@@ -67,7 +67,8 @@ def test_choose_victims_prefers_not_ready_then_fewest_exclusive_blocks_then_idle
 
 
 def test_lost_blocks_from_the_router_prefix_index() -> None:
-    from llmfleet.router.prefix_index import BlockHasher, PrefixIndex
+    from llmfleet.router.block_keys import BlockHasher
+    from llmfleet.router.prefix_index import PrefixIndex
 
     index = PrefixIndex()
     shared = BlockHasher(1).keys(list(range(10)))

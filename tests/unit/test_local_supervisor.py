@@ -16,7 +16,8 @@ import pytest
 from llmfleet.api import InferenceService
 from llmfleet.autoscaler.actuation import Actuator, ObservedReplica
 from llmfleet.local.actuator import LocalActuator
-from llmfleet.local.runtime import Supervisor, pid_alive, read_state
+from llmfleet.local.run_state import pid_alive, read_state
+from llmfleet.local.runtime import Supervisor
 
 SLEEPER = [sys.executable, "-c", "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(0)); "
            "time.sleep(120)"]

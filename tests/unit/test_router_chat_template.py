@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from llmfleet.local.tinymodel import CHAT_TEMPLATE, train_tokenizer
+from llmfleet.router.block_keys import BlockHasher
 from llmfleet.router.chat_template import ChatTemplate
 from llmfleet.router.config import PoolConfig, RouterConfig
-from llmfleet.router.prefix_index import BlockHasher
 from llmfleet.router.requests import parse_request
 
 MESSAGES = [{"role": "system", "content": "You are terse."},

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from llmfleet.router.block_keys import BlockHasher
 from llmfleet.router.config import LimitsConfig, PoolConfig
 from llmfleet.router.kv_tiers import (
     HostTierUnknown,
@@ -21,7 +22,7 @@ from llmfleet.router.kv_tiers import (
     medium_slot,
     offload_gib_from_label,
 )
-from llmfleet.router.prefix_index import BlockHasher, PrefixIndex
+from llmfleet.router.prefix_index import PrefixIndex
 from llmfleet.router.replicas import PoolReplicas, parse_vllm_metrics
 
 BS = 4

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from llmfleet.router.prefix_index import BlockHasher, PrefixIndex, PromptBlocks, load_tokenizer
+from llmfleet.router.block_keys import BlockHasher, PromptBlocks, load_tokenizer
+from llmfleet.router.prefix_index import PrefixIndex
 
 
 def test_chain_equals_sequential_and_prefix_property() -> None:

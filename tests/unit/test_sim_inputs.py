@@ -169,6 +169,21 @@ def test_cli_errors_are_one_line_with_exit_2(tmp_path: Path) -> None:
     assert r.exit_code == 2 and "--time-scale must be a finite number > 0" in r.output
 
 
+@pytest.mark.parametrize(("command", "flag", "value"), [
+    ("run", "--ttft-slo-ms", "0"), ("run", "--tpot-slo-ms", "nan"), ("run", "--tp", "0"), ("run", "--seed", "-1"),
+    ("run", "--duration", "nan"), ("run", "--tenants", "0"),
+    ("hindsight", "--window-s", "0"), ("hindsight", "--ttft-slo-ms", "-1"), ("hindsight", "--cold-start-s", "inf"),
+    ("hindsight", "--seed", "-3"), ("plan", "--ttft-ms", "nan"), ("plan", "--tpot-ms", "0"), ("plan", "--tp", "0"),
+])
+def test_cli_numeric_flags_out_of_range_name_the_flag(command: str, flag: str, value: str) -> None:
+    """Each gives one line naming the flag and exit 2 (before: a pydantic or numpy message that named neither the
+    flag nor the value, a ZeroDivisionError traceback for --window-s 0, or nan accepted as an SLO)."""
+    extra = ["--start-replicas", "1"] if command == "hindsight" else []
+    r = CliRunner().invoke(app, ["sim", command, "--duration", "20", "--rate", "2", *extra, flag, value])
+    assert r.exit_code == 2, r.output
+    assert r.output.startswith(f"llmfleet sim: {flag} must be a finite number") and r.output.count("\n") == 1, r.output
+
+
 def test_cli_table_shows_rejected_requests() -> None:
     r = CliRunner().invoke(app, ["sim", "run", "--trace", str(HEAD300), "--max-requests", "40", "--replicas", "2",
                                  "--router", "least-request"])

@@ -6,11 +6,14 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
 from llmfleet.workers.train.model import ModelArgs, Transformer
+
+if TYPE_CHECKING:
+    from llmfleet.api.trainingjob import TrainingJobSpec
 
 
 def hf_config(args: ModelArgs, dtype: torch.dtype = torch.bfloat16, eos: int | None = None) -> dict[str, Any]:
@@ -144,3 +147,41 @@ def load_hf(path: str | Path, dtype: torch.dtype = torch.float32, device: str | 
     if missing or unexpected:
         raise ValueError(f"{root}: missing weights {missing[:5]}, unexpected {unexpected[:5]}")
     return model.to(dtype)
+
+
+def export_trained(spec: TrainingJobSpec, model: torch.nn.Module, args: ModelArgs, *, rank: int,
+                   work_dir: Path) -> tuple[Path, str] | None:
+    """Gather a trained (possibly sharded) model and write `spec.output`: the HF model folder, or with method lora
+    the PEFT adapter folder. Every rank calls it (the gather is collective); rank 0 writes. Returns the local
+    folder and the output's URI, or None without `spec.output`."""
+    if spec.output is None:
+        return None
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    from llmfleet.api.storage import parse_uri
+
+    sd = cast(dict[str, torch.Tensor],
+              get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)))
+    target = parse_uri(spec.output.path)
+    # An s3:// output is written here first, then uploaded (and checked) by rank 0.
+    out = Path(target.path) if target.scheme == "local" else work_dir / "export"
+    lora = spec.lora if spec.method == "lora" else None
+    if rank == 0 and lora is not None:
+        from llmfleet.workers.train.lora import export_peft, peft_tensors
+
+        export_peft(peft_tensors(sd), out, rank=lora.rank, alpha=lora.alpha, targets=lora.targets,
+                    base_model=lora.base_model)
+    elif rank == 0:
+        tok = spec.data.tokenizer
+        if tok is None and (Path(spec.data.path) / "tokenizer.json").is_file():
+            tok = str(Path(spec.data.path) / "tokenizer.json")
+        export_hf(sd, args, out, tokenizer=tok)
+    dist.barrier()
+    # After the barrier: the other ranks may finish while rank 0 uploads (a long upload would otherwise
+    # run into the process group's timeout).
+    if rank == 0 and target.scheme == "s3":
+        from llmfleet.storage import upload
+
+        upload(out, target)
+    return out, str(target)

@@ -9,7 +9,7 @@ import os
 import resource
 import time
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -474,39 +474,15 @@ class Trainer:
 
     # ------------------------------------------------------------------ finish
     def export(self) -> Path | None:
-        """Gather the full model and write spec.output (rank 0 writes): the HF model folder, or with method lora
-        the PEFT adapter folder."""
-        if self.spec.output is None:
+        """Gather the full model and write spec.output (export.export_trained); None without spec.output."""
+        from llmfleet.workers.train.export import export_trained
+
+        written = export_trained(self.spec, self.model, self.args, rank=self.rank, work_dir=self.ckpt_root)
+        if written is None:
             return None
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        from llmfleet.api.storage import parse_uri
-        from llmfleet.workers.train.export import export_hf
-
-        sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        target = parse_uri(self.spec.output.path)
-        # An s3:// output is written here first, then uploaded (and checked) by rank 0.
-        out = Path(target.path) if target.scheme == "local" else self.ckpt_root / "export"
-        lora = self.spec.lora if self.spec.method == "lora" else None
-        if self.rank == 0 and lora is not None:
-            from llmfleet.workers.train.lora import export_peft, peft_tensors
-
-            export_peft(peft_tensors(cast(dict[str, torch.Tensor], sd)), out, rank=lora.rank, alpha=lora.alpha,
-                        targets=lora.targets, base_model=lora.base_model)
-        elif self.rank == 0:
-            tok = self.spec.data.tokenizer
-            if tok is None and (Path(self.spec.data.path) / "tokenizer.json").is_file():
-                tok = str(Path(self.spec.data.path) / "tokenizer.json")
-            export_hf(cast(dict[str, torch.Tensor], sd), self.args, out, tokenizer=tok)
-        dist.barrier()
-        # After the barrier: the other ranks may finish while rank 0 uploads (a long upload would otherwise
-        # run into the process group's timeout).
+        out, target = written
         if self.rank == 0:
-            if target.scheme == "s3":
-                from llmfleet.storage import upload
-
-                upload(out, target)
-            self.status["exported"] = str(target)
+            self.status["exported"] = target
         return out
 
     @property

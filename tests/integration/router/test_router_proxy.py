@@ -374,7 +374,7 @@ async def test_kv_events_over_zmq_correct_the_index(fakes, routers) -> None:
     import zmq
     import zmq.asyncio
 
-    from llmfleet.router.prefix_index import BlockHasher
+    from llmfleet.router.block_keys import BlockHasher
 
     a = await fakes(name="a")
     ctx = zmq.asyncio.Context.instance()

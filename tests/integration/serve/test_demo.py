@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from llmfleet.local.runtime import pid_alive, read_state
+from llmfleet.local.run_state import pid_alive, read_state
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1500)]
 ROOT = Path(__file__).resolve().parents[3]

@@ -18,7 +18,7 @@ import httpx
 import pytest
 import yaml
 
-from llmfleet.local.runtime import read_state
+from llmfleet.local.run_state import read_state
 from llmfleet.local.tinymodel import PRIMARY, build_tiny
 
 from .test_local_runtime import START_TIMEOUT_S, _llmfleet, _wait

@@ -76,8 +76,9 @@ def test_vllms_own_tiered_events_keep_host_blocks_matchable() -> None:
     import msgspec
     from vllm.distributed.kv_events import MEDIUM_CPU, MEDIUM_GPU, BlockRemoved, BlockStored, KVEventBatch
 
+    from llmfleet.router.block_keys import BlockHasher
     from llmfleet.router.kv_events import apply_batch
-    from llmfleet.router.prefix_index import BlockHasher, PrefixIndex
+    from llmfleet.router.prefix_index import PrefixIndex
 
     bs, tokens = 4, list(range(1, 13))
 

@@ -21,7 +21,7 @@ import pytest
 import yaml
 from s3server import S3Server, s3_server
 
-from llmfleet.local.runtime import read_state
+from llmfleet.local.run_state import read_state
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
 START_TIMEOUT_S = float(os.environ.get("LLMFLEET_TEST_START_TIMEOUT", "420"))
