@@ -2,7 +2,7 @@
 
     python benchmarks/autoscale_eval.py [--trace PATH ...] [--no-trace] [--spike 10] [--quick] [--time-scale K ...]
 
-Workloads: every trace in ../shared/data/traces/ (Mooncake JSONL, Azure or BurstGPT CSV; or --trace) and a synthetic
+Workloads: every trace in ../shared/data/traces/ (Mooncake or Qwen-Bailian JSONL, Azure or BurstGPT CSV; or --trace) and a synthetic
 multi-tenant workload with a 10x spike. Policies run through the production code: the InferenceService
 (autoscale_setup.py) -> llmfleet.sim.production.simulate_service (PolicyConfig.from_service -> policy.decide every
 15 s of simulated time, the production router with its fallback to the student pool).
@@ -298,7 +298,7 @@ def select(args: argparse.Namespace, recorded: dict[str, Any] | None) -> dict[st
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trace", type=Path, action="append",
-                    help="trace file (Mooncake JSONL, Azure or BurstGPT CSV; repeatable); default: every trace in "
+                    help="trace file (Mooncake or Qwen-Bailian JSONL, Azure or BurstGPT CSV; repeatable); default: every trace in "
                          "../shared/data/traces/")
     ap.add_argument("--trace-seconds", type=float, metavar="S",
                     help="only each trace's first S seconds (a day- or week-long trace: simulating all of it takes "

@@ -60,7 +60,7 @@ SWEEP_ROUTERS = ("least-request", "sglang", "llm-d", "llmfleet")
 def scenarios(quick: bool, traces: list[Path] | None = None, trace_replicas: tuple[int, ...] = (8,),
               only_traces: bool = False) -> list[tuple[str, int, object, float]]:
     """(name, replicas, workload, host KV tier GiB per replica); `traces`: more traces (any format load_trace
-    knows: Mooncake JSONL, Azure or BurstGPT CSV), each replayed as is on each of `trace_replicas`;
+    knows: Mooncake or Qwen-Bailian JSONL, Azure or BurstGPT CSV), each replayed as is on each of `trace_replicas`;
     `only_traces`: those alone, without the standard scenarios."""
     out: list[tuple[str, int, object, float]] = []
     if not only_traces:
@@ -164,7 +164,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="small workloads")
     ap.add_argument("--render", metavar="JSON", help="print the markdown tables of a results file and exit")
     ap.add_argument("--trace", type=Path, action="append",
-                    help="also replay this trace (Mooncake JSONL, Azure or BurstGPT CSV) as is; repeatable")
+                    help="also replay this trace (Mooncake or Qwen-Bailian JSONL, Azure or BurstGPT CSV) as is; repeatable")
     ap.add_argument("--trace-replicas", type=int, nargs="+", default=[8], metavar="N",
                     help="fleet sizes each --trace is replayed on (default 8)")
     ap.add_argument("--only-traces", action="store_true",

@@ -18,6 +18,10 @@ if TYPE_CHECKING:
     from llmfleet.sim.workload import Workload
 
 AUTOSCALERS = ("slo", "queue", "static")
+# trace options shared by `run`, `hindsight` and `plan` (the formats: llmfleet.sim.workload.TRACE_FORMATS, not imported
+# here so that `llmfleet --help` does not load numpy)
+TRACE_HELP = "Trace file (Mooncake or Qwen-Bailian JSONL, Azure or BurstGPT CSV); synthetic when omitted."
+FORMAT_HELP = "auto, mooncake, bailian, azure, burstgpt."
 # workload options shared by `run` and `hindsight`
 TimeScale = Annotated[float, typer.Option(help="Replay at k x the workload's rate (arrival times divided by k: 2 "
                                                  "doubles the rate, 0.5 halves it); k > 0.")]
@@ -114,8 +118,8 @@ def register(app: typer.Typer) -> None:
     @sim.command("run", help="Simulate a workload on a fleet with one or more routers, or with the production "
                              "autoscaler (--autoscaler); print a table, write JSON/PNG.")
     def run(
-        trace: Path | None = typer.Option(None, help="Trace file (Mooncake JSONL, Azure or BurstGPT CSV); synthetic when omitted."),
-        fmt: str = typer.Option("auto", "--format", help="auto, mooncake, azure, burstgpt."),
+        trace: Path | None = typer.Option(None, help=TRACE_HELP),
+        fmt: str = typer.Option("auto", "--format", help=FORMAT_HELP),
         router: list[str] | None = typer.Option(None, help="Routers to compare (repeatable): round-robin, "
                                                 "least-request, power-of-two, sglang, llm-d, llmfleet (default: "
                                                 "least-request and llmfleet). With --autoscaler: llmfleet only."),
@@ -224,8 +228,8 @@ def register(app: typer.Typer) -> None:
     @sim.command("hindsight", help="The cheapest replica schedule a clairvoyant scaler finds for a workload "
                                    "(llmfleet.sim.oracle): a replica count per window meeting the TTFT target.")
     def hindsight(
-        trace: Path | None = typer.Option(None, help="Trace file (Mooncake JSONL, Azure or BurstGPT CSV); synthetic when omitted."),
-        fmt: str = typer.Option("auto", "--format", help="auto, mooncake, azure, burstgpt."),
+        trace: Path | None = typer.Option(None, help=TRACE_HELP),
+        fmt: str = typer.Option("auto", "--format", help=FORMAT_HELP),
         start_replicas: int | None = typer.Option(None, help="Replicas in every window to start from; must meet the "
                                                             "target. Default: the fewest static replicas that do "
                                                             "(found by simulation, up to 64)."),
@@ -292,8 +296,8 @@ def register(app: typer.Typer) -> None:
     @sim.command("plan", help="The planner's replicas for a trace: its busiest minute's rate, its mean output and "
                               "its prompts, each priced on its own (llmfleet plan, fed from the trace).")
     def plan(
-        trace: Path | None = typer.Option(None, help="Trace file (Mooncake JSONL, Azure or BurstGPT CSV); synthetic when omitted."),
-        fmt: str = typer.Option("auto", "--format", help="auto, mooncake, azure, burstgpt."),
+        trace: Path | None = typer.Option(None, help=TRACE_HELP),
+        fmt: str = typer.Option("auto", "--format", help=FORMAT_HELP),
         model: str = typer.Option("llama-3-8b", help="Model preset."),
         gpu: str = typer.Option("H200", help="GPU profile."),
         kv_dtype: str = typer.Option("bf16", help="KV-cache dtype."),

@@ -1,10 +1,11 @@
-"""Workloads for the simulator: Mooncake JSONL traces, Azure LLM-inference and BurstGPT CSVs, a synthetic generator.
+"""Workloads for the simulator: Mooncake and Qwen-Bailian JSONL traces, Azure LLM-inference and BurstGPT CSVs, a
+synthetic generator.
 
 A request's prompt is described by the keys of its full KV blocks (`keys`): key i identifies the whole
 prefix up to and including block i (a hash chain), so two requests share cache exactly where their keys
-are equal. Mooncake's `hash_ids` (512-token blocks) become such chains; Azure and BurstGPT CSVs carry no
-content, so their requests share nothing; the synthetic generator builds chains from tenants' system prompts and
-multi-turn sessions.
+are equal. Mooncake's `hash_ids` (512-token blocks) and Qwen-Bailian's (16-token blocks) become such chains;
+Azure and BurstGPT CSVs carry no content, so their requests share nothing; the synthetic generator builds chains
+from tenants' system prompts and multi-turn sessions.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 MOONCAKE_BLOCK = 512
+BAILIAN_BLOCK = 16
 
 
 class WorkloadError(ValueError):
@@ -179,16 +181,20 @@ def _in_arrival_order(reqs: list[Request], *, from_zero: bool = False) -> list[R
     return reqs
 
 
-def load_mooncake(path: str | Path, block_size: int = MOONCAKE_BLOCK) -> Workload:
-    """Mooncake JSONL: timestamp (ms), input_length, output_length, hash_ids (512-token blocks)."""
-    p = Path(path)
+def _hash_block_jsonl(p: Path, kind: str, block_size: int, units_per_s: float, sessions: bool) -> Workload:
+    """A JSONL trace of `timestamp`, `input_length`, `output_length` and `hash_ids` (one id per `block_size`-token
+    block of the prompt, equal ids at the same position meaning a shared prefix), the timestamp in 1/`units_per_s`
+    seconds. `sessions`: the records also
+    carry `chat_id` and `parent_chat_id` (-1 for a conversation's first turn), and each request's session is its
+    conversation's first chat id (`Request.session`)."""
     reqs: list[Request] = []
-    with _reading(p, "Mooncake JSONL"), p.open(encoding="utf-8") as f:
+    root: dict[int, int] = {}  # chat id -> its conversation's first chat id
+    with _reading(p, f"{kind} JSONL"), p.open(encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue
             where = f"{p}:{n}"
-            with _record(where, "not a Mooncake record"):
+            with _record(where, f"not a {kind} record"):
                 d = json.loads(line)
                 if not isinstance(d, dict):
                     raise WorkloadError(f"{where}: not a JSON object")
@@ -199,11 +205,32 @@ def load_mooncake(path: str | Path, block_size: int = MOONCAKE_BLOCK) -> Workloa
                 ids = d.get("hash_ids") or []
                 if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
                     raise WorkloadError(f"{where}: hash_ids must be a list of integers")
-                reqs.append(Request(len(reqs), _arrival(where, float(ts) / 1000.0), inp, out,
-                                    chain(ids[: inp // block_size])))
+                session = None
+                if sessions:
+                    chat, parent = d["chat_id"], d["parent_chat_id"]
+                    if not (isinstance(chat, int) and isinstance(parent, int)) or isinstance(chat, bool) or isinstance(parent, bool):
+                        raise WorkloadError(f"{where}: chat_id and parent_chat_id must be integers")
+                    # a turn whose parent the file lacks (a sampled trace) goes under the parent's id
+                    root[chat] = root.get(parent, parent) if parent >= 0 else chat
+                    session = f"chat-{root[chat]}"
+                reqs.append(Request(len(reqs), _arrival(where, float(ts) / units_per_s), inp, out,
+                                    chain(ids[: inp // block_size]), session=session))
     if not reqs:
         raise WorkloadError(f"{p}: no requests")
     return Workload(p.stem, _in_arrival_order(reqs), block_size)
+
+
+def load_mooncake(path: str | Path, block_size: int = MOONCAKE_BLOCK) -> Workload:
+    """Mooncake JSONL (kvcache-ai/Mooncake FAST'25 traces): timestamp (ms), input_length, output_length, hash_ids
+    (512-token blocks)."""
+    return _hash_block_jsonl(Path(path), "Mooncake", block_size, 1000.0, sessions=False)
+
+
+def load_bailian(path: str | Path, block_size: int = BAILIAN_BLOCK) -> Workload:
+    """Qwen-Bailian JSONL (alibaba-edu/qwen-bailian-usagetraces-anon: the to-C, to-B, thinking and coder traces):
+    chat_id, parent_chat_id (-1 for a conversation's first turn), timestamp (seconds), input_length,
+    output_length, type, turn, hash_ids (16-token blocks). Requests of one conversation share a session."""
+    return _hash_block_jsonl(Path(path), "Qwen-Bailian", block_size, 1.0, sessions=True)
 
 
 _FRACTION = re.compile(r"\.(\d+)")
@@ -280,7 +307,7 @@ def load_burstgpt(path: str | Path, block_size: int = 16) -> Workload:
     return Workload(p.stem, _in_arrival_order(reqs, from_zero=True), block_size, failed_skipped=failed)
 
 
-TRACE_FORMATS = ("mooncake", "azure", "burstgpt")
+TRACE_FORMATS = ("mooncake", "bailian", "azure", "burstgpt")
 
 
 def _csv_kind(p: Path) -> str:
@@ -291,14 +318,28 @@ def _csv_kind(p: Path) -> str:
     return "burstgpt" if all(c in header for c in BURSTGPT_COLUMNS) else "azure"
 
 
+def _jsonl_kind(p: Path) -> str:
+    """Which JSONL trace `p` is, by its first record: Qwen-Bailian's when it has `parent_chat_id` (its timestamps
+    are seconds and its blocks 16 tokens, read as Mooncake's they would be 1,000x too close and 32x too long),
+    else Mooncake's (whose loader names what is wrong with a record)."""
+    with _reading(p, "JSONL trace"), p.open(encoding="utf-8") as f:
+        first = next((line for line in f if line.strip()), "")
+    try:
+        d = json.loads(first)
+    except ValueError:
+        return "mooncake"
+    return "bailian" if isinstance(d, dict) and "parent_chat_id" in d else "mooncake"
+
+
 def load_trace(path: str | Path, fmt: str = "auto") -> Workload:
-    """Any trace format the simulator knows: `fmt` "mooncake" (JSONL), "azure" (CSV), "burstgpt" (CSV) or "auto"
-    (a .csv is BurstGPT when its header has BurstGPT's columns, else Azure; anything else is Mooncake)."""
+    """Any trace format the simulator knows: `fmt` "mooncake" or "bailian" (JSONL), "azure" or "burstgpt" (CSV), or
+    "auto": a .csv is BurstGPT when its header has BurstGPT's columns, else Azure; anything else is Qwen-Bailian
+    when its first record has `parent_chat_id`, else Mooncake."""
     p = Path(path)
     if fmt not in ("auto", *TRACE_FORMATS):
         raise WorkloadError(f"unknown trace format {fmt!r}; known: auto, {', '.join(TRACE_FORMATS)}")
-    kind = fmt if fmt != "auto" else (_csv_kind(p) if p.suffix.lower() == ".csv" else "mooncake")
-    loaders = {"mooncake": load_mooncake, "azure": load_azure, "burstgpt": load_burstgpt}
+    kind = fmt if fmt != "auto" else (_csv_kind(p) if p.suffix.lower() == ".csv" else _jsonl_kind(p))
+    loaders = {"mooncake": load_mooncake, "bailian": load_bailian, "azure": load_azure, "burstgpt": load_burstgpt}
     return loaders[kind](p)
 
 
