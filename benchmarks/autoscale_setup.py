@@ -19,7 +19,15 @@ from llmfleet.sim.oracle import attainment as ttft_attainment  # requests within
 from llmfleet.sim.planning import over_slo_alone
 from llmfleet.sim.production import DEFAULT_COLD_START_S, Fallback, PolicyHook, make_service, simulate_service
 from llmfleet.sim.types import PoolSpec, SimResult
-from llmfleet.sim.workload import SyntheticSpec, Workload, WorkloadError, load_trace, synthetic
+from llmfleet.sim.workload import (
+    SyntheticSpec,
+    Workload,
+    WorkloadError,
+    is_trace_file,
+    load_trace,
+    synthetic,
+    trace_stem,
+)
 
 __all__ = ["GPU", "MAX_REPLICAS", "PRIMARY_COLD_S", "PRIMARY_MODEL", "ROOT", "ROUTER_SEEDS", "STUDENT_COLD_S",
            "STUDENT_MODEL", "STUDENT_WARM", "TRACES", "PolicyHook", "misses", "run_policy", "run_static", "service",
@@ -171,9 +179,10 @@ def trace_name(path: Path, taken: Container[str] = ()) -> str:
     (`mooncake`, `azure`: the file name up to its first `_`) unless an earlier trace took it; any other file its whole
     name without the extension, so a trace given with --trace never takes a recorded workload's name, and with it
     that workload's results row and plot (`mooncake_conversation_trace.jsonl` is not `mooncake`)."""
-    short = path.stem.split("_")[0]
+    stem = trace_stem(path)
+    short = stem.split("_")[0]
     shared = TRACES.exists() and path.resolve().parent == TRACES.resolve()
-    return short if shared and short not in taken else path.stem
+    return short if shared and short not in taken else stem
 
 
 def trace_names(traces: list[Path]) -> list[str]:
@@ -197,7 +206,7 @@ def workloads(traces: list[Path] | None, quick: bool, spike_factor: float | None
     hours of simulation per policy run; the static-at-peak search replays it a dozen times)."""
     check_trace_seconds(trace_seconds)
     if traces is None:
-        traces = sorted(p for p in TRACES.glob("*") if p.suffix.lower() in (".jsonl", ".csv")) if TRACES.exists() else []
+        traces = sorted(p for p in TRACES.glob("*") if is_trace_file(p)) if TRACES.exists() else []
     out: dict[str, Workload] = {}
     for p, name in zip(traces, trace_names(traces), strict=True):
         try:

@@ -44,7 +44,7 @@ from llmfleet.autoscaler.seeds import seeds_for_service
 from llmfleet.plan.capacity import TrafficShape, replica_capacity
 from llmfleet.plan.hardware import get_gpu
 from llmfleet.plan.models import get_model
-from llmfleet.sim.workload import Request, Workload, WorkloadError, load_trace
+from llmfleet.sim.workload import Request, Workload, WorkloadError, is_trace_file, load_trace
 
 RESULT = RESULTS / "capacity_fidelity.json"
 LOADS = (0.5, 0.7, 0.85)  # fractions of the simulated capacity the TTFT p95 is compared at
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.requests < 30:
         print(f"--requests {args.requests}: at least 30", file=sys.stderr)
         return 2
-    traces = args.trace or sorted(p for p in TRACES.glob("*") if p.suffix.lower() in (".jsonl", ".csv"))
+    traces = args.trace or sorted(p for p in TRACES.glob("*") if is_trace_file(p))
     started = time.time()
     results = []
     try:

@@ -10,9 +10,12 @@ from tenants' system prompts and multi-turn sessions.
 
 from __future__ import annotations
 
+import bz2
 import csv
 import gc
+import gzip
 import json
+import lzma
 import math
 import re
 from collections.abc import Iterator
@@ -20,6 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 
@@ -148,13 +152,48 @@ def _arrival(where: str, seconds: float) -> float:
     return seconds
 
 
+# Compressed traces are read as they are (the Azure 2025 multimodal trace ships as .csv.gz): by suffix, the format's
+# suffix before it.
+COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz")
+TRACE_SUFFIXES = (".jsonl", ".csv")
+
+
+def _plain(p: Path) -> Path:
+    """`p` without a compression suffix (`trace.csv.gz` -> `trace.csv`)."""
+    return p.with_suffix("") if p.suffix.lower() in COMPRESSED_SUFFIXES else p
+
+
+def trace_stem(p: Path) -> str:
+    """A trace file's name without its format and compression suffixes: the workload's name."""
+    return _plain(p).stem
+
+
+def is_trace_file(p: Path) -> bool:
+    """A file a trace directory's scan picks up: .jsonl or .csv, compressed or not."""
+    return _plain(p).suffix.lower() in TRACE_SUFFIXES
+
+
+def _open_text(p: Path, newline: str | None = None) -> IO[str]:
+    """A trace file as UTF-8 text, decompressed on the fly when its suffix is .gz, .bz2 or .xz."""
+    suffix = p.suffix.lower()
+    if suffix == ".gz":
+        return gzip.open(p, "rt", encoding="utf-8", newline=newline)
+    if suffix == ".bz2":
+        return bz2.open(p, "rt", encoding="utf-8", newline=newline)
+    if suffix == ".xz":
+        return lzma.open(p, "rt", encoding="utf-8", newline=newline)
+    return p.open(encoding="utf-8", newline=newline)
+
+
 @contextmanager
 def _reading(p: Path, expected: str) -> Iterator[None]:
-    """A trace file that cannot be opened or decoded: WorkloadError naming the file."""
+    """A trace file that cannot be opened, decompressed or decoded: WorkloadError naming the file."""
     try:
         yield
-    except OSError as e:
+    except OSError as e:  # gzip's and bz2's bad data are OSErrors too
         raise WorkloadError(f"{p}: {e.strerror or e}") from None
+    except (EOFError, lzma.LZMAError) as e:  # a compressed file cut short, bad xz data
+        raise WorkloadError(f"{p}: damaged compressed file ({e})") from None
     except UnicodeDecodeError:
         raise WorkloadError(f"{p}: not a text file ({expected} expected)") from None
 
@@ -189,7 +228,7 @@ def _hash_block_jsonl(p: Path, kind: str, block_size: int, units_per_s: float, s
     conversation's first chat id (`Request.session`)."""
     reqs: list[Request] = []
     root: dict[int, int] = {}  # chat id -> its conversation's first chat id
-    with _reading(p, f"{kind} JSONL"), p.open(encoding="utf-8") as f:
+    with _reading(p, f"{kind} JSONL"), _open_text(p) as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue
@@ -217,7 +256,7 @@ def _hash_block_jsonl(p: Path, kind: str, block_size: int, units_per_s: float, s
                                     chain(ids[: inp // block_size]), session=session))
     if not reqs:
         raise WorkloadError(f"{p}: no requests")
-    return Workload(p.stem, _in_arrival_order(reqs), block_size)
+    return Workload(trace_stem(p), _in_arrival_order(reqs), block_size)
 
 
 def load_mooncake(path: str | Path, block_size: int = MOONCAKE_BLOCK) -> Workload:
@@ -251,7 +290,7 @@ def _csv_rows(p: Path, expected: str, columns: tuple[str, ...]) -> Iterator[tupl
     """(file:line, row) for each data row of a CSV trace that has `columns`; a WorkloadError naming the file for
     one that cannot be read, lacks a column or is not CSV."""
     try:
-        with _reading(p, expected), p.open(newline="", encoding="utf-8") as f:
+        with _reading(p, expected), _open_text(p, newline="") as f:
             rd = csv.DictReader(f)
             missing = set(columns) - set(rd.fieldnames or [])
             if missing:
@@ -275,7 +314,7 @@ def load_azure(path: str | Path, block_size: int = 16) -> Workload:
             reqs.append(Request(0, _parse_ts(ts), inp, out))
     if not reqs:
         raise WorkloadError(f"{p}: no requests")
-    return Workload(p.stem, _in_arrival_order(reqs, from_zero=True), block_size)
+    return Workload(trace_stem(p), _in_arrival_order(reqs, from_zero=True), block_size)
 
 
 BURSTGPT_COLUMNS = ("Timestamp", "Request tokens", "Response tokens")
@@ -304,7 +343,7 @@ def load_burstgpt(path: str | Path, block_size: int = 16) -> Workload:
             reqs.append(Request(0, _arrival(where, float(ts)), inp, outn))
     if not reqs:
         raise WorkloadError(f"{p}: no requests" + (f" ({failed} failed ones skipped)" if failed else ""))
-    return Workload(p.stem, _in_arrival_order(reqs, from_zero=True), block_size, failed_skipped=failed)
+    return Workload(trace_stem(p), _in_arrival_order(reqs, from_zero=True), block_size, failed_skipped=failed)
 
 
 TRACE_FORMATS = ("mooncake", "bailian", "azure", "burstgpt")
@@ -313,7 +352,7 @@ TRACE_FORMATS = ("mooncake", "bailian", "azure", "burstgpt")
 def _csv_kind(p: Path) -> str:
     """Which CSV trace `p` is, by its header row: BurstGPT's columns, else Azure's (whose loader names what is
     missing)."""
-    with _reading(p, "CSV trace"), p.open(newline="", encoding="utf-8") as f:
+    with _reading(p, "CSV trace"), _open_text(p, newline="") as f:
         header = f.readline()
     return "burstgpt" if all(c in header for c in BURSTGPT_COLUMNS) else "azure"
 
@@ -322,7 +361,7 @@ def _jsonl_kind(p: Path) -> str:
     """Which JSONL trace `p` is, by its first record: Qwen-Bailian's when it has `parent_chat_id` (its timestamps
     are seconds and its blocks 16 tokens, read as Mooncake's they would be 1,000x too close and 32x too long),
     else Mooncake's (whose loader names what is wrong with a record)."""
-    with _reading(p, "JSONL trace"), p.open(encoding="utf-8") as f:
+    with _reading(p, "JSONL trace"), _open_text(p) as f:
         first = next((line for line in f if line.strip()), "")
     try:
         d = json.loads(first)
@@ -334,11 +373,12 @@ def _jsonl_kind(p: Path) -> str:
 def load_trace(path: str | Path, fmt: str = "auto") -> Workload:
     """Any trace format the simulator knows: `fmt` "mooncake" or "bailian" (JSONL), "azure" or "burstgpt" (CSV), or
     "auto": a .csv is BurstGPT when its header has BurstGPT's columns, else Azure; anything else is Qwen-Bailian
-    when its first record has `parent_chat_id`, else Mooncake."""
+    when its first record has `parent_chat_id`, else Mooncake. A .gz, .bz2 or .xz file is read decompressed, its
+    format told by the suffix before (`trace.csv.gz` is a CSV)."""
     p = Path(path)
     if fmt not in ("auto", *TRACE_FORMATS):
         raise WorkloadError(f"unknown trace format {fmt!r}; known: auto, {', '.join(TRACE_FORMATS)}")
-    kind = fmt if fmt != "auto" else (_csv_kind(p) if p.suffix.lower() == ".csv" else _jsonl_kind(p))
+    kind = fmt if fmt != "auto" else (_csv_kind(p) if _plain(p).suffix.lower() == ".csv" else _jsonl_kind(p))
     loaders = {"mooncake": load_mooncake, "bailian": load_bailian, "azure": load_azure, "burstgpt": load_burstgpt}
     return loaders[kind](p)
 
