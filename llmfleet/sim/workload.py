@@ -223,11 +223,11 @@ def _in_arrival_order(reqs: list[Request], *, from_zero: bool = False) -> list[R
 def _hash_block_jsonl(p: Path, kind: str, block_size: int, units_per_s: float, sessions: bool) -> Workload:
     """A JSONL trace of `timestamp`, `input_length`, `output_length` and `hash_ids` (one id per `block_size`-token
     block of the prompt, equal ids at the same position meaning a shared prefix), the timestamp in 1/`units_per_s`
-    seconds. `sessions`: the records also
-    carry `chat_id` and `parent_chat_id` (-1 for a conversation's first turn), and each request's session is its
-    conversation's first chat id (`Request.session`)."""
+    seconds. `sessions`: the records also carry `chat_id` and `parent_chat_id` (-1 for a conversation's first turn),
+    and each request's session (`Request.session`) is its conversation's (`_conversations`)."""
     reqs: list[Request] = []
-    root: dict[int, int] = {}  # chat id -> its conversation's first chat id
+    chats: list[int] = []  # each request's chat id, when `sessions`
+    parent_of: dict[int, int] = {}
     with _reading(p, f"{kind} JSONL"), _open_text(p) as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
@@ -244,19 +244,40 @@ def _hash_block_jsonl(p: Path, kind: str, block_size: int, units_per_s: float, s
                 ids = d.get("hash_ids") or []
                 if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
                     raise WorkloadError(f"{where}: hash_ids must be a list of integers")
-                session = None
                 if sessions:
                     chat, parent = d["chat_id"], d["parent_chat_id"]
-                    if not (isinstance(chat, int) and isinstance(parent, int)) or isinstance(chat, bool) or isinstance(parent, bool):
+                    if not (isinstance(chat, int) and isinstance(parent, int)) or isinstance(chat, bool) \
+                            or isinstance(parent, bool):
                         raise WorkloadError(f"{where}: chat_id and parent_chat_id must be integers")
-                    # a turn whose parent the file lacks (a sampled trace) goes under the parent's id
-                    root[chat] = root.get(parent, parent) if parent >= 0 else chat
-                    session = f"chat-{root[chat]}"
+                    chats.append(chat)
+                    parent_of[chat] = parent
                 reqs.append(Request(len(reqs), _arrival(where, float(ts) / units_per_s), inp, out,
-                                    chain(ids[: inp // block_size]), session=session))
+                                    chain(ids[: inp // block_size])))
     if not reqs:
         raise WorkloadError(f"{p}: no requests")
+    if sessions:
+        for r, session in zip(reqs, _conversations(chats, parent_of), strict=True):
+            r.session = session
     return Workload(trace_stem(p), _in_arrival_order(reqs), block_size)
+
+
+def _conversations(chats: list[int], parent_of: dict[int, int]) -> list[str]:
+    """Each chat's conversation, `chat-<id of its first turn>`: parents followed up to a first turn (parent -1) or to
+    a parent the file lacks (a sampled trace: then the missing parent's id), in whatever order the records came;
+    a cycle of parents ends where it closes."""
+    root: dict[int, int] = {}
+    for chat in chats:
+        path, c = [], chat
+        while c not in root:
+            parent = parent_of.get(c, -1)
+            if c in path or parent < 0 or parent not in parent_of:
+                root[c] = c if c in path or parent < 0 else parent
+                break
+            path.append(c)
+            c = parent
+        for c2 in path:
+            root[c2] = root[c]
+    return [f"chat-{root[c]}" for c in chats]
 
 
 def load_mooncake(path: str | Path, block_size: int = MOONCAKE_BLOCK) -> Workload:

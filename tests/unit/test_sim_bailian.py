@@ -112,3 +112,18 @@ def test_cli_names_every_trace_format_and_replays_bailian(tmp_path: Path) -> Non
                                    "--router", "round-robin", "--out", str(tmp_path / "out")])
     assert res.exit_code == 0, res.output
     assert "qwen_traceA_blksz_16: 4 requests" in res.output
+
+
+def test_conversations_are_found_whatever_the_order_of_the_records(tmp_path: Path) -> None:
+    """A file grouped by conversation or shuffled (not in time order) still puts every turn under its first turn;
+    a cycle of parents (a damaged file) ends where it closes instead of looping."""
+    turns = [  # chat 30's third turn (32) comes first in the file, its first (30) last
+        {**RECORDS[0], "chat_id": 32, "parent_chat_id": 31, "timestamp": 9.0},
+        {**RECORDS[0], "chat_id": 31, "parent_chat_id": 30, "timestamp": 5.0},
+        {**RECORDS[0], "chat_id": 40, "parent_chat_id": 41, "timestamp": 6.0},  # 40 and 41: each the other's parent
+        {**RECORDS[0], "chat_id": 41, "parent_chat_id": 40, "timestamp": 7.0},
+        {**RECORDS[0], "chat_id": 30, "parent_chat_id": -1, "timestamp": 1.0},
+    ]
+    w = load_bailian(_jsonl(tmp_path, turns, "shuffled.jsonl"))
+    assert [(r.arrival, r.session) for r in w.requests] == [
+        (1.0, "chat-30"), (5.0, "chat-30"), (6.0, "chat-40"), (7.0, "chat-40"), (9.0, "chat-30")]
