@@ -210,12 +210,10 @@ def workloads(traces: list[Path] | None, quick: bool, spike_factor: float | None
     out: dict[str, Workload] = {}
     for p, name in zip(traces, trace_names(traces), strict=True):
         try:
-            w = load_trace(p)
+            w = load_trace(p, seconds=trace_seconds)  # read no further than the first S seconds
         except WorkloadError as e:
             print(f"skipping trace: {e}", file=sys.stderr)
             continue
-        if trace_seconds is not None:
-            w = w.head(seconds=trace_seconds)
         out[name] = w.head(1500) if quick else w
     if spike_factor is not None:
         name, w = spike(spike_factor, quick)

@@ -50,16 +50,16 @@ def _workload(trace: Path | None, fmt: str, duration: float, rate: float, tenant
 
     rate_scale(time_scale, "--time-scale")  # before loading a trace: a bad flag fails at once
     _require("--seed", seed, inclusive=True)
+    if max_requests is not None and max_requests < 1:
+        raise ValueError(f"--max-requests must be >= 1, got {max_requests}")
     if trace is None:
         _require("--duration", duration)
         _require("--rate", rate)
         _require("--tenants", tenants, 1, inclusive=True)
         w = synthetic(SyntheticSpec(duration_s=duration, rate_rps=rate, tenants=tenants, seed=seed))
-    else:
-        w = load_trace(trace, fmt)
+    else:  # the first N requests are read, not the whole file: a week-long trace's head loads in seconds
+        w = load_trace(trace, fmt, requests=max_requests)
     if max_requests is not None:
-        if max_requests < 1:
-            raise ValueError(f"--max-requests must be >= 1, got {max_requests}")
         w = w.head(max_requests)
     if time_scale != 1.0:
         w = w.scaled(time_scale)

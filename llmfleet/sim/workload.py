@@ -14,6 +14,7 @@ import bz2
 import csv
 import gc
 import gzip
+import heapq
 import json
 import lzma
 import math
@@ -220,13 +221,48 @@ def _in_arrival_order(reqs: list[Request], *, from_zero: bool = False) -> list[R
     return reqs
 
 
-def _hash_block_jsonl(p: Path, kind: str, block_size: int, units_per_s: float, sessions: bool) -> Workload:
+class _Cut:
+    """Which records of a trace to keep: those within `seconds` of the earliest, and of those the `requests` earliest
+    (file order among equal times), as `Workload.head` would cut the whole trace, whatever the order of the file.
+    Only the kept requests are held, so a week-long trace's first hour takes an hour's memory: a record more than
+    `seconds` after the earliest seen so far can never be in the window (the earliest only gets earlier), and a
+    bounded heap holds the earliest `requests`."""
+
+    def __init__(self, seconds: float | None, requests: int | None) -> None:
+        self.seconds, self.requests = seconds, requests
+        self.earliest = math.inf
+        self._kept: list[Request] = []
+        self._latest_first: list[tuple[float, int, Request]] = []  # a heap of (-arrival, -file order, request)
+        self._seen = 0
+
+    def add(self, r: Request) -> None:
+        self._seen += 1
+        self.earliest = min(self.earliest, r.arrival)
+        if not self.within(r.arrival):
+            return
+        if self.requests is None:
+            self._kept.append(r)
+            return
+        heapq.heappush(self._latest_first, (-r.arrival, -self._seen, r))
+        if len(self._latest_first) > self.requests:
+            heapq.heappop(self._latest_first)  # the latest of them (the last in the file among equal times)
+
+    def within(self, t: float) -> bool:
+        """Whether a time lies in the window (after the whole file: against the earliest request)."""
+        return self.seconds is None or t - self.earliest <= self.seconds
+
+    def kept(self) -> list[Request]:
+        reqs = self._kept if self.requests is None else [  # in file order: equal times keep it
+            r for _, _, r in sorted(self._latest_first, key=lambda x: -x[1])]
+        return [r for r in reqs if self.within(r.arrival)]
+
+
+def _hash_block_jsonl(p: Path, kind: str, block_size: int, units_per_s: float, sessions: bool,
+                      cut: _Cut) -> Workload:
     """A JSONL trace of `timestamp`, `input_length`, `output_length` and `hash_ids` (one id per `block_size`-token
     block of the prompt, equal ids at the same position meaning a shared prefix), the timestamp in 1/`units_per_s`
     seconds. `sessions`: the records also carry `chat_id` and `parent_chat_id` (-1 for a conversation's first turn),
     and each request's session (`Request.session`) is its conversation's (`_conversations`)."""
-    reqs: list[Request] = []
-    chats: list[int] = []  # each request's chat id, when `sessions`
     parent_of: dict[int, int] = {}
     with _reading(p, f"{kind} JSONL"), _open_text(p) as f:
         for n, line in enumerate(f, 1):
@@ -244,19 +280,21 @@ def _hash_block_jsonl(p: Path, kind: str, block_size: int, units_per_s: float, s
                 ids = d.get("hash_ids") or []
                 if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
                     raise WorkloadError(f"{where}: hash_ids must be a list of integers")
+                chat = 0
                 if sessions:
                     chat, parent = d["chat_id"], d["parent_chat_id"]
                     if not (isinstance(chat, int) and isinstance(parent, int)) or isinstance(chat, bool) \
                             or isinstance(parent, bool):
                         raise WorkloadError(f"{where}: chat_id and parent_chat_id must be integers")
-                    chats.append(chat)
                     parent_of[chat] = parent
-                reqs.append(Request(len(reqs), _arrival(where, float(ts) / units_per_s), inp, out,
-                                    chain(ids[: inp // block_size])))
+                # the chat id rides in `rid` until the requests are numbered in arrival order
+                cut.add(Request(chat, _arrival(where, float(ts) / units_per_s), inp, out,
+                                chain(ids[: inp // block_size])))
+    reqs = cut.kept()
     if not reqs:
         raise WorkloadError(f"{p}: no requests")
     if sessions:
-        for r, session in zip(reqs, _conversations(chats, parent_of), strict=True):
+        for r, session in zip(reqs, _conversations([r.rid for r in reqs], parent_of), strict=True):
             r.session = session
     return Workload(trace_stem(p), _in_arrival_order(reqs), block_size)
 
@@ -280,17 +318,19 @@ def _conversations(chats: list[int], parent_of: dict[int, int]) -> list[str]:
     return [f"chat-{root[c]}" for c in chats]
 
 
-def load_mooncake(path: str | Path, block_size: int = MOONCAKE_BLOCK) -> Workload:
+def load_mooncake(path: str | Path, block_size: int = MOONCAKE_BLOCK, *, seconds: float | None = None,
+                  requests: int | None = None) -> Workload:
     """Mooncake JSONL (kvcache-ai/Mooncake FAST'25 traces): timestamp (ms), input_length, output_length, hash_ids
-    (512-token blocks)."""
-    return _hash_block_jsonl(Path(path), "Mooncake", block_size, 1000.0, sessions=False)
+    (512-token blocks). `seconds`, `requests`: only the first that many (`_Cut`), for every loader."""
+    return _hash_block_jsonl(Path(path), "Mooncake", block_size, 1000.0, sessions=False, cut=_Cut(seconds, requests))
 
 
-def load_bailian(path: str | Path, block_size: int = BAILIAN_BLOCK) -> Workload:
+def load_bailian(path: str | Path, block_size: int = BAILIAN_BLOCK, *, seconds: float | None = None,
+                 requests: int | None = None) -> Workload:
     """Qwen-Bailian JSONL (alibaba-edu/qwen-bailian-usagetraces-anon: the to-C, to-B, thinking and coder traces):
     chat_id, parent_chat_id (-1 for a conversation's first turn), timestamp (seconds), input_length,
     output_length, type, turn, hash_ids (16-token blocks). Requests of one conversation share a session."""
-    return _hash_block_jsonl(Path(path), "Qwen-Bailian", block_size, 1.0, sessions=True)
+    return _hash_block_jsonl(Path(path), "Qwen-Bailian", block_size, 1.0, sessions=True, cut=_Cut(seconds, requests))
 
 
 _FRACTION = re.compile(r"\.(\d+)")
@@ -322,17 +362,19 @@ def _csv_rows(p: Path, expected: str, columns: tuple[str, ...]) -> Iterator[tupl
         raise WorkloadError(f"{p}: not a CSV file ({e})") from None
 
 
-def load_azure(path: str | Path, block_size: int = 16) -> Workload:
+def load_azure(path: str | Path, block_size: int = 16, *, seconds: float | None = None,
+               requests: int | None = None) -> Workload:
     """Azure LLM inference trace CSV: TIMESTAMP, ContextTokens, GeneratedTokens (no content: no sharing)."""
     p = Path(path)
-    reqs: list[Request] = []
+    cut = _Cut(seconds, requests)
     for where, row in _csv_rows(p, "Azure CSV", AZURE_COLUMNS):
         with _record(where, "bad row"):
             ts = row["TIMESTAMP"]
             if not isinstance(ts, str):
                 raise WorkloadError(f"{where}: no TIMESTAMP")
             inp, out = _lengths(where, row["ContextTokens"], row["GeneratedTokens"])
-            reqs.append(Request(0, _parse_ts(ts), inp, out))
+            cut.add(Request(0, _parse_ts(ts), inp, out))
+    reqs = cut.kept()
     if not reqs:
         raise WorkloadError(f"{p}: no requests")
     return Workload(trace_stem(p), _in_arrival_order(reqs, from_zero=True), block_size)
@@ -341,7 +383,8 @@ def load_azure(path: str | Path, block_size: int = 16) -> Workload:
 BURSTGPT_COLUMNS = ("Timestamp", "Request tokens", "Response tokens")
 
 
-def load_burstgpt(path: str | Path, block_size: int = 16) -> Workload:
+def load_burstgpt(path: str | Path, block_size: int = 16, *, seconds: float | None = None,
+                  requests: int | None = None) -> Workload:
     """BurstGPT CSV (HPMLL/BurstGPT: Timestamp in seconds, Model, Request tokens, Response tokens, Total tokens,
     Log Type; no content: no sharing).
 
@@ -349,19 +392,21 @@ def load_burstgpt(path: str | Path, block_size: int = 16) -> Workload:
     replayed (no engine was asked for an answer of zero tokens) and are counted in `Workload.failed_skipped`.
     Any other bad row is an error naming its line."""
     p = Path(path)
-    reqs: list[Request] = []
-    failed = 0
+    failed_at: list[float] = []
+    cut = _Cut(seconds, requests)
     for where, row in _csv_rows(p, "BurstGPT CSV", BURSTGPT_COLUMNS):
         with _record(where, "bad row"):
-            out = row["Response tokens"]
-            if isinstance(out, str) and out.strip() in ("0", "0.0"):
-                failed += 1
-                continue
-            inp, outn = _lengths(where, row["Request tokens"], out)
             ts = row["Timestamp"]
             if ts is None:
                 raise WorkloadError(f"{where}: no Timestamp")
-            reqs.append(Request(0, _arrival(where, float(ts)), inp, outn))
+            out = row["Response tokens"]
+            if isinstance(out, str) and out.strip() in ("0", "0.0"):
+                failed_at.append(_arrival(where, float(ts)))
+                continue
+            inp, outn = _lengths(where, row["Request tokens"], out)
+            cut.add(Request(0, _arrival(where, float(ts)), inp, outn))
+    reqs = cut.kept()
+    failed = sum(1 for t in failed_at if cut.within(t))  # within the window of the replayed requests
     if not reqs:
         raise WorkloadError(f"{p}: no requests" + (f" ({failed} failed ones skipped)" if failed else ""))
     return Workload(trace_stem(p), _in_arrival_order(reqs, from_zero=True), block_size, failed_skipped=failed)
@@ -391,17 +436,24 @@ def _jsonl_kind(p: Path) -> str:
     return "bailian" if isinstance(d, dict) and "parent_chat_id" in d else "mooncake"
 
 
-def load_trace(path: str | Path, fmt: str = "auto") -> Workload:
+def load_trace(path: str | Path, fmt: str = "auto", *, seconds: float | None = None,
+               requests: int | None = None) -> Workload:
     """Any trace format the simulator knows: `fmt` "mooncake" or "bailian" (JSONL), "azure" or "burstgpt" (CSV), or
     "auto": a .csv is BurstGPT when its header has BurstGPT's columns, else Azure; anything else is Qwen-Bailian
     when its first record has `parent_chat_id`, else Mooncake. A .gz, .bz2 or .xz file is read decompressed, its
-    format told by the suffix before (`trace.csv.gz` is a CSV)."""
+    format told by the suffix before (`trace.csv.gz` is a CSV). `seconds`, `requests`: only the requests within that
+    many seconds of the first, or the first that many (both: whichever is fewer), holding only those in memory
+    (`_Cut`)."""
     p = Path(path)
+    if seconds is not None and not (math.isfinite(seconds) and seconds > 0):
+        raise WorkloadError(f"{p}: seconds to read must be a finite number > 0, got {seconds:g}")
+    if requests is not None and requests < 1:
+        raise WorkloadError(f"{p}: requests to read must be >= 1, got {requests}")
     if fmt not in ("auto", *TRACE_FORMATS):
         raise WorkloadError(f"unknown trace format {fmt!r}; known: auto, {', '.join(TRACE_FORMATS)}")
     kind = fmt if fmt != "auto" else (_csv_kind(p) if _plain(p).suffix.lower() == ".csv" else _jsonl_kind(p))
     loaders = {"mooncake": load_mooncake, "bailian": load_bailian, "azure": load_azure, "burstgpt": load_burstgpt}
-    return loaders[kind](p)
+    return loaders[kind](p, seconds=seconds, requests=requests)
 
 
 @dataclass

@@ -9,7 +9,9 @@ import gzip
 import json
 import lzma
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,7 +31,7 @@ BAILIAN = "".join(json.dumps(r) + "\n" for r in [
     {"chat_id": 2, "parent_chat_id": 1, "timestamp": 9.0, "input_length": 50, "output_length": 3,
      "hash_ids": [1, 2, 3, 4]},
 ])
-WRITERS = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
+WRITERS: dict[str, Callable[..., Any]] = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
 
 
 @pytest.mark.parametrize("suffix", sorted(WRITERS))
@@ -75,3 +77,68 @@ def test_a_trace_directory_scan_finds_compressed_traces_under_plain_names(tmp_pa
         f.write(MULTIMODAL)
     assert autoscale_setup.trace_names([packed]) == ["azure_2025"]
     assert len(autoscale_setup.workloads([packed], quick=False, spike_factor=None)["azure_2025"].requests) == 3
+
+
+def _formats(tmp_path: Path, bad_tail: bool) -> dict[str, Path]:
+    """One file per format: a request a second for 10 s, in time order, and (`bad_tail`) a malformed last record."""
+    files = {
+        "azure.csv": ("TIMESTAMP,ContextTokens,GeneratedTokens\n",
+                      [f"2024-05-10 00:00:{t:02d}.000000+00:00,100,10" for t in range(10)], "2024-05-10 00:00:11,x,1"),
+        "burst.csv": ("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n",
+                      [f"{t},ChatGPT,100,10,110,API log" for t in range(10)], "11,ChatGPT,x,1,1,API log"),
+        "moon.jsonl": ("", [json.dumps({"timestamp": 1000 * t, "input_length": 100, "output_length": 10,
+                                        "hash_ids": [t]}) for t in range(10)], "{not json"),
+        "qwen.jsonl": ("", [json.dumps({"chat_id": t, "parent_chat_id": -1, "timestamp": t, "input_length": 100,
+                                        "output_length": 10, "hash_ids": [t]}) for t in range(10)], "{not json"),
+    }
+    out = {}
+    for name, (header, rows, bad) in files.items():
+        out[name] = tmp_path / name
+        out[name].write_text(header + "\n".join(rows + ([bad] if bad_tail else [])) + "\n", encoding="utf-8")
+    return out
+
+
+def test_a_cut_holds_only_the_window_in_every_format(tmp_path: Path) -> None:
+    """`seconds` / `requests`: the requests within that many seconds of the first, or the first that many, in each
+    format; a malformed record anywhere is still an error naming its line (the whole file is read)."""
+    for name, p in _formats(tmp_path, bad_tail=False).items():
+        assert [r.arrival for r in load_trace(p, seconds=3.5).requests] == pytest.approx([0, 1, 2, 3]), name
+        assert [r.arrival for r in load_trace(p, requests=4).requests] == pytest.approx([0, 1, 2, 3]), name
+        assert len(load_trace(p, seconds=5, requests=2).requests) == 2, name  # both: whichever is fewer
+    for name, p in _formats(tmp_path, bad_tail=True).items():
+        with pytest.raises(WorkloadError, match=rf"{name}:1?[12]:"):
+            load_trace(p, seconds=3.5)
+    for bad in ({"seconds": 0.0}, {"seconds": float("nan")}, {"requests": 0}):
+        with pytest.raises(WorkloadError, match="to read must be"):
+            load_trace(_formats(tmp_path, bad_tail=False)["azure.csv"], **bad)
+
+
+def test_a_cut_of_a_file_out_of_order_is_exact(tmp_path: Path) -> None:
+    """Out of time order, the cut is the one `Workload.head` makes on the whole trace: the earliest request may come
+    last in the file, and equal times keep their order in the file."""
+    p = tmp_path / "shuffled.jsonl"
+    times = [4, 9, 1, 2, 3, 8, 5, 2, 0]
+    p.write_text("".join(json.dumps({"timestamp": 1000 * t, "input_length": 64 + i, "output_length": 4}) + "\n"
+                         for i, t in enumerate(times)), encoding="utf-8")
+    whole = load_trace(p)
+    cut = load_trace(p, seconds=3.0)
+    assert [(r.arrival, r.prompt_len) for r in cut.requests] == [
+        (r.arrival, r.prompt_len) for r in whole.head(seconds=3.0).requests] == [
+        (0, 72), (1, 66), (2, 67), (2, 71), (3, 68)]
+    assert [(r.arrival, r.prompt_len) for r in load_trace(p, requests=4).requests] == [
+        (r.arrival, r.prompt_len) for r in whole.head(4).requests] == [(0, 72), (1, 66), (2, 67), (2, 71)]
+    assert [r.rid for r in cut.requests] == [0, 1, 2, 3, 4]
+
+
+def test_cli_and_benchmark_hold_only_what_they_replay(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from llmfleet.cli.main import app
+
+    files = _formats(tmp_path, bad_tail=False)
+    res = CliRunner().invoke(app, ["sim", "run", "--trace", str(files["qwen.jsonl"]), "--max-requests", "3",
+                                   "--replicas", "1", "--router", "round-robin", "--out", str(tmp_path / "o")])
+    assert res.exit_code == 0, res.output
+    assert "qwen: 3 requests" in res.output
+    loaded = autoscale_setup.workloads([files["azure.csv"]], quick=False, spike_factor=None, trace_seconds=4)
+    assert len(loaded["azure"].requests) == 5
