@@ -26,6 +26,8 @@ FORMAT_HELP = "auto, mooncake, bailian, azure, burstgpt."
 TimeScale = Annotated[float, typer.Option(help="Replay at k x the workload's rate (arrival times divided by k: 2 "
                                                  "doubles the rate, 0.5 halves it); k > 0.")]
 MaxRequests = Annotated[int | None, typer.Option(help="Use the first N requests.")]
+TraceSeconds = Annotated[float | None, typer.Option(help="Use a trace's first S seconds (from its earliest request; "
+                                                         "only those are held in memory).")]
 Duration = Annotated[float, typer.Option(help="Synthetic workload length, s.")]
 Rate = Annotated[float, typer.Option(help="Synthetic mean rate, requests/s.")]
 Tenants = Annotated[int, typer.Option(help="Synthetic tenants.")]
@@ -45,20 +47,24 @@ def _require(flag: str, value: float, low: float = 0.0, *, inclusive: bool = Fal
 
 
 def _workload(trace: Path | None, fmt: str, duration: float, rate: float, tenants: int, seed: int,
-              max_requests: int | None, time_scale: float) -> Workload:
+              max_requests: int | None, time_scale: float, trace_seconds: float | None = None) -> Workload:
     from llmfleet.sim.workload import SyntheticSpec, load_trace, rate_scale, synthetic
 
     rate_scale(time_scale, "--time-scale")  # before loading a trace: a bad flag fails at once
     _require("--seed", seed, inclusive=True)
     if max_requests is not None and max_requests < 1:
         raise ValueError(f"--max-requests must be >= 1, got {max_requests}")
+    if trace_seconds is not None:
+        _require("--trace-seconds", trace_seconds)
+        if trace is None:
+            raise ValueError("--trace-seconds cuts a trace: give --trace (a synthetic workload has --duration)")
     if trace is None:
         _require("--duration", duration)
         _require("--rate", rate)
         _require("--tenants", tenants, 1, inclusive=True)
         w = synthetic(SyntheticSpec(duration_s=duration, rate_rps=rate, tenants=tenants, seed=seed))
     else:  # the first N requests are read, not the whole file: a week-long trace's head loads in seconds
-        w = load_trace(trace, fmt, requests=max_requests)
+        w = load_trace(trace, fmt, seconds=trace_seconds, requests=max_requests)
     if max_requests is not None:
         w = w.head(max_requests)
     if time_scale != 1.0:
@@ -140,6 +146,7 @@ def register(app: typer.Typer) -> None:
                                                       "(with --autoscaler: REPLICAS is its minReplicas, 0 = scale to zero)."),
         time_scale: TimeScale = 1.0,
         max_requests: MaxRequests = None,
+        trace_seconds: TraceSeconds = None,
         duration: Duration = 600.0,
         rate: Rate = 10.0,
         tenants: Tenants = 8,
@@ -176,7 +183,7 @@ def register(app: typer.Typer) -> None:
                     raise ValueError(f"--student must be MODEL:REPLICAS, got {student!r}") from None
                 if sn < 0:
                     raise ValueError(f"--student replicas must be >= 0, got {sn}")
-            w = _workload(trace, fmt, duration, rate, tenants, seed, max_requests, time_scale)
+            w = _workload(trace, fmt, duration, rate, tenants, seed, max_requests, time_scale, trace_seconds)
             overflow: Literal["reject", "clip"] = "clip" if clip_context else "reject"
             if autoscaler is not None:
                 if autoscaler not in AUTOSCALERS:
@@ -244,6 +251,7 @@ def register(app: typer.Typer) -> None:
         order: list[str] = typer.Option(["highest"], help="Window orders, one descent each: highest, forward, backward."),
         time_scale: TimeScale = 1.0,
         max_requests: MaxRequests = None,
+        trace_seconds: TraceSeconds = None,
         duration: Duration = 600.0,
         rate: Rate = 10.0,
         tenants: Tenants = 8,
@@ -268,7 +276,7 @@ def register(app: typer.Typer) -> None:
             _require("--cold-start-s", cold_start_s, inclusive=True)
             if bad := [o for o in order if o not in ("highest", "forward", "backward")]:
                 raise ValueError(f"unknown --order {bad[0]!r}; known: highest, forward, backward")
-            w = _workload(trace, fmt, duration, rate, tenants, seed, max_requests, time_scale)
+            w = _workload(trace, fmt, duration, rate, tenants, seed, max_requests, time_scale, trace_seconds)
             pool = PoolSpec(model=model, gpu=gpu, cold_start_s=cold_start_s, max_model_len=max_model_len)
             if start_replicas is None:
                 start_replicas, _ = _fewest_static(w, pool, ttft_slo_ms / 1e3, target, seed)
@@ -319,6 +327,7 @@ def register(app: typer.Typer) -> None:
                                                             "the model's. Longer requests are rejected."),
         time_scale: TimeScale = 1.0,
         max_requests: MaxRequests = None,
+        trace_seconds: TraceSeconds = None,
         duration: Duration = 600.0,
         rate: Rate = 10.0,
         tenants: Tenants = 8,
@@ -345,7 +354,7 @@ def register(app: typer.Typer) -> None:
             if max_model_len is not None and max_model_len < 2:
                 raise ValueError(f"--max-model-len must be >= 2, got {max_model_len}")
             m, g = get_model(model), get_gpu(gpu)
-            w = _workload(trace, fmt, duration, rate, tenants, seed, max_requests, time_scale)
+            w = _workload(trace, fmt, duration, rate, tenants, seed, max_requests, time_scale, trace_seconds)
             if reuse:
                 found = plan_with_reuse(w, m, g, ttft_slo_s=ttft_ms / 1e3, tpot_slo_s=tpot_ms / 1e3,
                                         first_minute=first_minute, kv_dtype=kv_dtype, tensor_parallel=tp)

@@ -140,5 +140,13 @@ def test_cli_and_benchmark_hold_only_what_they_replay(tmp_path: Path) -> None:
                                    "--replicas", "1", "--router", "round-robin", "--out", str(tmp_path / "o")])
     assert res.exit_code == 0, res.output
     assert "qwen: 3 requests" in res.output
+    res = CliRunner().invoke(app, ["sim", "run", "--trace", str(files["azure.csv"]), "--trace-seconds", "2.5",
+                                   "--replicas", "1", "--router", "round-robin", "--out", str(tmp_path / "o")])
+    assert res.exit_code == 0, res.output
+    assert "azure: 3 requests" in res.output
+    for args, match in ((["--trace", str(files["azure.csv"]), "--trace-seconds", "0"], "--trace-seconds must be"),
+                        (["--trace-seconds", "5"], "--trace-seconds cuts a trace: give --trace")):
+        res = CliRunner().invoke(app, ["sim", "run", *args])
+        assert res.exit_code == 2 and match in res.output, res.output
     loaded = autoscale_setup.workloads([files["azure.csv"]], quick=False, spike_factor=None, trace_seconds=4)
     assert len(loaded["azure"].requests) == 5
