@@ -3,7 +3,7 @@
 The fleet is an InferenceService (`llmfleet.sim.production.make_service`) simulated by the production router,
 fallback and autoscaler (`llmfleet.sim.production.simulate_service`): primary Llama-3.1-8B (Llama-3-8B's shape,
 128k context) on H200 with a 60 s cold start, student Llama-3.2-1B with a 20 s cold start, scaled to zero
-when idle. Workloads: every trace in ../shared/data/traces/ (any format `llmfleet.sim.workload.load_trace`
+when idle. Workloads: every trace in ../shared/data/traces/ (any format `llmfleet.sim.traces.load_trace`
 knows) and the synthetic spike.
 """
 
@@ -18,16 +18,9 @@ from llmfleet.api import InferenceService
 from llmfleet.sim.oracle import attainment as ttft_attainment  # requests within the TTFT SLO / servable ones
 from llmfleet.sim.planning import over_slo_alone
 from llmfleet.sim.production import DEFAULT_COLD_START_S, Fallback, PolicyHook, make_service, simulate_service
+from llmfleet.sim.traces import is_trace_file, load_trace, trace_stem
 from llmfleet.sim.types import PoolSpec, SimResult
-from llmfleet.sim.workload import (
-    SyntheticSpec,
-    Workload,
-    WorkloadError,
-    is_trace_file,
-    load_trace,
-    synthetic,
-    trace_stem,
-)
+from llmfleet.sim.workload import SyntheticSpec, Workload, WorkloadError, synthetic
 
 __all__ = ["GPU", "MAX_REPLICAS", "PRIMARY_COLD_S", "PRIMARY_MODEL", "ROOT", "ROUTER_SEEDS", "STUDENT_COLD_S",
            "STUDENT_MODEL", "STUDENT_WARM", "TRACES", "PolicyHook", "misses", "run_policy", "run_static", "service",

@@ -44,7 +44,8 @@ from llmfleet.autoscaler.seeds import seeds_for_service
 from llmfleet.plan.capacity import TrafficShape, replica_capacity
 from llmfleet.plan.hardware import get_gpu
 from llmfleet.plan.models import get_model
-from llmfleet.sim.workload import Request, Workload, WorkloadError, is_trace_file, load_trace
+from llmfleet.sim.traces import is_trace_file, load_trace
+from llmfleet.sim.workload import Request, Workload, WorkloadError
 
 RESULT = RESULTS / "capacity_fidelity.json"
 LOADS = (0.5, 0.7, 0.85)  # fractions of the simulated capacity the TTFT p95 is compared at

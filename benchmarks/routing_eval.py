@@ -36,8 +36,9 @@ from llmfleet.api.inferenceservice import RouterSpec
 from llmfleet.sim.engine import simulate
 from llmfleet.sim.report import finite_cache_hit_bound, oracle_hit_rate, plot, ttft_lower_bound
 from llmfleet.sim.routers import ROUTERS
+from llmfleet.sim.traces import load_mooncake, load_trace
 from llmfleet.sim.types import PoolSpec, SimConfig
-from llmfleet.sim.workload import SyntheticSpec, load_mooncake, load_trace, synthetic
+from llmfleet.sim.workload import SyntheticSpec, synthetic
 
 ROOT = Path(__file__).resolve().parents[1]
 # ../shared beside the checkout; from a worktree (checkout/../wt/<name>) the first parent that has one

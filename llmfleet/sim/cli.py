@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from llmfleet.sim.workload import Workload
 
 AUTOSCALERS = ("slo", "queue", "static")
-# trace options shared by `run`, `hindsight` and `plan` (the formats: llmfleet.sim.workload.TRACE_FORMATS, not imported
+# trace options shared by `run`, `hindsight` and `plan` (the formats: llmfleet.sim.traces.TRACE_FORMATS, not imported
 # here so that `llmfleet --help` does not load numpy)
 TRACE_HELP = "Trace file (Mooncake or Qwen-Bailian JSONL, Azure or BurstGPT CSV); synthetic when omitted."
 FORMAT_HELP = "auto, mooncake, bailian, azure, burstgpt."
@@ -48,7 +48,8 @@ def _require(flag: str, value: float, low: float = 0.0, *, inclusive: bool = Fal
 
 def _workload(trace: Path | None, fmt: str, duration: float, rate: float, tenants: int, seed: int,
               max_requests: int | None, time_scale: float, trace_seconds: float | None = None) -> Workload:
-    from llmfleet.sim.workload import SyntheticSpec, load_trace, rate_scale, synthetic
+    from llmfleet.sim.traces import load_trace
+    from llmfleet.sim.workload import SyntheticSpec, rate_scale, synthetic
 
     rate_scale(time_scale, "--time-scale")  # before loading a trace: a bad flag fails at once
     _require("--seed", seed, inclusive=True)

@@ -1,7 +1,7 @@
 """The discrete-event loop: arrivals -> router -> replicas, autoscaler ticks, cold starts, metrics.
 
     from llmfleet.sim.engine import simulate, SimConfig, PoolSpec
-    from llmfleet.sim.workload import load_mooncake
+    from llmfleet.sim.traces import load_mooncake
     res = simulate(load_mooncake(path), SimConfig(pools=[PoolSpec(replicas=8)]), router="least-request")
     res.summary["ttft"]["p99"], res.records, res.series
 

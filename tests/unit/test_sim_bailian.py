@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 from llmfleet.cli.main import app
 from llmfleet.sim.cli import FORMAT_HELP
 from llmfleet.sim.report import oracle_hit_rate
-from llmfleet.sim.workload import TRACE_FORMATS, WorkloadError, load_bailian, load_mooncake, load_trace
+from llmfleet.sim.traces import TRACE_FORMATS, load_bailian, load_mooncake, load_trace
+from llmfleet.sim.workload import WorkloadError
 
 # As the release writes them: a conversation (chat 7, then 9 whose prompt extends 7's and 7's answer), a
 # conversation whose first turn the file does not hold (12's parent 3), and an unrelated request.

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from llmfleet.cli.main import app
-from llmfleet.sim.workload import WorkloadError, load_burstgpt, load_trace
+from llmfleet.sim.traces import load_burstgpt, load_trace
+from llmfleet.sim.workload import WorkloadError
 
 HEADER = "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type"
 ROWS = [  # as the release writes them: seconds from the trace's start, failures with 0 response tokens

@@ -13,15 +13,8 @@ from llmfleet.plan.roofline import StepCostModel
 from llmfleet.sim.engine import PoolSpec, SimConfig, SimPoolSignals, simulate
 from llmfleet.sim.replica import SimReplica
 from llmfleet.sim.report import oracle_hit_rate
-from llmfleet.sim.workload import (
-    Request,
-    SyntheticSpec,
-    Workload,
-    WorkloadError,
-    load_azure,
-    load_mooncake,
-    synthetic,
-)
+from llmfleet.sim.traces import load_azure, load_mooncake
+from llmfleet.sim.workload import Request, SyntheticSpec, Workload, WorkloadError, synthetic
 
 # the first 300 lines of the Mooncake FAST'25 synthetic trace (Apache-2.0), so CI needs no shared folder
 HEAD300 = Path(__file__).parent / "sim_data" / "mooncake_head300.jsonl"

@@ -8,7 +8,8 @@ import pytest
 
 from llmfleet.plan.roofline import StepCostModel
 from llmfleet.sim.engine import PoolSpec, SimConfig, simulate
-from llmfleet.sim.workload import Request, Workload, load_mooncake
+from llmfleet.sim.traces import load_mooncake
+from llmfleet.sim.workload import Request, Workload
 
 HEAD300 = Path(__file__).parent / "sim_data" / "mooncake_head300.jsonl"
 # step time = tokens / 1000 s: no overhead, no memory term, no attention term

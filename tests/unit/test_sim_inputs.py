@@ -15,8 +15,9 @@ from typer.testing import CliRunner
 from llmfleet.cli.main import app
 from llmfleet.sim.engine import simulate
 from llmfleet.sim.oracle import attainment
+from llmfleet.sim.traces import load_azure, load_mooncake, load_trace
 from llmfleet.sim.types import PoolSpec, SimConfig
-from llmfleet.sim.workload import Request, Workload, WorkloadError, load_azure, load_mooncake, load_trace
+from llmfleet.sim.workload import Request, Workload, WorkloadError
 
 HEAD300 = Path(__file__).parent / "sim_data" / "mooncake_head300.jsonl"
 

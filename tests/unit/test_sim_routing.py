@@ -12,7 +12,8 @@ from llmfleet.plan.roofline import StepCostModel
 from llmfleet.sim.engine import PoolSpec, SimConfig, simulate
 from llmfleet.sim.report import finite_cache_hit_bound, oracle_hit_rate
 from llmfleet.sim.routers import LlmfleetRouter
-from llmfleet.sim.workload import Request, SyntheticSpec, Workload, load_mooncake, synthetic
+from llmfleet.sim.traces import load_mooncake
+from llmfleet.sim.workload import Request, SyntheticSpec, Workload, synthetic
 
 HEAD300 = Path(__file__).parent / "sim_data" / "mooncake_head300.jsonl"
 UNIT = StepCostModel(flops_per_token=1.0, attn_flops_per_ctx=0.0, weight_bytes=0.0, kv_bytes=0.0,

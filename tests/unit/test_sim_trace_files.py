@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from llmfleet.sim.workload import WorkloadError, is_trace_file, load_trace, trace_stem
+from llmfleet.sim.traces import is_trace_file, load_trace, trace_stem
+from llmfleet.sim.workload import WorkloadError
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))

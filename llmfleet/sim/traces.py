@@ -1,0 +1,339 @@
+"""Trace files for the simulator: Mooncake and Qwen-Bailian JSONL, Azure LLM-inference and BurstGPT CSV, compressed or
+not; `load_trace` tells them apart. Mooncake's `hash_ids` (512-token blocks) and Qwen-Bailian's (16-token blocks)
+become prefix chains (`llmfleet.sim.workload.chain`); Azure and BurstGPT CSVs carry no content, so their requests
+share nothing.
+"""
+
+from __future__ import annotations
+
+import bz2
+import csv
+import gzip
+import heapq
+import json
+import lzma
+import math
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import IO
+
+from llmfleet.sim.workload import Request, Workload, WorkloadError, chain, in_arrival_order
+
+MOONCAKE_BLOCK = 512
+BAILIAN_BLOCK = 16
+
+
+def _lengths(where: str, prompt: object, output: object) -> tuple[int, int]:
+    """Token counts of one record: whole numbers >= 1 (a zero or negative length is an error, not a 1)."""
+    out = []
+    for what, v in (("prompt", prompt), ("output", output)):
+        if isinstance(v, bool) or not isinstance(v, int | float | str):
+            raise WorkloadError(f"{where}: {what} length must be a number, got {v!r}")
+        f = float(v)
+        if not math.isfinite(f) or f != int(f) or f < 1:
+            raise WorkloadError(f"{where}: {what} length must be a whole number >= 1, got {v!r}")
+        out.append(int(f))
+    return out[0], out[1]
+
+
+def _arrival(where: str, seconds: float) -> float:
+    if not math.isfinite(seconds) or seconds < 0:
+        raise WorkloadError(f"{where}: timestamp must be a finite number >= 0, got {seconds!r}")
+    return seconds
+
+
+# Compressed traces are read as they are (the Azure 2025 multimodal trace ships as .csv.gz): by suffix, the format's
+# suffix before it.
+COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz")
+TRACE_SUFFIXES = (".jsonl", ".csv")
+
+
+def _plain(p: Path) -> Path:
+    """`p` without a compression suffix (`trace.csv.gz` -> `trace.csv`)."""
+    return p.with_suffix("") if p.suffix.lower() in COMPRESSED_SUFFIXES else p
+
+
+def trace_stem(p: Path) -> str:
+    """A trace file's name without its format and compression suffixes: the workload's name."""
+    return _plain(p).stem
+
+
+def is_trace_file(p: Path) -> bool:
+    """A file a trace directory's scan picks up: .jsonl or .csv, compressed or not."""
+    return _plain(p).suffix.lower() in TRACE_SUFFIXES
+
+
+def _open_text(p: Path, newline: str | None = None) -> IO[str]:
+    """A trace file as UTF-8 text, decompressed on the fly when its suffix is .gz, .bz2 or .xz."""
+    suffix = p.suffix.lower()
+    if suffix == ".gz":
+        return gzip.open(p, "rt", encoding="utf-8", newline=newline)
+    if suffix == ".bz2":
+        return bz2.open(p, "rt", encoding="utf-8", newline=newline)
+    if suffix == ".xz":
+        return lzma.open(p, "rt", encoding="utf-8", newline=newline)
+    return p.open(encoding="utf-8", newline=newline)
+
+
+@contextmanager
+def _reading(p: Path, expected: str) -> Iterator[None]:
+    """A trace file that cannot be opened, decompressed or decoded: WorkloadError naming the file."""
+    try:
+        yield
+    except OSError as e:  # gzip's and bz2's bad data are OSErrors too
+        raise WorkloadError(f"{p}: {e.strerror or e}") from None
+    except (EOFError, lzma.LZMAError) as e:  # a compressed file cut short, bad xz data
+        raise WorkloadError(f"{p}: damaged compressed file ({e})") from None
+    except UnicodeDecodeError:
+        raise WorkloadError(f"{p}: not a text file ({expected} expected)") from None
+
+
+@contextmanager
+def _record(where: str, problem: str) -> Iterator[None]:
+    """A record with a missing or malformed value: WorkloadError naming the line."""
+    try:
+        yield
+    except WorkloadError:
+        raise
+    except KeyError as e:
+        raise WorkloadError(f"{where}: {problem} (no {e})") from None
+    except (TypeError, ValueError, OverflowError) as e:
+        raise WorkloadError(f"{where}: {problem} ({e})") from None
+
+
+class _Cut:
+    """Which records of a trace to keep: those within `seconds` of the earliest, and of those the `requests` earliest
+    (file order among equal times), as `Workload.head` would cut the whole trace, whatever the order of the file.
+    Only the kept requests are held, so a week-long trace's first hour takes an hour's memory: a record more than
+    `seconds` after the earliest seen so far can never be in the window (the earliest only gets earlier), and a
+    bounded heap holds the earliest `requests`."""
+
+    def __init__(self, seconds: float | None, requests: int | None) -> None:
+        self.seconds, self.requests = seconds, requests
+        self.earliest = math.inf
+        self._kept: list[Request] = []
+        self._latest_first: list[tuple[float, int, Request]] = []  # a heap of (-arrival, -file order, request)
+        self._seen = 0
+
+    def add(self, r: Request) -> None:
+        self._seen += 1
+        self.earliest = min(self.earliest, r.arrival)
+        if not self.within(r.arrival):
+            return
+        if self.requests is None:
+            self._kept.append(r)
+            return
+        heapq.heappush(self._latest_first, (-r.arrival, -self._seen, r))
+        if len(self._latest_first) > self.requests:
+            heapq.heappop(self._latest_first)  # the latest of them (the last in the file among equal times)
+
+    def within(self, t: float) -> bool:
+        """Whether a time lies in the window (after the whole file: against the earliest request)."""
+        return self.seconds is None or t - self.earliest <= self.seconds
+
+    def kept(self) -> list[Request]:
+        reqs = self._kept if self.requests is None else [  # in file order: equal times keep it
+            r for _, _, r in sorted(self._latest_first, key=lambda x: -x[1])]
+        return [r for r in reqs if self.within(r.arrival)]
+
+
+def _hash_block_jsonl(p: Path, kind: str, block_size: int, units_per_s: float, sessions: bool,
+                      cut: _Cut) -> Workload:
+    """A JSONL trace of `timestamp`, `input_length`, `output_length` and `hash_ids` (one id per `block_size`-token
+    block of the prompt, equal ids at the same position meaning a shared prefix), the timestamp in 1/`units_per_s`
+    seconds. `sessions`: the records also carry `chat_id` and `parent_chat_id` (-1 for a conversation's first turn),
+    and each request's session (`Request.session`) is its conversation's (`_conversations`)."""
+    parent_of: dict[int, int] = {}
+    with _reading(p, f"{kind} JSONL"), _open_text(p) as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{p}:{n}"
+            with _record(where, f"not a {kind} record"):
+                d = json.loads(line)
+                if not isinstance(d, dict):
+                    raise WorkloadError(f"{where}: not a JSON object")
+                inp, out = _lengths(where, d["input_length"], d["output_length"])
+                ts = d["timestamp"]
+                if isinstance(ts, bool) or not isinstance(ts, int | float):
+                    raise WorkloadError(f"{where}: timestamp must be a number, got {ts!r}")
+                ids = d.get("hash_ids") or []
+                if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+                    raise WorkloadError(f"{where}: hash_ids must be a list of integers")
+                chat = 0
+                if sessions:
+                    chat, parent = d["chat_id"], d["parent_chat_id"]
+                    if not (isinstance(chat, int) and isinstance(parent, int)) or isinstance(chat, bool) \
+                            or isinstance(parent, bool):
+                        raise WorkloadError(f"{where}: chat_id and parent_chat_id must be integers")
+                    parent_of[chat] = parent
+                # the chat id rides in `rid` until the requests are numbered in arrival order
+                cut.add(Request(chat, _arrival(where, float(ts) / units_per_s), inp, out,
+                                chain(ids[: inp // block_size])))
+    reqs = cut.kept()
+    if not reqs:
+        raise WorkloadError(f"{p}: no requests")
+    if sessions:
+        for r, session in zip(reqs, _conversations([r.rid for r in reqs], parent_of), strict=True):
+            r.session = session
+    return Workload(trace_stem(p), in_arrival_order(reqs), block_size)
+
+
+def _conversations(chats: list[int], parent_of: dict[int, int]) -> list[str]:
+    """Each chat's conversation, `chat-<id of its first turn>`: parents followed up to a first turn (parent -1) or to
+    a parent the file lacks (a sampled trace: then the missing parent's id), in whatever order the records came;
+    a cycle of parents ends where it closes."""
+    root: dict[int, int] = {}
+    for chat in chats:
+        path, c = [], chat
+        while c not in root:
+            parent = parent_of.get(c, -1)
+            if c in path or parent < 0 or parent not in parent_of:
+                root[c] = c if c in path or parent < 0 else parent
+                break
+            path.append(c)
+            c = parent
+        for c2 in path:
+            root[c2] = root[c]
+    return [f"chat-{root[c]}" for c in chats]
+
+
+def load_mooncake(path: str | Path, block_size: int = MOONCAKE_BLOCK, *, seconds: float | None = None,
+                  requests: int | None = None) -> Workload:
+    """Mooncake JSONL (kvcache-ai/Mooncake FAST'25 traces): timestamp (ms), input_length, output_length, hash_ids
+    (512-token blocks). `seconds`, `requests`: only the first that many (`_Cut`), for every loader."""
+    return _hash_block_jsonl(Path(path), "Mooncake", block_size, 1000.0, sessions=False, cut=_Cut(seconds, requests))
+
+
+def load_bailian(path: str | Path, block_size: int = BAILIAN_BLOCK, *, seconds: float | None = None,
+                 requests: int | None = None) -> Workload:
+    """Qwen-Bailian JSONL (alibaba-edu/qwen-bailian-usagetraces-anon: the to-C, to-B, thinking and coder traces):
+    chat_id, parent_chat_id (-1 for a conversation's first turn), timestamp (seconds), input_length,
+    output_length, type, turn, hash_ids (16-token blocks). Requests of one conversation share a session."""
+    return _hash_block_jsonl(Path(path), "Qwen-Bailian", block_size, 1.0, sessions=True, cut=_Cut(seconds, requests))
+
+
+_FRACTION = re.compile(r"\.(\d+)")
+
+
+def _parse_ts(s: str) -> float:
+    """Seconds of an Azure TIMESTAMP: 2023's `2023-11-16 18:17:03.9799600` or 2024's
+    `2024-05-10 00:00:00.009930+00:00`. A time without a zone is UTC, so no machine's DST puts a gap in a trace."""
+    # 7 fractional digits in 2023's release; datetime takes at most 6
+    t = datetime.fromisoformat(_FRACTION.sub(lambda m: "." + m.group(1)[:6], s.strip(), count=1))
+    return (t if t.tzinfo is not None else t.replace(tzinfo=UTC)).timestamp()
+
+
+AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+
+
+def _csv_rows(p: Path, expected: str, columns: tuple[str, ...]) -> Iterator[tuple[str, dict[str, str | None]]]:
+    """(file:line, row) for each data row of a CSV trace that has `columns`; a WorkloadError naming the file for
+    one that cannot be read, lacks a column or is not CSV."""
+    try:
+        with _reading(p, expected), _open_text(p, newline="") as f:
+            rd = csv.DictReader(f)
+            missing = set(columns) - set(rd.fieldnames or [])
+            if missing:
+                raise WorkloadError(f"{p}: missing columns {', '.join(sorted(missing))}")
+            for n, row in enumerate(rd, 2):
+                yield f"{p}:{n}", row
+    except csv.Error as e:
+        raise WorkloadError(f"{p}: not a CSV file ({e})") from None
+
+
+def load_azure(path: str | Path, block_size: int = 16, *, seconds: float | None = None,
+               requests: int | None = None) -> Workload:
+    """Azure LLM inference trace CSV: TIMESTAMP, ContextTokens, GeneratedTokens (no content: no sharing)."""
+    p = Path(path)
+    cut = _Cut(seconds, requests)
+    for where, row in _csv_rows(p, "Azure CSV", AZURE_COLUMNS):
+        with _record(where, "bad row"):
+            ts = row["TIMESTAMP"]
+            if not isinstance(ts, str):
+                raise WorkloadError(f"{where}: no TIMESTAMP")
+            inp, out = _lengths(where, row["ContextTokens"], row["GeneratedTokens"])
+            cut.add(Request(0, _parse_ts(ts), inp, out))
+    reqs = cut.kept()
+    if not reqs:
+        raise WorkloadError(f"{p}: no requests")
+    return Workload(trace_stem(p), in_arrival_order(reqs, from_zero=True), block_size)
+
+
+BURSTGPT_COLUMNS = ("Timestamp", "Request tokens", "Response tokens")
+
+
+def load_burstgpt(path: str | Path, block_size: int = 16, *, seconds: float | None = None,
+                  requests: int | None = None) -> Workload:
+    """BurstGPT CSV (HPMLL/BurstGPT: Timestamp in seconds, Model, Request tokens, Response tokens, Total tokens,
+    Log Type; no content: no sharing).
+
+    The release marks requests that failed in the original service with `Response tokens` 0: they are not
+    replayed (no engine was asked for an answer of zero tokens) and are counted in `Workload.failed_skipped`.
+    Any other bad row is an error naming its line."""
+    p = Path(path)
+    failed_at: list[float] = []
+    cut = _Cut(seconds, requests)
+    for where, row in _csv_rows(p, "BurstGPT CSV", BURSTGPT_COLUMNS):
+        with _record(where, "bad row"):
+            ts = row["Timestamp"]
+            if ts is None:
+                raise WorkloadError(f"{where}: no Timestamp")
+            out = row["Response tokens"]
+            if isinstance(out, str) and out.strip() in ("0", "0.0"):
+                failed_at.append(_arrival(where, float(ts)))
+                continue
+            inp, outn = _lengths(where, row["Request tokens"], out)
+            cut.add(Request(0, _arrival(where, float(ts)), inp, outn))
+    reqs = cut.kept()
+    failed = sum(1 for t in failed_at if cut.within(t))  # within the window of the replayed requests
+    if not reqs:
+        raise WorkloadError(f"{p}: no requests" + (f" ({failed} failed ones skipped)" if failed else ""))
+    return Workload(trace_stem(p), in_arrival_order(reqs, from_zero=True), block_size, failed_skipped=failed)
+
+
+TRACE_FORMATS = ("mooncake", "bailian", "azure", "burstgpt")
+
+
+def _csv_kind(p: Path) -> str:
+    """Which CSV trace `p` is, by its header row: BurstGPT's columns, else Azure's (whose loader names what is
+    missing)."""
+    with _reading(p, "CSV trace"), _open_text(p, newline="") as f:
+        header = f.readline()
+    return "burstgpt" if all(c in header for c in BURSTGPT_COLUMNS) else "azure"
+
+
+def _jsonl_kind(p: Path) -> str:
+    """Which JSONL trace `p` is, by its first record: Qwen-Bailian's when it has `parent_chat_id` (its timestamps
+    are seconds and its blocks 16 tokens, read as Mooncake's they would be 1,000x too close and 32x too long),
+    else Mooncake's (whose loader names what is wrong with a record)."""
+    with _reading(p, "JSONL trace"), _open_text(p) as f:
+        first = next((line for line in f if line.strip()), "")
+    try:
+        d = json.loads(first)
+    except ValueError:
+        return "mooncake"
+    return "bailian" if isinstance(d, dict) and "parent_chat_id" in d else "mooncake"
+
+
+def load_trace(path: str | Path, fmt: str = "auto", *, seconds: float | None = None,
+               requests: int | None = None) -> Workload:
+    """Any trace format the simulator knows: `fmt` "mooncake" or "bailian" (JSONL), "azure" or "burstgpt" (CSV), or
+    "auto": a .csv is BurstGPT when its header has BurstGPT's columns, else Azure; anything else is Qwen-Bailian
+    when its first record has `parent_chat_id`, else Mooncake. A .gz, .bz2 or .xz file is read decompressed, its
+    format told by the suffix before (`trace.csv.gz` is a CSV). `seconds`, `requests`: only the requests within that
+    many seconds of the first, or the first that many (both: whichever is fewer), holding only those in memory
+    (`_Cut`)."""
+    p = Path(path)
+    if seconds is not None and not (math.isfinite(seconds) and seconds > 0):
+        raise WorkloadError(f"{p}: seconds to read must be a finite number > 0, got {seconds:g}")
+    if requests is not None and requests < 1:
+        raise WorkloadError(f"{p}: requests to read must be >= 1, got {requests}")
+    if fmt not in ("auto", *TRACE_FORMATS):
+        raise WorkloadError(f"unknown trace format {fmt!r}; known: auto, {', '.join(TRACE_FORMATS)}")
+    kind = fmt if fmt != "auto" else (_csv_kind(p) if _plain(p).suffix.lower() == ".csv" else _jsonl_kind(p))
+    loaders = {"mooncake": load_mooncake, "bailian": load_bailian, "azure": load_azure, "burstgpt": load_burstgpt}
+    return loaders[kind](p, seconds=seconds, requests=requests)
