@@ -29,7 +29,7 @@ Use it from pytest (async):
     async with kubeemu.serve(crds="crds") as (emu, url):
         ...  # point kopf / clients at `url` (plain http, no auth); inspect emu.get(...), emu.list(...)
 
-or standalone in another process: `python tests/kubeemu.py --crds crds --port 0` prints the URL.
+or standalone in another process: `python tests/kubeemu.py --crds crds` prints the URL.
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ import argparse
 import asyncio
 import contextlib
 import copy
-import datetime
 import json
 import pathlib
 import uuid
@@ -53,6 +52,7 @@ import kmock
 import yaml
 from kmock._internal import apps, dicts, enums, parsing, rendering
 from kmock._internal.k8s import KubernetesObjectConflictError
+from kubeemu_objects import changed_paths, copy_json, drop_path, now, removed_paths, spec_part, without
 
 from llmfleet.operator.promotion import apply_merge_patch  # RFC 7396, as an API server does it
 
@@ -80,56 +80,6 @@ def _parse_path(path: str) -> parsing.ParsedPath:
 
 # Module-level fix (idempotent, affects kmock's request parsing in this process only).
 parsing.parse_path = _parse_path
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
-
-
-def _copy(value: Any) -> Any:
-    """Deep copy of JSON data (several times faster than copy.deepcopy)."""
-    return json.loads(json.dumps(value))
-
-
-def _removed_paths(old: Any, new: Any, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
-    """Dict paths present in `old` but absent in `new` (lists are atomic: never descended)."""
-    if not isinstance(old, Mapping):
-        return []
-    out = []
-    for key, value in old.items():
-        if not isinstance(new, Mapping) or key not in new:
-            out.append((*prefix, key))
-        else:
-            out += _removed_paths(value, new[key], (*prefix, key))
-    return out
-
-
-def _changed_paths(old: Any, new: Any, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
-    """Leaf paths whose value differs between two objects (lists are atomic leaves)."""
-    if isinstance(old, Mapping) and isinstance(new, Mapping):
-        out = []
-        for key in set(old) | set(new):
-            out += _changed_paths(old.get(key), new.get(key), (*prefix, key))
-        return out
-    return [] if old == new else [prefix]
-
-
-def _drop(obj: dict[str, Any], path: tuple[str, ...]) -> None:
-    node: Any = obj
-    for key in path[:-1]:
-        node = node.get(key) if isinstance(node, dict) else None
-        if node is None:
-            return
-    if isinstance(node, dict):
-        node.pop(path[-1], None)
-
-
-def _without(obj: Mapping[str, Any], *keys: str) -> dict[str, Any]:
-    return {k: v for k, v in obj.items() if k not in keys}
-
-
-def _spec_part(obj: Mapping[str, Any]) -> dict[str, Any]:
-    return _without(obj, "metadata", "status", "apiVersion", "kind")
 
 
 @attrs.define(kw_only=True)
@@ -364,7 +314,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         meta["uid"] = str(uuid.uuid4())
         meta["resourceVersion"] = self._next_rv()
         meta["generation"] = 1
-        meta.setdefault("creationTimestamp", _now())
+        meta.setdefault("creationTimestamp", now())
         key = (res, ns, meta["name"])
         if key in self.objects._objects:
             self.objects._objects[key].create(body)
@@ -375,7 +325,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
     def _create(self, res: Any, ns: str | None, body: Any) -> tuple[dict[str, Any], list[tuple[Any, dict[str, Any]]]]:
         if not isinstance(body, Mapping):
             raise kmock.KubernetesError(status=400, reason="BadRequest", message="the body must be an object")
-        body = _copy(dict(body))
+        body = copy_json(dict(body))
         meta = body.setdefault("metadata", {})
         if not meta.get("name") and meta.get("generateName"):
             meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
@@ -398,7 +348,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
             if mode != "apply":
                 raise kmock.KubernetesObjectNotFoundError(reason="NotFound", message=f"{name!r} not found")
             created, events = self._create(res, ns, {**patch, "metadata": {**patch.get("metadata", {}), "name": name}})
-            self._applied[(key, str(manager))] = _copy(patch)
+            self._applied[(key, str(manager))] = copy_json(patch)
             return created, events
         old = obj.raw
         if mode == "json":
@@ -420,26 +370,26 @@ class KubeEmulator(kmock.KubernetesEmulator):
             elif sub == "status":
                 patch = {"status": patch.get("status")} if "status" in patch else {}
             elif "status" in self._subresources(res):
-                patch = _without(patch, "status")
+                patch = without(patch, "status")
             if mode == "apply":
-                base = _copy(old)
+                base = copy_json(old)
                 prev = self._applied.get((key, str(manager)))
                 if prev is not None:
-                    for path in _removed_paths(_without(prev, "apiVersion", "kind"), patch):
+                    for path in removed_paths(without(prev, "apiVersion", "kind"), patch):
                         if path[:1] != ("metadata",) or path[1:2] in (("labels",), ("annotations",)):
-                            _drop(base, path)
-                new = apply_merge_patch(base, _without(patch, "apiVersion", "kind"))
-                self._applied[(key, str(manager))] = _copy(patch)
+                            drop_path(base, path)
+                new = apply_merge_patch(base, without(patch, "apiVersion", "kind"))
+                self._applied[(key, str(manager))] = copy_json(patch)
             else:
                 new = apply_merge_patch(old, patch)
         if mode != "apply":
             # A plain write takes ownership of what it changed away from the appliers (as managedFields do):
             # their next apply without those fields leaves them as they are.
-            changed = _changed_paths(_spec_part(old), _spec_part(new))
+            changed = changed_paths(spec_part(old), spec_part(new))
             for (k, _mgr), applied in self._applied.items():
                 if k == key:
                     for path in changed:
-                        _drop(applied, path)
+                        drop_path(applied, path)
         # Server-managed fields are not writable. (A fresh metadata dict: `new` may share it with `old`.)
         new["metadata"] = dict(new.get("metadata") or {})
         for field in ("uid", "creationTimestamp", "name", "namespace"):
@@ -449,7 +399,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         new["metadata"]["generation"] = old["metadata"].get("generation", 1)
         if new == old:
             return old, []
-        if _spec_part(new) != _spec_part(old):
+        if spec_part(new) != spec_part(old):
             new["metadata"]["generation"] = int(old["metadata"].get("generation", 1)) + 1
         new["metadata"]["resourceVersion"] = self._next_rv()
         obj.history.append(new)
@@ -470,7 +420,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         if meta.get("finalizers"):
             if meta.get("deletionTimestamp"):
                 return raw, []
-            new = {**raw, "metadata": {**raw["metadata"], "deletionTimestamp": _now()}}
+            new = {**raw, "metadata": {**raw["metadata"], "deletionTimestamp": now()}}
             new["metadata"]["resourceVersion"] = self._next_rv()
             obj.history.append(new)
             return new, [(res, {"type": "MODIFIED", "object": new})]
