@@ -23,14 +23,12 @@ import gc
 import json
 import os
 import platform
-import random
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -40,10 +38,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from http_load import closed_loop, open_loop, quantile, wait_ready  # noqa: E402
+from router_overhead_report import head_to_head_lines, table, verdicts  # noqa: E402
+
 from llmfleet.router.block_keys import BlockHasher  # noqa: E402
 from llmfleet.router.config import PoolConfig, RouterConfig  # noqa: E402
 from llmfleet.router.plugins import PrefixIndex, ReplicaState, RequestInfo, build_pipeline  # noqa: E402
-from llmfleet.router.upstream_client import UpstreamClient, UpstreamError  # noqa: E402
 from llmfleet.util.net import free_port  # noqa: E402
 
 ROUTER_CPU, LOAD_CPU = "1", "0"
@@ -51,127 +51,6 @@ ROUTER_CPU, LOAD_CPU = "1", "0"
 
 def pin(cpu: str) -> list[str]:
     return ["taskset", "-c", cpu] if shutil.which("taskset") and (os.cpu_count() or 1) > 1 else []
-
-
-def quantile(xs: list[float], q: float) -> float:
-    if not xs:
-        return float("nan")
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
-
-
-def prompts(n: int = 64) -> list[str]:
-    rng = random.Random(0)
-    systems = [f"System prompt {i}: you answer questions about topic {i}. " * 4 for i in range(8)]
-    return [rng.choice(systems) + f"User question number {j}?" for j in range(n)]
-
-
-async def wait_ready(url: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    async with aiohttp.ClientSession() as s:
-        while time.monotonic() < deadline:
-            try:
-                async with s.post(url + "/v1/completions", json={"model": "m", "prompt": "x", "max_tokens": 1},
-                                  timeout=aiohttp.ClientTimeout(total=2)) as r:
-                    if r.status == 200:
-                        await r.read()
-                        return
-            except (aiohttp.ClientError, TimeoutError, OSError):
-                pass
-            await asyncio.sleep(0.3)
-    raise RuntimeError(f"{url} not ready in {timeout:.0f} s")
-
-
-def request_bodies(stream: bool) -> list[bytes]:
-    return [json.dumps({"model": "m", "prompt": p, "max_tokens": 8, "stream": stream}).encode() for p in prompts()]
-
-
-_HEADERS = b"Content-Type: application/json\r\n"
-
-
-async def one(client: UpstreamClient, base: str, body: bytes) -> bool:
-    """One request, body read to the end. The load generator uses the router's own lean HTTP/1.1 client
-    (keep-alive, asyncio Protocol): about a third of aiohttp's CPU per request, so the core it shares with
-    the backends does not limit the rates measured."""
-    resp = await client.post(base, "/v1/completions", body, _HEADERS, 30.0, 60.0)
-    try:
-        await resp.read()
-        return resp.status == 200
-    finally:
-        resp.close()
-
-
-async def open_loop(base: str, rate: float, duration: float, stream: bool) -> dict[str, float]:
-    bodies = request_bodies(stream)
-    n = int(rate * duration)
-    lat: list[float] = []
-    lag: list[float] = []
-    errors = 0
-    client = UpstreamClient(connect_timeout=5.0)
-    try:
-        warm = json.dumps({"model": "m", "prompt": "warm", "max_tokens": 8}).encode()
-        await asyncio.gather(*(one(client, base, warm) for _ in range(50)))
-        clock = time.perf_counter  # uvloop's loop.time() has millisecond resolution
-        t0 = clock() + 0.05
-
-        async def fire(i: int) -> None:
-            nonlocal errors
-            sched = t0 + i / rate
-            await asyncio.sleep(max(0.0, sched - clock()))
-            # Timed from the actual send. uvloop's timers have millisecond granularity: sends land up to ~1 ms
-            # before or after their scheduled time. Timing from `sched` put that timer noise (as large as
-            # the latencies measured) into every percentile. Each request is its own task, so a slow router
-            # cannot hold sends back (the coordinated omission that timing from `sched` guards against); the
-            # send lag is reported to show it stayed at the timer's granularity.
-            start = clock()
-            lag.append(start - sched)
-            try:
-                ok = await one(client, base, bodies[i % len(bodies)])
-            except UpstreamError:
-                ok = False
-            if ok:
-                lat.append(clock() - start)
-            else:
-                errors += 1
-
-        gc.disable()  # a collection pausing the load generator would show up as latency of whichever router runs
-        try:
-            await asyncio.gather(*(fire(i) for i in range(n)))
-        finally:
-            gc.enable()
-        elapsed = clock() - t0
-    finally:
-        client.close()
-    return {"offered_rps": rate, "achieved_rps": len(lat) / elapsed, "errors": errors,
-            "p50_ms": quantile(lat, 0.5) * 1e3, "p90_ms": quantile(lat, 0.9) * 1e3, "p99_ms": quantile(lat, 0.99) * 1e3,
-            "send_lag_p99_ms": quantile(lag, 0.99) * 1e3}
-
-
-async def closed_loop(base: str, concurrency: int, duration: float, stream: bool) -> dict[str, float]:
-    bodies = request_bodies(stream)
-    done = errors = 0
-    client = UpstreamClient(connect_timeout=5.0)
-    end = time.monotonic() + duration
-
-    async def worker(w: int) -> None:
-        nonlocal done, errors
-        i = w
-        while time.monotonic() < end:
-            try:
-                ok = await one(client, base, bodies[i % len(bodies)])
-            except UpstreamError:
-                ok = False
-            done += ok
-            errors += not ok
-            i += concurrency
-
-    try:
-        t0 = time.monotonic()
-        await asyncio.gather(*(worker(w) for w in range(concurrency)))
-        elapsed = time.monotonic() - t0
-    finally:
-        client.close()
-    return {"max_rps": done / elapsed, "errors": errors, "requests": done}
 
 
 def cpu_seconds(pid: int) -> float:
@@ -466,47 +345,6 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
-def table(res: dict[str, Any]) -> str:
-    a = res["args"]
-    lines = [f"| router | mode | p50 / p99 ms @ {a['light_rate']:g} req/s | added p50 / p99 ms | "
-             f"p50 / p99 ms @ {a['rate']:g} req/s | added p50 / p99 ms | achieved req/s | "
-             f"max req/s (c={a['concurrency']}) | router CPU µs/req | 1 core req/s (from CPU) | "
-             f"run-queue wait ms/s @ {a['rate']:g} |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    nan = float("nan")
-    for name, row in res["routers"].items():
-        for mode, r in row.items():
-            if mode not in ("stream", "nonstream"):
-                continue
-            li, o, c = r["light"], r["open"], r["closed"]
-            lines.append(
-                f"| {name} | {mode} | {li['p50_ms']:.2f} / {li['p99_ms']:.2f} | "
-                f"{li.get('added_p50_ms', nan):.2f} / {li.get('added_p99_ms', nan):.2f} | "
-                f"{o['p50_ms']:.2f} / {o['p99_ms']:.2f} | {o.get('added_p50_ms', nan):.2f} / "
-                f"{o.get('added_p99_ms', nan):.2f} | {o['achieved_rps']:.0f} | {c['max_rps']:.0f} | "
-                f"{c.get('router_cpu_us_per_request', nan):.0f} | {c.get('one_core_rps_from_cpu') or nan:.0f} | "
-                f"{o.get('router_run_queue_wait_ms_per_s', nan):.0f} |")
-    for name, why in res["skipped"].items():
-        lines.append(f"| {name} | - | skipped: {why} | | | | | | | | |")
-    ov = res["routers"].get("llmfleet", {}).get("router_overhead_before_upstream_us")
-    if ov:
-        lines += ["", "llmfleet router's own time from request arrival to upstream send (its histogram): "
-                  + ", ".join(f"{k} {v:.0f} µs" for k, v in ov.items() if v is not None)]
-    rd = res.get("route_decision")
-    if rd:
-        sc = ", ".join(f"{k} {v:g}" for k, v in rd.get("scorers", {}).items())
-        lines += ["", f"| route decision (8k-token prompt, 100k blocks indexed, 8 replicas; scorers {sc}) | µs |",
-                  "|---|---|",
-                  f"| hash 512 blocks (p50) | {rd['hash_p50_us']:.1f} |",
-                  f"| match + scorers + pick (p50) | {rd['match_and_pick_p50_us']:.1f} |",
-                  f"| decision total p50 / p99 | {rd['decision_p50_us']:.1f} / {rd['decision_p99_us']:.1f} |",
-                  f"| decision total, fastest of {rd.get('iters', 2000)} (hash + match/pick) | "
-                  f"{rd['decision_min_us']:.1f} ({rd['hash_min_us']:.1f} + {rd['match_and_pick_min_us']:.1f}) |",
-                  f"| index update after routing (p50, off the decision) | {rd['index_update_p50_us']:.1f} |",
-                  f"| tokenize 8k tokens (tiny BPE, before the decision) | {rd['tokenize_8k_us']:.0f} |"]
-    return "\n".join(lines)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--duration", type=float, default=5.0)
@@ -579,62 +417,6 @@ def main() -> None:
     if "head_to_head" in res:
         print(head_to_head_lines(res["head_to_head"]))
     print(f"wrote {out}")
-
-
-def head_to_head_lines(h: dict[str, Any]) -> str:
-    """Medians of the head-to-head rounds, and llmfleet's per-round ratios to each peer."""
-    lines = [f"head-to-head: {h['rounds']} rounds x {h['duration_s']:g} s, {h['concurrency']} connections, closed loop"]
-    for name, modes in h["routers"].items():
-        lines.append(f"  {name:14s} " + ", ".join(f"{m} {v['rps_median']:,.0f} req/s {v['cpu_us_median']:.0f} us/req"
-                                                  for m, v in modes.items()))
-    for peer, modes in h["llmfleet_vs"].items():
-        for m, v in modes.items():
-            if v["rps_ratio_median"] is None or v["cpu_ratio_median"] is None:
-                continue
-            lines.append(f"  llmfleet / {peer} {m}: req/s x{v['rps_ratio_median']:.2f} (rounds "
-                         + " ".join(f"{x:.2f}" for x in v["rps_ratio_per_round"]) + f"), CPU x{v['cpu_ratio_median']:.2f}"
-                         " (rounds " + " ".join(f"{x:.2f}" for x in v["cpu_ratio_per_round"]) + ")")
-    return "\n".join(lines)
-
-
-def verdicts(res: dict[str, Any]) -> str:
-    """One line per target: the measured values and PASS / FAIL / not measured."""
-    t, rate = res["targets_met"], res["args"]["rate"]
-    ll = res["routers"].get("llmfleet", {})
-
-    def word(v: bool | None) -> str:
-        return "not measured" if v is None else "PASS" if v else "FAIL"
-
-    def per_mode(fmt: str) -> str:
-        out = []
-        for m in ("nonstream", "stream"):
-            if m in ll:  # missing values (no direct baseline) print as nan
-                values = defaultdict(lambda: float("nan"), {**ll[m]["open"], **ll[m]["closed"]})
-                out.append(f"{m} {fmt.format_map(values)}")
-        return ", ".join(out)
-
-    load = res["machine"]["loadavg_1m_at_start"], res["machine"]["loadavg_1m_at_end"]
-    waits = [ll[m]["open"].get("router_run_queue_wait_ms_per_s", 0.0) for m in ("nonstream", "stream") if m in ll]
-    busy = max(load) > 1.5 or max(waits, default=0.0) > 50
-    lines = [f"targets, llmfleet router; 1-min load average {load[0]:.1f} at start, {load[1]:.1f} at end; "
-             f"router waited for its core {max(waits, default=0.0):.0f} ms per s at {rate:g} req/s"
-             + (" -- the machine was busy: wall-clock numbers are not trustworthy" if busy else "")]
-    if ll:
-        why = ("" if t.get("added_latency_measurable") else " (the direct baseline did not keep up with the rate)"
-               if "direct" in res["routers"] else " (no direct baseline in this run)")
-        lines += [
-            f"  added latency p50 <= 0.5 ms @ {rate:g} req/s: {word(t['added_p50_le_0.5ms'])}{why}: "
-            + per_mode("{added_p50_ms:+.2f} ms"),
-            f"  added latency p99 <= 2 ms @ {rate:g} req/s:   {word(t['added_p99_le_2ms'])}{why}: "
-            + per_mode("{added_p99_ms:+.2f} ms"),
-            f"  >= 2,000 req/s on one core (closed loop):     {word(t['ge_2000_rps'])}: " + per_mode("{max_rps:.0f} req/s"),
-            f"  >= 2,000 req/s on one core (from CPU time):   {word(t['ge_2000_rps_from_cpu_time'])}: "
-            + per_mode("{router_cpu_us_per_request:.0f} µs/req = {one_core_rps_from_cpu:.0f} req/s"),
-        ]
-    rd = res["route_decision"]
-    lines += [f"  route decision <= 50 µs (p50):                {word(t['decision_le_50us'])}: "
-              f"{rd['decision_p50_us']:.1f} µs (fastest {rd['decision_min_us']:.1f} µs)"]
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":
