@@ -430,7 +430,7 @@ def resimulate(result: dict[str, Any], speed: str | None = None,
                cost_fit: str = "requests") -> dict[str, Any]:
     """Simulate every run of a routing_vllm result (its workloads, its stored calibration, each run at the
     speed `speed` gives it: None for `default_speed`) and compare with the real runs."""
-    from routing_vllm import chat_workload, workload_args
+    from chat_workload import chat_workload, workload_args
 
     from llmfleet.local.tinymodel import PRIMARY, build_tiny
 

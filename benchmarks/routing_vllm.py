@@ -41,18 +41,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import inspect
 import json
 import os
 import platform
-import random
-import re
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -64,7 +60,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from router_overhead import quantile, start, stop  # noqa: E402
+from chat_workload import Conversation, chat_workload, words, workload_args  # noqa: E402
+from http_load import quantile  # noqa: E402
+from router_overhead import start, stop  # noqa: E402
 from routing_fidelity import calibrate_replicas, cost_from, resimulate  # noqa: E402
 from routing_fidelity import table as fidelity_table  # noqa: E402
 from serve_local import engine_settings  # noqa: E402
@@ -89,50 +87,6 @@ DEFAULT_VARIANTS: dict[str, dict[str, Any]] = {
     "llmfleet-sole-holder": {"sole_holder_discount": True},
 }
 MAX_NUM_SEQS = 16
-
-
-# ---- workload -----------------------------------------------------------------------------------------------
-@dataclass
-class Conversation:
-    tenant: int
-    start_s: float
-    turns: list[tuple[str, str]]  # (user message, the assistant reply the next turn's history carries)
-    think_s: list[float] = field(default_factory=list)
-
-
-def _words() -> list[str]:
-    import email.message
-    import json.decoder
-
-    text = inspect.getsource(json.decoder) + inspect.getsource(email.message)
-    return sorted(set(re.findall(r"[a-z]{3,}", text)))
-
-
-def workload_args(args: argparse.Namespace) -> tuple[Any, ...]:
-    """chat_workload's arguments after the seed, from the command line (or a result file's params)."""
-    return (args.tenants, args.conversations, args.span, args.system_words, (args.min_turns, args.max_turns), args.think)
-
-
-def chat_workload(seed: int, tenants: int, conversations: int, span_s: float, system_words: int,
-                  turns: tuple[int, int], think_mean_s: float) -> tuple[list[str], list[Conversation]]:
-    """Seeded multi-tenant chat: (system prompt per tenant, conversations). Tenant t is picked with weight 1/(t+1)."""
-    rng = random.Random(seed)
-    words = _words()
-
-    def text(n: int) -> str:
-        return " ".join(rng.choice(words) for _ in range(n))
-
-    systems = [f"You are the assistant of tenant {t}. Follow these rules. " + text(system_words) for t in range(tenants)]
-    weights = [1 / (t + 1) for t in range(tenants)]
-    convs = []
-    for _ in range(conversations):
-        n = rng.randint(*turns)
-        convs.append(Conversation(
-            tenant=rng.choices(range(tenants), weights)[0], start_s=rng.uniform(0, span_s),
-            turns=[(text(rng.randint(10, 30)), text(rng.randint(20, 50))) for _ in range(n)],
-            think_s=[rng.expovariate(1 / think_mean_s) for _ in range(n)],
-        ))
-    return systems, sorted(convs, key=lambda c: c.start_s)
 
 
 # ---- replicas -----------------------------------------------------------------------------------------------
@@ -408,7 +362,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         # the simulator's CPU replica model: fitted on the replicas before any router runs, from prompts of its
         # own (nothing of the evaluated workloads); the salted runs below do not reuse what it cached
         t = time.monotonic()
-        calibration = await calibrate_replicas(urls, _words(), model)
+        calibration = await calibrate_replicas(urls, words(), model)
         m = calibration["model"]
         print(f"calibrated the replica model in {time.monotonic() - t:.0f} s: step overhead {m['overhead_s'] * 1e3:.1f} ms, "
               f"prefill of 1,000 tokens {cost_from(calibration).prefill_time(1000) * 1e3:.0f} ms", flush=True)

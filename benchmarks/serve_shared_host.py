@@ -33,8 +33,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from router_overhead import quantile  # noqa: E402
-from routing_vllm import _words, cpu_seconds, replica_env, service, start_replicas, wait_health  # noqa: E402
+from chat_workload import words  # noqa: E402
+from http_load import quantile  # noqa: E402
+from routing_vllm import cpu_seconds, replica_env, service, start_replicas, wait_health  # noqa: E402
 
 from llmfleet.local.tinymodel import PRIMARY, build_tiny  # noqa: E402
 
@@ -129,9 +130,9 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2, help="Streams per (rate, placement), alternating placements.")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "serve_shared_host.json")
     args = p.parse_args()
-    model, words = str(build_tiny(PRIMARY)), _words()
+    model, vocabulary = str(build_tiny(PRIMARY)), words()
     t0, load0 = time.monotonic(), os.getloadavg()
-    rows = [row for c in args.configs for row in asyncio.run(measure_fleet(c, args, model, words))]
+    rows = [row for c in args.configs for row in asyncio.run(measure_fleet(c, args, model, vocabulary))]
     result = {
         "benchmark": "serve_shared_host", "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": "python benchmarks/serve_shared_host.py " + " ".join(sys.argv[1:]),
