@@ -3,6 +3,7 @@ traces (one line, exit 2 from the CLI), and a fuzz test of the trace loaders (va
 
 from __future__ import annotations
 
+import gzip
 import json
 import string
 from pathlib import Path
@@ -216,7 +217,8 @@ def test_cli_hindsight(tmp_path: Path) -> None:
 
 _num = st.one_of(st.integers(-10, 10**7), st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=5),
                  st.none(), st.booleans())
-_record = st.dictionaries(st.sampled_from(["timestamp", "input_length", "output_length", "hash_ids", "x"]),
+_record = st.dictionaries(st.sampled_from(["timestamp", "input_length", "output_length", "hash_ids", "chat_id",
+                                           "parent_chat_id", "x"]),
                           st.one_of(_num, st.lists(st.one_of(st.integers(-5, 5), st.text(max_size=2)), max_size=4)),
                           max_size=5)
 _line = st.one_of(_record.map(json.dumps), st.text(string.printable, max_size=30))
@@ -233,9 +235,25 @@ def _valid(w: Workload) -> None:
 
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(lines=st.lists(_line, max_size=6), raw=st.binary(max_size=20))
-def test_fuzz_mooncake_loader(tmp_path: Path, lines: list[str], raw: bytes) -> None:
+def test_fuzz_jsonl_loaders(tmp_path: Path, lines: list[str], raw: bytes) -> None:
+    """Mooncake's and Qwen-Bailian's (a first record with `parent_chat_id`) loaders, whole and cut."""
     p = tmp_path / "f.jsonl"
     p.write_bytes("\n".join(lines).encode() + raw)
+    for cut in ({}, {"seconds": 1.0}, {"requests": 2}):
+        try:
+            w = load_trace(p, **cut)
+        except WorkloadError:
+            continue
+        _valid(w)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lines=st.lists(_line, max_size=6), raw=st.binary(max_size=20), cut_at=st.integers(0, 200))
+def test_fuzz_compressed_traces(tmp_path: Path, lines: list[str], raw: bytes, cut_at: int) -> None:
+    """A gzip trace, whole, cut short or with junk after it: a valid workload or a WorkloadError."""
+    packed = gzip.compress("\n".join(lines).encode() + raw)
+    p = tmp_path / "f.jsonl.gz"
+    p.write_bytes(packed[: max(cut_at, 1)] if cut_at < len(packed) else packed + raw)
     try:
         w = load_trace(p)
     except WorkloadError:
