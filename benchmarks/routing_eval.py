@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import sys
@@ -59,10 +60,11 @@ SWEEP_ROUTERS = ("least-request", "sglang", "llm-d", "llmfleet")
 
 
 def scenarios(quick: bool, traces: list[Path] | None = None, trace_replicas: tuple[int, ...] = (8,),
-              only_traces: bool = False) -> list[tuple[str, int, object, float]]:
+              only_traces: bool = False, trace_seconds: float | None = None) -> list[tuple[str, int, object, float]]:
     """(name, replicas, workload, host KV tier GiB per replica); `traces`: more traces (any format load_trace
     knows: Mooncake or Qwen-Bailian JSONL, Azure or BurstGPT CSV), each replayed as is on each of `trace_replicas`;
-    `only_traces`: those alone, without the standard scenarios."""
+    `only_traces`: those alone, without the standard scenarios; `trace_seconds`: only each of those traces' first
+    that many seconds (a day- or week-long trace; only those are read into memory)."""
     out: list[tuple[str, int, object, float]] = []
     if not only_traces:
         trace = TRACE if TRACE.exists() else FALLBACK_TRACE
@@ -77,7 +79,7 @@ def scenarios(quick: bool, traces: list[Path] | None = None, trace_replicas: tup
             out.append((f"synthetic {spec.rate_rps:g} rps", reps, synthetic(spec), 0.0))
         out.append((f"mooncake x3 + {HOST_KV_GIB:g} GiB host KV tier", 8, moon.scaled(3.0), HOST_KV_GIB))
     for p in traces or []:
-        w = load_trace(p)
+        w = load_trace(p, seconds=trace_seconds)
         out += [(w.name, reps, w, 0.0) for reps in trace_replicas]
     if quick:
         out = [(n, r, w.head(400), h) for n, r, w, h in out]  # type: ignore[attr-defined]
@@ -168,6 +170,8 @@ def main() -> int:
                     help="also replay this trace (Mooncake or Qwen-Bailian JSONL, Azure or BurstGPT CSV) as is; repeatable")
     ap.add_argument("--trace-replicas", type=int, nargs="+", default=[8], metavar="N",
                     help="fleet sizes each --trace is replayed on (default 8)")
+    ap.add_argument("--trace-seconds", type=float, metavar="S",
+                    help="only each --trace's first S seconds (a day- or week-long trace)")
     ap.add_argument("--only-traces", action="store_true",
                     help="only the --trace scenarios, not the standard ones (e.g. with a separate --out)")
     ap.add_argument("--out", default=str(RESULTS / "routing_eval.json"))
@@ -178,6 +182,8 @@ def main() -> int:
         args.img = str(plot_dir(Path(args.out)))
     if any(n <= 0 for n in args.trace_replicas):
         ap.error("--trace-replicas: fleet sizes must be >= 1")
+    if args.trace_seconds is not None and not (math.isfinite(args.trace_seconds) and args.trace_seconds > 0):
+        ap.error(f"--trace-seconds {args.trace_seconds:g}: it must be > 0")
     if args.only_traces and not args.trace:
         ap.error("--only-traces needs at least one --trace")
     if args.render:
@@ -186,7 +192,8 @@ def main() -> int:
     con = Console(width=160)
     rows = []
     t_all = time.time()
-    for name, reps, w, host_gib in scenarios(args.quick, args.trace, tuple(args.trace_replicas), args.only_traces):
+    for name, reps, w, host_gib in scenarios(args.quick, args.trace, tuple(args.trace_replicas), args.only_traces,
+                                                   args.trace_seconds):
         oracle = oracle_hit_rate(w)  # type: ignore[arg-type]
         pool = PoolSpec(model=MODEL, gpu="H200", replicas=reps, host_kv_gib=host_gib)
         cfg = SimConfig(pools=[pool], ttft_slo_s=2.0, tpot_slo_s=0.1, seed=0)

@@ -30,8 +30,17 @@ def test_a_trace_runs_on_each_fleet_size_and_alone_when_asked() -> None:
     assert len(with_standard) == 5 + 1 and with_standard[-1][1] == 8  # the standard five, then the trace on 8
 
 
+def test_a_long_trace_is_cut_to_its_first_seconds() -> None:
+    whole = routing_eval.scenarios(False, [MOONCAKE], (2,), only_traces=True)[0][2]
+    head = routing_eval.scenarios(False, [MOONCAKE], (2,), only_traces=True, trace_seconds=20.0)[0][2]
+    t0 = whole.requests[0].arrival
+    assert 0 < len(head.requests) < len(whole.requests)
+    assert [r.arrival for r in head.requests] == [r.arrival for r in whole.requests if r.arrival - t0 <= 20.0]
+
+
 def test_bad_trace_options_are_one_line_errors() -> None:
     for argv, msg in ((["--only-traces"], "--only-traces needs at least one --trace"),
+                      (["--trace", str(MOONCAKE), "--trace-seconds", "0"], "--trace-seconds 0: it must be > 0"),
                       (["--trace", str(MOONCAKE), "--trace-replicas", "0"], "fleet sizes must be >= 1")):
         r = subprocess.run([sys.executable, str(SCRIPT), *argv], capture_output=True, text=True, timeout=120)
         assert r.returncode == 2 and msg in r.stderr
