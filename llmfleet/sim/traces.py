@@ -104,6 +104,9 @@ def _record(where: str, problem: str) -> Iterator[None]:
         raise WorkloadError(f"{where}: {problem} ({e})") from None
 
 
+PRUNE_MIN = 4096  # records `_Cut` holds before it first drops those outside the window
+
+
 class _Cut:
     """Which records of a trace to keep: those within `seconds` of the earliest, and of those the `requests` earliest
     (file order among equal times), as `Workload.head` would cut the whole trace, whatever the order of the file.
@@ -115,6 +118,7 @@ class _Cut:
         self.seconds, self.requests = seconds, requests
         self.earliest = math.inf
         self._kept: list[Request] = []
+        self._prune_at = PRUNE_MIN  # `_kept` length at which records the earliest has moved away from are dropped
         self._latest_first: list[tuple[float, int, Request]] = []  # a heap of (-arrival, -file order, request)
         self._seen = 0
 
@@ -125,6 +129,9 @@ class _Cut:
             return
         if self.requests is None:
             self._kept.append(r)
+            if self.seconds is not None and len(self._kept) >= self._prune_at:  # a file out of time order
+                self._kept = [k for k in self._kept if self.within(k.arrival)]
+                self._prune_at = max(2 * len(self._kept), PRUNE_MIN)  # amortized: each record is copied O(1) times
             return
         heapq.heappush(self._latest_first, (-r.arrival, -self._seen, r))
         if len(self._latest_first) > self.requests:

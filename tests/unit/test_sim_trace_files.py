@@ -151,3 +151,17 @@ def test_cli_and_benchmark_hold_only_what_they_replay(tmp_path: Path) -> None:
         assert res.exit_code == 2 and match in res.output, res.output
     loaded = autoscale_setup.workloads([files["azure.csv"]], quick=False, spike_factor=None, trace_seconds=4)
     assert len(loaded["azure"].requests) == 5
+
+
+def test_a_cut_holds_the_window_even_when_the_file_runs_backwards() -> None:
+    """Records the earliest has moved away from are dropped as reading goes on, so memory stays near the window's
+    size in any file order, and the result is still exactly the window."""
+    from llmfleet.sim.traces import PRUNE_MIN, _Cut
+    from llmfleet.sim.workload import Request
+
+    cut, held = _Cut(seconds=10.0, requests=None), 0
+    for i in range(20 * PRUNE_MIN):  # one request a second, latest first
+        cut.add(Request(0, float(20 * PRUNE_MIN - i), 16, 1))
+        held = max(held, len(cut._kept))
+    assert held <= 2 * PRUNE_MIN
+    assert sorted(r.arrival for r in cut.kept()) == [float(t) for t in range(1, 12)]
