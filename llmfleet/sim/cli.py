@@ -64,10 +64,10 @@ def _workload(trace: Path | None, fmt: str, duration: float, rate: float, tenant
         _require("--rate", rate)
         _require("--tenants", tenants, 1, inclusive=True)
         w = synthetic(SyntheticSpec(duration_s=duration, rate_rps=rate, tenants=tenants, seed=seed))
-    else:  # the first N requests are read, not the whole file: a week-long trace's head loads in seconds
+        if max_requests is not None:
+            w = w.head(max_requests)
+    else:  # only the first N requests (or S seconds) are held: a week-long trace's first hour takes an hour's memory
         w = load_trace(trace, fmt, seconds=trace_seconds, requests=max_requests)
-    if max_requests is not None:
-        w = w.head(max_requests)
     if time_scale != 1.0:
         w = w.scaled(time_scale)
     if not w.requests:
