@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import json
 import logging
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping, Sequence
+from itertools import compress, repeat
+from operator import and_, not_
 from typing import Any
 
 from llmfleet.router.block_keys import BlockHasher, BlockKeys, adapter_seed
@@ -70,8 +72,7 @@ class PrefixIndex:
             return
         self._version += 1
         del self._by_bit[bit]
-        for k in self._lru.pop(replica):
-            self._clear(k, bit)
+        self._clear_all(list(self._lru.pop(replica)), bit)
         self._capacity.pop(replica, None)
         self._engine_map.pop(replica, None)
         self._engine_media.pop(replica, None)
@@ -104,15 +105,31 @@ class PrefixIndex:
             self._owners.pop(key, None)
         self._size -= 1
 
+    def _clear_all(self, keys: list[int], bit: int) -> None:
+        """`_clear` of each key (distinct keys the replica of `bit` held), as C-level passes over the list: the
+        router evicts thousands of keys per long prompt with fine-grained blocks, and a Python call per key
+        was most of its insert time."""
+        if not keys:
+            return
+        self._version += 1
+        owners = self._owners
+        masks = list(map(and_, map(owners.get, keys, repeat(0)), repeat(~bit)))
+        owners.update(zip(keys, masks, strict=True))
+        deque(map(owners.pop, compress(keys, map(not_, masks))), maxlen=0)  # held by nobody now
+        self._size -= len(keys)
+
+    def _drop_oldest(self, replica: str, n: int) -> None:
+        """`replica`'s `n` least recently used blocks leave its LRU."""
+        pop = self._lru[replica].popitem
+        self._clear_all([pop(False)[0] for _ in repeat(None, n)], self._bit[replica])
+
     def _evict(self, replica: str) -> None:
         lru = self._lru.get(replica)
         if lru is None:
             return
-        bit = self._bit[replica]
-        cap = self.capacity_of(replica)
-        while len(lru) > cap:
-            k, _ = lru.popitem(last=False)
-            self._clear(k, bit)
+        excess = len(lru) - self.capacity_of(replica)
+        if excess > 0:
+            self._drop_oldest(replica, excess)
 
     def _evict_global(self) -> None:
         """Over the global bound: the replicas holding the most lose their oldest blocks, down to 1% under the
@@ -134,10 +151,7 @@ class PrefixIndex:
         for n, r in sizes:
             if n <= level:
                 break
-            lru, bit = self._lru[r], self._bit[r]
-            for _ in range(n - level):
-                k, _ = lru.popitem(last=False)
-                self._clear(k, bit)
+            self._drop_oldest(r, n - level)
 
     def insert(self, replica: str, keys: Iterable[int]) -> None:
         """`replica` now holds these blocks (most recently used)."""
@@ -250,8 +264,7 @@ class PrefixIndex:
         if kind == "AllBlocksCleared":
             bit = self._bit.get(replica)
             if bit is not None:
-                for k in self._lru[replica]:
-                    self._clear(k, bit)
+                self._clear_all(list(self._lru[replica]), bit)
                 self._lru[replica].clear()
             emap.clear()
             media.clear()

@@ -135,3 +135,68 @@ def test_match_agrees_with_a_linear_scan() -> None:
         expect = {r: min(k, len(probe)) for r, k in held.items()}
         assert idx.match(probe) == expect
         assert list(idx.match(probe)) == [r for r in sorted(held, key=lambda x: int(x[1:]))]  # bit order
+
+
+class _ReferenceIndex:
+    """The index's bookkeeping one key at a time: per replica an LRU (oldest first), moved as insert describes."""
+
+    def __init__(self, max_blocks: int) -> None:
+        self.max_blocks = max_blocks
+        self.lru: dict[str, list[int]] = {}
+        self.capacity: dict[str, int] = {}
+
+    def insert(self, replica: str, keys: list[int]) -> None:
+        lru = self.lru.setdefault(replica, [])
+        for k in reversed(keys):
+            if k in lru:
+                lru.remove(k)
+            lru.append(k)
+        del lru[: max(len(lru) - self.capacity.get(replica, 16384), 0)]
+        size = sum(map(len, self.lru.values()))
+        if size > self.max_blocks:  # water-filling: the biggest LRUs lose their oldest blocks to one level
+            target = self.max_blocks - self.max_blocks // 100
+            level = max(len(v) for v in self.lru.values())
+            while sum(min(len(v), level) for v in self.lru.values()) > target:
+                level -= 1
+            for v in self.lru.values():
+                del v[: max(len(v) - level, 0)]
+
+    def owners(self) -> dict[int, set[str]]:
+        out: dict[int, set[str]] = {}
+        for r, keys in self.lru.items():
+            for k in keys:
+                out.setdefault(k, set()).add(r)
+        return out
+
+
+def test_bulk_updates_match_one_key_at_a_time() -> None:
+    """insert, eviction to capacity and the global bound give the LRU order and owners of moving one key at a time,
+    also for prompts that share prefixes, repeat a key, or come back after being partly evicted."""
+    rng = np.random.default_rng(11)
+    for trial in range(60):
+        max_blocks = int(rng.integers(40, 400))
+        idx, ref = PrefixIndex(max_blocks=max_blocks), _ReferenceIndex(max_blocks)
+        replicas = [f"r{i}" for i in range(int(rng.integers(1, 6)))]
+        for r in replicas:
+            cap = int(rng.integers(5, 120))
+            idx.set_capacity(r, cap)
+            ref.capacity[r] = cap
+        pool = rng.integers(1, 1 << 40, 300).tolist()
+        for _ in range(80):
+            start, n = int(rng.integers(0, 200)), int(rng.integers(1, 100))
+            keys = pool[start:start + n]
+            if trial % 5 == 0 and len(keys) > 3:
+                keys = keys + keys[:2]  # a key twice in one prompt
+            r = replicas[int(rng.integers(0, len(replicas)))]
+            idx.insert(r, keys)
+            ref.insert(r, keys)
+            for name, lru in ref.lru.items():
+                assert list(idx._lru[name]) == lru
+            owners = ref.owners()
+            assert len(idx) == sum(map(len, ref.lru.values())) and set(idx._owners) == set(owners)
+            assert all(idx._owners[k] == sum(idx._bit[r] for r in rs) for k, rs in owners.items())
+        gone = replicas[0]
+        idx.remove_replica(gone)
+        del ref.lru[gone]
+        owners = ref.owners()
+        assert set(idx._owners) == set(owners) and len(idx) == sum(map(len, ref.lru.values()))
