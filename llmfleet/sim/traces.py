@@ -1,7 +1,7 @@
 """Trace files for the simulator: Mooncake and Qwen-Bailian JSONL, Azure LLM-inference and BurstGPT CSV, compressed or
-not; `load_trace` tells them apart. Mooncake's `hash_ids` (512-token blocks) and Qwen-Bailian's (16-token blocks)
-become prefix chains (`llmfleet.sim.workload.chain`); Azure and BurstGPT CSVs carry no content, so their requests
-share nothing.
+not; `load_trace` tells them apart. Mooncake's `hash_ids` (512-token blocks in its releases) and Qwen-Bailian's
+(16-token blocks), the size told from the records (`infer_block_size`), become prefix chains
+(`llmfleet.sim.workload.chain`); Azure and BurstGPT CSVs carry no content, so their requests share nothing.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import bz2
 import csv
 import gzip
 import heapq
+import itertools
 import json
 import lzma
 import math
@@ -17,6 +18,7 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from itertools import islice
 from pathlib import Path
 from typing import IO
 
@@ -147,13 +149,36 @@ class _Cut:
         return [r for r in reqs if self.within(r.arrival)]
 
 
-def _hash_block_jsonl(p: Path, kind: str, block_size: int, units_per_s: float, sessions: bool,
-                      cut: _Cut) -> Workload:
-    """A JSONL trace of `timestamp`, `input_length`, `output_length` and `hash_ids` (one id per `block_size`-token
-    block of the prompt, equal ids at the same position meaning a shared prefix), the timestamp in 1/`units_per_s`
-    seconds. `sessions`: the records also carry `chat_id` and `parent_chat_id` (-1 for a conversation's first turn),
-    and each request's session (`Request.session`) is its conversation's (`_conversations`)."""
-    parent_of: dict[int, int] = {}
+# Block sizes a hash-block trace may use (the engines' page sizes, vLLM's 16 to Mooncake's 512, and room either way).
+BLOCK_SIZES = (8, 16, 32, 64, 128, 256, 512, 1024, 2048)
+# Records read ahead to tell a trace's block size (`infer_block_size`): enough for any trace's mix of prompt lengths,
+# few enough to hold in memory however long the trace.
+INFER_RECORDS = 2000
+
+
+def infer_block_size(lengths: list[tuple[int, int]], default: int) -> int:
+    """The block size, in tokens, that (prompt tokens, hash ids) pairs of a trace's records were cut with: the one of
+    BLOCK_SIZES for which a record's ids are its prompt's blocks (whole, or with the partial last block) for most
+    records, if at least 90 % of the records with two or more ids agree; else `default` (the format's documented
+    size, also preferred among equals). A trace in Mooncake's schema cut into other blocks than Mooncake's 512 tokens
+    is otherwise read at the wrong granularity, silently: 64-token ids taken as 512-token ones make every prompt
+    8x its blocks, cut to the first eighth."""
+    telling = [(i, n) for i, n in lengths if n >= 2]  # one id fits every size above the prompt's length
+    if not telling:
+        return default
+    fits = {b: sum(1 for i, n in telling if n in (i // b, -(-i // b))) for b in BLOCK_SIZES}
+    best = max(fits.values())
+    if best < 0.9 * len(telling):
+        return default
+    return default if fits.get(default) == best else next(b for b in BLOCK_SIZES if fits[b] == best)
+
+
+_Record = tuple[str, float, int, int, list[int], int, int, str | None]
+
+
+def _hash_block_records(p: Path, kind: str, sessions: bool) -> Iterator[_Record]:
+    """(file:line, timestamp, input_length, output_length, hash_ids, chat_id, parent_chat_id, session_id) of each
+    record, checked; chat ids 0 unless `sessions`."""
     with _reading(p, f"{kind} JSONL"), _open_text(p) as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
@@ -168,24 +193,47 @@ def _hash_block_jsonl(p: Path, kind: str, block_size: int, units_per_s: float, s
                 if isinstance(ts, bool) or not isinstance(ts, int | float):
                     raise WorkloadError(f"{where}: timestamp must be a number, got {ts!r}")
                 ids = d.get("hash_ids") or []
-                if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+                # one C-level pass (a 16-token-block trace has ~100 ids per 1,600 prompt tokens); a bool is no id
+                if not isinstance(ids, list) or not set(map(type, ids)) <= {int}:
                     raise WorkloadError(f"{where}: hash_ids must be a list of integers")
-                chat = 0
+                chat = parent = 0
                 if sessions:
                     chat, parent = d["chat_id"], d["parent_chat_id"]
                     if not (isinstance(chat, int) and isinstance(parent, int)) or isinstance(chat, bool) \
                             or isinstance(parent, bool):
                         raise WorkloadError(f"{where}: chat_id and parent_chat_id must be integers")
-                    parent_of[chat] = parent
-                # the chat id rides in `rid` until the requests are numbered in arrival order
-                cut.add(Request(chat, _arrival(where, float(ts) / units_per_s), inp, out,
-                                chain(ids[: inp // block_size])))
+                session = d.get("session_id")
+                if session is not None and (isinstance(session, bool) or not isinstance(session, str | int)):
+                    raise WorkloadError(f"{where}: session_id must be a string or an integer, got {session!r}")
+                yield where, float(ts), inp, out, ids, chat, parent, None if session is None else str(session)
+
+
+def _hash_block_jsonl(p: Path, kind: str, block_size: int | None, default_block: int, units_per_s: float,
+                      sessions: bool, cut: _Cut) -> Workload:
+    """A JSONL trace of `timestamp`, `input_length`, `output_length` and `hash_ids` (one id per block of the prompt,
+    equal ids at the same position meaning a shared prefix), the timestamp in 1/`units_per_s` seconds. The block size
+    is `block_size`, or with None the one the first INFER_RECORDS records were cut with (`infer_block_size`, falling
+    back to `default_block`). `sessions`: the records also carry `chat_id` and `parent_chat_id` (-1 for a
+    conversation's first turn), and each request's session (`Request.session`) is its conversation's
+    (`_conversations`); otherwise a record's `session_id`, where it has one, is its session."""
+    records = _hash_block_records(p, kind, sessions)
+    ahead: list[_Record] = []
+    if block_size is None:
+        ahead = list(islice(records, INFER_RECORDS))
+        block_size = infer_block_size([(r[2], len(r[4])) for r in ahead], default_block)
+    parent_of: dict[int, int] = {}
+    for where, ts, inp, out, ids, chat, parent, session in itertools.chain(ahead, records):
+        if sessions:
+            parent_of[chat] = parent
+        # the chat id rides in `rid` until the requests are numbered in arrival order
+        cut.add(Request(chat, _arrival(where, ts / units_per_s), inp, out, chain(ids[: inp // block_size]),
+                        session=session))
     reqs = cut.kept()
     if not reqs:
         raise WorkloadError(f"{p}: no requests")
     if sessions:
-        for r, session in zip(reqs, _conversations([r.rid for r in reqs], parent_of), strict=True):
-            r.session = session
+        for r, conversation in zip(reqs, _conversations([r.rid for r in reqs], parent_of), strict=True):
+            r.session = conversation
     return Workload(trace_stem(p), in_arrival_order(reqs), block_size)
 
 
@@ -208,19 +256,24 @@ def _conversations(chats: list[int], parent_of: dict[int, int]) -> list[str]:
     return [f"chat-{root[c]}" for c in chats]
 
 
-def load_mooncake(path: str | Path, block_size: int = MOONCAKE_BLOCK, *, seconds: float | None = None,
+def load_mooncake(path: str | Path, block_size: int | None = None, *, seconds: float | None = None,
                   requests: int | None = None) -> Workload:
     """Mooncake JSONL (kvcache-ai/Mooncake FAST'25 traces): timestamp (ms), input_length, output_length, hash_ids
-    (512-token blocks). `seconds`, `requests`: only the first that many (`_Cut`), for every loader."""
-    return _hash_block_jsonl(Path(path), "Mooncake", block_size, 1000.0, sessions=False, cut=_Cut(seconds, requests))
+    (512-token blocks in Mooncake's releases; `block_size` None: told from the records, `infer_block_size`), and
+    where a record has one, session_id. `seconds`, `requests`: only the first that many (`_Cut`), for every
+    loader."""
+    return _hash_block_jsonl(Path(path), "Mooncake", block_size, MOONCAKE_BLOCK, 1000.0, sessions=False,
+                             cut=_Cut(seconds, requests))
 
 
-def load_bailian(path: str | Path, block_size: int = BAILIAN_BLOCK, *, seconds: float | None = None,
+def load_bailian(path: str | Path, block_size: int | None = None, *, seconds: float | None = None,
                  requests: int | None = None) -> Workload:
     """Qwen-Bailian JSONL (alibaba-edu/qwen-bailian-usagetraces-anon: the to-C, to-B, thinking and coder traces):
     chat_id, parent_chat_id (-1 for a conversation's first turn), timestamp (seconds), input_length,
-    output_length, type, turn, hash_ids (16-token blocks). Requests of one conversation share a session."""
-    return _hash_block_jsonl(Path(path), "Qwen-Bailian", block_size, 1.0, sessions=True, cut=_Cut(seconds, requests))
+    output_length, type, turn, hash_ids (16-token blocks; `block_size` None: told from the records). Requests of one
+    conversation share a session."""
+    return _hash_block_jsonl(Path(path), "Qwen-Bailian", block_size, BAILIAN_BLOCK, 1.0, sessions=True,
+                             cut=_Cut(seconds, requests))
 
 
 _FRACTION = re.compile(r"\.(\d+)")
