@@ -34,7 +34,6 @@ import gc
 import hashlib
 import json
 import os
-import platform
 import random
 import sqlite3
 import sys
@@ -47,7 +46,7 @@ from typing import Any
 
 import numpy as np
 from prometheus_client import REGISTRY
-from store_lookup_report import print_table, verdicts
+from store_lookup_report import machine, print_table, verdicts
 
 from llmfleet.store import db, generation, repo
 from llmfleet.store.embeddings import HashingEmbedder, l2_normalize
@@ -415,21 +414,6 @@ async def bench_generation(url: str, folder: Path, lines: int, distinct: int, mi
     out["responses_per_s"] = rep.responses_ok / rep.seconds["responses"]
     engine.dispose()
     return out
-
-
-def machine() -> dict[str, Any]:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
-            "cpu": cpu, "memory_gib": round(mem, 1), "sqlite": sqlite3.sqlite_version,
-            "load_average_1m_at_end": round(os.getloadavg()[0], 1)}
 
 
 def main() -> None:

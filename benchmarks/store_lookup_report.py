@@ -1,9 +1,28 @@
-"""The store-lookup benchmark's printed table and target verdicts (benchmarks/store_lookup.py writes the JSON they
-read)."""
+"""The store-lookup benchmark's machine record, printed table and target verdicts (benchmarks/store_lookup.py writes
+the JSON they read)."""
 
 from __future__ import annotations
 
+import os
+import platform
+import sqlite3
+from pathlib import Path
 from typing import Any
+
+
+def machine() -> dict[str, Any]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
+            "cpu": cpu, "memory_gib": round(mem, 1), "sqlite": sqlite3.sqlite_version,
+            "load_average_1m_at_end": round(os.getloadavg()[0], 1)}
 
 
 def print_table(doc: dict[str, Any]) -> None:
