@@ -102,6 +102,34 @@ class Workload:
         """A copy with simulation state cleared (workloads are reused across runs)."""
         return self.head()
 
+    def reblocked(self, block_size: int) -> Workload:
+        """The same requests on an engine whose KV blocks are `block_size` tokens, a multiple of this workload's: every
+        `block_size / self.block_size` consecutive blocks become one (a chain key stands for its whole prefix, so the
+        last key of each group is the merged block's key; a partial group is not a full block and is not cached).
+        What vLLM's `--block-size` does to the same prompts, at that many times fewer block operations: a trace cut
+        into 16-token blocks simulates several times faster merged into 64- or 128-token ones."""
+        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+            raise WorkloadError(f"{self.name}: KV block size must be a whole number of tokens >= 1, got {block_size!r}")
+        if block_size == self.block_size:
+            return self
+        if block_size % self.block_size:
+            raise WorkloadError(f"{self.name}: KV block size {block_size} is not a multiple of the workload's "
+                                f"{self.block_size}-token blocks (blocks can be merged, not split)")
+        k = block_size // self.block_size
+        reqs = [Request(r.rid, r.arrival, r.prompt_len, r.output_len, r.keys[k - 1::k], r.tenant, r.session, r.cls,
+                        r.adapter, r.after, r.think) for r in self.requests]
+        return Workload(self.name, reqs, block_size, self.failed_skipped)
+
+
+def merge_blocks(w: Workload, kv_block_size: int | None) -> Workload:
+    """The benchmarks' `--kv-block-size N`: a workload with blocks smaller than N tokens simulated on an engine with
+    N-token blocks (`Workload.reblocked`; N a multiple of its blocks, else a WorkloadError); one with blocks of N or
+    more as it is, so one flag speeds up the fine-grained traces of a mixed set (16-token Qwen-Bailian ones) and
+    leaves Mooncake's."""
+    if kv_block_size is None or w.block_size >= kv_block_size:
+        return w
+    return w.reblocked(kv_block_size)
+
 
 def rate_scale(k: object, what: str = "rate scale") -> float:
     """`k` as a factor for `Workload.scaled` (a finite number > 0), else a WorkloadError naming `what`."""

@@ -16,6 +16,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import autoscale_setup  # noqa: E402
 
+HEAD300 = ROOT / "tests/unit/sim_data/mooncake_head300.jsonl"
+SCRIPT = ROOT / "benchmarks/autoscale_eval.py"
+
 
 def _azure_csv(path: Path, seconds: int) -> Path:
     rows = [f"2023-11-16 18:{m:02d}:{s:02d}.0000000,2048,100" for t in range(seconds) for m, s in [divmod(t, 60)]]
@@ -33,6 +36,19 @@ def test_a_long_trace_is_cut_to_its_first_seconds(tmp_path: Path) -> None:
     assert max(r.arrival for r in head.requests) - min(r.arrival for r in head.requests) <= 120
     with pytest.raises(WorkloadError, match="must be > 0"):
         autoscale_setup.workloads([trace], quick=False, spike_factor=None, trace_seconds=0)
+
+
+def test_kv_block_size_merges_the_finer_traces_or_stops_in_one_line(tmp_path: Path) -> None:
+    fine = tmp_path / "fine64.jsonl"
+    recs = [json.loads(line) for line in HEAD300.read_text().splitlines() if line.strip()]
+    fine.write_text("".join(json.dumps({**r, "hash_ids": [h * 8 + j for h in r["hash_ids"] for j in range(8)][
+        : -(-r["input_length"] // 64)]}) + "\n" for r in recs))
+    got = autoscale_setup.workloads([fine, HEAD300], quick=False, spike_factor=None, kv_block_size=256)
+    assert got["fine64"].block_size == 256 and got["mooncake_head300"].block_size == 512
+    r = subprocess.run([sys.executable, str(SCRIPT), "--trace", str(fine), "--kv-block-size", "96", "--workload",
+                        "fine64", "--out", str(tmp_path / "out.json")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1 and "KV block size 96 is not a multiple of the workload's 64-token blocks" in r.stderr
+    assert "Traceback" not in r.stderr
 
 
 def test_the_benchmark_rejects_an_empty_trace_window_in_one_line() -> None:

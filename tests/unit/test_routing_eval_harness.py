@@ -38,10 +38,25 @@ def test_a_long_trace_is_cut_to_its_first_seconds() -> None:
     assert [r.arrival for r in head.requests] == [r.arrival for r in whole.requests if r.arrival - t0 <= 20.0]
 
 
+def test_kv_block_size_merges_only_the_finer_traces(tmp_path: Path) -> None:
+    """--kv-block-size 128: a trace of 64-token blocks is merged; Mooncake's 512-token one is left as it is."""
+    fine = tmp_path / "fine64.jsonl"
+    recs = [json.loads(line) for line in MOONCAKE.read_text().splitlines() if line.strip()]
+    fine.write_text("".join(json.dumps({**r, "hash_ids": [h * 8 + j for h in r["hash_ids"] for j in range(8)][
+        : -(-r["input_length"] // 64)]}) + "\n" for r in recs))
+    got = {name: w for name, _, w, _ in routing_eval.scenarios(False, [fine, MOONCAKE], (2,), only_traces=True,
+                                                               kv_block_size=128)}
+    assert got["fine64"].block_size == 128 and got["mooncake_head300"].block_size == 512
+    assert all(len(r.keys) == r.prompt_len // 128 for r in got["fine64"].requests)
+
+
 def test_bad_trace_options_are_one_line_errors() -> None:
     for argv, msg in ((["--only-traces"], "--only-traces needs at least one --trace"),
                       (["--trace", str(MOONCAKE), "--trace-seconds", "0"], "--trace-seconds 0: it must be > 0"),
-                      (["--trace", str(MOONCAKE), "--trace-replicas", "0"], "fleet sizes must be >= 1")):
+                      (["--trace", str(MOONCAKE), "--trace-replicas", "0"], "fleet sizes must be >= 1"),
+                      (["--trace", str(MOONCAKE), "--kv-block-size", "0"], "--kv-block-size 0: it must be >= 1"),
+                      (["--trace", str(ROOT / "tests/unit/sim_data/mooncake_head300.jsonl"), "--kv-block-size", "768"],
+                       "KV block size 768 is not a multiple of the workload's 512-token blocks")):
         r = subprocess.run([sys.executable, str(SCRIPT), *argv], capture_output=True, text=True, timeout=120)
         assert r.returncode == 2 and msg in r.stderr
 

@@ -6,19 +6,22 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
 from llmfleet.cli.main import app
+from llmfleet.sim.engine import simulate
 from llmfleet.sim.report import oracle_hit_rate
 from llmfleet.sim.traces import BLOCK_SIZES, infer_block_size, load_bailian, load_mooncake, load_trace
-from llmfleet.sim.workload import WorkloadError
+from llmfleet.sim.types import PoolSpec, SimConfig
+from llmfleet.sim.workload import Workload, WorkloadError
 
 HEAD300 = Path(__file__).parent / "sim_data" / "mooncake_head300.jsonl"
 
 
-def _recut(records: list[dict[str, object]], block: int, extra: dict[str, object] | None = None) -> str:
+def _recut(records: list[dict[str, Any]], block: int, extra: dict[str, Any] | None = None) -> str:
     """The same trace cut into `block`-token blocks (each 512-token id split into its 512 / block sub-blocks, as many
     as the prompt has blocks, the partial last one included)."""
     k = 512 // block
@@ -29,7 +32,7 @@ def _recut(records: list[dict[str, object]], block: int, extra: dict[str, object
     return "\n".join(out) + "\n"
 
 
-def _records() -> list[dict[str, object]]:
+def _records() -> list[dict[str, Any]]:
     return [json.loads(line) for line in HEAD300.read_text().splitlines() if line.strip()]
 
 
@@ -101,3 +104,43 @@ def test_the_cli_names_the_block_size_it_simulates(tmp_path: Path) -> None:
     res = CliRunner().invoke(app, ["sim", "run", "--trace", str(p), "--replicas", "2", "--router", "least-request"])
     assert res.exit_code == 0, res.output
     assert "64-token blocks" in res.output
+
+
+def _sharing(w: Workload) -> list[tuple[int, ...]]:
+    """Each request's keys as the order in which the workload first used them: equal where the keys are."""
+    first: dict[int, int] = {}
+    return [tuple(first.setdefault(k, len(first)) for k in r.keys) for r in w.requests]
+
+
+CFG = SimConfig(pools=[PoolSpec(replicas=2)])
+
+
+def test_merged_blocks_are_the_coarser_trace_exactly(tmp_path: Path) -> None:
+    """A trace cut into 16-token blocks, merged into 512-token ones (`Workload.reblocked`, `--kv-block-size`), is the
+    512-token trace: keys equal exactly where that trace's are (the values differ: other ids were chained), so the
+    same simulation; merged into 64-token ones, its hits lie in between."""
+    p = tmp_path / "fine16.jsonl"
+    p.write_text(_recut(_records(), 16))
+    fine, coarse = load_trace(p), load_mooncake(HEAD300)
+    merged = fine.reblocked(512)
+    assert merged.block_size == 512 and _sharing(merged) == _sharing(coarse)
+    assert simulate(merged, CFG).summary == simulate(coarse.fresh(), CFG).summary
+    assert fine.reblocked(16) is fine
+    mid = fine.reblocked(64)
+    assert mid.block_size == 64 and all(len(r.keys) == r.prompt_len // 64 for r in mid.requests)
+    assert oracle_hit_rate(coarse) <= oracle_hit_rate(mid) <= oracle_hit_rate(fine)
+    for bad in (24, 8, 0, -16, True):
+        with pytest.raises(WorkloadError, match="KV block size"):
+            fine.reblocked(bad)
+
+
+def test_the_cli_merges_blocks_or_says_why_not(tmp_path: Path) -> None:
+    p = tmp_path / "fine16.jsonl"
+    p.write_text(_recut(_records()[:60], 16))
+    ok = CliRunner().invoke(app, ["sim", "run", "--trace", str(p), "--replicas", "2", "--router", "least-request",
+                                  "--kv-block-size", "128"])
+    assert ok.exit_code == 0, ok.output
+    assert "128-token blocks" in ok.output
+    bad = CliRunner().invoke(app, ["sim", "run", "--trace", str(p), "--kv-block-size", "24"])
+    assert bad.exit_code == 2 and "not a multiple of the workload's 16-token blocks" in bad.output
+    assert "Traceback" not in bad.output
