@@ -20,7 +20,7 @@ from llmfleet.sim.planning import over_slo_alone
 from llmfleet.sim.production import DEFAULT_COLD_START_S, Fallback, PolicyHook, make_service, simulate_service
 from llmfleet.sim.traces import is_trace_file, load_trace, trace_stem
 from llmfleet.sim.types import PoolSpec, SimResult
-from llmfleet.sim.workload import SyntheticSpec, Workload, WorkloadError, merge_blocks, synthetic
+from llmfleet.sim.workload import BlockSizeError, SyntheticSpec, Workload, WorkloadError, synthetic
 
 __all__ = ["GPU", "MAX_REPLICAS", "PRIMARY_COLD_S", "PRIMARY_MODEL", "ROOT", "ROUTER_SEEDS", "STUDENT_COLD_S",
            "STUDENT_MODEL", "STUDENT_WARM", "TRACES", "PolicyHook", "misses", "run_policy", "run_static", "service",
@@ -197,18 +197,19 @@ def workloads(traces: list[Path] | None, quick: bool, spike_factor: float | None
     synthetic workload per rate in `steady_rates`, then (`with_shapes`) the synthetic shapes. `traces` None: every
     trace file in TRACES. `trace_seconds`: only each trace's first that many seconds (a day- or week-long trace is
     hours of simulation per policy run; the static-at-peak search replays it a dozen times). `kv_block_size`: the
-    traces with smaller blocks are merged into blocks of that many tokens (`merge_blocks`)."""
+    traces with smaller blocks are merged into blocks of that many tokens as they are read (`load_trace`)."""
     check_trace_seconds(trace_seconds)
     if traces is None:
         traces = sorted(p for p in TRACES.glob("*") if is_trace_file(p)) if TRACES.exists() else []
     out: dict[str, Workload] = {}
     for p, name in zip(traces, trace_names(traces), strict=True):
-        try:
-            w = load_trace(p, seconds=trace_seconds)  # read no further than the first S seconds
+        try:  # read no further than the first S seconds; merge finer blocks as they are read
+            w = load_trace(p, seconds=trace_seconds, kv_block_size=kv_block_size)
+        except BlockSizeError:
+            raise  # the option is wrong, not the file: an error, not a skipped trace
         except WorkloadError as e:
             print(f"skipping trace: {e}", file=sys.stderr)
             continue
-        w = merge_blocks(w, kv_block_size)  # a size that does not divide is an error, not a skipped trace
         out[name] = w.head(1500) if quick else w
     if spike_factor is not None:
         name, w = spike(spike_factor, quick)

@@ -39,7 +39,7 @@ from llmfleet.sim.report import finite_cache_hit_bound, oracle_hit_rate, plot, t
 from llmfleet.sim.routers import ROUTERS
 from llmfleet.sim.traces import load_mooncake, load_trace
 from llmfleet.sim.types import PoolSpec, SimConfig
-from llmfleet.sim.workload import SyntheticSpec, WorkloadError, merge_blocks, synthetic
+from llmfleet.sim.workload import SyntheticSpec, WorkloadError, synthetic
 
 ROOT = Path(__file__).resolve().parents[1]
 # ../shared beside the checkout; from a worktree (checkout/../wt/<name>) the first parent that has one
@@ -66,7 +66,7 @@ def scenarios(quick: bool, traces: list[Path] | None = None, trace_replicas: tup
     knows: Mooncake or Qwen-Bailian JSONL, Azure or BurstGPT CSV), each replayed as is on each of `trace_replicas`;
     `only_traces`: those alone, without the standard scenarios; `trace_seconds`: only each of those traces' first
     that many seconds (a day- or week-long trace; only those are read into memory); `kv_block_size`: those of them
-    with smaller blocks merged into blocks of that many tokens (`autoscale_setup.merge_blocks`)."""
+    with smaller blocks merged into blocks of that many tokens as they are read (`load_trace`)."""
     out: list[tuple[str, int, object, float]] = []
     if not only_traces:
         trace = TRACE if TRACE.exists() else FALLBACK_TRACE
@@ -81,7 +81,7 @@ def scenarios(quick: bool, traces: list[Path] | None = None, trace_replicas: tup
             out.append((f"synthetic {spec.rate_rps:g} rps", reps, synthetic(spec), 0.0))
         out.append((f"mooncake x3 + {HOST_KV_GIB:g} GiB host KV tier", 8, moon.scaled(3.0), HOST_KV_GIB))
     for p in traces or []:
-        w = merge_blocks(load_trace(p, seconds=trace_seconds), kv_block_size)
+        w = load_trace(p, seconds=trace_seconds, kv_block_size=kv_block_size)
         out += [(w.name, reps, w, 0.0) for reps in trace_replicas]
     if quick:
         out = [(n, r, w.head(400), h) for n, r, w, h in out]  # type: ignore[attr-defined]

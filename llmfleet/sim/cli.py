@@ -74,7 +74,7 @@ def _workload(trace: Path | None, fmt: str, duration: float, rate: float, tenant
         if max_requests is not None:
             w = w.head(max_requests)
     else:  # only the first N requests (or S seconds) are held: a week-long trace's first hour takes an hour's memory
-        w = load_trace(trace, fmt, seconds=trace_seconds, requests=max_requests)
+        w = load_trace(trace, fmt, seconds=trace_seconds, requests=max_requests, kv_block_size=kv_block_size)
     if time_scale != 1.0:
         w = w.scaled(time_scale)
     if kv_block_size is not None:

@@ -22,7 +22,15 @@ from itertools import islice
 from pathlib import Path
 from typing import IO
 
-from llmfleet.sim.workload import Request, Workload, WorkloadError, chain, in_arrival_order
+from llmfleet.sim.workload import (
+    BlockSizeError,
+    Request,
+    Workload,
+    WorkloadError,
+    chain,
+    in_arrival_order,
+    merge_blocks,
+)
 
 MOONCAKE_BLOCK = 512
 BAILIAN_BLOCK = 16
@@ -209,24 +217,32 @@ def _hash_block_records(p: Path, kind: str, sessions: bool) -> Iterator[_Record]
 
 
 def _hash_block_jsonl(p: Path, kind: str, block_size: int | None, default_block: int, units_per_s: float,
-                      sessions: bool, cut: _Cut) -> Workload:
+                      sessions: bool, cut: _Cut, kv_block_size: int | None = None) -> Workload:
     """A JSONL trace of `timestamp`, `input_length`, `output_length` and `hash_ids` (one id per block of the prompt,
     equal ids at the same position meaning a shared prefix), the timestamp in 1/`units_per_s` seconds. The block size
     is `block_size`, or with None the one the first INFER_RECORDS records were cut with (`infer_block_size`, falling
     back to `default_block`). `sessions`: the records also carry `chat_id` and `parent_chat_id` (-1 for a
     conversation's first turn), and each request's session (`Request.session`) is its conversation's
-    (`_conversations`); otherwise a record's `session_id`, where it has one, is its session."""
+    (`_conversations`); otherwise a record's `session_id`, where it has one, is its session. `kv_block_size`: where
+    larger than the trace's blocks, they are merged into blocks of that size as they are read (`Workload.reblocked`,
+    without ever holding the finer keys)."""
     records = _hash_block_records(p, kind, sessions)
     ahead: list[_Record] = []
     if block_size is None:
         ahead = list(islice(records, INFER_RECORDS))
         block_size = infer_block_size([(r[2], len(r[4])) for r in ahead], default_block)
+    k = 1  # trace blocks per simulated block
+    if kv_block_size is not None and kv_block_size > block_size:
+        if kv_block_size % block_size:
+            raise BlockSizeError(trace_stem(p), kv_block_size, block_size)
+        k = kv_block_size // block_size
     parent_of: dict[int, int] = {}
     for where, ts, inp, out, ids, chat, parent, session in itertools.chain(ahead, records):
         if sessions:
             parent_of[chat] = parent
+        keys = chain(ids[: inp // block_size])
         # the chat id rides in `rid` until the requests are numbered in arrival order
-        cut.add(Request(chat, _arrival(where, ts / units_per_s), inp, out, chain(ids[: inp // block_size]),
+        cut.add(Request(chat, _arrival(where, ts / units_per_s), inp, out, keys[k - 1::k] if k > 1 else keys,
                         session=session))
     reqs = cut.kept()
     if not reqs:
@@ -234,7 +250,7 @@ def _hash_block_jsonl(p: Path, kind: str, block_size: int | None, default_block:
     if sessions:
         for r, conversation in zip(reqs, _conversations([r.rid for r in reqs], parent_of), strict=True):
             r.session = conversation
-    return Workload(trace_stem(p), in_arrival_order(reqs), block_size)
+    return Workload(trace_stem(p), in_arrival_order(reqs), block_size * k)
 
 
 def _conversations(chats: list[int], parent_of: dict[int, int]) -> list[str]:
@@ -257,23 +273,23 @@ def _conversations(chats: list[int], parent_of: dict[int, int]) -> list[str]:
 
 
 def load_mooncake(path: str | Path, block_size: int | None = None, *, seconds: float | None = None,
-                  requests: int | None = None) -> Workload:
+                  requests: int | None = None, kv_block_size: int | None = None) -> Workload:
     """Mooncake JSONL (kvcache-ai/Mooncake FAST'25 traces): timestamp (ms), input_length, output_length, hash_ids
     (512-token blocks in Mooncake's releases; `block_size` None: told from the records, `infer_block_size`), and
     where a record has one, session_id. `seconds`, `requests`: only the first that many (`_Cut`), for every
-    loader."""
+    loader; `kv_block_size`: blocks merged into that size where larger (`load_trace`)."""
     return _hash_block_jsonl(Path(path), "Mooncake", block_size, MOONCAKE_BLOCK, 1000.0, sessions=False,
-                             cut=_Cut(seconds, requests))
+                             cut=_Cut(seconds, requests), kv_block_size=kv_block_size)
 
 
 def load_bailian(path: str | Path, block_size: int | None = None, *, seconds: float | None = None,
-                 requests: int | None = None) -> Workload:
+                 requests: int | None = None, kv_block_size: int | None = None) -> Workload:
     """Qwen-Bailian JSONL (alibaba-edu/qwen-bailian-usagetraces-anon: the to-C, to-B, thinking and coder traces):
     chat_id, parent_chat_id (-1 for a conversation's first turn), timestamp (seconds), input_length,
     output_length, type, turn, hash_ids (16-token blocks; `block_size` None: told from the records). Requests of one
     conversation share a session."""
     return _hash_block_jsonl(Path(path), "Qwen-Bailian", block_size, BAILIAN_BLOCK, 1.0, sessions=True,
-                             cut=_Cut(seconds, requests))
+                             cut=_Cut(seconds, requests), kv_block_size=kv_block_size)
 
 
 _FRACTION = re.compile(r"\.(\d+)")
@@ -380,13 +396,15 @@ def _jsonl_kind(p: Path) -> str:
 
 
 def load_trace(path: str | Path, fmt: str = "auto", *, seconds: float | None = None,
-               requests: int | None = None) -> Workload:
+               requests: int | None = None, kv_block_size: int | None = None) -> Workload:
     """Any trace format the simulator knows: `fmt` "mooncake" or "bailian" (JSONL), "azure" or "burstgpt" (CSV), or
     "auto": a .csv is BurstGPT when its header has BurstGPT's columns, else Azure; anything else is Qwen-Bailian
     when its first record has `parent_chat_id`, else Mooncake. A .gz, .bz2 or .xz file is read decompressed, its
     format told by the suffix before (`trace.csv.gz` is a CSV). `seconds`, `requests`: only the requests within that
     many seconds of the first, or the first that many (both: whichever is fewer), holding only those in memory
-    (`_Cut`)."""
+    (`_Cut`). `kv_block_size`: a trace whose blocks are smaller is simulated on engines with blocks of that many
+    tokens (`merge_blocks`; a hash-block trace's are merged as they are read, so its finer keys are never all held;
+    a size its blocks do not divide is a BlockSizeError)."""
     p = Path(path)
     if seconds is not None and not (math.isfinite(seconds) and seconds > 0):
         raise WorkloadError(f"{p}: seconds to read must be a finite number > 0, got {seconds:g}")
@@ -395,5 +413,10 @@ def load_trace(path: str | Path, fmt: str = "auto", *, seconds: float | None = N
     if fmt not in ("auto", *TRACE_FORMATS):
         raise WorkloadError(f"unknown trace format {fmt!r}; known: auto, {', '.join(TRACE_FORMATS)}")
     kind = fmt if fmt != "auto" else (_csv_kind(p) if _plain(p).suffix.lower() == ".csv" else _jsonl_kind(p))
-    loaders = {"mooncake": load_mooncake, "bailian": load_bailian, "azure": load_azure, "burstgpt": load_burstgpt}
-    return loaders[kind](p, seconds=seconds, requests=requests)
+    if kv_block_size is not None and (isinstance(kv_block_size, bool) or kv_block_size < 1):
+        raise WorkloadError(f"{p}: KV block size must be >= 1, got {kv_block_size!r}")
+    if kind in ("mooncake", "bailian"):
+        hash_loader = load_mooncake if kind == "mooncake" else load_bailian
+        return hash_loader(p, seconds=seconds, requests=requests, kv_block_size=kv_block_size)
+    csv_loader = load_azure if kind == "azure" else load_burstgpt
+    return merge_blocks(csv_loader(p, seconds=seconds, requests=requests), kv_block_size)

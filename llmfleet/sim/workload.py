@@ -22,6 +22,14 @@ class WorkloadError(ValueError):
     """A trace file that cannot be read; the message names the file and line."""
 
 
+class BlockSizeError(WorkloadError):
+    """A KV block size a workload's blocks cannot be merged into (the option is wrong for every run, not the file)."""
+
+    def __init__(self, name: str, kv_block_size: int, block_size: int) -> None:
+        super().__init__(f"{name}: KV block size {kv_block_size} is not a multiple of the workload's {block_size}-token "
+                         "blocks (blocks can be merged, not split)")
+
+
 class Request:
     """One request. Static fields come from the workload; the rest is filled by the simulation."""
 
@@ -113,8 +121,7 @@ class Workload:
         if block_size == self.block_size:
             return self
         if block_size % self.block_size:
-            raise WorkloadError(f"{self.name}: KV block size {block_size} is not a multiple of the workload's "
-                                f"{self.block_size}-token blocks (blocks can be merged, not split)")
+            raise BlockSizeError(self.name, block_size, self.block_size)
         k = block_size // self.block_size
         reqs = [Request(r.rid, r.arrival, r.prompt_len, r.output_len, r.keys[k - 1::k], r.tenant, r.session, r.cls,
                         r.adapter, r.after, r.think) for r in self.requests]
@@ -122,10 +129,10 @@ class Workload:
 
 
 def merge_blocks(w: Workload, kv_block_size: int | None) -> Workload:
-    """The benchmarks' `--kv-block-size N`: a workload with blocks smaller than N tokens simulated on an engine with
-    N-token blocks (`Workload.reblocked`; N a multiple of its blocks, else a WorkloadError); one with blocks of N or
-    more as it is, so one flag speeds up the fine-grained traces of a mixed set (16-token Qwen-Bailian ones) and
-    leaves Mooncake's."""
+    """`--kv-block-size N` of the benchmarks (`load_trace`): a workload with blocks smaller than N tokens simulated on
+    an engine with N-token blocks (`Workload.reblocked`; N a multiple of its blocks, else a BlockSizeError); one with
+    blocks of N or more as it is, so one flag speeds up the fine-grained traces of a mixed set (16-token Qwen-Bailian
+    ones) and leaves Mooncake's."""
     if kv_block_size is None or w.block_size >= kv_block_size:
         return w
     return w.reblocked(kv_block_size)

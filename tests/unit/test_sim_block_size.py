@@ -16,7 +16,7 @@ from llmfleet.sim.engine import simulate
 from llmfleet.sim.report import oracle_hit_rate
 from llmfleet.sim.traces import BLOCK_SIZES, infer_block_size, load_bailian, load_mooncake, load_trace
 from llmfleet.sim.types import PoolSpec, SimConfig
-from llmfleet.sim.workload import Workload, WorkloadError
+from llmfleet.sim.workload import BlockSizeError, Workload, WorkloadError
 
 HEAD300 = Path(__file__).parent / "sim_data" / "mooncake_head300.jsonl"
 
@@ -144,3 +144,19 @@ def test_the_cli_merges_blocks_or_says_why_not(tmp_path: Path) -> None:
     bad = CliRunner().invoke(app, ["sim", "run", "--trace", str(p), "--kv-block-size", "24"])
     assert bad.exit_code == 2 and "not a multiple of the workload's 16-token blocks" in bad.output
     assert "Traceback" not in bad.output
+
+
+def test_merging_while_reading_is_merging_after_and_holds_only_the_merged_keys(tmp_path: Path) -> None:
+    p = tmp_path / "fine16.jsonl"
+    p.write_text(_recut(_records(), 16))
+    after = load_trace(p).reblocked(128)
+    during = load_trace(p, kv_block_size=128)
+    assert during.block_size == 128 and [r.keys for r in during.requests] == [r.keys for r in after.requests]
+    assert load_trace(p, kv_block_size=8).block_size == 16  # a finer size leaves a trace as it is (merge_blocks)
+    with pytest.raises(BlockSizeError, match="fine16: KV block size 24 is not a multiple of the workload's 16-token"):
+        load_trace(p, kv_block_size=24)
+    with pytest.raises(WorkloadError, match="KV block size must be >= 1"):
+        load_trace(p, kv_block_size=0)
+    csv = tmp_path / "azure.csv"
+    csv.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:00:00.0,100,5\n2023-11-16 18:00:01.0,90,5\n")
+    assert load_trace(csv, kv_block_size=64).block_size == 64 and load_trace(csv).block_size == 16
