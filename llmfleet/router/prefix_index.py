@@ -108,7 +108,7 @@ class PrefixIndex:
     def _clear_all(self, keys: list[int], bit: int) -> None:
         """`_clear` of each key (distinct keys the replica of `bit` held), as C-level passes over the list: the
         router evicts thousands of keys per long prompt with fine-grained blocks, and a Python call per key
-        was most of its insert time."""
+        was a large share of its insert time."""
         if not keys:
             return
         self._version += 1

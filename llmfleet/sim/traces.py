@@ -410,11 +410,11 @@ def load_trace(path: str | Path, fmt: str = "auto", *, seconds: float | None = N
         raise WorkloadError(f"{p}: seconds to read must be a finite number > 0, got {seconds:g}")
     if requests is not None and requests < 1:
         raise WorkloadError(f"{p}: requests to read must be >= 1, got {requests}")
+    if kv_block_size is not None and (isinstance(kv_block_size, bool) or kv_block_size < 1):
+        raise WorkloadError(f"{p}: KV block size must be >= 1, got {kv_block_size!r}")
     if fmt not in ("auto", *TRACE_FORMATS):
         raise WorkloadError(f"unknown trace format {fmt!r}; known: auto, {', '.join(TRACE_FORMATS)}")
     kind = fmt if fmt != "auto" else (_csv_kind(p) if _plain(p).suffix.lower() == ".csv" else _jsonl_kind(p))
-    if kv_block_size is not None and (isinstance(kv_block_size, bool) or kv_block_size < 1):
-        raise WorkloadError(f"{p}: KV block size must be >= 1, got {kv_block_size!r}")
     if kind in ("mooncake", "bailian"):
         hash_loader = load_mooncake if kind == "mooncake" else load_bailian
         return hash_loader(p, seconds=seconds, requests=requests, kv_block_size=kv_block_size)
