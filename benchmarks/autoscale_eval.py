@@ -66,6 +66,7 @@ from results_paths import IMG, RESULTS, plot_dir
 from llmfleet.sim.oracle import Order, fewest_static, hindsight_schedule
 from llmfleet.sim.production import pool_specs
 from llmfleet.sim.routers import LlmfleetRouter
+from llmfleet.sim.traces import TIME_UNITS
 from llmfleet.sim.types import SimResult
 from llmfleet.sim.workload import Workload, WorkloadError, rate_scale
 
@@ -288,7 +289,7 @@ def select(args: argparse.Namespace, recorded: dict[str, Any] | None) -> dict[st
     out: dict[str, Workload] = {}
     try:
         found = workloads(traces, args.quick, None if args.shapes else args.spike, args.steady, args.shapes,
-                          args.trace_seconds, args.kv_block_size)
+                          args.trace_seconds, args.kv_block_size, args.time_unit)
     except WorkloadError as e:  # e.g. a --kv-block-size a trace's blocks do not divide: one line, exit 1
         raise SystemExit(f"autoscale_eval.py: {e}") from None
     for name, w in found.items():
@@ -310,6 +311,9 @@ def main() -> None:
     ap.add_argument("--kv-block-size", type=int, metavar="N",
                     help="simulate the traces whose blocks are smaller on engines with N-token KV blocks (merged; "
                          "vLLM's --block-size): a 16-token-block trace runs several times faster at 64 or 128")
+    ap.add_argument("--time-unit", choices=TIME_UNITS,
+                    help="the JSONL traces' timestamp unit; default: the format's (Mooncake ms, Qwen-Bailian s), or s "
+                         "where sub-unit gaps between stamps tell seconds")
     ap.add_argument("--quick", action="store_true", help="shorter synthetic workload")
     ap.add_argument("--spike", type=float, default=10.0, help="rate factor of the synthetic spike (validation)")
     ap.add_argument("--no-trace", action="store_true", help="only the synthetic workload")

@@ -18,7 +18,7 @@ from llmfleet.api import InferenceService
 from llmfleet.sim.oracle import attainment as ttft_attainment  # requests within the TTFT SLO / servable ones
 from llmfleet.sim.planning import over_slo_alone
 from llmfleet.sim.production import DEFAULT_COLD_START_S, Fallback, PolicyHook, make_service, simulate_service
-from llmfleet.sim.traces import is_trace_file, load_trace, trace_stem
+from llmfleet.sim.traces import TimeUnitError, is_trace_file, load_trace, trace_stem
 from llmfleet.sim.types import PoolSpec, SimResult
 from llmfleet.sim.workload import BlockSizeError, SyntheticSpec, Workload, WorkloadError, synthetic
 
@@ -192,21 +192,23 @@ def trace_names(traces: list[Path]) -> list[str]:
 
 def workloads(traces: list[Path] | None, quick: bool, spike_factor: float | None = 10.0,
               steady_rates: list[float] | None = None, with_shapes: bool = False,
-              trace_seconds: float | None = None, kv_block_size: int | None = None) -> dict[str, Workload]:
+              trace_seconds: float | None = None, kv_block_size: int | None = None,
+              time_unit: str | None = None) -> dict[str, Workload]:
     """Each trace (any known format), then the synthetic spike (unless `spike_factor` is None), then a steady
     synthetic workload per rate in `steady_rates`, then (`with_shapes`) the synthetic shapes. `traces` None: every
     trace file in TRACES. `trace_seconds`: only each trace's first that many seconds (a day- or week-long trace is
     hours of simulation per policy run; the static-at-peak search replays it a dozen times). `kv_block_size`: the
-    traces with smaller blocks are merged into blocks of that many tokens as they are read (`load_trace`)."""
+    traces with smaller blocks are merged into blocks of that many tokens as they are read (`load_trace`);
+    `time_unit`: the JSONL traces' timestamp unit (`load_trace`; a CSV trace is then a TimeUnitError)."""
     check_trace_seconds(trace_seconds)
     if traces is None:
         traces = sorted(p for p in TRACES.glob("*") if is_trace_file(p)) if TRACES.exists() else []
     out: dict[str, Workload] = {}
     for p, name in zip(traces, trace_names(traces), strict=True):
         try:  # read no further than the first S seconds; merge finer blocks as they are read
-            w = load_trace(p, seconds=trace_seconds, kv_block_size=kv_block_size)
-        except BlockSizeError:
-            raise  # the option is wrong, not the file: an error, not a skipped trace
+            w = load_trace(p, seconds=trace_seconds, kv_block_size=kv_block_size, time_unit=time_unit)
+        except (BlockSizeError, TimeUnitError):
+            raise  # an option is wrong, not the file: an error, not a skipped trace
         except WorkloadError as e:
             print(f"skipping trace: {e}", file=sys.stderr)
             continue

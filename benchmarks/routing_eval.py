@@ -37,7 +37,7 @@ from llmfleet.api.inferenceservice import RouterSpec
 from llmfleet.sim.engine import simulate
 from llmfleet.sim.report import finite_cache_hit_bound, oracle_hit_rate, plot, ttft_lower_bound
 from llmfleet.sim.routers import ROUTERS
-from llmfleet.sim.traces import load_mooncake, load_trace
+from llmfleet.sim.traces import TIME_UNITS, load_mooncake, load_trace
 from llmfleet.sim.types import PoolSpec, SimConfig
 from llmfleet.sim.workload import SyntheticSpec, WorkloadError, synthetic
 
@@ -61,12 +61,13 @@ SWEEP_ROUTERS = ("least-request", "sglang", "llm-d", "llmfleet")
 
 def scenarios(quick: bool, traces: list[Path] | None = None, trace_replicas: tuple[int, ...] = (8,),
               only_traces: bool = False, trace_seconds: float | None = None,
-              kv_block_size: int | None = None) -> list[tuple[str, int, object, float]]:
+              kv_block_size: int | None = None, time_unit: str | None = None) -> list[tuple[str, int, object, float]]:
     """(name, replicas, workload, host KV tier GiB per replica); `traces`: more traces (any format load_trace
     knows: Mooncake or Qwen-Bailian JSONL, Azure or BurstGPT CSV), each replayed as is on each of `trace_replicas`;
     `only_traces`: those alone, without the standard scenarios; `trace_seconds`: only each of those traces' first
     that many seconds (a day- or week-long trace; only those are read into memory); `kv_block_size`: those of them
-    with smaller blocks merged into blocks of that many tokens as they are read (`load_trace`)."""
+    with smaller blocks merged into blocks of that many tokens as they are read (`load_trace`); `time_unit`: their
+    timestamps' unit (`load_trace`)."""
     out: list[tuple[str, int, object, float]] = []
     if not only_traces:
         trace = TRACE if TRACE.exists() else FALLBACK_TRACE
@@ -81,7 +82,7 @@ def scenarios(quick: bool, traces: list[Path] | None = None, trace_replicas: tup
             out.append((f"synthetic {spec.rate_rps:g} rps", reps, synthetic(spec), 0.0))
         out.append((f"mooncake x3 + {HOST_KV_GIB:g} GiB host KV tier", 8, moon.scaled(3.0), HOST_KV_GIB))
     for p in traces or []:
-        w = load_trace(p, seconds=trace_seconds, kv_block_size=kv_block_size)
+        w = load_trace(p, seconds=trace_seconds, kv_block_size=kv_block_size, time_unit=time_unit)
         out += [(w.name, reps, w, 0.0) for reps in trace_replicas]
     if quick:
         out = [(n, r, w.head(400), h) for n, r, w, h in out]  # type: ignore[attr-defined]
@@ -177,6 +178,9 @@ def main() -> int:
     ap.add_argument("--kv-block-size", type=int, metavar="N",
                     help="simulate the --trace traces whose blocks are smaller on engines with N-token KV blocks "
                          "(merged; vLLM's --block-size): a 16-token-block trace runs several times faster at 64 or 128")
+    ap.add_argument("--time-unit", choices=TIME_UNITS,
+                    help="the --trace JSONL traces' timestamp unit; default: the format's (Mooncake ms, Qwen-Bailian "
+                         "s), or s where sub-unit gaps between stamps tell seconds")
     ap.add_argument("--only-traces", action="store_true",
                     help="only the --trace scenarios, not the standard ones (e.g. with a separate --out)")
     ap.add_argument("--out", default=str(RESULTS / "routing_eval.json"))
@@ -201,8 +205,8 @@ def main() -> int:
     t_all = time.time()
     try:
         todo = scenarios(args.quick, args.trace, tuple(args.trace_replicas), args.only_traces, args.trace_seconds,
-                         args.kv_block_size)
-    except WorkloadError as e:  # an unreadable trace, a --kv-block-size its blocks do not divide
+                         args.kv_block_size, args.time_unit)
+    except WorkloadError as e:  # an unreadable trace, a --kv-block-size its blocks do not divide, a CSV's time unit
         ap.error(str(e))
     for name, reps, w, host_gib in todo:
         oracle = oracle_hit_rate(w)  # type: ignore[arg-type]

@@ -27,6 +27,9 @@ KvBlockSize = Annotated[int | None, typer.Option(
     "--kv-block-size", help="The simulated engine's KV block size in tokens, a multiple of the workload's: its blocks "
     "are merged into blocks of this size (vLLM's --block-size; a 16-token-block trace simulates several times faster "
     "at 64 or 128). Default: the workload's own.")]
+TimeUnit = Annotated[str | None, typer.Option(
+    "--time-unit", help="A JSONL trace's timestamp unit, ms or s. Default: the format's (Mooncake ms, Qwen-Bailian s), "
+    "or s where sub-unit gaps between stamps tell seconds.")]
 TimeScale = Annotated[float, typer.Option(help="Replay at k x the workload's rate (arrival times divided by k: 2 "
                                                  "doubles the rate, 0.5 halves it); k > 0.")]
 MaxRequests = Annotated[int | None, typer.Option(help="Use the first N requests.")]
@@ -52,7 +55,7 @@ def _require(flag: str, value: float, low: float = 0.0, *, inclusive: bool = Fal
 
 def _workload(trace: Path | None, fmt: str, duration: float, rate: float, tenants: int, seed: int,
               max_requests: int | None, time_scale: float, trace_seconds: float | None = None,
-              kv_block_size: int | None = None) -> Workload:
+              kv_block_size: int | None = None, time_unit: str | None = None) -> Workload:
     from llmfleet.sim.traces import load_trace
     from llmfleet.sim.workload import SyntheticSpec, rate_scale, synthetic
 
@@ -66,6 +69,8 @@ def _workload(trace: Path | None, fmt: str, duration: float, rate: float, tenant
         _require("--trace-seconds", trace_seconds)
         if trace is None:
             raise ValueError("--trace-seconds cuts a trace: give --trace (a synthetic workload has --duration)")
+    if time_unit is not None and trace is None:
+        raise ValueError("--time-unit reads a trace's timestamps: give --trace")
     if trace is None:
         _require("--duration", duration)
         _require("--rate", rate)
@@ -74,7 +79,8 @@ def _workload(trace: Path | None, fmt: str, duration: float, rate: float, tenant
         if max_requests is not None:
             w = w.head(max_requests)
     else:  # only the first N requests (or S seconds) are held: a week-long trace's first hour takes an hour's memory
-        w = load_trace(trace, fmt, seconds=trace_seconds, requests=max_requests, kv_block_size=kv_block_size)
+        w = load_trace(trace, fmt, seconds=trace_seconds, requests=max_requests, kv_block_size=kv_block_size,
+                       time_unit=time_unit)
     if time_scale != 1.0:
         w = w.scaled(time_scale)
     if kv_block_size is not None:
@@ -158,6 +164,7 @@ def register(app: typer.Typer) -> None:
         max_requests: MaxRequests = None,
         trace_seconds: TraceSeconds = None,
         kv_block_size: KvBlockSize = None,
+        time_unit: TimeUnit = None,
         duration: Duration = 600.0,
         rate: Rate = 10.0,
         tenants: Tenants = 8,
@@ -195,7 +202,7 @@ def register(app: typer.Typer) -> None:
                 if sn < 0:
                     raise ValueError(f"--student replicas must be >= 0, got {sn}")
             w = _workload(trace, fmt, duration, rate, tenants, seed, max_requests, time_scale, trace_seconds,
-                          kv_block_size)
+                          kv_block_size, time_unit)
             overflow: Literal["reject", "clip"] = "clip" if clip_context else "reject"
             if autoscaler is not None:
                 if autoscaler not in AUTOSCALERS:
@@ -226,7 +233,8 @@ def register(app: typer.Typer) -> None:
         oracle = oracle_hit_rate(w)
         scaled = f", {autoscaler} autoscaler from {replicas}" if autoscaler else ""
         failed = f" ({w.failed_skipped} failed in the trace, not replayed)" if w.failed_skipped else ""
-        _table(f"{w.name}: {len(w.requests)} requests{failed}, {replicas} x {model} on {gpu}{scaled}, "
+        # the span shows a trace's timestamps read in the wrong unit (1,000x off) at a glance
+        _table(f"{w.name}: {len(w.requests)} requests{failed} over {w.duration:,.1f} s, {replicas} x {model} on {gpu}{scaled}, "
                f"{w.block_size}-token blocks, oracle hit rate {oracle:.3f}", results, ttft_slo_ms / 1e3)
         if timeline:
             peak = {k: max(x[k] for x in timeline) for k in timeline[0] if k not in ("t", "why")}
@@ -265,6 +273,7 @@ def register(app: typer.Typer) -> None:
         max_requests: MaxRequests = None,
         trace_seconds: TraceSeconds = None,
         kv_block_size: KvBlockSize = None,
+        time_unit: TimeUnit = None,
         duration: Duration = 600.0,
         rate: Rate = 10.0,
         tenants: Tenants = 8,
@@ -290,7 +299,7 @@ def register(app: typer.Typer) -> None:
             if bad := [o for o in order if o not in ("highest", "forward", "backward")]:
                 raise ValueError(f"unknown --order {bad[0]!r}; known: highest, forward, backward")
             w = _workload(trace, fmt, duration, rate, tenants, seed, max_requests, time_scale, trace_seconds,
-                          kv_block_size)
+                          kv_block_size, time_unit)
             pool = PoolSpec(model=model, gpu=gpu, cold_start_s=cold_start_s, max_model_len=max_model_len)
             if start_replicas is None:
                 start_replicas, _ = _fewest_static(w, pool, ttft_slo_ms / 1e3, target, seed)
@@ -343,6 +352,7 @@ def register(app: typer.Typer) -> None:
         max_requests: MaxRequests = None,
         trace_seconds: TraceSeconds = None,
         kv_block_size: KvBlockSize = None,
+        time_unit: TimeUnit = None,
         duration: Duration = 600.0,
         rate: Rate = 10.0,
         tenants: Tenants = 8,
@@ -370,7 +380,7 @@ def register(app: typer.Typer) -> None:
                 raise ValueError(f"--max-model-len must be >= 2, got {max_model_len}")
             m, g = get_model(model), get_gpu(gpu)
             w = _workload(trace, fmt, duration, rate, tenants, seed, max_requests, time_scale, trace_seconds,
-                          kv_block_size)
+                          kv_block_size, time_unit)
             if reuse:
                 found = plan_with_reuse(w, m, g, ttft_slo_s=ttft_ms / 1e3, tpot_slo_s=tpot_ms / 1e3,
                                         first_minute=first_minute, kv_dtype=kv_dtype, tensor_parallel=tp)

@@ -34,6 +34,8 @@ from llmfleet.sim.workload import (
 
 MOONCAKE_BLOCK = 512
 BAILIAN_BLOCK = 16
+# A hash-block trace's timestamp units, as units per second: Mooncake documents milliseconds, Qwen-Bailian seconds.
+TIME_UNITS = {"ms": 1000.0, "s": 1.0}
 
 
 def _lengths(where: str, prompt: object, output: object) -> tuple[int, int]:
@@ -181,6 +183,28 @@ def infer_block_size(lengths: list[tuple[int, int]], default: int) -> int:
     return default if fits.get(default) == best else next(b for b in BLOCK_SIZES if fits[b] == best)
 
 
+def infer_time_unit(timestamps: list[float], default: str) -> str:
+    """The unit of a hash-block trace's timestamps: seconds where the median gap between consecutive distinct ones is
+    under 1 (read as milliseconds they would be more than 1,000 arrivals a second, at sub-millisecond stamps: no
+    trace of prompts thousands of tokens long), else `default`, the format's documented unit. Mooncake's schema is
+    also written by conversions that keep seconds (time.time() floats); read as milliseconds such a trace replays
+    1,000x compressed, silently. Whole-number stamps never move off the default (their gaps are >= 1), nor does a
+    seconds trace slower than about one arrival a second: name its unit (`load_trace(time_unit=...)`)."""
+    ts = sorted(timestamps)
+    gaps = sorted(b - a for a, b in itertools.pairwise(ts) if b > a)
+    return "s" if gaps and gaps[len(gaps) // 2] < 1 else default
+
+
+class TimeUnitError(WorkloadError):
+    """A timestamp unit that is unknown or given for a trace whose timestamps have their own (the option is wrong
+    for every run, not the file)."""
+
+
+def _check_time_unit(p: Path, time_unit: str | None) -> None:
+    if time_unit is not None and time_unit not in TIME_UNITS:
+        raise TimeUnitError(f"{p}: unknown time unit {time_unit!r}; known: {', '.join(TIME_UNITS)}")
+
+
 _Record = tuple[str, float, int, int, list[int], int, int, str | None]
 
 
@@ -216,21 +240,28 @@ def _hash_block_records(p: Path, kind: str, sessions: bool) -> Iterator[_Record]
                 yield where, float(ts), inp, out, ids, chat, parent, None if session is None else str(session)
 
 
-def _hash_block_jsonl(p: Path, kind: str, block_size: int | None, default_block: int, units_per_s: float,
-                      sessions: bool, cut: _Cut, kv_block_size: int | None = None) -> Workload:
+def _hash_block_jsonl(p: Path, kind: str, block_size: int | None, default_block: int, time_unit: str | None,
+                      default_unit: str, sessions: bool, cut: _Cut, kv_block_size: int | None = None) -> Workload:
     """A JSONL trace of `timestamp`, `input_length`, `output_length` and `hash_ids` (one id per block of the prompt,
-    equal ids at the same position meaning a shared prefix), the timestamp in 1/`units_per_s` seconds. The block size
-    is `block_size`, or with None the one the first INFER_RECORDS records were cut with (`infer_block_size`, falling
-    back to `default_block`). `sessions`: the records also carry `chat_id` and `parent_chat_id` (-1 for a
+    equal ids at the same position meaning a shared prefix). The block size is `block_size`, or with None the one
+    the first INFER_RECORDS records were cut with (`infer_block_size`, falling back to `default_block`); the
+    timestamps' unit `time_unit` (TIME_UNITS), or with None the one those records tell (`infer_time_unit`, falling
+    back to `default_unit`). Arrivals start at 0: the first request (a slice of a longer trace, epoch stamps) is
+    replayed at once, not after the idle time before it. `sessions`: the records also carry `chat_id` and `parent_chat_id` (-1 for a
     conversation's first turn), and each request's session (`Request.session`) is its conversation's
     (`_conversations`); otherwise a record's `session_id`, where it has one, is its session. `kv_block_size`: where
     larger than the trace's blocks, they are merged into blocks of that size as they are read (`Workload.reblocked`,
     without ever holding the finer keys)."""
+    _check_time_unit(p, time_unit)
     records = _hash_block_records(p, kind, sessions)
     ahead: list[_Record] = []
-    if block_size is None:
+    if block_size is None or time_unit is None:
         ahead = list(islice(records, INFER_RECORDS))
+    if block_size is None:
         block_size = infer_block_size([(r[2], len(r[4])) for r in ahead], default_block)
+    if time_unit is None:
+        time_unit = infer_time_unit([r[1] for r in ahead], default_unit)
+    units_per_s = TIME_UNITS[time_unit]
     k = 1  # trace blocks per simulated block
     if kv_block_size is not None and kv_block_size > block_size:
         if kv_block_size % block_size:
@@ -250,7 +281,7 @@ def _hash_block_jsonl(p: Path, kind: str, block_size: int | None, default_block:
     if sessions:
         for r, conversation in zip(reqs, _conversations([r.rid for r in reqs], parent_of), strict=True):
             r.session = conversation
-    return Workload(trace_stem(p), in_arrival_order(reqs), block_size * k)
+    return Workload(trace_stem(p), in_arrival_order(reqs, from_zero=True), block_size * k)
 
 
 def _conversations(chats: list[int], parent_of: dict[int, int]) -> list[str]:
@@ -273,22 +304,25 @@ def _conversations(chats: list[int], parent_of: dict[int, int]) -> list[str]:
 
 
 def load_mooncake(path: str | Path, block_size: int | None = None, *, seconds: float | None = None,
-                  requests: int | None = None, kv_block_size: int | None = None) -> Workload:
+                  requests: int | None = None, kv_block_size: int | None = None,
+                  time_unit: str | None = None) -> Workload:
     """Mooncake JSONL (kvcache-ai/Mooncake FAST'25 traces): timestamp (ms), input_length, output_length, hash_ids
     (512-token blocks in Mooncake's releases; `block_size` None: told from the records, `infer_block_size`), and
     where a record has one, session_id. `seconds`, `requests`: only the first that many (`_Cut`), for every
-    loader; `kv_block_size`: blocks merged into that size where larger (`load_trace`)."""
-    return _hash_block_jsonl(Path(path), "Mooncake", block_size, MOONCAKE_BLOCK, 1000.0, sessions=False,
+    loader; `kv_block_size`: blocks merged into that size where larger (`load_trace`); `time_unit` "ms" or "s",
+    None: milliseconds unless the records tell seconds (`infer_time_unit`)."""
+    return _hash_block_jsonl(Path(path), "Mooncake", block_size, MOONCAKE_BLOCK, time_unit, "ms", sessions=False,
                              cut=_Cut(seconds, requests), kv_block_size=kv_block_size)
 
 
 def load_bailian(path: str | Path, block_size: int | None = None, *, seconds: float | None = None,
-                 requests: int | None = None, kv_block_size: int | None = None) -> Workload:
+                 requests: int | None = None, kv_block_size: int | None = None,
+                 time_unit: str | None = None) -> Workload:
     """Qwen-Bailian JSONL (alibaba-edu/qwen-bailian-usagetraces-anon: the to-C, to-B, thinking and coder traces):
     chat_id, parent_chat_id (-1 for a conversation's first turn), timestamp (seconds), input_length,
     output_length, type, turn, hash_ids (16-token blocks; `block_size` None: told from the records). Requests of one
-    conversation share a session."""
-    return _hash_block_jsonl(Path(path), "Qwen-Bailian", block_size, BAILIAN_BLOCK, 1.0, sessions=True,
+    conversation share a session; `time_unit`: as for `load_mooncake`, seconds where None."""
+    return _hash_block_jsonl(Path(path), "Qwen-Bailian", block_size, BAILIAN_BLOCK, time_unit, "s", sessions=True,
                              cut=_Cut(seconds, requests), kv_block_size=kv_block_size)
 
 
@@ -396,7 +430,8 @@ def _jsonl_kind(p: Path) -> str:
 
 
 def load_trace(path: str | Path, fmt: str = "auto", *, seconds: float | None = None,
-               requests: int | None = None, kv_block_size: int | None = None) -> Workload:
+               requests: int | None = None, kv_block_size: int | None = None,
+               time_unit: str | None = None) -> Workload:
     """Any trace format the simulator knows: `fmt` "mooncake" or "bailian" (JSONL), "azure" or "burstgpt" (CSV), or
     "auto": a .csv is BurstGPT when its header has BurstGPT's columns, else Azure; anything else is Qwen-Bailian
     when its first record has `parent_chat_id`, else Mooncake. A .gz, .bz2 or .xz file is read decompressed, its
@@ -404,7 +439,9 @@ def load_trace(path: str | Path, fmt: str = "auto", *, seconds: float | None = N
     many seconds of the first, or the first that many (both: whichever is fewer), holding only those in memory
     (`_Cut`). `kv_block_size`: a trace whose blocks are smaller is simulated on engines with blocks of that many
     tokens (`merge_blocks`; a hash-block trace's are merged as they are read, so its finer keys are never all held;
-    a size its blocks do not divide is a BlockSizeError)."""
+    a size its blocks do not divide is a BlockSizeError). `time_unit`: a JSONL trace's timestamp unit, "ms" or "s"
+    (TIME_UNITS), where the format's documented one and `infer_time_unit` get it wrong; CSV traces carry dates
+    (Azure) or seconds (BurstGPT) and take none."""
     p = Path(path)
     if seconds is not None and not (math.isfinite(seconds) and seconds > 0):
         raise WorkloadError(f"{p}: seconds to read must be a finite number > 0, got {seconds:g}")
@@ -414,9 +451,13 @@ def load_trace(path: str | Path, fmt: str = "auto", *, seconds: float | None = N
         raise WorkloadError(f"{p}: KV block size must be >= 1, got {kv_block_size!r}")
     if fmt not in ("auto", *TRACE_FORMATS):
         raise WorkloadError(f"unknown trace format {fmt!r}; known: auto, {', '.join(TRACE_FORMATS)}")
+    _check_time_unit(p, time_unit)
     kind = fmt if fmt != "auto" else (_csv_kind(p) if _plain(p).suffix.lower() == ".csv" else _jsonl_kind(p))
     if kind in ("mooncake", "bailian"):
         hash_loader = load_mooncake if kind == "mooncake" else load_bailian
-        return hash_loader(p, seconds=seconds, requests=requests, kv_block_size=kv_block_size)
+        return hash_loader(p, seconds=seconds, requests=requests, kv_block_size=kv_block_size, time_unit=time_unit)
+    if time_unit is not None:
+        raise TimeUnitError(f"{p}: a time unit is for JSONL traces; this {kind} CSV's timestamps are "
+                            f"{'dates' if kind == 'azure' else 'seconds'}")
     csv_loader = load_azure if kind == "azure" else load_burstgpt
     return merge_blocks(csv_loader(p, seconds=seconds, requests=requests), kv_block_size)

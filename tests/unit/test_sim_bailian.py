@@ -60,10 +60,10 @@ def test_load_trace_tells_bailian_from_mooncake_by_the_first_record(tmp_path: Pa
     bailian.write_text("\n" + bailian.read_text(encoding="utf-8"), encoding="utf-8")
     w = load_trace(bailian)
     assert w.block_size == 16 and w.requests[2].arrival == pytest.approx(61.114)
-    mooncake = _jsonl(tmp_path, [{"timestamp": 3052, "input_length": 1100, "output_length": 20,
-                                  "hash_ids": [0, 1, 2]}], name="mooncake.jsonl")
+    mooncake = _jsonl(tmp_path, [{"timestamp": t, "input_length": 1100, "output_length": 20, "hash_ids": [0, 1, 2]}
+                                 for t in (1000, 4052)], name="mooncake.jsonl")
     m = load_trace(mooncake)
-    assert m.block_size == 512 and m.requests[0].arrival == pytest.approx(3.052) and len(m.requests[0].keys) == 2
+    assert m.block_size == 512 and m.requests[1].arrival == pytest.approx(3.052) and len(m.requests[0].keys) == 2
     # the format named explicitly wins over the sniffing, either way
     assert load_trace(bailian, "mooncake").requests[2].arrival == pytest.approx(0.061114)
     assert load_trace(bailian, "bailian").block_size == 16
@@ -126,5 +126,5 @@ def test_conversations_are_found_whatever_the_order_of_the_records(tmp_path: Pat
         {**RECORDS[0], "chat_id": 30, "parent_chat_id": -1, "timestamp": 1.0},
     ]
     w = load_bailian(_jsonl(tmp_path, turns, "shuffled.jsonl"))
-    assert [(r.arrival, r.session) for r in w.requests] == [
-        (1.0, "chat-30"), (5.0, "chat-30"), (6.0, "chat-40"), (7.0, "chat-40"), (9.0, "chat-30")]
+    assert [(r.arrival, r.session) for r in w.requests] == [  # from the earliest (1.0 s), not the file's first
+        (0.0, "chat-30"), (4.0, "chat-30"), (5.0, "chat-40"), (6.0, "chat-40"), (8.0, "chat-30")]

@@ -53,7 +53,8 @@ def test_compressed_traces_read_like_the_plain_file(tmp_path: Path, suffix: str)
     with WRITERS[suffix](jsonl, "wt", encoding="utf-8") as f:
         f.write(BAILIAN)
     w = load_trace(jsonl)
-    assert w.block_size == 16 and [r.arrival for r in w.requests] == [0.5, 9.0] and w.name == "qwen_traceA_blksz_16"
+    # seconds (as milliseconds 8.5 s would be 0.0085), from the first request
+    assert w.block_size == 16 and [r.arrival for r in w.requests] == [0.0, 8.5] and w.name == "qwen_traceA_blksz_16"
 
 
 def test_damaged_or_mislabelled_archives_are_one_line_errors(tmp_path: Path) -> None:
