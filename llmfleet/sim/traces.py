@@ -247,11 +247,11 @@ def _hash_block_jsonl(p: Path, kind: str, block_size: int | None, default_block:
     the first INFER_RECORDS records were cut with (`infer_block_size`, falling back to `default_block`); the
     timestamps' unit `time_unit` (TIME_UNITS), or with None the one those records tell (`infer_time_unit`, falling
     back to `default_unit`). Arrivals start at 0: the first request (a slice of a longer trace, epoch stamps) is
-    replayed at once, not after the idle time before it. `sessions`: the records also carry `chat_id` and `parent_chat_id` (-1 for a
-    conversation's first turn), and each request's session (`Request.session`) is its conversation's
-    (`_conversations`); otherwise a record's `session_id`, where it has one, is its session. `kv_block_size`: where
-    larger than the trace's blocks, they are merged into blocks of that size as they are read (`Workload.reblocked`,
-    without ever holding the finer keys)."""
+    replayed at once, not after the idle time before it. `sessions`: the records also carry `chat_id` and
+    `parent_chat_id` (-1 for a conversation's first turn), and each request's session (`Request.session`) is its
+    conversation's (`_conversations`); otherwise a record's `session_id`, where it has one, is its session.
+    `kv_block_size`: where larger than the trace's blocks, they are merged into blocks of that size as they are read
+    (`Workload.reblocked`, without ever holding the finer keys)."""
     _check_time_unit(p, time_unit)
     records = _hash_block_records(p, kind, sessions)
     ahead: list[_Record] = []
