@@ -297,6 +297,9 @@ def select(args: argparse.Namespace, recorded: dict[str, Any] | None) -> dict[st
             label = name if k is None else rate_variant(name, k)
             if (not wanted or label in wanted or name in wanted) and (recorded is None or label in recorded):
                 out[label] = w if k is None else w.scaled(k)
+    for label, w in out.items():  # before hours of simulation: a week-long trace, or stamps read 1,000x off, show here
+        print(f"{label}: {len(w.requests):,} requests over {w.duration:,.0f} s, {w.block_size}-token blocks",
+              file=sys.stderr, flush=True)
     return out
 
 

@@ -114,6 +114,12 @@ def test_the_benchmarks_pass_the_unit_on_and_stop_on_a_csv_given_one(tmp_path: P
     azure.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:00:00.0000000,100,10\n")
     with pytest.raises(TimeUnitError):  # an option wrong for the run, not a trace to skip
         autoscale_setup.workloads([slow, azure], quick=False, spike_factor=None, time_unit="s")
+    # the autoscaling benchmark names each workload's span before simulating it
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "autoscale_eval.py"), "--trace", str(slow),
+                        "--time-unit", "s", "--workload", "slow_s", "--seeds", "1", "--out", str(tmp_path / "a.json")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "slow_s: 20 requests over 190 s, 512-token blocks" in r.stderr
     for script in ("autoscale_eval.py", "routing_eval.py"):
         r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--trace", str(slow), "--time-unit",
                             "us"], capture_output=True, text=True, timeout=120)
