@@ -15,6 +15,7 @@ import json
 import lzma
 import math
 import re
+import statistics
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -190,9 +191,8 @@ def infer_time_unit(timestamps: list[float], default: str) -> str:
     also written by conversions that keep seconds (time.time() floats); read as milliseconds such a trace replays
     1,000x compressed, silently. Whole-number stamps never move off the default (their gaps are >= 1), nor does a
     seconds trace slower than about one arrival a second: name its unit (`load_trace(time_unit=...)`)."""
-    ts = sorted(timestamps)
-    gaps = sorted(b - a for a, b in itertools.pairwise(ts) if b > a)
-    return "s" if gaps and gaps[len(gaps) // 2] < 1 else default
+    gaps = [b - a for a, b in itertools.pairwise(sorted(timestamps)) if b > a]
+    return "s" if gaps and statistics.median(gaps) < 1 else default
 
 
 class TimeUnitError(WorkloadError):
