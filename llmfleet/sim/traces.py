@@ -52,6 +52,23 @@ def _lengths(where: str, prompt: object, output: object) -> tuple[int, int]:
     return out[0], out[1]
 
 
+def _no_output(output: object) -> bool:
+    """Whether a record's output length is 0: a request that produced no token in the traced service (BurstGPT marks
+    its failures so; a production trace's zero-output rows are cancelled or failed requests). Such a record is not
+    replayed, for no engine is asked for an answer of zero tokens, and it is counted (`Workload.no_output_skipped`):
+    one of them does not make a whole real trace unreadable, and none vanishes silently."""
+    if isinstance(output, bool) or not isinstance(output, int | float | str):
+        return False
+    try:
+        return float(output) == 0
+    except ValueError:
+        return False
+
+
+def _skipped_note(n: int) -> str:
+    return f" ({n} with no output skipped)" if n else ""
+
+
 def _arrival(where: str, seconds: float) -> float:
     if not math.isfinite(seconds) or seconds < 0:
         raise WorkloadError(f"{where}: timestamp must be a finite number >= 0, got {seconds!r}")
@@ -134,6 +151,7 @@ class _Cut:
         self._prune_at = PRUNE_MIN  # `_kept` length at which records the earliest has moved away from are dropped
         self._latest_first: list[tuple[float, int, Request]] = []  # a heap of (-arrival, -file order, request)
         self._seen = 0
+        self._skipped_at: list[float] = []  # arrivals of zero-output records (`_no_output`), not replayed
 
     def add(self, r: Request) -> None:
         self._seen += 1
@@ -149,6 +167,16 @@ class _Cut:
         heapq.heappush(self._latest_first, (-r.arrival, -self._seen, r))
         if len(self._latest_first) > self.requests:
             heapq.heappop(self._latest_first)  # the latest of them (the last in the file among equal times)
+
+    def skip(self, t: float) -> None:
+        """A record not replayed (`_no_output`), arriving at `t`: counted by `skipped` where it lies in the window."""
+        self._skipped_at.append(t)
+
+    def skipped(self, kept: list[Request]) -> int:
+        """Skipped records within the window of the `kept` requests (after the last of them, with a request limit,
+        they were never reached)."""
+        last = max((r.arrival for r in kept), default=-math.inf) if self.requests is not None else math.inf
+        return sum(1 for t in self._skipped_at if self.within(t) and t <= last)
 
     def within(self, t: float) -> bool:
         """Whether a time lies in the window (after the whole file: against the earliest request)."""
@@ -220,7 +248,9 @@ def _hash_block_records(p: Path, kind: str, sessions: bool) -> Iterator[_Record]
                 d = json.loads(line)
                 if not isinstance(d, dict):
                     raise WorkloadError(f"{where}: not a JSON object")
-                inp, out = _lengths(where, d["input_length"], d["output_length"])
+                skip = _no_output(d["output_length"])
+                inp, out = _lengths(where, d["input_length"], 1 if skip else d["output_length"])
+                out = 0 if skip else out  # not replayed (`_no_output`)
                 ts = d["timestamp"]
                 if isinstance(ts, bool) or not isinstance(ts, int | float):
                     raise WorkloadError(f"{where}: timestamp must be a number, got {ts!r}")
@@ -270,18 +300,22 @@ def _hash_block_jsonl(p: Path, kind: str, block_size: int | None, default_block:
     parent_of: dict[int, int] = {}
     for where, ts, inp, out, ids, chat, parent, session in itertools.chain(ahead, records):
         if sessions:
-            parent_of[chat] = parent
+            parent_of[chat] = parent  # a skipped turn still links its conversation
+        if out == 0:
+            cut.skip(_arrival(where, ts / units_per_s))
+            continue
         keys = chain(ids[: inp // block_size])
         # the chat id rides in `rid` until the requests are numbered in arrival order
         cut.add(Request(chat, _arrival(where, ts / units_per_s), inp, out, keys[k - 1::k] if k > 1 else keys,
                         session=session))
     reqs = cut.kept()
     if not reqs:
-        raise WorkloadError(f"{p}: no requests")
+        raise WorkloadError(f"{p}: no requests" + _skipped_note(cut.skipped(reqs)))
     if sessions:
         for r, conversation in zip(reqs, _conversations([r.rid for r in reqs], parent_of), strict=True):
             r.session = conversation
-    return Workload(trace_stem(p), in_arrival_order(reqs, from_zero=True), block_size * k)
+    return Workload(trace_stem(p), in_arrival_order(reqs, from_zero=True), block_size * k,
+                    no_output_skipped=cut.skipped(reqs))
 
 
 def _conversations(chats: list[int], parent_of: dict[int, int]) -> list[str]:
@@ -357,7 +391,8 @@ def _csv_rows(p: Path, expected: str, columns: tuple[str, ...]) -> Iterator[tupl
 
 def load_azure(path: str | Path, block_size: int = 16, *, seconds: float | None = None,
                requests: int | None = None) -> Workload:
-    """Azure LLM inference trace CSV: TIMESTAMP, ContextTokens, GeneratedTokens (no content: no sharing)."""
+    """Azure LLM inference trace CSV: TIMESTAMP, ContextTokens, GeneratedTokens (no content: no sharing). A row
+    with 0 GeneratedTokens is not replayed and is counted (`_no_output`)."""
     p = Path(path)
     cut = _Cut(seconds, requests)
     for where, row in _csv_rows(p, "Azure CSV", AZURE_COLUMNS):
@@ -365,12 +400,13 @@ def load_azure(path: str | Path, block_size: int = 16, *, seconds: float | None 
             ts = row["TIMESTAMP"]
             if not isinstance(ts, str):
                 raise WorkloadError(f"{where}: no TIMESTAMP")
+            if _no_output(row["GeneratedTokens"]):
+                _lengths(where, row["ContextTokens"], 1)  # a bad prompt length is still an error
+                cut.skip(_parse_ts(ts))
+                continue
             inp, out = _lengths(where, row["ContextTokens"], row["GeneratedTokens"])
             cut.add(Request(0, _parse_ts(ts), inp, out))
-    reqs = cut.kept()
-    if not reqs:
-        raise WorkloadError(f"{p}: no requests")
-    return Workload(trace_stem(p), in_arrival_order(reqs, from_zero=True), block_size)
+    return _csv_workload(p, cut, block_size)
 
 
 BURSTGPT_COLUMNS = ("Timestamp", "Request tokens", "Response tokens")
@@ -382,27 +418,29 @@ def load_burstgpt(path: str | Path, block_size: int = 16, *, seconds: float | No
     Log Type; no content: no sharing).
 
     The release marks requests that failed in the original service with `Response tokens` 0: they are not
-    replayed (no engine was asked for an answer of zero tokens) and are counted in `Workload.failed_skipped`.
-    Any other bad row is an error naming its line."""
+    replayed and are counted (`_no_output`). Any other bad row is an error naming its line."""
     p = Path(path)
-    failed_at: list[float] = []
     cut = _Cut(seconds, requests)
     for where, row in _csv_rows(p, "BurstGPT CSV", BURSTGPT_COLUMNS):
         with _record(where, "bad row"):
             ts = row["Timestamp"]
             if ts is None:
                 raise WorkloadError(f"{where}: no Timestamp")
-            out = row["Response tokens"]
-            if isinstance(out, str) and out.strip() in ("0", "0.0"):
-                failed_at.append(_arrival(where, float(ts)))
+            if _no_output(row["Response tokens"]):
+                _lengths(where, row["Request tokens"], 1)  # a bad prompt length is still an error
+                cut.skip(_arrival(where, float(ts)))
                 continue
-            inp, outn = _lengths(where, row["Request tokens"], out)
-            cut.add(Request(0, _arrival(where, float(ts)), inp, outn))
+            inp, out = _lengths(where, row["Request tokens"], row["Response tokens"])
+            cut.add(Request(0, _arrival(where, float(ts)), inp, out))
+    return _csv_workload(p, cut, block_size)
+
+
+def _csv_workload(p: Path, cut: _Cut, block_size: int) -> Workload:
     reqs = cut.kept()
-    failed = sum(1 for t in failed_at if cut.within(t))  # within the window of the replayed requests
+    skipped = cut.skipped(reqs)
     if not reqs:
-        raise WorkloadError(f"{p}: no requests" + (f" ({failed} failed ones skipped)" if failed else ""))
-    return Workload(trace_stem(p), in_arrival_order(reqs, from_zero=True), block_size, failed_skipped=failed)
+        raise WorkloadError(f"{p}: no requests" + _skipped_note(skipped))
+    return Workload(trace_stem(p), in_arrival_order(reqs, from_zero=True), block_size, no_output_skipped=skipped)
 
 
 TRACE_FORMATS = ("mooncake", "bailian", "azure", "burstgpt")
