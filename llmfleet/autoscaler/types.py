@@ -57,7 +57,6 @@ class PoolSignals:
     degraded_fraction: float | None = None
     prefill_tokens_per_s: float | None = None
     decode_tokens_per_s: float | None = None
-    ttft_slo_miss_fraction: float | None = None
     error_rate: float | None = None  # failed tries / all tries on this pool's replicas (router-measured)
     held_requests: float | None = None  # requests the router holds for this pool while it has no replica
     # The shortest waiting queue any ready replica had over the interval (Prometheus: min of

@@ -343,7 +343,6 @@ def _autoscale(fleet: Fleet, autoscaler: Autoscaler, router: SimRouter, cfg: Sim
             prefill_tokens_per_s=sum(r.computed_prompt - r.tick_marks[0] for r in reps) / iv,
             decode_tokens_per_s=sum(r.generated - r.tick_marks[1] for r in reps) / iv,
             min_queue_depth=float(min(whole)) if whole else None,
-            ttft_slo_miss_fraction=(sum(1 for x in ttfts if x > cfg.ttft_slo_s * 1e3) / len(ttfts)) if ttfts else None,
             window_s=iv,
         ))
     for r in fleet.replicas:
