@@ -71,6 +71,14 @@ from llmfleet.sim.types import SimResult
 from llmfleet.sim.workload import Workload, WorkloadError, rate_scale
 
 
+def progress(name: str, done: str, since: float) -> float:
+    """One line on stderr per finished step of a workload's evaluation (a long trace takes minutes per step, hours in
+    all); returns the time now, where the next step's clock starts."""
+    now = time.time()
+    print(f"{name}: {done} ({now - since:,.0f} s)", file=sys.stderr, flush=True)
+    return now
+
+
 def static_at_peak(w: Workload, slo_s: float) -> tuple[int, SimResult]:
     """Fewest static replicas with >= 99 % TTFT attainment (llmfleet.sim.oracle.fewest_static: galloping search,
     then bisection), and its run."""
@@ -100,6 +108,7 @@ def evaluate(name: str, w: Workload, policies: tuple[str, ...] = ("slo", "queue"
     """`known` = (SLO s, static-at-peak replicas) from an earlier run: skips the reference and bisection runs.
     `img_dir`: where the plot goes (`plot_dir`; docs/img when None)."""
     static: SimResult | None = None
+    clock = time.time()
     if known is None:
         ref = run_static(w, MAX_REPLICAS, 1e9)
         p99 = float(np.percentile([r["ttft"] for r in ref.records if r["ttft"] is not None], 99))
@@ -113,6 +122,8 @@ def evaluate(name: str, w: Workload, policies: tuple[str, ...] = ("slo", "queue"
         p99 = float("nan")
         if baselines:
             static = run_static(w, n_peak, slo_s)
+    if static is not None:
+        clock = progress(name, f"static-at-peak fleet of {n_peak}, {ttft_attainment(static, slo_s):.2%}", clock)
     # Autoscaled fleets start where the planner puts them for the first minute's traffic (no hindsight).
     initial = max(1, planner_peak_replicas(w, slo_s, first_minute=True)[0])
     rows: dict[str, dict[str, Any]] = {}
@@ -127,11 +138,13 @@ def evaluate(name: str, w: Workload, policies: tuple[str, ...] = ("slo", "queue"
     hooks: dict[str, PolicyHook] = {}
     for policy in policies:
         res, hook = run_policy(w, policy, slo_s, initial)
+        clock = progress(name, f"{policy} {ttft_attainment(res, slo_s):.2%}, {res.summary['gpuSeconds']:,.0f} GPU-s", clock)
         runs[policy], hooks[policy] = res, hook
         rows[policy] = summary_row(res, slo_s, actions=hook.actions,
                                    replicas=max((x["primary"] for x in hook.timeline), default=initial))
         if seeds > 1:  # the same run with other router seeds: how much of a difference is luck
             others = [run_policy(w, policy, slo_s, initial, seed=k)[0] for k in range(1, seeds)]
+            clock = progress(name, f"{policy} on router seeds 1-{seeds - 1}", clock)
             rows[policy]["seeds"] = {
                 "attainment": [rows[policy]["attainment"], *(round(ttft_attainment(x, slo_s), 5) for x in others)],
                 "misses": [rows[policy]["misses"], *(misses(x, slo_s) for x in others)],

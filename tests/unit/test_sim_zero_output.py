@@ -105,3 +105,5 @@ def test_the_cli_and_the_autoscaling_benchmark_say_how_many_were_skipped(tmp_pat
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert f"{p.stem}: 3 requests (2 with 0 output tokens not replayed) over 10 s" in r.stderr
+    # then a line per finished step (a long trace takes minutes per step)
+    assert f"{p.stem}: static-at-peak fleet of 1, 100.00%" in r.stderr and f"{p.stem}: slo 100.00%" in r.stderr
