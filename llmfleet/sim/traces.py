@@ -40,7 +40,8 @@ TIME_UNITS = {"ms": 1000.0, "s": 1.0}
 
 
 def _lengths(where: str, prompt: object, output: object) -> tuple[int, int]:
-    """Token counts of one record: whole numbers >= 1 (a zero or negative length is an error, not a 1)."""
+    """Token counts of one record: whole numbers >= 1 (a record with a 0 is skipped before, `_empty`; a negative,
+    fractional or non-numeric length is an error, never a 1)."""
     out = []
     for what, v in (("prompt", prompt), ("output", output)):
         if isinstance(v, bool) or not isinstance(v, int | float | str):
@@ -52,21 +53,29 @@ def _lengths(where: str, prompt: object, output: object) -> tuple[int, int]:
     return out[0], out[1]
 
 
-def _no_output(output: object) -> bool:
-    """Whether a record's output length is 0: a request that produced no token in the traced service (BurstGPT marks
-    its failures so; a production trace's zero-output rows are cancelled or failed requests). Such a record is not
-    replayed, for no engine is asked for an answer of zero tokens, and it is counted (`Workload.no_output_skipped`):
-    one of them does not make a whole real trace unreadable, and none vanishes silently."""
-    if isinstance(output, bool) or not isinstance(output, int | float | str):
-        return False
+def _whole_number(v: object) -> float | None:
+    """A record's length as a number if it is a finite whole number >= 0 (what `_lengths` accepts, and 0), else None."""
+    if isinstance(v, bool) or not isinstance(v, int | float | str):
+        return None
     try:
-        return float(output) == 0
+        f = float(v)
     except ValueError:
-        return False
+        return None
+    return f if math.isfinite(f) and f >= 0 and f == int(f) else None
+
+
+def _empty(prompt: object, output: object) -> bool:
+    """Whether a record is a request of 0 prompt or 0 output tokens, its lengths otherwise well-formed. An output of 0
+    is a request that produced no token in the traced service (BurstGPT marks its failures so; a production trace's
+    zero-output rows are cancelled or failed requests); a prompt of 0 no engine accepts. Such a record is not
+    replayed and is counted (`Workload.skipped_empty`): one of them does not make a whole real trace unreadable, and
+    none vanishes silently. A negative, fractional or non-numeric length stays an error (`_lengths`)."""
+    lengths = (_whole_number(prompt), _whole_number(output))
+    return None not in lengths and 0 in lengths
 
 
 def _skipped_note(n: int) -> str:
-    return f" ({n} with no output skipped)" if n else ""
+    return f" ({n} with a 0-token prompt or output skipped)" if n else ""
 
 
 def _arrival(where: str, seconds: float) -> float:
@@ -151,7 +160,7 @@ class _Cut:
         self._prune_at = PRUNE_MIN  # `_kept` length at which records the earliest has moved away from are dropped
         self._latest_first: list[tuple[float, int, Request]] = []  # a heap of (-arrival, -file order, request)
         self._seen = 0
-        self._skipped_at: list[float] = []  # arrivals of zero-output records (`_no_output`), not replayed
+        self._skipped_at: list[float] = []  # arrivals of empty records (`_empty`), not replayed
 
     def add(self, r: Request) -> None:
         self._seen += 1
@@ -169,7 +178,7 @@ class _Cut:
             heapq.heappop(self._latest_first)  # the latest of them (the last in the file among equal times)
 
     def skip(self, t: float) -> None:
-        """A record not replayed (`_no_output`), arriving at `t`: counted by `skipped` where it lies in the window."""
+        """A record not replayed (`_empty`), arriving at `t`: counted by `skipped` where it lies in the window."""
         self._skipped_at.append(t)
 
     def skipped(self, kept: list[Request]) -> int:
@@ -248,9 +257,10 @@ def _hash_block_records(p: Path, kind: str, sessions: bool) -> Iterator[_Record]
                 d = json.loads(line)
                 if not isinstance(d, dict):
                     raise WorkloadError(f"{where}: not a JSON object")
-                skip = _no_output(d["output_length"])
-                inp, out = _lengths(where, d["input_length"], 1 if skip else d["output_length"])
-                out = 0 if skip else out  # not replayed (`_no_output`)
+                if _empty(d["input_length"], d["output_length"]):
+                    inp, out = 0, 0  # not replayed (`_empty`)
+                else:
+                    inp, out = _lengths(where, d["input_length"], d["output_length"])
                 ts = d["timestamp"]
                 if isinstance(ts, bool) or not isinstance(ts, int | float):
                     raise WorkloadError(f"{where}: timestamp must be a number, got {ts!r}")
@@ -301,7 +311,7 @@ def _hash_block_jsonl(p: Path, kind: str, block_size: int | None, default_block:
     for where, ts, inp, out, ids, chat, parent, session in itertools.chain(ahead, records):
         if sessions:
             parent_of[chat] = parent  # a skipped turn still links its conversation
-        if out == 0:
+        if out == 0:  # an empty record (`_empty`)
             cut.skip(_arrival(where, ts / units_per_s))
             continue
         keys = chain(ids[: inp // block_size])
@@ -315,7 +325,7 @@ def _hash_block_jsonl(p: Path, kind: str, block_size: int | None, default_block:
         for r, conversation in zip(reqs, _conversations([r.rid for r in reqs], parent_of), strict=True):
             r.session = conversation
     return Workload(trace_stem(p), in_arrival_order(reqs, from_zero=True), block_size * k,
-                    no_output_skipped=cut.skipped(reqs))
+                    skipped_empty=cut.skipped(reqs))
 
 
 def _conversations(chats: list[int], parent_of: dict[int, int]) -> list[str]:
@@ -392,7 +402,7 @@ def _csv_rows(p: Path, expected: str, columns: tuple[str, ...]) -> Iterator[tupl
 def load_azure(path: str | Path, block_size: int = 16, *, seconds: float | None = None,
                requests: int | None = None) -> Workload:
     """Azure LLM inference trace CSV: TIMESTAMP, ContextTokens, GeneratedTokens (no content: no sharing). A row
-    with 0 GeneratedTokens is not replayed and is counted (`_no_output`)."""
+    with 0 ContextTokens or GeneratedTokens is not replayed and is counted (`_empty`)."""
     p = Path(path)
     cut = _Cut(seconds, requests)
     for where, row in _csv_rows(p, "Azure CSV", AZURE_COLUMNS):
@@ -400,8 +410,7 @@ def load_azure(path: str | Path, block_size: int = 16, *, seconds: float | None 
             ts = row["TIMESTAMP"]
             if not isinstance(ts, str):
                 raise WorkloadError(f"{where}: no TIMESTAMP")
-            if _no_output(row["GeneratedTokens"]):
-                _lengths(where, row["ContextTokens"], 1)  # a bad prompt length is still an error
+            if _empty(row["ContextTokens"], row["GeneratedTokens"]):
                 cut.skip(_parse_ts(ts))
                 continue
             inp, out = _lengths(where, row["ContextTokens"], row["GeneratedTokens"])
@@ -418,7 +427,7 @@ def load_burstgpt(path: str | Path, block_size: int = 16, *, seconds: float | No
     Log Type; no content: no sharing).
 
     The release marks requests that failed in the original service with `Response tokens` 0: they are not
-    replayed and are counted (`_no_output`). Any other bad row is an error naming its line."""
+    replayed and are counted (`_empty`). Any other bad row is an error naming its line."""
     p = Path(path)
     cut = _Cut(seconds, requests)
     for where, row in _csv_rows(p, "BurstGPT CSV", BURSTGPT_COLUMNS):
@@ -426,8 +435,7 @@ def load_burstgpt(path: str | Path, block_size: int = 16, *, seconds: float | No
             ts = row["Timestamp"]
             if ts is None:
                 raise WorkloadError(f"{where}: no Timestamp")
-            if _no_output(row["Response tokens"]):
-                _lengths(where, row["Request tokens"], 1)  # a bad prompt length is still an error
+            if _empty(row["Request tokens"], row["Response tokens"]):
                 cut.skip(_arrival(where, float(ts)))
                 continue
             inp, out = _lengths(where, row["Request tokens"], row["Response tokens"])
@@ -440,7 +448,7 @@ def _csv_workload(p: Path, cut: _Cut, block_size: int) -> Workload:
     skipped = cut.skipped(reqs)
     if not reqs:
         raise WorkloadError(f"{p}: no requests" + _skipped_note(skipped))
-    return Workload(trace_stem(p), in_arrival_order(reqs, from_zero=True), block_size, no_output_skipped=skipped)
+    return Workload(trace_stem(p), in_arrival_order(reqs, from_zero=True), block_size, skipped_empty=skipped)
 
 
 TRACE_FORMATS = ("mooncake", "bailian", "azure", "burstgpt")

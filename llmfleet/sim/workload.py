@@ -80,7 +80,7 @@ class Workload:
     name: str
     requests: list[Request]
     block_size: int
-    no_output_skipped: int = 0  # trace records with 0 output tokens (failed or cancelled requests), not replayed
+    skipped_empty: int = 0  # trace records of a 0-token prompt or output (failed or cancelled requests), not replayed
 
     @property
     def duration(self) -> float:
@@ -93,7 +93,7 @@ class Workload:
         k = rate_scale(k, f"{self.name}: rate scale")
         reqs = [Request(r.rid, r.arrival / k, r.prompt_len, r.output_len, r.keys, r.tenant, r.session, r.cls,
                         r.adapter, r.after, r.think / k) for r in self.requests]
-        return Workload(f"{self.name}x{k:g}", reqs, self.block_size, self.no_output_skipped)
+        return Workload(f"{self.name}x{k:g}", reqs, self.block_size, self.skipped_empty)
 
     def head(self, n: int | None = None, seconds: float | None = None) -> Workload:
         reqs = self.requests
@@ -104,7 +104,7 @@ class Workload:
             reqs = reqs[:n]
         return Workload(self.name, [Request(r.rid, r.arrival, r.prompt_len, r.output_len, r.keys, r.tenant,
                                             r.session, r.cls, r.adapter, r.after, r.think) for r in reqs],
-                        self.block_size, self.no_output_skipped)
+                        self.block_size, self.skipped_empty)
 
     def fresh(self) -> Workload:
         """A copy with simulation state cleared (workloads are reused across runs)."""
@@ -125,7 +125,7 @@ class Workload:
         k = block_size // self.block_size
         reqs = [Request(r.rid, r.arrival, r.prompt_len, r.output_len, r.keys[k - 1::k], r.tenant, r.session, r.cls,
                         r.adapter, r.after, r.think) for r in self.requests]
-        return Workload(self.name, reqs, block_size, self.no_output_skipped)
+        return Workload(self.name, reqs, block_size, self.skipped_empty)
 
 
 def merge_blocks(w: Workload, kv_block_size: int | None) -> Workload:

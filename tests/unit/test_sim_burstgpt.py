@@ -31,17 +31,17 @@ def _csv(tmp_path: Path, rows: list[str], header: str = HEADER, name: str = "Bur
 
 def test_burstgpt_rows_become_requests_and_failures_are_counted(tmp_path: Path) -> None:
     w = load_burstgpt(_csv(tmp_path, ROWS))
-    assert w.no_output_skipped == 1
+    assert w.skipped_empty == 1
     # sorted by arrival, from the first replayed request on, numbered in that order
     assert [(r.rid, r.arrival, r.prompt_len, r.output_len) for r in w.requests] == [
         (0, 0.0, 95, 250), (1, 4.5, 472, 18), (2, 12.5, 2000, 31)]
     assert all(r.keys == () for r in w.requests)  # no content: nothing shared
     # the count survives the workload's copies
-    assert w.scaled(2.0).no_output_skipped == 1 and w.head(1).no_output_skipped == 1
+    assert w.scaled(2.0).skipped_empty == 1 and w.head(1).skipped_empty == 1
 
 
 def test_load_trace_tells_burstgpt_from_azure_by_the_header(tmp_path: Path) -> None:
-    assert load_trace(_csv(tmp_path, ROWS)).no_output_skipped == 1
+    assert load_trace(_csv(tmp_path, ROWS)).skipped_empty == 1
     assert len(load_trace(_csv(tmp_path, ROWS), "burstgpt").requests) == 3
     azure = _csv(tmp_path, ["2023-11-16 18:17:04.0000000,100,10"], header="TIMESTAMP,ContextTokens,GeneratedTokens",
                  name="azure.csv")
@@ -55,7 +55,8 @@ def test_load_trace_tells_burstgpt_from_azure_by_the_header(tmp_path: Path) -> N
 @pytest.mark.parametrize(("row", "match"), [
     ("x,ChatGPT,10,5,15,API log", "BurstGPT_1.csv:3: bad row"),  # timestamp not a number
     ("-1,ChatGPT,10,5,15,API log", "BurstGPT_1.csv:3: timestamp must be a finite number >= 0"),
-    ("3,ChatGPT,0,5,5,API log", "BurstGPT_1.csv:3: prompt length must be a whole number >= 1"),
+    ("3,ChatGPT,-4,5,1,API log", "BurstGPT_1.csv:3: prompt length must be a whole number >= 1"),
+    ("3,ChatGPT,x,0,0,API log", "BurstGPT_1.csv:3: bad row"),  # a failure's prompt is still read
     ("3,ChatGPT,10,-2,8,API log", "BurstGPT_1.csv:3: output length must be a whole number >= 1"),
     ("3,ChatGPT,10", "BurstGPT_1.csv:3: output length must be a number"),  # short row
 ])
@@ -65,7 +66,7 @@ def test_bad_burstgpt_rows_name_their_line(tmp_path: Path, row: str, match: str)
 
 
 def test_a_trace_of_only_failures_is_an_error(tmp_path: Path) -> None:
-    with pytest.raises(WorkloadError, match=r"no requests \(1 with no output skipped\)"):
+    with pytest.raises(WorkloadError, match=r"no requests \(1 with a 0-token prompt or output skipped\)"):
         load_burstgpt(_csv(tmp_path, [ROWS[1]]))
 
 
@@ -73,7 +74,7 @@ def test_cli_replays_burstgpt_and_says_what_it_skipped(tmp_path: Path) -> None:
     res = CliRunner().invoke(app, ["sim", "run", "--trace", str(_csv(tmp_path, ROWS)), "--replicas", "1",
                                    "--router", "round-robin", "--out", str(tmp_path / "out")])
     assert res.exit_code == 0, res.output
-    assert "3 requests (1 with 0 output tokens in the trace, not replayed)" in " ".join(res.output.split())
+    assert "3 requests (1 with a 0-token prompt or output in the trace, not replayed)" in " ".join(res.output.split())
 
 
 _row = st.lists(st.sampled_from(["0", "1", "7", "2.5", "-3", "x", "", "1e309", "nan"]), min_size=3, max_size=6)

@@ -82,7 +82,7 @@ def test_bad_requests_are_refused_not_dropped(req: Request, match: str) -> None:
 
 @pytest.mark.parametrize(("line", "match"), [
     ({"timestamp": -5, "input_length": 10, "output_length": 2}, "timestamp must be"),
-    ({"timestamp": 0, "input_length": 0, "output_length": 2}, "prompt length"),
+    ({"timestamp": 0, "input_length": -3, "output_length": 2}, "prompt length"),
     ({"timestamp": 0, "input_length": 10, "output_length": -1}, "output length"),
     ({"timestamp": 0, "input_length": 10.5, "output_length": 1}, "whole number"),
     ({"timestamp": "x", "input_length": 10, "output_length": 1}, "timestamp must be a number"),
@@ -97,9 +97,12 @@ def test_mooncake_loader_names_the_bad_line(tmp_path: Path, line: dict[str, obje
     assert f"{p}:2" in str(e.value)
 
 
-def test_azure_loader_refuses_zero_lengths(tmp_path: Path) -> None:
+def test_azure_loader_skips_zero_lengths_and_refuses_bad_ones(tmp_path: Path) -> None:
     p = tmp_path / "a.csv"
     p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9799600,0,10\n")
+    with pytest.raises(WorkloadError, match=r"a.csv: no requests \(1 with a 0-token prompt or output skipped\)"):
+        load_azure(p)
+    p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9799600,2.5,10\n")
     with pytest.raises(WorkloadError, match=r"a.csv:2: prompt length"):
         load_azure(p)
 

@@ -1,7 +1,7 @@
-"""Trace records with 0 output tokens (requests that failed or were cancelled in the traced service) in every format
-the simulator reads: not replayed, counted within the replayed window and named by the CLI and the autoscaling
-benchmark, while a bad prompt length on such a record is still an error. One of them used to make a whole Azure or
-Mooncake trace unreadable."""
+"""Trace records of 0 output tokens (requests that failed or were cancelled in the traced service) or a 0-token prompt,
+in every format the simulator reads: not replayed, counted within the replayed window and named by the CLI and the
+autoscaling benchmark, while a negative, fractional or non-numeric length is still an error. One of them used to
+make a whole Azure or Mooncake trace unreadable."""
 
 from __future__ import annotations
 
@@ -38,8 +38,8 @@ def test_azure_zero_output_rows_are_counted_not_replayed(tmp_path: Path) -> None
     w = load_azure(_azure(tmp_path, AZURE_ROWS))
     assert [(r.arrival, r.prompt_len, r.output_len) for r in w.requests] == [(0.0, 2162, 5), (2.0, 76, 15),
                                                                              (10.0, 7670, 8)]
-    assert w.no_output_skipped == 2
-    assert w.scaled(2.0).no_output_skipped == 2  # the count survives the workload's copies
+    assert w.skipped_empty == 2
+    assert w.scaled(2.0).skipped_empty == 2  # the count survives the workload's copies
 
 
 @pytest.mark.parametrize(("seconds", "requests", "skipped"), [
@@ -51,15 +51,19 @@ def test_azure_zero_output_rows_are_counted_not_replayed(tmp_path: Path) -> None
 def test_the_count_covers_the_replayed_window_only(tmp_path: Path, seconds: float | None, requests: int | None,
                                                    skipped: int) -> None:
     w = load_trace(_azure(tmp_path, AZURE_ROWS), seconds=seconds, requests=requests)
-    assert w.no_output_skipped == skipped
+    assert w.skipped_empty == skipped
 
 
-def test_a_bad_prompt_on_a_zero_output_row_is_still_an_error(tmp_path: Path) -> None:
+def test_a_zero_prompt_is_skipped_too_and_a_bad_length_is_still_an_error(tmp_path: Path) -> None:
+    w = load_azure(_azure(tmp_path, [*AZURE_ROWS, "2024-05-10 00:00:11+00:00,0,40", "2024-05-10 00:00:12+00:00,0,0"]))
+    assert len(w.requests) == 3 and w.skipped_empty == 4
     with pytest.raises(WorkloadError, match=r"_1week.csv:3: prompt length must be a whole number >= 1"):
-        load_azure(_azure(tmp_path, [AZURE_ROWS[0], "2024-05-10 00:00:01+00:00,0,0"]))
+        load_azure(_azure(tmp_path, [AZURE_ROWS[0], "2024-05-10 00:00:01+00:00,-3,0"]))
+    with pytest.raises(WorkloadError, match=r"_1week.csv:3: bad row"):
+        load_azure(_azure(tmp_path, [AZURE_ROWS[0], "2024-05-10 00:00:01+00:00,n/a,0"]))
     with pytest.raises(WorkloadError, match=r"_1week.csv:3: output length must be a whole number >= 1"):
         load_azure(_azure(tmp_path, [AZURE_ROWS[0], "2024-05-10 00:00:01+00:00,10,-1"]))
-    with pytest.raises(WorkloadError, match=r"no requests \(2 with no output skipped\)"):
+    with pytest.raises(WorkloadError, match=r"no requests \(2 with a 0-token prompt or output skipped\)"):
         load_azure(_azure(tmp_path, [AZURE_ROWS[1], AZURE_ROWS[3]]))
 
 
@@ -73,8 +77,8 @@ def test_mooncake_zero_output_records_are_counted_not_replayed(tmp_path: Path) -
             for i in range(4)]
     w = load_mooncake(_jsonl(tmp_path / "m.jsonl", recs))
     assert [(r.arrival, r.output_len) for r in w.requests] == [(0.0, 7), (2.0, 7), (3.0, 7)]
-    assert w.no_output_skipped == 1
-    bad = [*recs[:1], {"timestamp": 5, "input_length": 0, "output_length": 0, "hash_ids": []}]
+    assert w.skipped_empty == 1
+    bad = [*recs[:1], {"timestamp": 5, "input_length": -600, "output_length": 0, "hash_ids": []}]
     with pytest.raises(WorkloadError, match=r"m.jsonl:2: prompt length"):
         load_mooncake(_jsonl(tmp_path / "m.jsonl", bad))
 
@@ -91,7 +95,7 @@ def test_a_skipped_bailian_turn_still_links_its_conversation(tmp_path: Path) -> 
     ]
     w = load_bailian(_jsonl(tmp_path / "q.jsonl", recs))
     assert [r.session for r in w.requests] == ["chat-7", "chat-7"]
-    assert w.no_output_skipped == 1
+    assert w.skipped_empty == 1
 
 
 def test_the_cli_and_the_autoscaling_benchmark_say_how_many_were_skipped(tmp_path: Path) -> None:
@@ -99,11 +103,11 @@ def test_the_cli_and_the_autoscaling_benchmark_say_how_many_were_skipped(tmp_pat
     res = CliRunner().invoke(app, ["sim", "run", "--trace", str(p), "--replicas", "1", "--router", "round-robin",
                                    "--out", str(tmp_path / "out")])
     assert res.exit_code == 0, res.output
-    assert "3 requests (2 with 0 output tokens in the trace, not replayed)" in " ".join(res.output.split())
+    assert "3 requests (2 with a 0-token prompt or output in the trace, not replayed)" in " ".join(res.output.split())
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "autoscale_eval.py"), "--trace", str(p),
                         "--workload", p.stem, "--seeds", "1", "--out", str(tmp_path / "a.json")],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    assert f"{p.stem}: 3 requests (2 with 0 output tokens not replayed) over 10 s" in r.stderr
+    assert f"{p.stem}: 3 requests (2 with a 0-token prompt or output not replayed) over 10 s" in r.stderr
     # then a line per finished step (a long trace takes minutes per step)
     assert f"{p.stem}: static-at-peak fleet of 1, 100.00%" in r.stderr and f"{p.stem}: slo 100.00%" in r.stderr
