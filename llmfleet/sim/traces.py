@@ -39,39 +39,21 @@ BAILIAN_BLOCK = 16
 TIME_UNITS = {"ms": 1000.0, "s": 1.0}
 
 
-def _lengths(where: str, prompt: object, output: object) -> tuple[int, int]:
-    """Token counts of one record: whole numbers >= 1 (a record with a 0 is skipped before, `_empty`; a negative,
-    fractional or non-numeric length is an error, never a 1)."""
+def _lengths(where: str, prompt: object, output: object) -> tuple[int, int] | None:
+    """Token counts of one record: whole numbers >= 0 (a negative, fractional or non-numeric one is an error naming
+    the line, never a 1); None for an empty record. An output of 0 is a request that produced no token in the
+    traced service (BurstGPT marks its failures so; a production trace's zero-output rows are cancelled or failed
+    requests); a prompt of 0 no engine accepts. Such a record is not replayed and is counted
+    (`Workload.skipped_empty`): one of them does not make a whole real trace unreadable, and none vanishes unseen."""
     out = []
     for what, v in (("prompt", prompt), ("output", output)):
         if isinstance(v, bool) or not isinstance(v, int | float | str):
             raise WorkloadError(f"{where}: {what} length must be a number, got {v!r}")
         f = float(v)
-        if not math.isfinite(f) or f != int(f) or f < 1:
-            raise WorkloadError(f"{where}: {what} length must be a whole number >= 1, got {v!r}")
+        if not math.isfinite(f) or f != int(f) or f < 0:
+            raise WorkloadError(f"{where}: {what} length must be a whole number >= 0, got {v!r}")
         out.append(int(f))
-    return out[0], out[1]
-
-
-def _whole_number(v: object) -> float | None:
-    """A record's length as a number if it is a finite whole number >= 0 (what `_lengths` accepts, and 0), else None."""
-    if isinstance(v, bool) or not isinstance(v, int | float | str):
-        return None
-    try:
-        f = float(v)
-    except ValueError:
-        return None
-    return f if math.isfinite(f) and f >= 0 and f == int(f) else None
-
-
-def _empty(prompt: object, output: object) -> bool:
-    """Whether a record is a request of 0 prompt or 0 output tokens, its lengths otherwise well-formed. An output of 0
-    is a request that produced no token in the traced service (BurstGPT marks its failures so; a production trace's
-    zero-output rows are cancelled or failed requests); a prompt of 0 no engine accepts. Such a record is not
-    replayed and is counted (`Workload.skipped_empty`): one of them does not make a whole real trace unreadable, and
-    none vanishes silently. A negative, fractional or non-numeric length stays an error (`_lengths`)."""
-    lengths = (_whole_number(prompt), _whole_number(output))
-    return None not in lengths and 0 in lengths
+    return None if 0 in out else (out[0], out[1])
 
 
 def _skipped_note(n: int) -> str:
@@ -160,7 +142,7 @@ class _Cut:
         self._prune_at = PRUNE_MIN  # `_kept` length at which records the earliest has moved away from are dropped
         self._latest_first: list[tuple[float, int, Request]] = []  # a heap of (-arrival, -file order, request)
         self._seen = 0
-        self._skipped_at: list[float] = []  # arrivals of empty records (`_empty`), not replayed
+        self._skipped_at: list[float] = []  # arrivals of empty records (`_lengths`), not replayed
 
     def add(self, r: Request) -> None:
         self._seen += 1
@@ -178,7 +160,7 @@ class _Cut:
             heapq.heappop(self._latest_first)  # the latest of them (the last in the file among equal times)
 
     def skip(self, t: float) -> None:
-        """A record not replayed (`_empty`), arriving at `t`: counted by `skipped` where it lies in the window."""
+        """A record not replayed (`_lengths`), arriving at `t`: counted by `skipped` where it lies in the window."""
         self._skipped_at.append(t)
 
     def skipped(self, kept: list[Request]) -> int:
@@ -257,10 +239,7 @@ def _hash_block_records(p: Path, kind: str, sessions: bool) -> Iterator[_Record]
                 d = json.loads(line)
                 if not isinstance(d, dict):
                     raise WorkloadError(f"{where}: not a JSON object")
-                if _empty(d["input_length"], d["output_length"]):
-                    inp, out = 0, 0  # not replayed (`_empty`)
-                else:
-                    inp, out = _lengths(where, d["input_length"], d["output_length"])
+                inp, out = _lengths(where, d["input_length"], d["output_length"]) or (0, 0)  # (0, 0): skipped
                 ts = d["timestamp"]
                 if isinstance(ts, bool) or not isinstance(ts, int | float):
                     raise WorkloadError(f"{where}: timestamp must be a number, got {ts!r}")
@@ -311,7 +290,7 @@ def _hash_block_jsonl(p: Path, kind: str, block_size: int | None, default_block:
     for where, ts, inp, out, ids, chat, parent, session in itertools.chain(ahead, records):
         if sessions:
             parent_of[chat] = parent  # a skipped turn still links its conversation
-        if out == 0:  # an empty record (`_empty`)
+        if out == 0:  # an empty record (`_lengths`)
             cut.skip(_arrival(where, ts / units_per_s))
             continue
         keys = chain(ids[: inp // block_size])
@@ -402,7 +381,7 @@ def _csv_rows(p: Path, expected: str, columns: tuple[str, ...]) -> Iterator[tupl
 def load_azure(path: str | Path, block_size: int = 16, *, seconds: float | None = None,
                requests: int | None = None) -> Workload:
     """Azure LLM inference trace CSV: TIMESTAMP, ContextTokens, GeneratedTokens (no content: no sharing). A row
-    with 0 ContextTokens or GeneratedTokens is not replayed and is counted (`_empty`)."""
+    with 0 ContextTokens or GeneratedTokens is not replayed and is counted (`_lengths`)."""
     p = Path(path)
     cut = _Cut(seconds, requests)
     for where, row in _csv_rows(p, "Azure CSV", AZURE_COLUMNS):
@@ -410,11 +389,11 @@ def load_azure(path: str | Path, block_size: int = 16, *, seconds: float | None 
             ts = row["TIMESTAMP"]
             if not isinstance(ts, str):
                 raise WorkloadError(f"{where}: no TIMESTAMP")
-            if _empty(row["ContextTokens"], row["GeneratedTokens"]):
+            lengths = _lengths(where, row["ContextTokens"], row["GeneratedTokens"])
+            if lengths is None:
                 cut.skip(_parse_ts(ts))
                 continue
-            inp, out = _lengths(where, row["ContextTokens"], row["GeneratedTokens"])
-            cut.add(Request(0, _parse_ts(ts), inp, out))
+            cut.add(Request(0, _parse_ts(ts), *lengths))
     return _csv_workload(p, cut, block_size)
 
 
@@ -427,7 +406,7 @@ def load_burstgpt(path: str | Path, block_size: int = 16, *, seconds: float | No
     Log Type; no content: no sharing).
 
     The release marks requests that failed in the original service with `Response tokens` 0: they are not
-    replayed and are counted (`_empty`). Any other bad row is an error naming its line."""
+    replayed and are counted (`_lengths`). Any other bad row is an error naming its line."""
     p = Path(path)
     cut = _Cut(seconds, requests)
     for where, row in _csv_rows(p, "BurstGPT CSV", BURSTGPT_COLUMNS):
@@ -435,11 +414,11 @@ def load_burstgpt(path: str | Path, block_size: int = 16, *, seconds: float | No
             ts = row["Timestamp"]
             if ts is None:
                 raise WorkloadError(f"{where}: no Timestamp")
-            if _empty(row["Request tokens"], row["Response tokens"]):
+            lengths = _lengths(where, row["Request tokens"], row["Response tokens"])
+            if lengths is None:
                 cut.skip(_arrival(where, float(ts)))
                 continue
-            inp, out = _lengths(where, row["Request tokens"], row["Response tokens"])
-            cut.add(Request(0, _arrival(where, float(ts)), inp, out))
+            cut.add(Request(0, _arrival(where, float(ts)), *lengths))
     return _csv_workload(p, cut, block_size)
 
 

@@ -98,7 +98,7 @@ def test_a_bailian_trace_reads_like_the_same_trace_in_mooncake_units(tmp_path: P
     ({"chat_id": "7"}, "q.jsonl:2: chat_id and parent_chat_id must be integers"),
     ({"parent_chat_id": True}, "q.jsonl:2: chat_id and parent_chat_id must be integers"),
     ({"timestamp": -1}, "q.jsonl:2: timestamp must be a finite number >= 0"),
-    ({"input_length": -16}, "q.jsonl:2: prompt length must be a whole number >= 1"),
+    ({"input_length": -16}, "q.jsonl:2: prompt length must be a whole number >= 0"),
     ({"hash_ids": [1, "x"]}, "q.jsonl:2: hash_ids must be a list of integers"),
 ])
 def test_bad_bailian_records_name_their_line(tmp_path: Path, record: dict[str, object], match: str) -> None:

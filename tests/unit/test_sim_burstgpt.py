@@ -55,9 +55,9 @@ def test_load_trace_tells_burstgpt_from_azure_by_the_header(tmp_path: Path) -> N
 @pytest.mark.parametrize(("row", "match"), [
     ("x,ChatGPT,10,5,15,API log", "BurstGPT_1.csv:3: bad row"),  # timestamp not a number
     ("-1,ChatGPT,10,5,15,API log", "BurstGPT_1.csv:3: timestamp must be a finite number >= 0"),
-    ("3,ChatGPT,-4,5,1,API log", "BurstGPT_1.csv:3: prompt length must be a whole number >= 1"),
+    ("3,ChatGPT,-4,5,1,API log", "BurstGPT_1.csv:3: prompt length must be a whole number >= 0"),
     ("3,ChatGPT,x,0,0,API log", "BurstGPT_1.csv:3: bad row"),  # a failure's prompt is still read
-    ("3,ChatGPT,10,-2,8,API log", "BurstGPT_1.csv:3: output length must be a whole number >= 1"),
+    ("3,ChatGPT,10,-2,8,API log", "BurstGPT_1.csv:3: output length must be a whole number >= 0"),
     ("3,ChatGPT,10", "BurstGPT_1.csv:3: output length must be a number"),  # short row
 ])
 def test_bad_burstgpt_rows_name_their_line(tmp_path: Path, row: str, match: str) -> None:

@@ -57,11 +57,11 @@ def test_the_count_covers_the_replayed_window_only(tmp_path: Path, seconds: floa
 def test_a_zero_prompt_is_skipped_too_and_a_bad_length_is_still_an_error(tmp_path: Path) -> None:
     w = load_azure(_azure(tmp_path, [*AZURE_ROWS, "2024-05-10 00:00:11+00:00,0,40", "2024-05-10 00:00:12+00:00,0,0"]))
     assert len(w.requests) == 3 and w.skipped_empty == 4
-    with pytest.raises(WorkloadError, match=r"_1week.csv:3: prompt length must be a whole number >= 1"):
+    with pytest.raises(WorkloadError, match=r"_1week.csv:3: prompt length must be a whole number >= 0"):
         load_azure(_azure(tmp_path, [AZURE_ROWS[0], "2024-05-10 00:00:01+00:00,-3,0"]))
     with pytest.raises(WorkloadError, match=r"_1week.csv:3: bad row"):
         load_azure(_azure(tmp_path, [AZURE_ROWS[0], "2024-05-10 00:00:01+00:00,n/a,0"]))
-    with pytest.raises(WorkloadError, match=r"_1week.csv:3: output length must be a whole number >= 1"):
+    with pytest.raises(WorkloadError, match=r"_1week.csv:3: output length must be a whole number >= 0"):
         load_azure(_azure(tmp_path, [AZURE_ROWS[0], "2024-05-10 00:00:01+00:00,10,-1"]))
     with pytest.raises(WorkloadError, match=r"no requests \(2 with a 0-token prompt or output skipped\)"):
         load_azure(_azure(tmp_path, [AZURE_ROWS[1], AZURE_ROWS[3]]))
