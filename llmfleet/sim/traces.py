@@ -277,7 +277,7 @@ def _hash_block_jsonl(p: Path, kind: str, block_size: int | None, default_block:
     if block_size is None or time_unit is None:
         ahead = list(islice(records, INFER_RECORDS))
     if block_size is None:
-        block_size = infer_block_size([(r[2], len(r[4])) for r in ahead], default_block)
+        block_size = infer_block_size([(r[2], len(r[4])) for r in ahead if r[3]], default_block)  # not empty ones
     if time_unit is None:
         time_unit = infer_time_unit([r[1] for r in ahead], default_unit)
     units_per_s = TIME_UNITS[time_unit]

@@ -111,3 +111,12 @@ def test_the_cli_and_the_autoscaling_benchmark_say_how_many_were_skipped(tmp_pat
     assert f"{p.stem}: 3 requests (2 with a 0-token prompt or output not replayed) over 10 s" in r.stderr
     # then a line per finished step (a long trace takes minutes per step)
     assert f"{p.stem}: static-at-peak fleet of 1, 100.00%" in r.stderr and f"{p.stem}: slo 100.00%" in r.stderr
+
+
+def test_empty_records_do_not_sway_the_block_size(tmp_path: Path) -> None:
+    """A trace cut into 64-token blocks whose every third record produced no output: the block size is still told
+    from the records that are replayed (an empty record's prompt is not read, so its ids fit no block size)."""
+    recs = [{"timestamp": 1000 * i, "input_length": 2048, "output_length": 0 if i % 3 == 0 else 8,
+             "hash_ids": list(range(32 * i, 32 * i + 32))} for i in range(30)]
+    w = load_trace(_jsonl(tmp_path / "fine64.jsonl", recs))
+    assert w.block_size == 64 and len(w.requests) == 20 and w.skipped_empty == 10
