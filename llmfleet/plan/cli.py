@@ -82,7 +82,8 @@ def _overrides(items: list[str]) -> dict[str, Any]:
 def _prompt_lengths(path: Path) -> tuple[int, ...]:
     """`--prompts`: prompt lengths in tokens, one per line (blank lines and `#` comments skipped)."""
     out = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
+    # UTF-8 whatever the locale, a byte-order mark (spreadsheet exports write one) skipped
+    for n, line in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), 1):
         text = line.split("#", 1)[0].strip()
         if not text:
             continue

@@ -87,16 +87,21 @@ def is_trace_file(p: Path) -> bool:
     return _plain(p).suffix.lower() in TRACE_SUFFIXES
 
 
+# UTF-8, a leading byte-order mark skipped: spreadsheet tools and pandas' "utf-8-sig" write one, and read as part of
+# the text it renames a CSV's first column ("missing columns TIMESTAMP") and makes a JSONL's first line invalid.
+TRACE_ENCODING = "utf-8-sig"
+
+
 def _open_text(p: Path, newline: str | None = None) -> IO[str]:
     """A trace file as UTF-8 text, decompressed on the fly when its suffix is .gz, .bz2 or .xz."""
     suffix = p.suffix.lower()
     if suffix == ".gz":
-        return gzip.open(p, "rt", encoding="utf-8", newline=newline)
+        return gzip.open(p, "rt", encoding=TRACE_ENCODING, newline=newline)
     if suffix == ".bz2":
-        return bz2.open(p, "rt", encoding="utf-8", newline=newline)
+        return bz2.open(p, "rt", encoding=TRACE_ENCODING, newline=newline)
     if suffix == ".xz":
-        return lzma.open(p, "rt", encoding="utf-8", newline=newline)
-    return p.open(encoding="utf-8", newline=newline)
+        return lzma.open(p, "rt", encoding=TRACE_ENCODING, newline=newline)
+    return p.open(encoding=TRACE_ENCODING, newline=newline)
 
 
 @contextmanager

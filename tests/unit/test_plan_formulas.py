@@ -182,6 +182,8 @@ def test_cli_plans_a_sample_of_prompt_lengths(tmp_path: Path) -> None:
     assert any("2 sampled prompts" in line for line in varied["reasoning"])
     assert any("prefill of 12000 uncached tokens" in line for line in varied["reasoning"])  # the sample's mean
     assert varied["needed"] > at_mean["needed"]
+    sample.write_bytes(b"\xef\xbb\xbf1000\r\n23000\r\n")  # a spreadsheet export: byte-order mark, CRLF
+    assert json.loads(CliRunner().invoke(app, [*args, "--prompts", str(sample)]).output)["replicas"] == varied
     for text, msg in (("1000\nabc\n", "line 2: 'abc' is not a prompt length"), ("\n# nothing\n", "no prompt lengths")):
         sample.write_text(text)
         r = CliRunner().invoke(app, ["plan", "--prompts", str(sample)])

@@ -1,7 +1,8 @@
-"""Trace records of 0 output tokens (requests that failed or were cancelled in the traced service) or a 0-token prompt,
-in every format the simulator reads: not replayed, counted within the replayed window and named by the CLI and the
-autoscaling benchmark, while a negative, fractional or non-numeric length is still an error. One of them used to
-make a whole Azure or Mooncake trace unreadable."""
+"""What real trace files hold that the loaders used to refuse. Records of 0 output tokens (requests that failed or were
+cancelled in the traced service) or a 0-token prompt, in every format the simulator reads: not replayed, counted
+within the replayed window and named by the CLI and the autoscaling benchmark, while a negative, fractional or
+non-numeric length is still an error (one of them used to make a whole Azure or Mooncake trace unreadable). A
+byte-order mark and CRLF line ends, as spreadsheet tools write them."""
 
 from __future__ import annotations
 
@@ -120,3 +121,21 @@ def test_empty_records_do_not_sway_the_block_size(tmp_path: Path) -> None:
              "hash_ids": list(range(32 * i, 32 * i + 32))} for i in range(30)]
     w = load_trace(_jsonl(tmp_path / "fine64.jsonl", recs))
     assert w.block_size == 64 and len(w.requests) == 20 and w.skipped_empty == 10
+
+
+def test_a_byte_order_mark_and_crlf_lines_read_like_plain_utf8(tmp_path: Path) -> None:
+    """Spreadsheet tools and pandas' utf-8-sig write a byte-order mark (and Windows tools CRLF line ends): read as
+    text it renamed a CSV's first column ("missing columns TIMESTAMP") and made a JSONL's first line invalid."""
+    plain = _azure(tmp_path, AZURE_ROWS)
+    marked = tmp_path / "marked.csv"
+    marked.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes().replace(b"\n", b"\r\n"))
+    assert [(r.arrival, r.prompt_len) for r in load_trace(marked).requests] == [
+        (r.arrival, r.prompt_len) for r in load_trace(plain).requests]
+    burst = tmp_path / "BurstGPT_1.csv"  # told from Azure by its header, which the mark would have hidden
+    burst.write_bytes(b"\xef\xbb\xbfTimestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\r\n"
+                      b"5,GPT-4,1013,10,1023,API log\r\n")
+    assert load_trace(burst).requests[0].prompt_len == 1013
+    recs = [{"timestamp": 1000 * i, "input_length": 600, "output_length": 7, "hash_ids": [1, i]} for i in range(3)]
+    jsonl = _jsonl(tmp_path / "m.jsonl", recs)
+    jsonl.write_bytes(b"\xef\xbb\xbf" + jsonl.read_bytes().replace(b"\n", b"\r\n"))
+    assert len(load_trace(jsonl).requests) == 3
