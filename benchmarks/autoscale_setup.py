@@ -202,7 +202,11 @@ def workloads(traces: list[Path] | None, quick: bool, spike_factor: float | None
     `time_unit`: the JSONL traces' timestamp unit (`load_trace`; a CSV trace is then a TimeUnitError)."""
     check_trace_seconds(trace_seconds)
     if traces is None:
-        traces = sorted(p for p in TRACES.glob("*") if is_trace_file(p)) if TRACES.exists() else []
+        found = sorted(p for p in TRACES.glob("*") if p.is_file()) if TRACES.exists() else []
+        traces = [p for p in found if is_trace_file(p)]
+        for p in found:  # a trace in another format is named, not passed over in silence (the README is no trace)
+            if not is_trace_file(p) and p.suffix.lower() != ".md":
+                print(f"not read: {p.name} (a trace is .jsonl or .csv, or either .gz, .bz2 or .xz)", file=sys.stderr)
     out: dict[str, Workload] = {}
     for p, name in zip(traces, trace_names(traces), strict=True):
         try:  # read no further than the first S seconds; merge finer blocks as they are read

@@ -93,6 +93,22 @@ def test_shared_traces_that_share_a_short_name_both_run(tmp_path: Path, monkeypa
     assert list(autoscale_setup.workloads(None, quick=False, spike_factor=None)) == ["azure", "azure_llm_conv_2023"]
 
 
+def test_a_file_in_the_shared_directory_that_is_no_trace_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """A trace in a format the loaders do not read (a JSON array, Parquet) is named on stderr instead of passed over in
+    silence; the directory's README is no trace."""
+    shared = tmp_path / "traces"
+    shared.mkdir()
+    _azure_csv(shared / "azure_llm_code_2023.csv", 10)
+    for name in ("README.md", "trace.json", "week.parquet"):
+        (shared / name).write_text("x")
+    monkeypatch.setattr(autoscale_setup, "TRACES", shared)
+    assert list(autoscale_setup.workloads(None, quick=False, spike_factor=None)) == ["azure"]
+    err = capsys.readouterr().err
+    assert "not read: trace.json (a trace is .jsonl or .csv" in err and "not read: week.parquet" in err
+    assert "README" not in err
+
+
 def test_two_traces_with_one_name_are_a_one_line_error(tmp_path: Path) -> None:
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir(), b.mkdir()
