@@ -311,8 +311,8 @@ def select(args: argparse.Namespace, recorded: dict[str, Any] | None) -> dict[st
             if (not wanted or label in wanted or name in wanted) and (recorded is None or label in recorded):
                 out[label] = w if k is None else w.scaled(k)
     for label, w in out.items():  # before hours of simulation: a week-long trace, or stamps read 1,000x off, show here
-        skipped = f" ({w.skipped_empty:,} with a 0-token prompt or output not replayed)" if w.skipped_empty else ""
-        print(f"{label}: {len(w.requests):,} requests{skipped} over {w.duration:,.0f} s, {w.block_size}-token blocks",
+        print(f"{label}: {len(w.requests):,} requests{w.skipped_note} over {w.duration:,.0f} s, "
+              f"{w.block_size}-token blocks",
               file=sys.stderr, flush=True)
     return out
 

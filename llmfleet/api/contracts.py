@@ -31,6 +31,10 @@ OPERATOR_LIVENESS_PORT = 8081  # the operator's /healthz
 # ---- files
 # The SQLite file of the default feature store, in a run folder (local) or on the request-log volume (cluster).
 FEATURE_STORE_DB_FILE = "featurestore.db"
+# How text files a user hands in (serving traces, `llmfleet plan --prompts` lists) are read: UTF-8 whatever the
+# locale, a leading byte-order mark skipped. Spreadsheet tools and pandas' "utf-8-sig" write one; read as text it
+# renames a CSV's first column ("missing columns TIMESTAMP") and makes a JSONL's first line invalid.
+INPUT_TEXT_ENCODING = "utf-8-sig"
 
 # ---- environment
 # The feature store's SQLAlchemy URL, where a URL with credentials travels: the router and the generation

@@ -8,6 +8,8 @@ from typing import Any
 
 import typer
 
+from llmfleet.api.contracts import INPUT_TEXT_ENCODING
+
 
 def _gib(x: float) -> str:
     return f"{x / 2**30:,.2f} GiB"
@@ -82,8 +84,7 @@ def _overrides(items: list[str]) -> dict[str, Any]:
 def _prompt_lengths(path: Path) -> tuple[int, ...]:
     """`--prompts`: prompt lengths in tokens, one per line (blank lines and `#` comments skipped)."""
     out = []
-    # UTF-8 whatever the locale, a byte-order mark (spreadsheet exports write one) skipped
-    for n, line in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), 1):
+    for n, line in enumerate(path.read_text(encoding=INPUT_TEXT_ENCODING).splitlines(), 1):
         text = line.split("#", 1)[0].strip()
         if not text:
             continue

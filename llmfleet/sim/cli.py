@@ -232,10 +232,9 @@ def register(app: typer.Typer) -> None:
             raise _fail(e) from None
         oracle = oracle_hit_rate(w)
         scaled = f", {autoscaler} autoscaler from {replicas}" if autoscaler else ""
-        failed = f" ({w.skipped_empty:,} with a 0-token prompt or output in the trace, not replayed)" \
-            if w.skipped_empty else ""
         # the span shows a trace's timestamps read in the wrong unit (1,000x off) at a glance
-        _table(f"{w.name}: {len(w.requests)} requests{failed} over {w.duration:,.1f} s, {replicas} x {model} on {gpu}"
+        _table(f"{w.name}: {len(w.requests)} requests{w.skipped_note} over {w.duration:,.1f} s, {replicas} x {model} "
+               f"on {gpu}"
                f"{scaled}, {w.block_size}-token blocks, oracle hit rate {oracle:.3f}", results, ttft_slo_ms / 1e3)
         if timeline:
             peak = {k: max(x[k] for x in timeline) for k in timeline[0] if k not in ("t", "why")}

@@ -23,6 +23,7 @@ from itertools import islice
 from pathlib import Path
 from typing import IO
 
+from llmfleet.api.contracts import INPUT_TEXT_ENCODING
 from llmfleet.sim.workload import (
     BlockSizeError,
     Request,
@@ -31,6 +32,7 @@ from llmfleet.sim.workload import (
     chain,
     in_arrival_order,
     merge_blocks,
+    skipped_note,
 )
 
 MOONCAKE_BLOCK = 512
@@ -54,10 +56,6 @@ def _lengths(where: str, prompt: object, output: object) -> tuple[int, int] | No
             raise WorkloadError(f"{where}: {what} length must be a whole number >= 0, got {v!r}")
         out.append(int(f))
     return None if 0 in out else (out[0], out[1])
-
-
-def _skipped_note(n: int) -> str:
-    return f" ({n} with a 0-token prompt or output skipped)" if n else ""
 
 
 def _arrival(where: str, seconds: float) -> float:
@@ -87,21 +85,17 @@ def is_trace_file(p: Path) -> bool:
     return _plain(p).suffix.lower() in TRACE_SUFFIXES
 
 
-# UTF-8, a leading byte-order mark skipped: spreadsheet tools and pandas' "utf-8-sig" write one, and read as part of
-# the text it renames a CSV's first column ("missing columns TIMESTAMP") and makes a JSONL's first line invalid.
-TRACE_ENCODING = "utf-8-sig"
-
 
 def _open_text(p: Path, newline: str | None = None) -> IO[str]:
     """A trace file as UTF-8 text, decompressed on the fly when its suffix is .gz, .bz2 or .xz."""
     suffix = p.suffix.lower()
     if suffix == ".gz":
-        return gzip.open(p, "rt", encoding=TRACE_ENCODING, newline=newline)
+        return gzip.open(p, "rt", encoding=INPUT_TEXT_ENCODING, newline=newline)
     if suffix == ".bz2":
-        return bz2.open(p, "rt", encoding=TRACE_ENCODING, newline=newline)
+        return bz2.open(p, "rt", encoding=INPUT_TEXT_ENCODING, newline=newline)
     if suffix == ".xz":
-        return lzma.open(p, "rt", encoding=TRACE_ENCODING, newline=newline)
-    return p.open(encoding=TRACE_ENCODING, newline=newline)
+        return lzma.open(p, "rt", encoding=INPUT_TEXT_ENCODING, newline=newline)
+    return p.open(encoding=INPUT_TEXT_ENCODING, newline=newline)
 
 
 @contextmanager
@@ -168,11 +162,17 @@ class _Cut:
         """A record not replayed (`_lengths`), arriving at `t`: counted by `skipped` where it lies in the window."""
         self._skipped_at.append(t)
 
-    def skipped(self, kept: list[Request]) -> int:
-        """Skipped records within the window of the `kept` requests (after the last of them, with a request limit,
-        they were never reached)."""
-        last = max((r.arrival for r in kept), default=-math.inf) if self.requests is not None else math.inf
-        return sum(1 for t in self._skipped_at if self.within(t) and t <= last)
+    def workload(self, p: Path, reqs: list[Request], block_size: int) -> Workload:
+        """The kept requests (`kept`, perhaps edited) in arrival order from 0, with the arrivals of the skipped
+        records within their window on the same clock (after the last request, with a request limit, the file was
+        never read that far); a WorkloadError naming how many were skipped when no request is left."""
+        last = max((r.arrival for r in reqs), default=-math.inf) if self.requests is not None else math.inf
+        skipped = [t for t in self._skipped_at if self.within(t) and t <= last]
+        if not reqs:
+            raise WorkloadError(f"{p}: no requests" + skipped_note(len(skipped)))
+        t0 = min(r.arrival for r in reqs)
+        return Workload(trace_stem(p), in_arrival_order(reqs, from_zero=True), block_size,
+                        tuple(sorted(t - t0 for t in skipped)))
 
     def within(self, t: float) -> bool:
         """Whether a time lies in the window (after the whole file: against the earliest request)."""
@@ -303,13 +303,10 @@ def _hash_block_jsonl(p: Path, kind: str, block_size: int | None, default_block:
         cut.add(Request(chat, _arrival(where, ts / units_per_s), inp, out, keys[k - 1::k] if k > 1 else keys,
                         session=session))
     reqs = cut.kept()
-    if not reqs:
-        raise WorkloadError(f"{p}: no requests" + _skipped_note(cut.skipped(reqs)))
     if sessions:
         for r, conversation in zip(reqs, _conversations([r.rid for r in reqs], parent_of), strict=True):
             r.session = conversation
-    return Workload(trace_stem(p), in_arrival_order(reqs, from_zero=True), block_size * k,
-                    skipped_empty=cut.skipped(reqs))
+    return cut.workload(p, reqs, block_size * k)
 
 
 def _conversations(chats: list[int], parent_of: dict[int, int]) -> list[str]:
@@ -399,7 +396,7 @@ def load_azure(path: str | Path, block_size: int = 16, *, seconds: float | None 
                 cut.skip(_parse_ts(ts))
                 continue
             cut.add(Request(0, _parse_ts(ts), *lengths))
-    return _csv_workload(p, cut, block_size)
+    return cut.workload(p, cut.kept(), block_size)
 
 
 BURSTGPT_COLUMNS = ("Timestamp", "Request tokens", "Response tokens")
@@ -424,15 +421,7 @@ def load_burstgpt(path: str | Path, block_size: int = 16, *, seconds: float | No
                 cut.skip(_arrival(where, float(ts)))
                 continue
             cut.add(Request(0, _arrival(where, float(ts)), *lengths))
-    return _csv_workload(p, cut, block_size)
-
-
-def _csv_workload(p: Path, cut: _Cut, block_size: int) -> Workload:
-    reqs = cut.kept()
-    skipped = cut.skipped(reqs)
-    if not reqs:
-        raise WorkloadError(f"{p}: no requests" + _skipped_note(skipped))
-    return Workload(trace_stem(p), in_arrival_order(reqs, from_zero=True), block_size, skipped_empty=skipped)
+    return cut.workload(p, cut.kept(), block_size)
 
 
 TRACE_FORMATS = ("mooncake", "bailian", "azure", "burstgpt")

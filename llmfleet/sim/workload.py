@@ -80,11 +80,24 @@ class Workload:
     name: str
     requests: list[Request]
     block_size: int
-    skipped_empty: int = 0  # trace records of a 0-token prompt or output (failed or cancelled requests), not replayed
+    # Arrivals (on the requests' clock) of trace records of a 0-token prompt or output (failed or cancelled
+    # requests), not replayed: kept as times, not a count, so a cut (`head`) counts only those within it.
+    skipped_at: tuple[float, ...] = ()
 
     @property
     def duration(self) -> float:
         return self.requests[-1].arrival - self.requests[0].arrival if self.requests else 0.0
+
+    @property
+    def skipped_empty(self) -> int:
+        """Trace records within this workload's span not replayed for a 0-token prompt or output."""
+        return len(self.skipped_at)
+
+    @property
+    def skipped_note(self) -> str:
+        """` (N with a 0-token prompt or output in the trace, not replayed)`, or "" when none was: what the sim
+        CLI's title and the benchmarks print after the request count."""
+        return skipped_note(self.skipped_empty)
 
     def scaled(self, k: float) -> Workload:
         """Replay at k x the rate: arrival times (and closed-loop think times) divided by k, lengths and prompt
@@ -93,18 +106,24 @@ class Workload:
         k = rate_scale(k, f"{self.name}: rate scale")
         reqs = [Request(r.rid, r.arrival / k, r.prompt_len, r.output_len, r.keys, r.tenant, r.session, r.cls,
                         r.adapter, r.after, r.think / k) for r in self.requests]
-        return Workload(f"{self.name}x{k:g}", reqs, self.block_size, self.skipped_empty)
+        return Workload(f"{self.name}x{k:g}", reqs, self.block_size, tuple(t / k for t in self.skipped_at))
 
     def head(self, n: int | None = None, seconds: float | None = None) -> Workload:
-        reqs = self.requests
+        """The first `n` requests and/or those within `seconds` of the first, as fresh copies. The skipped records
+        kept are those the loader's own cut would count (`load_trace`'s `seconds`/`requests`): within the time
+        window, and with a request limit none after the last request kept (the file was not read past it)."""
+        reqs, skipped = self.requests, self.skipped_at
         if seconds is not None:
             t0 = reqs[0].arrival if reqs else 0.0
             reqs = [r for r in reqs if r.arrival - t0 <= seconds]
+            skipped = tuple(t for t in skipped if t - t0 <= seconds)
         if n is not None:
             reqs = reqs[:n]
+            last = reqs[-1].arrival if reqs else -math.inf
+            skipped = tuple(t for t in skipped if t <= last)
         return Workload(self.name, [Request(r.rid, r.arrival, r.prompt_len, r.output_len, r.keys, r.tenant,
                                             r.session, r.cls, r.adapter, r.after, r.think) for r in reqs],
-                        self.block_size, self.skipped_empty)
+                        self.block_size, skipped)
 
     def fresh(self) -> Workload:
         """A copy with simulation state cleared (workloads are reused across runs)."""
@@ -125,7 +144,7 @@ class Workload:
         k = block_size // self.block_size
         reqs = [Request(r.rid, r.arrival, r.prompt_len, r.output_len, r.keys[k - 1::k], r.tenant, r.session, r.cls,
                         r.adapter, r.after, r.think) for r in self.requests]
-        return Workload(self.name, reqs, block_size, self.skipped_empty)
+        return Workload(self.name, reqs, block_size, self.skipped_at)
 
 
 def merge_blocks(w: Workload, kv_block_size: int | None) -> Workload:
@@ -153,6 +172,11 @@ def chain(ids: list[int] | tuple[int, ...]) -> tuple[int, ...]:
         h = hash((h, i))
         out.append(h)
     return tuple(out)
+
+
+def skipped_note(n: int) -> str:
+    """The one phrase for trace records not replayed (`Workload.skipped_at`), after a request count; "" for none."""
+    return f" ({n:,} with a 0-token prompt or output in the trace, not replayed)" if n else ""
 
 
 def in_arrival_order(reqs: list[Request], *, from_zero: bool = False) -> list[Request]:

@@ -66,7 +66,8 @@ def test_bad_burstgpt_rows_name_their_line(tmp_path: Path, row: str, match: str)
 
 
 def test_a_trace_of_only_failures_is_an_error(tmp_path: Path) -> None:
-    with pytest.raises(WorkloadError, match=r"no requests \(1 with a 0-token prompt or output skipped\)"):
+    with pytest.raises(WorkloadError,
+                       match=r"no requests \(1 with a 0-token prompt or output in the trace, not replayed\)"):
         load_burstgpt(_csv(tmp_path, [ROWS[1]]))
 
 

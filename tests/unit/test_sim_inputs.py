@@ -100,7 +100,8 @@ def test_mooncake_loader_names_the_bad_line(tmp_path: Path, line: dict[str, obje
 def test_azure_loader_skips_zero_lengths_and_refuses_bad_ones(tmp_path: Path) -> None:
     p = tmp_path / "a.csv"
     p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9799600,0,10\n")
-    with pytest.raises(WorkloadError, match=r"a.csv: no requests \(1 with a 0-token prompt or output skipped\)"):
+    with pytest.raises(WorkloadError,
+                       match=r"a.csv: no requests \(1 with a 0-token prompt or output in the trace, not replayed\)"):
         load_azure(p)
     p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9799600,2.5,10\n")
     with pytest.raises(WorkloadError, match=r"a.csv:2: prompt length"):

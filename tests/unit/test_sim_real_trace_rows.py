@@ -53,6 +53,17 @@ def test_the_count_covers_the_replayed_window_only(tmp_path: Path, seconds: floa
                                                    skipped: int) -> None:
     w = load_trace(_azure(tmp_path, AZURE_ROWS), seconds=seconds, requests=requests)
     assert w.skipped_empty == skipped
+    # a cut of the whole workload (`autoscale_eval.py --quick`, `sim run --max-requests` on a synthetic one) counts
+    # what the loader's own cut does, not the whole trace's records
+    assert load_trace(_azure(tmp_path, AZURE_ROWS)).head(requests, seconds).skipped_empty == skipped
+
+
+def test_skipped_records_keep_their_arrival_on_the_workload_clock(tmp_path: Path) -> None:
+    w = load_azure(_azure(tmp_path, AZURE_ROWS))
+    assert w.skipped_at == (1.0, 3.0)
+    assert w.scaled(2.0).skipped_at == (0.5, 1.5)  # twice as dense: the skipped records too
+    assert w.scaled(2.0).head(seconds=1.25).skipped_empty == 1
+    assert w.fresh().skipped_at == w.skipped_at and w.reblocked(w.block_size * 2).skipped_at == w.skipped_at
 
 
 def test_a_zero_prompt_is_skipped_too_and_a_bad_length_is_still_an_error(tmp_path: Path) -> None:
@@ -64,7 +75,8 @@ def test_a_zero_prompt_is_skipped_too_and_a_bad_length_is_still_an_error(tmp_pat
         load_azure(_azure(tmp_path, [AZURE_ROWS[0], "2024-05-10 00:00:01+00:00,n/a,0"]))
     with pytest.raises(WorkloadError, match=r"_1week.csv:3: output length must be a whole number >= 0"):
         load_azure(_azure(tmp_path, [AZURE_ROWS[0], "2024-05-10 00:00:01+00:00,10,-1"]))
-    with pytest.raises(WorkloadError, match=r"no requests \(2 with a 0-token prompt or output skipped\)"):
+    with pytest.raises(WorkloadError,
+                       match=r"no requests \(2 with a 0-token prompt or output in the trace, not replayed\)"):
         load_azure(_azure(tmp_path, [AZURE_ROWS[1], AZURE_ROWS[3]]))
 
 
@@ -109,7 +121,8 @@ def test_the_cli_and_the_autoscaling_benchmark_say_how_many_were_skipped(tmp_pat
                         "--workload", p.stem, "--seeds", "1", "--out", str(tmp_path / "a.json")],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    assert f"{p.stem}: 3 requests (2 with a 0-token prompt or output not replayed) over 10 s" in r.stderr
+    assert (f"{p.stem}: 3 requests (2 with a 0-token prompt or output in the trace, not replayed) over 10 s"
+            in r.stderr)
     # then a line per finished step (a long trace takes minutes per step)
     assert f"{p.stem}: static-at-peak fleet of 1, 100.00%" in r.stderr and f"{p.stem}: slo 100.00%" in r.stderr
 
