@@ -1,0 +1,48 @@
+"""The long-trace cost benchmark (benchmarks/sim_long_trace.py): the trace it writes and the figures it records."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import sim_long_trace  # noqa: E402
+
+from llmfleet.sim.traces import load_trace  # noqa: E402
+
+
+def test_the_trace_is_poisson_at_the_rate_in_the_2024_format_with_real_lengths(tmp_path: Path) -> None:
+    p = tmp_path / "t.csv"
+    n = sim_long_trace.write_trace(p, rate=20.0, seconds=300.0, seed=3)
+    assert 5400 < n < 6600  # 6,000 expected, +-4 sigma of a Poisson count is +-310
+    w = load_trace(p)
+    assert len(w.requests) == n and w.skipped_empty == 0
+    assert w.duration < 300.0
+    gaps = [b.arrival - a.arrival for a, b in zip(w.requests, w.requests[1:], strict=False)]
+    assert 0.04 < sum(gaps) / len(gaps) < 0.06  # exponential gaps of mean 1/20 s
+    with sim_long_trace.LENGTHS.open(newline="") as f:
+        real = {(int(r["ContextTokens"]), int(r["GeneratedTokens"])) for r in csv.DictReader(f)}
+    assert {(r.prompt_len, r.output_len) for r in w.requests} <= real
+    assert sim_long_trace.write_trace(tmp_path / "u.csv", 20.0, 300.0, 3) == n  # the seed fixes the trace
+    assert (tmp_path / "u.csv").read_bytes() == p.read_bytes()
+
+
+def test_a_short_run_records_each_step_and_the_bytes_a_request_holds(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    r = subprocess.run([sys.executable, "benchmarks/sim_long_trace.py", "--seconds", "20", "--rate", "5",
+                        "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads(out.read_text())
+    assert res["trace"]["requests"] == res["heldPerRequest"]["requests"] > 50
+    assert [s["step"] for s in res["steps"]] == ["sim run --autoscaler slo", "autoscale_eval.py"]
+    for s in res["steps"]:
+        assert s["wallS"] > 0 and s["maxRssMiB"] > 30  # a child's own peak: a Python process with llmfleet loaded
+    assert 100 < res["heldPerRequest"]["workloadBytesPerRequest"] < 5000
+    assert 100 < res["heldPerRequest"]["recordsBytesPerRequest"] < 5000
+    assert "azure_code_poisson: slo" in r.stderr  # autoscale_eval ran on the generated trace, not the spike only
+    assert "bursty" not in r.stderr
