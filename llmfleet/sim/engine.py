@@ -25,7 +25,16 @@ from llmfleet.router.burst import WINDOW_S as WAKE_MIN_WINDOW_S
 from llmfleet.sim.replica import SimReplica
 from llmfleet.sim.report import summarize
 from llmfleet.sim.routers import make_router
-from llmfleet.sim.types import Autoscaler, Fleet, PoolSpec, SimConfig, SimPoolSignals, SimResult, SimRouter
+from llmfleet.sim.types import (
+    Autoscaler,
+    Fleet,
+    PoolSpec,
+    RequestRecord,
+    SimConfig,
+    SimPoolSignals,
+    SimResult,
+    SimRouter,
+)
 from llmfleet.sim.workload import Request, Workload, gc_paused
 
 __all__ = ["Autoscaler", "Fleet", "PoolSpec", "SimRouter", "SimConfig", "SimPoolSignals", "SimResult", "simulate"]
@@ -281,12 +290,11 @@ def _simulate(workload: Workload, cfg: SimConfig, router: SimRouter | str,
                           for p in cfg.pools],
                 "ttftSloS": cfg.ttft_slo_s, "tpotSloS": cfg.tpot_slo_s, "blockSize": bs, "seed": cfg.seed}
     rejected_ids = {r.rid for r in rejected}
-    records = [{"rid": r.rid, "arrival": r.arrival, "prompt": r.prompt_len, "output": r.output_len,
-                "pool": r.pool, "replica": r.replica, "degraded": r.degraded, "hitTokens": r.hit_tokens,
-                "ttft": (r.first_token - r.arrival) if r.first_token >= 0 else None,
-                "e2e": (r.finish - r.arrival) if r.finish >= 0 else None, "preemptions": r.preemptions,
-                "tenant": r.tenant, "rejected": "context" if r.rid in too_long
-                else "kv" if r.rid in rejected_ids else None} for r in reqs] if cfg.keep_records else []
+    records = [RequestRecord(r.rid, r.arrival, r.prompt_len, r.output_len, r.pool, r.replica, r.degraded,
+                             r.hit_tokens, (r.first_token - r.arrival) if r.first_token >= 0 else None,
+                             (r.finish - r.arrival) if r.finish >= 0 else None, r.preemptions, r.tenant,
+                             "context" if r.rid in too_long else "kv" if r.rid in rejected_ids else None)
+               for r in reqs] if cfg.keep_records else []
     reps = [{"id": r.id, "pool": r.pool, "served": r.served, "busyS": round(r.busy_s, 3),
              "gpuS": round((r.stopped_at or end) - r.started_at, 3), "promptTokens": r.prompt_tokens,
              "hitTokens": r.hit_tokens, "hostHitTokens": r.host_hit_tokens,

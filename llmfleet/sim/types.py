@@ -6,7 +6,7 @@ the loop, and the loop imports them all.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -206,11 +206,51 @@ class SimRouter:
         """A request reached the router (its arrival, not a re-dispatch of one held for a replica)."""
 
 
+# A request record's keys (its JSON and the mapping its readers index) and the attribute each is held in.
+RECORD_KEYS = {"rid": "rid", "arrival": "arrival", "prompt": "prompt", "output": "output", "pool": "pool",
+               "replica": "replica", "degraded": "degraded", "hitTokens": "hit_tokens", "ttft": "ttft", "e2e": "e2e",
+               "preemptions": "preemptions", "tenant": "tenant", "rejected": "rejected"}
+
+
+@dataclass(slots=True, eq=False)
+class RequestRecord(Mapping[str, Any]):
+    """One request's outcome in a simulation, read as a read-only mapping of RECORD_KEYS (`r["ttft"]`,
+    `r.get("rejected")`, `dict(r)` for JSON; equal to a dict of the same items). Slotted rather than a dict: a run
+    keeps one per request, and a dict of these 13 keys holds ~3x the memory (benchmarks/sim_long_trace.py measures
+    the bytes a request holds)."""
+
+    rid: int
+    arrival: float
+    prompt: int
+    output: int
+    pool: str
+    replica: int
+    degraded: bool
+    hit_tokens: int
+    ttft: float | None  # None: no first token (rejected, or still waiting at the end)
+    e2e: float | None
+    preemptions: int
+    tenant: str
+    rejected: str | None  # "context" (over the model's context), "kv" (larger than the replica's KV cache), None
+
+    def __getitem__(self, key: str) -> Any:
+        try:
+            return getattr(self, RECORD_KEYS[key])
+        except KeyError:
+            raise KeyError(key) from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(RECORD_KEYS)
+
+    def __len__(self) -> int:
+        return len(RECORD_KEYS)
+
+
 @dataclass
 class SimResult:
     workload: str
     router: str
-    records: list[dict[str, Any]]
+    records: list[RequestRecord]
     series: list[dict[str, Any]]
     replicas: list[dict[str, Any]]
     summary: dict[str, Any]
@@ -220,5 +260,5 @@ class SimResult:
         d = {"workload": self.workload, "router": self.router, "summary": self.summary, "series": self.series,
              "replicas": self.replicas, "config": self.config}
         if records:
-            d["records"] = self.records
+            d["records"] = [dict(r) for r in self.records]
         return d
