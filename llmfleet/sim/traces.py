@@ -85,7 +85,6 @@ def is_trace_file(p: Path) -> bool:
     return _plain(p).suffix.lower() in TRACE_SUFFIXES
 
 
-
 def _open_text(p: Path, newline: str | None = None) -> IO[str]:
     """A trace file as UTF-8 text, decompressed on the fly when its suffix is .gz, .bz2 or .xz."""
     suffix = p.suffix.lower()
@@ -159,11 +158,11 @@ class _Cut:
             heapq.heappop(self._latest_first)  # the latest of them (the last in the file among equal times)
 
     def skip(self, t: float) -> None:
-        """A record not replayed (`_lengths`), arriving at `t`: counted by `skipped` where it lies in the window."""
+        """A record not replayed (`_lengths`), arriving at `t`: kept by `workload` where it lies in the window."""
         self._skipped_at.append(t)
 
     def workload(self, p: Path, reqs: list[Request], block_size: int) -> Workload:
-        """The kept requests (`kept`, perhaps edited) in arrival order from 0, with the arrivals of the skipped
+        """The requests `kept()` returned (perhaps edited), in arrival order from 0, with the arrivals of the skipped
         records within their window on the same clock (after the last request, with a request limit, the file was
         never read that far); a WorkloadError naming how many were skipped when no request is left."""
         last = max((r.arrival for r in reqs), default=-math.inf) if self.requests is not None else math.inf
