@@ -29,10 +29,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
+import os
 import platform
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -101,54 +104,106 @@ def planner_peak_replicas(w: Workload, slo_s: float, first_minute: bool = False)
     return min(found.plan.replicas, MAX_REPLICAS), found.rate_rps
 
 
+# The workload the seed-run processes replay: set before they are forked, so they inherit it instead of each task
+# pickling a whole trace.
+_FORKED_WORKLOAD: Workload | None = None
+
+
+def _seed_run(policy: str, slo_s: float, initial: int, seed: int) -> tuple[float, int, float]:
+    """One policy run with router seed `seed` on the inherited workload: its attainment, misses and GPU-seconds
+    (what the results keep of a seed other than 0)."""
+    if _FORKED_WORKLOAD is None:
+        raise RuntimeError("no workload: a seed run outside SeedRuns")
+    res = run_policy(_FORKED_WORKLOAD, policy, slo_s, initial, seed=seed)[0]
+    return round(ttft_attainment(res, slo_s), 5), misses(res, slo_s), round(res.summary["gpuSeconds"], 1)
+
+
+class SeedRuns:
+    """`_seed_run`s in `jobs` forked processes (0: each run here, when its result is asked for). `submit` returns
+    a function that gives the result."""
+
+    def __init__(self, w: Workload, jobs: int) -> None:
+        self.w, self.jobs = w, jobs
+        self.pool: ProcessPoolExecutor | None = None
+
+    def __enter__(self) -> SeedRuns:
+        global _FORKED_WORKLOAD
+        _FORKED_WORKLOAD = self.w
+        if self.jobs > 0:
+            self.pool = ProcessPoolExecutor(self.jobs, mp_context=multiprocessing.get_context("fork"))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        global _FORKED_WORKLOAD
+        if self.pool is not None:
+            self.pool.shutdown(cancel_futures=True)
+        _FORKED_WORKLOAD = None
+
+    def submit(self, policy: str, slo_s: float, initial: int, seed: int) -> Callable[[], tuple[float, int, float]]:
+        if self.pool is None:
+            return lambda: _seed_run(policy, slo_s, initial, seed)
+        return self.pool.submit(_seed_run, policy, slo_s, initial, seed).result
+
+
+def default_jobs() -> int:
+    """Processes for the other router seeds' runs: every CPU but the one running seed 0."""
+    return max((os.cpu_count() or 1) - 1, 0)
+
+
 def evaluate(name: str, w: Workload, policies: tuple[str, ...] = ("slo", "queue"),
              known: tuple[float, int | None] | None = None, plot_it: bool = True,
              baselines: bool = True, seeds: int = 1, planner_static: bool = True,
-             img_dir: Path | None = None) -> dict[str, Any]:
+             img_dir: Path | None = None, jobs: int = 0) -> dict[str, Any]:
     """`known` = (SLO s, static-at-peak replicas) from an earlier run: skips the reference and bisection runs.
-    `img_dir`: where the plot goes (`plot_dir`; docs/img when None)."""
-    static: SimResult | None = None
+    `img_dir`: where the plot goes (`plot_dir`; docs/img when None). `jobs`: processes for the runs of router seeds
+    other than 0 (SeedRuns; 0: one after another here)."""
     clock = time.time()
     if known is None:
         ref = run_static(w, MAX_REPLICAS, 1e9)
         p99 = float(np.percentile([r["ttft"] for r in ref.records if r["ttft"] is not None], 99))
         slo_s = max(1.0, 1.5 * p99)
-        n_peak, static = static_at_peak(w, slo_s)
-    elif known[1] is None:
-        slo_s, p99 = known[0], float("nan")
-        n_peak, static = static_at_peak(w, slo_s)
     else:
-        slo_s, n_peak = known[0], known[1]
-        p99 = float("nan")
-        if baselines:
-            static = run_static(w, n_peak, slo_s)
-    if static is not None:
-        clock = progress(name, f"static-at-peak fleet of {n_peak}, {ttft_attainment(static, slo_s):.2%}", clock)
+        slo_s, p99 = known[0], float("nan")
     # Autoscaled fleets start where the planner puts them for the first minute's traffic (no hindsight).
     initial = max(1, planner_peak_replicas(w, slo_s, first_minute=True)[0])
     rows: dict[str, dict[str, Any]] = {}
     runs: dict[str, SimResult] = {}
-    if static is not None:
-        runs[f"static-at-peak ({n_peak})"] = static
-        rows["static-at-peak"] = summary_row(static, slo_s, actions=0, replicas=n_peak)
-    n_plan, peak_rps = planner_peak_replicas(w, slo_s)
-    if baselines and planner_static:
-        planned = run_static(w, n_plan, slo_s)
-        rows["static-planner-peak"] = summary_row(planned, slo_s, actions=0, replicas=n_plan)
     hooks: dict[str, PolicyHook] = {}
-    for policy in policies:
-        res, hook = run_policy(w, policy, slo_s, initial)
-        clock = progress(name, f"{policy} {ttft_attainment(res, slo_s):.2%}, {res.summary['gpuSeconds']:,.0f} GPU-s", clock)
-        runs[policy], hooks[policy] = res, hook
-        rows[policy] = summary_row(res, slo_s, actions=hook.actions,
-                                   replicas=max((x["primary"] for x in hook.timeline), default=initial))
-        if seeds > 1:  # the same run with other router seeds: how much of a difference is luck
-            others = [run_policy(w, policy, slo_s, initial, seed=k)[0] for k in range(1, seeds)]
-            clock = progress(name, f"{policy} on router seeds 1-{seeds - 1}", clock)
-            rows[policy]["seeds"] = {
-                "attainment": [rows[policy]["attainment"], *(round(ttft_attainment(x, slo_s), 5) for x in others)],
-                "misses": [rows[policy]["misses"], *(misses(x, slo_s) for x in others)],
-                "gpuSeconds": [rows[policy]["gpuSeconds"], *(round(x.summary["gpuSeconds"], 1) for x in others)]}
+    # The policies' runs with router seeds other than 0 (how much of a difference is luck) start now, in `jobs`
+    # other processes, while this one searches the static fleets and runs seed 0 of each policy: every run is
+    # deterministic, so where it runs changes nothing.
+    with SeedRuns(w, jobs if seeds > 1 else 0) as other_seeds:
+        pending = {p: [other_seeds.submit(p, slo_s, initial, k) for k in range(1, seeds)] for p in policies}
+        static: SimResult | None = None
+        if known is None or known[1] is None:
+            n_peak, static = static_at_peak(w, slo_s)
+        else:
+            n_peak = known[1]
+            if baselines:
+                static = run_static(w, n_peak, slo_s)
+        if static is not None:
+            clock = progress(name, f"static-at-peak fleet of {n_peak}, {ttft_attainment(static, slo_s):.2%}", clock)
+            runs[f"static-at-peak ({n_peak})"] = static
+            rows["static-at-peak"] = summary_row(static, slo_s, actions=0, replicas=n_peak)
+        n_plan, peak_rps = planner_peak_replicas(w, slo_s)
+        if baselines and planner_static:
+            planned = run_static(w, n_plan, slo_s)
+            rows["static-planner-peak"] = summary_row(planned, slo_s, actions=0, replicas=n_plan)
+        for policy in policies:
+            res, hook = run_policy(w, policy, slo_s, initial)
+            clock = progress(name, f"{policy} {ttft_attainment(res, slo_s):.2%}, {res.summary['gpuSeconds']:,.0f} GPU-s",
+                             clock)
+            runs[policy], hooks[policy] = res, hook
+            rows[policy] = summary_row(res, slo_s, actions=hook.actions,
+                                       replicas=max((x["primary"] for x in hook.timeline), default=initial))
+        for policy in policies:
+            if seeds > 1:
+                others = [result() for result in pending[policy]]
+                clock = progress(name, f"{policy} on router seeds 1-{seeds - 1}", clock)
+                rows[policy]["seeds"] = {
+                    "attainment": [rows[policy]["attainment"], *(x[0] for x in others)],
+                    "misses": [rows[policy]["misses"], *(x[1] for x in others)],
+                    "gpuSeconds": [rows[policy]["gpuSeconds"], *(x[2] for x in others)]}
     img = (img_dir or IMG) / f"autoscale_eval_{name}.png"
     if plot_it:
         plot(name, slo_s, runs, img)
@@ -176,11 +231,12 @@ def targets_of(rows: dict[str, dict[str, Any]]) -> dict[str, bool]:
     return targets
 
 
-def slo_only(name: str, w: Workload, recorded: dict[str, Any], seeds: int, img_dir: Path | None = None) -> dict[str, Any]:
+def slo_only(name: str, w: Workload, recorded: dict[str, Any], seeds: int, img_dir: Path | None = None,
+             jobs: int = 0) -> dict[str, Any]:
     """Run `slo` again and keep every other row of the recorded result (each marked with the run it comes from):
     for a change that touches only the slo policy, on a workload too long to replay every fleet again."""
     fresh = evaluate(name, w, policies=("slo",), known=(recorded["ttftSloS"], recorded["staticAtPeakReplicas"]),
-                     baselines=False, seeds=seeds, img_dir=img_dir)
+                     baselines=False, seeds=seeds, img_dir=img_dir, jobs=jobs)
     origin = {"fromRun": {"command": recorded.get("command"), "date": recorded.get("date")}}
     rows = {k: (v if "fromRun" in v else v | origin) for k, v in recorded["policies"].items() if k != "slo"}
     rows["slo"] = fresh["policies"]["slo"]
@@ -361,6 +417,10 @@ def main() -> None:
                          "--time-scale also a variant's name, azure-rate2x)")
     ap.add_argument("--seeds", type=int, default=ROUTER_SEEDS,
                     help="run each policy with this many router seeds (0 .. N-1); the table shows seed 0")
+    ap.add_argument("--jobs", type=int, default=default_jobs(), metavar="N",
+                    help="processes for the runs of router seeds 1 .. N-1, beside this one's searches and seed-0 "
+                         "runs (default: the CPUs but one; 0: all in this process, one after another; results are "
+                         "the same either way)")
     ap.add_argument("--orders", nargs="+", choices=["highest", "forward", "backward"], default=["highest"],
                     help="with --hindsight: one descent per window order, keep the cheapest")
     ap.add_argument("--instant", action="store_true",
@@ -386,6 +446,8 @@ def main() -> None:
         if args.kv_block_size is not None and args.kv_block_size < 1:
             raise WorkloadError(f"--kv-block-size {args.kv_block_size}: it must be >= 1")
         trace_names(args.trace or [])  # distinct names, else one results row and plot for two traces
+        if args.jobs < 0:
+            raise WorkloadError(f"--jobs {args.jobs}: it must be >= 0")
     except WorkloadError as e:
         ap.error(str(e))
     reads = [f for f, on in (("--render", args.render), ("--hindsight", args.hindsight), ("--fleets", args.fleets),
@@ -453,11 +515,11 @@ def main() -> None:
     known = (args.known[0], int(args.known[1])) if args.known else None
     if args.slo_only:
         recorded = {r["workload"]: r for r in json.loads(args.out.read_text())["results"]}
-        results = [slo_only(name, w, recorded[name], args.seeds, plot_dir(args.out))
+        results = [slo_only(name, w, recorded[name], args.seeds, plot_dir(args.out), args.jobs)
                    for name, w in select(args, recorded).items()]
     else:
         results = [evaluate(name, w, seeds=args.seeds, known=known, planner_static=known is None,
-                            img_dir=plot_dir(args.out)) for name, w in select(args, None).items()]
+                            img_dir=plot_dir(args.out), jobs=args.jobs) for name, w in select(args, None).items()]
     for r in results:  # a held-out variant records what it varies
         base = r["workload"].rsplit("-rate", 1)[0]
         for k in args.time_scale or ():

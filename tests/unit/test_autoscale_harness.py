@@ -202,3 +202,19 @@ def test_the_unavoidable_mode_records_them_for_the_recorded_workloads(tmp_path: 
     doc = {"results": [r | {"staticAtPeakReplicas": 1, "plannerPeakReplicas": 1, "policies": {"static-at-peak": row, "slo": row}, "targets": {}}]}
     assert ("Misses no fleet avoids (unav_trace): 4 of the 0 that 99 % of 20 servable requests allows"
             in autoscale_eval.render(doc))
+
+
+def test_other_router_seeds_run_in_other_processes_with_the_same_results(tmp_path: Path) -> None:
+    """`--jobs`: the runs of router seeds 1.. go to forked processes while this one searches and runs seed 0; the
+    results are those of one process running everything in turn."""
+    import autoscale_eval
+
+    w = autoscale_setup.workloads([HEAD300], quick=False, spike_factor=None)["mooncake_head300"].head(120)
+    one = autoscale_eval.evaluate("x", w, seeds=3, plot_it=False, jobs=0)
+    two = autoscale_eval.evaluate("x", w, seeds=3, plot_it=False, jobs=2)
+    assert one["policies"] == two["policies"] and one["targets"] == two["targets"]
+    assert len(one["policies"]["slo"]["seeds"]["gpuSeconds"]) == 3
+    assert autoscale_eval._FORKED_WORKLOAD is None  # nothing of the run outlives it
+    bad = subprocess.run([sys.executable, str(SCRIPT), "--jobs", "-1", "--no-trace"], capture_output=True, text=True,
+                         timeout=120)
+    assert bad.returncode == 2 and "--jobs -1: it must be >= 0" in bad.stderr
