@@ -29,13 +29,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
-import os
 import platform
 import sys
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -52,8 +49,9 @@ from autoscale_setup import (
     STUDENT_COLD_S,
     STUDENT_MODEL,
     PolicyHook,
+    SeedRuns,
     check_trace_seconds,
-    misses,
+    default_jobs,
     rate_variant,
     run_policy,
     run_static,
@@ -102,52 +100,6 @@ def planner_peak_replicas(w: Workload, slo_s: float, first_minute: bool = False)
     found = plan_workload(w, get_model(PRIMARY_MODEL), get_gpu(GPU), ttft_slo_s=slo_s, tpot_slo_s=0.1,
                           first_minute=first_minute)
     return min(found.plan.replicas, MAX_REPLICAS), found.rate_rps
-
-
-# The workload the seed-run processes replay: set before they are forked, so they inherit it instead of each task
-# pickling a whole trace.
-_FORKED_WORKLOAD: Workload | None = None
-
-
-def _seed_run(policy: str, slo_s: float, initial: int, seed: int) -> tuple[float, int, float]:
-    """One policy run with router seed `seed` on the inherited workload: its attainment, misses and GPU-seconds
-    (what the results keep of a seed other than 0)."""
-    if _FORKED_WORKLOAD is None:
-        raise RuntimeError("no workload: a seed run outside SeedRuns")
-    res = run_policy(_FORKED_WORKLOAD, policy, slo_s, initial, seed=seed)[0]
-    return round(ttft_attainment(res, slo_s), 5), misses(res, slo_s), round(res.summary["gpuSeconds"], 1)
-
-
-class SeedRuns:
-    """`_seed_run`s in `jobs` forked processes (0: each run here, when its result is asked for). `submit` returns
-    a function that gives the result."""
-
-    def __init__(self, w: Workload, jobs: int) -> None:
-        self.w, self.jobs = w, jobs
-        self.pool: ProcessPoolExecutor | None = None
-
-    def __enter__(self) -> SeedRuns:
-        global _FORKED_WORKLOAD
-        _FORKED_WORKLOAD = self.w
-        if self.jobs > 0:
-            self.pool = ProcessPoolExecutor(self.jobs, mp_context=multiprocessing.get_context("fork"))
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        global _FORKED_WORKLOAD
-        if self.pool is not None:
-            self.pool.shutdown(cancel_futures=True)
-        _FORKED_WORKLOAD = None
-
-    def submit(self, policy: str, slo_s: float, initial: int, seed: int) -> Callable[[], tuple[float, int, float]]:
-        if self.pool is None:
-            return lambda: _seed_run(policy, slo_s, initial, seed)
-        return self.pool.submit(_seed_run, policy, slo_s, initial, seed).result
-
-
-def default_jobs() -> int:
-    """Processes for the other router seeds' runs: every CPU but the one running seed 0."""
-    return max((os.cpu_count() or 1) - 1, 0)
 
 
 def evaluate(name: str, w: Workload, policies: tuple[str, ...] = ("slo", "queue"),

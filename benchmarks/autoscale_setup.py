@@ -1,4 +1,5 @@
-"""The workloads, service and runs of the autoscaler benchmark (autoscale_eval.py).
+"""The workloads, service and runs of the autoscaler benchmark (autoscale_eval.py), and the processes that run
+the other router seeds (SeedRuns).
 
 The fleet is an InferenceService (`llmfleet.sim.production.make_service`) simulated by the production router,
 fallback and autoscaler (`llmfleet.sim.production.simulate_service`): primary Llama-3.1-8B (Llama-3-8B's shape,
@@ -9,8 +10,11 @@ knows) and the synthetic spike.
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import sys
-from collections.abc import Container
+from collections.abc import Callable, Container
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,8 +27,9 @@ from llmfleet.sim.types import PoolSpec, SimResult
 from llmfleet.sim.workload import BlockSizeError, SyntheticSpec, Workload, WorkloadError, synthetic
 
 __all__ = ["GPU", "MAX_REPLICAS", "PRIMARY_COLD_S", "PRIMARY_MODEL", "ROOT", "ROUTER_SEEDS", "STUDENT_COLD_S",
-           "STUDENT_MODEL", "STUDENT_WARM", "TRACES", "PolicyHook", "misses", "run_policy", "run_static", "service",
-           "rate_variant", "shapes", "summary_row", "ttft_attainment", "unavoidable_misses", "workloads"]
+           "STUDENT_MODEL", "STUDENT_WARM", "TRACES", "PolicyHook", "SeedRuns", "default_jobs", "misses", "run_policy",
+           "run_static", "service", "rate_variant", "shapes", "summary_row", "ttft_attainment", "unavoidable_misses",
+           "workloads"]
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT.parent / "shared" / "data" / "traces"
@@ -226,3 +231,49 @@ def workloads(traces: list[Path] | None, quick: bool, spike_factor: float | None
     if with_shapes:
         out.update(shapes())
     return out
+
+
+# The workload the seed-run processes replay: set before they are forked, so they inherit it instead of each task
+# pickling a whole trace.
+_FORKED_WORKLOAD: Workload | None = None
+
+
+def _seed_run(policy: str, slo_s: float, initial: int, seed: int) -> tuple[float, int, float]:
+    """One policy run with router seed `seed` on the inherited workload: its attainment, misses and GPU-seconds
+    (what the results keep of a seed other than 0)."""
+    if _FORKED_WORKLOAD is None:
+        raise RuntimeError("no workload: a seed run outside SeedRuns")
+    res = run_policy(_FORKED_WORKLOAD, policy, slo_s, initial, seed=seed)[0]
+    return round(ttft_attainment(res, slo_s), 5), misses(res, slo_s), round(res.summary["gpuSeconds"], 1)
+
+
+class SeedRuns:
+    """`_seed_run`s in `jobs` forked processes (0: each run here, when its result is asked for). `submit` returns
+    a function that gives the result."""
+
+    def __init__(self, w: Workload, jobs: int) -> None:
+        self.w, self.jobs = w, jobs
+        self.pool: ProcessPoolExecutor | None = None
+
+    def __enter__(self) -> SeedRuns:
+        global _FORKED_WORKLOAD
+        _FORKED_WORKLOAD = self.w
+        if self.jobs > 0:
+            self.pool = ProcessPoolExecutor(self.jobs, mp_context=multiprocessing.get_context("fork"))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        global _FORKED_WORKLOAD
+        if self.pool is not None:
+            self.pool.shutdown(cancel_futures=True)
+        _FORKED_WORKLOAD = None
+
+    def submit(self, policy: str, slo_s: float, initial: int, seed: int) -> Callable[[], tuple[float, int, float]]:
+        if self.pool is None:
+            return lambda: _seed_run(policy, slo_s, initial, seed)
+        return self.pool.submit(_seed_run, policy, slo_s, initial, seed).result
+
+
+def default_jobs() -> int:
+    """Processes for the other router seeds' runs: every CPU but the one running seed 0."""
+    return max((os.cpu_count() or 1) - 1, 0)

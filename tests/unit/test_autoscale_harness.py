@@ -214,7 +214,7 @@ def test_other_router_seeds_run_in_other_processes_with_the_same_results(tmp_pat
     two = autoscale_eval.evaluate("x", w, seeds=3, plot_it=False, jobs=2)
     assert one["policies"] == two["policies"] and one["targets"] == two["targets"]
     assert len(one["policies"]["slo"]["seeds"]["gpuSeconds"]) == 3
-    assert autoscale_eval._FORKED_WORKLOAD is None  # nothing of the run outlives it
+    assert autoscale_setup._FORKED_WORKLOAD is None  # nothing of the run outlives it
     bad = subprocess.run([sys.executable, str(SCRIPT), "--jobs", "-1", "--no-trace"], capture_output=True, text=True,
                          timeout=120)
     assert bad.returncode == 2 and "--jobs -1: it must be >= 0" in bad.stderr
