@@ -370,7 +370,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=ROUTER_SEEDS,
                     help="run each policy with this many router seeds (0 .. N-1); the table shows seed 0")
     ap.add_argument("--jobs", type=int, default=default_jobs(), metavar="N",
-                    help="processes for the runs of router seeds 1 .. N-1, beside this one's searches and seed-0 "
+                    help="processes for the runs of router seeds other than 0, beside this one's searches and seed-0 "
                          "runs (default: the CPUs but one; 0: all in this process, one after another; results are "
                          "the same either way)")
     ap.add_argument("--orders", nargs="+", choices=["highest", "forward", "backward"], default=["highest"],
