@@ -19,6 +19,7 @@ import argparse
 import csv
 import gc
 import json
+import math
 import os
 import platform
 import random
@@ -102,10 +103,18 @@ def main() -> int:
                                                           "the bytes-per-request run, minus one)")
     ap.add_argument("--out", type=Path, default=RESULTS / "sim_long_trace.json")
     args = ap.parse_args()
+    for flag, value in (("--rate", args.rate), ("--seconds", args.seconds)):
+        if not math.isfinite(value) or value <= 0:
+            ap.error(f"{flag} {value:g}: it must be a finite number > 0")
+    if args.replicas < 1:
+        ap.error(f"--replicas {args.replicas}: it must be >= 1")
     py = sys.executable
     with tempfile.TemporaryDirectory() as tmp:
         trace = Path(tmp) / "azure_code_poisson.csv"
         n = write_trace(trace, args.rate, args.seconds, args.seed)
+        if n == 0:
+            raise SystemExit(f"sim_long_trace.py: no request arrives within {args.seconds:g} s at {args.rate:g} "
+                             "req/s: give a longer --seconds")
         print(f"{trace.name}: {n:,} requests over {args.seconds:,.0f} s", file=sys.stderr, flush=True)
         steps = [child("sim run --autoscaler slo",
                        [py, "-m", "llmfleet", "sim", "run", "--trace", str(trace), "--autoscaler", "slo",

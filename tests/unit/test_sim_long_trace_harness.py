@@ -46,3 +46,19 @@ def test_a_short_run_records_each_step_and_the_bytes_a_request_holds(tmp_path: P
     assert 100 < res["heldPerRequest"]["recordsBytesPerRequest"] < 5000
     assert "azure_code_poisson: slo" in r.stderr  # autoscale_eval ran on the generated trace, not the spike only
     assert "bursty" not in r.stderr
+
+
+def test_bad_flags_and_an_empty_trace_are_one_line_errors(tmp_path: Path) -> None:
+    def run(*flags: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "benchmarks/sim_long_trace.py", *flags, "--out", str(tmp_path / "r.json")],
+                              cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+
+    for flags, message in ((["--rate", "0"], "--rate 0: it must be a finite number > 0"),
+                           (["--seconds", "nan"], "--seconds nan: it must be a finite number > 0"),
+                           (["--replicas", "0"], "--replicas 0: it must be >= 1")):
+        r = run(*flags)
+        assert r.returncode == 2 and message in r.stderr.strip().splitlines()[-1]
+    r = run("--seconds", "0.001", "--rate", "1")
+    assert r.returncode == 1 and r.stderr.strip().endswith("no request arrives within 0.001 s at 1 req/s: give a "
+                                                           "longer --seconds")
+    assert not (tmp_path / "r.json").exists()
