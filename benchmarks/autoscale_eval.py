@@ -148,14 +148,12 @@ def evaluate(name: str, w: Workload, policies: tuple[str, ...] = ("slo", "queue"
             runs[policy], hooks[policy] = res, hook
             rows[policy] = summary_row(res, slo_s, actions=hook.actions,
                                        replicas=max((x["primary"] for x in hook.timeline), default=initial))
-        for policy in policies:
-            if seeds > 1:
-                others = [result() for result in pending[policy]]
-                clock = progress(name, f"{policy} on router seeds 1-{seeds - 1}", clock)
-                rows[policy]["seeds"] = {
-                    "attainment": [rows[policy]["attainment"], *(x[0] for x in others)],
-                    "misses": [rows[policy]["misses"], *(x[1] for x in others)],
-                    "gpuSeconds": [rows[policy]["gpuSeconds"], *(x[2] for x in others)]}
+        for policy in policies if seeds > 1 else ():
+            others = [result() for result in pending[policy]]
+            clock = progress(name, f"{policy} on router seeds 1-{seeds - 1}", clock)
+            rows[policy]["seeds"] = {"attainment": [rows[policy]["attainment"], *(x[0] for x in others)],
+                                     "misses": [rows[policy]["misses"], *(x[1] for x in others)],
+                                     "gpuSeconds": [rows[policy]["gpuSeconds"], *(x[2] for x in others)]}
     img = (img_dir or IMG) / f"autoscale_eval_{name}.png"
     if plot_it:
         plot(name, slo_s, runs, img)

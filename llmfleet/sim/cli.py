@@ -234,8 +234,7 @@ def register(app: typer.Typer) -> None:
         scaled = f", {autoscaler} autoscaler from {replicas}" if autoscaler else ""
         # the span shows a trace's timestamps read in the wrong unit (1,000x off) at a glance
         _table(f"{w.name}: {len(w.requests)} requests{w.skipped_note} over {w.duration:,.1f} s, {replicas} x {model} "
-               f"on {gpu}"
-               f"{scaled}, {w.block_size}-token blocks, oracle hit rate {oracle:.3f}", results, ttft_slo_ms / 1e3)
+               f"on {gpu}{scaled}, {w.block_size}-token blocks, oracle hit rate {oracle:.3f}", results, ttft_slo_ms / 1e3)
         if timeline:
             peak = {k: max(x[k] for x in timeline) for k in timeline[0] if k not in ("t", "why")}
             actions = sum(1 for a, b in zip(timeline, timeline[1:], strict=False)
