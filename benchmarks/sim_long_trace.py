@@ -9,8 +9,8 @@ release) for `--seconds`, each request with the prompt and output lengths of a r
 code trace (`--seed`), written as a CSV in the 2024 release's format (TIMESTAMP, ContextTokens, GeneratedTokens)
 to a temporary folder. Each command runs as a child process (its own peak RSS, from `os.wait4`); the bytes a
 request holds (the workload, one run's per-request records) are measured with `tracemalloc` in this process, on
-a static fleet. Per-million-request figures scale the measured costs to longer traces: the simulator's time
-and memory grow with the request count at a fixed fleet size. Writes benchmarks/results/sim_long_trace.json.
+the benchmarks' static fleet (autoscale_setup.run_static). Per-million-request figures scale the measured costs
+to longer traces: the simulator's time and memory grow with the request count at a fixed fleet size. Writes benchmarks/results/sim_long_trace.json.
 """
 
 from __future__ import annotations
@@ -31,15 +31,12 @@ import tracemalloc
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from autoscale_setup import TRACES
+from autoscale_setup import TRACES, run_static
 from results_paths import RESULTS, ROOT
 from rich.console import Console
 from rich.table import Table
 
-from llmfleet.sim.engine import simulate
-from llmfleet.sim.routers import make_router
 from llmfleet.sim.traces import load_trace
-from llmfleet.sim.types import PoolSpec, SimConfig
 
 LENGTHS = TRACES / "azure_llm_code_2023.csv"
 START = datetime(2024, 5, 10, tzinfo=UTC)  # the 2024 release's first day; any date reads the same
@@ -66,10 +63,10 @@ def child(name: str, cmd: list[str]) -> dict[str, object]:
     print(f"$ {' '.join(cmd)}", file=sys.stderr, flush=True)
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=sys.stderr)
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode:
-        raise SystemExit(f"{name}: exit {proc.returncode}")
+    _, status, usage = os.wait4(proc.pid, 0)  # the child's own rusage (Popen.wait would not return it)
+    rc = os.waitstatus_to_exitcode(status)
+    if rc:
+        raise SystemExit(f"{name}: exit {rc}")
     return {"step": name, "command": " ".join(cmd), "wallS": round(time.monotonic() - t0, 1),
             "maxRssMiB": round(usage.ru_maxrss / 1024)}
 
@@ -80,9 +77,7 @@ def bytes_per_request(trace: Path, replicas: int) -> dict[str, object]:
     tracemalloc.start()
     w = load_trace(trace)
     workload = tracemalloc.get_traced_memory()[0]
-    cfg = SimConfig(pools=[PoolSpec(name="primary", role="primary", model="llama-3-8b", gpu="H200",
-                                    replicas=replicas)], ttft_slo_s=1.0, tpot_slo_s=0.1, seed=0)
-    res = simulate(w, cfg, router=make_router("llmfleet", 0))
+    res = run_static(w, replicas, slo_s=1.0)
     gc.collect()
     with_records = tracemalloc.get_traced_memory()[0]
     res.records = []
@@ -99,8 +94,8 @@ def main() -> int:
     ap.add_argument("--rate", type=float, default=28.0, help="requests per second (Poisson)")
     ap.add_argument("--seconds", type=float, default=3600.0, help="span of the trace")
     ap.add_argument("--seed", type=int, default=1, help="arrivals and the lengths drawn")
-    ap.add_argument("--replicas", type=int, default=4, help="`sim run`'s starting fleet (and the static one of "
-                                                          "the bytes-per-request run, minus one)")
+    ap.add_argument("--replicas", type=int, default=4,
+                    help="`sim run`'s starting fleet, and the static fleet of the bytes-per-request run")
     ap.add_argument("--out", type=Path, default=RESULTS / "sim_long_trace.json")
     args = ap.parse_args()
     for flag, value in (("--rate", args.rate), ("--seconds", args.seconds)):
@@ -122,7 +117,7 @@ def main() -> int:
                  child("autoscale_eval.py", [py, "benchmarks/autoscale_eval.py", "--trace", str(trace),
                                              "--workload", trace.stem,  # not the synthetic spike it adds
                                              "--out", str(Path(tmp) / "autoscale_eval.json")])]
-        held = bytes_per_request(trace, max(1, args.replicas - 1))
+        held = bytes_per_request(trace, args.replicas)
     for s in steps:  # the commands as one would type them: `python`, the trace by its name
         s["command"] = str(s["command"]).replace(py, "python").replace(tmp + os.sep, "")
         s["wallSPerMillionRequests"] = round(float(s["wallS"]) * 1e6 / n)  # type: ignore[arg-type]
