@@ -42,9 +42,10 @@ LENGTHS = TRACES / "azure_llm_code_2023.csv"
 START = datetime(2024, 5, 10, tzinfo=UTC)  # the 2024 release's first day; any date reads the same
 
 
-def write_trace(path: Path, rate: float, seconds: float, seed: int) -> int:
-    """The Poisson trace described above; returns its request count."""
-    with LENGTHS.open(newline="") as f:
+def write_trace(path: Path, rate: float, seconds: float, seed: int, lengths_from: Path = LENGTHS) -> int:
+    """The Poisson trace described above, its lengths drawn from the Azure-format CSV `lengths_from`; returns its
+    request count."""
+    with lengths_from.open(newline="") as f:
         lengths = [(row["ContextTokens"], row["GeneratedTokens"]) for row in csv.DictReader(f)]
     rng = random.Random(seed)
     n, t = 0, rng.expovariate(rate)
@@ -96,6 +97,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1, help="arrivals and the lengths drawn")
     ap.add_argument("--replicas", type=int, default=4,
                     help="`sim run`'s starting fleet, and the static fleet of the bytes-per-request run")
+    ap.add_argument("--lengths", type=Path, default=LENGTHS, metavar="CSV",
+                    help="an Azure-format trace whose requests' lengths are drawn (default: the shared 2023 code trace)")
     ap.add_argument("--out", type=Path, default=RESULTS / "sim_long_trace.json")
     args = ap.parse_args()
     for flag, value in (("--rate", args.rate), ("--seconds", args.seconds)):
@@ -103,10 +106,12 @@ def main() -> int:
             ap.error(f"{flag} {value:g}: it must be a finite number > 0")
     if args.replicas < 1:
         ap.error(f"--replicas {args.replicas}: it must be >= 1")
+    if not args.lengths.is_file():
+        ap.error(f"--lengths {args.lengths}: no such file (the shared traces are in ../shared/data/traces)")
     py = sys.executable
     with tempfile.TemporaryDirectory() as tmp:
         trace = Path(tmp) / "azure_code_poisson.csv"
-        n = write_trace(trace, args.rate, args.seconds, args.seed)
+        n = write_trace(trace, args.rate, args.seconds, args.seed, args.lengths)
         if n == 0:
             raise SystemExit(f"sim_long_trace.py: no request arrives within {args.seconds:g} s at {args.rate:g} "
                              "req/s: give a longer --seconds")
@@ -134,7 +139,7 @@ def main() -> int:
            "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
                        "loadavgAtEnd": os.getloadavg()},
            "trace": {"format": "azure (2024 release columns)", "rate": args.rate, "seconds": args.seconds,
-                     "seed": args.seed, "requests": n, "lengthsFrom": LENGTHS.name},
+                     "seed": args.seed, "requests": n, "lengthsFrom": args.lengths.name},
            "steps": steps, "heldPerRequest": held}
     args.out.write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {args.out}")
