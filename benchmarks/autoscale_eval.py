@@ -56,10 +56,13 @@ from autoscale_setup import (
     run_policy,
     run_static,
     service,
+    student_hardware,
+    student_mig,
     summary_row,
     trace_names,
     ttft_attainment,
     unavoidable_misses,
+    use_student_mig,
     workloads,
 )
 from results_paths import IMG, RESULTS, plot_dir
@@ -154,7 +157,8 @@ def evaluate(name: str, w: Workload, policies: tuple[str, ...] = ("slo", "queue"
             rows[policy]["seeds"] = {"attainment": [rows[policy]["attainment"], *(x[0] for x in others)],
                                      "misses": [rows[policy]["misses"], *(x[1] for x in others)],
                                      "gpuSeconds": [rows[policy]["gpuSeconds"], *(x[2] for x in others)]}
-    img = (img_dir or IMG) / f"autoscale_eval_{name}.png"
+    # a run with students on MIG slices names its plots apart from the whole-GPU runs' of the same workloads
+    img = (img_dir or IMG) / f"autoscale_eval_{name}{f'_mig-{mig}' if (mig := student_mig()) else ''}.png"
     if plot_it:
         plot(name, slo_s, runs, img)
     if "slo" not in rows or "queue" not in rows or not baselines:
@@ -385,6 +389,9 @@ def main() -> None:
                     help="only count, for the recorded workloads in --out, the requests no fleet serves within the "
                          "SLO (prefill alone on an idle replica, every earlier prefix cached) and record them")
     ap.add_argument("--render", action="store_true", help="print the markdown tables of --out and exit")
+    ap.add_argument("--student-mig", metavar="PROFILE",
+                    help=f"run each student replica on one MIG instance of this {GPU} profile (e.g. 3g.71gb) "
+                         "instead of a whole GPU; its GPU-seconds count at the slice's share")
     ap.add_argument("--known", type=float, nargs=2, metavar=("SLO_S", "STATIC_REPLICAS"),
                     help="skip the SLO rule's 64-replica reference run and the static-at-peak search (and the "
                          "planner-peak static fleet): use this SLO and static-at-peak size from an earlier run")
@@ -398,7 +405,8 @@ def main() -> None:
         trace_names(args.trace or [])  # distinct names, else one results row and plot for two traces
         if args.jobs < 0:
             raise WorkloadError(f"--jobs {args.jobs}: it must be >= 0")
-    except WorkloadError as e:
+        use_student_mig(args.student_mig)
+    except ValueError as e:  # WorkloadError and a MIG profile the GPU does not have
         ap.error(str(e))
     reads = [f for f, on in (("--render", args.render), ("--hindsight", args.hindsight), ("--fleets", args.fleets),
                              ("--queue-sweep", args.queue_sweep), ("--slo-only", args.slo_only),
@@ -493,7 +501,7 @@ def main() -> None:
            "date": datetime.now(UTC).isoformat(timespec="seconds"),
            "machine": {"platform": platform.platform(), "python": platform.python_version(),
                        "processor": platform.processor() or platform.machine()},
-           "simulated": {"primary": f"{PRIMARY_MODEL} on {GPU}", "student": f"{STUDENT_MODEL} on {GPU}",
+           "simulated": {"primary": f"{PRIMARY_MODEL} on {GPU}", "student": f"{STUDENT_MODEL} on {student_hardware()}",
                          "coldStartS": {"primary": PRIMARY_COLD_S, "student": STUDENT_COLD_S}},
            "wallSeconds": round(time.time() - started, 1), "results": results}
     args.out.parent.mkdir(parents=True, exist_ok=True)

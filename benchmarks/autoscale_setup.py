@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from llmfleet.api import InferenceService
+from llmfleet.plan.hardware import get_gpu
 from llmfleet.sim.oracle import attainment as ttft_attainment  # requests within the TTFT SLO / servable ones
 from llmfleet.sim.planning import over_slo_alone
 from llmfleet.sim.production import DEFAULT_COLD_START_S, Fallback, PolicyHook, make_service, simulate_service
@@ -28,8 +29,8 @@ from llmfleet.sim.workload import BlockSizeError, SyntheticSpec, Workload, Workl
 
 __all__ = ["GPU", "MAX_REPLICAS", "PRIMARY_COLD_S", "PRIMARY_MODEL", "ROOT", "ROUTER_SEEDS", "STUDENT_COLD_S",
            "STUDENT_MODEL", "STUDENT_WARM", "TRACES", "PolicyHook", "SeedRuns", "default_jobs", "misses", "run_policy",
-           "run_static", "service", "rate_variant", "shapes", "summary_row", "ttft_attainment", "unavoidable_misses",
-           "workloads"]
+           "run_static", "service", "rate_variant", "shapes", "student_hardware", "student_mig", "summary_row",
+           "ttft_attainment", "unavoidable_misses", "use_student_mig", "workloads"]
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT.parent / "shared" / "data" / "traces"
@@ -39,6 +40,10 @@ PRIMARY_MODEL, STUDENT_MODEL, GPU = "llama-3.1-8b", "llama-3.2-1b", "H200"
 CONTEXT = 131072  # both models' context (Llama-3.2-1B's release has 128k; its preset's seq_len is a training length)
 PRIMARY_COLD_S, STUDENT_COLD_S, MAX_REPLICAS = DEFAULT_COLD_START_S["primary"], DEFAULT_COLD_START_S["student"], 64
 STUDENT_WARM = 0  # student replicas kept warm (minReplicas of the student pool): none, it scales to zero
+# The MIG profile of GPU each student replica runs on (resources.migProfile; autoscale_eval.py --student-mig);
+# None: a whole GPU. Set with use_student_mig before any run (forked seed runs inherit it).
+STUDENT_MIG: str | None = None
+STUDENT_MAX_GPUS = 8  # the student pool's maxReplicas in GPUs' worth (more slices on MIG)
 # Router fallback thresholds (spec.fallback): the degraded-fraction cap lets a tenant's traffic onto the student up
 # to two thirds over the 60 s window, since during the first primary cold start after a 4-10x jump the ready
 # primaries carry about a third of the demand (docs/benchmarks/autoscale_eval.md).
@@ -48,12 +53,37 @@ FALLBACK = Fallback(queue_delay_fraction=0.5, max_degraded=0.65, burn_rate=2.0)
 ROUTER_SEEDS = 3
 
 
+def use_student_mig(profile: str | None) -> None:
+    """Run the student pool on one MIG instance of `profile` per replica (ValueError: GPU has no such profile)."""
+    global STUDENT_MIG  # noqa: PLW0603 - the benchmark's one fleet setting chosen on its command line
+    if profile is not None:
+        get_gpu(GPU, mig=profile)
+    STUDENT_MIG = profile
+
+
+def student_mig() -> str | None:
+    """The MIG profile the student runs on (use_student_mig), None on whole GPUs."""
+    return STUDENT_MIG
+
+
+def slices_per_gpu() -> int:
+    """Student replicas per GPU: one on a whole GPU, the slices of its profile one GPU holds on MIG (2 of 3g.71gb,
+    3 of 2g.35gb, 7 of 1g.18gb)."""
+    return int(1 / get_gpu(GPU, mig=STUDENT_MIG).gpu_share + 1e-9) if STUDENT_MIG else 1
+
+
+def student_hardware() -> str:
+    """What a student replica runs on, for the results: "H200" or "H200 MIG 3g.71gb"."""
+    return f"{GPU} MIG {STUDENT_MIG}" if STUDENT_MIG else GPU
+
+
 def service(policy: str, ttft_slo_s: float, replicas: int, with_student: bool = True,
             target_queue_depth: float | None = None, student_warm: int = STUDENT_WARM) -> InferenceService:
     return make_service(policy=policy, ttft_slo_ms=ttft_slo_s * 1e3, replicas=replicas, model=PRIMARY_MODEL, gpu=GPU,
                         max_replicas=MAX_REPLICAS, max_model_len=CONTEXT,
                         student=STUDENT_MODEL if with_student else None, student_min=student_warm,
-                        student_max=max(8, student_warm), student_max_model_len=CONTEXT, fallback=FALLBACK,
+                        student_max=max(STUDENT_MAX_GPUS * slices_per_gpu(), student_warm),
+                        student_max_model_len=CONTEXT, student_mig=STUDENT_MIG, fallback=FALLBACK,
                         target_queue_depth=target_queue_depth, name="bench")
 
 
@@ -87,15 +117,17 @@ def misses(res: SimResult, slo_s: float) -> int:
 def gpu_breakdown(res: SimResult) -> dict[str, dict[str, float]]:
     """Where each pool's GPU-seconds went: replicas starting (cold start), ready and busy (computing an engine
     step), ready and idle. From the result's replica records and its time series (sampled every few seconds, so
-    starting + ready is within a sample of the pool's GPU-seconds)."""
+    starting + ready is within a sample of the pool's GPU-seconds); replica-seconds count at the GPUs a replica
+    occupies (a MIG slice's share)."""
     out: dict[str, dict[str, float]] = {}
+    gpus = {p["name"]: p["gpusPerReplica"] for p in res.config["pools"]}
     for pool in {r["pool"] for r in res.replicas}:
         starting = ready = 0.0
         for a, b in zip(res.series, res.series[1:], strict=False):
             if pool in a:
-                starting += (a[pool]["replicas"] - a[pool]["ready"]) * (b["t"] - a["t"])
-                ready += a[pool]["ready"] * (b["t"] - a["t"])
-        busy = sum(r["busyS"] for r in res.replicas if r["pool"] == pool)
+                starting += (a[pool]["replicas"] - a[pool]["ready"]) * (b["t"] - a["t"]) * gpus[pool]
+                ready += a[pool]["ready"] * (b["t"] - a["t"]) * gpus[pool]
+        busy = sum(r["busyS"] for r in res.replicas if r["pool"] == pool) * gpus[pool]
         out[pool] = {"starting": round(starting, 1), "readyBusy": round(busy, 1), "readyIdle": round(ready - busy, 1),
                      "replicasStarted": sum(1 for r in res.replicas if r["pool"] == pool)}
     return out

@@ -10,7 +10,7 @@ import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 
@@ -73,18 +73,41 @@ def memory_bytes(quantity: str) -> float:
     return float(quantity.removesuffix(suffix)) * _MEMORY_FACTORS[suffix]
 
 
+MIG_PROFILE_PATTERN = r"^[1-7]g\.[0-9]+gb(\+me)?$"
+MIG_NEEDS_ONE_GPU = ("migProfile needs gpus: 1 and a gpuType: a pod gets one MIG instance (a process sees one MIG "
+                     "device, so tensor parallelism across slices is impossible) and the profile is the GPU type's")
+
+
 class Resources(ApiModel):
     """Compute requested per replica or per worker."""
+
+    model_config = cel_rules(("!has(self.migProfile) || (self.gpus == 1 && has(self.gpuType))", MIG_NEEDS_ONE_GPU))
 
     gpus: int = Field(default=0, ge=0, le=64, description="GPUs per pod (nvidia.com/gpu). 0 runs on CPU.")
     gpu_type: str | None = Field(
         default=None,
         description="GPU model (H100, H200, A100, L40S); becomes a node selector and sets the peak FLOP/s used for MFU.",
     )
+    mig_profile: str | None = Field(
+        default=None, pattern=MIG_PROFILE_PATTERN,
+        description="MIG instance profile of gpuType (e.g. 3g.71gb on H200, 1g.10gb on H100 or A100): the pod asks "
+                    "for one `nvidia.com/mig-<profile>` instead of a whole GPU (the NVIDIA device plugin's mixed "
+                    "strategy). The planner, autoscaler and simulator give a replica the slice's share of compute, "
+                    "memory and memory bandwidth, and count its GPU-seconds at the share of the GPU it occupies. "
+                    "For a small model (a student pool) that a whole GPU would mostly leave idle. Needs gpus: 1; "
+                    "counts as one GPU against autoscaling.gpuBudget. `llmfleet up` uses the devices its "
+                    "environment exposes (CUDA_VISIBLE_DEVICES=MIG-<uuid>).",
+    )
     cpu: str = Field(default="2", pattern=r"^[0-9]+(\.[0-9]+)?m?$", description="CPU request, Kubernetes quantity (e.g. '8' or '500m').")
     memory: str = Field(
         default="8Gi", pattern=MEMORY_PATTERN, description="Memory request, Kubernetes quantity (e.g. '64Gi')."
     )
+
+    @model_validator(mode="after")
+    def _mig_one_gpu(self) -> Resources:
+        if self.mig_profile is not None and (self.gpus != 1 or self.gpu_type is None):
+            raise ValueError(MIG_NEEDS_ONE_GPU)
+        return self
 
 
 class SecretKeyRef(ApiModel):

@@ -63,6 +63,10 @@ SERVING_LABEL = f"{GROUP}/serving"
 DRAINING_LABEL = f"{GROUP}/draining"
 
 # Keys of other projects that llmfleet writes.
+# NVIDIA device plugin's extended resources: whole GPUs, and MIG instances under the mixed strategy
+# (nvidia.com/mig-3g.71gb); GPU nodes carry a NoSchedule taint of the whole-GPU key.
+GPU_RESOURCE = "nvidia.com/gpu"
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 # NVIDIA GPU feature discovery's node label; values look like "NVIDIA-H200".
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 # Kueue: the LocalQueue a TrainingJob's Job is admitted through.

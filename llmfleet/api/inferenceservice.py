@@ -351,6 +351,11 @@ class PoolView:
     vllm: VLLMSpec
 
     @property
+    def field_path(self) -> str:
+        """Where the pool's fields live in the manifest, for error messages."""
+        return "spec" if self.role == "primary" else f"spec.fallback.pools[name={self.name}]"
+
+    @property
     def block_size(self) -> int:
         """The engine's KV block size: the spec's, else the default for the pool's hardware."""
         return default_block_size(self.resources) if self.vllm.block_size is None else self.vllm.block_size

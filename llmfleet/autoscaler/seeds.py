@@ -38,12 +38,13 @@ def seed_for_pool(
     pool: PoolView, model_preset: str | None, *, input_tokens: int = 2048, output_tokens: int = 256,
     ttft_slo_s: float = 1.0, tpot_slo_s: float = 0.1,
 ) -> CapacitySeed:
-    """Planner seed for `pool` (model preset name as the planner knows it, GPU from resources.gpuType)."""
+    """Planner seed for `pool` (model preset name as the planner knows it, GPU from resources.gpuType and
+    migProfile)."""
     gpu_type = pool.resources.gpu_type
     if not model_preset or not gpu_type or pool.resources.gpus <= 0:
         return DEFAULT_SEED
     try:
-        model, gpu = get_model(model_preset), get_gpu(gpu_type)
+        model, gpu = get_model(model_preset), get_gpu(gpu_type, mig=pool.resources.mig_profile)
     except ValueError:
         return DEFAULT_SEED
     kv = "fp8" if pool.vllm.kv_cache_dtype.startswith("fp8") else "bf16"

@@ -97,12 +97,17 @@ def _prompt_lengths(path: Path) -> tuple[int, ...]:
 
 
 def _gpu_checks(resource: Any) -> list[tuple[str, str]]:
-    """`llmfleet validate`: what the GPU table says a TrainingJob's GPUs cannot do (fp8 without fp8 cores)."""
-    if getattr(resource, "kind", None) != "TrainingJob":
-        return []
-    from llmfleet.plan.hardware import training_precision_problems
+    """`llmfleet validate`: what the GPU table says a resource's GPUs cannot do (fp8 without fp8 cores on a
+    TrainingJob, a MIG profile its GPU type does not have on an InferenceService pool)."""
+    from llmfleet.plan.hardware import mig_profile_problem, training_precision_problems
 
-    return training_precision_problems(resource.spec)
+    kind = getattr(resource, "kind", None)
+    if kind == "TrainingJob":
+        return training_precision_problems(resource.spec)
+    if kind == "InferenceService":
+        return [(f"{p.field_path}.resources.migProfile", problem) for p in resource.pools()
+                if (problem := mig_profile_problem(p.resources))]
+    return []
 
 
 def register(app: typer.Typer) -> None:
@@ -117,6 +122,8 @@ def register(app: typer.Typer) -> None:
         shape: Path | None = typer.Option(None, help="YAML/JSON ModelShape (layers, hidden, heads, kvHeads, ffn, vocab); overrides --model."),
         gpu: str = typer.Option("H200", help="GPU profile: H100, H200, A100, L40S."),
         gpu_override: list[str] = typer.Option([], help="Override a GPU field, e.g. hbmBandwidthTBs=4.0 (repeatable)."),
+        mig: str | None = typer.Option(None, help="Plan one MIG instance of this profile of --gpu per replica "
+                                                  "(e.g. 3g.71gb on H200; resources.migProfile)."),
         dtype: str = typer.Option("bf16", help="Weight dtype (bf16, fp8, int4)."),
         kv_dtype: str = typer.Option("bf16", help="KV-cache dtype (bf16, fp8, int4)."),
         block_size: int = typer.Option(16, help="Paged KV block size in tokens."),
@@ -152,7 +159,7 @@ def register(app: typer.Typer) -> None:
 
         try:
             m = ModelShape.model_validate(load_yaml_file(shape)) if shape else get_model(model)
-            g = get_gpu(gpu, _overrides(gpu_override))
+            g = get_gpu(gpu, _overrides(gpu_override), mig=mig)
             if not (0.0 <= hit_rate <= 1.0) or rate <= 0 or input_tokens < 1 or output_tokens < 1:
                 raise ValueError("need 0 <= --hit-rate <= 1, --rate > 0, --input >= 1, --output >= 1")
             sample = _prompt_lengths(prompts) if prompts else ()

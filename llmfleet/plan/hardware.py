@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
+from llmfleet.api.common import Resources
 from llmfleet.api.trainingjob import TrainingJobSpec
 
 # Dense bf16 peak TFLOP/s per GPU (vendor datasheets, without sparsity), keyed by a substring of the device
@@ -45,6 +46,9 @@ class GPUProfile:
     # Gen5 x16 (benchmarks/roofline_measure.py --only host-link); H100: the same link, assumed equal;
     # A100 / L40S: PCIe Gen4 x16, the typical pinned-copy figure, not measured here.
     host_link_gbs: float = 25.0
+    # The share of one physical GPU this profile occupies: 1 for a whole GPU; for a MIG slice the larger of its
+    # compute and memory fractions (what it keeps other slices from using). A replica's GPU-seconds count at it.
+    gpu_share: float = 1.0
 
     @property
     def peak_flops(self) -> float:
@@ -83,6 +87,39 @@ GPUS: dict[str, GPUProfile] = {
     "L40S": GPUProfile("L40S", BF16_PEAK_TFLOPS["L40S"], 733.0, 0.864, 44.4, 32.0, 128.0, 142, host_link_gbs=25.0),
 }
 
+# MIG GPU-instance profiles per GPU (NVIDIA MIG user guide, "Supported MIG Profiles"; the SXM parts above):
+# profile -> (compute slices of 7, memory slices of 8). A slice gets its compute fraction of the SMs and peak
+# FLOP/s and its memory fraction of HBM capacity and bandwidth (each memory slice has its own controllers).
+# "+me" variants (with media engines) size the same. L40S has no MIG.
+MIG_PROFILES: dict[str, dict[str, tuple[int, int]]] = {
+    "H200": {"1g.18gb": (1, 1), "1g.35gb": (1, 2), "2g.35gb": (2, 2), "3g.71gb": (3, 4), "4g.71gb": (4, 4),
+             "7g.141gb": (7, 8)},
+    "H100": {"1g.10gb": (1, 1), "1g.20gb": (1, 2), "2g.20gb": (2, 2), "3g.40gb": (3, 4), "4g.40gb": (4, 4),
+             "7g.80gb": (7, 8)},
+    "A100": {"1g.10gb": (1, 1), "1g.20gb": (1, 2), "2g.20gb": (2, 2), "3g.40gb": (3, 4), "4g.40gb": (4, 4),
+             "7g.80gb": (7, 8)},
+}
+_MIG_COMPUTE_SLICES, _MIG_MEMORY_SLICES = 7, 8
+
+
+def mig_slice(gpu: GPUProfile, profile: str) -> GPUProfile:
+    """`gpu` as one MIG instance of `profile` (e.g. "3g.71gb"): the slice's share of compute, memory and memory
+    bandwidth, and the share of the GPU it occupies. The interconnect is kept (tensor parallelism across MIG
+    instances is not possible; one slice is one device). ValueError for a profile the GPU does not have."""
+    base = profile.removesuffix("+me")
+    table = MIG_PROFILES.get(gpu.name.upper())
+    if table is None:
+        raise ValueError(f"{gpu.name} has no MIG profiles (MIG-capable here: {', '.join(MIG_PROFILES)})")
+    if base not in table:
+        raise ValueError(f"{gpu.name} has no MIG profile {profile!r}; its profiles: {', '.join(table)}")
+    compute, memory = table[base]
+    c, m = compute / _MIG_COMPUTE_SLICES, memory / _MIG_MEMORY_SLICES
+    return replace(gpu, name=f"{gpu.name} MIG {profile}", bf16_tflops=gpu.bf16_tflops * c,
+                   fp8_tflops=None if gpu.fp8_tflops is None else gpu.fp8_tflops * c,
+                   hbm_bandwidth_tbs=gpu.hbm_bandwidth_tbs * m, hbm_gib=gpu.hbm_gib * m,
+                   sms=max(1, gpu.sms * compute // _MIG_COMPUTE_SLICES), gpu_share=max(c, m))
+
+
 _FIELD_ALIASES = {
     "bf16Tflops": "bf16_tflops", "fp8Tflops": "fp8_tflops", "hbmBandwidthTBs": "hbm_bandwidth_tbs",
     "hbmGiB": "hbm_gib", "interconnectGBs": "interconnect_gbs", "sramKiBPerSM": "sram_kib_per_sm", "sms": "sms",
@@ -90,8 +127,9 @@ _FIELD_ALIASES = {
 }
 
 
-def get_gpu(name: str, overrides: dict[str, Any] | None = None) -> GPUProfile:
-    """A profile by (case-insensitive) name, with fields replaced by `overrides` (snake or camelCase keys)."""
+def get_gpu(name: str, overrides: dict[str, Any] | None = None, mig: str | None = None) -> GPUProfile:
+    """A profile by (case-insensitive) name, with fields replaced by `overrides` (snake or camelCase keys), as
+    one MIG instance of profile `mig` when given (mig_slice, applied after the overrides)."""
     key = name.upper()
     if key not in GPUS:
         raise ValueError(f"unknown GPU {name!r}; known: {', '.join(GPUS)} (override fields to describe others)")
@@ -101,11 +139,11 @@ def get_gpu(name: str, overrides: dict[str, Any] | None = None) -> GPUProfile:
         clean: dict[str, Any] = {}
         for k, v in overrides.items():
             field = _FIELD_ALIASES.get(k, k)
-            if field not in valid or field == "name":
+            if field not in valid or field in ("name", "gpu_share"):
                 raise ValueError(f"unknown GPU field {k!r}; known: {', '.join(sorted(_FIELD_ALIASES))}")
             clean[field] = int(v) if field == "sms" else (None if v is None else float(v))
         gpu = replace(gpu, **clean)
-    return gpu
+    return mig_slice(gpu, mig) if mig else gpu
 
 
 def training_precision_problems(spec: TrainingJobSpec, prefix: str = "spec") -> list[tuple[str, str]]:
@@ -122,3 +160,15 @@ def training_precision_problems(spec: TrainingJobSpec, prefix: str = "spec") -> 
     if gpu is not None and gpu.fp8_tflops is None:
         return [(path, f"fp8 needs fp8 tensor cores and {gpu.name} (workers.gpuType) has none: use bf16")]
     return []
+
+
+def mig_profile_problem(resources: Resources) -> str | None:
+    """Why `resources.migProfile` cannot be scheduled or planned (a profile its gpuType does not have, a GPU
+    without MIG), or None. A gpuType the table does not know is left to the cluster's device plugin."""
+    if resources.mig_profile is None or GPUS.get((resources.gpu_type or "").upper()) is None:
+        return None
+    try:
+        mig_slice(GPUS[(resources.gpu_type or "").upper()], resources.mig_profile)
+    except ValueError as err:
+        return str(err)
+    return None

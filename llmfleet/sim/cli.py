@@ -160,6 +160,9 @@ def register(app: typer.Typer) -> None:
         host_kv_gib: float = typer.Option(0.0, help="Host-memory KV tier per replica, GiB (vLLM CPU offloading); 0 = none."),
         student: str | None = typer.Option(None, help="Add a student pool: MODEL:REPLICAS, e.g. llama-3.2-1b:2 "
                                                       "(with --autoscaler: REPLICAS is its minReplicas, 0 = scale to zero)."),
+        student_mig: str | None = typer.Option(None, help="Run each student replica on one MIG instance of this "
+                                                          "profile of --gpu (e.g. 3g.71gb on H200); its GPU-seconds "
+                                                          "count at the slice's share of the GPU."),
         time_scale: TimeScale = 1.0,
         max_requests: MaxRequests = None,
         trace_seconds: TraceSeconds = None,
@@ -174,6 +177,7 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, help="Random seed (synthetic workload, randomized routers)."),
         out: Path | None = typer.Option(None, help="Folder for result.json and PNG plots."),
     ) -> None:
+        from llmfleet.plan.hardware import get_gpu
         from llmfleet.sim.engine import simulate
         from llmfleet.sim.production import make_service, simulate_service
         from llmfleet.sim.report import oracle_hit_rate, plot
@@ -201,6 +205,10 @@ def register(app: typer.Typer) -> None:
                     raise ValueError(f"--student must be MODEL:REPLICAS, got {student!r}") from None
                 if sn < 0:
                     raise ValueError(f"--student replicas must be >= 0, got {sn}")
+            if student_mig and not sm:
+                raise ValueError("--student-mig needs --student")
+            if student_mig:
+                get_gpu(gpu, mig=student_mig)  # a profile --gpu does not have: one line before the trace loads
             w = _workload(trace, fmt, duration, rate, tenants, seed, max_requests, time_scale, trace_seconds,
                           kv_block_size, time_unit)
             overflow: Literal["reject", "clip"] = "clip" if clip_context else "reject"
@@ -212,7 +220,7 @@ def register(app: typer.Typer) -> None:
                 isvc = make_service(policy=autoscaler, ttft_slo_ms=ttft_slo_ms, tpot_slo_ms=tpot_slo_ms,
                                     replicas=replicas, model=model, gpu=gpu, min_replicas=min_replicas,
                                     max_replicas=max_replicas, max_model_len=max_model_len, student=sm,
-                                    student_min=sn)
+                                    student_min=sn, student_mig=student_mig)
                 res, hook = simulate_service(w, isvc, seed=seed, context_overflow=overflow)
                 res.router = f"llmfleet + {autoscaler}"
                 results = [res]
@@ -222,7 +230,8 @@ def register(app: typer.Typer) -> None:
                                   host_kv_gib=host_kv_gib, max_model_len=max_model_len,
                                   calibration=str(calibration) if calibration else None)]
                 if sm:
-                    pools.append(PoolSpec(name="student", role="student", model=sm, gpu=gpu, replicas=sn))
+                    pools.append(PoolSpec(name="student", role="student", model=sm, gpu=gpu, mig=student_mig,
+                                          replicas=sn))
                 cfg = SimConfig(pools=pools, ttft_slo_s=ttft_slo_ms / 1e3, tpot_slo_s=tpot_slo_ms / 1e3, seed=seed,
                                 context_overflow=overflow)
                 results = [simulate(w, cfg, router=make_router(r, seed)) for r in router or ("least-request", "llmfleet")]

@@ -286,7 +286,8 @@ def _simulate(workload: Workload, cfg: SimConfig, router: SimRouter | str,
     summary["rejectedContext"] = len(too_long)
     summary["clippedContext"] = clipped
     cfg_dict = {"pools": [{**asdict(p), "model": p.model if isinstance(p.model, str) else p.model.to_wire(),
-                           "kvBlocks": fleet.pool_blocks[p.name], "hostKvBlocks": fleet.pool_host[p.name][0]}
+                           "kvBlocks": fleet.pool_blocks[p.name], "hostKvBlocks": fleet.pool_host[p.name][0],
+                           "gpusPerReplica": p.gpus_per_replica()}
                           for p in cfg.pools],
                 "ttftSloS": cfg.ttft_slo_s, "tpotSloS": cfg.tpot_slo_s, "blockSize": bs, "seed": cfg.seed}
     rejected_ids = {r.rid for r in rejected}
@@ -295,8 +296,10 @@ def _simulate(workload: Workload, cfg: SimConfig, router: SimRouter | str,
                              (r.finish - r.arrival) if r.finish >= 0 else None, r.preemptions, r.tenant,
                              "context" if r.rid in too_long else "kv" if r.rid in rejected_ids else None)
                for r in reqs] if cfg.keep_records else []
+    per_replica = {p.name: p.gpus_per_replica() for p in cfg.pools}
     reps = [{"id": r.id, "pool": r.pool, "served": r.served, "busyS": round(r.busy_s, 3),
-             "gpuS": round((r.stopped_at or end) - r.started_at, 3), "promptTokens": r.prompt_tokens,
+             "gpuS": round(((r.stopped_at or end) - r.started_at) * per_replica[r.pool], 3),
+             "promptTokens": r.prompt_tokens,
              "hitTokens": r.hit_tokens, "hostHitTokens": r.host_hit_tokens,
              # prefill tokens the replica computed, a preempted request's recomputation included
              "computedPromptTokens": r.computed_prompt, "preemptions": r.preemptions, "steps": r.steps}

@@ -69,6 +69,7 @@ def pool_specs(isvc: InferenceService, cold_start_s: Mapping[str, float] | None 
         v = p.vllm
         out.append(PoolSpec(
             name=p.name, role=p.role, model=model_preset(isvc, p), gpu=p.resources.gpu_type or "H200",
+            mig=p.resources.mig_profile,
             replicas=p.replicas, min_replicas=p.min_replicas, max_replicas=p.max_replicas,
             kv_dtype="fp8" if v.kv_cache_dtype.startswith("fp8") else "bf16", tensor_parallel=v.tensor_parallel_size,
             gpu_memory_utilization=v.gpu_memory_utilization, max_num_seqs=v.max_num_seqs or 256,
@@ -113,11 +114,13 @@ class Fallback:
 def make_service(*, policy: str = "slo", ttft_slo_ms: float = 2000.0, tpot_slo_ms: float = 100.0, replicas: int = 1,
                  model: str = "llama-3-8b", gpu: str = "H200", min_replicas: int = 1, max_replicas: int = 64,
                  max_model_len: int | None = None, student: str | None = None, student_min: int = 0,
-                 student_max: int = 8, student_max_model_len: int | None = None, fallback: Fallback | None = Fallback(),
+                 student_max: int = 8, student_max_model_len: int | None = None, student_mig: str | None = None,
+                 fallback: Fallback | None = Fallback(),
                  target_queue_depth: float | None = None, name: str = "sim") -> InferenceService:
     """A one-GPU-per-replica InferenceService for the simulator: the primary serves preset `model`; `student` adds a
     burst-capacity student pool of that preset (`student_min` kept warm; 0 = scale to zero), with `fallback`'s
-    router thresholds. Validated like any InferenceService (a bad value is a ValueError)."""
+    router thresholds, each student replica on one MIG instance of profile `student_mig` when given. Validated like
+    any InferenceService (a bad value is a ValueError)."""
     ann = {MODEL_PRESET_ANNOTATION: model}
     fb: dict[str, Any] = {}
     if student:
@@ -126,7 +129,8 @@ def make_service(*, policy: str = "slo", ttft_slo_ms: float = 2000.0, tpot_slo_m
             {"maxModelLen": student_max_model_len} if student_max_model_len else {})
         pool: dict[str, Any] = {"name": "small", "model": smodel, "replicas": student_min,
                                 "minReplicas": student_min, "maxReplicas": student_max,
-                                "resources": {"gpus": 1, "gpuType": gpu}}
+                                "resources": {"gpus": 1, "gpuType": gpu} | (
+                                    {"migProfile": student_mig} if student_mig else {})}
         fb["pools"] = [pool]
         if fallback is not None:
             fb |= {"maxQueueDelayMs": ttft_slo_ms * fallback.queue_delay_fraction,

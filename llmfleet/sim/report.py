@@ -51,8 +51,9 @@ def summarize(reqs: Sequence[Request], fleet: Fleet, cfg: SimConfig, t0: float, 
     primary = [r for r in fleet.replicas if r.pool == fleet.primary]
     served = np.array([r.served for r in primary], dtype=float)
     busy = np.array([r.busy_s for r in primary], dtype=float)
-    gpu_s = sum(((r.stopped_at if r.stopped_at is not None else end) - r.started_at) *
-                fleet.specs[r.pool].tensor_parallel for r in fleet.replicas)
+    per_replica = {name: spec.gpus_per_replica() for name, spec in fleet.specs.items()}
+    gpu_s = sum(((r.stopped_at if r.stopped_at is not None else end) - r.started_at) * per_replica[r.pool]
+                for r in fleet.replicas)
     return {
         "requests": len(reqs), "completed": len(done), "rejected": len(rejected), "pending": len(pending),
         "durationS": duration,

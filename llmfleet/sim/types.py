@@ -13,7 +13,7 @@ from typing import Any, Literal
 from llmfleet.api.loader import load_json_file
 from llmfleet.api.trainingjob import ModelShape
 from llmfleet.autoscaler.policy import PoolSignals
-from llmfleet.plan.hardware import get_gpu
+from llmfleet.plan.hardware import GPUProfile, get_gpu
 from llmfleet.plan.models import get_model
 from llmfleet.plan.roofline import StepCostModel, calibrate, host_kv_tier, kv_capacity
 from llmfleet.sim.replica import SimReplica
@@ -29,6 +29,7 @@ class PoolSpec:
     model: str | ModelShape = "llama-3-8b"
     gpu: str = "H200"
     gpu_overrides: dict[str, float] = field(default_factory=dict)
+    mig: str | None = None  # one MIG instance of this profile of `gpu` per replica (resources.migProfile)
     replicas: int = 8
     min_replicas: int = 1
     max_replicas: int = 64
@@ -57,13 +58,20 @@ class PoolSpec:
     def shape(self) -> ModelShape:
         return self.model if isinstance(self.model, ModelShape) else get_model(self.model)
 
+    def gpu_profile(self) -> GPUProfile:
+        return get_gpu(self.gpu, self.gpu_overrides, self.mig)
+
+    def gpus_per_replica(self) -> float:
+        """Physical GPUs one replica occupies (a MIG slice's share of one): what its GPU-seconds count."""
+        return self.tensor_parallel * (self.gpu_profile().gpu_share if self.mig else 1.0)
+
     def context_len(self) -> int:
         return self.max_model_len if self.max_model_len is not None else self.shape().seq_len
 
     def cost_model(self) -> StepCostModel:
         if self.cost is not None:
             return self.cost
-        g = get_gpu(self.gpu, self.gpu_overrides)
+        g = self.gpu_profile()
         cost = StepCostModel.build(self.shape(), g, weight_dtype=self.weight_dtype, kv_dtype=self.kv_dtype,
                                    tensor_parallel=self.tensor_parallel)
         if self.calibration:
@@ -77,7 +85,7 @@ class PoolSpec:
     def blocks(self, block_size: int) -> int:
         if self.kv_blocks is not None:
             return self.kv_blocks
-        cap = kv_capacity(self.shape(), get_gpu(self.gpu, self.gpu_overrides), weight_dtype=self.weight_dtype,
+        cap = kv_capacity(self.shape(), self.gpu_profile(), weight_dtype=self.weight_dtype,
                           kv_dtype=self.kv_dtype, tensor_parallel=self.tensor_parallel,
                           gpu_memory_utilization=self.gpu_memory_utilization, block_size=block_size)
         return cap.blocks
@@ -86,7 +94,7 @@ class PoolSpec:
         """Host-tier blocks per replica and the seconds to load one block back over the host link."""
         if self.host_kv_gib <= 0:
             return 0, 0.0
-        tier = host_kv_tier(self.shape(), get_gpu(self.gpu, self.gpu_overrides), self.host_kv_gib,
+        tier = host_kv_tier(self.shape(), self.gpu_profile(), self.host_kv_gib,
                             block_size=block_size, kv_dtype=self.kv_dtype, weight_dtype=self.weight_dtype,
                             tensor_parallel=self.tensor_parallel)
         return tier.blocks, tier.load_s_per_token * block_size

@@ -218,3 +218,31 @@ def test_other_router_seeds_run_in_other_processes_with_the_same_results(tmp_pat
     bad = subprocess.run([sys.executable, str(SCRIPT), "--jobs", "-1", "--no-trace"], capture_output=True, text=True,
                          timeout=120)
     assert bad.returncode == 2 and "--jobs -1: it must be >= 0" in bad.stderr
+
+
+def test_student_mig_runs_the_student_on_slices_and_names_its_plots_apart(tmp_path: Path) -> None:
+    """`--student-mig`: every service of the run puts its student replicas on that profile (counted at the slice's
+    share of GPU-seconds, twice the replicas allowed per GPU's worth), the results say so and the plots carry the
+    profile; a profile the GPU lacks is a one-line error."""
+    try:
+        autoscale_setup.use_student_mig("3g.71gb")
+        student = autoscale_setup.service("slo", 1.0, 1).spec.fallback.pools[0]
+        assert student.resources.mig_profile == "3g.71gb"
+        assert student.max_replicas == 2 * autoscale_setup.STUDENT_MAX_GPUS
+        assert autoscale_setup.student_hardware() == "H200 MIG 3g.71gb"
+        with pytest.raises(ValueError, match="H200 has no MIG profile '1g.10gb'"):
+            autoscale_setup.use_student_mig("1g.10gb")
+    finally:
+        autoscale_setup.use_student_mig(None)
+    assert autoscale_setup.service("slo", 1.0, 1).spec.fallback.pools[0].resources.mig_profile is None
+    trace = _azure_csv(tmp_path / "migcheck.csv", 30)
+    out = tmp_path / "mine.json"
+    run = subprocess.run([sys.executable, str(SCRIPT), "--trace", str(trace), "--workload", "migcheck", "--seeds", "1",
+                          "--student-mig", "2g.35gb", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    doc = json.loads(out.read_text())
+    assert doc["simulated"]["student"] == "llama-3.2-1b on H200 MIG 2g.35gb"
+    assert doc["results"][0]["plot"].endswith("autoscale_eval_migcheck_mig-2g.35gb.png")
+    bad = subprocess.run([sys.executable, str(SCRIPT), "--no-trace", "--student-mig", "3g.40gb"], capture_output=True,
+                         text=True, timeout=120)
+    assert bad.returncode == 2 and "H200 has no MIG profile '3g.40gb'" in bad.stderr

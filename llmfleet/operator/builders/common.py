@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from llmfleet.api import InferenceService, TrainingJob
-from llmfleet.api.contracts import GPU_PRODUCT_LABEL, MANAGED_LABELS
+from llmfleet.api.contracts import GPU_PRODUCT_LABEL, GPU_RESOURCE, MANAGED_LABELS, MIG_RESOURCE_PREFIX
 
 Manifest = dict[str, Any]
 
@@ -37,12 +37,13 @@ def metadata(
     return meta
 
 
-def resource_requests(cpu: str, memory: str, gpus: int) -> dict[str, Any]:
+def resource_requests(cpu: str, memory: str, gpus: int, mig_profile: str | None = None) -> dict[str, Any]:
+    """Requests and limits; `gpus` whole GPUs, or as many MIG instances of `mig_profile`."""
     requests: dict[str, Any] = {"cpu": cpu, "memory": memory}
     limits: dict[str, Any] = {"memory": memory}
     if gpus:
-        requests["nvidia.com/gpu"] = str(gpus)
-        limits["nvidia.com/gpu"] = str(gpus)
+        key = f"{MIG_RESOURCE_PREFIX}{mig_profile}" if mig_profile else GPU_RESOURCE
+        requests[key] = limits[key] = str(gpus)
     return {"requests": requests, "limits": limits}
 
 
@@ -51,4 +52,4 @@ def gpu_node_selector(gpu_type: str | None) -> dict[str, str]:
 
 
 def gpu_tolerations(gpus: int) -> list[dict[str, Any]]:
-    return [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}] if gpus else []
+    return [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}] if gpus else []

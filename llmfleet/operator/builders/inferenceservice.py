@@ -148,7 +148,7 @@ def build_pool_deployment(isvc: InferenceService, pool: PoolView, config: Operat
             # without it get 401 (/health and /metrics stay open for probes and scrapers).
             *([_secret_env("VLLM_API_KEY", key_secret)] if key_secret else []),
         ],
-        "resources": resource_requests(pool.resources.cpu, pool.resources.memory, gpus),
+        "resources": resource_requests(pool.resources.cpu, pool.resources.memory, gpus, pool.resources.mig_profile),
         # Model loading can take minutes: the startup probe holds liveness off until /health answers.
         "startupProbe": _probe("/health", "http", 10, 180),
         "readinessProbe": _probe("/health", "http", 5, 3),

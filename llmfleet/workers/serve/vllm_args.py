@@ -19,6 +19,7 @@ from llmfleet.api.common import memory_bytes
 from llmfleet.api.contracts import KV_EVENTS_PORT, REPLICA_PORT
 from llmfleet.api.inferenceservice import InferenceService, PoolView
 from llmfleet.api.storage import parse_uri
+from llmfleet.plan.hardware import mig_profile_problem
 
 VLLM_ENTRYPOINT = "vllm.entrypoints.openai.api_server"
 WRAPPER_MODULE = "llmfleet.workers.serve"
@@ -39,11 +40,6 @@ class InvalidServeSpec(ValueError):
     """A pool spec vLLM cannot run; the message names the manifest field(s) (camelCase) to fix."""
 
 
-def _pool_prefix(pool: PoolView) -> str:
-    """Where the pool's fields live in the manifest, for error messages."""
-    return "spec" if pool.role == "primary" else f"spec.fallback.pools[name={pool.name}]"
-
-
 def _flags_in(extra: Sequence[str]) -> set[str]:
     """Long option names in a list of extra args (`--x=1` and `--x 1` both give `--x`)."""
     return {a.split("=", 1)[0] for a in extra if a.startswith("-")}
@@ -51,7 +47,7 @@ def _flags_in(extra: Sequence[str]) -> set[str]:
 
 def validate_pool(isvc: InferenceService, pool: PoolView) -> None:
     """Raise InvalidServeSpec for combinations the engine would reject at start (or silently misuse)."""
-    v, m, where = pool.vllm, pool.model, _pool_prefix(pool)
+    v, m, where = pool.vllm, pool.model, pool.field_path
     # A student without its own `vllm` inherits the primary's: point at the field the user must edit.
     vp = "spec.vllm" if v is isvc.spec.vllm else f"{where}.vllm"
     cpu = pool.resources.gpus == 0
@@ -72,6 +68,8 @@ def validate_pool(isvc: InferenceService, pool: PoolView) -> None:
         raise InvalidServeSpec(
             f"{where}.model.quantization {m.quantization!r} has no float32 kernels; use dtype auto, float16 or bfloat16"
         )
+    if problem := mig_profile_problem(pool.resources):
+        raise InvalidServeSpec(f"{where}.resources.migProfile: {problem}")
     if cpu:
         if pool.block_size % _CPU_BLOCK_MULTIPLE:
             raise InvalidServeSpec(
@@ -212,7 +210,7 @@ def _number(value: float) -> str:
 
 def model_location_field(pool: PoolView) -> str:
     """The manifest field path of a pool's model location, for error messages."""
-    return f"{_pool_prefix(pool)}.model.path"
+    return f"{pool.field_path}.model.path"
 
 
 def _model_path(pool: PoolView, model_dir: str | None) -> str:
