@@ -94,14 +94,22 @@ class Resources(ApiModel):
                     "for one `nvidia.com/mig-<profile>` instead of a whole GPU (the NVIDIA device plugin's mixed "
                     "strategy). The planner, autoscaler and simulator give a replica the slice's share of compute, "
                     "memory and memory bandwidth, and count its GPU-seconds at the share of the GPU it occupies. "
-                    "For a small model (a student pool) that a whole GPU would mostly leave idle. Needs gpus: 1; "
-                    "counts as one GPU against autoscaling.gpuBudget. `llmfleet up` uses the devices its "
-                    "environment exposes (CUDA_VISIBLE_DEVICES=MIG-<uuid>).",
+                    "For a small model (a student pool) that a whole GPU would mostly leave idle. Needs gpus: 1. "
+                    "Such a pool stays out of GPU arbitration with training (autoscaling.gpuBudget counts whole "
+                    "GPUs): training frees whole GPUs, which become MIG instances only when a node is "
+                    "repartitioned. `llmfleet up` uses the devices its environment exposes "
+                    "(CUDA_VISIBLE_DEVICES=MIG-<uuid>).",
     )
     cpu: str = Field(default="2", pattern=r"^[0-9]+(\.[0-9]+)?m?$", description="CPU request, Kubernetes quantity (e.g. '8' or '500m').")
     memory: str = Field(
         default="8Gi", pattern=MEMORY_PATTERN, description="Memory request, Kubernetes quantity (e.g. '64Gi')."
     )
+
+    @property
+    def whole_gpus(self) -> int:
+        """Whole GPUs a pod takes: `gpus`, or 0 on a MIG instance. What GPU arbitration with training counts:
+        training frees whole GPUs, which become MIG instances only when a node is repartitioned."""
+        return 0 if self.mig_profile else self.gpus
 
     @model_validator(mode="after")
     def _mig_one_gpu(self) -> Resources:

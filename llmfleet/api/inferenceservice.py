@@ -254,7 +254,7 @@ class AutoscalingSpec(ApiModel):
     max_scale_down_step: int = Field(default=1, ge=1, description="Most replicas removed in one action.")
     target_queue_depth: float = Field(default=4.0, gt=0, description="Waiting requests per replica (queue policy).")
     cold_start_seconds: float | None = Field(default=None, gt=0, description="Replica start time; measured and remembered when omitted.")
-    gpu_budget: int | None = Field(default=None, ge=0, description="GPUs this service may use; beyond it lower-priority TrainingJobs may be suspended.")
+    gpu_budget: int | None = Field(default=None, ge=0, description="Whole GPUs this service may use; beyond it lower-priority TrainingJobs may be suspended. Pools on MIG instances (resources.migProfile) are not counted: suspended training frees no MIG instances.")
 
 
 class FeatureStoreSpec(ApiModel):

@@ -238,7 +238,7 @@ async def _arbitrate(
     decision = result.decision
     primary = decision.pools.get("primary")
     desired_gpus = sum(
-        decision.pools[p.name].desired * max(p.resources.gpus, 0) for p in isvc.pools() if p.name in decision.pools
+        decision.pools[p.name].desired * p.resources.whole_gpus for p in isvc.pools() if p.name in decision.pools
     )
     try:
         pending = await pending_gpus(actuator.client, isvc)

@@ -97,10 +97,10 @@ class KubernetesActuator:
 
 
 async def pending_gpus(client: KubeClient, isvc: InferenceService) -> int:
-    """GPUs of this service's pods that are Pending because the scheduler found no room."""
+    """Whole GPUs of this service's pods that are Pending because the scheduler found no room."""
     ns = isvc.metadata.namespace or "default"
     pods = await client.list("v1", "Pod", ns, {INFERENCESERVICE_LABEL: isvc.metadata.name})
-    gpus_by_pool = {p.name: max(p.resources.gpus, 0) for p in isvc.pools()}
+    gpus_by_pool = {p.name: p.resources.whole_gpus for p in isvc.pools()}  # MIG pods: none training could free
     total = 0
     for pod in pods:
         status = pod.get("status") or {}

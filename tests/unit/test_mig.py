@@ -75,6 +75,11 @@ def test_mig_needs_one_gpu_and_a_type_in_pydantic_and_in_the_crd(resources: dict
     assert failed_cel_rules("InferenceService", ok) == []
 
 
+def test_a_slice_takes_no_whole_gpu_from_arbitration() -> None:
+    assert Resources(gpus=1, gpu_type="H200", mig_profile="3g.71gb").whole_gpus == 0
+    assert Resources(gpus=2, gpu_type="H200").whole_gpus == 2
+
+
 def test_a_pool_on_a_slice_asks_for_the_mig_resource_not_a_whole_gpu() -> None:
     isvc = _isvc({"gpus": 1, "gpuType": "H200", "migProfile": "2g.35gb"})
     deployments = {m["metadata"]["name"]: m for m in build_inferenceservice(isvc, OperatorConfig())

@@ -157,6 +157,11 @@ async def test_pending_gpus_counts_unschedulable_pods(cluster: tuple[Any, KubeCl
     isvc = parse_resource({**ISVC, "spec": {**ISVC["spec"], "fallback": {"pools": [
         {"name": "small", "model": {"path": "/s"}, "replicas": 0, "resources": {"gpus": 2}}]}}})
     assert await pending_gpus(client, isvc) == 1 + 2
+    # a pool on MIG instances: its Pending pods need no GPU that suspending training would free
+    sliced = parse_resource({**ISVC, "spec": {**ISVC["spec"], "fallback": {"pools": [
+        {"name": "small", "model": {"path": "/s"}, "replicas": 0,
+         "resources": {"gpus": 1, "gpuType": "H200", "migProfile": "3g.71gb"}}]}}})
+    assert await pending_gpus(client, sliced) == 1
 
 
 async def _idle(_replica: ObservedReplica) -> float:
