@@ -73,7 +73,7 @@ def memory_bytes(quantity: str) -> float:
     return float(quantity.removesuffix(suffix)) * _MEMORY_FACTORS[suffix]
 
 
-MIG_PROFILE_PATTERN = r"^[1-7]g\.[0-9]+gb(\+me)?$"
+MIG_PROFILE_PATTERN = r"^[1-7]g\.[0-9]+gb$"
 MIG_NEEDS_ONE_GPU = ("migProfile needs gpus: 1 and a gpuType: a pod gets one MIG instance (a process sees one MIG "
                      "device, so tensor parallelism across slices is impossible) and the profile is the GPU type's")
 

@@ -90,7 +90,8 @@ GPUS: dict[str, GPUProfile] = {
 # MIG GPU-instance profiles per GPU (NVIDIA MIG user guide, "Supported MIG Profiles"; the SXM parts above):
 # profile -> (compute slices of 7, memory slices of 8). A slice gets its compute fraction of the SMs and peak
 # FLOP/s and its memory fraction of HBM capacity and bandwidth (each memory slice has its own controllers).
-# "+me" variants (with media engines) size the same. L40S has no MIG.
+# L40S has no MIG. The "+me" variants (media engines, nothing an LLM engine uses) are left out: Kubernetes resource
+# names cannot hold a "+".
 MIG_PROFILES: dict[str, dict[str, tuple[int, int]]] = {
     "H200": {"1g.18gb": (1, 1), "1g.35gb": (1, 2), "2g.35gb": (2, 2), "3g.71gb": (3, 4), "4g.71gb": (4, 4),
              "7g.141gb": (7, 8)},
@@ -106,13 +107,12 @@ def mig_slice(gpu: GPUProfile, profile: str) -> GPUProfile:
     """`gpu` as one MIG instance of `profile` (e.g. "3g.71gb"): the slice's share of compute, memory and memory
     bandwidth, and the share of the GPU it occupies. The interconnect is kept (tensor parallelism across MIG
     instances is not possible; one slice is one device). ValueError for a profile the GPU does not have."""
-    base = profile.removesuffix("+me")
     table = MIG_PROFILES.get(gpu.name.upper())
     if table is None:
         raise ValueError(f"{gpu.name} has no MIG profiles (MIG-capable here: {', '.join(MIG_PROFILES)})")
-    if base not in table:
+    if profile not in table:
         raise ValueError(f"{gpu.name} has no MIG profile {profile!r}; its profiles: {', '.join(table)}")
-    compute, memory = table[base]
+    compute, memory = table[profile]
     c, m = compute / _MIG_COMPUTE_SLICES, memory / _MIG_MEMORY_SLICES
     return replace(gpu, name=f"{gpu.name} MIG {profile}", bf16_tflops=gpu.bf16_tflops * c,
                    fp8_tflops=None if gpu.fp8_tflops is None else gpu.fp8_tflops * c,

@@ -45,7 +45,7 @@ def test_a_slice_has_its_share_of_compute_memory_and_bandwidth() -> None:
     assert s.gpu_share == 0.5  # 4 of 8 memory slices outweigh 3 of 7 compute slices
     assert mig_slice(h200, "1g.18gb").gpu_share == pytest.approx(1 / 7)
     assert mig_slice(h200, "1g.35gb").gpu_share == 0.25  # two memory slices on one compute slice
-    assert mig_slice(h200, "4g.71gb+me").gpu_share == pytest.approx(4 / 7)
+    assert mig_slice(h200, "4g.71gb").gpu_share == pytest.approx(4 / 7)
     assert mig_slice(h200, "7g.141gb").bf16_tflops == pytest.approx(h200.bf16_tflops)
     assert GPUS["H200"].gpu_share == 1.0
 
@@ -73,6 +73,13 @@ def test_mig_needs_one_gpu_and_a_type_in_pydantic_and_in_the_crd(resources: dict
     assert any("migProfile" in f for f in failed_cel_rules("InferenceService", spec))
     ok = {"model": {"path": "/m"}, "resources": {"gpus": 1, "gpuType": "H200", "migProfile": "3g.71gb"}}
     assert failed_cel_rules("InferenceService", ok) == []
+
+
+@pytest.mark.parametrize("profile", ["3g", "3g.71gb+me", "8g.141gb", "3G.71GB"])
+def test_a_profile_that_is_no_resource_name_is_refused(profile: str) -> None:
+    """"+me" (media engines) cannot be part of a Kubernetes resource name; 8g is no MIG profile."""
+    with pytest.raises(ValidationError, match="migProfile"):
+        Resources.model_validate({"gpus": 1, "gpuType": "H200", "migProfile": profile})
 
 
 def test_a_slice_takes_no_whole_gpu_from_arbitration() -> None:
