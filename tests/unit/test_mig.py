@@ -77,7 +77,7 @@ def test_mig_needs_one_gpu_and_a_type_in_pydantic_and_in_the_crd(resources: dict
 
 @pytest.mark.parametrize("profile", ["3g", "3g.71gb+me", "8g.141gb", "3G.71GB"])
 def test_a_profile_that_is_no_resource_name_is_refused(profile: str) -> None:
-    """"+me" (media engines) cannot be part of a Kubernetes resource name; 8g is no MIG profile."""
+    """A "+me" profile (media engines) cannot be part of a Kubernetes resource name; 8g is no MIG profile."""
     with pytest.raises(ValidationError, match="migProfile"):
         Resources.model_validate({"gpus": 1, "gpuType": "H200", "migProfile": profile})
 
