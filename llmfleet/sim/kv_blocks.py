@@ -19,7 +19,7 @@ from itertools import compress, islice, repeat, takewhile
 from operator import add, eq, neg, sub
 
 from llmfleet.router.kv_tiers import cached_capacity
-from llmfleet.sim.workload import Request
+from llmfleet.sim.workload import NO_BLOCKS, Request
 
 
 class BlockCache:
@@ -109,7 +109,7 @@ class BlockCache:
             cache.update(zip(shared, counts, strict=True))
         self.free += r.held - len(shared)
         r.held = 0
-        r.shared = []
+        r.shared = NO_BLOCKS
         r.registered = 0
 
     def _lookup(self, r: Request) -> int:
@@ -165,6 +165,8 @@ class BlockCache:
         upto = min(full, len(r.keys))
         if r.registered >= upto:
             return
+        if r.shared is NO_BLOCKS:  # its first cached block: a list of its own (NO_BLOCKS is never mutated)
+            r.shared = []
         if self.host_total:
             self._host_store(list(r.keys[r.registered:upto]))
         cache = self.cache

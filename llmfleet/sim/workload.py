@@ -30,6 +30,12 @@ class BlockSizeError(WorkloadError):
                          "blocks (blocks can be merged, not split)")
 
 
+# The `shared` list of every request that references no cached block: one list for all of them, never mutated
+# (kv_blocks gives a request its own list when it registers its first block): 56 bytes a request less, ~15 % of
+# a long trace's workload.
+NO_BLOCKS: list[int] = []
+
+
 class Request:
     """One request. Static fields come from the workload; the rest is filled by the simulation."""
 
@@ -66,7 +72,7 @@ class Request:
         self.target = self.prompt_len  # tokens to (re)compute before the next token is sampled
         self.generated = 0
         self.held = 0  # blocks this request references (shared + private)
-        self.shared: list[int] = []  # cached block keys it references
+        self.shared = NO_BLOCKS  # cached block keys it references
         self.registered = 0  # prompt blocks registered in the prefix cache
         self.hit_tokens = 0  # prompt tokens served from the prefix cache (first admission)
         self.first_token = -1.0

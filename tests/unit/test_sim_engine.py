@@ -14,7 +14,7 @@ from llmfleet.sim.engine import PoolSpec, SimConfig, SimPoolSignals, simulate
 from llmfleet.sim.replica import SimReplica
 from llmfleet.sim.report import oracle_hit_rate
 from llmfleet.sim.traces import load_azure, load_mooncake
-from llmfleet.sim.workload import Request, SyntheticSpec, Workload, WorkloadError, synthetic
+from llmfleet.sim.workload import NO_BLOCKS, Request, SyntheticSpec, Workload, WorkloadError, synthetic
 
 # the first 300 lines of the Mooncake FAST'25 synthetic trace (Apache-2.0), so CI needs no shared folder
 HEAD300 = Path(__file__).parent / "sim_data" / "mooncake_head300.jsonl"
@@ -89,6 +89,9 @@ def test_mooncake_invariants_under_preemption() -> None:
         assert s["completed"] + s["rejected"] == 300 and s["pending"] == 0
         assert s["preemptions"] > 0
         assert all(r["ttft"] is not None and r["e2e"] >= r["ttft"] > 0 for r in res.records if r["e2e"] is not None)
+    # the one empty list requests without cached blocks share stays empty; every finished request lets go of its own
+    assert NO_BLOCKS == []
+    assert all(r.shared is NO_BLOCKS for r in w.requests if r.finish >= 0)
 
 
 def test_decode_run_after_truncation_fits_small_cache() -> None:
