@@ -235,6 +235,20 @@ def test_student_mig_runs_the_student_on_slices_and_names_its_plots_apart(tmp_pa
     finally:
         autoscale_setup.use_student_mig(None)
     assert autoscale_setup.service("slo", 1.0, 1).spec.fallback.pools[0].resources.mig_profile is None
+    w = autoscale_setup.workloads([HEAD300], quick=False, spike_factor=None)["mooncake_head300"].head(60)
+    whole = autoscale_setup.summary_row(autoscale_setup.run_static(w, 1, 5.0, students=1), 5.0, actions=0, replicas=1)
+    try:
+        autoscale_setup.use_student_mig("3g.71gb")
+        sliced = autoscale_setup.summary_row(autoscale_setup.run_static(w, 1, 5.0, students=1), 5.0, actions=0,
+                                             replicas=1)
+    finally:
+        autoscale_setup.use_student_mig(None)
+    # half a GPU for the student's lifetime (the run ends when its last request does: a few seconds apart)
+    assert sliced["gpuSecondsByPool"]["small"] == pytest.approx(whole["gpuSecondsByPool"]["small"] / 2, rel=0.05)
+    # the breakdown counts at the slice's share as well: within one 10 s sample of half a GPU (30 unscaled)
+    parts = sliced["gpuSecondsBreakdown"]["small"]
+    assert parts["starting"] + parts["readyBusy"] + parts["readyIdle"] == pytest.approx(
+        sliced["gpuSecondsByPool"]["small"], abs=10 * 0.5)
     trace = _azure_csv(tmp_path / "migcheck.csv", 30)
     out = tmp_path / "mine.json"
     run = subprocess.run([sys.executable, str(SCRIPT), "--trace", str(trace), "--workload", "migcheck", "--seeds", "1",
