@@ -165,10 +165,11 @@ def training_precision_problems(spec: TrainingJobSpec, prefix: str = "spec") -> 
 def mig_profile_problem(resources: Resources) -> str | None:
     """Why `resources.migProfile` cannot be scheduled or planned (a profile its gpuType does not have, a GPU
     without MIG), or None. A gpuType the table does not know is left to the cluster's device plugin."""
-    if resources.mig_profile is None or GPUS.get((resources.gpu_type or "").upper()) is None:
+    gpu = GPUS.get((resources.gpu_type or "").upper())
+    if resources.mig_profile is None or gpu is None:
         return None
     try:
-        mig_slice(GPUS[(resources.gpu_type or "").upper()], resources.mig_profile)
+        mig_slice(gpu, resources.mig_profile)
     except ValueError as err:
         return str(err)
     return None

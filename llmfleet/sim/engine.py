@@ -23,7 +23,7 @@ from llmfleet.autoscaler.actuation import ObservedReplica as ScaleInReplica
 from llmfleet.autoscaler.scalein import choose_victims
 from llmfleet.router.burst import WINDOW_S as WAKE_MIN_WINDOW_S
 from llmfleet.sim.replica import SimReplica
-from llmfleet.sim.report import summarize
+from llmfleet.sim.report import replica_gpu_seconds, summarize
 from llmfleet.sim.routers import make_router
 from llmfleet.sim.types import (
     Autoscaler,
@@ -296,14 +296,12 @@ def _simulate(workload: Workload, cfg: SimConfig, router: SimRouter | str,
                              (r.finish - r.arrival) if r.finish >= 0 else None, r.preemptions, r.tenant,
                              "context" if r.rid in too_long else "kv" if r.rid in rejected_ids else None)
                for r in reqs] if cfg.keep_records else []
-    per_replica = {p.name: p.gpus_per_replica() for p in cfg.pools}
     reps = [{"id": r.id, "pool": r.pool, "served": r.served, "busyS": round(r.busy_s, 3),
-             "gpuS": round(((r.stopped_at or end) - r.started_at) * per_replica[r.pool], 3),
-             "promptTokens": r.prompt_tokens,
+             "gpuS": round(gpu_s, 3), "promptTokens": r.prompt_tokens,
              "hitTokens": r.hit_tokens, "hostHitTokens": r.host_hit_tokens,
              # prefill tokens the replica computed, a preempted request's recomputation included
              "computedPromptTokens": r.computed_prompt, "preemptions": r.preemptions, "steps": r.steps}
-            for r in fleet.replicas]
+            for r, gpu_s in zip(fleet.replicas, replica_gpu_seconds(fleet, end), strict=True)]
     return SimResult(workload.name, rt.name, records, series, reps, summary, cfg_dict)
 
 

@@ -37,6 +37,14 @@ def _pct(a: np.ndarray) -> dict[str, float | None]:
     return {"p50": float(p[0]), "p90": float(p[1]), "p95": float(p[2]), "p99": float(p[3]), "mean": float(a.mean())}
 
 
+def replica_gpu_seconds(fleet: Fleet, end: float) -> list[float]:
+    """GPU-seconds of each of the fleet's replicas (in `fleet.replicas` order): from its start to its stop (or
+    `end`), times the GPUs it occupies (tensor parallelism times a MIG slice's share)."""
+    per_replica = {name: spec.gpus_per_replica() for name, spec in fleet.specs.items()}
+    return [((r.stopped_at if r.stopped_at is not None else end) - r.started_at) * per_replica[r.pool]
+            for r in fleet.replicas]
+
+
 def summarize(reqs: Sequence[Request], fleet: Fleet, cfg: SimConfig, t0: float, end: float,
               rejected: Sequence[Request], pending: Sequence[Request]) -> dict[str, Any]:
     done = [r for r in reqs if r.finish >= 0]
@@ -51,9 +59,7 @@ def summarize(reqs: Sequence[Request], fleet: Fleet, cfg: SimConfig, t0: float, 
     primary = [r for r in fleet.replicas if r.pool == fleet.primary]
     served = np.array([r.served for r in primary], dtype=float)
     busy = np.array([r.busy_s for r in primary], dtype=float)
-    per_replica = {name: spec.gpus_per_replica() for name, spec in fleet.specs.items()}
-    gpu_s = sum(((r.stopped_at if r.stopped_at is not None else end) - r.started_at) * per_replica[r.pool]
-                for r in fleet.replicas)
+    gpu_s = sum(replica_gpu_seconds(fleet, end))
     return {
         "requests": len(reqs), "completed": len(done), "rejected": len(rejected), "pending": len(pending),
         "durationS": duration,
