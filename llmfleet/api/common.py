@@ -83,7 +83,8 @@ class Resources(ApiModel):
 
     model_config = cel_rules(("!has(self.migProfile) || (self.gpus == 1 && has(self.gpuType))", MIG_NEEDS_ONE_GPU))
 
-    gpus: int = Field(default=0, ge=0, le=64, description="GPUs per pod (nvidia.com/gpu). 0 runs on CPU.")
+    gpus: int = Field(default=0, ge=0, le=64, description="GPUs per pod (nvidia.com/gpu). 0 runs on CPU. `llmfleet "
+                      "up` gives each replica GPUs of its own (CUDA_VISIBLE_DEVICES); one that no free GPU fits waits.")
     gpu_type: str | None = Field(
         default=None,
         description="GPU model (H100, H200, A100, L40S); becomes a node selector and sets the peak FLOP/s used for MFU.",
@@ -97,8 +98,8 @@ class Resources(ApiModel):
                     "For a small model (a student pool) that a whole GPU would mostly leave idle. Needs gpus: 1. "
                     "Such a pool stays out of GPU arbitration with training (autoscaling.gpuBudget counts whole "
                     "GPUs): training frees whole GPUs, which become MIG instances only when a node is "
-                    "repartitioned. `llmfleet up` uses the devices its environment exposes "
-                    "(CUDA_VISIBLE_DEVICES=MIG-<uuid>).",
+                    "repartitioned. `llmfleet up` gives each replica a free instance of the profile that "
+                    "`nvidia-smi -L` lists (CUDA_VISIBLE_DEVICES=MIG-<uuid>).",
     )
     cpu: str = Field(default="2", pattern=r"^[0-9]+(\.[0-9]+)?m?$", description="CPU request, Kubernetes quantity (e.g. '8' or '500m').")
     memory: str = Field(

@@ -28,7 +28,9 @@ class LocalActuator:
         self._probe = probe or scrape_in_flight
 
     async def list_replicas(self, pool: str) -> list[ObservedReplica]:
-        live = [r for r in self.sup.replicas(pool) if r.proc is not None and not r.stopping]
+        # A wanted slot waiting for a GPU is a replica that is not ready, as a Pending pod is on Kubernetes.
+        live = [r for r in self.sup.replicas(pool)
+                if (r.proc is not None and not r.stopping) or (r.wanted and r.waiting_for is not None)]
         surge = self.sup.surge.get(pool, 0)
         if surge:  # a rollout's surge replicas (the newest) are not the autoscaler's, as on Kubernetes
             live = sorted(live, key=lambda r: r.started_at or 0.0)[:max(0, len(live) - surge)]
@@ -56,9 +58,9 @@ class LocalActuator:
         await self._router_drain(slot.url, True)
 
         async def probe(r: ObservedReplica) -> float | None:
-            # A replica that never passed /health was never routed to: nothing can be in flight, and its
-            # engine (not up yet) cannot answer /metrics.
-            if not slot.ready and slot.proc is not None and slot.proc.poll() is None:
+            # A replica that never passed /health (or never started: it waits for a GPU) was never routed to:
+            # nothing can be in flight, and its engine (not up yet) cannot answer /metrics.
+            if not slot.ready and (slot.proc is None or slot.proc.poll() is None):
                 return 0.0
             return await self._probe(r)
 

@@ -151,6 +151,15 @@ async def scrape_texts(urls: Iterable[str], timeout_s: float = 1.5) -> list[str]
     return [t for t in got if t is not None]
 
 
+def _replica_status(r: Mapping[str, Any]) -> str:
+    gpus = f" GPU {','.join(r['devices'])}" if r.get("devices") else ""
+    if r["ready"]:
+        return f"[green]ready[/]{gpus}"
+    if r["running"]:
+        return f"[yellow]starting[/]{gpus}"
+    return "[red]waits for a GPU[/]" if r.get("waiting_for") else "[dim]off[/]"
+
+
 def render(state: Mapping[str, Any], w: Window | None) -> Any:
     """A rich renderable: the endpoint, pools and replicas, live metrics, recent events."""
     from rich.console import Group
@@ -165,8 +174,7 @@ def render(state: Mapping[str, Any], w: Window | None) -> Any:
     for r in state.get("replicas", []):
         by_pool[r["pool"]].append(r)
     for pool, rs in by_pool.items():
-        cells = [f"{r['port']}: " + ("[green]ready[/]" if r["ready"] else "[yellow]starting[/]" if r["running"]
-                                     else "[dim]off[/]") for r in rs if r["running"] or r["wanted"]]
+        cells = [f"{r['port']}: " + _replica_status(r) for r in rs if r["running"] or r["wanted"]]
         pools.add_row(pool, str(state.get("desired", {}).get(pool, "?")), str(sum(1 for r in rs if r["ready"])),
                       "  ".join(cells) or "-", str(sum(r["restarts"] for r in rs)))
     m = Table(title="last interval", expand=True)

@@ -160,7 +160,8 @@ class PromotionFollower:
                 self.sup.desired[pool] += 1  # drain_and_remove lowered it; the replica count is unchanged
             return
         free = [r for r in self.sup.replicas(pool) if r.proc is None and not r.wanted]
-        if free:
+        # A surge replica needs a slot and, on GPUs, a free device: on a full machine the old replica goes first.
+        if free and self.sup.devices_free_for(pool):
             self.sup.surge[pool] = 1
             self.sup.event(f"promotion: surge replica in pool {pool} on {target}")
         else:

@@ -161,3 +161,33 @@ def test_promotion_into_a_missing_pool_is_refused(sup: Supervisor) -> None:
     asyncio.run(follower.step())
     promo = read_promotion(sup.run_dir)
     assert promo is not None and promo.state == "RolledBack" and "no pool 'nope'" in promo.message
+
+
+def test_on_a_full_gpu_machine_the_old_replica_goes_before_the_new_one_starts(tmp_path: Path) -> None:
+    """A surge replica needs a free device: with the student's only GPU held by the old replica, the rollout drains
+    the old one first and the new one starts on the GPU it released (gpus.py)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H200 (UUID: GPU-00000000-0000-0000-0000-000000000000)'\n")
+    smi.chmod(0o755)
+    isvc = _isvc().model_copy(deep=True)
+    isvc.spec.fallback.pools[0].resources.gpus = 1
+    s = Supervisor(isvc, tmp_path / "run", prometheus=False, env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
+    s.replica_command = lambda r: [sys.executable, "-c", "import time; time.sleep(120)"]  # type: ignore[method-assign]
+    try:
+        follower = _promote(s, "/models/new")
+        (old,) = [r for r in s.replicas("student") if r.proc is not None]
+        assert not s.surge and old.stopping and old.devices == ["0"] and old.model == "/models/old"
+        assert old.proc is not None
+        old.proc.wait(timeout=10)
+        s.reconcile()  # the drained slot is taken again (desired is unchanged) on the new model and the same GPU
+        (new,) = [r for r in s.replicas("student") if r.proc is not None]
+        assert new.devices == ["0"] and new.model == "/models/new" and not new.stopping
+        assert follower.promotion is not None and follower.promotion.state == "RollingOut"
+    finally:
+        for r in s.replicas():
+            if r.proc is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    r.proc.kill()
+                r.proc.wait()
