@@ -74,6 +74,33 @@ def memory_bytes(quantity: str) -> float:
 
 
 MIG_PROFILE_PATTERN = r"^[1-7]g\.[0-9]+gb$"
+# Kubernetes label syntax: a value is at most 63 characters of alphanumerics, '-', '_' and '.', alphanumeric at both
+# ends (or empty); a key is such a name, optionally after a DNS-subdomain prefix (at most 253 characters) and '/'.
+# A key is checked by this regex and a cap on its whole length (253 + 1 + 63).
+LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+LABEL_KEY_PATTERN = (r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                     r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+LABEL_KEY_MAX = 317
+LABEL_KEY_MESSAGE = ("keys must be Kubernetes label keys: an optional DNS-subdomain prefix and '/', then at most 63 "
+                     "alphanumerics, '-', '_' or '.', alphanumeric at both ends")
+
+
+def _label_keys(labels: dict[str, str]) -> dict[str, str]:
+    for key in labels:
+        if len(key) > LABEL_KEY_MAX or not re.fullmatch(LABEL_KEY_PATTERN, key):
+            raise ValueError(f"{key!r}: {LABEL_KEY_MESSAGE}")
+    return labels
+
+
+# The key rule stays out of the CRD: a CEL rule over every key of a map whose keys have no length bound exceeds the
+# API server's cost budget. The operator (an InvalidSpec condition) and `llmfleet validate` check it.
+NodeSelector = Annotated[dict[str, Annotated[str, Field(max_length=63, pattern=LABEL_VALUE_PATTERN)]],
+                         AfterValidator(_label_keys)]
+NODE_SELECTOR_DESCRIPTION = (
+    "Node labels the pods' nodes must have (a pod nodeSelector), in place of the node affinity gpuType gives "
+    "(NVIDIA GPU feature discovery's nvidia.com/gpu.product label, every product name of the type): for clusters "
+    "that label GPU nodes otherwise (GKE: cloud.google.com/gke-accelerator: nvidia-h100-80gb). gpuType still sets "
+    "the GPU the planner and MFU use. `llmfleet up` ignores it.")
 MIG_NEEDS_ONE_GPU = ("migProfile needs gpus: 1 and a gpuType: a pod gets one MIG instance (a process sees one MIG "
                      "device, so tensor parallelism across slices is impossible) and the profile is the GPU type's")
 
@@ -87,7 +114,10 @@ class Resources(ApiModel):
                       "up` gives each replica GPUs of its own (CUDA_VISIBLE_DEVICES); one that no free GPU fits waits.")
     gpu_type: str | None = Field(
         default=None,
-        description="GPU model (H100, H200, A100, L40S); becomes a node selector and sets the peak FLOP/s used for MFU.",
+        description="GPU model (H100, H200, A100, L40S); sets the planner's GPU and the peak FLOP/s used for MFU, and "
+                    "becomes a required node affinity on nvidia.com/gpu.product for every product name of the type "
+                    "(H100: NVIDIA-H100-80GB-HBM3, NVIDIA-H100-PCIe, NVIDIA-H100-NVL; a type the table lacks: "
+                    "NVIDIA-<gpuType>) unless nodeSelector is set.",
     )
     mig_profile: str | None = Field(
         default=None, pattern=MIG_PROFILE_PATTERN,
@@ -101,6 +131,7 @@ class Resources(ApiModel):
                     "repartitioned. `llmfleet up` gives each replica a free instance of the profile that "
                     "`nvidia-smi -L` lists (CUDA_VISIBLE_DEVICES=MIG-<uuid>).",
     )
+    node_selector: NodeSelector | None = Field(default=None, description=NODE_SELECTOR_DESCRIPTION)
     cpu: str = Field(default="2", pattern=r"^[0-9]+(\.[0-9]+)?m?$", description="CPU request, Kubernetes quantity (e.g. '8' or '500m').")
     memory: str = Field(
         default="8Gi", pattern=MEMORY_PATTERN, description="Memory request, Kubernetes quantity (e.g. '64Gi')."

@@ -67,7 +67,7 @@ DRAINING_LABEL = f"{GROUP}/draining"
 # (nvidia.com/mig-3g.71gb); GPU nodes carry a NoSchedule taint of the whole-GPU key.
 GPU_RESOURCE = "nvidia.com/gpu"
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
-# NVIDIA GPU feature discovery's node label; values look like "NVIDIA-H200".
+# NVIDIA GPU feature discovery's node label: the driver's product name, spaces as dashes ("NVIDIA-H100-80GB-HBM3").
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 # Kueue: the LocalQueue a TrainingJob's Job is admitted through.
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"

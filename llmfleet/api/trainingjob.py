@@ -7,7 +7,15 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from llmfleet.api.common import ApiModel, Condition, ObjectMeta, StatusModel, cel_rules
+from llmfleet.api.common import (
+    NODE_SELECTOR_DESCRIPTION,
+    ApiModel,
+    Condition,
+    NodeSelector,
+    ObjectMeta,
+    StatusModel,
+    cel_rules,
+)
 from llmfleet.api.contracts import TRAINING_METRICS_PORT
 from llmfleet.api.lora import LORA_RANKS
 from llmfleet.api.storage import DataUri, OutputUri, SourceUri, StorageSpec, parse_uri
@@ -188,7 +196,10 @@ class WorkersSpec(ApiModel):
 
     count: int = Field(default=1, ge=1, le=4096, description="Worker pods (nodes).")
     gpus_per_worker: int = Field(default=0, ge=0, le=16, description="GPUs per worker = processes per pod; 0 runs one CPU process (gloo).")
-    gpu_type: str | None = Field(default=None, description="GPU model, e.g. H200; selects nodes and the peak FLOP/s for MFU.")
+    gpu_type: str | None = Field(
+        default=None, description="GPU model, e.g. H200: the peak FLOP/s for MFU, and a required node affinity on "
+                                  "nvidia.com/gpu.product for every product name of the type unless nodeSelector is set.")
+    node_selector: NodeSelector | None = Field(default=None, description=NODE_SELECTOR_DESCRIPTION)
     cpu: str = Field(default="4", description="CPU request per worker (Kubernetes quantity).")
     memory: str = Field(default="16Gi", description="Memory request per worker (Kubernetes quantity).")
     image: str | None = Field(default=None, description="Training image; the operator's default when omitted.")

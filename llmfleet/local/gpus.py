@@ -20,6 +20,7 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 from llmfleet.api.common import Resources
+from llmfleet.plan.hardware import gpu_products
 
 NVIDIA_SMI_TIMEOUT_S = 15.0  # nvidia-smi answers in well under a second; a hung driver must not hang `llmfleet up`
 _GPU_LINE = re.compile(r"^GPU (?P<index>\d+): (?P<product>.+?) \(UUID: (?P<uuid>[^)]+)\)\s*$")
@@ -111,10 +112,13 @@ def _tokens(s: str) -> list[str]:
 
 
 def matches_type(product: str, gpu_type: str | None) -> bool:
-    """Whether a GPU's product name is of `gpu_type`: its words appear in the name in a row ("H100" is
-    "NVIDIA H100 80GB HBM3", not "NVIDIA H200"), as the operator's node selector `NVIDIA-<gpuType>` reads them."""
+    """Whether a GPU's product name is of `gpu_type`: one of the type's product names (plan.hardware.GPU_PRODUCTS,
+    which the operator's node affinity also uses), or, for a type outside that table, a name holding the type's
+    words in a row ("RTX 6000" is "NVIDIA RTX 6000 Ada Generation", "H10" is not "NVIDIA H100 PCIe")."""
     if not gpu_type:
         return True
+    if (known := gpu_products(gpu_type)) is not None:
+        return product.upper() in {k.upper() for k in known}
     want, have = _tokens(gpu_type), _tokens(product)
     return any(have[i:i + len(want)] == want for i in range(len(have) - len(want) + 1))
 

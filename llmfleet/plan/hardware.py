@@ -87,6 +87,23 @@ GPUS: dict[str, GPUProfile] = {
     "L40S": GPUProfile("L40S", BF16_PEAK_TFLOPS["L40S"], 733.0, 0.864, 44.4, 32.0, 128.0, 142, host_link_gbs=25.0),
 }
 
+# The product names NVIDIA's driver reports for each GPU type (`nvidia-smi -L`, torch's device name), every variant
+# of the type (SXM, PCIe, NVL: they differ in clocks and HBM; the profiles above are the SXM parts'). NVIDIA GPU
+# feature discovery labels a node `nvidia.com/gpu.product=<the name, spaces as dashes>` ("NVIDIA-H100-80GB-HBM3"):
+# the operator's node affinity for a gpuType accepts each of them, and `llmfleet up` matches a device by them.
+GPU_PRODUCTS: dict[str, tuple[str, ...]] = {
+    "H200": ("NVIDIA H200", "NVIDIA H200 NVL"),
+    "H100": ("NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe", "NVIDIA H100 NVL"),
+    "A100": ("NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-40GB", "NVIDIA A100 80GB PCIe", "NVIDIA A100-PCIE-40GB"),
+    "L40S": ("NVIDIA L40S",),
+}
+
+
+def gpu_products(gpu_type: str) -> tuple[str, ...] | None:
+    """The product names of a GPU type in GPU_PRODUCTS (any case), or None for a type the table lacks."""
+    return GPU_PRODUCTS.get(gpu_type.upper())
+
+
 # MIG GPU-instance profiles per GPU (NVIDIA MIG user guide, "Supported MIG Profiles"; the SXM parts above):
 # profile -> (compute slices of 7, memory slices of 8). A slice gets its compute fraction of the SMs and peak
 # FLOP/s and its memory fraction of HBM capacity and bandwidth (each memory slice has its own controllers).

@@ -48,11 +48,12 @@ def test_nvidia_smi_list_is_read_with_mig_instances_in_place_of_their_gpu() -> N
         parse_nvidia_smi_list("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.")
 
 
-def test_gpu_type_matches_whole_words_of_the_product_name() -> None:
-    assert matches_type("NVIDIA H100 80GB HBM3", "H100") and matches_type("NVIDIA H100 80GB HBM3", "h100")
+def test_gpu_type_matches_the_types_product_names_or_whole_words_of_an_unknown_type() -> None:
+    assert matches_type("NVIDIA H100 80GB HBM3", "H100") and matches_type("NVIDIA H100 PCIe", "h100")
     assert matches_type("NVIDIA A100-SXM4-40GB", "A100") and matches_type("NVIDIA H200", None)
-    assert not matches_type("NVIDIA H200", "H100") and not matches_type("NVIDIA H100 80GB HBM3", "H10")
-    assert matches_type("NVIDIA H100 80GB HBM3", "H100-80GB")
+    assert matches_type("NVIDIA H200 NVL", "H200") and not matches_type("NVIDIA H200", "H100")
+    assert not matches_type("NVIDIA H100 80GB HBM3", "H10") and not matches_type("NVIDIA GH200 480GB", "H200")
+    assert matches_type("NVIDIA RTX 6000 Ada Generation", "RTX-6000") and not matches_type("NVIDIA RTX 6000", "RTX-60")
 
 
 def test_pick_gives_free_devices_of_the_pools_kind_or_none() -> None:

@@ -131,7 +131,7 @@ def test_inferenceservice_children() -> None:
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "2"
     assert container["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
     assert pod["terminationGracePeriodSeconds"] >= isvc.spec.drain_seconds + 15
-    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H200"}
+    assert _gpu_products(pod) == ["NVIDIA-H200", "NVIDIA-H200-NVL"] and "nodeSelector" not in pod
     assert primary["spec"]["replicas"] == 2
     assert primary["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
     labels = primary["spec"]["template"]["metadata"]["labels"]
@@ -304,6 +304,7 @@ def test_trainingjob_kueue_and_suspend() -> None:
     pod = cpu["spec"]["template"]["spec"]
     assert "--nproc-per-node=1" in pod["containers"][0]["command"]
     assert "nvidia.com/gpu" not in pod["containers"][0]["resources"]["requests"] and "nodeSelector" not in pod
+    assert "affinity" not in pod
 
 
 def test_long_names_stay_dns_labels() -> None:
@@ -364,3 +365,41 @@ def test_router_configmap_carries_outlier_ejection() -> None:
     default = OutlierConfig()
     assert cfg.outliers.max_ejection_seconds == default.max_ejection_seconds  # unset fields keep the defaults
     assert _router_config(_isvc(router={"outliers": {"enabled": False}})).outliers.enabled is False
+
+
+def _gpu_products(pod: dict[str, Any]) -> list[str]:
+    """The nvidia.com/gpu.product values a pod's required node affinity accepts."""
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert len(terms) == 1 and len(terms[0]["matchExpressions"]) == 1
+    expr = terms[0]["matchExpressions"][0]
+    assert expr["key"] == "nvidia.com/gpu.product" and expr["operator"] == "In"
+    return list(expr["values"])
+
+
+def _pool_pod(isvc: InferenceService, pool: str = "primary") -> dict[str, Any]:
+    return dict(_by(build_inferenceservice(isvc, FULL), "Deployment", f"chat-{pool}")["spec"]["template"]["spec"])
+
+
+def test_gpu_type_selects_every_product_label_of_the_type_unless_a_node_selector_is_given() -> None:
+    """GPU feature discovery labels nodes with the full product name (NVIDIA-H100-80GB-HBM3): a nodeSelector of
+    NVIDIA-H100 would match no H100 node, so gpuType becomes a node affinity over the type's product names."""
+    h100 = _pool_pod(_isvc(resources={"gpus": 2, "gpuType": "H100"}))
+    assert _gpu_products(h100) == ["NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-PCIe", "NVIDIA-H100-NVL"]
+    assert "NVIDIA-A100-SXM4-40GB" in _gpu_products(_pool_pod(_isvc(resources={"gpus": 2, "gpuType": "a100"})))
+    assert _gpu_products(_pool_pod(_isvc(resources={"gpus": 2, "gpuType": "B200"}))) == ["NVIDIA-B200"]
+    gke = {"cloud.google.com/gke-accelerator": "nvidia-h100-80gb"}
+    pod = _pool_pod(_isvc(resources={"gpus": 2, "gpuType": "H100", "nodeSelector": gke}))
+    assert pod["nodeSelector"] == gke and "affinity" not in pod
+    _validate(build_inferenceservice(_isvc(resources={"gpus": 2, "gpuType": "H100", "nodeSelector": gke}), FULL))
+
+    tj = build_trainingjob(_tj(workers={"count": 2, "gpusPerWorker": 8, "gpuType": "H100", "nodeSelector": gke}),
+                           FULL)[-1]
+    assert tj["spec"]["template"]["spec"]["nodeSelector"] == gke and "affinity" not in tj["spec"]["template"]["spec"]
+    tj = build_trainingjob(_tj(workers={"count": 2, "gpusPerWorker": 8, "gpuType": "H100"}), FULL)[-1]
+    assert _gpu_products(tj["spec"]["template"]["spec"])[0] == "NVIDIA-H100-80GB-HBM3"
+
+
+@pytest.mark.parametrize("selector", [{"a b": "x"}, {"k": "bad value"}, {"Ex.com/k": "v"}, {"k": "x" * 64}])
+def test_a_node_selector_that_is_no_kubernetes_label_is_refused(selector: dict[str, str]) -> None:
+    with pytest.raises(ValueError, match="label key|pattern|at most 63"):
+        _isvc(resources={"gpus": 2, "nodeSelector": selector})

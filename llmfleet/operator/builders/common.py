@@ -6,6 +6,7 @@ from typing import Any
 
 from llmfleet.api import InferenceService, TrainingJob
 from llmfleet.api.contracts import GPU_PRODUCT_LABEL, GPU_RESOURCE, MANAGED_LABELS, MIG_RESOURCE_PREFIX
+from llmfleet.plan.hardware import gpu_products
 
 Manifest = dict[str, Any]
 
@@ -47,8 +48,18 @@ def resource_requests(cpu: str, memory: str, gpus: int, mig_profile: str | None 
     return {"requests": requests, "limits": limits}
 
 
-def gpu_node_selector(gpu_type: str | None) -> dict[str, str]:
-    return {GPU_PRODUCT_LABEL: f"NVIDIA-{gpu_type}"} if gpu_type else {}
+def node_placement(gpu_type: str | None, node_selector: dict[str, str] | None) -> dict[str, Any]:
+    """The pod spec's node selection: the spec's nodeSelector when it has one; else a required node affinity for
+    every product label GPU feature discovery gives a GPU of `gpu_type` (a nodeSelector matches one value exactly,
+    and one type has several product names: "NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-PCIe", ...); a type outside the
+    table is taken as the label "NVIDIA-<gpuType>"; nothing without a type."""
+    if node_selector:
+        return {"nodeSelector": dict(node_selector)}
+    if not gpu_type:
+        return {}
+    values = [p.replace(" ", "-") for p in gpu_products(gpu_type) or (f"NVIDIA {gpu_type}",)]
+    term = {"matchExpressions": [{"key": GPU_PRODUCT_LABEL, "operator": "In", "values": values}]}
+    return {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}}
 
 
 def gpu_tolerations(gpus: int) -> list[dict[str, Any]]:

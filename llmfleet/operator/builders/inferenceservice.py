@@ -25,9 +25,9 @@ from llmfleet.api.inferenceservice import ROUTER_SUFFIX
 from llmfleet.api.storage import CacheSpec
 from llmfleet.operator.builders.common import (
     Manifest,
-    gpu_node_selector,
     gpu_tolerations,
     metadata,
+    node_placement,
     resource_requests,
 )
 from llmfleet.operator.builders.featurestore import (
@@ -163,8 +163,7 @@ def build_pool_deployment(isvc: InferenceService, pool: PoolView, config: Operat
         "terminationGracePeriodSeconds": isvc.spec.drain_seconds + 15,
         "enableServiceLinks": False,
     }
-    if selector := gpu_node_selector(pool.resources.gpu_type):
-        pod_spec["nodeSelector"] = selector
+    pod_spec |= node_placement(pool.resources.gpu_type, pool.resources.node_selector)
     if tolerations := gpu_tolerations(gpus):
         pod_spec["tolerations"] = tolerations
     return {

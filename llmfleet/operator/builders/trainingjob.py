@@ -20,9 +20,9 @@ from llmfleet.api.contracts import (
 from llmfleet.api.loader import dump_yaml
 from llmfleet.operator.builders.common import (
     Manifest,
-    gpu_node_selector,
     gpu_tolerations,
     metadata,
+    node_placement,
     resource_requests,
 )
 from llmfleet.operator.builders.security import ENGINE_SCRATCH, restricted
@@ -213,8 +213,7 @@ def build_job(
     }
     if tj.spec.scheduling.priority_class_name:
         pod_spec["priorityClassName"] = tj.spec.scheduling.priority_class_name
-    if selector := gpu_node_selector(w.gpu_type):
-        pod_spec["nodeSelector"] = selector
+    pod_spec |= node_placement(w.gpu_type, w.node_selector)
     if tolerations := gpu_tolerations(gpus):
         pod_spec["tolerations"] = tolerations
     if uses_pod_group(tj, config):
