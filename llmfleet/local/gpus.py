@@ -9,19 +9,27 @@ that no free device fits waits, as a Pending pod does, until a stopped replica r
 Whole GPUs are named by index with CUDA_DEVICE_ORDER=PCI_BUS_ID, the order nvidia-smi numbers them in (CUDA's default
 order, fastest first, can differ on a mixed machine). MIG instances can only be named by UUID (`MIG-...`); a GPU
 with MIG instances is not handed out whole. A CUDA_VISIBLE_DEVICES the caller set limits the devices to those it
-lists (indices or UUIDs), as a shared machine's scheduler would.
+lists (indices or UUIDs), as a shared machine's scheduler would. Devices given out are also claimed machine-wide
+(`DeviceLocks`), so several `llmfleet up`s and `llmfleet train` on one machine share its GPUs without collisions.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
 import re
+import shutil
 import subprocess
-from collections.abc import Collection, Iterable
+import tempfile
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from llmfleet.api.common import Resources
 from llmfleet.plan.hardware import gpu_products
 
+LOCK_DIR_ENV = "LLMFLEET_DEVICE_LOCKS"
 NVIDIA_SMI_TIMEOUT_S = 15.0  # nvidia-smi answers in well under a second; a hung driver must not hang `llmfleet up`
 _GPU_LINE = re.compile(r"^GPU (?P<index>\d+): (?P<product>.+?) \(UUID: (?P<uuid>[^)]+)\)\s*$")
 _MIG_LINE = re.compile(r"^\s+MIG (?P<profile>\S+)\s+Device\s+(?P<index>\d+): \(UUID: (?P<uuid>[^)]+)\)\s*$")
@@ -40,6 +48,11 @@ class Device:
     gpu_uuid: str
     product: str  # e.g. "NVIDIA H200"
     mig: str | None = None  # the MIG profile, e.g. "3g.71gb"; None for a whole GPU
+
+    @property
+    def uuid(self) -> str:
+        """The device's machine-wide name: the MIG instance's UUID, or the GPU's."""
+        return self.id if self.mig else self.gpu_uuid
 
 
 @dataclass(frozen=True)
@@ -123,16 +136,143 @@ def matches_type(product: str, gpu_type: str | None) -> bool:
     return any(have[i:i + len(want)] == want for i in range(len(have) - len(want) + 1))
 
 
-def pick(devices: Iterable[Device], held: Collection[str], want: GpuRequest) -> list[Device] | None:
-    """The devices a replica asking `want` gets: the first free ones of its kind in nvidia-smi's order, or None
-    when too few are free (the replica waits)."""
+def pick(devices: Iterable[Device], held: Collection[str], want: GpuRequest,
+         lock: Callable[[Device], bool] | None = None) -> list[Device] | None:
+    """The devices a replica asking `want` gets: the first free ones of its kind in nvidia-smi's order (not in
+    `held`, and, with `lock`, claimed by it), or None when too few are free (the replica waits; what `lock`
+    claimed is then for the caller to release)."""
     if want.count <= 0:
         return []
-    fit = [d for d in devices if d.id not in held and d.mig == want.mig and matches_type(d.product, want.gpu_type)]
     n = 1 if want.mig else want.count
-    return fit[:n] if len(fit) >= n else None
+    got: list[Device] = []
+    for d in devices:
+        if len(got) == n:
+            break
+        if d.id not in held and d.mig == want.mig and matches_type(d.product, want.gpu_type) and (lock is None or lock(d)):
+            got.append(d)
+    return got if len(got) == n else None
+
+
+def default_lock_dir() -> Path:
+    """Where the machine's device claims live: LLMFLEET_DEVICE_LOCKS, else <tmp>/llmfleet-devices."""
+    return Path(os.environ.get(LOCK_DIR_ENV) or Path(tempfile.gettempdir()) / "llmfleet-devices")
+
+
+class DeviceLocks:
+    """Claims on devices that hold across processes on one machine: one lock file per device (its UUID), locked
+    (flock) by the process that gave the device out, for as long as it is given out. Two `llmfleet up`s, or an
+    `up` and a `llmfleet train`, then never give out one GPU twice; a process that dies, however it dies, lets go
+    of its claims with it (the kernel drops its locks). The files stay: an unlocked file claims nothing."""
+
+    def __init__(self, root: Path | None = None) -> None:
+        self.root = root or default_lock_dir()
+        self._fds: dict[str, int] = {}
+
+    def acquire(self, d: Device) -> bool:
+        """Claim `d` (True), or False when another process (or another claim of this one) holds it."""
+        if d.uuid in self._fds:
+            return False
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(PermissionError):  # another user's folder: theirs to open to all
+                self.root.chmod(0o1777)
+            # Read-only suffices for flock, so another user can open a file this one created.
+            fd = os.open(self.root / f"{d.uuid}.lock", os.O_RDONLY | os.O_CREAT, 0o644)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return False
+        self._fds[d.uuid] = fd
+        return True
+
+    def release(self, d: Device) -> None:
+        fd = self._fds.pop(d.uuid, None)
+        if fd is not None:
+            os.close(fd)  # closing the only descriptor of the file's open description drops the lock
+
+    def release_all(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+    def free(self, d: Device) -> bool:
+        """Whether `d` could be claimed now (claimed and let go at once)."""
+        if not self.acquire(d):
+            return False
+        self.release(d)
+        return True
 
 
 def device_env(devices: Iterable[Device]) -> dict[str, str]:
     """The environment that shows a replica exactly `devices`."""
     return {"CUDA_VISIBLE_DEVICES": ",".join(d.id for d in devices), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+
+
+def discover(env: Mapping[str, str]) -> tuple[list[Device] | None, str]:
+    """The devices a process with environment `env` may give out, and what to tell the user about them: None
+    without nvidia-smi on its PATH (devices are then not counted: replicas get the environment as it is), [] when
+    nvidia-smi fails (GPU replicas wait)."""
+    smi = shutil.which("nvidia-smi", path=env.get("PATH"))
+    if smi is None:
+        return None, ("no nvidia-smi on PATH: GPU replicas are not given devices of their own (each sees "
+                      "CUDA_VISIBLE_DEVICES as set)")
+    try:
+        found = visible(list_devices(smi), env.get("CUDA_VISIBLE_DEVICES"))
+    except GpuListError as err:
+        return [], f"GPUs not listed ({err}): GPU replicas wait for a device"
+    return found, "devices: " + (", ".join(f"{d.id} ({d.product}{' MIG ' + d.mig if d.mig else ''})" for d in found)
+                                 or "none")
+
+
+class DeviceLedger:
+    """Which of one run's holders (replicas, by name) holds which devices; each device given out is also claimed
+    machine-wide (DeviceLocks). `devices` None: devices are not counted, every claim succeeds with none."""
+
+    def __init__(self, devices: list[Device] | None, locks: DeviceLocks) -> None:
+        self.devices = devices
+        self.locks = locks
+        self.held: dict[str, list[Device]] = {}
+
+    def _taken(self) -> set[str]:
+        return {d.id for ds in self.held.values() for d in ds}
+
+    def claim(self, holder: str, want: GpuRequest) -> list[Device] | None:
+        """Devices for `holder`, or None when too few are free (nothing stays claimed then)."""
+        if self.devices is None or want.count <= 0:
+            return []
+        claimed: list[Device] = []
+
+        def lock(d: Device) -> bool:
+            if ok := self.locks.acquire(d):
+                claimed.append(d)
+            return ok
+
+        got = pick(self.devices, self._taken(), want, lock=lock)
+        if got is None:
+            for d in claimed:
+                self.locks.release(d)
+            return None
+        self.held[holder] = got
+        return got
+
+    def release(self, holder: str) -> None:
+        for d in self.held.pop(holder, []):
+            self.locks.release(d)
+
+    def release_all(self) -> None:
+        for holder in list(self.held):
+            self.release(holder)
+
+    def free_for(self, want: GpuRequest) -> bool:
+        """Whether a claim of `want` would succeed now."""
+        return self.devices is None or pick(self.devices, self._taken(), want, lock=self.locks.free) is not None
+
+    def holders(self) -> str:
+        """Who holds what, for a waiting replica's event: this run's holders, then other processes' claims."""
+        mine = ", ".join(f"{h}: {','.join(d.id for d in ds)}" for h, ds in self.held.items())
+        taken = self._taken()
+        elsewhere = [d.id for d in self.devices or [] if d.id not in taken and not self.locks.free(d)]
+        return f"held: {mine or 'none'}; claimed by other llmfleet processes: {','.join(elsewhere) or 'none'}"

@@ -41,7 +41,7 @@ from typing import IO, Any
 
 from llmfleet.api.contracts import COMPONENT_LABEL, INFERENCESERVICE_LABEL, POOL_LABEL, prometheus_label
 from llmfleet.api.inferenceservice import InferenceService, PoolView
-from llmfleet.local.gpus import Device, GpuListError, GpuRequest, device_env, list_devices, pick, visible
+from llmfleet.local.gpus import LOCK_DIR_ENV, DeviceLedger, DeviceLocks, GpuRequest, device_env, discover
 from llmfleet.local.manifest import InvalidManifest, load_service
 from llmfleet.local.run_state import STATE_FILE
 from llmfleet.util.net import free_port
@@ -125,7 +125,11 @@ class Supervisor:
         self.stopping = False
         self.started_at = time.time()
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-        self.devices = self._list_devices()
+        # Devices are listed only when a pool asks for GPUs (gpus.py): CPU-only services never run nvidia-smi.
+        devices, said = discover(self.env) if any(p.resources.gpus > 0 for p in self.pools.values()) else (None, "")
+        if said:
+            self.event(said)
+        self.gpus = DeviceLedger(devices, DeviceLocks(Path(self.env[LOCK_DIR_ENV]) if self.env.get(LOCK_DIR_ENV) else None))
         for p in self.pools.values():
             n = max(p.max_replicas, p.replicas, p.min_replicas)
             self.slots[p.name] = [
@@ -194,50 +198,29 @@ class Supervisor:
     def replica_env(self, r: ReplicaSlot) -> dict[str, str]:
         """The replica's environment: its pool's engine defaults under the supervisor's (the caller's env wins), and
         the devices it holds."""
-        held = [d for d in self.devices or [] if d.id in r.devices]
+        held = self.gpus.held.get(r.name)
         return {**engine_env_defaults(self.isvc, self.pools[r.pool]), **self.env, **(device_env(held) if held else {})}
-
-    def _list_devices(self) -> list[Device] | None:
-        """This machine's GPUs for the pools that ask for some (gpus.py); None when no pool does or nvidia-smi is
-        not installed: replicas then get the environment as it is, as before the devices were counted."""
-        if not any(p.resources.gpus > 0 for p in self.pools.values()):
-            return None
-        smi = shutil.which("nvidia-smi", path=self.env.get("PATH"))
-        if smi is None:
-            self.event("no nvidia-smi on PATH: GPU replicas are not given devices of their own (each sees "
-                       "CUDA_VISIBLE_DEVICES as set)")
-            return None
-        try:
-            found = visible(list_devices(smi), self.env.get("CUDA_VISIBLE_DEVICES"))
-        except GpuListError as err:
-            self.event(f"GPUs not listed ({err}): GPU replicas wait for a device")
-            return []
-        self.event("devices: " + (", ".join(f"{d.id} ({d.product}{' MIG ' + d.mig if d.mig else ''})" for d in found)
-                                  or "none"))
-        return found
 
     def devices_free_for(self, pool: str) -> bool:
         """Whether one more replica of `pool` would get its devices now (always, when devices are not counted)."""
-        want = GpuRequest.of(self.pools[pool].resources)
-        held = {d for s in self.replicas() for d in s.devices}
-        return self.devices is None or pick(self.devices, held, want) is not None
+        return self.gpus.free_for(GpuRequest.of(self.pools[pool].resources))
 
     def _claim_devices(self, r: ReplicaSlot) -> bool:
-        """Give `r` free devices of its pool's kind; False (and one event) when there are too few free."""
+        """Give `r` free devices of its pool's kind (gpus.py); False (and one event) when there are too few free."""
         want = GpuRequest.of(self.pools[r.pool].resources)
-        if self.devices is None or want.count <= 0:
-            return True
-        held = {d for s in self.replicas() for d in s.devices}
-        got = pick(self.devices, held, want)
+        got = self.gpus.claim(r.name, want)
         if got is None:
             reason = f"no free device: {r.pool} asks for {want.describe()}"
             if r.waiting_for != reason:
-                holders = ", ".join(f"{s.name}: {','.join(s.devices)}" for s in self.replicas() if s.devices)
-                self.event(f"replica {r.name} waits: {reason} (held: {holders or 'none'})")
+                self.event(f"replica {r.name} waits: {reason} ({self.gpus.holders()})")
             r.waiting_for = reason
             return False
         r.devices, r.waiting_for = [d.id for d in got], None
         return True
+
+    def _release_devices(self, r: ReplicaSlot) -> None:
+        self.gpus.release(r.name)
+        r.devices = []
 
     def start_replica(self, r: ReplicaSlot) -> None:
         if not self._claim_devices(r):
@@ -364,7 +347,8 @@ class Supervisor:
             for r in rs:
                 code = r.proc.poll() if r.proc is not None else None
                 if r.proc is not None and code is not None:
-                    r.last_exit, r.proc, r.pid, r.ready, r.devices = code, None, None, False, []
+                    r.last_exit, r.proc, r.pid, r.ready = code, None, None, False
+                    self._release_devices(r)
                     if r.stopping or not r.wanted:
                         self.event(f"replica {r.name} stopped (exit {code})")
                         r.stopping = False
@@ -444,7 +428,9 @@ class Supervisor:
                 p.send_signal(signal.SIGTERM)
         await _wait_all(others, 10.0)
         for r in self.replicas():
-            r.proc, r.pid, r.ready, r.devices, r.waiting_for = None, None, False, [], None
+            r.proc, r.pid, r.ready, r.waiting_for = None, None, False, None
+            self._release_devices(r)
+        self.gpus.release_all()
         for fh in self._logs:
             fh.close()
         self.event("stopped")

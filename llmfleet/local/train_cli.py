@@ -23,9 +23,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
+
+if TYPE_CHECKING:
+    from llmfleet.local.gpus import DeviceLedger
 
 
 def _fail(msg: str, code: int = 2) -> typer.Exit:
@@ -123,10 +126,13 @@ def register_train(app: typer.Typer) -> None:
             peak = measure_cpu_peak_tflops()
             env["LLMFLEET_PEAK_TFLOPS"] = f"{peak:.6f}"
             typer.echo(f"MFU is against this CPU's measured fp32 matmul rate: {peak * 1e3:.1f} GFLOP/s")
+        gpus = _claim_gpus(name, n, spec.workers.gpu_type, env) if spec.workers.gpus_per_worker > 0 else None
         try:
             rc = subprocess.call(cmd, env=env)
         finally:
             shutil.rmtree(resolved.parent, ignore_errors=True)
+            if gpus is not None:
+                gpus.release_all()
         if rc != 0:
             raise _fail(f"training exited with status {rc}")
         typer.echo(f"done; status in {Path(spec.checkpoint.uri) / 'status.json'}")
@@ -140,6 +146,26 @@ def register_train(app: typer.Typer) -> None:
                        "(`llmfleet up` applies adapter edits live)")
             return
         _promote_locally(name, spec.output.path, service, pool, run_dir, promote_timeout)
+
+
+def _claim_gpus(job: str, n: int, gpu_type: str | None, env: dict[str, str]) -> DeviceLedger | None:
+    """Claim `n` free whole GPUs of `gpu_type` on this machine for the run (llmfleet.local.gpus: the claims a
+    `llmfleet up` on the same machine respects, and whose GPUs training then keeps away from) and show torchrun
+    only those (`env`). None without nvidia-smi: every process sees every GPU, as before devices were counted."""
+    from llmfleet.local.gpus import DeviceLedger, DeviceLocks, GpuRequest, device_env, discover
+
+    devices, said = discover(env)
+    if devices is None:
+        typer.echo(said)
+        return None
+    ledger = DeviceLedger(devices, DeviceLocks())
+    want = GpuRequest(count=n, gpu_type=gpu_type)
+    got = ledger.claim(job, want)
+    if got is None:
+        raise _fail(f"{want.describe()} wanted, too few free on this machine ({said}; {ledger.holders()})")
+    env.update(device_env(got))
+    typer.echo(f"training on GPU {','.join(d.id for d in got)} (claimed for this run)")
+    return ledger
 
 
 def _promote_locally(job: str, model: str, service: str, pool: str, run_dir: Path | None, timeout_s: float) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -15,7 +16,9 @@ from llmfleet.api import InferenceService
 from llmfleet.api.common import Resources
 from llmfleet.local.actuator import LocalActuator
 from llmfleet.local.gpus import (
+    LOCK_DIR_ENV,
     Device,
+    DeviceLocks,
     GpuListError,
     GpuRequest,
     device_env,
@@ -35,6 +38,12 @@ GPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-7f570000-0000-0000-0000-000000000001)
   MIG 3g.40gb     Device  1: (UUID: MIG-f39aa248-6f1b-5769-b119-8d650bb34b27)
 GPU 2: NVIDIA A100-SXM4-40GB (UUID: GPU-8c7c0000-0000-0000-0000-000000000002)
 """
+
+
+@pytest.fixture(autouse=True)
+def _own_lock_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Device claims of each test in a folder of its own (the default is the machine's)."""
+    monkeypatch.setenv(LOCK_DIR_ENV, str(tmp_path / "locks"))
 
 
 def test_nvidia_smi_list_is_read_with_mig_instances_in_place_of_their_gpu() -> None:
@@ -164,7 +173,7 @@ async def test_each_replica_gets_its_own_device_and_one_without_a_free_device_wa
         assert [r.proc is None for r in primary] == [False, True, True]
         assert primary[1].waiting_for == "no free device: primary asks for 1 whole H100 GPU"
         waits = [m for _, m in sup.events if "waits" in m]
-        assert len(waits) == 2 and waits[0].endswith("(held: primary-0: 0)")
+        assert len(waits) == 2 and waits[0].endswith("(held: primary-0: 0; claimed by other llmfleet processes: none)")
         sup.reconcile()
         assert len([m for _, m in sup.events if "waits" in m]) == 2  # said once per wait, not every tick
         listed = await LocalActuator(sup).list_replicas("primary")
@@ -201,25 +210,71 @@ async def test_a_callers_cuda_visible_devices_and_machines_without_nvidia_smi(tm
     path = f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"
     only_a100 = EnvEchoSupervisor(_service(resources={"gpus": 1}), tmp_path / "a", prometheus=False,
                                   env={"PATH": path, "CUDA_VISIBLE_DEVICES": "2"})
-    assert [d.id for d in only_a100.devices or []] == ["2"]
+    assert [d.id for d in only_a100.gpus.devices or []] == ["2"]
     assert only_a100.devices_free_for("primary") and not only_a100.devices_free_for("student")
 
     # No nvidia-smi: replicas keep the environment as it is (one event says so); CPU-only services never ask.
     bare = EnvEchoSupervisor(_service(), tmp_path / "b", prometheus=False, env={"PATH": str(tmp_path / "empty")})
-    assert bare.devices is None and any("no nvidia-smi" in m for _, m in bare.events)
+    assert bare.gpus.devices is None and any("no nvidia-smi" in m for _, m in bare.events)
     assert bare.devices_free_for("primary")
     cpu = EnvEchoSupervisor(_service(resources={"gpus": 0}, fallback={"pools": []}), tmp_path / "c", prometheus=False,
                             env={"PATH": path})
-    assert cpu.devices is None and not cpu.events
+    assert cpu.gpus.devices is None and not cpu.events
 
     # nvidia-smi that fails: no device is handed out, GPU replicas wait.
     _fake_nvidia_smi(tmp_path / "broken", "No devices were found\n", code=6)
     broken = EnvEchoSupervisor(_service(), tmp_path / "d", prometheus=False,
                                env={"PATH": f"{tmp_path / 'broken'}{os.pathsep}{os.environ.get('PATH', '')}"})
-    assert broken.devices == [] and any("GPUs not listed" in m for _, m in broken.events)
+    assert broken.gpus.devices == [] and any("GPUs not listed" in m for _, m in broken.events)
     assert not broken.devices_free_for("primary")
 
 
 def test_device_ids_are_what_cuda_visible_devices_takes() -> None:
     d = Device(id="MIG-x", gpu=0, gpu_uuid="GPU-y", product="NVIDIA H200", mig="3g.71gb")
     assert device_env([d])["CUDA_VISIBLE_DEVICES"] == "MIG-x"
+
+
+def test_device_locks_hold_across_holders_and_die_with_their_process(tmp_path: Path) -> None:
+    gpu = parse_nvidia_smi_list(NVIDIA_SMI_L)[0]
+    a, b = DeviceLocks(tmp_path / "l"), DeviceLocks(tmp_path / "l")
+    assert a.acquire(gpu) and not a.acquire(gpu) and not b.acquire(gpu) and not b.free(gpu)
+    a.release(gpu)
+    assert b.free(gpu) and b.free(gpu) and b.acquire(gpu)  # free() claims nothing
+    b.release_all()
+    # A process that holds a claim and dies (SIGKILL: no clean-up) lets go of it.
+    code = ("import sys, time; from pathlib import Path; from llmfleet.local.gpus import DeviceLocks, parse_nvidia_smi_list; "
+            f"d = parse_nvidia_smi_list({NVIDIA_SMI_L!r})[0]; assert DeviceLocks(Path(sys.argv[1])).acquire(d); "
+            "print('held', flush=True); time.sleep(60)")
+    holder = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "l")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        assert not a.free(gpu)
+    finally:
+        holder.kill()
+        holder.wait(timeout=10)
+    assert a.acquire(gpu)
+
+
+@pytest.mark.timeout(90)
+async def test_two_runs_on_one_machine_never_share_a_gpu(tmp_path: Path) -> None:
+    """Two `llmfleet up`s (two supervisors, one machine-wide claim folder): the second run's replica waits for the
+    one whole H100 the first holds, names the claim, and gets the GPU once the first run stops."""
+    bin_dir = tmp_path / "bin"
+    _fake_nvidia_smi(bin_dir, NVIDIA_SMI_L)
+    env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    one_h100 = {"replicas": 1, "maxReplicas": 1, "fallback": {"pools": []}}
+    first = EnvEchoSupervisor(_service(**one_h100), tmp_path / "first", prometheus=False, env=env)
+    second = EnvEchoSupervisor(_service(**one_h100), tmp_path / "second", prometheus=False, env=env)
+    try:
+        first.start()
+        assert _shown(first.slots["primary"][0]) == "CVD=0 ORDER=PCI_BUS_ID"
+        second.start()
+        waiting = second.slots["primary"][0]
+        assert waiting.proc is None and not second.devices_free_for("primary")
+        assert any("claimed by other llmfleet processes: 0" in m for _, m in second.events)
+        await first.stop(grace_s=0)
+        second.reconcile()
+        assert _shown(waiting) == "CVD=0 ORDER=PCI_BUS_ID" and waiting.devices == ["0"]
+    finally:
+        await first.stop(grace_s=0)
+        await second.stop(grace_s=0)

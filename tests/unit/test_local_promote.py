@@ -173,7 +173,7 @@ def test_on_a_full_gpu_machine_the_old_replica_goes_before_the_new_one_starts(tm
     smi.chmod(0o755)
     isvc = _isvc().model_copy(deep=True)
     isvc.spec.fallback.pools[0].resources.gpus = 1
-    s = Supervisor(isvc, tmp_path / "run", prometheus=False, env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
+    s = Supervisor(isvc, tmp_path / "run", prometheus=False, env={"PATH": f"{bin_dir}:/usr/bin:/bin", "LLMFLEET_DEVICE_LOCKS": str(tmp_path / "locks")})
     s.replica_command = lambda r: [sys.executable, "-c", "import time; time.sleep(120)"]  # type: ignore[method-assign]
     try:
         follower = _promote(s, "/models/new")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -75,3 +76,38 @@ def test_train_rejects_an_unknown_tiny_model(tmp_path: Path) -> None:
     job.write_text("model: {hidden: 128, heads: 4}\ndata: {path: /x}\ndistillation: {teacher: 'tiny://nope'}\n")
     result = runner.invoke(app, ["train", "-f", str(job)])
     assert result.exit_code == 2 and "unknown tiny model 'tiny://nope'" in result.output
+
+
+def test_train_claims_free_gpus_of_its_type_and_refuses_when_too_few(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """`llmfleet train` on a GPU machine claims its GPUs machine-wide (as `llmfleet up` does) and shows torchrun
+    only those; with too few free it stops with one line naming who holds them."""
+    from llmfleet.local.gpus import LOCK_DIR_ENV, DeviceLocks, parse_nvidia_smi_list
+    from llmfleet.local.train_cli import _claim_gpus
+
+    listing = ("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-00000000-0000-0000-0000-000000000000)\n"
+               "GPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-00000000-0000-0000-0000-000000000001)\n")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text(f"#!/bin/sh\ncat <<'END'\n{listing}END\n")
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv(LOCK_DIR_ENV, str(tmp_path / "locks"))
+    gpu0, gpu1 = parse_nvidia_smi_list(listing)
+
+    env = dict(os.environ)
+    ledger = _claim_gpus("job", 1, "H100", env)
+    assert ledger is not None and env["CUDA_VISIBLE_DEVICES"] == "0" and env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    other = DeviceLocks(tmp_path / "locks")
+    assert not other.free(gpu0) and other.free(gpu1)  # held machine-wide until the run ends
+    ledger.release_all()
+    assert other.free(gpu0)
+
+    assert other.acquire(gpu1)  # e.g. a `llmfleet up` replica
+    job = tmp_path / "job.yaml"
+    job.write_text("model: {hidden: 64, heads: 4, seqLen: 64}\noptimization: {globalBatchTokens: 128}\n"
+                   "data: {path: /x}\nworkers: {count: 1, gpusPerWorker: 2, gpuType: H100}\n")
+    result = runner.invoke(app, ["train", "-f", str(job)])
+    assert result.exit_code == 2, result.output
+    assert "2 whole H100 GPUs wanted, too few free" in result.output
+    assert "claimed by other llmfleet processes: 1" in result.output
