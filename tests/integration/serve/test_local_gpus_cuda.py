@@ -83,3 +83,45 @@ def test_each_replica_gets_a_gpu_of_its_own_and_one_more_waits(tmp_path: Path) -
         assert last.devices == [whole[0].id] and _said(last)[2] == seen[0][2]
     finally:
         asyncio.run(sup.stop(grace_s=0))
+
+
+@pytest.mark.timeout(600)
+def test_llmfleet_train_claims_its_gpu_and_refuses_while_another_run_holds_it(tmp_path: Path) -> None:
+    """`llmfleet train` claims a free GPU machine-wide: while every GPU is claimed (as a `llmfleet up` replica
+    claims it) it stops with one line; once one is free it trains on it."""
+    import json
+    import os
+    import subprocess
+
+    import numpy as np
+    import yaml
+
+    from llmfleet.local.gpus import LOCK_DIR_ENV, DeviceLocks
+
+    assert NVIDIA_SMI is not None
+    whole = [d for d in list_devices(NVIDIA_SMI) if d.mig is None]
+    if not whole:
+        pytest.skip("every GPU here is MIG-partitioned")
+    data = tmp_path / "data"
+    data.mkdir()
+    np.tile(np.arange(1000, dtype=np.uint16), 50).tofile(data / "shard-00000.bin")
+    (data / "manifest.json").write_text(json.dumps({"dtype": "uint16", "vocab": 1024, "eos": 1023, "tokens": 50_000,
+                                                    "shards": [{"file": "shard-00000.bin", "tokens": 50_000}]}))
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump({
+        "model": {"layers": 2, "hidden": 128, "heads": 4, "vocab": 1024, "seqLen": 128},
+        "data": {"path": str(data)}, "workers": {"count": 1, "gpusPerWorker": 1},
+        "optimization": {"globalBatchTokens": 512, "microBatch": 2, "steps": 3, "precision": "bf16"},
+        "checkpoint": {"uri": str(tmp_path / "ckpt"), "interval": 3}}))
+    env = dict(os.environ, **{LOCK_DIR_ENV: str(tmp_path / "locks")})
+    cmd = [sys.executable, "-m", "llmfleet", "train", "-f", str(job)]
+    others = DeviceLocks(tmp_path / "locks")
+    assert all(others.acquire(d) for d in whole)
+    refused = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "too few free" in refused.stderr, refused.stderr[-2000:]
+    others.release(whole[-1])
+    ran = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
+    assert ran.returncode == 0, ran.stderr[-4000:]
+    assert f"training on GPU {whole[-1].id}" in ran.stdout
+    assert json.loads((tmp_path / "ckpt" / "status.json").read_text())["done"]
+    others.release_all()
