@@ -86,7 +86,8 @@ def progress(name: str, done: str, since: float) -> float:
 def static_at_peak(w: Workload, slo_s: float) -> tuple[int, SimResult]:
     """Fewest static replicas with >= 99 % TTFT attainment (llmfleet.sim.oracle.fewest_static: galloping search,
     then bisection), and its run."""
-    return fewest_static(lambda n: run_static(w, n, slo_s), slo_s, target=0.99, upper=MAX_REPLICAS)
+    return fewest_static(lambda n, stop: run_static(w, n, slo_s, stop_below=stop), slo_s, target=0.99,
+                         upper=MAX_REPLICAS)
 
 
 def planner_peak_replicas(w: Workload, slo_s: float, first_minute: bool = False) -> tuple[int, float]:

@@ -87,9 +87,11 @@ def service(policy: str, ttft_slo_s: float, replicas: int, with_student: bool = 
                         target_queue_depth=target_queue_depth, name="bench")
 
 
-def run_static(w: Workload, n: int, slo_s: float, students: int = 0) -> SimResult:
-    """`n` primaries and `students` always-warm student replicas (the router's fallback sends overflow there)."""
-    return simulate_service(w, service("static", slo_s, n, with_student=students > 0, student_warm=students))[0]
+def run_static(w: Workload, n: int, slo_s: float, students: int = 0, stop_below: float | None = None) -> SimResult:
+    """`n` primaries and `students` always-warm student replicas (the router's fallback sends overflow there).
+    `stop_below`: stop once the run cannot reach that attainment (SimConfig.stop_below_attainment)."""
+    return simulate_service(w, service("static", slo_s, n, with_student=students > 0, student_warm=students),
+                            stop_below_attainment=stop_below)[0]
 
 
 def run_policy(w: Workload, policy: str, slo_s: float, initial: int, target_queue_depth: float | None = None,

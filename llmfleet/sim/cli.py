@@ -100,9 +100,9 @@ def _fewest_static(w: Workload, pool: PoolSpec, ttft_slo_s: float, target: float
     from llmfleet.sim.routers import LlmfleetRouter
     from llmfleet.sim.types import SimConfig
 
-    def run(n: int) -> SimResult:
+    def run(n: int, stop_below: float | None) -> SimResult:
         cfg = SimConfig(pools=[replace(pool, replicas=n, min_replicas=n, max_replicas=n)], ttft_slo_s=ttft_slo_s,
-                        seed=seed)
+                        seed=seed, stop_below_attainment=stop_below)
         return simulate(w, cfg, router=LlmfleetRouter(seed=seed))
 
     return fewest_static(run, ttft_slo_s, target=target, upper=upper)

@@ -161,6 +161,9 @@ def _simulate(workload: Workload, cfg: SimConfig, router: SimRouter | str,
     n = len(reqs)
     ns = len(stream)
     i = 0
+    # Misses the run may have and still reach cfg.stop_below_attainment (None: never stop early).
+    miss_budget = None if cfg.stop_below_attainment is None else math.floor((1 - cfg.stop_below_attainment) * n)
+    missed = 0
 
     def ended(req: Request, now: float) -> None:
         """`req` finished or was rejected: send the request that follows it (a client's next turn)."""
@@ -170,6 +173,7 @@ def _simulate(workload: Workload, cfg: SimConfig, router: SimRouter | str,
             push(now + f.think, _SEND, len(held) - 1)
 
     def dispatch(req: Request, now: float) -> None:
+        nonlocal missed
         rep = rt.route(req, fleet, now)
         if rep is None:
             pending.append(req)
@@ -180,6 +184,7 @@ def _simulate(workload: Workload, cfg: SimConfig, router: SimRouter | str,
             ended(req, now)
             return
         if -(-(req.prompt_len + req.output_len) // bs) > rep.total:
+            missed += 1
             rejected.append(req)
             ended(req, now)
             return
@@ -233,7 +238,11 @@ def _simulate(workload: Workload, cfg: SimConfig, router: SimRouter | str,
                 if rep.first_tokens:
                     for r in rep.first_tokens:
                         rt.on_first_token(r, now)
+                        if now - r.arrival > cfg.ttft_slo_s:
+                            missed += 1
                     rep.first_tokens.clear()
+                    if miss_budget is not None and missed > miss_budget:
+                        break  # it cannot reach stop_below_attainment any more
                 for r in done:
                     finished += 1
                     done_window.append(r)
@@ -279,11 +288,18 @@ def _simulate(workload: Workload, cfg: SimConfig, router: SimRouter | str,
             rep.stopped_at = end
     sent = {id(r) for r in held}
     pending += [r for r in follower.values() if id(r) not in sent]  # behind a request that never ran
+    stopped = miss_budget is not None and missed > miss_budget
+    if stopped:  # what had not finished when the run stopped: not arrived, waiting or running
+        accounted = {id(r) for r in pending} | {id(r) for r in rejected}
+        pending += [r for r in reqs if r.finish < 0 and id(r) not in accounted]
+        finished = sum(1 for r in reqs if r.finish >= 0)  # the step it stopped in had finished some
     lost = n - finished - len(rejected) - len(pending)
     if lost:
         raise RuntimeError(f"simulation lost {lost} requests (bug)")
     summary = summarize(reqs, fleet, cfg, t0, end, rejected, pending)
     summary["rejectedContext"] = len(too_long)
+    if stopped:
+        summary["stopped"] = True
     summary["clippedContext"] = clipped
     cfg_dict = {"pools": [{**asdict(p), "model": p.model if isinstance(p.model, str) else p.model.to_wire(),
                            "kvBlocks": fleet.pool_blocks[p.name], "hostKvBlocks": fleet.pool_host[p.name][0],

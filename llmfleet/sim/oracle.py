@@ -50,25 +50,29 @@ def attainment(res: SimResult, ttft_slo_s: float) -> float:
     return ok / max(len(servable), 1)
 
 
-def fewest_static(run: Callable[[int], SimResult], ttft_slo_s: float, *, target: float = 0.99,
+def fewest_static(run: Callable[[int, float | None], SimResult], ttft_slo_s: float, *, target: float = 0.99,
                   upper: int = 64) -> tuple[int, SimResult]:
-    """Fewest static replicas whose run (`run(n)`) meets `target` TTFT attainment, and that run; `upper` if none
-    up to it does (its run then says by how much it misses). Attainment grows with replicas, so a galloping search
-    (1, 2, 4, ... until one meets the target, then bisection below it): small fleets simulate much faster than the
-    upper bound, so this is cheaper than bisecting [1, upper]."""
+    """Fewest static replicas whose run (`run(n, stop_below)`) meets `target` TTFT attainment, and that run;
+    `upper` if none up to it does (its run then says by how much it misses). Attainment grows with replicas, so a
+    galloping search (1, 2, 4, ... until one meets the target, then bisection below it): small fleets simulate much
+    faster than the upper bound, so this is cheaper than bisecting [1, upper].
+
+    `stop_below` is for SimConfig.stop_below_attainment: the search passes the target (a run that meets it never
+    stops early, and one that cannot is only asked whether it does), and None for the run at `upper`, which it may
+    return whole though it misses."""
     if upper < 1:
         raise ValueError(f"the upper bound must be >= 1 replica, got {upper}")
     if not 0 < target <= 1:
         raise ValueError(f"the target must be within (0, 1], got {target:g}")
     lo, hi = 1, 1
     while True:
-        best = run(hi)
+        best = run(hi, None if hi >= upper else target)
         if attainment(best, ttft_slo_s) >= target or hi >= upper:
             break
         lo, hi = hi + 1, min(2 * hi, upper)
     while lo < hi:
         mid = (lo + hi) // 2
-        res = run(mid)
+        res = run(mid, target)
         if attainment(res, ttft_slo_s) >= target:
             hi, best = mid, res
         else:
@@ -77,12 +81,14 @@ def fewest_static(run: Callable[[int], SimResult], ttft_slo_s: float, *, target:
 
 
 def replay_schedule(workload: Workload, pool: PoolSpec, schedule: tuple[int, ...], ttft_slo_s: float,
-                    window_s: float, router: Callable[[], SimRouter], instant: bool = False) -> SimResult:
+                    window_s: float, router: Callable[[], SimRouter], instant: bool = False,
+                    stop_below: float | None = None) -> SimResult:
     """Replay `workload` with `pool` held at schedule[i] replicas (ready or starting) in window i.
 
     The schedule is applied through the simulator's autoscaler hook, so a scale-up pays the pool's cold start
     and a scale-in drains replicas (finishing what they run) exactly as under a real policy; `instant` makes
     new replicas ready at once. Knowing the future, the search starts replicas one cold start early itself.
+    `stop_below`: SimConfig.stop_below_attainment (the descent's trials only ask whether they meet the target).
     """
     if not schedule or min(schedule) < 1:
         raise ValueError("a schedule needs at least one window and at least one replica in every window")
@@ -99,7 +105,8 @@ def replay_schedule(workload: Workload, pool: PoolSpec, schedule: tuple[int, ...
         return {spec.name: at(now)}
 
     # Ticks every 15 s or at the window, whichever is finer, so every window boundary is acted on.
-    cfg = SimConfig(pools=[spec], ttft_slo_s=ttft_slo_s, autoscale_interval_s=min(15.0, window_s))
+    cfg = SimConfig(pools=[spec], ttft_slo_s=ttft_slo_s, autoscale_interval_s=min(15.0, window_s),
+                    stop_below_attainment=stop_below)
     return simulate(workload, cfg, router=router(), autoscaler=hook)
 
 
@@ -147,7 +154,7 @@ def _descend(workload: Workload, pool: PoolSpec, ttft_slo_s: float, start_replic
             # it) was tried and ends in worse schedules, since it takes margin the neighbouring windows need.
             trial = schedule.copy()
             trial[i] -= 1
-            res = replay_schedule(workload, pool, tuple(trial), ttft_slo_s, window_s, router, instant)
+            res = replay_schedule(workload, pool, tuple(trial), ttft_slo_s, window_s, router, instant, stop_below=target)
             runs += 1
             att, gpu = attainment(res, ttft_slo_s), float(res.summary["gpuSeconds"])
             # Strictly cheaper only: a drain that outlasts its window can make a lowering change nothing.

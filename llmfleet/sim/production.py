@@ -82,10 +82,11 @@ def pool_specs(isvc: InferenceService, cold_start_s: Mapping[str, float] | None 
 def simulate_service(w: Workload, isvc: InferenceService, *, seed: int = 0,
                      cold_start_s: Mapping[str, float] | None = None,
                      scale_in: Literal["cache-aware", "least-loaded"] = "cache-aware",
-                     context_overflow: Literal["reject", "clip"] = "reject") -> tuple[SimResult, PolicyHook | None]:
+                     context_overflow: Literal["reject", "clip"] = "reject",
+                     stop_below_attainment: float | None = None) -> tuple[SimResult, PolicyHook | None]:
     """Replay `w` on the service's pools with the production router, fallback and (unless the policy is `static`)
-    the production autoscaler. `seed` breaks the router's ties. Returns the result and the policy hook (its
-    timeline of decisions), None for `static`."""
+    the production autoscaler. `seed` breaks the router's ties; `stop_below_attainment` as in SimConfig. Returns
+    the result and the policy hook (its timeline of decisions), None for `static`."""
     auto = isvc.spec.autoscaling
     hook = None
     if auto.policy != "static":
@@ -93,7 +94,8 @@ def simulate_service(w: Workload, isvc: InferenceService, *, seed: int = 0,
     cfg = SimConfig(pools=pool_specs(isvc, cold_start_s), ttft_slo_s=isvc.spec.slo.ttft_p95_ms / 1e3,
                     tpot_slo_s=isvc.spec.slo.tpot_p95_ms / 1e3, autoscale_interval_s=auto.interval_seconds,
                     autoscale_on_burst=wakes_on_burst(isvc),
-                    scale_in=scale_in, seed=seed, context_overflow=context_overflow)
+                    scale_in=scale_in, seed=seed, context_overflow=context_overflow,
+                    stop_below_attainment=stop_below_attainment)
     rc = router_config_from_service(isvc, endpoints={})  # the production mapping of spec.router and spec.fallback
     router = LlmfleetRouter(weights=dict(isvc.spec.router.scorers), fallback=rc.fallback, seed=seed,
                             measure_prefill_rate=rc.measure_prefill_rate, sole_holder_discount=rc.sole_holder_discount)

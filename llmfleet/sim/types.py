@@ -121,6 +121,12 @@ class SimConfig:
     # in the summary's `rejected`), or "clip" it before the run: the prompt keeps its head, cut to the primary's
     # context minus the output (the output to the context minus one token).
     context_overflow: Literal["reject", "clip"] = "reject"
+    # Stop the run once it can no longer reach this TTFT attainment: more requests have missed (first token later
+    # than ttft_slo_s, or refused for lack of KV blocks) than (1 - it) of all requests, so fewer than it of any
+    # subset, the servable requests included, can be in time. For searches that only ask whether a run meets a
+    # target (oracle.fewest_static, the hindsight descent): a fleet too small for the traffic is told by its first
+    # misses instead of a full replay. The summary then says `stopped`; unfinished requests count as misses.
+    stop_below_attainment: float | None = None
 
 
 # The simulator hands the autoscaler hook the production policy's own signal type, so a policy runs here

@@ -241,3 +241,27 @@ def test_closed_loop_turn_is_sent_its_think_time_after_the_previous_one_ends() -
     bad = [Request(0, 0.0, 8, 1), Request(1, 0.0, 8, 1, after=1)]
     with pytest.raises(ValueError, match="earlier request"):
         simulate(Workload("bad", bad, block_size=4), SimConfig(pools=[pool]))
+
+
+def test_a_run_stops_once_it_cannot_reach_the_attainment_it_was_asked_for() -> None:
+    """stop_below_attainment: a fleet too small stops at its first misses past the budget (its attainment stays
+    below the target, unfinished requests counted as misses); a fleet that meets the target runs exactly as
+    without it."""
+    from llmfleet.sim.oracle import attainment
+
+    w = synthetic(SyntheticSpec(duration_s=300, rate_rps=20, seed=5))
+    small, big = SimConfig(pools=[PoolSpec(replicas=1)], ttft_slo_s=1.0), SimConfig(pools=[PoolSpec(replicas=8)],
+                                                                                     ttft_slo_s=1.0)
+    whole = simulate(w, small, router="llmfleet")
+    assert attainment(whole, 1.0) < 0.99 and "stopped" not in whole.summary
+    cut = simulate(w, SimConfig(pools=[PoolSpec(replicas=1)], ttft_slo_s=1.0, stop_below_attainment=0.99),
+                   router="llmfleet")
+    assert cut.summary["stopped"] and attainment(cut, 1.0) < 0.99
+    finished = sum(1 for r in cut.records if r["e2e"] is not None)
+    assert finished < sum(1 for r in whole.records if r["e2e"] is not None)  # it stopped before the end
+    missed = sum(1 for r in cut.records if r["ttft"] is None or r["ttft"] > 1.0)
+    assert missed > 0.01 * len(w.requests) and len(cut.records) == len(w.requests)  # nothing lost
+    full = simulate(w, big, router="llmfleet")
+    asked = simulate(w, SimConfig(pools=[PoolSpec(replicas=8)], ttft_slo_s=1.0, stop_below_attainment=0.99),
+                     router="llmfleet")
+    assert attainment(full, 1.0) >= 0.99 and asked.records == full.records and asked.summary == full.summary

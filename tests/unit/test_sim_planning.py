@@ -102,11 +102,14 @@ def test_reuse_plans_the_smallest_fleet_consistent_with_its_own_cache() -> None:
         plan_workload(plain, M, G, ttft_slo_s=1.0, tpot_slo_s=0.1).plan.replicas
 
 
-def _fake_run(needed: int, calls: list[int]) -> Callable[[int], SimResult]:
+def _fake_run(needed: int, calls: list[int], stops: list[float | None] | None = None
+              ) -> Callable[[int, float | None], SimResult]:
     """A fleet of n replicas serves n of `needed` requests' worth within the SLO (attainment n / needed, capped)."""
 
-    def run(n: int) -> SimResult:
+    def run(n: int, stop_below: float | None) -> SimResult:
         calls.append(n)
+        if stops is not None:
+            stops.append(stop_below)
         ok = min(n, needed)
         records = [{"ttft": 0.1 if i < ok * 100 else 5.0, "rejected": None} for i in range(needed * 100)]
         return SimResult("w", "r", records, [], [], {}, {})
@@ -124,8 +127,13 @@ def test_fewest_static_finds_the_smallest_fleet_meeting_the_target(needed: int) 
 
 
 def test_fewest_static_stops_at_its_upper_bound_and_refuses_bad_input() -> None:
-    n, res = fewest_static(_fake_run(100, []), 1.0, target=1.0, upper=10)
+    calls: list[int] = []
+    stops: list[float | None] = []
+    n, res = fewest_static(_fake_run(100, calls, stops), 1.0, target=1.0, upper=10)
     assert n == 10 and attainment(res, 1.0) == pytest.approx(0.1)
+    # Every run may stop once it cannot meet the target, but the one at the bound, returned whole as it misses.
+    assert [s for c, s in zip(calls, stops, strict=True) if c < 10] == [1.0] * (len(calls) - 1)
+    assert stops[calls.index(10)] is None
     with pytest.raises(ValueError, match="upper"):
         fewest_static(_fake_run(1, []), 1.0, upper=0)
     with pytest.raises(ValueError, match="target"):
