@@ -66,6 +66,12 @@ def register(app: typer.Typer) -> None:
         if store is not None and store.url_secret_ref is not None and not os.environ.get(STORE_URL_ENV):
             raise _fail(f"llmfleet up: spec.featureStore.urlSecretRef: no Kubernetes Secret here; set {STORE_URL_ENV} "
                         "to the store's URL (or use spec.featureStore.url without a password and PGPASSWORD)")
+        if any(p.resources.gpus > 0 for p in isvc.pools()):
+            from llmfleet.local.gpus import device_kind_problems, machine_ledger
+
+            ledger, said = machine_ledger(os.environ)
+            if problems := device_kind_problems(ledger.devices, isvc.pools()):
+                raise _fail(f"llmfleet up: {problems[0]}" + ("" if ledger.devices else f" ({said})"))
         rdir = (run_dir or run_dir_for(isvc.metadata.name)).resolve()
         old = read_state(rdir)
         if old and pid_alive(old.get("supervisorPid")):

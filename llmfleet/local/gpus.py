@@ -22,15 +22,18 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from llmfleet.api.common import Resources
+from llmfleet.api.inferenceservice import PoolView
 from llmfleet.plan.hardware import gpu_products
 
 LOCK_DIR_ENV = "LLMFLEET_DEVICE_LOCKS"
-NVIDIA_SMI_TIMEOUT_S = 15.0  # nvidia-smi answers in well under a second; a hung driver must not hang `llmfleet up`
+NVIDIA_SMI_TIMEOUT_S = 15.0
+BUSY_TTL_S = 5.0  # how long one `nvidia-smi --query-compute-apps` answer stands for  # nvidia-smi answers in well under a second; a hung driver must not hang `llmfleet up`
 _GPU_LINE = re.compile(r"^GPU (?P<index>\d+): (?P<product>.+?) \(UUID: (?P<uuid>[^)]+)\)\s*$")
 _MIG_LINE = re.compile(r"^\s+MIG (?P<profile>\S+)\s+Device\s+(?P<index>\d+): \(UUID: (?P<uuid>[^)]+)\)\s*$")
 
@@ -211,33 +214,83 @@ def device_env(devices: Iterable[Device]) -> dict[str, str]:
     return {"CUDA_VISIBLE_DEVICES": ",".join(d.id for d in devices), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
 
-def discover(env: Mapping[str, str]) -> tuple[list[Device] | None, str]:
-    """The devices a process with environment `env` may give out, and what to tell the user about them: None
-    without nvidia-smi on its PATH (devices are then not counted: replicas get the environment as it is), [] when
-    nvidia-smi fails (GPU replicas wait)."""
+def device_kind_problems(devices: list[Device] | None, pools: Iterable[PoolView]) -> list[str]:
+    """The GPU pools whose replica no device of this machine could ever fit (its GPU type, MIG profile or count is
+    not here): `llmfleet up` stops on them at once rather than leave replicas waiting for good. None: devices are
+    not counted (no nvidia-smi), nothing to say."""
+    if devices is None:
+        return []
+    problems = []
+    for pool in pools:
+        want = GpuRequest.of(pool.resources)
+        if want.count > 0 and pick(devices, (), want) is None:
+            have = ", ".join(f"{d.id} ({d.product}{' MIG ' + d.mig if d.mig else ''})" for d in devices) or "none"
+            problems.append(f"{pool.field_path}.resources: a replica asks for {want.describe()}, and this machine has "
+                            f"no such device (devices: {have})")
+    return problems
+
+
+def compute_apps(nvidia_smi: str, timeout_s: float = NVIDIA_SMI_TIMEOUT_S) -> dict[str, list[int]]:
+    """GPU UUID -> the pids of the compute processes on it (`nvidia-smi --query-compute-apps=gpu_uuid,pid`); {}
+    when nvidia-smi cannot say, so that no device is held back on a guess."""
+    try:
+        out = subprocess.run([nvidia_smi, "--query-compute-apps=gpu_uuid,pid", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=timeout_s, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    apps: dict[str, list[int]] = {}
+    for line in out.stdout.splitlines() if out.returncode == 0 else []:
+        uuid, _, pid = (x.strip() for x in line.partition(","))
+        if uuid.startswith("GPU-") and pid.isdigit():
+            apps.setdefault(uuid, []).append(int(pid))
+    return apps
+
+
+def machine_ledger(env: Mapping[str, str]) -> tuple[DeviceLedger, str]:
+    """The ledger of the devices a process with environment `env` may give out, and what to tell the user about
+    them. Its devices are None without nvidia-smi on the PATH (not counted: replicas get the environment as it is),
+    [] when nvidia-smi fails (GPU replicas wait). Claims go to `$LLMFLEET_DEVICE_LOCKS` (DeviceLocks)."""
+    locks = DeviceLocks(Path(env[LOCK_DIR_ENV]) if env.get(LOCK_DIR_ENV) else None)
     smi = shutil.which("nvidia-smi", path=env.get("PATH"))
     if smi is None:
-        return None, ("no nvidia-smi on PATH: GPU replicas are not given devices of their own (each sees "
-                      "CUDA_VISIBLE_DEVICES as set)")
+        return DeviceLedger(None, locks), ("no nvidia-smi on PATH: GPU replicas are not given devices of their own "
+                                           "(each sees CUDA_VISIBLE_DEVICES as set)")
     try:
         found = visible(list_devices(smi), env.get("CUDA_VISIBLE_DEVICES"))
     except GpuListError as err:
-        return [], f"GPUs not listed ({err}): GPU replicas wait for a device"
-    return found, "devices: " + (", ".join(f"{d.id} ({d.product}{' MIG ' + d.mig if d.mig else ''})" for d in found)
-                                 or "none")
+        return DeviceLedger([], locks), f"GPUs not listed ({err}): GPU replicas wait for a device"
+    said = ", ".join(f"{d.id} ({d.product}{' MIG ' + d.mig if d.mig else ''})" for d in found)
+    return DeviceLedger(found, locks, nvidia_smi=smi), f"devices: {said or 'none'}"
 
 
 class DeviceLedger:
     """Which of one run's holders (replicas, by name) holds which devices; each device given out is also claimed
-    machine-wide (DeviceLocks). `devices` None: devices are not counted, every claim succeeds with none."""
+    machine-wide (DeviceLocks). `devices` None: devices are not counted, every claim succeeds with none.
 
-    def __init__(self, devices: list[Device] | None, locks: DeviceLocks) -> None:
+    With `nvidia_smi`, a whole GPU that another program computes on (a notebook, a process not llmfleet's: it holds
+    no claim) is not given out either: vLLM there would find its memory taken. Asked at most every BUSY_TTL_S
+    seconds, and only when a claim gets that far. MIG instances are not checked: nvidia-smi names their processes
+    by the parent GPU."""
+
+    def __init__(self, devices: list[Device] | None, locks: DeviceLocks, nvidia_smi: str | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.devices = devices
         self.locks = locks
         self.held: dict[str, list[Device]] = {}
+        self._smi, self._clock = nvidia_smi, clock
+        self._apps: tuple[float, dict[str, list[int]]] | None = None
 
     def _taken(self) -> set[str]:
         return {d.id for ds in self.held.values() for d in ds}
+
+    def _foreign(self, d: Device) -> list[int]:
+        """The pids computing on whole GPU `d` (none for a MIG instance, or without nvidia-smi)."""
+        if self._smi is None or d.mig is not None:
+            return []
+        now = self._clock()
+        if self._apps is None or now - self._apps[0] > BUSY_TTL_S:
+            self._apps = (now, compute_apps(self._smi))
+        return self._apps[1].get(d.gpu_uuid, [])
 
     def claim(self, holder: str, want: GpuRequest) -> list[Device] | None:
         """Devices for `holder`, or None when too few are free (nothing stays claimed then)."""
@@ -247,6 +300,9 @@ class DeviceLedger:
 
         def lock(d: Device) -> bool:
             if ok := self.locks.acquire(d):
+                if self._foreign(d):  # claimed by no one, but computed on: not free
+                    self.locks.release(d)
+                    return False
                 claimed.append(d)
             return ok
 
@@ -259,8 +315,11 @@ class DeviceLedger:
         return got
 
     def release(self, holder: str) -> None:
+        """Let go of `holder`'s devices (its process has exited): the next claim asks nvidia-smi afresh, as the
+        last answer may still show that process on them."""
         for d in self.held.pop(holder, []):
             self.locks.release(d)
+            self._apps = None
 
     def release_all(self) -> None:
         for holder in list(self.held):
@@ -268,11 +327,17 @@ class DeviceLedger:
 
     def free_for(self, want: GpuRequest) -> bool:
         """Whether a claim of `want` would succeed now."""
-        return self.devices is None or pick(self.devices, self._taken(), want, lock=self.locks.free) is not None
+        if self.devices is None:
+            return True
+        return pick(self.devices, self._taken(), want, lock=lambda d: self.locks.free(d) and not self._foreign(d)) is not None
 
     def holders(self) -> str:
-        """Who holds what, for a waiting replica's event: this run's holders, then other processes' claims."""
+        """Who holds what, for a waiting replica's event: this run's holders, other llmfleet processes' claims,
+        and GPUs other programs compute on."""
         mine = ", ".join(f"{h}: {','.join(d.id for d in ds)}" for h, ds in self.held.items())
         taken = self._taken()
         elsewhere = [d.id for d in self.devices or [] if d.id not in taken and not self.locks.free(d)]
-        return f"held: {mine or 'none'}; claimed by other llmfleet processes: {','.join(elsewhere) or 'none'}"
+        others = [f"{d.id} (pid {','.join(map(str, pids))})" for d in self.devices or []
+                  if d.id not in taken and d.id not in elsewhere and (pids := self._foreign(d))]
+        said = f"held: {mine or 'none'}; claimed by other llmfleet processes: {','.join(elsewhere) or 'none'}"
+        return said + (f"; in use by other programs: {', '.join(others)}" if others else "")

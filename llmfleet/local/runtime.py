@@ -41,7 +41,7 @@ from typing import IO, Any
 
 from llmfleet.api.contracts import COMPONENT_LABEL, INFERENCESERVICE_LABEL, POOL_LABEL, prometheus_label
 from llmfleet.api.inferenceservice import InferenceService, PoolView
-from llmfleet.local.gpus import LOCK_DIR_ENV, DeviceLedger, DeviceLocks, GpuRequest, device_env, discover
+from llmfleet.local.gpus import DeviceLedger, DeviceLocks, GpuRequest, device_env, machine_ledger
 from llmfleet.local.manifest import InvalidManifest, load_service
 from llmfleet.local.run_state import STATE_FILE
 from llmfleet.util.net import free_port
@@ -126,10 +126,11 @@ class Supervisor:
         self.started_at = time.time()
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)
         # Devices are listed only when a pool asks for GPUs (gpus.py): CPU-only services never run nvidia-smi.
-        devices, said = discover(self.env) if any(p.resources.gpus > 0 for p in self.pools.values()) else (None, "")
-        if said:
+        if any(p.resources.gpus > 0 for p in self.pools.values()):
+            self.gpus, said = machine_ledger(self.env)
             self.event(said)
-        self.gpus = DeviceLedger(devices, DeviceLocks(Path(self.env[LOCK_DIR_ENV]) if self.env.get(LOCK_DIR_ENV) else None))
+        else:
+            self.gpus = DeviceLedger(None, DeviceLocks())
         for p in self.pools.values():
             n = max(p.max_replicas, p.replicas, p.min_replicas)
             self.slots[p.name] = [

@@ -152,13 +152,12 @@ def _claim_gpus(job: str, n: int, gpu_type: str | None, env: dict[str, str]) -> 
     """Claim `n` free whole GPUs of `gpu_type` on this machine for the run (llmfleet.local.gpus: the claims a
     `llmfleet up` on the same machine respects, and whose GPUs training then keeps away from) and show torchrun
     only those (`env`). None without nvidia-smi: every process sees every GPU, as before devices were counted."""
-    from llmfleet.local.gpus import DeviceLedger, DeviceLocks, GpuRequest, device_env, discover
+    from llmfleet.local.gpus import GpuRequest, device_env, machine_ledger
 
-    devices, said = discover(env)
-    if devices is None:
+    ledger, said = machine_ledger(env)
+    if ledger.devices is None:
         typer.echo(said)
         return None
-    ledger = DeviceLedger(devices, DeviceLocks())
     want = GpuRequest(count=n, gpu_type=gpu_type)
     got = ledger.claim(job, want)
     if got is None:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from llmfleet.api import InferenceService
 from llmfleet.api.common import Resources
@@ -96,11 +97,16 @@ def test_a_callers_cuda_visible_devices_limits_the_devices() -> None:
     assert device_env([ds[0], ds[3]]) == {"CUDA_VISIBLE_DEVICES": "0,2", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
 
-def _fake_nvidia_smi(bin_dir: Path, text: str, code: int = 0) -> Path:
+def _fake_nvidia_smi(bin_dir: Path, text: str, code: int = 0, apps: str = "") -> Path:
+    """A stand-in nvidia-smi: `-L` prints `text`, `--query-compute-apps=...` prints `apps` (rewrite
+    bin_dir/apps.txt to change it); both exit `code`. Every call is appended to bin_dir/calls.txt."""
     bin_dir.mkdir(parents=True, exist_ok=True)
     (bin_dir / "listing.txt").write_text(text)
+    (bin_dir / "apps.txt").write_text(apps)
     smi = bin_dir / "nvidia-smi"
-    smi.write_text(f"#!/bin/sh\ncat '{bin_dir / 'listing.txt'}'\nexit {code}\n")
+    smi.write_text(f"#!/bin/sh\necho \"$1\" >> '{bin_dir / 'calls.txt'}'\n"
+                   f"case \"$1\" in --query-compute-apps*) cat '{bin_dir / 'apps.txt'}' ;; *) cat '{bin_dir / 'listing.txt'}' ;; "
+                   f"esac\nexit {code}\n")
     smi.chmod(0o755)
     return smi
 
@@ -278,3 +284,66 @@ async def test_two_runs_on_one_machine_never_share_a_gpu(tmp_path: Path) -> None
     finally:
         await first.stop(grace_s=0)
         await second.stop(grace_s=0)
+
+
+def test_a_gpu_another_program_computes_on_is_not_given_out(tmp_path: Path) -> None:
+    """A whole GPU that no llmfleet process claimed but a notebook computes on: vLLM there would find its memory
+    taken, so a claim skips it (the next GPU of the kind, or a wait that names the pid); the answer is asked again
+    only after BUSY_TTL_S."""
+    from llmfleet.local.gpus import BUSY_TTL_S, DeviceLedger, compute_apps
+
+    two_h100 = NVIDIA_SMI_L.replace("GPU 2: NVIDIA A100-SXM4-40GB", "GPU 2: NVIDIA H100 80GB HBM3")
+    smi = _fake_nvidia_smi(tmp_path / "bin", two_h100, apps="GPU-5b1d0000-0000-0000-0000-000000000000, 4242\n")
+    assert compute_apps(str(smi)) == {"GPU-5b1d0000-0000-0000-0000-000000000000": [4242]}
+    now = [0.0]
+    ledger = DeviceLedger(parse_nvidia_smi_list(two_h100), DeviceLocks(tmp_path / "locks"), nvidia_smi=str(smi),
+                          clock=lambda: now[0])
+    h100 = GpuRequest(count=1, gpu_type="H100")
+    got = ledger.claim("a", h100)
+    assert got is not None and [d.id for d in got] == ["2"]  # GPU 0 is computed on
+    assert ledger.claim("b", h100) is None and not ledger.free_for(h100)
+    assert ledger.holders().endswith("in use by other programs: 0 (pid 4242)")
+    (tmp_path / "bin" / "apps.txt").write_text("")  # the notebook exits
+    assert ledger.claim("b", h100) is None  # the last answer still stands ...
+    now[0] += BUSY_TTL_S + 1
+    got = ledger.claim("b", h100)
+    assert got is not None and [d.id for d in got] == ["0"]  # ... until it is asked again
+    queries = [c for c in (tmp_path / "bin" / "calls.txt").read_text().split() if c.startswith("--query")]
+    assert len(queries) == 3  # compute_apps above, then the ledger twice
+    # A MIG instance is not checked (nvidia-smi names its processes by the parent GPU), nor without nvidia-smi.
+    blind = DeviceLedger(parse_nvidia_smi_list(two_h100), DeviceLocks(tmp_path / "other"))
+    assert [d.id for d in blind.claim("a", h100) or []] == ["0"]
+
+
+def test_llmfleet_up_stops_at_once_on_a_gpu_no_device_here_could_fit(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pool of a GPU type, MIG profile or count this machine does not have would wait for good: `llmfleet up`
+    says so in one line (the field, what it asks, the devices here) and exits 2."""
+    from typer.testing import CliRunner
+
+    from llmfleet.cli.main import app
+    from llmfleet.local.gpus import device_kind_problems
+
+    _fake_nvidia_smi(tmp_path / "bin", NVIDIA_SMI_L)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    devices = parse_nvidia_smi_list(NVIDIA_SMI_L)
+    assert device_kind_problems(devices, _service().pools()) == []  # an H100 whole, a 3g.40gb instance: both here
+    assert device_kind_problems(None, _service(resources={"gpus": 1, "gpuType": "H200"}).pools()) == []
+    manifest = tmp_path / "isvc.yaml"
+    (tmp_path / "model").mkdir()
+    h200 = _service(model={"path": str(tmp_path / "model")}, resources={"gpus": 1, "gpuType": "H200"},
+                    fallback={"pools": []})
+    manifest.write_text(yaml.safe_dump(h200.to_wire()))
+    result = CliRunner().invoke(app, ["up", "-f", str(manifest), "--run-dir", str(tmp_path / "run")])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip() == (
+        "llmfleet up: spec.resources: a replica asks for 1 whole H200 GPU, and this machine has no such device "
+        "(devices: 0 (NVIDIA H100 80GB HBM3), MIG-377e0049-554c-540b-93c6-d0976f8426cb (NVIDIA H100 80GB HBM3 MIG "
+        "3g.40gb), MIG-f39aa248-6f1b-5769-b119-8d650bb34b27 (NVIDIA H100 80GB HBM3 MIG 3g.40gb), 2 (NVIDIA "
+        "A100-SXM4-40GB))")
+    two = _service(resources={"gpus": 2, "gpuType": "H100"}, vllm={"tensorParallelSize": 2})
+    assert "asks for 2 whole H100 GPUs" in device_kind_problems(devices, two.pools())[0]
+    mig = _service(fallback={"pools": [{"name": "student", "model": {"path": "/s"}, "maxReplicas": 1,
+                                        "resources": {"gpus": 1, "gpuType": "H100", "migProfile": "1g.10gb"}}]})
+    assert device_kind_problems(devices, mig.pools())[0].startswith("spec.fallback.pools[name=student].resources: a replica "
+                                                                     "asks for a MIG 1g.10gb instance")

@@ -125,3 +125,44 @@ def test_llmfleet_train_claims_its_gpu_and_refuses_while_another_run_holds_it(tm
     assert f"training on GPU {whole[-1].id}" in ran.stdout
     assert json.loads((tmp_path / "ckpt" / "status.json").read_text())["done"]
     others.release_all()
+
+
+@pytest.mark.timeout(300)
+def test_a_gpu_another_program_computes_on_is_not_given_out(tmp_path: Path) -> None:
+    """A program that is not llmfleet's (no claim) computes on every whole GPU: a replica waits and its event names
+    the program's pid; once the program exits, the replica starts."""
+    import os
+    import subprocess
+
+    from llmfleet.local.gpus import BUSY_TTL_S, LOCK_DIR_ENV
+
+    assert NVIDIA_SMI is not None
+    whole = [d for d in list_devices(NVIDIA_SMI) if d.mig is None]
+    if not whole:
+        pytest.skip("every GPU here is MIG-partitioned")
+    hog = ("import sys, time, torch; xs = [torch.ones(1, device=f'cuda:{i}') for i in range(torch.cuda.device_count())]; "
+           "torch.cuda.synchronize(); print('up', flush=True); time.sleep(300)")
+    notebook = subprocess.Popen([sys.executable, "-c", hog], stdout=subprocess.PIPE, text=True,
+                                env=dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(d.id for d in whole),
+                                         CUDA_DEVICE_ORDER="PCI_BUS_ID"))
+    isvc = InferenceService.model_validate({
+        "apiVersion": "llmfleet.io/v1alpha1", "kind": "InferenceService", "metadata": {"name": "busy"},
+        "spec": {"model": {"path": "/m"}, "replicas": 1, "maxReplicas": 1, "drainSeconds": 1,
+                 "resources": {"gpus": 1}}})
+    sup = StandInSupervisor(isvc, tmp_path, prometheus=False, env={LOCK_DIR_ENV: str(tmp_path / "locks")})
+    try:
+        assert notebook.stdout is not None and notebook.stdout.readline().strip() == "up"
+        sup.start()
+        (replica,) = sup.slots["primary"]
+        assert replica.proc is None, "a GPU a program computes on was given out"
+        assert any(f"pid {notebook.pid}" in m or "in use by other programs" in m for _, m in sup.events), sup.events
+        notebook.kill()
+        notebook.wait(timeout=30)
+        deadline = time.monotonic() + BUSY_TTL_S + 30
+        while replica.proc is None and time.monotonic() < deadline:
+            sup.reconcile()
+            time.sleep(0.5)
+        assert replica.proc is not None and _said(replica)[0] == whole[0].id
+    finally:
+        notebook.kill()
+        asyncio.run(sup.stop(grace_s=0))
