@@ -101,6 +101,46 @@ NODE_SELECTOR_DESCRIPTION = (
     "(NVIDIA GPU feature discovery's nvidia.com/gpu.product label, every product name of the type): for clusters "
     "that label GPU nodes otherwise (GKE: cloud.google.com/gke-accelerator: nvidia-h100-80gb). gpuType still sets "
     "the GPU the planner and MFU use. `llmfleet up` ignores it.")
+TOLERATIONS_DESCRIPTION = (
+    "Pod tolerations beside the nvidia.com/gpu one GPU pods always get: for GPU nodes tainted otherwise (e.g. "
+    "dedicated=gpu:NoSchedule). Kubernetes core/v1 Toleration fields. `llmfleet up` ignores them.")
+TOLERATION_VALUE_NEEDS_EQUAL = "a toleration with operator Exists takes no value"
+TOLERATION_EMPTY_KEY_NEEDS_EXISTS = "a toleration without a key must have operator Exists (it tolerates every taint)"
+TOLERATION_SECONDS_NEED_NO_EXECUTE = "tolerationSeconds is for effect NoExecute only"
+
+
+class Toleration(ApiModel):
+    """A pod toleration (Kubernetes core/v1 Toleration): lets the pods onto nodes with a matching taint."""
+
+    model_config = cel_rules(
+        ("self.operator != 'Exists' || !has(self.value) || self.value == ''", TOLERATION_VALUE_NEEDS_EQUAL),
+        ("(has(self.key) && self.key != '') || self.operator == 'Exists'", TOLERATION_EMPTY_KEY_NEEDS_EXISTS),
+        ("!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
+         TOLERATION_SECONDS_NEED_NO_EXECUTE),
+    )
+
+    key: str | None = Field(default=None, max_length=LABEL_KEY_MAX, pattern=LABEL_KEY_PATTERN,
+                            description="Taint key (a label key); without one, operator Exists tolerates every taint.")
+    operator: Literal["Equal", "Exists"] = Field(default="Equal", description="Equal: the taint's value is `value`; "
+                                                 "Exists: any value.")
+    value: str | None = Field(default=None, max_length=63, pattern=LABEL_VALUE_PATTERN,
+                              description="Taint value (operator Equal).")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="Taint effect; without one, every effect.")
+    toleration_seconds: int | None = Field(default=None, ge=0, description="With effect NoExecute: how long the pod "
+                                           "stays bound after the taint appears; without it, for good.")
+
+    @model_validator(mode="after")
+    def _kubernetes_rules(self) -> Toleration:
+        if self.operator == "Exists" and self.value:
+            raise ValueError(TOLERATION_VALUE_NEEDS_EQUAL)
+        if not self.key and self.operator != "Exists":
+            raise ValueError(TOLERATION_EMPTY_KEY_NEEDS_EXISTS)
+        if self.toleration_seconds is not None and self.effect != "NoExecute":
+            raise ValueError(TOLERATION_SECONDS_NEED_NO_EXECUTE)
+        return self
+
+
 MIG_NEEDS_ONE_GPU = ("migProfile needs gpus: 1 and a gpuType: a pod gets one MIG instance (a process sees one MIG "
                      "device, so tensor parallelism across slices is impossible) and the profile is the GPU type's")
 
@@ -132,6 +172,7 @@ class Resources(ApiModel):
                     "`nvidia-smi -L` lists (CUDA_VISIBLE_DEVICES=MIG-<uuid>).",
     )
     node_selector: NodeSelector | None = Field(default=None, description=NODE_SELECTOR_DESCRIPTION)
+    tolerations: list[Toleration] | None = Field(default=None, max_length=32, description=TOLERATIONS_DESCRIPTION)
     cpu: str = Field(default="2", pattern=r"^[0-9]+(\.[0-9]+)?m?$", description="CPU request, Kubernetes quantity (e.g. '8' or '500m').")
     memory: str = Field(
         default="8Gi", pattern=MEMORY_PATTERN, description="Memory request, Kubernetes quantity (e.g. '64Gi')."

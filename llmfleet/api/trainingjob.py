@@ -9,11 +9,13 @@ from pydantic import Field, model_validator
 
 from llmfleet.api.common import (
     NODE_SELECTOR_DESCRIPTION,
+    TOLERATIONS_DESCRIPTION,
     ApiModel,
     Condition,
     NodeSelector,
     ObjectMeta,
     StatusModel,
+    Toleration,
     cel_rules,
 )
 from llmfleet.api.contracts import TRAINING_METRICS_PORT
@@ -200,6 +202,7 @@ class WorkersSpec(ApiModel):
         default=None, description="GPU model, e.g. H200: the peak FLOP/s for MFU, and a required node affinity on "
                                   "nvidia.com/gpu.product for every product name of the type unless nodeSelector is set.")
     node_selector: NodeSelector | None = Field(default=None, description=NODE_SELECTOR_DESCRIPTION)
+    tolerations: list[Toleration] | None = Field(default=None, max_length=32, description=TOLERATIONS_DESCRIPTION)
     cpu: str = Field(default="4", description="CPU request per worker (Kubernetes quantity).")
     memory: str = Field(default="16Gi", description="Memory request per worker (Kubernetes quantity).")
     image: str | None = Field(default=None, description="Training image; the operator's default when omitted.")

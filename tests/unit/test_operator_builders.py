@@ -403,3 +403,33 @@ def test_gpu_type_selects_every_product_label_of_the_type_unless_a_node_selector
 def test_a_node_selector_that_is_no_kubernetes_label_is_refused(selector: dict[str, str]) -> None:
     with pytest.raises(ValueError, match="label key|pattern|at most 63"):
         _isvc(resources={"gpus": 2, "nodeSelector": selector})
+
+
+def test_spec_tolerations_join_the_gpu_one() -> None:
+    """GPU nodes tainted otherwise than nvidia.com/gpu (dedicated=gpu:NoSchedule) take the spec's tolerations."""
+    from .test_crds import failed_cel_rules
+
+    mine = [{"key": "dedicated", "value": "gpu", "effect": "NoSchedule"},
+            {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute",
+             "tolerationSeconds": 30}]
+    isvc = _isvc(resources={"gpus": 2, "gpuType": "H200", "tolerations": mine})
+    _validate(build_inferenceservice(isvc, FULL))
+    assert _pool_pod(isvc)["tolerations"] == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "dedicated", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"},
+        {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 30}]
+    cpu = _pool_pod(_isvc(resources={"gpus": 0, "tolerations": [{"operator": "Exists"}]}, vllm={}))
+    assert cpu["tolerations"] == [{"operator": "Exists"}]  # no GPU toleration on a CPU pool, the spec's stays
+    tj = build_trainingjob(_tj(workers={"count": 2, "gpusPerWorker": 8, "gpuType": "H200", "tolerations": mine[:1]}),
+                           FULL)[-1]
+    assert tj["spec"]["template"]["spec"]["tolerations"][1]["key"] == "dedicated"
+    # What Kubernetes refuses in a toleration is refused by the model and by the CRD's CEL rules alike.
+    for bad, why, rule in (({"key": "k", "operator": "Exists", "value": "v"}, "takes no value", "self.value"),
+                           ({"value": "v"}, "without a key", "has(self.key)"),
+                           ({"key": "k", "effect": "NoSchedule", "tolerationSeconds": 5}, "NoExecute only",
+                            "has(self.tolerationSeconds)")):
+        with pytest.raises(ValueError, match=why):
+            _isvc(resources={"gpus": 2, "tolerations": [bad]})
+        spec = {"model": {"path": "/m"}, "resources": {"gpus": 1, "tolerations": [bad]}}
+        failed = failed_cel_rules("InferenceService", spec)
+        assert len(failed) == 1 and failed[0].startswith("spec.resources.tolerations[0]") and rule in failed[0], failed

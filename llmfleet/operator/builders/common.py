@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from llmfleet.api import InferenceService, TrainingJob
+from llmfleet.api.common import Toleration
 from llmfleet.api.contracts import GPU_PRODUCT_LABEL, GPU_RESOURCE, MANAGED_LABELS, MIG_RESOURCE_PREFIX
 from llmfleet.plan.hardware import gpu_products
 
@@ -62,5 +63,8 @@ def node_placement(gpu_type: str | None, node_selector: dict[str, str] | None) -
     return {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}}
 
 
-def gpu_tolerations(gpus: int) -> list[dict[str, Any]]:
-    return [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}] if gpus else []
+def tolerations(gpus: int, extra: list[Toleration] | None) -> list[dict[str, Any]]:
+    """The pod's tolerations: the nvidia.com/gpu taint's (the device plugin's convention) for GPU pods, and the
+    spec's own."""
+    gpu = [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}] if gpus else []
+    return gpu + [t.to_wire() for t in extra or []]

@@ -25,10 +25,10 @@ from llmfleet.api.inferenceservice import ROUTER_SUFFIX
 from llmfleet.api.storage import CacheSpec
 from llmfleet.operator.builders.common import (
     Manifest,
-    gpu_tolerations,
     metadata,
     node_placement,
     resource_requests,
+    tolerations,
 )
 from llmfleet.operator.builders.featurestore import (
     LOG_FILE,
@@ -164,8 +164,8 @@ def build_pool_deployment(isvc: InferenceService, pool: PoolView, config: Operat
         "enableServiceLinks": False,
     }
     pod_spec |= node_placement(pool.resources.gpu_type, pool.resources.node_selector)
-    if tolerations := gpu_tolerations(gpus):
-        pod_spec["tolerations"] = tolerations
+    if tol := tolerations(gpus, pool.resources.tolerations):
+        pod_spec["tolerations"] = tol
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

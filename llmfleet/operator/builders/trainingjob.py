@@ -20,10 +20,10 @@ from llmfleet.api.contracts import (
 from llmfleet.api.loader import dump_yaml
 from llmfleet.operator.builders.common import (
     Manifest,
-    gpu_tolerations,
     metadata,
     node_placement,
     resource_requests,
+    tolerations,
 )
 from llmfleet.operator.builders.security import ENGINE_SCRATCH, restricted
 from llmfleet.operator.builders.storage import PodStorage, fetch_image
@@ -214,8 +214,8 @@ def build_job(
     if tj.spec.scheduling.priority_class_name:
         pod_spec["priorityClassName"] = tj.spec.scheduling.priority_class_name
     pod_spec |= node_placement(w.gpu_type, w.node_selector)
-    if tolerations := gpu_tolerations(gpus):
-        pod_spec["tolerations"] = tolerations
+    if tol := tolerations(gpus, w.tolerations):
+        pod_spec["tolerations"] = tol
     if uses_pod_group(tj, config):
         pod_labels[POD_GROUP_LABEL] = service_name(tj)
         pod_spec["schedulerName"] = config.gang_scheduler_name
