@@ -74,6 +74,8 @@ def memory_bytes(quantity: str) -> float:
 
 
 MIG_PROFILE_PATTERN = r"^[1-7]g\.[0-9]+gb$"
+# A Kubernetes object name that is a DNS subdomain (Secrets, PriorityClasses, ...): at most 253 characters.
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 # Kubernetes label syntax: a value is at most 63 characters of alphanumerics, '-', '_' and '.', alphanumeric at both
 # ends (or empty); a key is such a name, optionally after a DNS-subdomain prefix (at most 253 characters) and '/'.
 # A key is checked by this regex and a cap on its whole length (253 + 1 + 63).
@@ -195,7 +197,7 @@ class SecretKeyRef(ApiModel):
     """One key of a Secret in the resource's namespace (what a pod's env valueFrom.secretKeyRef names)."""
 
     name: str = Field(
-        min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", description="Secret name."
+        min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN, description="Secret name."
     )
     key: str = Field(
         min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$", description="Key in the Secret's data."

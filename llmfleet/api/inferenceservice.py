@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from llmfleet.api.common import (
+    DNS_SUBDOMAIN_PATTERN,
     ApiModel,
     Condition,
     CredentialFreeUrl,
@@ -301,6 +302,11 @@ class InferenceServiceSpec(ApiModel):
     autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec, description="Autoscaler settings.")
     feature_store: FeatureStoreSpec | None = Field(default=None, description="Feature store for lookups and offline generation.")
     drain_seconds: int = Field(default=60, ge=0, le=3600, description="Grace period for in-flight requests when a replica stops.")
+    priority_class_name: str | None = Field(
+        default=None, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN,
+        description="Kubernetes PriorityClass of the replica and router pods: on a cluster that also runs training, "
+                    "one above the training jobs' lets the scheduler preempt their pods for serving (llmfleet's own "
+                    "arbitration suspends lower-priority TrainingJobs: autoscaling.gpuBudget).")
     lora: LoraSpec | None = Field(default=None, description="LoRA serving on the primary pool; needed for adapters.")
     adapters: list[AdapterSpec] = Field(
         default_factory=list,

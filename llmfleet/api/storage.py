@@ -21,7 +21,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from llmfleet.api.common import ApiModel, CredentialFreeHttpUrl
+from llmfleet.api.common import DNS_SUBDOMAIN_PATTERN, ApiModel, CredentialFreeHttpUrl
 
 Scheme = Literal["local", "pvc", "s3", "hf", "tiny"]
 REMOTE_SCHEMES: frozenset[str] = frozenset({"s3", "hf"})
@@ -181,7 +181,7 @@ class CacheSpec(ApiModel):
     """The volume that fetched models and data are written to (once) and read from."""
 
     claim: str | None = Field(
-        default=None, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        default=None, pattern=DNS_SUBDOMAIN_PATTERN,
         description="PersistentVolumeClaim shared by the pods (ReadWriteMany for several nodes): each location is "
         "fetched once into its own folder and later pods find it complete. An emptyDir per pod when unset.",
     )

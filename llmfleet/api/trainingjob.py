@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from llmfleet.api.common import (
+    DNS_SUBDOMAIN_PATTERN,
     NODE_SELECTOR_DESCRIPTION,
     TOLERATIONS_DESCRIPTION,
     ApiModel,
@@ -216,7 +217,8 @@ class SchedulingSpec(ApiModel):
     """Priority and gang scheduling."""
 
     priority: int = Field(default=0, description="llmfleet priority; serving may suspend lower-priority jobs to get GPUs.")
-    priority_class_name: str | None = Field(default=None, description="Kubernetes PriorityClass for the worker pods.")
+    priority_class_name: str | None = Field(default=None, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN,
+                                            description="Kubernetes PriorityClass for the worker pods.")
     queue: str | None = Field(default=None, description="Kueue LocalQueue name; the Job is created suspended and Kueue admits it.")
     gang: bool = Field(default=True, description="All workers start together (Kueue or a scheduler-plugins PodGroup).")
 

@@ -433,3 +433,15 @@ def test_spec_tolerations_join_the_gpu_one() -> None:
         spec = {"model": {"path": "/m"}, "resources": {"gpus": 1, "tolerations": [bad]}}
         failed = failed_cel_rules("InferenceService", spec)
         assert len(failed) == 1 and failed[0].startswith("spec.resources.tolerations[0]") and rule in failed[0], failed
+
+
+def test_priority_class_goes_to_replica_and_router_pods() -> None:
+    isvc = _isvc(priorityClassName="inference-critical")
+    ms = build_inferenceservice(isvc, FULL)
+    _validate(ms)
+    pods = {m["metadata"]["name"]: m["spec"]["template"]["spec"] for m in ms if m["kind"] == "Deployment"}
+    assert pods and {p.get("priorityClassName") for p in pods.values()} == {"inference-critical"}
+    plain = [m for m in build_inferenceservice(_isvc(), FULL) if m["kind"] == "Deployment"]
+    assert all("priorityClassName" not in m["spec"]["template"]["spec"] for m in plain)
+    with pytest.raises(ValueError, match="pattern"):
+        _isvc(priorityClassName="Not_A_Name")

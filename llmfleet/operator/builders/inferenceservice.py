@@ -163,7 +163,7 @@ def build_pool_deployment(isvc: InferenceService, pool: PoolView, config: Operat
         "terminationGracePeriodSeconds": isvc.spec.drain_seconds + 15,
         "enableServiceLinks": False,
     }
-    pod_spec |= node_placement(pool.resources.gpu_type, pool.resources.node_selector)
+    pod_spec |= node_placement(pool.resources.gpu_type, pool.resources.node_selector) | priority(isvc)
     if tol := tolerations(gpus, pool.resources.tolerations):
         pod_spec["tolerations"] = tol
     return {
@@ -253,6 +253,11 @@ def build_replica_network_policy(isvc: InferenceService, config: OperatorConfig)
     }
 
 
+def priority(isvc: InferenceService) -> dict[str, str]:
+    """The serving pods' priorityClassName, when the spec names one."""
+    return {"priorityClassName": isvc.spec.priority_class_name} if isvc.spec.priority_class_name else {}
+
+
 def build_router(isvc: InferenceService, config: OperatorConfig) -> list[Manifest]:
     """ConfigMap, ServiceAccount + Role for EndpointSlice discovery, Deployment and Service of the router."""
     name = router_name(isvc)
@@ -331,6 +336,7 @@ def build_router(isvc: InferenceService, config: OperatorConfig) -> list[Manifes
                     "volumes": volumes,
                     "terminationGracePeriodSeconds": int(isvc.spec.router.request_timeout_seconds) + 5,
                     "enableServiceLinks": False,
+                    **priority(isvc),
                 }, user=config.pod_user),
             },
         },
