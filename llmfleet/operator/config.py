@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from llmfleet.api.common import DNS_SUBDOMAIN_PATTERN
 from llmfleet.api.contracts import APP_COMPONENT_LABEL, APP_NAME_LABEL
 
 DEFAULT_ROUTER_IMAGE = "ghcr.io/llmfleet/llmfleet:0.1.0"
@@ -44,6 +46,15 @@ def _env_pod_user(raw: str | None) -> int | None:
     if uid < 1:
         raise ValueError(f"LLMFLEET_POD_USER must be a user id >= 1 (not root) or 'image', got {raw!r}")
     return uid
+
+
+def _env_pull_secrets(raw: str | None) -> tuple[str, ...]:
+    """LLMFLEET_IMAGE_PULL_SECRETS: Secret names, comma-separated (the chart's workloads.imagePullSecrets)."""
+    names = tuple(n.strip() for n in (raw or "").split(",") if n.strip())
+    bad = [n for n in names if len(n) > 253 or not re.fullmatch(DNS_SUBDOMAIN_PATTERN, n)]
+    if bad:
+        raise ValueError(f"LLMFLEET_IMAGE_PULL_SECRETS: {bad[0]!r} is not a Secret name")
+    return names
 
 
 # `llmfleet operator --priority` range: with the identity tie-break in the low 32 bits (run.kopf_priority), kopf's
@@ -90,6 +101,8 @@ class OperatorConfig:
     replica_ingress_from: tuple[dict[str, Any], ...] = DEFAULT_REPLICA_INGRESS_FROM
     # runAsUser/runAsGroup/fsGroup of the pods the operator creates; None: the image's or the platform's.
     pod_user: int | None = POD_UID
+    # Secrets (in each CR's namespace) that pull the images of the pods the operator creates.
+    image_pull_secrets: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls, capabilities: Capabilities | None = None) -> OperatorConfig:
@@ -107,6 +120,7 @@ class OperatorConfig:
             spec_defaults=load_spec_defaults(env.get("LLMFLEET_DEFAULTS_FILE")),
             replica_ingress_from=load_peers(env.get("LLMFLEET_REPLICA_INGRESS_FROM")),
             pod_user=_env_pod_user(env.get("LLMFLEET_POD_USER")),
+            image_pull_secrets=_env_pull_secrets(env.get("LLMFLEET_IMAGE_PULL_SECRETS")),
         )
 
 

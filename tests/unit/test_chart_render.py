@@ -127,6 +127,15 @@ def test_workloads_run_as_user_reaches_the_operator() -> None:
         env = _deployment(render(*args))["spec"]["template"]["spec"]["containers"][0]["env"]
         return next(e["value"] for e in env if e["name"] == "LLMFLEET_POD_USER")
 
+    def pull_secrets(*args: str) -> str:
+        env = _deployment(render(*args))["spec"]["template"]["spec"]["containers"][0]["env"]
+        return next(e["value"] for e in env if e["name"] == "LLMFLEET_IMAGE_PULL_SECRETS")
+
+    assert pull_secrets() == ""
+    assert pull_secrets("--set", "workloads.imagePullSecrets[0].name=regcred",
+                        "--set", "workloads.imagePullSecrets[1].name=mirror") == "regcred,mirror"
+    assert helm("template", "rel", str(CHART), "--set", "workloads.imagePullSecrets[0].name=Bad_Name",
+                check=False).returncode != 0
     assert pod_user("--set", "workloads.runAsUser=1000740000") == "1000740000"
     assert pod_user("--set", "workloads.runAsUser=null") == "image"
     assert helm("template", "rel", str(CHART), "--set", "workloads.runAsUser=0", check=False).returncode != 0

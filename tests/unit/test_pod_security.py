@@ -137,3 +137,22 @@ def test_the_pod_user_is_configurable_and_never_root(monkeypatch: pytest.MonkeyP
     for where, meta, spec in pods:
         assert restricted_violations(spec, meta.get("annotations")) == [], where
         assert not {"runAsUser", "runAsGroup", "fsGroup"} & set(spec["securityContext"]), where
+
+
+def test_image_pull_secrets_reach_every_pod_the_operator_creates(monkeypatch: pytest.MonkeyPatch) -> None:
+    """LLMFLEET_IMAGE_PULL_SECRETS (the chart's workloads.imagePullSecrets): images from a private registry are
+    pulled with them in replica, router, training and feature-store pods alike; none by default."""
+    from llmfleet.operator.config import OperatorConfig
+
+    assert OperatorConfig.from_env().image_pull_secrets == ()
+    assert all("imagePullSecrets" not in spec for _, _, spec in _pods(builder_objects(OperatorConfig.from_env())))
+    monkeypatch.setenv("LLMFLEET_IMAGE_PULL_SECRETS", "regcred, mirror.io")
+    config = OperatorConfig.from_env()
+    assert config.image_pull_secrets == ("regcred", "mirror.io")
+    pods = _pods(builder_objects(config))
+    assert len(pods) >= 4
+    for where, _, spec in pods:
+        assert spec["imagePullSecrets"] == [{"name": "regcred"}, {"name": "mirror.io"}], where
+    monkeypatch.setenv("LLMFLEET_IMAGE_PULL_SECRETS", "Reg_Cred")
+    with pytest.raises(ValueError, match="LLMFLEET_IMAGE_PULL_SECRETS"):
+        OperatorConfig.from_env()

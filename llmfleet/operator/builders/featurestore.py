@@ -79,9 +79,10 @@ def build_request_log_claim(isvc: InferenceService, size: str = "10Gi") -> dict[
     }
 
 
-def build_generation_cronjob(isvc: InferenceService, image: str, user: int | None = POD_UID) -> dict[str, Any] | None:
-    """A batch/v1 CronJob running `llmfleet features generate` (its pod running as `user`), or None without a
-    generationSchedule."""
+def build_generation_cronjob(isvc: InferenceService, image: str, user: int | None = POD_UID,
+                             pull_secrets: tuple[str, ...] = ()) -> dict[str, Any] | None:
+    """A batch/v1 CronJob running `llmfleet features generate` (its pod running as `user`, pulling its image with
+    `pull_secrets`), or None without a generationSchedule."""
     store = isvc.spec.feature_store
     if store is None or not store.generation_schedule:
         return None
@@ -144,7 +145,7 @@ def build_generation_cronjob(isvc: InferenceService, image: str, user: int | Non
                                 {"name": "requests",
                                  "persistentVolumeClaim": {"claimName": request_log_claim(isvc)}}
                             ],
-                        }, user=user),
+                        }, user=user, pull_secrets=pull_secrets),
                     },
                 },
             },

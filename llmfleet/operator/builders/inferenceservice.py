@@ -179,7 +179,7 @@ def build_pool_deployment(isvc: InferenceService, pool: PoolView, config: Operat
                 # The serving label is outside the Deployment selector: the autoscaler flips it to "false" to
                 # take a chosen replica out of the Service (drain) before removing it.
                 "metadata": {"labels": {**labels, SERVING_LABEL: "true"}, "annotations": {MODEL_ANNOTATION: pool.model.path}},
-                "spec": restricted(pod_spec, ENGINE_SCRATCH, config.pod_user),
+                "spec": restricted(pod_spec, ENGINE_SCRATCH, config.pod_user, config.image_pull_secrets),
             },
         },
     }
@@ -337,7 +337,7 @@ def build_router(isvc: InferenceService, config: OperatorConfig) -> list[Manifes
                     "terminationGracePeriodSeconds": int(isvc.spec.router.request_timeout_seconds) + 5,
                     "enableServiceLinks": False,
                     **priority(isvc),
-                }, user=config.pod_user),
+                }, user=config.pod_user, pull_secrets=config.image_pull_secrets),
             },
         },
     }
@@ -372,7 +372,7 @@ def build_pod_monitor(isvc: InferenceService) -> Manifest:
 
 def build_feature_store_job(isvc: InferenceService, config: OperatorConfig) -> Manifest | None:
     """The store's offline generation CronJob, or None without a generationSchedule."""
-    manifest = build_generation_cronjob(isvc, config.router_image, config.pod_user)
+    manifest = build_generation_cronjob(isvc, config.router_image, config.pod_user, config.image_pull_secrets)
     if manifest is None:
         return None
     meta = manifest.setdefault("metadata", {})

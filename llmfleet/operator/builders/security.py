@@ -67,9 +67,10 @@ def container_security_context() -> dict[str, Any]:
     }
 
 
-def restricted(pod_spec: dict[str, Any], scratch: Scratch = Scratch(), user: int | None = POD_UID) -> dict[str, Any]:
-    """The pod spec with security contexts (running as `user`), the writable emptyDirs and the cache variables
-    (a new dict).
+def restricted(pod_spec: dict[str, Any], scratch: Scratch = Scratch(), user: int | None = POD_UID,
+               pull_secrets: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The pod spec with security contexts (running as `user`), the writable emptyDirs, the cache variables and
+    the image pull secrets (a new dict).
 
     A folder the pod already mounts (e.g. a checkpoint volume at /tmp) keeps its own volume."""
     volumes = list(pod_spec.get("volumes") or [])
@@ -92,6 +93,8 @@ def restricted(pod_spec: dict[str, Any], scratch: Scratch = Scratch(), user: int
 
     out = {**pod_spec, "securityContext": pod_security_context(user), "volumes": volumes,
            "containers": [harden(c) for c in pod_spec.get("containers") or []]}
+    if pull_secrets:
+        out["imagePullSecrets"] = [{"name": n} for n in pull_secrets]
     if pod_spec.get("initContainers"):
         out["initContainers"] = [harden(c) for c in pod_spec["initContainers"]]
     return out

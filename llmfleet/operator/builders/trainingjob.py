@@ -226,7 +226,8 @@ def build_job(
         "parallelism": w.count,
         # Any worker failure fails the attempt; the operator recreates the gang (maxRestarts).
         "backoffLimit": 0,
-        "template": {"metadata": {"labels": pod_labels}, "spec": restricted(pod_spec, ENGINE_SCRATCH, config.pod_user)},
+        "template": {"metadata": {"labels": pod_labels},
+                     "spec": restricted(pod_spec, ENGINE_SCRATCH, config.pod_user, config.image_pull_secrets)},
     }
     if uses_kueue(tj):
         queue = tj.spec.scheduling.queue
