@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
@@ -64,6 +65,9 @@ class ServedModel(ApiModel):
 
 
 BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)  # KV block sizes vLLM accepts
+ENV_NAME_PATTERN = r"[A-Za-z_][A-Za-z0-9_]*"
+# Set by llmfleet for the engine: the API key from its Secret, the devices `llmfleet up` gives a replica.
+RESERVED_ENGINE_ENV = frozenset({"VLLM_API_KEY", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"})
 
 
 class VLLMSpec(ApiModel):
@@ -95,6 +99,23 @@ class VLLMSpec(ApiModel):
         "resources.memory must cover it plus the engine processes' own memory. Unset = no offloading.",
     )
     extra_args: list[str] = Field(default_factory=list, description="Extra command-line arguments appended verbatim.")
+    env: dict[str, str] = Field(
+        default_factory=dict, max_length=64,
+        description="Environment variables of the engine process (e.g. VLLM_ATTENTION_BACKEND: FLASHINFER), in the "
+        "replica container and under `llmfleet up` alike; they win over llmfleet's engine defaults (and, under `up`, "
+        "over its own environment). Names llmfleet sets itself (LLMFLEET_*, VLLM_API_KEY, CUDA_VISIBLE_DEVICES, "
+        "CUDA_DEVICE_ORDER) are refused.",
+    )
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+        for name in env:
+            if not re.fullmatch(ENV_NAME_PATTERN, name):
+                raise ValueError(f"{name!r} is not an environment variable name (letters, digits, _; not a digit first)")
+            if name.startswith("LLMFLEET_") or name in RESERVED_ENGINE_ENV:
+                raise ValueError(f"{name!r} is set by llmfleet itself")
+        return env
 
     @model_validator(mode="after")
     def _check(self) -> VLLMSpec:

@@ -197,10 +197,10 @@ class Supervisor:
                              kv_events_port=r.kv_events_port)
 
     def replica_env(self, r: ReplicaSlot) -> dict[str, str]:
-        """The replica's environment: its pool's engine defaults under the supervisor's (the caller's env wins), and
-        the devices it holds."""
-        held = self.gpus.held.get(r.name)
-        return {**engine_env_defaults(self.isvc, self.pools[r.pool]), **self.env, **(device_env(held) if held else {})}
+        """The replica's environment: its pool's engine defaults under the supervisor's (the caller's env wins), the
+        pool's vllm.env over both, and the devices it holds."""
+        held, pool = self.gpus.held.get(r.name), self.pools[r.pool]
+        return {**engine_env_defaults(self.isvc, pool), **self.env, **pool.vllm.env, **(device_env(held) if held else {})}
 
     def devices_free_for(self, pool: str) -> bool:
         """Whether one more replica of `pool` would get its devices now (always, when devices are not counted)."""

@@ -249,3 +249,13 @@ async def test_ready_waits_for_the_router_to_see_each_wanted_pool(tmp_path: Path
         await sup.stop(grace_s=5)
         for runner in runners:
             await runner.cleanup()
+
+
+def test_a_pools_engine_env_wins_over_the_callers_and_the_defaults(tmp_path: Path) -> None:
+    """vllm.env: what the replica container gets on Kubernetes, `llmfleet up` gives the replica process, over its
+    own environment and the CPU engine defaults."""
+    sup = Supervisor(isvc(vllm={"blockSize": 32, "env": {"OMP_WAIT_POLICY": "ACTIVE", "VLLM_LOGGING_LEVEL": "DEBUG"}}),
+                     tmp_path, prometheus=False, env={"VLLM_LOGGING_LEVEL": "INFO", "MINE": "1"})
+    env = sup.replica_env(sup.slots["primary"][0])
+    assert env["OMP_WAIT_POLICY"] == "ACTIVE" and env["VLLM_LOGGING_LEVEL"] == "DEBUG" and env["MINE"] == "1"
+    assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"  # the CPU default the spec left alone

@@ -445,3 +445,16 @@ def test_priority_class_goes_to_replica_and_router_pods() -> None:
     assert all("priorityClassName" not in m["spec"]["template"]["spec"] for m in plain)
     with pytest.raises(ValueError, match="pattern"):
         _isvc(priorityClassName="Not_A_Name")
+
+
+def test_engine_env_reaches_the_replica_container_over_the_defaults() -> None:
+    isvc = _isvc(vllm={"tensorParallelSize": 2, "env": {"VLLM_ATTENTION_BACKEND": "FLASHINFER", "VLLM_NO_USAGE_STATS": "0"}})
+    env = {e["name"]: e.get("value") for e in _pool_pod(isvc)["containers"][0]["env"]}
+    assert env["VLLM_ATTENTION_BACKEND"] == "FLASHINFER" and env["VLLM_NO_USAGE_STATS"] == "0"  # the spec's wins
+    assert env["LLMFLEET_POOL"] == "primary" and env["NCCL_NVLS_ENABLE"] == "0"
+    names = [e["name"] for e in _pool_pod(isvc)["containers"][0]["env"]]
+    assert len(names) == len(set(names))  # one entry per name
+    for bad, why in (("1BAD", "not an environment variable name"), ("LLMFLEET_POOL", "set by llmfleet"),
+                     ("CUDA_VISIBLE_DEVICES", "set by llmfleet")):
+        with pytest.raises(ValueError, match=why):
+            _isvc(vllm={"tensorParallelSize": 2, "env": {bad: "x"}})

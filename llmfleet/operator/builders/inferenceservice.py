@@ -139,11 +139,10 @@ def build_pool_deployment(isvc: InferenceService, pool: PoolView, config: Operat
         "env": [
             {"name": "LLMFLEET_INFERENCESERVICE", "value": isvc.metadata.name},
             {"name": "LLMFLEET_POOL", "value": pool.name},
-            {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
-            {"name": "NCCL_NVLS_ENABLE", "value": "0"},
             # CPU pools: what `llmfleet up` sets too (vllm_args.CPU_ENGINE_ENV: replicas on one node otherwise spin
-            # on each other's cores)
-            *({"name": k, "value": v} for k, v in engine_env_defaults(isvc, pool).items()),
+            # on each other's cores); the pool's vllm.env wins over these defaults.
+            *({"name": k, "value": v} for k, v in {"VLLM_NO_USAGE_STATS": "1", "NCCL_NVLS_ENABLE": "0",
+                                                   **engine_env_defaults(isvc, pool), **pool.vllm.env}.items()),
             # vLLM's --api-key, from the environment so the key stays out of the pod spec and `ps`: /v1 requests
             # without it get 401 (/health and /metrics stay open for probes and scrapers).
             *([_secret_env("VLLM_API_KEY", key_secret)] if key_secret else []),
