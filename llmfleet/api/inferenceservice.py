@@ -68,6 +68,8 @@ BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)  # KV block sizes vLLM accepts
 ENV_NAME_PATTERN = r"[A-Za-z_][A-Za-z0-9_]*"
 # Set by llmfleet for the engine: the API key from its Secret, the devices `llmfleet up` gives a replica.
 RESERVED_ENGINE_ENV = frozenset({"VLLM_API_KEY", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"})
+# Names of variables that hold a credential (HF_TOKEN, AWS_SECRET_ACCESS_KEY, DB_PASSWORD): refused in vllm.env.
+CREDENTIAL_ENV_NAME = r"(^|_)(PASSWORD|SECRET|TOKEN|API_KEY|ACCESS_KEY|CREDENTIALS?)$"
 
 
 class VLLMSpec(ApiModel):
@@ -104,7 +106,8 @@ class VLLMSpec(ApiModel):
         description="Environment variables of the engine process (e.g. VLLM_ATTENTION_BACKEND: FLASHINFER), in the "
         "replica container and under `llmfleet up` alike; they win over llmfleet's engine defaults (and, under `up`, "
         "over its own environment). Names llmfleet sets itself (LLMFLEET_*, VLLM_API_KEY, CUDA_VISIBLE_DEVICES, "
-        "CUDA_DEVICE_ORDER) are refused.",
+        "CUDA_DEVICE_ORDER) are refused, and so are credentials (HF_TOKEN, *_SECRET, *_PASSWORD, ...: values here "
+        "sit in the pod spec in the clear).",
     )
 
     @field_validator("env")
@@ -115,6 +118,9 @@ class VLLMSpec(ApiModel):
                 raise ValueError(f"{name!r} is not an environment variable name (letters, digits, _; not a digit first)")
             if name.startswith("LLMFLEET_") or name in RESERVED_ENGINE_ENV:
                 raise ValueError(f"{name!r} is set by llmfleet itself")
+            if re.search(CREDENTIAL_ENV_NAME, name, re.IGNORECASE):
+                raise ValueError(f"{name!r} names a credential, which would sit in the pod spec in the clear: give "
+                                 "s3:// and hf:// credentials through spec.storage (Secrets)")
         return env
 
     @model_validator(mode="after")

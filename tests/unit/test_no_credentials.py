@@ -26,6 +26,9 @@ from llmfleet.router.config import FeatureStoreConfig, RouterConfig
 PASSWORD_IN_TEXT = re.compile(r"[a-z][a-z0-9+.-]*://[^\s/?#@]*:[^\s/?#@]*@|[?&]password=", re.IGNORECASE)
 # Variable names that hold secrets: their value must come from a Secret (valueFrom.secretKeyRef).
 CREDENTIAL_NAME = re.compile(r"PASSWORD|SECRET|TOKEN|API_KEY|ACCESS_KEY|CREDENTIAL", re.IGNORECASE)
+# Variables that hold the names of Secrets, not their contents: each value must be a list of object names.
+SECRET_NAME_LISTS = {"LLMFLEET_IMAGE_PULL_SECRETS"}
+OBJECT_NAMES = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?(,[a-z0-9]([-a-z0-9.]*[a-z0-9])?)*)?$")
 
 
 def _strings(node: Any, path: str = "") -> Iterator[tuple[str, str]]:
@@ -56,6 +59,8 @@ def credential_findings(obj: dict[str, Any]) -> list[str]:
     arguments, annotations), or a credential-named variable with a plain value."""
     found = [f"{path}: URL with a password" for path, text in _strings(obj) if PASSWORD_IN_TEXT.search(text)]
     for env in _envs(obj):
+        if env.get("name") in SECRET_NAME_LISTS and OBJECT_NAMES.match(str(env.get("value", ""))):
+            continue
         if CREDENTIAL_NAME.search(str(env.get("name"))) and "secretKeyRef" not in (env.get("valueFrom") or {}):
             found.append(f"env {env.get('name')}: a credential not from a Secret")
     return found
@@ -72,6 +77,9 @@ def test_the_scan_finds_what_the_builders_rendered_before_url_secret_refs() -> N
     ok = {"env": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "t", "key": "HF_TOKEN"}}},
                   {"name": STORE_URL_ENV, "value": "postgresql+psycopg://app@db/f?sslmode=require"}]}
     assert credential_findings(ok) == []
+    names = {"env": [{"name": "LLMFLEET_IMAGE_PULL_SECRETS", "value": "regcred,mirror"}]}
+    assert credential_findings(names) == []  # Secret names, not their contents
+    assert credential_findings({"env": [{"name": "LLMFLEET_IMAGE_PULL_SECRETS", "value": "user:pa ss"}]})
 
 
 @pytest.mark.helm

@@ -454,7 +454,9 @@ def test_engine_env_reaches_the_replica_container_over_the_defaults() -> None:
     assert env["LLMFLEET_POOL"] == "primary" and env["NCCL_NVLS_ENABLE"] == "0"
     names = [e["name"] for e in _pool_pod(isvc)["containers"][0]["env"]]
     assert len(names) == len(set(names))  # one entry per name
+    assert _isvc(vllm={"tensorParallelSize": 2, "env": {"VLLM_SKIP_TOKENIZER_INIT": "0"}})  # not a credential
     for bad, why in (("1BAD", "not an environment variable name"), ("LLMFLEET_POOL", "set by llmfleet"),
-                     ("CUDA_VISIBLE_DEVICES", "set by llmfleet")):
+                     ("CUDA_VISIBLE_DEVICES", "set by llmfleet"), ("HF_TOKEN", "names a credential"),
+                     ("AWS_SECRET_ACCESS_KEY", "names a credential"), ("db_password", "names a credential")):
         with pytest.raises(ValueError, match=why):
             _isvc(vllm={"tensorParallelSize": 2, "env": {bad: "x"}})

@@ -53,7 +53,8 @@ PYDANTIC_ONLY = [re.compile(p) for p in (
     r"fallback\.pools names must be unique",
     # Not a cross-field rule, but kept out of CEL: a rule over every key of a map exceeds the API server's cost budget.
     r"nodeSelector: '[^']*': keys must be Kubernetes label keys",
-    r"vllm\.env: '[^']*' is (not an environment variable name|set by llmfleet itself)",  # map keys, as above
+    r"vllm\.env: '[^']*' (is not an environment variable name|is set by llmfleet itself|names a credential)",
+    # (map keys, as above)
     r"uri '[^']*' is neither a path nor a scheme",
     r"maxCpuLoras \(\d+\) must be >= maxLoras",
     r"method lora needs spec\.lora",
