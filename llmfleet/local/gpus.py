@@ -32,8 +32,8 @@ from llmfleet.api.inferenceservice import PoolView
 from llmfleet.plan.hardware import gpu_products
 
 LOCK_DIR_ENV = "LLMFLEET_DEVICE_LOCKS"
-NVIDIA_SMI_TIMEOUT_S = 15.0
-BUSY_TTL_S = 5.0  # how long one `nvidia-smi --query-compute-apps` answer stands for  # nvidia-smi answers in well under a second; a hung driver must not hang `llmfleet up`
+NVIDIA_SMI_TIMEOUT_S = 15.0  # nvidia-smi answers in well under a second; a hung driver must not hang `llmfleet up`
+BUSY_TTL_S = 5.0  # how long one `nvidia-smi --query-compute-apps` answer stands for
 _GPU_LINE = re.compile(r"^GPU (?P<index>\d+): (?P<product>.+?) \(UUID: (?P<uuid>[^)]+)\)\s*$")
 _MIG_LINE = re.compile(r"^\s+MIG (?P<profile>\S+)\s+Device\s+(?P<index>\d+): \(UUID: (?P<uuid>[^)]+)\)\s*$")
 
@@ -56,6 +56,9 @@ class Device:
     def uuid(self) -> str:
         """The device's machine-wide name: the MIG instance's UUID, or the GPU's."""
         return self.id if self.mig else self.gpu_uuid
+
+    def __str__(self) -> str:
+        return f"{self.id} ({self.product}{' MIG ' + self.mig if self.mig else ''})"
 
 
 @dataclass(frozen=True)
@@ -156,9 +159,9 @@ def pick(devices: Iterable[Device], held: Collection[str], want: GpuRequest,
     return got if len(got) == n else None
 
 
-def default_lock_dir() -> Path:
-    """Where the machine's device claims live: LLMFLEET_DEVICE_LOCKS, else <tmp>/llmfleet-devices."""
-    return Path(os.environ.get(LOCK_DIR_ENV) or Path(tempfile.gettempdir()) / "llmfleet-devices")
+def default_lock_dir(env: Mapping[str, str] = os.environ) -> Path:
+    """Where the machine's device claims live: `env`'s LLMFLEET_DEVICE_LOCKS, else <tmp>/llmfleet-devices."""
+    return Path(env.get(LOCK_DIR_ENV) or Path(tempfile.gettempdir()) / "llmfleet-devices")
 
 
 class DeviceLocks:
@@ -224,7 +227,7 @@ def device_kind_problems(devices: list[Device] | None, pools: Iterable[PoolView]
     for pool in pools:
         want = GpuRequest.of(pool.resources)
         if want.count > 0 and pick(devices, (), want) is None:
-            have = ", ".join(f"{d.id} ({d.product}{' MIG ' + d.mig if d.mig else ''})" for d in devices) or "none"
+            have = ", ".join(map(str, devices)) or "none"
             problems.append(f"{pool.field_path}.resources: a replica asks for {want.describe()}, and this machine has "
                             f"no such device (devices: {have})")
     return problems
@@ -250,7 +253,7 @@ def machine_ledger(env: Mapping[str, str]) -> tuple[DeviceLedger, str]:
     """The ledger of the devices a process with environment `env` may give out, and what to tell the user about
     them. Its devices are None without nvidia-smi on the PATH (not counted: replicas get the environment as it is),
     [] when nvidia-smi fails (GPU replicas wait). Claims go to `$LLMFLEET_DEVICE_LOCKS` (DeviceLocks)."""
-    locks = DeviceLocks(Path(env[LOCK_DIR_ENV]) if env.get(LOCK_DIR_ENV) else None)
+    locks = DeviceLocks(default_lock_dir(env))
     smi = shutil.which("nvidia-smi", path=env.get("PATH"))
     if smi is None:
         return DeviceLedger(None, locks), ("no nvidia-smi on PATH: GPU replicas are not given devices of their own "
@@ -259,8 +262,7 @@ def machine_ledger(env: Mapping[str, str]) -> tuple[DeviceLedger, str]:
         found = visible(list_devices(smi), env.get("CUDA_VISIBLE_DEVICES"))
     except GpuListError as err:
         return DeviceLedger([], locks), f"GPUs not listed ({err}): GPU replicas wait for a device"
-    said = ", ".join(f"{d.id} ({d.product}{' MIG ' + d.mig if d.mig else ''})" for d in found)
-    return DeviceLedger(found, locks, nvidia_smi=smi), f"devices: {said or 'none'}"
+    return DeviceLedger(found, locks, nvidia_smi=smi), f"devices: {', '.join(map(str, found)) or 'none'}"
 
 
 class DeviceLedger:

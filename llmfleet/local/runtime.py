@@ -431,7 +431,6 @@ class Supervisor:
         for r in self.replicas():
             r.proc, r.pid, r.ready, r.waiting_for = None, None, False, None
             self._release_devices(r)
-        self.gpus.release_all()
         for fh in self._logs:
             fh.close()
         self.event("stopped")
