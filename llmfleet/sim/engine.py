@@ -241,13 +241,13 @@ def _simulate(workload: Workload, cfg: SimConfig, router: SimRouter | str,
                         if now - r.arrival > cfg.ttft_slo_s:
                             missed += 1
                     rep.first_tokens.clear()
-                    if miss_budget is not None and missed > miss_budget:
-                        break  # it cannot reach stop_below_attainment any more
                 for r in done:
                     finished += 1
                     done_window.append(r)
                     rt.on_complete(r, now)
                     ended(r, now)
+                if miss_budget is not None and missed > miss_budget:
+                    break  # it cannot reach stop_below_attainment any more
                 push_step(rep, rep.schedule(now))
                 if len(rep.waiting) < rep.min_waiting:
                     rep.min_waiting = len(rep.waiting)
@@ -292,7 +292,6 @@ def _simulate(workload: Workload, cfg: SimConfig, router: SimRouter | str,
     if stopped:  # what had not finished when the run stopped: not arrived, waiting or running
         accounted = {id(r) for r in pending} | {id(r) for r in rejected}
         pending += [r for r in reqs if r.finish < 0 and id(r) not in accounted]
-        finished = sum(1 for r in reqs if r.finish >= 0)  # the step it stopped in had finished some
     lost = n - finished - len(rejected) - len(pending)
     if lost:
         raise RuntimeError(f"simulation lost {lost} requests (bug)")
