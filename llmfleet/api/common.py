@@ -156,8 +156,8 @@ class Resources(ApiModel):
                       "up` gives each replica GPUs of its own (CUDA_VISIBLE_DEVICES); one that no free GPU fits waits.")
     gpu_type: str | None = Field(
         default=None,
-        description="GPU model (H100, H200, A100, L40S); sets the planner's GPU and the peak FLOP/s used for MFU, and "
-                    "becomes a required node affinity on nvidia.com/gpu.product for every product name of the type "
+        description="GPU model (H100, H200, A100, L40S, B200, B300, L4); sets the planner's GPU and the peak FLOP/s "
+                    "used for MFU, and becomes a required node affinity on nvidia.com/gpu.product for every product name of the type "
                     "(H100: NVIDIA-H100-80GB-HBM3, NVIDIA-H100-PCIe, NVIDIA-H100-NVL; a type the table lacks: "
                     "NVIDIA-<gpuType>) unless nodeSelector is set.",
     )

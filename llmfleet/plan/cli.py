@@ -112,6 +112,7 @@ def _gpu_checks(resource: Any) -> list[tuple[str, str]]:
 
 def register(app: typer.Typer) -> None:
     from llmfleet.api.cli import RESOURCE_CHECKS
+    from llmfleet.plan.hardware import GPUS
 
     if _gpu_checks not in RESOURCE_CHECKS:
         RESOURCE_CHECKS.append(_gpu_checks)
@@ -120,7 +121,7 @@ def register(app: typer.Typer) -> None:
     def plan(
         model: str = typer.Option("llama-3-8b", help="Model preset (llama-3-8b, llama-3-70b, llama-2-7b, llama-3.2-1b)."),
         shape: Path | None = typer.Option(None, help="YAML/JSON ModelShape (layers, hidden, heads, kvHeads, ffn, vocab); overrides --model."),
-        gpu: str = typer.Option("H200", help="GPU profile: H100, H200, A100, L40S."),
+        gpu: str = typer.Option("H200", help=f"GPU profile: {', '.join(GPUS)}."),
         gpu_override: list[str] = typer.Option([], help="Override a GPU field, e.g. hbmBandwidthTBs=4.0 (repeatable)."),
         mig: str | None = typer.Option(None, help="Plan one MIG instance of this profile of --gpu per replica "
                                                   "(e.g. 3g.71gb on H200; resources.migProfile)."),

@@ -1,6 +1,7 @@
 """GPU profiles for the roofline: peak dense FLOP/s, HBM bandwidth and capacity, interconnect.
 
-Numbers are the vendors' published dense (no 2:4 sparsity) figures for the SXM parts (PCIe for L40S).
+Numbers are the vendors' published dense (no 2:4 sparsity) figures for the SXM parts (PCIe for L40S and L4; HGX
+B200/B300 at 1,000 W / 1,100 W).
 Every field can be overridden from the CLI (`--gpu-override hbmBandwidthTBs=4.0`) or a JSON file.
 """
 
@@ -15,7 +16,8 @@ from llmfleet.api.trainingjob import TrainingJobSpec
 # Dense bf16 peak TFLOP/s per GPU (vendor datasheets, without sparsity), keyed by a substring of the device
 # name: a device matches the first key it contains, so longer names come before their prefixes (A10G, A10).
 BF16_PEAK_TFLOPS: dict[str, float] = {
-    "H200": 989.0, "H100": 989.0, "H800": 989.0, "GH200": 989.0, "B200": 2250.0, "B100": 1750.0,
+    "H200": 989.0, "H100": 989.0, "H800": 989.0, "GH200": 989.0, "GB200": 2500.0, "B200": 2250.0, "B300": 2250.0,
+    "B100": 1750.0,
     "A100": 312.0, "A800": 312.0, "A10G": 70.0, "A10": 125.0, "L40S": 362.0, "L40": 181.0,
     "L4": 121.0, "V100": 125.0, "T4": 65.0, "MI300X": 1307.0, "MI250": 362.0,
 }
@@ -79,12 +81,18 @@ class GPUProfile:
         return d
 
 
-# H100 SXM5 80GB, H200 SXM 141GB, A100 SXM4 80GB, L40S 48GB (PCIe Gen4 x16).
+# H100 SXM5 80GB, H200 SXM 141GB, A100 SXM4 80GB, L40S 48GB (PCIe Gen4 x16), B200 (HGX, 180 GB), B300 (HGX,
+# 270 GB usable), L4 24GB (PCIe Gen4 x16, no NVLink). HBM as the driver reports it (nvidia-smi: B200 183,359 MiB,
+# B300 275,040 MiB, L4 23,034 MiB). NVLink 5 is 1.8 TB/s both directions per GPU: 900 GB/s one way. B200/B300 host
+# links: PCIe Gen5 hosts, assumed equal to the H200's measured copy; not measured here.
 GPUS: dict[str, GPUProfile] = {
     "H100": GPUProfile("H100", BF16_PEAK_TFLOPS["H100"], 1979.0, 3.35, 79.6, 450.0, 228.0, 132, host_link_gbs=52.5),
     "H200": GPUProfile("H200", BF16_PEAK_TFLOPS["H200"], 1979.0, 4.8, 139.8, 450.0, 228.0, 132, host_link_gbs=52.5),
     "A100": GPUProfile("A100", BF16_PEAK_TFLOPS["A100"], None, 2.039, 79.2, 300.0, 192.0, 108, host_link_gbs=25.0),
     "L40S": GPUProfile("L40S", BF16_PEAK_TFLOPS["L40S"], 733.0, 0.864, 44.4, 32.0, 128.0, 142, host_link_gbs=25.0),
+    "B200": GPUProfile("B200", BF16_PEAK_TFLOPS["B200"], 4500.0, 8.0, 179.0, 900.0, 228.0, 148, host_link_gbs=52.5),
+    "B300": GPUProfile("B300", BF16_PEAK_TFLOPS["B300"], 4500.0, 8.0, 268.5, 900.0, 228.0, 148, host_link_gbs=52.5),
+    "L4": GPUProfile("L4", BF16_PEAK_TFLOPS["L4"], 242.5, 0.3, 22.4, 32.0, 128.0, 58, host_link_gbs=25.0),
 }
 
 # The product names NVIDIA's driver reports for each GPU type (`nvidia-smi -L`, torch's device name), every variant
@@ -96,6 +104,9 @@ GPU_PRODUCTS: dict[str, tuple[str, ...]] = {
     "H100": ("NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe", "NVIDIA H100 NVL"),
     "A100": ("NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-40GB", "NVIDIA A100 80GB PCIe", "NVIDIA A100-PCIE-40GB"),
     "L40S": ("NVIDIA L40S",),
+    "B200": ("NVIDIA B200",),
+    "B300": ("NVIDIA B300 SXM6 AC",),
+    "L4": ("NVIDIA L4",),
 }
 
 
@@ -107,7 +118,7 @@ def gpu_products(gpu_type: str) -> tuple[str, ...] | None:
 # MIG GPU-instance profiles per GPU (NVIDIA MIG user guide, "Supported MIG Profiles"; the SXM parts above):
 # profile -> (compute slices of 7, memory slices of 8). A slice gets its compute fraction of the SMs and peak
 # FLOP/s and its memory fraction of HBM capacity and bandwidth (each memory slice has its own controllers).
-# L40S has no MIG. The "+me" variants (media engines, nothing an LLM engine uses) are left out: Kubernetes resource
+# L40S and L4 have no MIG. The "+me" variants (media engines, nothing an LLM engine uses) are left out: Kubernetes resource
 # names cannot hold a "+".
 MIG_PROFILES: dict[str, dict[str, tuple[int, int]]] = {
     "H200": {"1g.18gb": (1, 1), "1g.35gb": (1, 2), "2g.35gb": (2, 2), "3g.71gb": (3, 4), "4g.71gb": (4, 4),
@@ -116,6 +127,10 @@ MIG_PROFILES: dict[str, dict[str, tuple[int, int]]] = {
              "7g.80gb": (7, 8)},
     "A100": {"1g.10gb": (1, 1), "1g.20gb": (1, 2), "2g.20gb": (2, 2), "3g.40gb": (3, 4), "4g.40gb": (4, 4),
              "7g.80gb": (7, 8)},
+    "B200": {"1g.23gb": (1, 1), "1g.45gb": (1, 2), "2g.45gb": (2, 2), "3g.90gb": (3, 4), "4g.90gb": (4, 4),
+             "7g.180gb": (7, 8)},
+    "B300": {"1g.34gb": (1, 1), "1g.67gb": (1, 2), "2g.67gb": (2, 2), "3g.135gb": (3, 4), "4g.135gb": (4, 4),
+             "7g.269gb": (7, 8)},
 }
 _MIG_COMPUTE_SLICES, _MIG_MEMORY_SLICES = 7, 8
 
