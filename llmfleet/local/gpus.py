@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import re
 import shutil
@@ -29,6 +30,7 @@ from pathlib import Path
 
 from llmfleet.api.common import Resources
 from llmfleet.api.inferenceservice import PoolView
+from llmfleet.local.run_state import pid_alive
 from llmfleet.plan.hardware import gpu_products
 
 LOCK_DIR_ENV = "LLMFLEET_DEVICE_LOCKS"
@@ -168,41 +170,65 @@ class DeviceLocks:
     """Claims on devices that hold across processes on one machine: one lock file per device (its UUID), locked
     (flock) by the process that gave the device out, for as long as it is given out. Two `llmfleet up`s, or an
     `up` and a `llmfleet train`, then never give out one GPU twice; a process that dies, however it dies, lets go
-    of its claims with it (the kernel drops its locks). The files stay: an unlocked file claims nothing."""
+    of its claims with it (the kernel drops its locks). The files stay: an unlocked file claims nothing.
+
+    Beside a claim: a note saying what holds it (`<uuid>.holder.json`, written by `llmfleet train`), and a request
+    that the holder let go (`<uuid>.yield`, locked by the process that asks for as long as it asks: local GPU
+    arbitration, gpu_arbitration.py). A device another process asks for is claimed by no one else meanwhile."""
 
     def __init__(self, root: Path | None = None) -> None:
         self.root = root or default_lock_dir()
         self._fds: dict[str, int] = {}
+        self._asks: dict[str, int] = {}  # device UUID -> the locked .yield file of this process's request
+        self._notes: set[str] = set()
+
+    def _open(self, name: str, flags: int) -> int | None:
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(PermissionError):  # another user's folder: theirs to open to all
+                self.root.chmod(0o1777)
+            return os.open(self.root / name, flags, 0o644)
+        except OSError:
+            return None
+
+    @staticmethod
+    def _lock(fd: int, how: int) -> bool:
+        try:
+            fcntl.flock(fd, how | fcntl.LOCK_NB)
+        except OSError:
+            return False
+        return True
 
     def acquire(self, d: Device) -> bool:
         """Claim `d` (True), or False when another process (or another claim of this one) holds it."""
         if d.uuid in self._fds:
             return False
-        try:
-            self.root.mkdir(parents=True, exist_ok=True)
-            with contextlib.suppress(PermissionError):  # another user's folder: theirs to open to all
-                self.root.chmod(0o1777)
-            # Read-only suffices for flock, so another user can open a file this one created.
-            fd = os.open(self.root / f"{d.uuid}.lock", os.O_RDONLY | os.O_CREAT, 0o644)
-        except OSError:
+        # Read-only suffices for flock, so another user can open a file this one created.
+        fd = self._open(f"{d.uuid}.lock", os.O_RDONLY | os.O_CREAT)
+        if fd is None:
             return False
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
+        if not self._lock(fd, fcntl.LOCK_EX):
             os.close(fd)
             return False
         self._fds[d.uuid] = fd
         return True
 
     def release(self, d: Device) -> None:
-        fd = self._fds.pop(d.uuid, None)
+        self._release(d.uuid)
+
+    def _release(self, uuid: str) -> None:
+        if uuid in self._notes:  # the note goes first: a note never outlives its claim
+            self._notes.discard(uuid)
+            with contextlib.suppress(OSError):
+                (self.root / f"{uuid}.holder.json").unlink()
+        fd = self._fds.pop(uuid, None)
         if fd is not None:
             os.close(fd)  # closing the only descriptor of the file's open description drops the lock
 
     def release_all(self) -> None:
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
+        for uuid in list(self._fds):
+            self._release(uuid)
+        self.withdraw_all()
 
     def free(self, d: Device) -> bool:
         """Whether `d` could be claimed now (claimed and let go at once)."""
@@ -210,6 +236,63 @@ class DeviceLocks:
             return False
         self.release(d)
         return True
+
+    def note(self, d: Device, what: dict[str, object]) -> None:
+        """Say what holds claimed `d` (with this process's pid), for other processes' arbitration."""
+        if d.uuid in self._fds:
+            with contextlib.suppress(OSError):
+                (self.root / f"{d.uuid}.holder.json").write_text(json.dumps({**what, "pid": os.getpid()}))
+                self._notes.add(d.uuid)
+
+    def holder_note(self, d: Device) -> dict[str, object] | None:
+        """The note of another process's claim of `d`, or None: unclaimed, no note, or its process is gone."""
+        if d.uuid in self._fds or self.free(d):
+            return None
+        try:
+            note = json.loads((self.root / f"{d.uuid}.holder.json").read_text())
+        except (OSError, ValueError):
+            return None
+        pid = note.get("pid") if isinstance(note, dict) else None
+        return note if isinstance(pid, int) and pid_alive(pid) else None
+
+    def ask(self, d: Device, by: str) -> bool:
+        """Ask the holder of `d` to let go of it, for `by` (who asks, in words); True while this process asks
+        (False: another process asks already, or the request cannot be written)."""
+        if d.uuid in self._asks:
+            return True
+        fd = self._open(f"{d.uuid}.yield", os.O_RDWR | os.O_CREAT)
+        if fd is None:
+            return False
+        if not self._lock(fd, fcntl.LOCK_EX):
+            os.close(fd)
+            return False
+        os.ftruncate(fd, 0)
+        os.write(fd, by.encode()[:400])
+        self._asks[d.uuid] = fd
+        return True
+
+    def withdraw_all(self) -> list[str]:
+        """Withdraw this process's requests; the UUIDs they were for."""
+        uuids = list(self._asks)
+        for fd in self._asks.values():
+            os.close(fd)
+        self._asks.clear()
+        return uuids
+
+    def asked(self, d: Device) -> str | None:
+        """Who asks (another process) that `d` be let go, in its words; None when no other process asks."""
+        if d.uuid in self._asks:
+            return None
+        try:
+            fd = os.open(self.root / f"{d.uuid}.yield", os.O_RDONLY)
+        except OSError:
+            return None
+        try:
+            if self._lock(fd, fcntl.LOCK_SH):
+                return None  # nobody holds the request's lock: it was withdrawn (or its process is gone)
+            return os.read(fd, 400).decode(errors="replace").strip() or "another process"
+        finally:
+            os.close(fd)
 
 
 def device_env(devices: Iterable[Device]) -> dict[str, str]:
@@ -302,7 +385,8 @@ class DeviceLedger:
 
         def lock(d: Device) -> bool:
             if ok := self.locks.acquire(d):
-                if self._foreign(d):  # claimed by no one, but computed on: not free
+                # claimed by no one, but computed on, or kept for another process that asked for it: not free
+                if self._foreign(d) or self.locks.asked(d) is not None:
                     self.locks.release(d)
                     return False
                 claimed.append(d)
@@ -331,15 +415,22 @@ class DeviceLedger:
         """Whether a claim of `want` would succeed now."""
         if self.devices is None:
             return True
-        return pick(self.devices, self._taken(), want, lock=lambda d: self.locks.free(d) and not self._foreign(d)) is not None
+        return pick(self.devices, self._taken(), want,
+                    lock=lambda d: self.locks.free(d) and not self._foreign(d) and self.locks.asked(d) is None) is not None
+
+    def asked_of(self, holder: str) -> str | None:
+        """Who asks (another process) that one of `holder`'s devices be let go, in its words; None if no one."""
+        return next((who for d in self.held.get(holder, []) if (who := self.locks.asked(d)) is not None), None)
 
     def holders(self) -> str:
         """Who holds what, for a waiting replica's event: this run's holders, other llmfleet processes' claims,
         and GPUs other programs compute on."""
         mine = ", ".join(f"{h}: {','.join(d.id for d in ds)}" for h, ds in self.held.items())
         taken = self._taken()
-        elsewhere = [d.id for d in self.devices or [] if d.id not in taken and not self.locks.free(d)]
+        elsewhere = [d for d in self.devices or [] if d.id not in taken and not self.locks.free(d)]
+        named = [d.id + (f" ({note.get('kind')} {note.get('job')}, pid {note.get('pid')})"
+                         if (note := self.locks.holder_note(d)) else "") for d in elsewhere]
         others = [f"{d.id} (pid {','.join(map(str, pids))})" for d in self.devices or []
-                  if d.id not in taken and d.id not in elsewhere and (pids := self._foreign(d))]
-        said = f"held: {mine or 'none'}; claimed by other llmfleet processes: {','.join(elsewhere) or 'none'}"
+                  if d.id not in taken and d not in elsewhere and (pids := self._foreign(d))]
+        said = f"held: {mine or 'none'}; claimed by other llmfleet processes: {','.join(named) or 'none'}"
         return said + (f"; in use by other programs: {', '.join(others)}" if others else "")

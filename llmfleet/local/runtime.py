@@ -41,6 +41,7 @@ from typing import IO, Any
 
 from llmfleet.api.contracts import COMPONENT_LABEL, INFERENCESERVICE_LABEL, POOL_LABEL, prometheus_label
 from llmfleet.api.inferenceservice import InferenceService, PoolView
+from llmfleet.local.gpu_arbitration import LocalArbiter, service_priority
 from llmfleet.local.gpus import DeviceLedger, DeviceLocks, GpuRequest, device_env, machine_ledger
 from llmfleet.local.manifest import InvalidManifest, load_service
 from llmfleet.local.run_state import STATE_FILE
@@ -131,6 +132,13 @@ class Supervisor:
             self.event(said)
         else:
             self.gpus = DeviceLedger(None, DeviceLocks())
+        # Replicas waiting for GPUs ask lower-priority local training runs for them (gpu_arbitration.py).
+        self.arbiter: LocalArbiter | None = None
+        if self.gpus.devices is not None:
+            try:
+                self.arbiter = LocalArbiter(isvc.metadata.name, service_priority(isvc), self.gpus, self.event)
+            except ValueError as err:
+                self.event(str(err))
         for p in self.pools.values():
             n = max(p.max_replicas, p.replicas, p.min_replicas)
             self.slots[p.name] = [
@@ -365,6 +373,9 @@ class Supervisor:
                     self.stop_replica(r)
                 if not r.wanted:
                     r.waiting_for = None
+        if self.arbiter is not None and not self.stopping:
+            self.arbiter.update([GpuRequest.of(self.pools[r.pool].resources) for r in self.replicas()
+                                 if r.wanted and r.waiting_for is not None])
         if self.router is not None and self.router.poll() is not None and not self.stopping:
             self.router_restarts += 1
             self.event(f"router exited (code {self.router.returncode}); restart #{self.router_restarts}")
@@ -419,6 +430,8 @@ class Supervisor:
         self.stopping = True
         grace = float(self.isvc.spec.drain_seconds if grace_s is None else grace_s) + 25.0
         self.event("stopping: draining replicas")
+        if self.arbiter is not None:
+            self.arbiter.withdraw()
         for r in self.replicas():
             self.stop_replica(r)
         procs = [r.proc for r in self.replicas() if r.proc is not None]

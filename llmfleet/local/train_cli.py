@@ -126,9 +126,11 @@ def register_train(app: typer.Typer) -> None:
             peak = measure_cpu_peak_tflops()
             env["LLMFLEET_PEAK_TFLOPS"] = f"{peak:.6f}"
             typer.echo(f"MFU is against this CPU's measured fp32 matmul rate: {peak * 1e3:.1f} GFLOP/s")
-        gpus = _claim_gpus(name, n, spec.workers.gpu_type, env) if spec.workers.gpus_per_worker > 0 else None
+        priority = spec.scheduling.priority
+        gpus = _claim_gpus(name, n, spec.workers.gpu_type, env, priority=priority) if spec.workers.gpus_per_worker else None
         try:
-            rc = subprocess.call(cmd, env=env)
+            rc = (subprocess.call(cmd, env=env) if gpus is None
+                  else _run_yielding(cmd, env, gpus, name, spec.workers.gpu_type, priority))
         finally:
             shutil.rmtree(resolved.parent, ignore_errors=True)
             if gpus is not None:
@@ -148,10 +150,13 @@ def register_train(app: typer.Typer) -> None:
         _promote_locally(name, spec.output.path, service, pool, run_dir, promote_timeout)
 
 
-def _claim_gpus(job: str, n: int, gpu_type: str | None, env: dict[str, str]) -> DeviceLedger | None:
+def _claim_gpus(job: str, n: int, gpu_type: str | None, env: dict[str, str], *, priority: int = 0
+                ) -> DeviceLedger | None:
     """Claim `n` free whole GPUs of `gpu_type` on this machine for the run (llmfleet.local.gpus: the claims a
     `llmfleet up` on the same machine respects, and whose GPUs training then keeps away from) and show torchrun
-    only those (`env`). None without nvidia-smi: every process sees every GPU, as before devices were counted."""
+    only those (`env`). Each claim carries a note with the job's `priority`: a `llmfleet up` of higher priority
+    whose replicas wait may ask for the GPUs back (gpu_arbitration.py). None without nvidia-smi: every process sees
+    every GPU, as before devices were counted."""
     from llmfleet.local.gpus import GpuRequest, device_env, machine_ledger
 
     ledger, said = machine_ledger(env)
@@ -162,9 +167,60 @@ def _claim_gpus(job: str, n: int, gpu_type: str | None, env: dict[str, str]) -> 
     got = ledger.claim(job, want)
     if got is None:
         raise _fail(f"{want.describe()} wanted, too few free on this machine ({said}; {ledger.holders()})")
+    _note_claims(ledger, job, priority)
     env.update(device_env(got))
     typer.echo(f"training on GPU {','.join(d.id for d in got)} (claimed for this run)")
     return ledger
+
+
+YIELD_POLL_S = 1.0  # how often a run looks for a request to let go of its GPUs (and, suspended, for free GPUs)
+STOP_WAIT_S = 120.0  # how long a suspended run's workers may take to checkpoint before they are killed
+
+
+def _note_claims(ledger: DeviceLedger, job: str, priority: int) -> None:
+    from llmfleet.local.gpu_arbitration import training_note
+
+    for d in ledger.held.get(job, []):
+        ledger.locks.note(d, training_note(job, priority))
+
+
+def _run_yielding(cmd: list[str], env: dict[str, str], ledger: DeviceLedger, job: str, gpu_type: str | None,
+                  priority: int) -> int:
+    """Run the training command on the claimed GPUs; when a `llmfleet up` of higher priority asks for them
+    (gpu_arbitration.py), suspend as a TrainingJob is suspended on a cluster: SIGTERM (the workers finish their
+    step, flush a checkpoint and exit), let go of the GPUs, wait until enough are free and asked for by no one,
+    claim them and start again (the trainer resumes from the checkpoint). The command's exit status once it ends
+    on its own."""
+    import signal
+
+    from llmfleet.local.gpus import GpuRequest, device_env
+
+    want = GpuRequest(count=len(ledger.held.get(job, [])), gpu_type=gpu_type)
+    while True:
+        proc = subprocess.Popen(cmd, env=env)
+        asked: str | None = None
+        while proc.poll() is None:
+            if (asked := ledger.asked_of(job)) is not None:
+                break
+            time.sleep(YIELD_POLL_S)
+        if asked is None:
+            return proc.returncode
+        typer.echo(f"suspending: {asked} asks for GPU {','.join(d.id for d in ledger.held.get(job, []))}; "
+                   "the workers finish their step and save a checkpoint")
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=STOP_WAIT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        ledger.release(job)
+        typer.echo(f"suspended (exit {proc.returncode}); resumes from its last checkpoint when "
+                   f"{want.describe()} are free")
+        while (got := ledger.claim(job, want)) is None:
+            time.sleep(YIELD_POLL_S)
+        _note_claims(ledger, job, priority)
+        env.update(device_env(got))
+        typer.echo(f"resuming on GPU {','.join(d.id for d in got)}")
 
 
 def _promote_locally(job: str, model: str, service: str, pool: str, run_dir: Path | None, timeout_s: float) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -174,12 +175,22 @@ def test_on_a_full_gpu_machine_the_old_replica_goes_before_the_new_one_starts(tm
     isvc = _isvc().model_copy(deep=True)
     isvc.spec.fallback.pools[0].resources.gpus = 1
     s = Supervisor(isvc, tmp_path / "run", prometheus=False, env={"PATH": f"{bin_dir}:/usr/bin:/bin", "LLMFLEET_DEVICE_LOCKS": str(tmp_path / "locks")})
-    s.replica_command = lambda r: [sys.executable, "-c", "import time; time.sleep(120)"]  # type: ignore[method-assign]
+    # Replicas that take the drain's SIGTERM as a draining engine does (they go when killed here): one that exited
+    # at once could be replaced within the rollout's own step, before the test looks.
+    s.replica_command = lambda r: [  # type: ignore[method-assign]
+        sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', "
+                              "flush=True); time.sleep(120)"]
     try:
+        s.reconcile()
+        (first,) = [r for r in s.replicas("student") if r.proc is not None]
+        deadline = time.monotonic() + 20
+        while "up" not in Path(first.log).read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
         follower = _promote(s, "/models/new")
         (old,) = [r for r in s.replicas("student") if r.proc is not None]
         assert not s.surge and old.stopping and old.devices == ["0"] and old.model == "/models/old"
         assert old.proc is not None
+        old.proc.kill()
         old.proc.wait(timeout=10)
         s.reconcile()  # the drained slot is taken again (desired is unchanged) on the new model and the same GPU
         (new,) = [r for r in s.replicas("student") if r.proc is not None]
