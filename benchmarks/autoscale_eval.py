@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from autoscale_report import plot, render
+from autoscale_report import PlotRun, plot, plot_run, render
 from autoscale_setup import (
     GPU,
     MAX_REPLICAS,
@@ -48,7 +48,6 @@ from autoscale_setup import (
     ROUTER_SEEDS,
     STUDENT_COLD_S,
     STUDENT_MODEL,
-    PolicyHook,
     SeedRuns,
     check_trace_seconds,
     default_jobs,
@@ -115,16 +114,19 @@ def evaluate(name: str, w: Workload, policies: tuple[str, ...] = ("slo", "queue"
     other than 0 (SeedRuns; 0: one after another here)."""
     clock = time.time()
     if known is None:
-        ref = run_static(w, MAX_REPLICAS, 1e9)
-        p99 = float(np.percentile([r["ttft"] for r in ref.records if r["ttft"] is not None], 99))
+        ttfts = [r["ttft"] for r in run_static(w, MAX_REPLICAS, 1e9).records if r["ttft"] is not None]
+        p99 = float(np.percentile(ttfts, 99))
         slo_s = max(1.0, 1.5 * p99)
+        del ttfts
     else:
         slo_s, p99 = known[0], float("nan")
     # Autoscaled fleets start where the planner puts them for the first minute's traffic (no hindsight).
     initial = max(1, planner_peak_replicas(w, slo_s, first_minute=True)[0])
     rows: dict[str, dict[str, Any]] = {}
-    runs: dict[str, SimResult] = {}
-    hooks: dict[str, PolicyHook] = {}
+    # Each run is reduced to its row and what the plot draws as soon as it ends: no two runs' per-request records
+    # are held at once (a week-long trace's records are gigabytes a run).
+    runs: dict[str, PlotRun] = {}
+    timelines: dict[str, list[dict[str, Any]]] = {}
     # The policies' runs with router seeds other than 0 (how much of a difference is luck) start now, in `jobs`
     # other processes, while this one searches the static fleets and runs seed 0 of each policy: every run is
     # deterministic, so where it runs changes nothing.
@@ -139,19 +141,20 @@ def evaluate(name: str, w: Workload, policies: tuple[str, ...] = ("slo", "queue"
                 static = run_static(w, n_peak, slo_s)
         if static is not None:
             clock = progress(name, f"static-at-peak fleet of {n_peak}, {ttft_attainment(static, slo_s):.2%}", clock)
-            runs[f"static-at-peak ({n_peak})"] = static
+            runs[f"static-at-peak ({n_peak})"] = plot_run(static)
             rows["static-at-peak"] = summary_row(static, slo_s, actions=0, replicas=n_peak)
+            static = None
         n_plan, peak_rps = planner_peak_replicas(w, slo_s)
         if baselines and planner_static:
-            planned = run_static(w, n_plan, slo_s)
-            rows["static-planner-peak"] = summary_row(planned, slo_s, actions=0, replicas=n_plan)
+            rows["static-planner-peak"] = summary_row(run_static(w, n_plan, slo_s), slo_s, actions=0, replicas=n_plan)
         for policy in policies:
             res, hook = run_policy(w, policy, slo_s, initial)
             clock = progress(name, f"{policy} {ttft_attainment(res, slo_s):.2%}, {res.summary['gpuSeconds']:,.0f} GPU-s",
                              clock)
-            runs[policy], hooks[policy] = res, hook
+            runs[policy], timelines[policy] = plot_run(res), hook.timeline
             rows[policy] = summary_row(res, slo_s, actions=hook.actions,
                                        replicas=max((x["primary"] for x in hook.timeline), default=initial))
+            del res
         for policy in policies if seeds > 1 else ():
             others = [result() for result in pending[policy]]
             clock = progress(name, f"{policy} on router seeds 1-{seeds - 1}", clock)
@@ -164,7 +167,7 @@ def evaluate(name: str, w: Workload, policies: tuple[str, ...] = ("slo", "queue"
         plot(name, slo_s, runs, img)
     if "slo" not in rows or "queue" not in rows or not baselines:
         return {"workload": name, "ttftSloS": slo_s, "staticAtPeakReplicas": n_peak, "policies": rows,
-                "targets": {}, "timelines": {k: h.timeline for k, h in hooks.items()}, "runs": runs}
+                "targets": {}, "timelines": timelines}
     return {"workload": name, "requests": len(w.requests), "durationS": w.duration, "ttftSloS": slo_s,
             "referenceP99TtftS": p99, "staticAtPeakReplicas": n_peak, "plannerPeakReplicas": n_plan,
             "peakRps1m": round(peak_rps, 3), "initialReplicas": initial, **unavoidable_misses(w, slo_s),

@@ -64,19 +64,24 @@ def fewest_static(run: Callable[[int, float | None], SimResult], ttft_slo_s: flo
         raise ValueError(f"the upper bound must be >= 1 replica, got {upper}")
     if not 0 < target <= 1:
         raise ValueError(f"the target must be within (0, 1], got {target:g}")
+    # A trial's run is dropped before the next one starts: at most the best run and the trial's are held at once
+    # (a run's per-request records are gigabytes on a week-long trace).
     lo, hi = 1, 1
     while True:
-        best = run(hi, None if hi >= upper else target)
-        if attainment(best, ttft_slo_s) >= target or hi >= upper:
+        trial = run(hi, None if hi >= upper else target)
+        if attainment(trial, ttft_slo_s) >= target or hi >= upper:
+            best = trial
             break
+        del trial
         lo, hi = hi + 1, min(2 * hi, upper)
     while lo < hi:
         mid = (lo + hi) // 2
-        res = run(mid, target)
-        if attainment(res, ttft_slo_s) >= target:
-            hi, best = mid, res
+        trial = run(mid, target)
+        if attainment(trial, ttft_slo_s) >= target:
+            hi, best = mid, trial
         else:
             lo = mid + 1
+        del trial
     return hi, best
 
 

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -260,3 +261,37 @@ def test_student_mig_runs_the_student_on_slices_and_names_its_plots_apart(tmp_pa
     bad = subprocess.run([sys.executable, str(SCRIPT), "--no-trace", "--student-mig", "3g.40gb"], capture_output=True,
                          text=True, timeout=120)
     assert bad.returncode == 2 and "H200 has no MIG profile '3g.40gb'" in bad.stderr
+
+
+def test_the_evaluation_holds_no_two_runs_records_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each run is reduced to its table row and its plot's lines when it ends: a week-long trace's runs hold gigabytes
+    of per-request records each, and holding every run's (the reference fleet, the static search, the planner's
+    fleet, each policy) exceeded the dev VM's memory. When a run starts, at most one earlier run (the static search's
+    best so far) may still be alive."""
+    import gc
+    import weakref
+
+    import autoscale_eval
+
+    from llmfleet.sim.types import SimResult
+
+    alive: list[weakref.ref[SimResult]] = []
+    held_at_start: list[int] = []
+
+    def tracked(run: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            gc.collect()
+            held_at_start.append(sum(1 for ref in alive if ref() is not None))
+            out = run(*args, **kwargs)
+            alive.append(weakref.ref(out[0] if isinstance(out, tuple) else out))
+            return out
+        return wrapper
+
+    monkeypatch.setattr(autoscale_eval, "run_static", tracked(autoscale_setup.run_static))
+    monkeypatch.setattr(autoscale_eval, "run_policy", tracked(autoscale_setup.run_policy))
+    w = autoscale_setup.workloads([_azure_csv(tmp_path / "held.csv", 60)], quick=False, spike_factor=None)["held"]
+    result = autoscale_eval.evaluate("held", w, seeds=1, img_dir=tmp_path)
+    assert len(held_at_start) >= 5  # the reference fleet, the static search, the planner's fleet, slo, queue
+    assert max(held_at_start) <= 1, held_at_start
+    assert set(result["policies"]) == {"static-at-peak", "static-planner-peak", "slo", "queue"}
+    assert (tmp_path / "autoscale_eval_held.png").stat().st_size > 0

@@ -166,3 +166,94 @@ def test_a_gpu_another_program_computes_on_is_not_given_out(tmp_path: Path) -> N
     finally:
         notebook.kill()
         asyncio.run(sup.stop(grace_s=0))
+
+
+@pytest.mark.timeout(900)
+def test_a_higher_priority_service_takes_the_gpu_a_training_run_holds_and_the_run_resumes(tmp_path: Path) -> None:
+    """`llmfleet train` (priority 0) trains on the one GPU left free; a service of priority 10 wants a replica: the
+    replica waits and asks, the run checkpoints and lets go, the replica starts on that GPU; once the service scales
+    in, the run resumes on the GPU from its checkpoint (local GPU arbitration, gpu_arbitration.py)."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import threading
+
+    import numpy as np
+    import yaml
+
+    from llmfleet.local.gpus import LOCK_DIR_ENV, DeviceLocks
+
+    assert NVIDIA_SMI is not None
+    whole = [d for d in list_devices(NVIDIA_SMI) if d.mig is None]
+    if not whole:
+        pytest.skip("every GPU here is MIG-partitioned")
+    data = tmp_path / "data"
+    data.mkdir()
+    np.tile(np.arange(1000, dtype=np.uint16), 50).tofile(data / "shard-00000.bin")
+    (data / "manifest.json").write_text(json.dumps({"dtype": "uint16", "vocab": 1024, "eos": 1023, "tokens": 50_000,
+                                                    "shards": [{"file": "shard-00000.bin", "tokens": 50_000}]}))
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump({
+        "metadata": {"name": "pretrain"},
+        "spec": {"model": {"layers": 2, "hidden": 128, "heads": 4, "vocab": 1024, "seqLen": 128},
+                 "data": {"path": str(data)}, "workers": {"count": 1, "gpusPerWorker": 1},
+                 "scheduling": {"priority": 0},
+                 "optimization": {"globalBatchTokens": 512, "microBatch": 2, "steps": 1_000_000, "precision": "bf16"},
+                 "checkpoint": {"uri": str(tmp_path / "ckpt"), "interval": 20}}}))
+    locks = tmp_path / "locks"
+    others = DeviceLocks(locks)
+    assert all(others.acquire(d) for d in whole[:-1])  # every GPU but the last is another run's
+    train = subprocess.Popen([sys.executable, "-m", "llmfleet", "train", "-f", str(job)], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                             env=dict(os.environ, **{LOCK_DIR_ENV: str(locks)}))
+    said: list[str] = []
+    assert train.stdout is not None
+    reader = threading.Thread(target=lambda: said.extend(train.stdout), daemon=True)  # type: ignore[arg-type]
+    reader.start()
+
+    def wait_for(text: str, timeout_s: float = 300.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not any(text in line for line in said):
+            assert train.poll() is None, "".join(said)[-4000:]
+            assert time.monotonic() < deadline, f"no {text!r}:\n{''.join(said)[-4000:]}"
+            time.sleep(0.2)
+
+    isvc = InferenceService.model_validate({
+        "apiVersion": "llmfleet.io/v1alpha1", "kind": "InferenceService",
+        "metadata": {"name": "chat", "annotations": {"llmfleet.io/priority": "10"}},
+        "spec": {"model": {"path": "/m"}, "replicas": 1, "maxReplicas": 1, "drainSeconds": 1,
+                 "resources": {"gpus": 1}}})
+    sup = StandInSupervisor(isvc, tmp_path / "run", prometheus=False, env={LOCK_DIR_ENV: str(locks)})
+    try:
+        wait_for(f"training on GPU {whole[-1].id}")
+        deadline = time.monotonic() + 300
+        while not (tmp_path / "ckpt" / "status.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.5)  # trains for a while first
+        sup.start()
+        (replica,) = sup.slots["primary"]
+        deadline = time.monotonic() + 300
+        while replica.proc is None and time.monotonic() < deadline:
+            sup.reconcile()
+            time.sleep(0.5)
+        assert any("asked training pretrain" in m for _, m in sup.events), sup.events
+        wait_for("suspending: InferenceService chat (priority 10)")
+        assert _said(replica)[0] == whole[-1].id  # the stand-in engine took 60 % of the GPU training let go of
+
+        replica.wanted, sup.desired["primary"] = False, 0  # the service scales in
+        sup.reconcile()
+        assert replica.proc is not None
+        replica.proc.wait(timeout=60)
+        sup.reconcile()
+        sup.reconcile()
+        wait_for(f"resuming on GPU {whole[-1].id}")
+        deadline = time.monotonic() + 300
+        while "resumed from" not in "".join(said) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert "resumed from" in "".join(said), "".join(said)[-4000:]  # the trainer's log: from the checkpoint
+    finally:
+        if train.poll() is None:  # the CLI and its trainer: the trainer checkpoints and exits
+            os.killpg(train.pid, signal.SIGTERM)
+            train.wait(timeout=120)
+        asyncio.run(sup.stop(grace_s=0))
+        others.release_all()
