@@ -199,16 +199,23 @@ class DeviceLocks:
             return False
         return True
 
+    def _open_locked(self, name: str, flags: int) -> int | None:
+        """A descriptor of the folder's file `name`, exclusively locked by it; None when another holds the lock."""
+        fd = self._open(name, flags)
+        if fd is None:
+            return None
+        if not self._lock(fd, fcntl.LOCK_EX):
+            os.close(fd)
+            return None
+        return fd
+
     def acquire(self, d: Device) -> bool:
         """Claim `d` (True), or False when another process (or another claim of this one) holds it."""
         if d.uuid in self._fds:
             return False
         # Read-only suffices for flock, so another user can open a file this one created.
-        fd = self._open(f"{d.uuid}.lock", os.O_RDONLY | os.O_CREAT)
+        fd = self._open_locked(f"{d.uuid}.lock", os.O_RDONLY | os.O_CREAT)
         if fd is None:
-            return False
-        if not self._lock(fd, fcntl.LOCK_EX):
-            os.close(fd)
             return False
         self._fds[d.uuid] = fd
         return True
@@ -260,11 +267,8 @@ class DeviceLocks:
         (False: another process asks already, or the request cannot be written)."""
         if d.uuid in self._asks:
             return True
-        fd = self._open(f"{d.uuid}.yield", os.O_RDWR | os.O_CREAT)
+        fd = self._open_locked(f"{d.uuid}.yield", os.O_RDWR | os.O_CREAT)
         if fd is None:
-            return False
-        if not self._lock(fd, fcntl.LOCK_EX):
-            os.close(fd)
             return False
         os.ftruncate(fd, 0)
         os.write(fd, by.encode()[:400])

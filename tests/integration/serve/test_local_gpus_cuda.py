@@ -53,12 +53,31 @@ def _said(r: ReplicaSlot, timeout_s: float = 120.0) -> list[str]:
     raise TimeoutError(r.name)
 
 
-@pytest.mark.timeout(600)
-def test_each_replica_gets_a_gpu_of_its_own_and_one_more_waits(tmp_path: Path) -> None:
+def _whole_gpus() -> list[Any]:
+    """The whole GPUs here (MIG instances left out); the test is skipped when there are none."""
     assert NVIDIA_SMI is not None
     whole = [d for d in list_devices(NVIDIA_SMI) if d.mig is None]
     if not whole:
         pytest.skip("every GPU here is MIG-partitioned")
+    return whole
+
+
+def _token_data(data: Path) -> Path:
+    """A tiny tokenized dataset (llmfleet.workers.train's shard format) in folder `data`."""
+    import json
+
+    import numpy as np
+
+    data.mkdir()
+    np.tile(np.arange(1000, dtype=np.uint16), 50).tofile(data / "shard-00000.bin")
+    (data / "manifest.json").write_text(json.dumps({"dtype": "uint16", "vocab": 1024, "eos": 1023, "tokens": 50_000,
+                                                    "shards": [{"file": "shard-00000.bin", "tokens": 50_000}]}))
+    return data
+
+
+@pytest.mark.timeout(600)
+def test_each_replica_gets_a_gpu_of_its_own_and_one_more_waits(tmp_path: Path) -> None:
+    whole = _whole_gpus()
     n = len(whole)
     isvc = InferenceService.model_validate({
         "apiVersion": "llmfleet.io/v1alpha1", "kind": "InferenceService", "metadata": {"name": "gpus"},
@@ -93,20 +112,12 @@ def test_llmfleet_train_claims_its_gpu_and_refuses_while_another_run_holds_it(tm
     import os
     import subprocess
 
-    import numpy as np
     import yaml
 
     from llmfleet.local.gpus import LOCK_DIR_ENV, DeviceLocks
 
-    assert NVIDIA_SMI is not None
-    whole = [d for d in list_devices(NVIDIA_SMI) if d.mig is None]
-    if not whole:
-        pytest.skip("every GPU here is MIG-partitioned")
-    data = tmp_path / "data"
-    data.mkdir()
-    np.tile(np.arange(1000, dtype=np.uint16), 50).tofile(data / "shard-00000.bin")
-    (data / "manifest.json").write_text(json.dumps({"dtype": "uint16", "vocab": 1024, "eos": 1023, "tokens": 50_000,
-                                                    "shards": [{"file": "shard-00000.bin", "tokens": 50_000}]}))
+    whole = _whole_gpus()
+    data = _token_data(tmp_path / "data")
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump({
         "model": {"layers": 2, "hidden": 128, "heads": 4, "vocab": 1024, "seqLen": 128},
@@ -136,10 +147,7 @@ def test_a_gpu_another_program_computes_on_is_not_given_out(tmp_path: Path) -> N
 
     from llmfleet.local.gpus import BUSY_TTL_S, LOCK_DIR_ENV
 
-    assert NVIDIA_SMI is not None
-    whole = [d for d in list_devices(NVIDIA_SMI) if d.mig is None]
-    if not whole:
-        pytest.skip("every GPU here is MIG-partitioned")
+    whole = _whole_gpus()
     hog = ("import sys, time, torch; xs = [torch.ones(1, device=f'cuda:{i}') for i in range(torch.cuda.device_count())]; "
            "torch.cuda.synchronize(); print('up', flush=True); time.sleep(300)")
     notebook = subprocess.Popen([sys.executable, "-c", hog], stdout=subprocess.PIPE, text=True,
@@ -173,26 +181,17 @@ def test_a_higher_priority_service_takes_the_gpu_a_training_run_holds_and_the_ru
     """`llmfleet train` (priority 0) trains on the one GPU left free; a service of priority 10 wants a replica: the
     replica waits and asks, the run checkpoints and lets go, the replica starts on that GPU; once the service scales
     in, the run resumes on the GPU from its checkpoint (local GPU arbitration, gpu_arbitration.py)."""
-    import json
     import os
     import signal
     import subprocess
     import threading
 
-    import numpy as np
     import yaml
 
     from llmfleet.local.gpus import LOCK_DIR_ENV, DeviceLocks
 
-    assert NVIDIA_SMI is not None
-    whole = [d for d in list_devices(NVIDIA_SMI) if d.mig is None]
-    if not whole:
-        pytest.skip("every GPU here is MIG-partitioned")
-    data = tmp_path / "data"
-    data.mkdir()
-    np.tile(np.arange(1000, dtype=np.uint16), 50).tofile(data / "shard-00000.bin")
-    (data / "manifest.json").write_text(json.dumps({"dtype": "uint16", "vocab": 1024, "eos": 1023, "tokens": 50_000,
-                                                    "shards": [{"file": "shard-00000.bin", "tokens": 50_000}]}))
+    whole = _whole_gpus()
+    data = _token_data(tmp_path / "data")
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump({
         "metadata": {"name": "pretrain"},
