@@ -98,11 +98,13 @@ class LocalArbiter:
         by = f"InferenceService {self.service} (priority {self.priority})"
         for action in arbitrate(need, jobs):
             claim = claims[action.job]
-            if action.action != "suspend" or action.job in self.asked:
+            # A run asked before may hold other GPUs now (it resumed on free ones): those are asked anew.
+            new = [d for d in claim.devices if d.id not in self.asked.get(action.job, ())]
+            if action.action != "suspend" or not new:
                 continue
-            got = tuple(d.id for d in claim.devices if self.ledger.locks.ask(d, by))
+            got = tuple(d.id for d in new if self.ledger.locks.ask(d, by))
             if got:
-                self.asked[action.job] = got
+                self.asked[action.job] = (*self.asked.get(action.job, ()), *got)
                 self.event(f"{need.gpus_missing} GPU(s) wanted by waiting replicas: asked training {action.job}, "
                            f"priority {claim.priority} < {self.priority}, to let go of GPU {','.join(got)} "
                            f"(it checkpoints and resumes when GPUs are free)")

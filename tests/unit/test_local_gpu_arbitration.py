@@ -193,3 +193,23 @@ def test_equal_priority_or_a_bad_annotation_asks_nothing(tmp_path: Path) -> None
     arbiter = LocalArbiter("chat", 10, DeviceLedger(devices, DeviceLocks(tmp_path / "l")), events.append)
     arbiter.update([H100])
     assert arbiter.asked == {} and events == [] and locks.asked(devices[0]) is None
+
+
+def test_a_run_that_resumed_on_another_gpu_is_asked_again(tmp_path: Path) -> None:
+    listing = "".join(f"GPU {i}: NVIDIA H100 80GB HBM3 (UUID: GPU-0000000{i}-0000-0000-0000-000000000000)\n"
+                      for i in range(2))
+    gpu0, gpu1 = parse_nvidia_smi_list(listing)
+    training = DeviceLocks(tmp_path / "l")
+    assert training.acquire(gpu0)
+    training.note(gpu0, training_note("t", 0))
+    events: list[str] = []
+    ledger = DeviceLedger([gpu0, gpu1], DeviceLocks(tmp_path / "l"))
+    arbiter = LocalArbiter("chat", 1, ledger, events.append)
+    arbiter.update([H100])
+    assert training.asked(gpu0) is not None and len(events) == 1
+    training.release(gpu0)  # the run lets go of GPU 0 and resumes on GPU 1, which nobody asked for
+    assert training.acquire(gpu1)
+    training.note(gpu1, training_note("t", 0))
+    assert [d.id for d in ledger.claim("primary-0", H100) or []] == ["0"]
+    arbiter.update([H100])  # a second replica waits: GPU 1 is asked for now
+    assert training.asked(gpu1) is not None and len(events) == 2 and "to let go of GPU 1" in events[1]
