@@ -195,24 +195,33 @@ def _run_yielding(cmd: list[str], env: dict[str, str], ledger: DeviceLedger, job
 
     from llmfleet.local.gpus import GpuRequest, device_env
 
-    want = GpuRequest(count=len(ledger.held.get(job, [])), gpu_type=gpu_type)
-    while True:
-        proc = subprocess.Popen(cmd, env=env)
-        asked: str | None = None
-        while proc.poll() is None:
-            if (asked := ledger.asked_of(job)) is not None:
-                break
-            time.sleep(YIELD_POLL_S)
-        if asked is None:
-            return proc.returncode
-        typer.echo(f"suspending: {asked} asks for GPU {','.join(d.id for d in ledger.held.get(job, []))}; "
-                   "the workers finish their step and save a checkpoint")
-        proc.send_signal(signal.SIGTERM)
+    def stop(proc: subprocess.Popen[bytes]) -> None:
+        """SIGTERM (the graceful stop: step, checkpoint, exit), then SIGKILL after STOP_WAIT_S."""
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(timeout=STOP_WAIT_S)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+    want = GpuRequest(count=len(ledger.held.get(job, [])), gpu_type=gpu_type)
+    while True:
+        proc = subprocess.Popen(cmd, env=env)
+        asked: str | None = None
+        try:
+            while proc.poll() is None:
+                if (asked := ledger.asked_of(job)) is not None:
+                    break
+                time.sleep(YIELD_POLL_S)
+        finally:
+            if asked is None and proc.poll() is None:  # Ctrl-C here: the workers stop before the GPUs are let go
+                stop(proc)
+        if asked is None:
+            return proc.returncode
+        typer.echo(f"suspending: {asked} asks for GPU {','.join(d.id for d in ledger.held.get(job, []))}; "
+                   "the workers finish their step and save a checkpoint")
+        stop(proc)
         ledger.release(job)
         typer.echo(f"suspended (exit {proc.returncode}); resumes from its last checkpoint when "
                    f"{want.describe()} are free")

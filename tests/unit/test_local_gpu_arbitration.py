@@ -4,6 +4,7 @@ processes, the supervisor's side, and `llmfleet train`'s suspension and resumpti
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -213,3 +214,26 @@ def test_a_run_that_resumed_on_another_gpu_is_asked_again(tmp_path: Path) -> Non
     assert [d.id for d in ledger.claim("primary-0", H100) or []] == ["0"]
     arbiter.update([H100])  # a second replica waits: GPU 1 is asked for now
     assert training.asked(gpu1) is not None and len(events) == 2 and "to let go of GPU 1" in events[1]
+
+
+
+def test_ctrl_c_stops_the_workers_gracefully_before_the_gpus_are_let_go(tmp_path: Path) -> None:
+    """Ctrl-C while training runs: the workers get the graceful stop (SIGTERM: checkpoint) and have exited before
+    the command's `finally` lets go of the GPUs."""
+    from llmfleet.local import train_cli
+
+    ledger = DeviceLedger(parse_nvidia_smi_list(NVIDIA_SMI_L), DeviceLocks(tmp_path / "l"))
+    assert ledger.claim("job", H100) is not None
+    up, out = tmp_path / "up", tmp_path / "trainer.txt"
+    trainer = ("import signal, sys, time; from pathlib import Path; "
+               f"signal.signal(signal.SIGTERM, lambda *a: (Path({str(out)!r}).write_text('checkpoint'), sys.exit(0))); "
+               f"Path({str(up)!r}).touch(); time.sleep(120)")
+
+    def press_ctrl_c() -> None:
+        _wait(up.exists, what="the trainer is up, its SIGTERM handler installed")
+        os.kill(os.getpid(), signal.SIGINT)  # KeyboardInterrupt in the main thread, as a terminal's Ctrl-C
+
+    threading.Thread(target=press_ctrl_c, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        train_cli._run_yielding([sys.executable, "-c", trainer], dict(os.environ), ledger, "job", "H100", 0)
+    assert out.read_text() == "checkpoint" and ledger.held["job"]
