@@ -50,7 +50,6 @@ from autoscale_setup import (
     STUDENT_MODEL,
     SeedRuns,
     check_trace_seconds,
-    default_jobs,
     rate_variant,
     run_policy,
     run_static,
@@ -108,10 +107,10 @@ def planner_peak_replicas(w: Workload, slo_s: float, first_minute: bool = False)
 def evaluate(name: str, w: Workload, policies: tuple[str, ...] = ("slo", "queue"),
              known: tuple[float, int | None] | None = None, plot_it: bool = True,
              baselines: bool = True, seeds: int = 1, planner_static: bool = True,
-             img_dir: Path | None = None, jobs: int = 0) -> dict[str, Any]:
+             img_dir: Path | None = None, jobs: int | None = 0) -> dict[str, Any]:
     """`known` = (SLO s, static-at-peak replicas) from an earlier run: skips the reference and bisection runs.
     `img_dir`: where the plot goes (`plot_dir`; docs/img when None). `jobs`: processes for the runs of router seeds
-    other than 0 (SeedRuns; 0: one after another here)."""
+    other than 0 (SeedRuns; 0: one after another here; None: as many as the CPUs and memory allow)."""
     clock = time.time()
     if known is None:
         ttfts = [r["ttft"] for r in run_static(w, MAX_REPLICAS, 1e9).records if r["ttft"] is not None]
@@ -190,7 +189,7 @@ def targets_of(rows: dict[str, dict[str, Any]]) -> dict[str, bool]:
 
 
 def slo_only(name: str, w: Workload, recorded: dict[str, Any], seeds: int, img_dir: Path | None = None,
-             jobs: int = 0) -> dict[str, Any]:
+             jobs: int | None = 0) -> dict[str, Any]:
     """Run `slo` again and keep every other row of the recorded result (each marked with the run it comes from):
     for a change that touches only the slo policy, on a workload too long to replay every fleet again."""
     fresh = evaluate(name, w, policies=("slo",), known=(recorded["ttftSloS"], recorded["staticAtPeakReplicas"]),
@@ -375,10 +374,11 @@ def main() -> None:
                          "--time-scale also a variant's name, azure-rate2x)")
     ap.add_argument("--seeds", type=int, default=ROUTER_SEEDS,
                     help="run each policy with this many router seeds (0 .. N-1); the table shows seed 0")
-    ap.add_argument("--jobs", type=int, default=default_jobs(), metavar="N",
+    ap.add_argument("--jobs", type=int, default=None, metavar="N",
                     help="processes for the runs of router seeds other than 0, beside this one's searches and seed-0 "
-                         "runs (default: the CPUs but one; 0: all in this process, one after another; results are "
-                         "the same either way)")
+                         "runs (default: the CPUs but one, fewer when the memory free does not hold that many runs "
+                         "of a long trace; 0: all in this process, one after another; results are the same either "
+                         "way)")
     ap.add_argument("--orders", nargs="+", choices=["highest", "forward", "backward"], default=["highest"],
                     help="with --hindsight: one descent per window order, keep the cheapest")
     ap.add_argument("--instant", action="store_true",
@@ -407,7 +407,7 @@ def main() -> None:
         if args.kv_block_size is not None and args.kv_block_size < 1:
             raise WorkloadError(f"--kv-block-size {args.kv_block_size}: it must be >= 1")
         trace_names(args.trace or [])  # distinct names, else one results row and plot for two traces
-        if args.jobs < 0:
+        if args.jobs is not None and args.jobs < 0:
             raise WorkloadError(f"--jobs {args.jobs}: it must be >= 0")
         use_student_mig(args.student_mig)
     except ValueError as e:  # WorkloadError and a MIG profile the GPU does not have

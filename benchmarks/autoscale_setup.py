@@ -282,10 +282,17 @@ def _seed_run(policy: str, slo_s: float, initial: int, seed: int) -> tuple[float
 
 
 class SeedRuns:
-    """`_seed_run`s in `jobs` forked processes (0: each run here, when its result is asked for). `submit` returns
-    a function that gives the result."""
+    """`_seed_run`s in `jobs` forked processes (0: each run here, when its result is asked for; None: `default_jobs`
+    for this workload, said on stderr when memory rather than the CPUs sets it). `submit` returns a function that
+    gives the result."""
 
-    def __init__(self, w: Workload, jobs: int) -> None:
+    def __init__(self, w: Workload, jobs: int | None) -> None:
+        if jobs is None:
+            jobs, cpus = default_jobs(len(w.requests), available_memory()), default_jobs()
+            if jobs < cpus:
+                print(f"{w.name}: {jobs} process(es) for the other router seeds instead of {cpus}: each holds "
+                      f"~{len(w.requests) * FORK_BYTES_PER_REQUEST / 2**30:.1f} GiB of this workload's run "
+                      f"(--jobs N to choose)", file=sys.stderr, flush=True)
         self.w, self.jobs = w, jobs
         self.pool: ProcessPoolExecutor | None = None
 
@@ -308,6 +315,31 @@ class SeedRuns:
         return self.pool.submit(_seed_run, policy, slo_s, initial, seed).result
 
 
-def default_jobs() -> int:
-    """Processes for the other router seeds' runs: every CPU but the one running seed 0."""
-    return max((os.cpu_count() or 1) - 1, 0)
+# Bytes one run of a workload holds per request: its per-request records and simulation state, and, in a forked
+# process, the workload's pages it copies as it touches them. benchmarks/sim_long_trace.py: peak memory grows
+# ~0.9 KB a request for one `sim run` and for autoscale_eval.py (whose own process holds at most two runs).
+FORK_BYTES_PER_REQUEST = 1024
+MAIN_RUNS_HELD = 2  # this process: the static search's best run and its trial
+
+
+def available_memory() -> int | None:
+    """MemAvailable of /proc/meminfo in bytes; None where it cannot be read (not Linux)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def default_jobs(requests: int | None = None, available: int | None = None) -> int:
+    """Processes for the other router seeds' runs: every CPU but the one running seed 0, and, for a workload of
+    `requests` requests with `available` bytes of memory free, no more than fit beside this process's own runs
+    (FORK_BYTES_PER_REQUEST a request each): on a many-core machine a week-long trace's forks would otherwise
+    multiply its memory past the machine's."""
+    cpus = max((os.cpu_count() or 1) - 1, 0)
+    if not requests or available is None:
+        return cpus
+    per_run = requests * FORK_BYTES_PER_REQUEST
+    return min(cpus, max(0, (available - MAIN_RUNS_HELD * per_run) // per_run))

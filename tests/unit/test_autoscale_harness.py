@@ -295,3 +295,22 @@ def test_the_evaluation_holds_no_two_runs_records_at_once(tmp_path: Path, monkey
     assert max(held_at_start) <= 1, held_at_start
     assert set(result["policies"]) == {"static-at-peak", "static-planner-peak", "slo", "queue"}
     assert (tmp_path / "autoscale_eval_held.png").stat().st_size > 0
+
+
+def test_forked_seed_runs_are_as_many_as_the_free_memory_holds(monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """Each forked run of a week-long trace holds gigabytes: by default the processes are the CPUs but one, and no
+    more than fit in the free memory beside this process's own two runs; an explicit --jobs is kept."""
+    monkeypatch.setattr(autoscale_setup.os, "cpu_count", lambda: 64)
+    per_run = 16_800_000 * autoscale_setup.FORK_BYTES_PER_REQUEST  # a week of Azure's 2024 code release
+    assert autoscale_setup.default_jobs() == 63 and autoscale_setup.default_jobs(16_800_000, None) == 63
+    assert autoscale_setup.default_jobs(16_800_000, 5 * per_run) == 3  # two runs here, three forked
+    assert autoscale_setup.default_jobs(16_800_000, per_run) == 0
+    assert autoscale_setup.default_jobs(1000, 64 * 2**30) == 63
+    assert isinstance(autoscale_setup.available_memory(), int)  # Linux: /proc/meminfo
+
+    w = autoscale_setup.workloads([HEAD300], quick=False, spike_factor=None)["mooncake_head300"]
+    monkeypatch.setattr(autoscale_setup, "available_memory", lambda: 4 * 300 * autoscale_setup.FORK_BYTES_PER_REQUEST)
+    assert autoscale_setup.SeedRuns(w, None).jobs == 2
+    assert "2 process(es) for the other router seeds instead of 63" in capsys.readouterr().err
+    assert autoscale_setup.SeedRuns(w, 5).jobs == 5
