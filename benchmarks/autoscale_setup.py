@@ -166,8 +166,9 @@ def shapes() -> dict[str, Workload]:
     """Synthetic traffic shapes no policy constant was chosen on (a check of generality, not a target set): a daily
     cycle compressed into 30 minutes, 30 s bursts every 5 minutes, long multi-turn prompts, two 3-minute 12x
     bursts on near-idle traffic, long outputs (1,000 tokens on 200-token turns), 40 req/s, short chat turns
-    with a 4-minute 3x burst, and two where rises shorter than a cold start come before a long one (4x for 400 s)
-    or a large one (8x for 200 s). Multi-tenant sessions as in `spike`, one generator seed for all nine."""
+    with a 4-minute 3x burst, two where rises shorter than a cold start come before a long one (4x for 400 s)
+    or a large one (8x for 200 s), and reasoning-style 4,000-token answers. Multi-tenant sessions as in `spike`, one
+    generator seed for all ten."""
     base: dict[str, Any] = dict(tenants=8, warmup_s=120.0, seed=11)
     specs = {
         "shape-diurnal": SyntheticSpec(duration_s=1800.0, rate_rps=12.0, diurnal_amplitude=0.8,
@@ -191,6 +192,11 @@ def shapes() -> dict[str, Workload]:
                                                  (1200.0, 400.0, 4.0)], **base),
         "shape-shortbig": SyntheticSpec(duration_s=1500.0, rate_rps=8.0, diurnal_amplitude=0.0,
                                         bursts=[(300.0, 30.0, 3.0), (600.0, 30.0, 3.0), (900.0, 200.0, 8.0)], **base),
+        # reasoning-style answers: 4,000-token outputs that later turns carry as context (KV cache, not compute,
+        # bounds a replica)
+        "shape-reasoning": SyntheticSpec(duration_s=1800.0, rate_rps=2.0, diurnal_amplitude=0.5,
+                                         diurnal_period_s=1800.0, user_tokens_mean=300.0, output_tokens_mean=4000.0,
+                                         **base),
     }
     return {name: synthetic(spec) for name, spec in specs.items()}
 
