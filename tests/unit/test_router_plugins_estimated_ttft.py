@@ -65,6 +65,28 @@ def test_estimates_and_scores(replicas: list[ReplicaState], expected_s: list[flo
     assert max(scores) == 1.0 and all(0.0 < x <= 1.0 for x in scores)
 
 
+def test_a_replica_that_cannot_admit_counts_one_objective_of_wait() -> None:
+    """KV admission: a replica whose engine queues requests with its KV cache full (long answers hold the blocks)
+    cannot start this one until running requests finish, however much of its prompt it has cached: its estimate
+    counts one TTFT objective of wait, and the request goes to a replica that can admit it. A queue with KV to
+    spare, a stale scrape or no objective change nothing; every candidate blocked alike keeps the cache hit."""
+    def scorer(objective: float | None = 2.0) -> EstimatedTTFTScorer:
+        s = EstimatedTTFTScorer(_index_with("a", KEYS[:4]), default_tokens_per_s=RATE, attention_tokens=None,
+                                work_externality=0.0, sole_holder_discount=False)
+        s.ttft_objective_s = objective
+        return s
+
+    req = RequestInfo(**REQ)  # type: ignore[arg-type]
+    blocked = dict(waiting=3.0, kv_usage=0.99)
+    assert scorer().estimates(req, [R("a", **blocked), R("b")]) == pytest.approx([2.036, 0.100])
+    assert scorer().score(req, [R("a", **blocked), R("b")]) == pytest.approx([0.100 / 2.036, 1.0])
+    assert scorer().estimates(req, [R("a", waiting=3.0, kv_usage=0.80), R("b")]) == pytest.approx([0.036, 0.100])
+    assert scorer().estimates(req, [R("a", **blocked, stale=True), R("b")]) == pytest.approx([0.036, 0.100])
+    assert scorer(None).estimates(req, [R("a", **blocked), R("b")]) == pytest.approx([0.036, 0.100])
+    both = scorer().estimates(req, [R("a", **blocked), R("b", **blocked)])
+    assert both == pytest.approx([2.036, 2.100]) and both[0] < both[1]
+
+
 def test_work_externality_keeps_a_cache_hit_worth_a_short_wait() -> None:
     # a: 64 of 100 tokens cached but 0.07 s of queued prefill -> TTFT 0.106 s; b: idle, cold -> 0.100 s.
     # Pure TTFT sends the request to b (recomputing the prefix there). With one of the two candidates busy,

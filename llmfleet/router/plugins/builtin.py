@@ -189,6 +189,15 @@ DEFAULT_ATTENTION_TOKENS = 30_000.0
 # common factor). Nothing is fitted: a fixed linear factor (0.5 x the busy share) chosen on routing_eval.py's
 # scenarios was a knife edge (docs/router.md, "Work externality"). This scales E (0: plain TTFT).
 DEFAULT_WORK_EXTERNALITY = 1.0
+# KV admission: a replica whose engine queues requests (vllm:num_requests_waiting > 0) with its KV cache at least
+# this full cannot start a new request until running ones finish and free blocks. With long answers (reasoning
+# style: thousands of tokens, each request's blocks held for minutes) that wait is far beyond any prefill estimate,
+# and the prefix cache holding a session's history there is what keeps sending it back. Such a replica's estimate
+# counts one TTFT objective of wait (it is expected to miss), so a request goes to a replica that can admit it
+# unless every candidate is blocked alike. vLLM admits a prompt only when all its blocks fit, so a blocked
+# engine's usage stays within a few percent of full; a queue with more free KV than that waits for something else
+# (the batch limit, the step's token budget), which the prefill estimate covers. docs/router.md, "KV admission".
+KV_ADMISSION_FULL = 0.95
 
 
 def busy_period_externality(busy: int, candidates: int) -> float:
@@ -254,7 +263,9 @@ class EstimatedTTFTScorer(Scorer):
 
     estimate(r) = wait(r) + work(request's prompt tokens beyond r's prefix match) / rate(r)
     wait(r)     = how long r still needs for the prefill work this router already sent it (requests without
-                  a first byte yet): a virtual FCFS queue at rate(r), corrected by every observed first byte
+                  a first byte yet): a virtual FCFS queue at rate(r), corrected by every observed first byte;
+                  plus the TTFT objective when r's engine queues requests with its KV cache full (it cannot
+                  admit this one until running requests free blocks: KV_ADMISSION_FULL)
     cost(r)     = wait(r) + (1 + work_externality · E) · work / rate(r), E = rho / (1 - rho) at the share of
                   candidates with queued prefill (`busy_period_externality`): under load this request's new work
                   also delays the requests routed to r after it (see DEFAULT_WORK_EXTERNALITY; 0 = pure TTFT)
@@ -356,6 +367,8 @@ class EstimatedTTFTScorer(Scorer):
                 busy_n += 1
             else:
                 wait = 0.0
+            if r.waiting > 0 and r.kv_usage >= KV_ADMISSION_FULL and not r.stale and self.ttft_objective_s:
+                wait += self.ttft_objective_s  # cannot admit: expected to miss the objective (KV_ADMISSION_FULL)
             t = u / rate
             out.append(wait + t)
             own.append(t)
