@@ -12,11 +12,11 @@ objects.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from llmfleet.api.contracts import SUSPENDED_BY_ANNOTATION
+from llmfleet.api.contracts import SERVING_PRIORITY_ANNOTATION, SUSPENDED_BY_ANNOTATION
 
 
 @dataclass(frozen=True)
@@ -153,6 +153,18 @@ def job_patch(action: ArbitrationAction, service: str) -> dict[str, Any]:
 
 
 UNBOUNDED = 1 << 30
+
+
+def serving_priority(annotations: Mapping[str, str]) -> int:
+    """An InferenceService's serving priority: its annotation llmfleet.io/priority, 0 when absent or empty;
+    ValueError naming the annotation when it is not an integer (the operator warns on the service, `llmfleet up`
+    says it in an event; neither arbitrates for it)."""
+    raw = annotations.get(SERVING_PRIORITY_ANNOTATION, "0") or "0"
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"metadata.annotations[{SERVING_PRIORITY_ANNOTATION}]: expected an integer, got "
+                         f"{raw[:100]!r}") from None
 
 
 def serving_need(

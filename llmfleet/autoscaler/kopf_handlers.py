@@ -36,7 +36,7 @@ from llmfleet.api.contracts import (
 from llmfleet.api.inferenceservice import InferenceService
 from llmfleet.api.loader import ManifestError, parse_resource
 from llmfleet.autoscaler.actuation import Actuator
-from llmfleet.autoscaler.arbitration import serving_need
+from llmfleet.autoscaler.arbitration import serving_need, serving_priority
 from llmfleet.autoscaler.controller import Burst, autoscale_step, wakes_on_burst, wall_clock_offset
 from llmfleet.autoscaler.kube import KubernetesActuator, apply_arbitration, pending_gpus
 from llmfleet.autoscaler.policy import PolicyState, PoolSignals
@@ -245,16 +245,15 @@ async def _arbitrate(
     except ApiError as err:
         log.warning("cannot list pods of %s for GPU arbitration: %s", isvc.metadata.name, err)
         return
-    raw_priority = isvc.metadata.annotations.get(SERVING_PRIORITY_ANNOTATION, "0") or "0"
     try:
-        priority = int(raw_priority)
-    except ValueError:
+        priority = serving_priority(isvc.metadata.annotations)
+    except ValueError as err:
         # This service's own mistake: a Warning Event on it (once per value), and no arbitration for it.
+        raw_priority = isvc.metadata.annotations.get(SERVING_PRIORITY_ANNOTATION)
         if mem.bad_priority != raw_priority:
             mem.bad_priority = raw_priority
             kopf.warn(body, reason="InvalidAnnotation",  # type: ignore[arg-type]
-                      message=f"metadata.annotations[{SERVING_PRIORITY_ANNOTATION}]: expected an integer, got "
-                              f"{raw_priority[:100]!r}; GPU arbitration skipped for this service")
+                      message=f"{err}; GPU arbitration skipped for this service")
         return
     mem.bad_priority = None
     need = serving_need(

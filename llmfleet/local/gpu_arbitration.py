@@ -19,9 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from llmfleet.api.contracts import SERVING_PRIORITY_ANNOTATION
 from llmfleet.api.inferenceservice import InferenceService
-from llmfleet.autoscaler.arbitration import ServingNeed, TrainingJobInfo, arbitrate
+from llmfleet.autoscaler.arbitration import ServingNeed, TrainingJobInfo, arbitrate, serving_priority
 from llmfleet.local.gpus import Device, DeviceLedger, GpuRequest, matches_type
 
 TRAINING_NOTE_KIND = "training"  # the `kind` of a claim note `llmfleet train` writes
@@ -62,14 +61,12 @@ def training_claims(ledger: DeviceLedger) -> list[TrainingClaim]:
 
 
 def service_priority(isvc: InferenceService) -> int:
-    """The service's serving priority (annotation llmfleet.io/priority, 0 when absent); ValueError naming the
+    """The service's serving priority (llmfleet.autoscaler.arbitration.serving_priority); ValueError naming the
     annotation when it is not an integer."""
-    raw = isvc.metadata.annotations.get(SERVING_PRIORITY_ANNOTATION, "0") or "0"
     try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"metadata.annotations[{SERVING_PRIORITY_ANNOTATION}]: expected an integer, got "
-                         f"{raw[:100]!r}; GPU arbitration with local training skipped") from None
+        return serving_priority(isvc.metadata.annotations)
+    except ValueError as err:
+        raise ValueError(f"{err}; GPU arbitration with local training skipped") from None
 
 
 class LocalArbiter:
@@ -84,10 +81,9 @@ class LocalArbiter:
         whole = [w for w in waiting if w.count > 0 and not w.mig]
         if not whole or self.ledger.devices is None:
             if self.asked:
-                self.ledger.locks.withdraw_all()
                 self.event(f"no replica waits for a GPU: withdrew the requests to training "
                            f"({', '.join(self.asked)})")
-                self.asked = {}
+                self.withdraw()
             return
         claims = {c.name: c for c in training_claims(self.ledger)
                   if any(matches_type(d.product, w.gpu_type) for d in c.devices for w in whole)}
