@@ -250,6 +250,9 @@ class PoolReplicas:
             if values.get("kv_bytes_per_token"):  # the serving wrapper's figure: no config.json needed here
                 info["llmfleet_kv_bytes_per_token"] = str(int(values["kv_bytes_per_token"]))
             self._report_capacity(r.id, gpu, self.host_blocks(info))
+        block = (cache_info or {}).get("block_size", "")
+        if block.isdigit() and int(block) > 0:
+            r.kv_block_tokens = int(block)
         self._scraped_at[r.id] = now
         r.stale = False
 

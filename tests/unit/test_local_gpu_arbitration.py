@@ -219,21 +219,32 @@ def test_a_run_that_resumed_on_another_gpu_is_asked_again(tmp_path: Path) -> Non
 
 def test_ctrl_c_stops_the_workers_gracefully_before_the_gpus_are_let_go(tmp_path: Path) -> None:
     """Ctrl-C while training runs: the workers get the graceful stop (SIGTERM: checkpoint) and have exited before
-    the command's `finally` lets go of the GPUs."""
-    from llmfleet.local import train_cli
-
-    ledger = DeviceLedger(parse_nvidia_smi_list(NVIDIA_SMI_L), DeviceLocks(tmp_path / "l"))
-    assert ledger.claim("job", H100) is not None
+    the command's `finally` lets go of the GPUs. The command runs in a process of its own, as `llmfleet train`
+    does: a SIGINT sent to the test's own process could land while a finalizer runs, which swallows the
+    KeyboardInterrupt."""
     up, out = tmp_path / "up", tmp_path / "trainer.txt"
     trainer = ("import signal, sys, time; from pathlib import Path; "
                f"signal.signal(signal.SIGTERM, lambda *a: (Path({str(out)!r}).write_text('checkpoint'), sys.exit(0))); "
                f"Path({str(up)!r}).touch(); time.sleep(120)")
+    command = f"""
+import os, sys
+from pathlib import Path
+from llmfleet.local import train_cli
+from llmfleet.local.gpus import DeviceLedger, DeviceLocks, GpuRequest, parse_nvidia_smi_list
+ledger = DeviceLedger(parse_nvidia_smi_list({NVIDIA_SMI_L!r}), DeviceLocks(Path({str(tmp_path / "l")!r})))
+assert ledger.claim("job", GpuRequest(count=1, gpu_type="H100")) is not None
+try:
+    train_cli._run_yielding([sys.executable, "-c", {trainer!r}], dict(os.environ), ledger, "job", "H100", 0)
+except KeyboardInterrupt:
+    print("interrupted;", Path({str(out)!r}).read_text(), "written; GPUs held:", bool(ledger.held["job"]))
+"""
+    cli = subprocess.Popen([sys.executable, "-c", command], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True)
+    try:
+        _wait(lambda: up.exists() or cli.poll() is not None, what="the trainer is up, its SIGTERM handler installed")
+        cli.send_signal(signal.SIGINT)  # as a terminal's Ctrl-C
+        said, _ = cli.communicate(timeout=60)
+    finally:
+        cli.kill()
+    assert said.strip() == "interrupted; checkpoint written; GPUs held: True", said
 
-    def press_ctrl_c() -> None:
-        _wait(up.exists, what="the trainer is up, its SIGTERM handler installed")
-        os.kill(os.getpid(), signal.SIGINT)  # KeyboardInterrupt in the main thread, as a terminal's Ctrl-C
-
-    threading.Thread(target=press_ctrl_c, daemon=True).start()
-    with pytest.raises(KeyboardInterrupt):
-        train_cli._run_yielding([sys.executable, "-c", trainer], dict(os.environ), ledger, "job", "H100", 0)
-    assert out.read_text() == "checkpoint" and ledger.held["job"]

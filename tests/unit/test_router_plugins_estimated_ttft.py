@@ -87,6 +87,24 @@ def test_a_replica_that_cannot_admit_counts_one_objective_of_wait() -> None:
     assert both == pytest.approx([2.036, 2.100]) and both[0] < both[1]
 
 
+def test_a_prompt_whose_blocks_do_not_fit_the_free_cache_counts_one_objective_of_wait() -> None:
+    """KV admission by size: a prompt references all of its blocks while it runs, cached ones too, so a replica whose
+    free KV (1 - usage of `cache_capacity_blocks`) is smaller than the prompt cannot start it yet, with no waiting
+    queue to show it (a long conversation's next turn on a replica busy with long answers). A prompt that fits, an
+    unknown capacity or a stale scrape change nothing."""
+    s = EstimatedTTFTScorer(_index_with("a", KEYS[:4]), default_tokens_per_s=RATE, attention_tokens=None,
+                            work_externality=0.0, sole_holder_discount=False)
+    s.ttft_objective_s = 2.0
+    req = RequestInfo(**REQ)  # type: ignore[arg-type]  # 100 tokens = 7 blocks of 16
+    full = dict(kv_usage=0.9, cache_capacity_blocks=50)  # 5 free blocks
+    assert s.estimates(req, [R("a", **full), R("b")]) == pytest.approx([2.036, 0.100])
+    assert s.score(req, [R("a", **full), R("b")])[1] == 1.0
+    fits = dict(kv_usage=0.86, cache_capacity_blocks=50)  # 7 free blocks
+    assert s.estimates(req, [R("a", **fits), R("b")]) == pytest.approx([0.036, 0.100])
+    assert s.estimates(req, [R("a", kv_usage=0.9), R("b")]) == pytest.approx([0.036, 0.100])
+    assert s.estimates(req, [R("a", **full, stale=True), R("b")]) == pytest.approx([0.036, 0.100])
+
+
 def test_work_externality_keeps_a_cache_hit_worth_a_short_wait() -> None:
     # a: 64 of 100 tokens cached but 0.07 s of queued prefill -> TTFT 0.106 s; b: idle, cold -> 0.100 s.
     # Pure TTFT sends the request to b (recomputing the prefix there). With one of the two candidates busy,

@@ -70,12 +70,15 @@ def test_pool_membership_and_scrape() -> None:
             'vllm:num_requests_running{engine="1"} 1\nvllm:num_requests_waiting 4\nvllm:kv_cache_usage_perc 0.25\n'
             'vllm:prefix_cache_queries_total 100\nvllm:prefix_cache_hits_total 40\n'
             'vllm:cache_config_info{block_size="16",num_gpu_blocks="2048"} 1\nother_metric 5\n')
-    vals = parse_vllm_metrics(text)
+    info: dict[str, str] = {}
+    vals = parse_vllm_metrics(text, info)
     assert vals == {"running": 3, "waiting": 4, "kv_usage": 0.25, "prefix_queries": 100, "prefix_hits": 40,
                     "cache_capacity_blocks": 2048}
     r = pool.replicas["http://a"]
-    pool.apply_scrape(r, vals, now=10.0)
+    assert r.cache_capacity_blocks is None and r.kv_block_tokens is None
+    pool.apply_scrape(r, vals, now=10.0, cache_info=info)
     assert not r.stale and r.load == 7 and caps == {"http://a": 2048}
+    assert (r.cache_capacity_blocks, r.kv_block_tokens) == (2048, 16)  # the KV admission check's units (builtin.py)
     pool.mark_stale(10.5)
     assert not r.stale
     pool.mark_stale(11.5)

@@ -108,6 +108,7 @@ class ReplicaState:
     awaiting_first_byte: int = 0
     stale: bool = True  # no fresh scrape: load numbers are guesses
     cache_capacity_blocks: int | None = None  # KV blocks (from config or vllm:cache_config_info)
+    kv_block_tokens: int | None = None  # tokens per engine KV block (vllm:cache_config_info's block_size)
     prefix_hits: float = 0.0  # vllm prefix-cache hit counter (tokens or queries, as scraped)
     prefix_queries: float = 0.0
     # Prefill work this router sent the replica that has not produced a first byte yet (charged at routing,

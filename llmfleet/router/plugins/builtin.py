@@ -8,6 +8,7 @@ import random
 from collections.abc import Callable, Iterable, Sequence
 
 from llmfleet.api.inferenceservice import DEFAULT_SOLE_HOLDER_DISCOUNT
+from llmfleet.router.plugins.admission import cannot_admit
 from llmfleet.router.plugins.base import (
     STALE_LOAD_FACTOR,
     Filter,
@@ -189,17 +190,6 @@ DEFAULT_ATTENTION_TOKENS = 30_000.0
 # common factor). Nothing is fitted: a fixed linear factor (0.5 x the busy share) chosen on routing_eval.py's
 # scenarios was a knife edge (docs/router.md, "Work externality"). This scales E (0: plain TTFT).
 DEFAULT_WORK_EXTERNALITY = 1.0
-# KV admission: a replica whose engine queues requests (vllm:num_requests_waiting > 0) with its KV cache at least
-# this full cannot start a new request until running ones finish and free blocks. With long answers (reasoning
-# style: thousands of tokens, each request's blocks held for minutes) that wait is far beyond any prefill estimate,
-# and the prefix cache holding a session's history there is what keeps sending it back. Such a replica's estimate
-# counts one TTFT objective of wait (it is expected to miss), so a request goes to a replica that can admit it
-# unless every candidate is blocked alike. vLLM admits a prompt only when all its blocks fit, so a blocked
-# engine's usage stays within a few percent of full; a queue with more free KV than that waits for something else
-# (the batch limit, the step's token budget), which the prefill estimate covers. docs/router.md, "KV admission".
-KV_ADMISSION_FULL = 0.95
-
-
 def busy_period_externality(busy: int, candidates: int) -> float:
     """E = rho / (1 - rho) with rho = (busy + 1) / (candidates + 2): other requests a unit of new work delays."""
     rho = (busy + 1) / (candidates + 2)
@@ -342,6 +332,7 @@ class EstimatedTTFTScorer(Scorer):
         cold = self._work(n_tokens, 0)
         m = self.index.match(req.block_hashes) if req.block_hashes else None
         bs = req.tokens_per_block() if m else 0
+        bs_req = bs or req.tokens_per_block()
         att2 = None if self.attention_tokens is None else 2.0 * self.attention_tokens
         now = req.clock()
         uncached: list[float] = []
@@ -367,8 +358,8 @@ class EstimatedTTFTScorer(Scorer):
                 busy_n += 1
             else:
                 wait = 0.0
-            if r.waiting > 0 and r.kv_usage >= KV_ADMISSION_FULL and not r.stale and self.ttft_objective_s:
-                wait += self.ttft_objective_s  # cannot admit: expected to miss the objective (KV_ADMISSION_FULL)
+            if self.ttft_objective_s and not r.stale and cannot_admit(r, n_tokens, bs_req):
+                wait += self.ttft_objective_s  # expected to miss the objective (KV_ADMISSION_FULL, cannot_admit)
             t = u / rate
             out.append(wait + t)
             own.append(t)
