@@ -220,14 +220,15 @@ def test_a_run_that_resumed_on_another_gpu_is_asked_again(tmp_path: Path) -> Non
 def test_ctrl_c_stops_the_workers_gracefully_before_the_gpus_are_let_go(tmp_path: Path) -> None:
     """Ctrl-C while training runs: the workers get the graceful stop (SIGTERM: checkpoint) and have exited before
     the command's `finally` lets go of the GPUs. The command runs in a process of its own, as `llmfleet train`
-    does: a SIGINT sent to the test's own process could land while a finalizer runs, which swallows the
-    KeyboardInterrupt."""
+    does, with Python's SIGINT handler as a terminal starts it: a test run started in the background (`make test &`)
+    inherits SIGINT ignored, and Python then installs no KeyboardInterrupt for it."""
     up, out = tmp_path / "up", tmp_path / "trainer.txt"
     trainer = ("import signal, sys, time; from pathlib import Path; "
                f"signal.signal(signal.SIGTERM, lambda *a: (Path({str(out)!r}).write_text('checkpoint'), sys.exit(0))); "
                f"Path({str(up)!r}).touch(); time.sleep(120)")
     command = f"""
-import os, sys
+import os, signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from pathlib import Path
 from llmfleet.local import train_cli
 from llmfleet.local.gpus import DeviceLedger, DeviceLocks, GpuRequest, parse_nvidia_smi_list
