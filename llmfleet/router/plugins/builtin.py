@@ -190,6 +190,8 @@ DEFAULT_ATTENTION_TOKENS = 30_000.0
 # common factor). Nothing is fitted: a fixed linear factor (0.5 x the busy share) chosen on routing_eval.py's
 # scenarios was a knife edge (docs/router.md, "Work externality"). This scales E (0: plain TTFT).
 DEFAULT_WORK_EXTERNALITY = 1.0
+
+
 def busy_period_externality(busy: int, candidates: int) -> float:
     """E = rho / (1 - rho) with rho = (busy + 1) / (candidates + 2): other requests a unit of new work delays."""
     rho = (busy + 1) / (candidates + 2)
@@ -254,8 +256,9 @@ class EstimatedTTFTScorer(Scorer):
     estimate(r) = wait(r) + work(request's prompt tokens beyond r's prefix match) / rate(r)
     wait(r)     = how long r still needs for the prefill work this router already sent it (requests without
                   a first byte yet): a virtual FCFS queue at rate(r), corrected by every observed first byte;
-                  plus the TTFT objective when r's engine queues requests with its KV cache full (it cannot
-                  admit this one until running requests free blocks: KV_ADMISSION_FULL)
+                  plus the TTFT objective when r's engine cannot admit this prompt until running requests free
+                  blocks: it queues with its KV cache full, or the prompt's blocks exceed its free cache
+                  (`cannot_admit`, admission.py)
     cost(r)     = wait(r) + (1 + work_externality · E) · work / rate(r), E = rho / (1 - rho) at the share of
                   candidates with queued prefill (`busy_period_externality`): under load this request's new work
                   also delays the requests routed to r after it (see DEFAULT_WORK_EXTERNALITY; 0 = pure TTFT)
@@ -331,8 +334,8 @@ class EstimatedTTFTScorer(Scorer):
         n_tokens = max(1, req.input_tokens)
         cold = self._work(n_tokens, 0)
         m = self.index.match(req.block_hashes) if req.block_hashes else None
-        bs = req.tokens_per_block() if m else 0
-        bs_req = bs or req.tokens_per_block()
+        per_block = req.tokens_per_block()
+        bs = per_block if m else 0
         att2 = None if self.attention_tokens is None else 2.0 * self.attention_tokens
         now = req.clock()
         uncached: list[float] = []
@@ -358,7 +361,7 @@ class EstimatedTTFTScorer(Scorer):
                 busy_n += 1
             else:
                 wait = 0.0
-            if self.ttft_objective_s and not r.stale and cannot_admit(r, n_tokens, bs_req):
+            if self.ttft_objective_s and not r.stale and cannot_admit(r, n_tokens, per_block):
                 wait += self.ttft_objective_s  # expected to miss the objective (KV_ADMISSION_FULL, cannot_admit)
             t = u / rate
             out.append(wait + t)
