@@ -103,6 +103,8 @@ def test_a_prompt_whose_blocks_do_not_fit_the_free_cache_counts_one_objective_of
     assert s.estimates(req, [R("a", **fits), R("b")]) == pytest.approx([0.036, 0.100])
     assert s.estimates(req, [R("a", kv_usage=0.9), R("b")]) == pytest.approx([0.036, 0.100])
     assert s.estimates(req, [R("a", **full, stale=True), R("b")]) == pytest.approx([0.036, 0.100])
+    # the engine's own block size (scraped) counts the blocks: 100 tokens are 4 blocks of 32, which fit in 5
+    assert s.estimates(req, [R("a", **full, kv_block_tokens=32), R("b")]) == pytest.approx([0.036, 0.100])
 
 
 def test_work_externality_keeps_a_cache_hit_worth_a_short_wait() -> None:

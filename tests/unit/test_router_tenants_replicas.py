@@ -78,7 +78,7 @@ def test_pool_membership_and_scrape() -> None:
     assert r.cache_capacity_blocks is None and r.kv_block_tokens is None
     pool.apply_scrape(r, vals, now=10.0, cache_info=info)
     assert not r.stale and r.load == 7 and caps == {"http://a": 2048}
-    assert (r.cache_capacity_blocks, r.kv_block_tokens) == (2048, 16)  # the KV admission check's units (builtin.py)
+    assert (r.cache_capacity_blocks, r.kv_block_tokens) == (2048, 16)  # the KV admission check's units (admission.py)
     pool.mark_stale(10.5)
     assert not r.stale
     pool.mark_stale(11.5)
