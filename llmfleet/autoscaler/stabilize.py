@@ -39,9 +39,12 @@ def stabilize(
         st.first_seen = now
     st.history.append((now, rec))
     # A student pool's down-window is rent-or-buy's break-even (its cold start, at least two intervals) for all but
-    # one replica: the first is the insurance for a burst coming back and keeps the full window (on the Azure trace
-    # bursts recur within it; released, each burst found no student); the others are capacity for the size of the
-    # burst that is over, idle once the primaries it bridged are ready. Insurance (`insured`, policy.decide) only
+    # one replica: the first is the insurance for a burst coming back and stays for a down-window after the student
+    # last served overflow (on the Azure trace bursts recur within it; released, each burst found no student);
+    # the others are capacity for the size of the burst that is over, idle once the primaries it bridged are ready.
+    # Counted from the last overflow served, not the last recommendation: a forecast overflow the ready primaries
+    # took (a primary ramp after a step) reached no student and is no burst coming back. Insurance (`insured`,
+    # policy.decide) only
     # where a burst was seen and the student was needed for it: a student warmed on a slow rise (no level shift
     # since the pool was last at zero) bridged a primary's cold start, and traffic that rises slowly gives the
     # forecast time to warm it again; after a level shift the ready primaries absorbed, no overflow reached it.
@@ -61,8 +64,9 @@ def stabilize(
     st.ttft_history = [(t, p) for t, p in st.ttft_history if t >= now - cfg.down_window_s]
     up = min(r for t, r in st.history if t >= now - cfg.up_window_s)
     down = max(r for t, r in st.history if t >= now - window)
-    if window < cfg.down_window_s and insured:
-        down = max(down, min(max(r for t, r in st.history if t >= now - cfg.down_window_s), 1))
+    if (window < cfg.down_window_s and insured and st.last_served_at is not None
+            and now - st.last_served_at <= cfg.down_window_s):
+        down = max(down, 1)
     if current < pool.min_replicas or current > pool.max_replicas:
         reasons.append(f"outside [{pool.min_replicas}, {pool.max_replicas}]")
         return min(max(current, pool.min_replicas), pool.max_replicas), ("up" if current < pool.min_replicas else "down")
@@ -111,8 +115,11 @@ def stabilize(
     # Clearly idle capacity (below) is released even while the down-window still holds the recommendation of a burst
     # that has ended, once the last burst (the slo policy's level-shift detection) began more than a down-window
     # ago: traffic whose bursts recur within the window would find the capacity gone when the next one arrives,
-    # faster than a replica starts. A burst that ended keeps its replicas no longer than the idle horizon after that.
-    # Pools that saw no burst (students; steady traffic) keep the plain rule.
+    # faster than a replica starts. A burst that ended keeps its replicas no longer than the idle horizon after that:
+    # once it ended, every replica above the highest recommendation over that horizon is idle capacity, not only
+    # `idle_fraction` of the pool (traffic that falls off gradually, as sessions begun in the burst finish, never
+    # reaches half), provided the measured TTFT p95 of the whole down-window stayed within the plan (the guard of
+    # the marginal step below). Pools that saw no burst (students; steady traffic) keep the plain rule.
     ended = st.last_burst_at is not None and now - st.last_burst_at > cfg.down_window_s
     if down < current or (cfg.policy == "slo" and ended):
         if sig.stale:
@@ -120,15 +127,18 @@ def stabilize(
             return current, "hold"
         short = max(2 * cold_s, 4 * cfg.interval_s)
         idle = max(r for t, r in st.history if t >= now - short)
+        worst = max((p for t, p in st.ttft_history), default=None)  # the whole down-window's (kept that long)
         if (
             cfg.idle_fraction > 0
             and idle < current
-            and idle <= cfg.idle_fraction * current
+            and (idle <= cfg.idle_fraction * current
+                 or (cfg.policy == "slo" and ended and (worst is None or worst <= planned_ms)))
             and now - st.first_seen >= short
             and (st.last_action_at is None or now - st.last_action_at >= cfg.cooldown_s)
         ):
             step = max(cfg.max_down_step, math.ceil((current - idle) / 2))
-            reasons.append(f"clearly idle: highest recommendation over {short:g} s is {idle}: -{step}")
+            why = "clearly idle" if idle <= cfg.idle_fraction * current else "the last burst ended"
+            reasons.append(f"{why}: highest recommendation over {short:g} s is {idle}: -{step}")
             return max(idle, current - step), "down"
     if down < current:
         if now - st.first_seen < window:

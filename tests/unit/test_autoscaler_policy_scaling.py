@@ -97,8 +97,8 @@ def _no_students() -> PolicyConfig:
 def test_a_scale_up_that_arrives_after_a_short_rise_goes_at_break_even() -> None:
     """A 30 s rise asks for a third primary, which is ready after the rise is over (the two ready before it meet the
     plan at the rate measured then): it goes one cold start after, not after the 300 s down-window, where it would
-    wait for the next short rise, which it would again meet late. A rise that lasts past the cold start keeps it for
-    the whole window."""
+    wait for the next short rise, which it would again meet late. A rise that lasts past the cold start keeps it
+    longer: for the idle horizon (two cold starts) after the rise, which began a down-window before it ended."""
     for ends, released_by in ((330.0, 450.0), (600.0, None)):
         w = World(_no_students())
         w.run(lambda t, ends=ends: 4.0 if 300.0 <= t < ends else 1.5, 1000)  # noqa: B023
@@ -110,7 +110,9 @@ def test_a_scale_up_that_arrives_after_a_short_rise_goes_at_break_even() -> None
             d = next(d for t, _, d in w.log if t == downs[0])
             assert "arrived after the rise" in " ".join(d.pools["primary"].reasons)
         else:
-            assert downs[0] >= ends + 300.0 - 15.0  # the HPA's down-window after the last high recommendation
+            assert downs[0] >= ends + 2 * w.cold_start - 15.0  # the idle horizon after the last high recommendation
+            d = next(d for t, _, d in w.log if t == downs[0])
+            assert "the last burst ended" in " ".join(d.pools["primary"].reasons)
 
 
 def test_after_a_late_scale_up_the_next_rise_waits_while_the_ready_replicas_meet_the_ttft_plan() -> None:
@@ -269,8 +271,35 @@ def test_replicas_of_a_burst_that_ended_are_released_without_waiting_for_the_dow
     assert max(d.pools["primary"].desired for _, _, d in w.log) >= needed(20.0)
     first_down = next(t for t, _, d in w.log if t >= 600 and d.pools["primary"].action == "down")
     assert first_down <= 600 + 2 * 60 + 60 < 600 + w.cfg.down_window_s
-    assert "clearly idle" in " ".join(w.log[int(first_down // 15)][2].pools["primary"].reasons)
+    assert "the last burst ended" in " ".join(w.log[int(first_down // 15)][2].pools["primary"].reasons)
     assert w.replicas["primary"] <= 2
+
+
+def burst_that_tails_off(t: float) -> float:
+    """0.5 -> 20 req/s at 300 s; from 600 s it falls back over ten minutes (sessions begun in the burst finishing)."""
+    return 0.5 if t < 300 else 20.0 if t < 600 else max(0.5, 20.0 - (t - 600) * 20.0 / 600)
+
+
+@pytest.mark.parametrize(("ttft_ms", "released_early"), [(1000.0, True), (1500.0, False)])
+def test_replicas_of_a_burst_that_ended_follow_its_tail_down(ttft_ms: float, released_early: bool) -> None:
+    """A burst that ended and tails off never leaves half the pool idle at once, yet each replica above the highest
+    recommendation over the idle horizon (two cold starts) is idle: once the burst began more than a down-window
+    ago it goes, half the excess per cooldown, while the measured TTFT p95 stays within the plan (1,400 ms here).
+    Above the plan the pool waits until the capacity is clearly idle (half the pool), as before."""
+    w = World(primary_only(), replicas={"primary": 1, "small": 0})
+    w.run(burst_that_tails_off, 1500, ttft=ttft_ms)
+    peak = max(d.pools["primary"].desired for _, _, d in w.log)
+    assert peak >= needed(20.0)
+    downs = [(t, d.pools["primary"]) for t, _, d in w.log if d.pools["primary"].action == "down"]
+    first_at, first = downs[0]
+    assert first_at > 300 + w.cfg.down_window_s  # the burst began more than a down-window ago
+    if released_early:
+        assert "the last burst ended" in " ".join(first.reasons) and first.current == peak
+        assert first_at <= 840 and first.desired > w.cfg.idle_fraction * first.current
+    else:
+        assert "clearly idle" in " ".join(first.reasons) and first_at > 840
+    assert all(b - a >= w.cfg.cooldown_s for (a, _), (b, _) in zip(downs, downs[1:], strict=False))
+    assert all(d.pools["primary"].desired >= needed(rate) for t, rate, d in w.log if t >= 600)  # never below demand
 
 
 def recurring_bursts(t: float) -> float:

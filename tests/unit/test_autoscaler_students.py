@@ -114,8 +114,9 @@ def test_the_base_rate_after_a_burst_ends_is_no_new_burst() -> None:
 def test_a_student_pool_keeps_one_replica_for_the_down_window_and_releases_the_rest_at_break_even() -> None:
     """After a burst the student replicas beyond the first are released at rent-or-buy's break-even (idle for their
     cold start), one per cooldown: they were capacity for the size of a burst the primaries now carry. The first
-    stays for the whole down-window after it was last asked for: overflow that comes back finds it warm instead of
-    a cold start away (the primary's early idle release after a burst is its own)."""
+    stays for the whole down-window after it last served overflow: overflow that comes back finds it warm instead
+    of a cold start away (the primary's early idle release after a burst is its own). Then it goes, even if
+    recommendations that never reached it (overflow the ready primaries took) came later."""
     w = World(config(), replicas={"primary": 1, "small": 0})
     w.run(lambda t: 20.0 if 300 <= t < 900 else 0.5, 1500)
     small = [(t, d.pools["small"]) for t, _, d in w.log]
@@ -125,8 +126,13 @@ def test_a_student_pool_keeps_one_replica_for_the_down_window_and_releases_the_r
     at_most_one = next(t for t, p in small if t > last_multi and p.desired <= 1)
     hold = max(w.cold_start, 2 * w.cfg.interval_s)
     assert at_most_one <= last_multi + hold + (peak - 1) * w.cfg.cooldown_s
-    last_any = max(t for t, p in small if p.recommended > 0)
-    assert all(p.desired >= 1 for t, p in small if last_any <= t < last_any + w.cfg.down_window_s)
+    served = w.state.pool("small").last_served_at
+    assert served is not None and 300 <= served < 900
+    assert all(p.desired >= 1 for t, p in small if served <= t <= served + w.cfg.down_window_s)
+    gone = next(t for t, p in small if t > served and p.desired == 0)
+    assert gone <= served + w.cfg.down_window_s + hold + w.cfg.cooldown_s
+    last_asked = max(t for t, p in small if p.recommended > 0)
+    assert last_asked > served and gone < last_asked + w.cfg.down_window_s
     assert small[-1][1].desired == 0
 
 
