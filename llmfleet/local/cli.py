@@ -66,10 +66,11 @@ def register(app: typer.Typer) -> None:
         if store is not None and store.url_secret_ref is not None and not os.environ.get(STORE_URL_ENV):
             raise _fail(f"llmfleet up: spec.featureStore.urlSecretRef: no Kubernetes Secret here; set {STORE_URL_ENV} "
                         "to the store's URL (or use spec.featureStore.url without a password and PGPASSWORD)")
+        listed = None  # the machine's devices, listed once here and handed to the foreground supervisor
         if any(p.resources.gpus > 0 for p in isvc.pools()):
             from llmfleet.local.gpus import device_kind_problems, machine_ledger
 
-            ledger, said = machine_ledger(os.environ)
+            listed = ledger, said = machine_ledger(os.environ)
             if problems := device_kind_problems(ledger.devices, isvc.pools()):
                 raise _fail(f"llmfleet up: {problems[0]}" + ("" if ledger.devices else f" ({said})"))
         rdir = (run_dir or run_dir_for(isvc.metadata.name)).resolve()
@@ -84,7 +85,7 @@ def register(app: typer.Typer) -> None:
         from llmfleet.local.foreground import run_foreground
 
         raise typer.Exit(run_foreground(isvc, rdir, port or None, dashboard, None if prometheus else False,
-                                        manifest=file.resolve()))
+                                        manifest=file.resolve(), ledger=listed))
 
     @app.command("down", help="Stop a local InferenceService started by `llmfleet up` (drains first).")
     def down(

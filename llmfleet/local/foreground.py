@@ -15,6 +15,7 @@ from llmfleet.api.inferenceservice import InferenceService
 from llmfleet.autoscaler.local import run_local
 from llmfleet.local.actuator import LocalActuator
 from llmfleet.local.dashboard import Collector, Window, render, scrape_texts
+from llmfleet.local.gpus import DeviceLedger
 from llmfleet.local.promote import PromotionFollower
 from llmfleet.local.runtime import RESTART_BACKOFF_MAX_S, Supervisor
 
@@ -69,10 +70,11 @@ async def keep_autoscaler(sup: Supervisor, stop: asyncio.Event,
 async def supervise(isvc: InferenceService, run_dir: Path, port: int | None, dashboard: bool,
                     prometheus: bool | None = None, manifest: Path | None = None, sup: Supervisor | None = None,
                     stop: asyncio.Event | None = None,
-                    autoscaler_started: Callable[[asyncio.Task[Any]], None] | None = None) -> int:
+                    autoscaler_started: Callable[[asyncio.Task[Any]], None] | None = None,
+                    ledger: tuple[DeviceLedger, str] | None = None) -> int:
     """Run until SIGINT/SIGTERM (or `stop`, for callers that own the signals): `sup` and `stop` let the
-    failure drill run the same loop with fake replicas."""
-    sup = sup or Supervisor(isvc, run_dir, router_port=port, prometheus=prometheus, manifest=manifest)
+    failure drill run the same loop with fake replicas. `ledger`: the devices the caller listed (Supervisor)."""
+    sup = sup or Supervisor(isvc, run_dir, router_port=port, prometheus=prometheus, manifest=manifest, ledger=ledger)
     loop = asyncio.get_running_loop()
     if stop is None:
         stop = asyncio.Event()
@@ -129,8 +131,9 @@ async def supervise(isvc: InferenceService, run_dir: Path, port: int | None, das
 
 
 def run_foreground(isvc: InferenceService, run_dir: Path, port: int | None, dashboard: bool,
-                   prometheus: bool | None = None, manifest: Path | None = None) -> int:
+                   prometheus: bool | None = None, manifest: Path | None = None,
+                   ledger: tuple[DeviceLedger, str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s",
                         handlers=[logging.FileHandler(run_dir / "supervisor-events.log"),
                                   *([] if dashboard and sys.stdout.isatty() else [logging.StreamHandler()])])
-    return asyncio.run(supervise(isvc, run_dir, port, dashboard, prometheus, manifest))
+    return asyncio.run(supervise(isvc, run_dir, port, dashboard, prometheus, manifest, ledger=ledger))

@@ -96,8 +96,11 @@ class Supervisor:
 
     def __init__(self, isvc: InferenceService, run_dir: Path, *, router_port: int | None = None,
                  python: str | None = None, env: dict[str, str] | None = None, prometheus: bool | None = None,
-                 manifest: Path | None = None, replica_command: Callable[[ReplicaSlot], list[str]] | None = None) -> None:
-        """`replica_command` replaces the vLLM replica command (tests and drills run fake replicas)."""
+                 manifest: Path | None = None, replica_command: Callable[[ReplicaSlot], list[str]] | None = None,
+                 ledger: tuple[DeviceLedger, str] | None = None) -> None:
+        """`replica_command` replaces the vLLM replica command (tests and drills run fake replicas). `ledger`: the
+        machine's devices as `machine_ledger` found them (`llmfleet up` lists them once, to check the pools' GPU
+        types before it starts anything); None lists them here."""
         self.isvc = isvc
         self.manifest = manifest  # the file `llmfleet up -f` was given: watched for adapter edits
         self._manifest_mtime = _mtime(manifest)
@@ -128,7 +131,7 @@ class Supervisor:
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)
         # Devices are listed only when a pool asks for GPUs (gpus.py): CPU-only services never run nvidia-smi.
         if any(p.resources.gpus > 0 for p in self.pools.values()):
-            self.gpus, said = machine_ledger(self.env)
+            self.gpus, said = ledger or machine_ledger(self.env)
             self.event(said)
         else:
             self.gpus = DeviceLedger(None, DeviceLocks())

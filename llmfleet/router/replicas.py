@@ -53,6 +53,13 @@ _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"')
 _UNESCAPE = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
 
 
+def block_tokens(cache_info: Mapping[str, str]) -> int | None:
+    """Tokens per KV block: cache_config_info's `block_size` label (vLLM's --block-size); None when it is absent or
+    not a positive integer."""
+    raw = cache_info.get("block_size", "")
+    return int(raw) if raw.isdigit() and int(raw) > 0 else None
+
+
 def _labels(text: str) -> dict[str, str]:
     """Prometheus label pairs `a="x",b="y"` -> dict, with the text format's escapes undone."""
     return {k: re.sub(r'\\[\\"n]', lambda m: _UNESCAPE[m.group(0)], v) for k, v in _LABEL.findall(text)}
@@ -219,19 +226,19 @@ class PoolReplicas:
             gib = self.pool.kv_offload_gib  # an engine that does not report it: the spec's size
         if gib is None:
             return 0
-        block_size = info.get("block_size", "")
-        if not block_size.isdigit() or int(block_size) <= 0:
-            raise HostTierUnknown(f"cache_config_info has no block_size (got {block_size!r})")
+        block_size = block_tokens(info)
+        if block_size is None:
+            raise HostTierUnknown(f"cache_config_info has no block_size (got {info.get('block_size', '')!r})")
         reported = info.get("llmfleet_kv_bytes_per_token", "")
         if reported.isdigit() and int(reported) > 0:  # the serving wrapper read the replica's own config.json
-            return host_cache_blocks(gib, int(block_size), int(reported))
+            return host_cache_blocks(gib, block_size, int(reported))
         if self._model_config is None:
             self._model_config = load_model_config(self.pool.model_path)
         per_token = kv_bytes_per_token(
             self._model_config, cache_dtype=info.get("cache_dtype") or "auto", model_dtype=self.pool.dtype,
             tensor_parallel_size=self.pool.tensor_parallel_size,
         )
-        return host_cache_blocks(gib, int(block_size), per_token)
+        return host_cache_blocks(gib, block_size, per_token)
 
     def apply_scrape(self, r: ReplicaState, values: dict[str, float], now: float,
                      cache_info: Mapping[str, str] | None = None) -> None:
@@ -250,9 +257,8 @@ class PoolReplicas:
             if values.get("kv_bytes_per_token"):  # the serving wrapper's figure: no config.json needed here
                 info["llmfleet_kv_bytes_per_token"] = str(int(values["kv_bytes_per_token"]))
             self._report_capacity(r.id, gpu, self.host_blocks(info))
-        block = (cache_info or {}).get("block_size", "")
-        if block.isdigit() and int(block) > 0:
-            r.kv_block_tokens = int(block)
+        if (block := block_tokens(cache_info or {})) is not None:
+            r.kv_block_tokens = block
         self._scraped_at[r.id] = now
         r.stale = False
 

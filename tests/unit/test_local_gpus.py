@@ -347,3 +347,32 @@ def test_llmfleet_up_stops_at_once_on_a_gpu_no_device_here_could_fit(tmp_path: P
                                         "resources": {"gpus": 1, "gpuType": "H100", "migProfile": "1g.10gb"}}]})
     assert device_kind_problems(devices, mig.pools())[0].startswith("spec.fallback.pools[name=student].resources: a replica "
                                                                      "asks for a MIG 1g.10gb instance")
+
+
+def test_llmfleet_up_lists_the_devices_once_and_hands_them_to_its_supervisor(tmp_path: Path,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The device-type check before start lists the machine's devices; the foreground supervisor takes that
+    listing instead of running `nvidia-smi -L` a second time."""
+    from typer.testing import CliRunner
+
+    import llmfleet.local.foreground as foreground
+    from llmfleet.cli.main import app
+
+    _fake_nvidia_smi(tmp_path / "bin", NVIDIA_SMI_L)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    (tmp_path / "model").mkdir()
+    manifest = tmp_path / "isvc.yaml"
+    manifest.write_text(yaml.safe_dump(_service(model={"path": str(tmp_path / "model")},
+                                                resources={"gpus": 1, "gpuType": "H100"}, fallback={"pools": []}).to_wire()))
+    built: list[Supervisor] = []
+
+    def fake_run(isvc: InferenceService, run_dir: Path, *args: Any, ledger: Any = None, **kw: Any) -> int:
+        built.append(Supervisor(isvc, run_dir, ledger=ledger))
+        return 0
+
+    monkeypatch.setattr(foreground, "run_foreground", fake_run)
+    result = CliRunner().invoke(app, ["up", "-f", str(manifest), "--run-dir", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "bin" / "calls.txt").read_text().split() == ["-L"]
+    assert built and [d.id for d in built[0].gpus.devices or []] == ["0", "MIG-377e0049-554c-540b-93c6-d0976f8426cb",
+                                                                       "MIG-f39aa248-6f1b-5769-b119-8d650bb34b27", "2"]
