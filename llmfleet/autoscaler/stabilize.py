@@ -44,10 +44,10 @@ def stabilize(
     # the others are capacity for the size of the burst that is over, idle once the primaries it bridged are ready.
     # Counted from the last overflow served, not the last recommendation: a forecast overflow the ready primaries
     # took (a primary ramp after a step) reached no student and is no burst coming back. Insurance (`insured`,
-    # policy.decide) only
-    # where a burst was seen and the student was needed for it: a student warmed on a slow rise (no level shift
-    # since the pool was last at zero) bridged a primary's cold start, and traffic that rises slowly gives the
-    # forecast time to warm it again; after a level shift the ready primaries absorbed, no overflow reached it.
+    # policy.decide) only where a burst was seen and the student was needed for it: a student warmed on a slow rise
+    # (no level shift since the pool was last at zero) bridged a primary's cold start, and traffic that rises slowly
+    # gives the forecast time to warm it again; after a level shift the ready primaries absorbed, no overflow
+    # reached it.
     # A primary's scale-up that became ready after the demand it was asked for had gone (`late`, policy.decide: the
     # replicas ready before it meet the TTFT plan at the rate measured then) bought capacity for a rise shorter than a
     # cold start, which only a forecast could have served; holding it for the whole down-window waits for the next
