@@ -36,6 +36,7 @@ from llmfleet.plan.hardware import gpu_products
 LOCK_DIR_ENV = "LLMFLEET_DEVICE_LOCKS"
 NVIDIA_SMI_TIMEOUT_S = 15.0  # nvidia-smi answers in well under a second; a hung driver must not hang `llmfleet up`
 BUSY_TTL_S = 5.0  # how long one `nvidia-smi --query-compute-apps` answer stands for
+SHARED_MODE = 0o666  # claim, note and request files: every user's runs on the machine open and rewrite them
 _GPU_LINE = re.compile(r"^GPU (?P<index>\d+): (?P<product>.+?) \(UUID: (?P<uuid>[^)]+)\)\s*$")
 _MIG_LINE = re.compile(r"^\s+MIG (?P<profile>\S+)\s+Device\s+(?P<index>\d+): \(UUID: (?P<uuid>[^)]+)\)\s*$")
 
@@ -183,13 +184,19 @@ class DeviceLocks:
         self._notes: set[str] = set()
 
     def _open(self, name: str, flags: int) -> int | None:
+        """The folder's file `name`, created readable and writable by every user (SHARED_MODE): the runs of
+        several users on one machine claim, note and ask through the same files, and a file another user created
+        in the sticky folder cannot be replaced, only rewritten."""
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             with contextlib.suppress(PermissionError):  # another user's folder: theirs to open to all
                 self.root.chmod(0o1777)
-            return os.open(self.root / name, flags, 0o644)
+            fd = os.open(self.root / name, flags, SHARED_MODE)
         except OSError:
             return None
+        with contextlib.suppress(PermissionError):  # the umask narrowed it; only the file's owner can widen it
+            os.fchmod(fd, SHARED_MODE)
+        return fd
 
     @staticmethod
     def _lock(fd: int, how: int) -> bool:
@@ -247,9 +254,15 @@ class DeviceLocks:
     def note(self, d: Device, what: dict[str, object]) -> None:
         """Say what holds claimed `d` (with this process's pid), for other processes' arbitration."""
         if d.uuid in self._fds:
-            with contextlib.suppress(OSError):
-                (self.root / f"{d.uuid}.holder.json").write_text(json.dumps({**what, "pid": os.getpid()}))
-                self._notes.add(d.uuid)
+            fd = self._open(f"{d.uuid}.holder.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            if fd is None:
+                return
+            try:
+                with contextlib.suppress(OSError):
+                    os.write(fd, json.dumps({**what, "pid": os.getpid()}).encode())
+                    self._notes.add(d.uuid)
+            finally:
+                os.close(fd)
 
     def holder_note(self, d: Device) -> dict[str, object] | None:
         """The note of another process's claim of `d`, or None: unclaimed, no note, or its process is gone."""

@@ -261,6 +261,31 @@ def test_device_locks_hold_across_holders_and_die_with_their_process(tmp_path: P
     assert a.acquire(gpu)
 
 
+def test_claim_note_and_request_files_are_open_to_every_users_runs(tmp_path: Path) -> None:
+    """Runs of several users share the claims folder: its files are created readable and writable by all whatever
+    the umask (a file another user made in the sticky folder can only be rewritten, not replaced), and a note
+    rewrites what a process that died left in its place."""
+    import json
+    import stat
+
+    gpu, other = parse_nvidia_smi_list(NVIDIA_SMI_L)[0], parse_nvidia_smi_list(NVIDIA_SMI_L)[3]
+    root = tmp_path / "l"
+    root.mkdir()
+    (root / f"{gpu.uuid}.holder.json").write_text(json.dumps({"name": "a run that died without its clean-up", "pid": 1}))
+    a = DeviceLocks(root)
+    old = os.umask(0o077)
+    try:
+        assert a.acquire(gpu) and a.ask(other, "an InferenceService")
+        a.note(gpu, {"name": "distill"})
+        for name in (f"{gpu.uuid}.lock", f"{other.uuid}.yield", f"{gpu.uuid}.holder.json"):
+            assert stat.S_IMODE((root / name).stat().st_mode) == 0o666, name
+        assert json.loads((root / f"{gpu.uuid}.holder.json").read_text()) == {"name": "distill", "pid": os.getpid()}
+        assert stat.S_IMODE(root.stat().st_mode) == 0o1777
+    finally:
+        os.umask(old)
+        a.release_all()
+
+
 @pytest.mark.timeout(90)
 async def test_two_runs_on_one_machine_never_share_a_gpu(tmp_path: Path) -> None:
     """Two `llmfleet up`s (two supervisors, one machine-wide claim folder): the second run's replica waits for the
