@@ -127,12 +127,12 @@ def stabilize(
             return current, "hold"
         short = max(2 * cold_s, 4 * cfg.interval_s)
         idle = max(r for t, r in st.history if t >= now - short)
-        worst = max((p for t, p in st.ttft_history), default=None)  # the whole down-window's (kept that long)
+        worst_window = max((p for t, p in st.ttft_history), default=None)  # the whole down-window's (kept that long)
         if (
             cfg.idle_fraction > 0
             and idle < current
             and (idle <= cfg.idle_fraction * current
-                 or (cfg.policy == "slo" and ended and (worst is None or worst <= planned_ms)))
+                 or (cfg.policy == "slo" and ended and (worst_window is None or worst_window <= planned_ms)))
             and now - st.first_seen >= short
             and (st.last_action_at is None or now - st.last_action_at >= cfg.cooldown_s)
         ):
