@@ -1,6 +1,6 @@
 """The autoscaler's per-replica model against one simulated replica, at each trace's request mix.
 
-    python benchmarks/capacity_fidelity.py [--trace PATH ...] [--requests N] [--out PATH]
+    python benchmarks/capacity_fidelity.py [--trace PATH ...] [--mix IN:OUT ...] [--requests N] [--out PATH]
 
 `slo` sizes a pool from a model of one replica (llmfleet.autoscaler.capacity): the planner's roofline at the
 interval's mean request gives prefill and decode seconds per request, their sum is the replica's service time, and
@@ -10,7 +10,8 @@ what the fleet carries most of the time. This script measures that error on the 
 (StepCostModel steps with chunked prefill and continuous batching), one replica at a time:
 
 - Requests: the trace's own (prompt, output) length pairs, drawn at random, arriving as a Poisson process; prefix
-  contents dropped, so no prefix hits on either side (the model is evaluated at hit rate 0).
+  contents dropped, so no prefix hits on either side (the model is evaluated at hit rate 0). `--mix IN:OUT`: every
+  request IN prompt and OUT output tokens (named `fixed IN/OUT`), to see the model's error per request shape.
 - Saturated throughput: arrivals at twice the model's capacity; the completions per second between the first and
   the third quartile of the finish times, while the replica has a backlog all along, are its capacity at that mix.
 - TTFT p95 at 50, 70 and 85 % of the simulated capacity: the simulator's (and its preemptions: running requests
@@ -129,6 +130,14 @@ def evaluate(name: str, pairs: Sequence[tuple[int, int]], requests: int) -> dict
             "saturatedPrefillTokensPerPromptToken": round(sat.prefill_per_prompt_token, 3), "loads": loads}
 
 
+def parse_mix(text: str) -> tuple[int, int]:
+    """`IN:OUT` (prompt and output tokens, each >= 1) -> (IN, OUT); ValueError with the reason otherwise."""
+    parts = text.split(":")
+    if len(parts) != 2 or not all(p.strip().isdigit() and int(p) >= 1 for p in parts):
+        raise ValueError(f"--mix {text!r}: expected IN:OUT, two whole numbers of tokens >= 1 (e.g. 300:200)")
+    return int(parts[0]), int(parts[1])
+
+
 def table(results: list[dict[str, Any]]) -> str:
     head = ("| workload | mean in / out | simulated req/s | model (mean request) | planner, per prompt | "
             + " | ".join(f"TTFT p95 at {f:.0%}: sim / model" for f in LOADS) + f" | preemptions per 1,000 at {LOADS[-1]:.0%} | "
@@ -149,21 +158,27 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trace", type=Path, action="append", help="trace file (default: every trace in "
                     "../shared/data/traces/); repeatable")
+    ap.add_argument("--mix", action="append", default=[], metavar="IN:OUT",
+                    help="also a fixed request shape: every request IN prompt and OUT output tokens; repeatable")
     ap.add_argument("--requests", type=int, default=6000, help="requests per simulated run (default 6000)")
     ap.add_argument("--out", type=Path, default=RESULT, help="results JSON (default benchmarks/results/...)")
     args = ap.parse_args(argv)
     if args.requests < 30:
         print(f"--requests {args.requests}: at least 30", file=sys.stderr)
         return 2
-    traces = args.trace or sorted(p for p in TRACES.glob("*") if is_trace_file(p))
+    traces = args.trace or ([] if args.mix else sorted(p for p in TRACES.glob("*") if is_trace_file(p)))
     started = time.time()
     results = []
     try:
+        mixes = [parse_mix(m) for m in args.mix]
         names = trace_names(traces)
         for path, name in zip(traces, names, strict=True):
             w = load_trace(path)
             results.append(evaluate(name, [(r.prompt_len, r.output_len) for r in w.requests], args.requests))
             print(f"{name}: done ({time.time() - started:.0f} s)", file=sys.stderr, flush=True)
+        for prompt, output in mixes:
+            results.append(evaluate(f"fixed {prompt}/{output}", [(prompt, output)], args.requests))
+            print(f"fixed {prompt}/{output}: done ({time.time() - started:.0f} s)", file=sys.stderr, flush=True)
     except (WorkloadError, OSError, ValueError) as e:
         print(f"capacity_fidelity: {e}", file=sys.stderr)
         return 2

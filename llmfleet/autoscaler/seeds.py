@@ -1,9 +1,9 @@
 """Capacity seeds from the planner's roofline (llmfleet.plan.capacity.replica_capacity).
 
-The planner answers "how fast is one replica of model M on GPU G for this request shape": prefill
-time of the uncached prompt, and the decode step time at the largest batch meeting the TPOT SLO.
-The policy wants tokens/s, so prefill tokens/s = uncached tokens / prefill time and decode tokens/s
-= batch / step time. The seed of a pool the planner knows also carries the roofline at any other mix
+The planner answers "how fast is one replica of model M on GPU G for this request shape": what the prefill of
+the uncached prompt adds to an engine step of the running decodes, and the decode step time at the largest batch
+meeting the TPOT SLO. The policy wants tokens/s, so prefill tokens/s = uncached tokens / batched prefill time and
+decode tokens/s = batch / step time. The seed of a pool the planner knows also carries the roofline at any other mix
 (`CapacitySeed.for_mix`): the policy evaluates it at each interval's measured mean request shape and prefix
 hit rate, since a replica's throughput depends on them. Anything the planner cannot resolve (unknown model or GPU, CPU replicas) falls
 back to the default seed; the online learning corrects the rest.
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 def seed_from_capacity(cap: ReplicaCapacity, w: TrafficShape) -> CapacitySeed:
     """Convert the planner's per-replica numbers into a CapacitySeed. Pure."""
     new_tokens = max(1.0, w.input_tokens * (1.0 - w.prefix_hit_rate))
-    prefill_tps = new_tokens / cap.prefill_s if cap.prefill_s > 0 else DEFAULT_SEED.prefill_tokens_per_s
+    prefill_tps = new_tokens / cap.prefill_batched_s if cap.prefill_batched_s > 0 else DEFAULT_SEED.prefill_tokens_per_s
     decode_tps = cap.max_batch / cap.decode_step_s if cap.decode_step_s > 0 else DEFAULT_SEED.decode_tokens_per_s
     return CapacitySeed(prefill_tokens_per_s=prefill_tps, decode_tokens_per_s=decode_tps)
 

@@ -31,7 +31,8 @@ class TrafficShape:
 class ReplicaCapacity:
     max_batch: int  # decode batch that meets the TPOT SLO and fits the KV cache
     batch_limited_by: str
-    prefill_s: float  # one request's (uncached) prefill time
+    prefill_s: float  # one request's (uncached) prefill time on an idle replica: its latency
+    prefill_batched_s: float  # what that prefill adds to the engine step of the running decodes: its throughput cost
     decode_step_s: float  # step time at max_batch
     requests_per_s: float  # sustained throughput at full utilization
     max_utilization: float  # utilization that keeps queueing within the TTFT SLO
@@ -46,8 +47,10 @@ def replica_capacity(m: ModelShape, gpu: GPUProfile, w: TrafficShape, *, weight_
     """Throughput of one replica for this workload, and the utilization at which it still meets the TTFT SLO.
 
     1. Decode batch B: the largest B <= max_num_seqs with step_time(B, ctx) <= TPOT SLO whose KV fits.
-    2. Per request the replica spends prefill((1-h)·I) once and O decode steps shared by B sequences:
-       throughput = 1 / (prefill + O · step(B) / B).
+    2. Per request the replica spends the prefill of (1-h)·I tokens once and O decode steps shared by B sequences:
+       throughput = 1 / (batched prefill + O · step(B) / B). Continuous batching runs a prefill in the step of
+       the running decodes, so it adds only its own FLOPs (StepCostModel.prefill_batched_time), not the overhead
+       and weight read of a step of its own: a 300-token prefill alone costs ~2x that on H200.
     3. Prefill waits in an M/D/1-like queue: p95 wait ~ 3 x mean = 3·rho·P/(2(1-rho)); the largest rho with
        P + wait <= TTFT SLO (capped at 0.85) is the usable utilization.
 
@@ -80,17 +83,20 @@ def replica_capacity(m: ModelShape, gpu: GPUProfile, w: TrafficShape, *, weight_
                f"decode batch {batch} (limited by {limited_by}), step {step * 1e3:.1f} ms at {mean_ctx:.0f} context")
     new_tokens = _uncached(w.input_tokens, w.prefix_hit_rate)
     prefill = cost.prefill_time(new_tokens, w.input_tokens - new_tokens)
+    batched = cost.prefill_batched_time(new_tokens, w.input_tokens - new_tokens)
     why.append(f"prefill of {new_tokens} uncached tokens ({w.prefix_hit_rate:.0%} prefix hits) takes "
-               f"{prefill * 1e3:.1f} ms")
+               f"{prefill * 1e3:.1f} ms alone, {batched * 1e3:.1f} ms in a step with the running decodes")
     if prompts:
         mean_prompt = prefill
         computed = [(_uncached(p, w.prefix_hit_rate), p) for p in prompts]
         prefill = sum(cost.prefill_time(n, max(p - n, 0)) for n, p in computed) / len(prompts)
+        batched = sum(cost.prefill_batched_time(n, max(p - n, 0)) for n, p in computed) / len(prompts)
         why.append(f"the {len(prompts)} sampled prompts' prefills take {prefill * 1e3:.1f} ms on average "
-                   f"({prefill / mean_prompt:.2f}x the mean prompt's): planned with that")
-    per_req = prefill + w.output_tokens * step / batch
+                   f"({prefill / mean_prompt:.2f}x the mean prompt's), {batched * 1e3:.1f} ms batched: planned "
+                   "with those")
+    per_req = batched + w.output_tokens * step / batch
     rps = 1.0 / per_req
-    why.append(f"GPU time per request = prefill + {w.output_tokens} x step/B = {per_req * 1e3:.1f} ms "
+    why.append(f"GPU time per request = batched prefill + {w.output_tokens} x step/B = {per_req * 1e3:.1f} ms "
                f"-> {rps:.2f} req/s per replica at 100% busy")
     slack = w.ttft_slo_s - prefill
     if slack <= 0:
@@ -102,7 +108,7 @@ def replica_capacity(m: ModelShape, gpu: GPUProfile, w: TrafficShape, *, weight_
         rho = min(0.85, x / (1.0 + x))
         why.append(f"TTFT budget {w.ttft_slo_s * 1e3:.0f} ms - prefill leaves {slack * 1e3:.0f} ms of queueing; "
                    f"p95 wait 3·rho·P/(2(1-rho)) fits up to rho = {rho:.2f}")
-    return ReplicaCapacity(batch, limited_by, prefill, step, rps, rho, rps * rho, cap.tokens, why)
+    return ReplicaCapacity(batch, limited_by, prefill, batched, step, rps, rho, rps * rho, cap.tokens, why)
 
 
 def _uncached(prompt: int, hit_rate: float) -> int:

@@ -225,6 +225,19 @@ class StepCostModel:
         attended = tokens * cached_prefix + tokens * (tokens + 1) / 2
         return self.step_time(tokens, attended, cached_prefix)
 
+    def prefill_batched_time(self, tokens: int, cached_prefix: int = 0) -> float:
+        """What one sequence's prefill of `tokens` new tokens after `cached_prefix` cached ones adds to an engine step
+        that runs anyway: its own FLOPs and KV traffic. Continuous batching puts a prefill into the step of the
+        running decodes, whose step already pays the fixed overhead and the weight read that a prefill alone
+        (`prefill_time`) pays too: a replica's throughput is priced with this, one request's latency on an idle
+        replica with `prefill_time`."""
+        if tokens <= 0:
+            return 0.0
+        attended = tokens * cached_prefix + tokens * (tokens + 1) / 2
+        flops = self.flops_per_token * tokens + self.attn_flops_per_ctx * attended
+        return max(flops / (self.peak_flops * self.compute_eff),
+                   self.kv_bytes * (cached_prefix + tokens) / (self.bandwidth * self.bandwidth_eff))
+
     def decode_step_time(self, batch: int, context: float) -> float:
         """One decode step of `batch` sequences with `context` cached tokens each."""
         return self.step_time(batch, batch * context, batch * context)

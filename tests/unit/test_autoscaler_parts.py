@@ -234,7 +234,9 @@ def test_seeds_come_from_the_planner_roofline() -> None:
     w = TrafficShape(input_tokens=2048, output_tokens=256)
     cap = replica_capacity(get_model("llama-3-8b"), get_gpu("H200"), w)
     seed = seed_from_capacity(cap, w)
-    assert seed.prefill_tokens_per_s == pytest.approx(2048 / cap.prefill_s)
+    # a replica's throughput prices each prefill batched with the running decodes, not as a step of its own
+    assert seed.prefill_tokens_per_s == pytest.approx(2048 / cap.prefill_batched_s)
+    assert cap.prefill_batched_s < cap.prefill_s
     seeds = seeds_for_service(isvc())
     assert seeds["primary"].prefill_tokens_per_s > 1000
     assert seeds["small"].prefill_tokens_per_s == 8000.0  # no preset/GPU for the student: default seed

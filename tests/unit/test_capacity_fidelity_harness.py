@@ -77,5 +77,19 @@ def test_cli_writes_results_and_refuses_bad_input(tmp_path: Path, capsys: pytest
     assert doc["benchmark"] == "capacity_fidelity" and doc["results"][0]["workload"] == "azure_small"
     assert capacity_fidelity.main(["--trace", str(tmp_path / "missing.csv"), "--out", str(out)]) == 2
     assert capacity_fidelity.main(["--trace", str(trace), "--requests", "5", "--out", str(out)]) == 2
+    assert capacity_fidelity.main(["--mix", "300x200", "--out", str(out)]) == 2
+    assert capacity_fidelity.main(["--mix", "0:200", "--out", str(out)]) == 2
     err = capsys.readouterr().err
-    assert "missing.csv" in err and "--requests 5" in err
+    assert "missing.csv" in err and "--requests 5" in err and "'300x200': expected IN:OUT" in err and "'0:200'" in err
+    # a fixed request shape alone: every request the same, named after it
+    assert capacity_fidelity.main(["--mix", "300:200", "--requests", "300", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert [r["workload"] for r in doc["results"]] == ["fixed 300/200"]
+    assert (doc["results"][0]["meanInput"], doc["results"][0]["meanOutput"]) == (300, 200)
+
+
+def test_the_model_prices_a_short_prefill_batched_with_the_decodes() -> None:
+    """Short prompts: a prefill alone is a whole step (overhead and weight read), batched it adds its FLOPs. Priced
+    alone the model put a 100-in / 100-out replica at 0.57x the simulated one; batched it is within 10 %."""
+    r = capacity_fidelity.evaluate("fixed 100/100", [(100, 100)], requests=1500)
+    assert 0.9 <= r["modelOverSimulated"] <= 1.1

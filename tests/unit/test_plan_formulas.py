@@ -114,6 +114,26 @@ def test_step_cost_and_calibration() -> None:
         calibrate(c, pts[:1])
 
 
+def test_a_batched_prefill_costs_its_own_work_not_a_steps_fixed_costs() -> None:
+    """A prefill joins the step of the running decodes, which pays the overhead and the weight read anyway: it adds
+    its own FLOPs (or its KV traffic, whichever takes longer). Alone, on an idle replica, it pays the whole step."""
+    c = StepCostModel.build(L3, H200)
+    flops = c.flops_per_token * 100 + c.attn_flops_per_ctx * (100 * 4000 + 100 * 101 / 2)
+    assert c.prefill_batched_time(100, 4000) == pytest.approx(flops / (c.peak_flops * c.compute_eff))
+    # a short prompt alone is a memory-bound step (weights) plus the overhead: ~3x what it adds to a decode step
+    assert c.prefill_time(100, 4000) > 2.5 * c.prefill_batched_time(100, 4000)
+    assert c.prefill_time(100, 4000) - c.prefill_batched_time(100, 4000) > c.overhead_s
+    # a long one is compute-bound either way: the two differ by the overhead
+    assert c.prefill_time(8192) - c.prefill_batched_time(8192) == pytest.approx(c.overhead_s)
+    assert c.prefill_batched_time(0) == 0.0
+    # the planner's throughput is priced batched, its TTFT (a request's own latency) alone
+    w = TrafficShape(input_tokens=300, output_tokens=200)
+    cap = replica_capacity(L3, H200, w)
+    assert cap.prefill_s == pytest.approx(c.prefill_time(300, 0))
+    assert cap.requests_per_s == pytest.approx(1 / (c.prefill_batched_time(300, 0) + 200 * cap.decode_step_s
+                                                   / cap.max_batch))
+
+
 def test_calibration_with_a_per_request_cost() -> None:
     # whole 1-token requests pay a step plus a per-request cost; decode steps (single steps) only a step
     c = StepCostModel.build(L3, H200)
