@@ -9,7 +9,7 @@ share one cost model.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from llmfleet.api.trainingjob import ModelShape
 from llmfleet.plan.hardware import GPUProfile
@@ -222,25 +222,25 @@ class StepCostModel:
 
     def prefill_time(self, tokens: int, cached_prefix: int = 0) -> float:
         """One sequence prefilling `tokens` new tokens after `cached_prefix` cached ones, in one step."""
-        attended = tokens * cached_prefix + tokens * (tokens + 1) / 2
-        return self.step_time(tokens, attended, cached_prefix)
+        return self.step_time(tokens, _prefill_attended(tokens, cached_prefix), cached_prefix)
 
     def prefill_batched_time(self, tokens: int, cached_prefix: int = 0) -> float:
         """What one sequence's prefill of `tokens` new tokens after `cached_prefix` cached ones adds to an engine step
         that runs anyway: its own FLOPs and KV traffic. Continuous batching puts a prefill into the step of the
         running decodes, whose step already pays the fixed overhead and the weight read that a prefill alone
         (`prefill_time`) pays too: a replica's throughput is priced with this, one request's latency on an idle
-        replica with `prefill_time`."""
-        if tokens <= 0:
-            return 0.0
-        attended = tokens * cached_prefix + tokens * (tokens + 1) / 2
-        flops = self.flops_per_token * tokens + self.attn_flops_per_ctx * attended
-        return max(flops / (self.peak_flops * self.compute_eff),
-                   self.kv_bytes * (cached_prefix + tokens) / (self.bandwidth * self.bandwidth_eff))
+        replica with `prefill_time`. The step's own formula without those fixed costs."""
+        marginal = replace(self, overhead_s=0.0, weight_bytes=0.0)
+        return marginal.step_time(tokens, _prefill_attended(tokens, cached_prefix), cached_prefix)
 
     def decode_step_time(self, batch: int, context: float) -> float:
         """One decode step of `batch` sequences with `context` cached tokens each."""
         return self.step_time(batch, batch * context, batch * context)
+
+
+def _prefill_attended(tokens: int, cached_prefix: int) -> float:
+    """Σ over a prefill's new tokens of the positions each attends: the cached prefix and, causally, itself."""
+    return tokens * cached_prefix + tokens * (tokens + 1) / 2
 
 
 def calibrate(model: StepCostModel, points: list[dict[str, float]]) -> StepCostModel:
