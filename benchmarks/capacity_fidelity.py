@@ -16,7 +16,8 @@ what the fleet carries most of the time. This script measures that error on the 
   the third quartile of the finish times, while the replica has a backlog all along, are its capacity at that mix.
 - TTFT p95 at 50, 70 and 85 % of the simulated capacity: the simulator's (and its preemptions: running requests
   the replica evicted when its KV cache ran out, recomputed later as vLLM does) against the model's
-  (prefill + Erlang-C wait p95 at efficiency 1; null past the model's capacity), and the planner's capacity with each prompt priced on its own
+  (prefill + the policy's queueing wait p95 at efficiency 1, with the decodes' compute share and the spread of
+  the mix's prefill times; null past the model's capacity), and the planner's capacity with each prompt priced on its own
   (llmfleet.plan.capacity.replica_capacity with `prompts`) beside the mean prompt's.
 
 Prints a table and writes benchmarks/results/capacity_fidelity.json (simulated time: deterministic).
@@ -40,7 +41,14 @@ from typing import Any
 from autoscale_setup import GPU, PRIMARY_MODEL, TRACES, run_static, service, trace_names
 from results_paths import RESULTS
 
-from llmfleet.autoscaler.capacity import prefill_seconds, service_seconds, wait_p95_seconds
+from llmfleet.autoscaler.capacity import (
+    RequestCost,
+    decode_compute_seconds,
+    prefill_seconds,
+    prefill_time_scv,
+    service_seconds,
+    wait_p95_seconds,
+)
 from llmfleet.autoscaler.seeds import seeds_for_service
 from llmfleet.plan.capacity import TrafficShape, replica_capacity
 from llmfleet.plan.hardware import get_gpu
@@ -107,6 +115,9 @@ def evaluate(name: str, pairs: Sequence[tuple[int, int]], requests: int) -> dict
     seed = seeds_for_service(service("slo", 1.0, 1))["primary"].for_mix(mean_in, mean_out, 0.0)
     prefill = prefill_seconds(seed, 1.0, mean_in, 0.0)
     decode = service_seconds(seed, 1.0, mean_in, mean_out, 0.0) - prefill
+    moments = tuple(sum(float(p) ** k for p, _ in pairs) / len(pairs) for k in (1, 2, 3, 4))
+    scv = prefill_time_scv(moments, seed.prefill_attention_ratio)  # type: ignore[arg-type]
+    cost = RequestCost(prefill, decode, decode_compute_seconds(seed, 1.0, mean_out), scv)
     model_rps = 1.0 / (prefill + decode)
     sample = [p for p, _ in random.Random(0).sample(list(pairs), min(PLANNER_SAMPLE, len(pairs)))]
     shape = TrafficShape(input_tokens=round(mean_in), output_tokens=round(mean_out))
@@ -116,13 +127,14 @@ def evaluate(name: str, pairs: Sequence[tuple[int, int]], requests: int) -> dict
     loads = []
     for frac in LOADS:
         rate = frac * sim_rps
-        predicted = prefill + wait_p95_seconds(1, rate, prefill, decode)  # inf: past the model's capacity
+        predicted = prefill + wait_p95_seconds(1, rate, cost)  # inf: past the model's capacity
         p95, preempted = at_load(pairs, rate, requests)
         loads.append({"fraction": frac, "rateRps": round(rate, 3), "simTtftP95S": round(p95, 3),
                       "modelTtftP95S": round(predicted, 3) if math.isfinite(predicted) else None,
                       "preemptionsPer1000Requests": round(1000 * preempted / requests, 1)})
     return {"workload": name, "requests": len(pairs), "meanInput": round(mean_in), "meanOutput": round(mean_out),
             "modelPrefillS": round(prefill, 4), "modelDecodeS": round(decode, 4),
+            "modelDecodeComputeS": round(cost.decode_compute_s or 0.0, 4), "prefillTimeScv": round(scv, 3),
             "modelRps": round(model_rps, 3), "plannerPerPromptRps": round(per_prompt, 3),
             "simulatedRps": round(sim_rps, 3), "modelOverSimulated": round(model_rps / sim_rps, 3),
             "perPromptOverSimulated": round(per_prompt / sim_rps, 3),

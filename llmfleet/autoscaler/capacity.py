@@ -8,12 +8,16 @@ the observed mix. The seed comes from the planner's roofline estimate; `learn_ef
 it online from the tokens the replicas computed while every one of them had requests waiting all interval.
 
 The TTFT estimate is the prefill of a mean request plus the 95th percentile of its wait for the prefills ahead
-of it: M/M/c (Erlang C) with one server per replica whose service time is a request's prefill. Continuous
-batching adds a new request to the next engine step beside the running decodes, so it waits for prefill work,
-not for whole requests; the decodes take their share of each replica's time (`rate * decode_s / replicas`),
-which slows the prefill server by that much. The 95th percentile of the waiting time of M/M/c is
-`ln(C / 0.05) / (c*mu - lambda)` when the probability of waiting C exceeds 5 %, else 0. Utilization (prefill
-plus decode replica-seconds per second) is capped separately (`replicas_for_ttft`).
+of it: a G/G/c queue with one server per replica whose service time is a request's prefill. Continuous batching
+adds a new request to the next engine step beside the running decodes, so it waits for prefill work, not for whole
+requests. Decode steps are memory-bound: a prefill batched into them runs on compute the decodes leave idle, so
+the decodes slow the prefill server only by the time their FLOPs hold the compute units
+(`rate * decode_compute_s / replicas`), not by their whole step time. The wait is M/M/c's (Erlang C), whose p95 is
+`ln(C / 0.05) / (c*mu - lambda)` when the probability of waiting C exceeds 5 %, else 0, scaled by the
+Allen-Cunneen factor `(1 + SCV) / 2` for prefill times whose squared coefficient of variation is SCV (Poisson
+arrivals): equal prompts (SCV 0) wait half as long as M/M/c says, a heavy-tailed prompt mix (Mooncake: SCV ~4,
+since attention makes a prefill grow faster than its prompt) more than twice as long. Utilization (prefill plus
+decode replica-seconds per second) is capped separately (`replicas_for_ttft`).
 """
 
 from __future__ import annotations
@@ -34,6 +38,12 @@ class CapacitySeed:
     # batch's whole context; a prompt's attention grows with its length), so one fixed shape mis-seeds every workload
     # whose requests are longer or shorter. None: these throughputs at any mix.
     at_mix: Callable[[float, float, float], CapacitySeed] | None = field(default=None, compare=False, repr=False)
+    # Decode tokens/s if the decodes' FLOPs alone held the replica (the compute they take from a prefill batched into
+    # their steps; module docstring). None: decode_tokens_per_s (the whole step, as if decoding were compute-bound).
+    decode_compute_tokens_per_s: float | None = None
+    # r in "a prefill of L uncached tokens costs in proportion to L + r*L^2" (its causal attention): how much more a
+    # long prompt's prefill costs than its length says, for the spread of prefill times (prefill_time_scv).
+    prefill_attention_ratio: float = 0.0
 
     def for_mix(self, mean_in: float | None, mean_out: float | None, hit_rate: float | None) -> CapacitySeed:
         """The seed at an observed mix; this one where there is no mix function or the mix is not measured."""
@@ -50,6 +60,41 @@ def service_seconds(seed: CapacitySeed, efficiency: float, mean_in: float, mean_
     uncached = max(mean_in, 0.0) * (1.0 - min(max(hit_rate, 0.0), 1.0))
     eff = max(efficiency, 1e-3)
     return uncached / (seed.prefill_tokens_per_s * eff) + max(mean_out, 0.0) / (seed.decode_tokens_per_s * eff)
+
+
+def decode_compute_seconds(seed: CapacitySeed, efficiency: float, mean_out: float) -> float:
+    """Replica-seconds the FLOPs of one request's decode hold the compute units (at full batch)."""
+    tps = seed.decode_compute_tokens_per_s or seed.decode_tokens_per_s
+    return max(mean_out, 0.0) / (tps * max(efficiency, 1e-3))
+
+
+def prefill_time_scv(moments: tuple[float, float, float, float] | None, attention_ratio: float,
+                     hit_rate: float = 0.0) -> float:
+    """Squared coefficient of variation of prefill times, from the raw moments E[L^k] (k = 1..4) of prompt lengths.
+
+    A prompt of L tokens of which the share h is cached computes (1-h)L tokens that attend (1-h)(1+h)L^2/2
+    positions: its time is proportional to L + r(1+h)L^2 (r: `CapacitySeed.prefill_attention_ratio`), whose first
+    two moments follow from E[L]..E[L^4]. 1.0 (M/M/c's exponential) where the moments are not measured."""
+    if moments is None:
+        return 1.0
+    m1, m2, m3, m4 = moments
+    r = max(attention_ratio, 0.0) * (1.0 + min(max(hit_rate, 0.0), 1.0))
+    mean = m1 + r * m2
+    if not mean > 0:
+        return 1.0
+    second = m2 + 2 * r * m3 + r * r * m4
+    return max(second / (mean * mean) - 1.0, 0.0)
+
+
+@dataclass(frozen=True)
+class RequestCost:
+    """Replica-seconds of a mean request of the observed mix, as the queueing estimate reads them."""
+
+    prefill_s: float  # its prefill: the prefill server's mean service time
+    decode_s: float  # its decode at full batch
+    # Of decode_s, the time its FLOPs hold the compute units (decode_compute_seconds). None: all of decode_s.
+    decode_compute_s: float | None = None
+    prefill_scv: float = 1.0  # squared coefficient of variation of prefill times (1: exponential, M/M/c)
 
 
 def prefill_seconds(seed: CapacitySeed, efficiency: float, tokens: float, hit_rate: float) -> float:
@@ -73,39 +118,37 @@ def erlang_c(servers: int, offered: float) -> float:
     return servers * b / (servers - offered * (1.0 - b))
 
 
-def wait_p95_seconds(replicas: int, rate: float, prefill_s: float, decode_s: float) -> float:
-    """95th percentile of the wait before a request's prefill runs, for `rate` req/s on `replicas` replicas.
-
-    `prefill_s` and `decode_s`: replica-seconds of a mean request's prefill and decode (module docstring); inf if
-    overloaded."""
-    if rate <= 0 or prefill_s <= 0:
+def wait_p95_seconds(replicas: int, rate: float, cost: RequestCost) -> float:
+    """95th percentile of the wait before a request's prefill runs, for `rate` req/s on `replicas` replicas (module
+    docstring); inf if overloaded."""
+    if rate <= 0 or cost.prefill_s <= 0:
         return 0.0
     if replicas <= 0:
         return math.inf
-    share = rate * max(decode_s, 0.0) / replicas
+    decode_compute = cost.decode_s if cost.decode_compute_s is None else cost.decode_compute_s
+    share = rate * max(decode_compute, 0.0) / replicas
     if share >= 1.0:
         return math.inf
-    mu_server = (1.0 - share) / prefill_s
+    mu_server = (1.0 - share) / cost.prefill_s
     offered = rate / mu_server
     if offered >= replicas:
         return math.inf
     c = erlang_c(replicas, offered)
     if c <= 0.05:
         return 0.0
-    return math.log(c / 0.05) / (replicas * mu_server - rate)
+    return (1.0 + max(cost.prefill_scv, 0.0)) / 2.0 * math.log(c / 0.05) / (replicas * mu_server - rate)
 
 
-def replicas_for_ttft(rate: float, prefill_s: float, decode_s: float, wait_budget_s: float,
-                      max_utilization: float, upper: int) -> int:
+def replicas_for_ttft(rate: float, cost: RequestCost, wait_budget_s: float, max_utilization: float, upper: int) -> int:
     """Fewest replicas (<= upper) whose p95 prefill wait fits `wait_budget_s` at utilization <= max_utilization."""
     if rate <= 0:
         return 0
-    cost = max(prefill_s, 0.0) + max(decode_s, 0.0)
-    if cost <= 0:
+    total = max(cost.prefill_s, 0.0) + max(cost.decode_s, 0.0)
+    if total <= 0:
         return 1
-    start = max(1, math.ceil(rate * cost / max_utilization))
+    start = max(1, math.ceil(rate * total / max_utilization))
     for n in range(start, max(upper, start) + 1):
-        if wait_p95_seconds(n, rate, prefill_s, decode_s) <= wait_budget_s:
+        if wait_p95_seconds(n, rate, cost) <= wait_budget_s:
             return n
     return max(upper, start)
 

@@ -29,8 +29,11 @@ from dataclasses import replace
 from llmfleet.autoscaler.capacity import (
     LEVEL_NOISE,
     CapacitySeed,
+    RequestCost,
+    decode_compute_seconds,
     learn_efficiency,
     prefill_seconds,
+    prefill_time_scv,
     replicas_for_ttft,
     service_seconds,
     wait_p95_seconds,
@@ -93,7 +96,8 @@ def _seed(pool: PoolBounds, sig: PoolSignals) -> CapacitySeed:
 
 def _mu(pool: PoolBounds, st: PoolState, sig: PoolSignals) -> float:
     """Requests per second one replica completes at the interval's mix."""
-    cost = sum(_split(pool, st, sig, math.inf))
+    c = _cost(pool, st, sig, math.inf)
+    cost = c.prefill_s + c.decode_s
     return 1.0 / cost if cost > 0 else math.inf
 
 
@@ -121,18 +125,32 @@ def _saturated(st: PoolState, sig: PoolSignals) -> bool:
             and st.prev_ready == sig.ready_replicas)
 
 
-def _split(pool: PoolBounds, st: PoolState, sig: PoolSignals, mu: float) -> tuple[float, float]:
+def _cost(pool: PoolBounds, st: PoolState, sig: PoolSignals, mu: float) -> RequestCost:
     """A request's replica-seconds at `mu` requests/s per replica (inf: at the interval's mix and the learned
     efficiency), split into prefill and decode at the interval's mix (the planned cost is smoothed; its split is
-    the measured mix's). Without a measured mix: 512 tokens in, 128 out."""
+    the measured mix's), with its decode's compute-only time scaled alike and the pool's smoothed spread of prefill
+    times (capacity.RequestCost). Without a measured mix: 512 tokens in, 128 out."""
     seed = _seed(pool, sig)
     mean_in = sig.mean_input_tokens if sig.mean_input_tokens is not None else 512.0
     mean_out = sig.mean_output_tokens if sig.mean_output_tokens is not None else 128.0
     sp = prefill_seconds(seed, st.efficiency, mean_in, sig.prefix_hit_rate or 0.0)
     sd = service_seconds(seed, st.efficiency, mean_in, mean_out, sig.prefix_hit_rate or 0.0) - sp
+    dc = decode_compute_seconds(seed, st.efficiency, mean_out)
     cost = 1.0 / mu if mu > 0 and math.isfinite(mu) else sp + sd
-    frac = sp / (sp + sd) if sp + sd > 0 else 1.0
-    return frac * cost, (1.0 - frac) * cost
+    scale = cost / (sp + sd) if sp + sd > 0 else 1.0
+    scv = st.prefill_scv.level if st.prefill_scv.level is not None else 1.0
+    if sp + sd <= 0:
+        return RequestCost(cost, 0.0, 0.0, scv)
+    return RequestCost(sp * scale, sd * scale, dc * scale, scv)
+
+
+def _track_prefill_spread(cfg: PolicyConfig, pool: PoolBounds, st: PoolState, sig: PoolSignals) -> None:
+    """Fold the interval's spread of prefill times (from its prompt-length moments) into the pool's smoothed one."""
+    if sig.mean_input_tokens is None or sig.input_tokens_moments is None:
+        return
+    scv = prefill_time_scv((sig.mean_input_tokens, *sig.input_tokens_moments),
+                           _seed(pool, sig).prefill_attention_ratio, sig.prefix_hit_rate or 0.0)
+    st.prefill_scv.update(sig.now, scv, beta=0.0, weight=_window(cfg, sig) / cfg.interval_s)
 
 
 def _within_noise(gap: float, rate: float, window_s: float) -> bool:
@@ -146,14 +164,14 @@ def _ttft_budget(cfg: PolicyConfig, pool: PoolBounds, st: PoolState, sig: PoolSi
     """Seconds a request may wait for the prefills ahead of it: the planned fraction of the TTFT SLO less its own
     prefill at the interval's mix (at least 5 % of the SLO)."""
     slo_s = cfg.ttft_slo_ms / 1000.0
-    return max(cfg.ttft_target_fraction * slo_s - _split(pool, st, sig, math.inf)[0], 0.05 * slo_s)
+    return max(cfg.ttft_target_fraction * slo_s - _cost(pool, st, sig, math.inf).prefill_s, 0.05 * slo_s)
 
 
 def _arrived_late(cfg: PolicyConfig, pool: PoolBounds, st: PoolState, sig: PoolSignals, mu: float) -> bool:
     """A scale-up that just became ready arrived after the demand it was asked for had gone: the replicas ready
     before it meet the TTFT plan at the rate measured now (with the scale-down tolerance)."""
     rate = float(sig.arrival_rate or 0.0) * (1 + DOWN_TOLERANCE)
-    need = replicas_for_ttft(rate, *_split(pool, st, sig, mu), _ttft_budget(cfg, pool, st, sig), cfg.max_utilization,
+    need = replicas_for_ttft(rate, _cost(pool, st, sig, mu), _ttft_budget(cfg, pool, st, sig), cfg.max_utilization,
                              pool.max_replicas)
     return need <= st.pending_ready
 
@@ -213,6 +231,7 @@ def _slo_primary(
     if sig.mean_input_tokens is not None and sig.mean_output_tokens is not None:
         st.service.update(sig.now, service_seconds(seed, 1.0, sig.mean_input_tokens, sig.mean_output_tokens,
                                                    sig.prefix_hit_rate or 0.0), weight=_window(cfg, sig) / cfg.interval_s)
+    _track_prefill_spread(cfg, pool, st, sig)
     mu = _mu_planned(pool, st, sig)
     # During a ramp that started with a level shift, the smoothed forecast lags by a cold start: plan for
     # the burst rate (the jump's slope kept over one cold start, at most burst_forecast_cap x the rate), once the
@@ -221,11 +240,11 @@ def _slo_primary(
     # sized for the burst rate either way: decide).
     if in_burst and rate > sig.ready_replicas * mu * cfg.max_utilization:
         planned = max(planned, burst)
-    sp, sd = _split(pool, st, sig, mu)
+    cost = _cost(pool, st, sig, mu)
     budget = _ttft_budget(cfg, pool, st, sig)
-    n = replicas_for_ttft(planned + backlog, sp, sd, budget, cfg.max_utilization, pool.max_replicas)
+    n = replicas_for_ttft(planned + backlog, cost, budget, cfg.max_utilization, pool.max_replicas)
     if n < sig.replicas:
-        n = min(sig.replicas, replicas_for_ttft((planned + backlog) * (1 + DOWN_TOLERANCE), sp, sd, budget,
+        n = min(sig.replicas, replicas_for_ttft((planned + backlog) * (1 + DOWN_TOLERANCE), cost, budget,
                                                 cfg.max_utilization, pool.max_replicas))
     reasons.append(
         f"rate {rate:.2f}/s forecast {planned:.2f}/s backlog {backlog:.2f}/s, {mu:.2f} req/s per replica "
@@ -286,6 +305,7 @@ def _slo_students(
         if not sig.usable:
             out[pool.name] = (sig.replicas, ["metrics stale or missing: hold"])
             continue
+        _track_prefill_spread(cfg, pool, st, sig)
         mu = _mu(pool, st, sig)
         mix = sig
         if primary_sig is not None and primary_sig.mean_input_tokens is not None:
@@ -294,12 +314,12 @@ def _slo_students(
         mu_overflow = mu if mix is sig else _mu(pool, st, mix)
         own = float(sig.arrival_rate or 0.0)
         slo_s = cfg.ttft_slo_ms / 1000.0
-        budget = max(cfg.ttft_target_fraction * slo_s - _split(pool, st, mix, math.inf)[0], 0.05 * slo_s)
+        budget = max(cfg.ttft_target_fraction * slo_s - _cost(pool, st, mix, math.inf).prefill_s, 0.05 * slo_s)
         predicted = ahead(cold_start_seconds(cfg, pool, st) + cfg.interval_s) if ahead is not None else 0.0
         want = max(remaining, predicted - (overflow - remaining))  # what earlier students absorb, absorbed
-        need_overflow = replicas_for_ttft(want, *_split(pool, st, mix, mu_overflow), budget, cfg.max_utilization,
+        need_overflow = replicas_for_ttft(want, _cost(pool, st, mix, mu_overflow), budget, cfg.max_utilization,
                                           pool.max_replicas)
-        need_own = 0 if primary_headroom else replicas_for_ttft(own, *_split(pool, st, sig, mu), budget,
+        need_own = 0 if primary_headroom else replicas_for_ttft(own, _cost(pool, st, sig, mu), budget,
                                                                 cfg.max_utilization, pool.max_replicas)
         warm = 1 if recent_burst and pool is students[0] else 0
         n = min(max(need_overflow, need_own, warm), pool.max_replicas)
@@ -472,9 +492,8 @@ def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState
         if cap is None and sig.usable:
             cap = _mu(pool, st, sig)
         if cap is not None and sig.arrival_rate is not None:
-            sp, sd = _split(pool, st, sig, cap)
-            wait = wait_p95_seconds(desired, sig.arrival_rate, sp, sd)
-            pred = (wait + _split(pool, st, sig, math.inf)[0]) * 1000.0 if math.isfinite(wait) else None
+            wait = wait_p95_seconds(desired, sig.arrival_rate, _cost(pool, st, sig, cap))
+            pred = (wait + _cost(pool, st, sig, math.inf).prefill_s) * 1000.0 if math.isfinite(wait) else None
         predicted[pool.name] = pred
         decisions[pool.name] = PoolDecision(
             pool=pool.name,

@@ -26,12 +26,19 @@ if TYPE_CHECKING:
     from llmfleet.api.inferenceservice import InferenceService, PoolView
 
 
-def seed_from_capacity(cap: ReplicaCapacity, w: TrafficShape) -> CapacitySeed:
-    """Convert the planner's per-replica numbers into a CapacitySeed. Pure."""
+def seed_from_capacity(cap: ReplicaCapacity, w: TrafficShape, cost: StepCostModel | None = None) -> CapacitySeed:
+    """Convert the planner's per-replica numbers into a CapacitySeed. Pure. With the step cost model the seed also
+    carries what the queueing estimate reads from it: the decodes' compute-only rate at the mix's mean context and
+    the prefill's attention ratio (capacity.py)."""
     new_tokens = max(1.0, w.input_tokens * (1.0 - w.prefix_hit_rate))
     prefill_tps = new_tokens / cap.prefill_batched_s if cap.prefill_batched_s > 0 else DEFAULT_SEED.prefill_tokens_per_s
     decode_tps = cap.max_batch / cap.decode_step_s if cap.decode_step_s > 0 else DEFAULT_SEED.decode_tokens_per_s
-    return CapacitySeed(prefill_tokens_per_s=prefill_tps, decode_tokens_per_s=decode_tps)
+    if cost is None:
+        return CapacitySeed(prefill_tokens_per_s=prefill_tps, decode_tokens_per_s=decode_tps)
+    compute_s = cost.decode_compute_time(w.input_tokens + w.output_tokens / 2)
+    return CapacitySeed(prefill_tokens_per_s=prefill_tps, decode_tokens_per_s=decode_tps,
+                        decode_compute_tokens_per_s=1.0 / compute_s if compute_s > 0 else None,
+                        prefill_attention_ratio=cost.prefill_attention_ratio)
 
 
 def seed_for_pool(
@@ -56,7 +63,7 @@ def seed_for_pool(
         w = TrafficShape(input_tokens=mean_in, output_tokens=mean_out, prefix_hit_rate=hit_rate, ttft_slo_s=ttft_slo_s,
                          tpot_slo_s=tpot_slo_s)
         return seed_from_capacity(replica_capacity(model, gpu, w, kv_dtype=kv, tensor_parallel=tp, max_num_seqs=seqs,
-                                                   cost=cost), w)
+                                                   cost=cost), w, cost)
 
     def at_mix(mean_in: float, mean_out: float, hit_rate: float) -> CapacitySeed:
         """The roofline at the observed mix (whole tokens, at least one each; a hit rate within [0, 1])."""

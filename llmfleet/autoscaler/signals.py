@@ -8,6 +8,7 @@ Series read (router series are the llmfleet router's; `vllm:` are vLLM's own, pa
 | TTFT / TPOT p95      | `llmfleet_router_ttft_seconds` / `llmfleet_router_tpot_seconds` (histograms), else   |
 |                      | vLLM's `vllm:time_to_first_token_seconds` / `vllm:time_per_output_token_seconds`    |
 | mean in/out tokens   | `llmfleet_router_input_tokens` / `llmfleet_router_output_tokens` (histogram sum/count) |
+| prompt-length spread | `llmfleet_router_input_tokens_power_total{power="2"|"3"|"4"}` / the histogram's count  |
 | degraded fraction    | `llmfleet_router_requests_total{degraded="true"}` / all                              |
 | error rate           | `llmfleet_router_upstream_attempts_total{pool, outcome="error"}` / all outcomes      |
 | held requests        | `llmfleet_router_held_requests{pool}` (gauge: waiting for a pool at zero replicas)   |
@@ -31,6 +32,7 @@ from typing import Any
 
 from llmfleet.api.contracts import INFERENCESERVICE_LABEL, POOL_LABEL, prometheus_label
 from llmfleet.autoscaler.policy import PoolSignals, Role
+from llmfleet.router.metrics import INPUT_TOKEN_POWERS
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,9 @@ def build_queries(service: str, namespace: str, pool: str, role: Role, sel: Sele
         "tpot_p95_ms_engine": q95("vllm:time_per_output_token_seconds", v),
         "mean_input_tokens": mean("llmfleet_router_input_tokens"),
         "mean_output_tokens": mean("llmfleet_router_output_tokens"),
+        **{f"input_tokens_power_{k}": (f'sum(rate(llmfleet_router_input_tokens_power_total{{{rp},power="{k}"}}[{window}])) / '
+                                       f"sum(rate(llmfleet_router_input_tokens_count{{{rp}}}[{window}]))")
+           for k in INPUT_TOKEN_POWERS},
         "queue_depth": f"sum({vs('num_requests_waiting')})",
         "min_queue_depth": f"min(min_over_time({vs('num_requests_waiting')}[{window}]))",
         "running": f"sum({vs('num_requests_running')})",
@@ -105,6 +110,12 @@ def build_queries(service: str, namespace: str, pool: str, role: Role, sel: Sele
 
 def _finite(x: float | None) -> float | None:
     return x if x is not None and math.isfinite(x) else None
+
+
+def _moments(v: Mapping[str, float | None]) -> tuple[float, float, float] | None:
+    """E[L^2], E[L^3], E[L^4] of the prompt lengths, where all three were measured."""
+    m2, m3, m4 = (v.get(f"input_tokens_power_{k}") for k in INPUT_TOKEN_POWERS)
+    return (m2, m3, m4) if m2 is not None and m3 is not None and m4 is not None else None
 
 
 def assemble(
@@ -130,6 +141,7 @@ def assemble(
         arrival_rate=v.get("arrival_rate"),
         mean_input_tokens=v.get("mean_input_tokens"),
         mean_output_tokens=v.get("mean_output_tokens"),
+        input_tokens_moments=_moments(v),
         ttft_p95_ms=v.get("ttft_p95_ms") if v.get("ttft_p95_ms") is not None else v.get("ttft_p95_ms_engine"),
         tpot_p95_ms=v.get("tpot_p95_ms") if v.get("tpot_p95_ms") is not None else v.get("tpot_p95_ms_engine"),
         queue_depth=v.get("queue_depth"),
@@ -295,6 +307,11 @@ def values_from_scrapes(
         c = _rate(router_prev, router_cur, metric + "_count", dt, pm)
         return s / c if s is not None and c else None
 
+    def power_mean(k: int) -> float | None:
+        s = _rate(router_prev, router_cur, "llmfleet_router_input_tokens_power_total", dt, {**pm, "power": str(k)})
+        c = _rate(router_prev, router_cur, "llmfleet_router_input_tokens_count", dt, pm)
+        return s / c if s is not None and c else None
+
     hits = _rate(replicas_prev, replicas_cur, "vllm:prefix_cache_hits_total", dt)
     queries = _rate(replicas_prev, replicas_cur, "vllm:prefix_cache_queries_total", dt)
     kv = _sum(replicas_cur, "vllm:kv_cache_usage_perc")
@@ -312,6 +329,7 @@ def values_from_scrapes(
         "tpot_p95_ms_engine": p95("vllm:time_per_output_token_seconds", replicas_prev, replicas_cur, None),
         "mean_input_tokens": mean("llmfleet_router_input_tokens"),
         "mean_output_tokens": mean("llmfleet_router_output_tokens"),
+        **{f"input_tokens_power_{k}": power_mean(k) for k in INPUT_TOKEN_POWERS},
         "queue_depth": _sum(replicas_cur, "vllm:num_requests_waiting"),
         "min_queue_depth": _min_of_two(replicas_prev, replicas_cur, "vllm:num_requests_waiting"),
         "running": _sum(replicas_cur, "vllm:num_requests_running"),

@@ -48,6 +48,9 @@ class PoolSignals:
     arrival_rate: float | None = None
     mean_input_tokens: float | None = None
     mean_output_tokens: float | None = None
+    # E[L^2], E[L^3], E[L^4] of the prompt lengths L of the same requests as mean_input_tokens: the spread of their
+    # prefill times (capacity.prefill_time_scv).
+    input_tokens_moments: tuple[float, float, float] | None = None
     ttft_p95_ms: float | None = None
     tpot_p95_ms: float | None = None
     queue_depth: float | None = None

@@ -237,6 +237,18 @@ class StepCostModel:
         """One decode step of `batch` sequences with `context` cached tokens each."""
         return self.step_time(batch, batch * context, batch * context)
 
+    def decode_compute_time(self, context: float) -> float:
+        """Seconds one decode token's FLOPs hold the compute units (after `context` tokens): the step formula's compute
+        term alone. A decode step is memory-bound, so a prefill batched into it runs on the compute it leaves idle
+        and is slowed only by this much per decode token."""
+        return replace(self, overhead_s=0.0, weight_bytes=0.0, kv_bytes=0.0).step_time(1, context, 0.0)
+
+    @property
+    def prefill_attention_ratio(self) -> float:
+        """r in "a prefill of L tokens computes in proportion to L + r*L^2": its FLOPs are
+        flops_per_token*L + attn_flops_per_ctx*L(L+1)/2 (`_prefill_attended`)."""
+        return self.attn_flops_per_ctx / (2.0 * self.flops_per_token)
+
 
 def _prefill_attended(tokens: int, cached_prefix: int) -> float:
     """Σ over a prefill's new tokens of the positions each attends: the cached prefix and, causally, itself."""

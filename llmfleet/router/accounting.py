@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from llmfleet.router.dispatch import Latency, on_done, record_attempt
 from llmfleet.router.fallback import FallbackPolicy
-from llmfleet.router.metrics import RouterMetrics
+from llmfleet.router.metrics import INPUT_TOKEN_POWERS, RouterMetrics
 from llmfleet.router.outliers import OutlierDetector
 from llmfleet.router.plugins.base import RequestInfo
 from llmfleet.router.request_log import RequestLog
@@ -86,6 +86,8 @@ class Accounting:
             h = m.latency_children(pool, model)
             h.e2e.observe(e2e)
             h.input_tokens.observe(input_tokens)
+            for k, power_sum in zip(INPUT_TOKEN_POWERS, h.input_powers, strict=True):
+                power_sum.inc(float(input_tokens) ** k)
             h.output_tokens.observe(output_tokens)
             if ttft is not None:
                 h.ttft.observe(ttft)

@@ -100,6 +100,11 @@ def Histogram(name: str, documentation: str, labelnames: Sequence[str] = (), *, 
     return _Family(name, documentation, labelnames, registry, buckets)
 
 
+# The powers of a request's prompt tokens the router sums (llmfleet_router_input_tokens_power_total{power}); the
+# first is the input-token histogram's _sum.
+INPUT_TOKEN_POWERS = (2, 3, 4)
+
+
 class LatencyChildren(NamedTuple):
     """The per-(pool, model) histograms observed at the end of every request."""
 
@@ -108,6 +113,7 @@ class LatencyChildren(NamedTuple):
     output_tokens: Any
     ttft: Any
     tpot: Any
+    input_powers: tuple[Any, ...]  # Σ input_tokens^k for k in INPUT_TOKEN_POWERS
 
 
 class RouterMetrics:
@@ -120,6 +126,12 @@ class RouterMetrics:
                                 ["pool", "model", "endpoint", "status", "degraded"], registry=r)
         self.input_tokens = Histogram("llmfleet_router_input_tokens", "Prompt tokens per request.", pm,
                                       buckets=(16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 131072), registry=r)
+        # The histogram's buckets are too coarse for the spread of prefill times (attention makes a prefill grow as
+        # L + r*L^2, so its variance needs E[L^2..L^4]): exact sums of the powers, read by the autoscaler
+        # (capacity.prefill_time_scv). Float counters hold 131k-token prompts to the fourth power without overflow.
+        self.input_token_powers = Counter("llmfleet_router_input_tokens_power",
+                                          "Sum over requests of prompt tokens raised to `power`.", [*pm, "power"],
+                                          registry=r)
         self.output_tokens = Histogram("llmfleet_router_output_tokens", "Output tokens per request.", pm,
                                        buckets=(1, 4, 16, 64, 128, 256, 512, 1024, 4096), registry=r)
         self.ttft = Histogram("llmfleet_router_ttft_seconds", "Time to first token: streaming requests only (a non-streaming response arrives whole, at the end).", pm,
@@ -198,7 +210,8 @@ class RouterMetrics:
     def latency_children(self, pool: str, model: str) -> LatencyChildren:
         h = self._latency.get((pool, model))
         if h is None:
-            h = self._latency[(pool, model)] = LatencyChildren(*(
-                metric.labels(pool, model) for metric in (self.e2e, self.input_tokens, self.output_tokens, self.ttft,
-                                                          self.tpot)))
+            h = self._latency[(pool, model)] = LatencyChildren(
+                self.e2e.labels(pool, model), self.input_tokens.labels(pool, model),
+                self.output_tokens.labels(pool, model), self.ttft.labels(pool, model), self.tpot.labels(pool, model),
+                tuple(self.input_token_powers.labels(pool, model, str(k)) for k in INPUT_TOKEN_POWERS))
         return h

@@ -330,6 +330,14 @@ def _sample(fleet: Fleet, now: float, pending: int) -> dict[str, Any]:
     return out
 
 
+def _power_means(prompts: list[int]) -> tuple[float, float, float] | None:
+    """E[L^2], E[L^3], E[L^4] of the prompt lengths (the router's llmfleet_router_input_tokens_power_total)."""
+    if not prompts:
+        return None
+    m2, m3, m4 = (sum(float(p) ** k for p in prompts) / len(prompts) for k in (2, 3, 4))
+    return m2, m3, m4
+
+
 def _p95(xs: list[float]) -> float | None:
     if not xs:
         return None
@@ -358,6 +366,7 @@ def _autoscale(fleet: Fleet, autoscaler: Autoscaler, router: SimRouter, cfg: Sim
             arrival_rate=len(arr) / iv,
             mean_input_tokens=sum(r.prompt_len for r in arr) / len(arr) if arr else None,
             mean_output_tokens=sum(r.output_len for r in arr) / len(arr) if arr else None,
+            input_tokens_moments=_power_means([r.prompt_len for r in arr]),
             ttft_p95_ms=_p95(ttfts), tpot_p95_ms=_p95(tpots),
             queue_depth=float(sum(len(r.waiting) for r in reps)), running=float(sum(len(r.running) for r in reps)),
             kv_utilization=sum(r.kv_usage() for r in reps) / len(reps) if reps else None,

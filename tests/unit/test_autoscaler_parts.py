@@ -160,6 +160,10 @@ def test_build_queries_select_pool_and_service() -> None:
     # The error rate is the pool's own, for the primary too.
     assert 'pool="primary",outcome="error"' in primary["error_rate"]
     assert 'llmfleet_router_upstream_attempts_total{llmfleet_io_inferenceservice="chat",pool="small"}' in q["error_rate"]
+    # the prompt-length moments: each power sum over the input-token histogram's count, the pool's own
+    assert q["input_tokens_power_3"] == (
+        'sum(rate(llmfleet_router_input_tokens_power_total{llmfleet_io_inferenceservice="chat",pool="small",power="3"}'
+        '[1m])) / sum(rate(llmfleet_router_input_tokens_count{llmfleet_io_inferenceservice="chat",pool="small"}[1m]))')
 
 
 def test_values_from_two_scrapes_and_staleness() -> None:
@@ -177,7 +181,13 @@ def test_values_from_two_scrapes_and_staleness() -> None:
                 f'llmfleet_router_upstream_attempts_total{{pool="primary",outcome="ok"}} {n}\n'
                 f'llmfleet_router_upstream_attempts_total{{pool="primary",outcome="error"}} {slow * 3}\n'
                 f'llmfleet_router_upstream_attempts_total{{pool="primary",outcome="overloaded"}} {slow}\n'
-                f'llmfleet_router_upstream_attempts_total{{pool="small",outcome="error"}} {n}\n')
+                f'llmfleet_router_upstream_attempts_total{{pool="small",outcome="error"}} {n}\n'
+                '# TYPE llmfleet_router_input_tokens histogram\n'
+                f'llmfleet_router_input_tokens_count{{pool="primary",model="m"}} {n}\n'
+                f'llmfleet_router_input_tokens_sum{{pool="primary",model="m"}} {n * 1000}\n'
+                '# TYPE llmfleet_router_input_tokens_power counter\n'
+                + "".join(f'llmfleet_router_input_tokens_power_total{{pool="primary",model="m",power="{k}"}} '
+                          f'{n * 3 * 1000.0 ** k}\n' for k in (2, 3, 4)))
     replica = ('# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 4\n'
                '# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 2\n')
     pool = PoolRef("primary", "primary", 2, 2)
@@ -188,8 +198,12 @@ def test_values_from_two_scrapes_and_staleness() -> None:
     assert v["error_rate"] == pytest.approx(30 / (100 + 30 + 10))  # this pool's failed tries / all its tries
     assert 500 < v["ttft_p95_ms"] <= 2000  # type: ignore[operator]
     assert v["queue_depth"] == 4 and v["running"] == 2
+    assert v["input_tokens_power_2"] == pytest.approx(3e6) and v["input_tokens_power_4"] == pytest.approx(3e12)
     fresh = assemble(pool, 0.0, {**v, "router_age_s": 1.0, "replica_age_s": 1.0}, stale_after_s=30)
     assert not fresh.stale and fresh.arrival_rate == pytest.approx(11.0)
+    assert fresh.input_tokens_moments == pytest.approx((3e6, 3e9, 3e12))
+    # one power missing: no moments (the policy then assumes M/M/c's spread), never a partial tuple
+    assert assemble(pool, 0.0, {**v, "input_tokens_power_3": None}, stale_after_s=30).input_tokens_moments is None
     old = assemble(pool, 0.0, {**v, "router_age_s": 100.0, "replica_age_s": 1.0}, stale_after_s=30)
     assert old.stale
     assert assemble(pool, 0.0, {}, stale_after_s=30).stale
@@ -230,6 +244,7 @@ def test_seeds_come_from_the_planner_roofline() -> None:
     from llmfleet.plan.capacity import TrafficShape, replica_capacity
     from llmfleet.plan.hardware import get_gpu
     from llmfleet.plan.models import get_model
+    from llmfleet.plan.roofline import StepCostModel
 
     w = TrafficShape(input_tokens=2048, output_tokens=256)
     cap = replica_capacity(get_model("llama-3-8b"), get_gpu("H200"), w)
@@ -237,6 +252,15 @@ def test_seeds_come_from_the_planner_roofline() -> None:
     # a replica's throughput prices each prefill batched with the running decodes, not as a step of its own
     assert seed.prefill_tokens_per_s == pytest.approx(2048 / cap.prefill_batched_s)
     assert cap.prefill_batched_s < cap.prefill_s
+    # with the step cost model it also carries what the queueing estimate reads: the decodes' FLOPs alone (a decode
+    # step is memory-bound, so compute-only decoding is several times faster) and the prefill's attention ratio
+    cost = StepCostModel.build(get_model("llama-3-8b"), get_gpu("H200"))
+    full = seed_from_capacity(cap, w, cost)
+    assert full.prefill_tokens_per_s == seed.prefill_tokens_per_s
+    assert full.decode_compute_tokens_per_s == pytest.approx(1.0 / cost.decode_compute_time(2048 + 128))
+    assert full.decode_compute_tokens_per_s > 3 * full.decode_tokens_per_s  # type: ignore[operator]
+    assert full.prefill_attention_ratio == pytest.approx(cost.attn_flops_per_ctx / (2 * cost.flops_per_token))
+    assert seed.decode_compute_tokens_per_s is None and seed.prefill_attention_ratio == 0.0
     seeds = seeds_for_service(isvc())
     assert seeds["primary"].prefill_tokens_per_s > 1000
     assert seeds["small"].prefill_tokens_per_s == 8000.0  # no preset/GPU for the student: default seed
@@ -253,12 +277,14 @@ def test_a_planner_seed_is_the_roofline_at_any_measured_mix() -> None:
     from llmfleet.plan.capacity import TrafficShape, replica_capacity
     from llmfleet.plan.hardware import get_gpu
     from llmfleet.plan.models import get_model
+    from llmfleet.plan.roofline import StepCostModel
 
     seeds = seeds_for_service(isvc())
     ref = seeds["primary"]
     assert ref.for_mix(2048, 256, 0.0) == ref and ref.for_mix(None, 256, 0.0) is ref
     w = TrafficShape(input_tokens=15000, output_tokens=170, prefix_hit_rate=0.1, ttft_slo_s=1.0, tpot_slo_s=0.1)
-    expected = seed_from_capacity(replica_capacity(get_model("llama-3-8b"), get_gpu("H200"), w), w)
+    cost = StepCostModel.build(get_model("llama-3-8b"), get_gpu("H200"))
+    expected = seed_from_capacity(replica_capacity(get_model("llama-3-8b"), get_gpu("H200"), w), w, cost)
     long = ref.for_mix(15000.4, 169.6, 0.1)  # means are fractional: whole tokens
     assert long == expected
     assert long.prefill_tokens_per_s < 0.95 * ref.prefill_tokens_per_s  # attention over a 15k prompt

@@ -10,7 +10,14 @@ from dataclasses import dataclass, field, replace
 import pytest
 
 from llmfleet.api import parse_resource
-from llmfleet.autoscaler.capacity import CapacitySeed, erlang_c, replicas_for_ttft, wait_p95_seconds
+from llmfleet.autoscaler.capacity import (
+    CapacitySeed,
+    RequestCost,
+    erlang_c,
+    prefill_time_scv,
+    replicas_for_ttft,
+    wait_p95_seconds,
+)
 from llmfleet.autoscaler.policy import (
     PolicyConfig,
     PolicyState,
@@ -131,15 +138,16 @@ def test_erlang_c_known_values(servers: int, offered: float, expected: float) ->
 
 
 PREFILL_S, DECODE_S = MEAN_IN / SEED.prefill_tokens_per_s, MEAN_OUT / SEED.decode_tokens_per_s
+COST = RequestCost(PREFILL_S, DECODE_S)  # the decodes' whole time competes with the prefill; exponential prefills
 
 
 def test_wait_p95_decreases_with_replicas_and_is_inf_when_overloaded() -> None:
-    waits = [wait_p95_seconds(n, 10.0, PREFILL_S, DECODE_S) for n in range(1, 12)]
+    waits = [wait_p95_seconds(n, 10.0, COST) for n in range(1, 12)]
     assert math.isinf(waits[0]) and math.isinf(waits[2])
     finite = [w for w in waits if math.isfinite(w)]
     assert finite == sorted(finite, reverse=True) and finite[-1] == 0.0
-    n = replicas_for_ttft(10.0, PREFILL_S, DECODE_S, 0.3, MAX_UTILIZATION, 30)
-    assert wait_p95_seconds(n, 10.0, PREFILL_S, DECODE_S) <= 0.3 < wait_p95_seconds(n - 1, 10.0, PREFILL_S, DECODE_S)
+    n = replicas_for_ttft(10.0, COST, 0.3, MAX_UTILIZATION, 30)
+    assert wait_p95_seconds(n, 10.0, COST) <= 0.3 < wait_p95_seconds(n - 1, 10.0, COST)
 
 
 def test_the_wait_is_for_prefills_and_decodes_only_slow_them() -> None:
@@ -150,25 +158,104 @@ def test_the_wait_is_for_prefills_and_decodes_only_slow_them() -> None:
     share = rate * DECODE_S / n
     mu = (1 - share) / PREFILL_S
     c = erlang_c(n, rate / mu)
-    assert wait_p95_seconds(n, rate, PREFILL_S, DECODE_S) == pytest.approx(math.log(c / 0.05) / (n * mu - rate))
+    assert wait_p95_seconds(n, rate, COST) == pytest.approx(math.log(c / 0.05) / (n * mu - rate))
     # without decodes the prefill server is faster; whole requests as the service would wait longer
-    assert wait_p95_seconds(n, rate, PREFILL_S, 0.0) < wait_p95_seconds(n, rate, PREFILL_S, DECODE_S)
+    assert wait_p95_seconds(n, rate, RequestCost(PREFILL_S, 0.0)) < wait_p95_seconds(n, rate, COST)
     whole = 1 / (PREFILL_S + DECODE_S)
     c_whole = erlang_c(n, rate / whole)
-    assert math.log(c_whole / 0.05) / (n * whole - rate) > 1.6 * wait_p95_seconds(n, rate, PREFILL_S, DECODE_S)
+    assert math.log(c_whole / 0.05) / (n * whole - rate) > 1.6 * wait_p95_seconds(n, rate, COST)
     # the decodes' share alone bounds the replicas where prefills would never queue
-    assert replicas_for_ttft(4.0, 0.001, 0.5, 10.0, MAX_UTILIZATION, 30) == math.ceil(4.0 * 0.501 / MAX_UTILIZATION)
+    assert replicas_for_ttft(4.0, RequestCost(0.001, 0.5), 10.0, MAX_UTILIZATION, 30) == math.ceil(4.0 * 0.501 / MAX_UTILIZATION)
+
+
+def test_only_the_decodes_compute_slows_the_prefill_server() -> None:
+    """Memory-bound decode steps leave compute idle that a batched prefill runs on: with a quarter of the decode time
+    spent on FLOPs, the prefill server is slowed by that quarter (the same M/M/c formula at that share), so the wait
+    is shorter than with the whole decode time; utilization still counts the whole decode (the replicas' floor)."""
+    rate, n = 4.0, 2
+    lean = RequestCost(PREFILL_S, DECODE_S, decode_compute_s=DECODE_S / 4)
+    mu = (1 - rate * DECODE_S / 4 / n) / PREFILL_S
+    c = erlang_c(n, rate / mu)
+    assert wait_p95_seconds(n, rate, lean) == pytest.approx(math.log(c / 0.05) / (n * mu - rate))
+    assert wait_p95_seconds(n, rate, lean) < wait_p95_seconds(n, rate, COST)
+    assert replicas_for_ttft(4.0, RequestCost(0.001, 0.5, 0.01), 10.0, MAX_UTILIZATION, 30) == math.ceil(4.0 * 0.501)
+
+
+def test_the_spread_of_prefill_times_scales_the_wait_by_allen_cunneen() -> None:
+    """G/G/c by Allen-Cunneen: M/M/c's wait times (1 + SCV) / 2 for Poisson arrivals. Equal prefills wait half as
+    long as exponential ones, a heavy tail (SCV 4) 2.5x as long; replicas_for_ttft plans more replicas for it."""
+    rate, n = 4.0, 2
+    base = wait_p95_seconds(n, rate, COST)
+    assert base > 0
+    assert wait_p95_seconds(n, rate, replace(COST, prefill_scv=0.0)) == pytest.approx(base / 2)
+    assert wait_p95_seconds(n, rate, replace(COST, prefill_scv=4.0)) == pytest.approx(2.5 * base)
+    budget = base * 1.2
+    assert (replicas_for_ttft(rate, replace(COST, prefill_scv=4.0), budget, MAX_UTILIZATION, 30)
+            > replicas_for_ttft(rate, COST, budget, MAX_UTILIZATION, 30)
+            >= replicas_for_ttft(rate, replace(COST, prefill_scv=0.0), budget, MAX_UTILIZATION, 30))
+
+
+def _moments(lengths: list[float]) -> tuple[float, float, float, float]:
+    m1, m2, m3, m4 = (sum(x ** k for x in lengths) / len(lengths) for k in (1, 2, 3, 4))
+    return m1, m2, m3, m4
+
+
+def test_prefill_time_scv_from_prompt_length_moments() -> None:
+    """Equal prompts: 0. Exponential prompt lengths (E[L^k] = k! m^k) with no attention term: 1, M/M/c's own case.
+    The attention term makes long prompts' prefills costlier than their length, so the same lengths spread their
+    prefill times more; cached tokens still attend, so a hit rate adds to it. Not measured: 1 (M/M/c)."""
+    assert prefill_time_scv(_moments([1000.0] * 5), 1e-4) == pytest.approx(0.0, abs=1e-12)
+    m = 1000.0
+    exponential = (m, 2 * m ** 2, 6 * m ** 3, 24 * m ** 4)
+    assert prefill_time_scv(exponential, 0.0) == pytest.approx(1.0)
+    mixed = _moments([500.0, 1000.0, 2000.0, 30000.0])
+    no_attention = prefill_time_scv(mixed, 0.0)
+    with_attention = prefill_time_scv(mixed, 2e-5)
+    assert with_attention > no_attention > 0
+    # exactly the SCV of t = L + r L^2 over the prompts
+    times = [x + 2e-5 * x * x for x in (500.0, 1000.0, 2000.0, 30000.0)]
+    mean = sum(times) / 4
+    assert with_attention == pytest.approx(sum((t - mean) ** 2 for t in times) / 4 / mean ** 2)
+    assert prefill_time_scv(mixed, 2e-5, hit_rate=0.5) > with_attention
+    assert prefill_time_scv(None, 2e-5) == 1.0
+
+
+def test_the_policy_plans_more_replicas_for_a_heavy_tailed_prompt_mix_of_the_same_mean() -> None:
+    """The same arrival rate and mean prompt: equal prompts versus a tenth of them 31x longer (the router's power
+    sums, PoolSignals.input_tokens_moments). The long ones hold a prefill server far longer than the mean says, so
+    the queue ahead of a request is longer and the plan larger; its predicted TTFT at its own plan stays in budget."""
+    cfg = config()
+    equal = [MEAN_IN] * 10
+    tailed = [500.0] * 9 + [15500.0]
+    assert sum(tailed) / 10 == MEAN_IN
+
+    def plan(lengths: list[float]) -> tuple[int, float]:
+        m1, m2, m3, m4 = _moments(lengths)
+        state = PolicyState()
+        d = None
+        for t in (0.0, 15.0, 30.0):  # the smoothed spread settles on the measured one
+            sig = PoolSignals("primary", "primary", t, 2, 2, arrival_rate=5.0, mean_input_tokens=m1,
+                              mean_output_tokens=MEAN_OUT, input_tokens_moments=(m2, m3, m4), queue_depth=0.0)
+            d = decide(cfg, [sig, PoolSignals("small", "student", t, 0, 0, arrival_rate=0.0)], state)
+            state = d.state
+        assert d is not None and d.pools["primary"].predicted_ttft_ms is not None
+        return d.pools["primary"].recommended, d.pools["primary"].predicted_ttft_ms
+
+    n_equal, ttft_equal = plan(equal)
+    n_tailed, ttft_tailed = plan(tailed)
+    assert n_tailed > n_equal
+    assert ttft_tailed <= cfg.ttft_target_fraction * cfg.ttft_slo_ms
 
 
 def test_the_ttft_budget_alone_bounds_utilization() -> None:
     """No separate utilization cap below 1: a chat-like mix (short prefills, decode most of a request) at 90 %
     utilization whose p95 wait fits the budget is one replica, as one simulated replica serves it (a shape whose
     knee is at 16-17 req/s met a 1 s SLO at 16); Erlang C's wait itself diverges as utilization nears 1."""
-    prefill_s, decode_s = 0.004, 0.056  # ~16.7 req/s per replica
-    rate = 0.9 / (prefill_s + decode_s)
-    assert wait_p95_seconds(1, rate, prefill_s, decode_s) <= 0.68
-    assert replicas_for_ttft(rate, prefill_s, decode_s, 0.68, MAX_UTILIZATION, 30) == 1
-    assert math.isinf(wait_p95_seconds(1, 1.0 / (prefill_s + decode_s), prefill_s, decode_s))
+    cost = RequestCost(0.004, 0.056)  # ~16.7 req/s per replica
+    rate = 0.9 / (cost.prefill_s + cost.decode_s)
+    assert wait_p95_seconds(1, rate, cost) <= 0.68
+    assert replicas_for_ttft(rate, cost, 0.68, MAX_UTILIZATION, 30) == 1
+    assert math.isinf(wait_p95_seconds(1, 1.0 / (cost.prefill_s + cost.decode_s), cost))
 
 
 # --- scenarios -------------------------------------------------------------------------------------------------

@@ -150,6 +150,11 @@ def test_autoscaler_hook_cold_start_and_drain() -> None:
     assert all(r == 1 for t, r in ready if t < 15 + 30 - 1e-9)  # nothing ready before the cold start ends
     assert ready[-1][1] == 1  # drained back down
     assert seen and seen[0].pool == "primary" and seen[0].arrival_rate is not None
+    # the interval's prompt-length moments, as the router's power sums give them in production
+    first = [r.prompt_len for r in w.requests if seen[0].now - (seen[0].window_s or 15) <= r.arrival < seen[0].now]
+    assert seen[0].mean_input_tokens == pytest.approx(sum(first) / len(first))
+    assert seen[0].input_tokens_moments == pytest.approx(tuple(sum(float(p) ** k for p in first) / len(first)
+                                                               for k in (2, 3, 4)))
     assert res.summary["completed"] == len(w.requests)
     assert res.summary["gpuSeconds"] > res.summary["durationS"]  # the extra replicas cost GPU time
 

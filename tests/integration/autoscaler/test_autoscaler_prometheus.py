@@ -35,6 +35,8 @@ class FakeFleet:
                               buckets=(0.1, 0.25, 0.5, 1.0, 2.5, 5.0))
         self.inp = Histogram("llmfleet_router_input_tokens", "in", ["pool"], registry=self.reg, buckets=(1024, 4096))
         self.out = Histogram("llmfleet_router_output_tokens", "out", ["pool"], registry=self.reg, buckets=(128, 512))
+        self.powers = Counter("llmfleet_router_input_tokens_power_total", "sum of powers", ["pool", "power"],
+                              registry=self.reg)
         self.waiting = Gauge("vllm:num_requests_waiting", "waiting", registry=self.reg)
         self.running = Gauge("vllm:num_requests_running", "running", registry=self.reg)
         self.waiting.set(7)
@@ -49,7 +51,10 @@ class FakeFleet:
         while not self.stop.wait(0.05):  # ~20 req/s
             self.requests.labels("primary", "false").inc()
             self.ttft.labels("primary").observe(0.3)
-            self.inp.labels("primary").observe(2000)
+            for prompt in (1000, 3000):  # two requests per tick: mean 2,000, E[L^k] = (1000^k + 3000^k) / 2
+                self.inp.labels("primary").observe(prompt)
+                for k in (2, 3, 4):
+                    self.powers.labels("primary", str(k)).inc(prompt ** k)
             self.out.labels("primary").observe(200)
 
     def close(self) -> None:
@@ -113,6 +118,7 @@ async def test_signals_from_prometheus_drive_the_policy(fleet: FakeFleet, promet
     assert 250 <= s.ttft_p95_ms <= 500  # type: ignore[operator]  # inside the (0.25, 0.5] bucket
     assert s.mean_input_tokens == pytest.approx(2000, rel=0.01)
     assert s.mean_output_tokens == pytest.approx(200, rel=0.01)
+    assert s.input_tokens_moments == pytest.approx(tuple((1000 ** k + 3000 ** k) / 2 for k in (2, 3, 4)), rel=0.01)
     cfg = PolicyConfig(policy="slo", pools=(PoolBounds("primary", "primary", 1, 20, 1),), ttft_slo_ms=1000.0)
     d = decide(cfg, [s], PolicyState())
     assert d.pools["primary"].action == "up" and d.pools["primary"].desired > 1

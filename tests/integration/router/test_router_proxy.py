@@ -114,6 +114,26 @@ async def test_upstream_failures_are_counted_per_pool_for_the_error_rate(fakes, 
     assert 0 < primary < 1 and small == 0.0  # type: ignore[operator]
 
 
+async def test_the_router_sums_powers_of_prompt_tokens_for_the_autoscaler(fakes, routers, http) -> None:
+    """The autoscaler's spread of prefill times reads E[L^2..L^4] of the prompt lengths from the router's power sums
+    over its input-token count: for identical requests they are the powers of the mean, exactly."""
+    from llmfleet.autoscaler.signals import PoolRef, assemble, parse_metrics, values_from_scrapes
+
+    up = await fakes(name="a")
+    r = await routers(config({"primary": ("m", [up.url])}, limits={"scrape_interval_seconds": 30}))
+    for _ in range(4):
+        async with http.post(r.url + "/v1/chat/completions", json=CHAT) as resp:
+            assert resp.status == 200, await resp.text()
+    samples = parse_metrics(await (await http.get(r.url + "/metrics")).text())
+    v = values_from_scrapes(PoolRef("primary", "primary", 1, 1), {}, samples, {}, {}, 1.0)
+    mean = v["mean_input_tokens"]
+    assert mean is not None and mean > 0
+    for k in (2, 3, 4):
+        assert v[f"input_tokens_power_{k}"] == pytest.approx(mean ** k)
+    moments = assemble(PoolRef("primary", "primary", 1, 1), 0.0, v, stale_after_s=30).input_tokens_moments
+    assert moments == pytest.approx((mean ** 2, mean ** 3, mean ** 4))
+
+
 async def test_all_replicas_failing_gives_503_json(fakes, routers, http) -> None:
     bad = await fakes(fail="close")
     r = await routers(config({"primary": ("m", [bad.url])}, limits={"scrape_interval_seconds": 30}))
