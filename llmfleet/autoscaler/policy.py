@@ -28,16 +28,20 @@ from dataclasses import replace
 
 from llmfleet.autoscaler.capacity import (
     LEVEL_NOISE,
-    CapacitySeed,
-    RequestCost,
-    decode_compute_seconds,
     learn_efficiency,
-    prefill_seconds,
-    prefill_time_scv,
     replicas_for_ttft,
     service_seconds,
     wait_p95_seconds,
     work_per_replica,
+)
+from llmfleet.autoscaler.pricing import (
+    planned_replica_rps,
+    replica_rps,
+    request_cost,
+    seed_at_mix,
+    track_prefill_spread,
+    ttft_wait_budget,
+    window_seconds,
 )
 from llmfleet.autoscaler.stabilize import stabilize
 from llmfleet.autoscaler.state import Action, PolicyState, PoolState
@@ -87,70 +91,11 @@ def _track_cold_start(st: PoolState, sig: PoolSignals) -> bool:
     return False
 
 
-def _seed(pool: PoolBounds, sig: PoolSignals) -> CapacitySeed:
-    """The pool's capacity seed at the interval's measured request mix (the planner's roofline there), or its
-    configured seed where the mix is not measured. The learned efficiency corrects whatever the roofline misses at
-    that mix, not the gap between the mix and a fixed reference shape."""
-    return pool.seed.for_mix(sig.mean_input_tokens, sig.mean_output_tokens, sig.prefix_hit_rate)
-
-
-def _mu(pool: PoolBounds, st: PoolState, sig: PoolSignals) -> float:
-    """Requests per second one replica completes at the interval's mix."""
-    c = _cost(pool, st, sig, math.inf)
-    cost = c.prefill_s + c.decode_s
-    return 1.0 / cost if cost > 0 else math.inf
-
-
-def _mu_planned(pool: PoolBounds, st: PoolState, sig: PoolSignals) -> float:
-    """A primary's capacity per replica for planning: at the smoothed cost of its request mix (`st.service`, seed
-    replica-seconds per request, smoothed like the arrival rate's level), else at this interval's mix. One interval's
-    mean of a heavy-tailed prompt length swings by tens of percent (Mooncake: 8k-26k tokens per 15 s); planning each
-    swing would keep a replica the down-window then holds for minutes. The smoother averages about four intervals,
-    the one-minute window the production signals are read over (signals.py)."""
-    cost = st.service.level
-    if cost is None or cost <= 0:
-        return _mu(pool, st, sig)
-    return max(st.efficiency, 1e-3) / cost
-
-
-def _window(cfg: PolicyConfig, sig: PoolSignals) -> float:
-    """Seconds the interval's rates were measured over."""
-    return sig.window_s if sig.window_s is not None and sig.window_s > 0 else cfg.interval_s
-
-
 def _saturated(st: PoolState, sig: PoolSignals) -> bool:
     """Every replica ready for the whole interval had requests waiting all along, and none joined or left: the work
     they did is their capacity. A queue seen at one tick is not enough (one request arriving mid-step meets it)."""
     return (sig.min_queue_depth is not None and sig.min_queue_depth >= 1 and sig.ready_replicas > 0
             and st.prev_ready == sig.ready_replicas)
-
-
-def _cost(pool: PoolBounds, st: PoolState, sig: PoolSignals, mu: float) -> RequestCost:
-    """A request's replica-seconds at `mu` requests/s per replica (inf: at the interval's mix and the learned
-    efficiency), split into prefill and decode at the interval's mix (the planned cost is smoothed; its split is
-    the measured mix's), with its decode's compute-only time scaled alike and the pool's smoothed spread of prefill
-    times (capacity.RequestCost). Without a measured mix: 512 tokens in, 128 out."""
-    seed = _seed(pool, sig)
-    mean_in = sig.mean_input_tokens if sig.mean_input_tokens is not None else 512.0
-    mean_out = sig.mean_output_tokens if sig.mean_output_tokens is not None else 128.0
-    sp = prefill_seconds(seed, st.efficiency, mean_in, sig.prefix_hit_rate or 0.0)
-    sd = service_seconds(seed, st.efficiency, mean_in, mean_out, sig.prefix_hit_rate or 0.0) - sp
-    dc = decode_compute_seconds(seed, st.efficiency, mean_out)
-    cost = 1.0 / mu if mu > 0 and math.isfinite(mu) else sp + sd
-    scale = cost / (sp + sd) if sp + sd > 0 else 1.0
-    scv = st.prefill_scv.level if st.prefill_scv.level is not None else 1.0
-    if sp + sd <= 0:
-        return RequestCost(cost, 0.0, 0.0, scv)
-    return RequestCost(sp * scale, sd * scale, dc * scale, scv)
-
-
-def _track_prefill_spread(cfg: PolicyConfig, pool: PoolBounds, st: PoolState, sig: PoolSignals) -> None:
-    """Fold the interval's spread of prefill times (from its prompt-length moments) into the pool's smoothed one."""
-    if sig.mean_input_tokens is None or sig.input_tokens_moments is None:
-        return
-    scv = prefill_time_scv((sig.mean_input_tokens, *sig.input_tokens_moments),
-                           _seed(pool, sig).prefill_attention_ratio, sig.prefix_hit_rate or 0.0)
-    st.prefill_scv.update(sig.now, scv, beta=0.0, weight=_window(cfg, sig) / cfg.interval_s)
 
 
 def _within_noise(gap: float, rate: float, window_s: float) -> bool:
@@ -160,18 +105,11 @@ def _within_noise(gap: float, rate: float, window_s: float) -> bool:
     return gap * window_s < LEVEL_NOISE * math.sqrt(max(rate * window_s, 1.0))
 
 
-def _ttft_budget(cfg: PolicyConfig, pool: PoolBounds, st: PoolState, sig: PoolSignals) -> float:
-    """Seconds a request may wait for the prefills ahead of it: the planned fraction of the TTFT SLO less its own
-    prefill at the interval's mix (at least 5 % of the SLO)."""
-    slo_s = cfg.ttft_slo_ms / 1000.0
-    return max(cfg.ttft_target_fraction * slo_s - _cost(pool, st, sig, math.inf).prefill_s, 0.05 * slo_s)
-
-
 def _arrived_late(cfg: PolicyConfig, pool: PoolBounds, st: PoolState, sig: PoolSignals, mu: float) -> bool:
     """A scale-up that just became ready arrived after the demand it was asked for had gone: the replicas ready
     before it meet the TTFT plan at the rate measured now (with the scale-down tolerance)."""
     rate = float(sig.arrival_rate or 0.0) * (1 + DOWN_TOLERANCE)
-    need = replicas_for_ttft(rate, _cost(pool, st, sig, mu), _ttft_budget(cfg, pool, st, sig), cfg.max_utilization,
+    need = replicas_for_ttft(rate, request_cost(pool, st, sig, mu), ttft_wait_budget(cfg, pool, st, sig), cfg.max_utilization,
                              pool.max_replicas)
     return need <= st.pending_ready
 
@@ -181,9 +119,9 @@ def _learn(cfg: PolicyConfig, pool: PoolBounds, st: PoolState, sig: PoolSignals)
     saturated = _saturated(st, sig)
     headroom = sig.ttft_p95_ms is not None and sig.ttft_p95_ms <= cfg.ttft_target_fraction * cfg.ttft_slo_ms
     st.prev_ready = sig.ready_replicas
-    work = work_per_replica(sig.prefill_tokens_per_s, sig.decode_tokens_per_s, sig.ready_replicas, _seed(pool, sig))
+    work = work_per_replica(sig.prefill_tokens_per_s, sig.decode_tokens_per_s, sig.ready_replicas, seed_at_mix(pool, sig))
     st.efficiency = learn_efficiency(st.efficiency, work, saturated=saturated, headroom=headroom,
-                                     interval_s=_window(cfg, sig))
+                                     interval_s=window_seconds(cfg, sig))
 
 
 def _slo_primary(
@@ -200,7 +138,7 @@ def _slo_primary(
     _learn(cfg, pool, st, sig)
     cold = cold_start_seconds(cfg, pool, st)
     # a decision brought forward (the router's wake-up) measured over part of an interval: it weighs that much
-    st.arrival.update(sig.now, rate, weight=_window(cfg, sig) / cfg.interval_s)
+    st.arrival.update(sig.now, rate, weight=window_seconds(cfg, sig) / cfg.interval_s)
     level = st.arrival.level if st.arrival.level is not None else rate
     # Smoothed level (noise), except a jump well above it is a burst: a level shift, taken at once. "Well above":
     # BURST_RATIO (1.5x) the level while the rate is still rising (after a drop the smoothed level's trend undershoots a rate
@@ -209,7 +147,7 @@ def _slo_primary(
     # jump happens by chance alone, and each one would keep a student warm and plan the primary for a burst that
     # is not there.
     rising = st.prev_rate is None or rate > st.prev_rate
-    window = _window(cfg, sig)
+    window = window_seconds(cfg, sig)
     expected = max(level, 0.0) * window
     if (rate > BURST_RATIO * level and rising
             and (rate - level) * window >= BURST_SIGMAS * math.sqrt(max(expected, 1.0))):
@@ -227,12 +165,12 @@ def _slo_primary(
     # Requests already queued on a replica stay there (engines do not hand them over): new replicas only
     # help by taking the new arrivals, so the backlog is planned to clear over several cold starts.
     backlog = max(sig.queue_depth or 0.0, 0.0) / max(4 * cold, 4 * cfg.interval_s)
-    seed = _seed(pool, sig)
+    seed = seed_at_mix(pool, sig)
     if sig.mean_input_tokens is not None and sig.mean_output_tokens is not None:
         st.service.update(sig.now, service_seconds(seed, 1.0, sig.mean_input_tokens, sig.mean_output_tokens,
-                                                   sig.prefix_hit_rate or 0.0), weight=_window(cfg, sig) / cfg.interval_s)
-    _track_prefill_spread(cfg, pool, st, sig)
-    mu = _mu_planned(pool, st, sig)
+                                                   sig.prefix_hit_rate or 0.0), weight=window_seconds(cfg, sig) / cfg.interval_s)
+    track_prefill_spread(cfg, pool, st, sig)
+    mu = planned_replica_rps(pool, st, sig)
     # During a ramp that started with a level shift, the smoothed forecast lags by a cold start: plan for
     # the burst rate (the jump's slope kept over one cold start, at most burst_forecast_cap x the rate), once the
     # measured rate already exceeds what the ready replicas carry. A level shift they still absorb is planned at its
@@ -240,8 +178,8 @@ def _slo_primary(
     # sized for the burst rate either way: decide).
     if in_burst and rate > sig.ready_replicas * mu * cfg.max_utilization:
         planned = max(planned, burst)
-    cost = _cost(pool, st, sig, mu)
-    budget = _ttft_budget(cfg, pool, st, sig)
+    cost = request_cost(pool, st, sig, mu)
+    budget = ttft_wait_budget(cfg, pool, st, sig)
     n = replicas_for_ttft(planned + backlog, cost, budget, cfg.max_utilization, pool.max_replicas)
     if n < sig.replicas:
         n = min(sig.replicas, replicas_for_ttft((planned + backlog) * (1 + DOWN_TOLERANCE), cost, budget,
@@ -251,13 +189,20 @@ def _slo_primary(
         f"(efficiency {st.efficiency:.2f}), TTFT budget {budget * 1000:.0f} ms -> {n}"
     )
     # Feedback: the SLO is violated with every requested replica ready and the model says "enough". A TTFT miss
-    # is a capacity error; a TPOT miss only when requests were waiting all interval (full batches: more replicas
-    # mean smaller ones). Without a standing queue, TPOT misses come from long prefills sharing steps with decodes,
-    # which the engine's token budget (chunked prefill) or routing answers, not more replicas. The capacity estimate
-    # itself is learned from saturation only (_learn), never lowered here: a latency miss has other causes.
+    # is a capacity error where queueing made it: not where the TTFT p95 less the engine's queue-time p95 still
+    # misses, which is the prompts' own prefill (long prompts) that no replica shortens. A TPOT miss only when
+    # requests were waiting all interval (full batches: more replicas mean smaller ones). Without a standing queue,
+    # TPOT misses come from long prefills sharing steps with decodes, which the engine's token budget (chunked
+    # prefill) or routing answers, not more replicas. The capacity estimate itself is learned from saturation only
+    # (_learn), never lowered here: a latency miss has other causes.
     violated = []
     if sig.ttft_p95_ms is not None and sig.ttft_p95_ms > cfg.ttft_slo_ms:
-        violated.append(f"TTFT p95 {sig.ttft_p95_ms:.0f} ms > {cfg.ttft_slo_ms:.0f}")
+        queued = sig.queue_time_p95_ms
+        if queued is not None and sig.ttft_p95_ms - queued > cfg.ttft_slo_ms:
+            reasons.append(f"TTFT p95 {sig.ttft_p95_ms:.0f} ms > {cfg.ttft_slo_ms:.0f} with a queue-time p95 of "
+                           f"{queued:.0f} ms: the prompts' own prefill, no replica added")
+        else:
+            violated.append(f"TTFT p95 {sig.ttft_p95_ms:.0f} ms > {cfg.ttft_slo_ms:.0f}")
     if sig.tpot_p95_ms is not None and sig.tpot_p95_ms > cfg.tpot_slo_ms:
         if (sig.min_queue_depth or 0.0) >= 1:
             violated.append(f"TPOT p95 {sig.tpot_p95_ms:.0f} ms > {cfg.tpot_slo_ms:.0f} with requests waiting")
@@ -305,21 +250,21 @@ def _slo_students(
         if not sig.usable:
             out[pool.name] = (sig.replicas, ["metrics stale or missing: hold"])
             continue
-        _track_prefill_spread(cfg, pool, st, sig)
-        mu = _mu(pool, st, sig)
+        track_prefill_spread(cfg, pool, st, sig)
+        mu = replica_rps(pool, st, sig)
         mix = sig
         if primary_sig is not None and primary_sig.mean_input_tokens is not None:
             mix = replace(sig, mean_input_tokens=primary_sig.mean_input_tokens,
                           mean_output_tokens=primary_sig.mean_output_tokens)
-        mu_overflow = mu if mix is sig else _mu(pool, st, mix)
+        mu_overflow = mu if mix is sig else replica_rps(pool, st, mix)
         own = float(sig.arrival_rate or 0.0)
         slo_s = cfg.ttft_slo_ms / 1000.0
-        budget = max(cfg.ttft_target_fraction * slo_s - _cost(pool, st, mix, math.inf).prefill_s, 0.05 * slo_s)
+        budget = max(cfg.ttft_target_fraction * slo_s - request_cost(pool, st, mix, math.inf).prefill_s, 0.05 * slo_s)
         predicted = ahead(cold_start_seconds(cfg, pool, st) + cfg.interval_s) if ahead is not None else 0.0
         want = max(remaining, predicted - (overflow - remaining))  # what earlier students absorb, absorbed
-        need_overflow = replicas_for_ttft(want, _cost(pool, st, mix, mu_overflow), budget, cfg.max_utilization,
+        need_overflow = replicas_for_ttft(want, request_cost(pool, st, mix, mu_overflow), budget, cfg.max_utilization,
                                           pool.max_replicas)
-        need_own = 0 if primary_headroom else replicas_for_ttft(own, _cost(pool, st, sig, mu), budget,
+        need_own = 0 if primary_headroom else replicas_for_ttft(own, request_cost(pool, st, sig, mu), budget,
                                                                 cfg.max_utilization, pool.max_replicas)
         warm = 1 if recent_burst and pool is students[0] else 0
         n = min(max(need_overflow, need_own, warm), pool.max_replicas)
@@ -350,7 +295,7 @@ def _covered_by_students(cfg: PolicyConfig, primary: PoolBounds, students: Seque
         if sig.ttft_p95_ms is not None and sig.ttft_p95_ms > cfg.ttft_target_fraction * cfg.ttft_slo_ms:
             continue  # its own measured TTFT is past the plan: no spare capacity, whatever its model says
         mix = replace(sig, mean_input_tokens=psig.mean_input_tokens, mean_output_tokens=psig.mean_output_tokens)
-        spare += sig.ready_replicas * _mu(pool, state.pool(pool.name), mix) * cfg.max_utilization
+        spare += sig.ready_replicas * replica_rps(pool, state.pool(pool.name), mix) * cfg.max_utilization
         spare -= float(sig.arrival_rate or 0.0)
     return max(math.floor(spare / (mu_primary * cfg.max_utilization)) - 1, 0)
 
@@ -399,14 +344,14 @@ def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState
             if sig.usable:
                 n, reasons, planned, burst = _slo_primary(cfg, primary, st, sig)
                 raw[primary.name] = (n, reasons)
-                mu = _mu_planned(primary, st, sig)
+                mu = planned_replica_rps(primary, st, sig)
                 capacity[primary.name] = mu
                 if arrived[primary.name]:
                     # a rise shorter than a cold start: the replicas it bought go at break-even (stabilize.py)
                     st.late = st.short_rise = _arrived_late(cfg, primary, st, sig, mu)
                 ready_carry[primary.name] = (
                     sig.ttft_p95_ms is not None and sig.ttft_p95_ms <= cfg.ttft_target_fraction * cfg.ttft_slo_ms
-                    and (sig.queue_depth or 0.0) <= sig.ready_replicas * mu * _ttft_budget(cfg, primary, st, sig))
+                    and (sig.queue_depth or 0.0) <= sig.ready_replicas * mu * ttft_wait_budget(cfg, primary, st, sig))
                 # Overflow the ready primary replicas cannot absorb until new ones are up (or ever, at max).
                 ready_cap = sig.ready_replicas * mu * cfg.max_utilization
                 reachable = min(n, primary.max_replicas)
@@ -414,7 +359,7 @@ def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState
                     overflow = max(burst - ready_cap, 0.0)
                 elif (sig.degraded_fraction or 0.0) > 0:
                     overflow = max(planned - ready_cap, 0.0)
-                if _within_noise(overflow, planned, _window(cfg, sig)):
+                if _within_noise(overflow, planned, window_seconds(cfg, sig)):
                     overflow = 0.0
                 overflow_seen = overflow > 0
                 headroom = overflow == 0.0 and sig.ready_replicas >= sig.replicas and ready_cap >= planned
@@ -490,10 +435,10 @@ def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState
         pred: float | None = None
         cap = capacity.get(pool.name)
         if cap is None and sig.usable:
-            cap = _mu(pool, st, sig)
+            cap = replica_rps(pool, st, sig)
         if cap is not None and sig.arrival_rate is not None:
-            wait = wait_p95_seconds(desired, sig.arrival_rate, _cost(pool, st, sig, cap))
-            pred = (wait + _cost(pool, st, sig, math.inf).prefill_s) * 1000.0 if math.isfinite(wait) else None
+            wait = wait_p95_seconds(desired, sig.arrival_rate, request_cost(pool, st, sig, cap))
+            pred = (wait + request_cost(pool, st, sig, math.inf).prefill_s) * 1000.0 if math.isfinite(wait) else None
         predicted[pool.name] = pred
         decisions[pool.name] = PoolDecision(
             pool=pool.name,

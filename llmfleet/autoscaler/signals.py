@@ -12,6 +12,7 @@ Series read (router series are the llmfleet router's; `vllm:` are vLLM's own, pa
 | degraded fraction    | `llmfleet_router_requests_total{degraded="true"}` / all                              |
 | error rate           | `llmfleet_router_upstream_attempts_total{pool, outcome="error"}` / all outcomes      |
 | held requests        | `llmfleet_router_held_requests{pool}` (gauge: waiting for a pool at zero replicas)   |
+| queue-time p95       | `vllm:request_queue_time_seconds` (histogram: waiting before the prefill starts)     |
 | queue, running       | `vllm:num_requests_waiting`, `vllm:num_requests_running` (gauges, summed per pool)   |
 | KV utilization       | `vllm:kv_cache_usage_perc` (or the older `vllm:gpu_cache_usage_perc`), averaged      |
 | prefix hit rate      | `vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total`                     |
@@ -87,6 +88,7 @@ def build_queries(service: str, namespace: str, pool: str, role: Role, sel: Sele
         "ttft_p95_ms": q95("llmfleet_router_ttft_seconds", rp),
         "tpot_p95_ms": q95("llmfleet_router_tpot_seconds", rp),
         "ttft_p95_ms_engine": q95("vllm:time_to_first_token_seconds", v),
+        "queue_time_p95_ms": q95("vllm:request_queue_time_seconds", v),
         "tpot_p95_ms_engine": q95("vllm:time_per_output_token_seconds", v),
         "mean_input_tokens": mean("llmfleet_router_input_tokens"),
         "mean_output_tokens": mean("llmfleet_router_output_tokens"),
@@ -144,6 +146,7 @@ def assemble(
         input_tokens_moments=_moments(v),
         ttft_p95_ms=v.get("ttft_p95_ms") if v.get("ttft_p95_ms") is not None else v.get("ttft_p95_ms_engine"),
         tpot_p95_ms=v.get("tpot_p95_ms") if v.get("tpot_p95_ms") is not None else v.get("tpot_p95_ms_engine"),
+        queue_time_p95_ms=v.get("queue_time_p95_ms"),
         queue_depth=v.get("queue_depth"),
         min_queue_depth=v.get("min_queue_depth"),
         running=v.get("running"),
@@ -326,6 +329,7 @@ def values_from_scrapes(
         "ttft_p95_ms": p95("llmfleet_router_ttft_seconds", router_prev, router_cur, pm),
         "tpot_p95_ms": p95("llmfleet_router_tpot_seconds", router_prev, router_cur, pm),
         "ttft_p95_ms_engine": p95("vllm:time_to_first_token_seconds", replicas_prev, replicas_cur, None),
+        "queue_time_p95_ms": p95("vllm:request_queue_time_seconds", replicas_prev, replicas_cur, None),
         "tpot_p95_ms_engine": p95("vllm:time_per_output_token_seconds", replicas_prev, replicas_cur, None),
         "mean_input_tokens": mean("llmfleet_router_input_tokens"),
         "mean_output_tokens": mean("llmfleet_router_output_tokens"),

@@ -53,6 +53,9 @@ class PoolSignals:
     input_tokens_moments: tuple[float, float, float] | None = None
     ttft_p95_ms: float | None = None
     tpot_p95_ms: float | None = None
+    # 95th percentile of the time requests waited in the engines' queues before their prefill started (vLLM's
+    # vllm:request_queue_time_seconds): the part of TTFT more replicas shorten.
+    queue_time_p95_ms: float | None = None
     queue_depth: float | None = None
     running: float | None = None
     kv_utilization: float | None = None

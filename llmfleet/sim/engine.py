@@ -358,6 +358,7 @@ def _autoscale(fleet: Fleet, autoscaler: Autoscaler, router: SimRouter, cfg: Sim
         arr = arrivals if spec.role == "primary" else [r for r in arrivals if r.pool == spec.name]
         ttfts = [(r.first_token - r.arrival) * 1e3 for r in mine]
         tpots = [(r.finish - r.first_token) * 1e3 / (r.output_len - 1) for r in mine if r.output_len > 1]
+        queued = [(r.admitted_at - r.arrival) * 1e3 for r in mine if r.admitted_at >= 0]
         prompt = sum(r.prompt_len for r in mine)
         # the shortest queue any replica ready for the whole interval had (saturation: >= 1 all along)
         whole = [r.min_waiting for r in fleet.routable[spec.name] if r.ready_at <= now - iv]
@@ -367,7 +368,7 @@ def _autoscale(fleet: Fleet, autoscaler: Autoscaler, router: SimRouter, cfg: Sim
             mean_input_tokens=sum(r.prompt_len for r in arr) / len(arr) if arr else None,
             mean_output_tokens=sum(r.output_len for r in arr) / len(arr) if arr else None,
             input_tokens_moments=_power_means([r.prompt_len for r in arr]),
-            ttft_p95_ms=_p95(ttfts), tpot_p95_ms=_p95(tpots),
+            ttft_p95_ms=_p95(ttfts), tpot_p95_ms=_p95(tpots), queue_time_p95_ms=_p95(queued),
             queue_depth=float(sum(len(r.waiting) for r in reps)), running=float(sum(len(r.running) for r in reps)),
             kv_utilization=sum(r.kv_usage() for r in reps) / len(reps) if reps else None,
             prefix_hit_rate=sum(r.hit_tokens for r in mine) / prompt if prompt else None,

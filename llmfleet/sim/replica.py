@@ -229,6 +229,7 @@ class SimReplica(BlockCache):
             if not r.admitted:
                 admitted_now += 1
                 r.admitted = True
+                r.admitted_at = now
                 r.hit_tokens = start
                 self.prompt_tokens += r.prompt_len
                 self.hit_tokens += start

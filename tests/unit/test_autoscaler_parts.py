@@ -159,6 +159,7 @@ def test_build_queries_select_pool_and_service() -> None:
     assert 'pool="primary"' not in primary["arrival_rate"]  # the primary is sized for the whole service
     # The error rate is the pool's own, for the primary too.
     assert 'pool="primary",outcome="error"' in primary["error_rate"]
+    assert 'vllm[:_]request_queue_time_seconds_bucket' in q["queue_time_p95_ms"]
     assert 'llmfleet_router_upstream_attempts_total{llmfleet_io_inferenceservice="chat",pool="small"}' in q["error_rate"]
     # the prompt-length moments: each power sum over the input-token histogram's count, the pool's own
     assert q["input_tokens_power_3"] == (
@@ -189,7 +190,12 @@ def test_values_from_two_scrapes_and_staleness() -> None:
                 + "".join(f'llmfleet_router_input_tokens_power_total{{pool="primary",model="m",power="{k}"}} '
                           f'{n * 3 * 1000.0 ** k}\n' for k in (2, 3, 4)))
     replica = ('# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 4\n'
-               '# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 2\n')
+               '# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 2\n'
+               '# TYPE vllm:request_queue_time_seconds histogram\n'
+               'vllm:request_queue_time_seconds_bucket{le="0.1"} 90\n'
+               'vllm:request_queue_time_seconds_bucket{le="1.0"} 100\n'
+               'vllm:request_queue_time_seconds_bucket{le="+Inf"} 100\n'
+               'vllm:request_queue_time_seconds_count 100\nvllm:request_queue_time_seconds_sum 8\n')
     pool = PoolRef("primary", "primary", 2, 2)
     v = values_from_scrapes(pool, parse_metrics(router(100, 0)), parse_metrics(router(200, 10)),
                             {}, parse_metrics(replica), 10.0)
@@ -198,10 +204,12 @@ def test_values_from_two_scrapes_and_staleness() -> None:
     assert v["error_rate"] == pytest.approx(30 / (100 + 30 + 10))  # this pool's failed tries / all its tries
     assert 500 < v["ttft_p95_ms"] <= 2000  # type: ignore[operator]
     assert v["queue_depth"] == 4 and v["running"] == 2
+    assert 100 < v["queue_time_p95_ms"] <= 1000  # type: ignore[operator]  # in the (0.1, 1] s bucket
     assert v["input_tokens_power_2"] == pytest.approx(3e6) and v["input_tokens_power_4"] == pytest.approx(3e12)
     fresh = assemble(pool, 0.0, {**v, "router_age_s": 1.0, "replica_age_s": 1.0}, stale_after_s=30)
     assert not fresh.stale and fresh.arrival_rate == pytest.approx(11.0)
     assert fresh.input_tokens_moments == pytest.approx((3e6, 3e9, 3e12))
+    assert fresh.queue_time_p95_ms == v["queue_time_p95_ms"]
     # one power missing: no moments (the policy then assumes M/M/c's spread), never a partial tuple
     assert assemble(pool, 0.0, {**v, "input_tokens_power_3": None}, stale_after_s=30).input_tokens_moments is None
     old = assemble(pool, 0.0, {**v, "router_age_s": 100.0, "replica_age_s": 1.0}, stale_after_s=30)

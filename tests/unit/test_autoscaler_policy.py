@@ -60,7 +60,8 @@ class World:
         self.ready = dict(self.replicas)
 
     def tick(self, t: float, rate: float, *, stale: bool = False, queue: float = 0.0,
-             ttft: float | None = None, missing: bool = False, student_ttft: float | None = None) -> ScalingDecision:
+             ttft: float | None = None, missing: bool = False, student_ttft: float | None = None,
+             queue_time: float | None = None) -> ScalingDecision:
         for at, pool in list(self.starting):
             if at <= t:
                 self.ready[pool] += 1
@@ -68,7 +69,8 @@ class World:
         sigs = [
             PoolSignals("primary", "primary", t, self.replicas["primary"], self.ready["primary"],
                         arrival_rate=None if missing else rate, mean_input_tokens=MEAN_IN,
-                        mean_output_tokens=MEAN_OUT, queue_depth=queue, ttft_p95_ms=ttft, stale=stale),
+                        mean_output_tokens=MEAN_OUT, queue_depth=queue, ttft_p95_ms=ttft,
+                        queue_time_p95_ms=queue_time, stale=stale),
             PoolSignals("small", "student", t, self.replicas["small"], self.ready["small"],
                         arrival_rate=None if missing else self.overflow(rate), queue_depth=0.0,
                         ttft_p95_ms=student_ttft, stale=stale),
@@ -357,6 +359,22 @@ def test_slo_violation_feedback_adds_replica_keeps_capacity_estimate(violated_in
         d = w.tick(150.0 + 15.0 * k, 2.0, ttft=5000.0)
     assert (d.pools["primary"].desired == before + 1) == expect_up
     assert w.state.pools["primary"].efficiency == 1.0
+
+
+@pytest.mark.parametrize("queue_time,expect_up", [(None, True), (3500.0, True), (200.0, False)])
+def test_a_ttft_miss_that_queueing_did_not_make_adds_no_replica(queue_time: float | None, expect_up: bool) -> None:
+    """A TTFT p95 of 5 s against a 2 s SLO, twice in a row: with the engines' queue-time p95 at 3.5 s queueing made
+    the miss (5 - 3.5 s is within the SLO) and a replica is added, as when the queue time is not measured; at 0.2 s
+    the miss is the prompts' own prefill (4.8 s without any queueing), which no replica shortens."""
+    w = World(config())
+    for i in range(10):
+        w.tick(15.0 * i, 2.0)
+    before = w.replicas["primary"]
+    for k in range(2):
+        d = w.tick(150.0 + 15.0 * k, 2.0, ttft=5000.0, queue_time=queue_time)
+    assert (d.pools["primary"].desired == before + 1) == expect_up
+    if not expect_up:
+        assert any("own prefill" in r for r in d.pools["primary"].reasons)
 
 
 def test_slo_feedback_waits_until_the_last_action_settled() -> None:

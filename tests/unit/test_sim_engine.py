@@ -155,6 +155,9 @@ def test_autoscaler_hook_cold_start_and_drain() -> None:
     assert seen[0].mean_input_tokens == pytest.approx(sum(first) / len(first))
     assert seen[0].input_tokens_moments == pytest.approx(tuple(sum(float(p) ** k for p in first) / len(first)
                                                                for k in (2, 3, 4)))
+    # the engines' queue time (arrival to the first scheduled prefill chunk): within TTFT wherever both are measured
+    timed = [s for s in seen if s.queue_time_p95_ms is not None and s.ttft_p95_ms is not None]
+    assert timed and all(0 <= s.queue_time_p95_ms <= s.ttft_p95_ms for s in timed)  # type: ignore[operator]
     assert res.summary["completed"] == len(w.requests)
     assert res.summary["gpuSeconds"] > res.summary["durationS"]  # the extra replicas cost GPU time
 
