@@ -14,6 +14,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
+from llmfleet.autoscaler.signals import PoolRef, parse_metrics, values_from_scrapes
 from llmfleet.local.dashboard import parse, total
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -24,6 +25,7 @@ REQUIRED_SERIES = [
     "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:request_success_total",
     "vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_bucket",
     "vllm:e2e_request_latency_seconds_bucket", "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
+    "vllm:request_queue_time_seconds_bucket",  # the autoscaler's queue-time p95 (TTFT misses queueing made)
 ]
 
 
@@ -62,16 +64,22 @@ def test_unknown_model_is_404(replica: dict[str, Any]) -> None:
 
 def test_metrics_carry_vllm_series_and_prefix_hits(replica: dict[str, Any]) -> None:
     c = client(replica)
-    before = parse(httpx.get(replica["url"] + "/metrics", timeout=10).text)
+    before_text = httpx.get(replica["url"] + "/metrics", timeout=10).text
+    before = parse(before_text)
     missing = [s for s in REQUIRED_SERIES if not any(name == s for name, _ in before)]
     assert not missing, f"/metrics lacks {missing}"
     # A prompt of several 32-token blocks, sent twice: the second one must hit the prefix cache.
     prompt = "import collections, functools, itertools, operator\n" * 20
     for _ in range(2):
         c.completions.create(model="tiny", prompt=prompt, max_tokens=1)
-    after = parse(httpx.get(replica["url"] + "/metrics", timeout=10).text)
+    after_text = httpx.get(replica["url"] + "/metrics", timeout=10).text
+    after = parse(after_text)
     hits = (total(after, "vllm:prefix_cache_hits_total") or 0) - (total(before, "vllm:prefix_cache_hits_total") or 0)
     assert hits >= 32
+    # the autoscaler's scrape path reads the two requests' queue time (the wait before their prefill started)
+    v = values_from_scrapes(PoolRef("primary", "primary", 1, 1), {}, {}, parse_metrics(before_text),
+                            parse_metrics(after_text), 1.0)
+    assert v["queue_time_p95_ms"] is not None and 0 <= v["queue_time_p95_ms"] < 60_000
 
 
 def test_sigterm_drains_inflight_stream(replica: dict[str, Any]) -> None:
