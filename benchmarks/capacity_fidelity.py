@@ -46,6 +46,7 @@ from llmfleet.autoscaler.capacity import (
     decode_compute_seconds,
     prefill_seconds,
     prefill_time_scv,
+    prompt_length_moments,
     service_seconds,
     wait_p95_seconds,
 )
@@ -115,8 +116,7 @@ def evaluate(name: str, pairs: Sequence[tuple[int, int]], requests: int) -> dict
     seed = seeds_for_service(service("slo", 1.0, 1))["primary"].for_mix(mean_in, mean_out, 0.0)
     prefill = prefill_seconds(seed, 1.0, mean_in, 0.0)
     decode = service_seconds(seed, 1.0, mean_in, mean_out, 0.0) - prefill
-    moments = tuple(sum(float(p) ** k for p, _ in pairs) / len(pairs) for k in (1, 2, 3, 4))
-    scv = prefill_time_scv(moments, seed.prefill_attention_ratio)  # type: ignore[arg-type]
+    scv = prefill_time_scv(prompt_length_moments([p for p, _ in pairs]), seed.prefill_attention_ratio)
     cost = RequestCost(prefill, decode, decode_compute_seconds(seed, 1.0, mean_out), scv)
     model_rps = 1.0 / (prefill + decode)
     sample = [p for p, _ in random.Random(0).sample(list(pairs), min(PLANNER_SAMPLE, len(pairs)))]

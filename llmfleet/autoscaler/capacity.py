@@ -23,7 +23,7 @@ decode replica-seconds per second) is capped separately (`replicas_for_ttft`).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 
@@ -66,6 +66,15 @@ def decode_compute_seconds(seed: CapacitySeed, efficiency: float, mean_out: floa
     """Replica-seconds the FLOPs of one request's decode hold the compute units (at full batch)."""
     tps = seed.decode_compute_tokens_per_s or seed.decode_tokens_per_s
     return max(mean_out, 0.0) / (tps * max(efficiency, 1e-3))
+
+
+def prompt_length_moments(lengths: Sequence[float]) -> tuple[float, float, float, float] | None:
+    """E[L], E[L^2], E[L^3], E[L^4] of prompt lengths (what `prefill_time_scv` reads; the router sums the same
+    powers per request); None for no prompts."""
+    if not lengths:
+        return None
+    m1, m2, m3, m4 = (sum(float(x) ** k for x in lengths) / len(lengths) for k in (1, 2, 3, 4))
+    return m1, m2, m3, m4
 
 
 def prefill_time_scv(moments: tuple[float, float, float, float] | None, attention_ratio: float,

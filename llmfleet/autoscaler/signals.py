@@ -305,14 +305,10 @@ def values_from_scrapes(
         q = histogram_quantile(0.95, _bucket_deltas(prev, cur, metric, match))
         return None if q is None else q * 1000.0
 
-    def mean(metric: str) -> float | None:
-        s = _rate(router_prev, router_cur, metric + "_sum", dt, pm)
+    def mean(metric: str, total: str | None = None, match: Mapping[str, str] = pm) -> float | None:
+        """Per request: the rate of `total` (default the histogram's _sum) over the rate of the histogram's _count."""
+        s = _rate(router_prev, router_cur, total or metric + "_sum", dt, match)
         c = _rate(router_prev, router_cur, metric + "_count", dt, pm)
-        return s / c if s is not None and c else None
-
-    def power_mean(k: int) -> float | None:
-        s = _rate(router_prev, router_cur, "llmfleet_router_input_tokens_power_total", dt, {**pm, "power": str(k)})
-        c = _rate(router_prev, router_cur, "llmfleet_router_input_tokens_count", dt, pm)
         return s / c if s is not None and c else None
 
     hits = _rate(replicas_prev, replicas_cur, "vllm:prefix_cache_hits_total", dt)
@@ -333,7 +329,8 @@ def values_from_scrapes(
         "tpot_p95_ms_engine": p95("vllm:time_per_output_token_seconds", replicas_prev, replicas_cur, None),
         "mean_input_tokens": mean("llmfleet_router_input_tokens"),
         "mean_output_tokens": mean("llmfleet_router_output_tokens"),
-        **{f"input_tokens_power_{k}": power_mean(k) for k in INPUT_TOKEN_POWERS},
+        **{f"input_tokens_power_{k}": mean("llmfleet_router_input_tokens", "llmfleet_router_input_tokens_power_total",
+                                           {**pm, "power": str(k)}) for k in INPUT_TOKEN_POWERS},
         "queue_depth": _sum(replicas_cur, "vllm:num_requests_waiting"),
         "min_queue_depth": _min_of_two(replicas_prev, replicas_cur, "vllm:num_requests_waiting"),
         "running": _sum(replicas_cur, "vllm:num_requests_running"),

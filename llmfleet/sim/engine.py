@@ -20,6 +20,7 @@ from dataclasses import asdict
 from typing import Any
 
 from llmfleet.autoscaler.actuation import ObservedReplica as ScaleInReplica
+from llmfleet.autoscaler.capacity import prompt_length_moments
 from llmfleet.autoscaler.scalein import choose_victims
 from llmfleet.router.burst import WINDOW_S as WAKE_MIN_WINDOW_S
 from llmfleet.sim.replica import SimReplica
@@ -330,14 +331,6 @@ def _sample(fleet: Fleet, now: float, pending: int) -> dict[str, Any]:
     return out
 
 
-def _power_means(prompts: list[int]) -> tuple[float, float, float] | None:
-    """E[L^2], E[L^3], E[L^4] of the prompt lengths (the router's llmfleet_router_input_tokens_power_total)."""
-    if not prompts:
-        return None
-    m2, m3, m4 = (sum(float(p) ** k for p in prompts) / len(prompts) for k in (2, 3, 4))
-    return m2, m3, m4
-
-
 def _p95(xs: list[float]) -> float | None:
     if not xs:
         return None
@@ -359,6 +352,7 @@ def _autoscale(fleet: Fleet, autoscaler: Autoscaler, router: SimRouter, cfg: Sim
         ttfts = [(r.first_token - r.arrival) * 1e3 for r in mine]
         tpots = [(r.finish - r.first_token) * 1e3 / (r.output_len - 1) for r in mine if r.output_len > 1]
         queued = [(r.admitted_at - r.arrival) * 1e3 for r in mine if r.admitted_at >= 0]
+        moments = prompt_length_moments([r.prompt_len for r in arr])  # the router's power sums, per request
         prompt = sum(r.prompt_len for r in mine)
         # the shortest queue any replica ready for the whole interval had (saturation: >= 1 all along)
         whole = [r.min_waiting for r in fleet.routable[spec.name] if r.ready_at <= now - iv]
@@ -367,7 +361,7 @@ def _autoscale(fleet: Fleet, autoscaler: Autoscaler, router: SimRouter, cfg: Sim
             arrival_rate=len(arr) / iv,
             mean_input_tokens=sum(r.prompt_len for r in arr) / len(arr) if arr else None,
             mean_output_tokens=sum(r.output_len for r in arr) / len(arr) if arr else None,
-            input_tokens_moments=_power_means([r.prompt_len for r in arr]),
+            input_tokens_moments=moments[1:] if moments else None,
             ttft_p95_ms=_p95(ttfts), tpot_p95_ms=_p95(tpots), queue_time_p95_ms=_p95(queued),
             queue_depth=float(sum(len(r.waiting) for r in reps)), running=float(sum(len(r.running) for r in reps)),
             kv_utilization=sum(r.kv_usage() for r in reps) / len(reps) if reps else None,

@@ -226,9 +226,8 @@ class SimReplica(BlockCache):
             r.tokens = start
             if loaded:
                 load_s += loaded * self.host_load_s
-            if not r.admitted:
+            if r.admitted_at < 0:  # first admission (a preempted request is re-admitted later)
                 admitted_now += 1
-                r.admitted = True
                 r.admitted_at = now
                 r.hit_tokens = start
                 self.prompt_tokens += r.prompt_len

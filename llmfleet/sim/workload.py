@@ -43,7 +43,7 @@ class Request:
         "rid", "arrival", "prompt_len", "output_len", "keys", "tenant", "session", "cls", "adapter", "after", "think",
         # simulation state
         "replica", "pool", "degraded", "tokens", "target", "generated", "held", "shared", "registered",
-        "hit_tokens", "first_token", "finish", "preemptions", "admitted", "admitted_at",
+        "hit_tokens", "first_token", "finish", "preemptions", "admitted_at",
     )
 
     def __init__(self, rid: int, arrival: float, prompt_len: int, output_len: int, keys: tuple[int, ...] = (),
@@ -79,7 +79,6 @@ class Request:
         self.finish = -1.0
         self.preemptions = 0
         self.admitted_at = -1.0  # when a replica first scheduled its prefill (the end of its engine queue time)
-        self.admitted = False
 
 
 @dataclass

@@ -15,6 +15,7 @@ from llmfleet.autoscaler.capacity import (
     RequestCost,
     erlang_c,
     prefill_time_scv,
+    prompt_length_moments,
     replicas_for_ttft,
     wait_p95_seconds,
 )
@@ -220,6 +221,8 @@ def test_prefill_time_scv_from_prompt_length_moments() -> None:
     assert with_attention == pytest.approx(sum((t - mean) ** 2 for t in times) / 4 / mean ** 2)
     assert prefill_time_scv(mixed, 2e-5, hit_rate=0.5) > with_attention
     assert prefill_time_scv(None, 2e-5) == 1.0
+    assert prompt_length_moments([500.0, 1000.0, 2000.0, 30000.0]) == pytest.approx(mixed)
+    assert prompt_length_moments([]) is None
 
 
 def test_the_policy_plans_more_replicas_for_a_heavy_tailed_prompt_mix_of_the_same_mean() -> None:
