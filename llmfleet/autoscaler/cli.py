@@ -90,14 +90,15 @@ def register(app: typer.Typer) -> None:
         state: Path | None = typer.Option(None, "--state", help="Policy state JSON (the state annotation)."),
     ) -> None:
         from llmfleet.api.loader import load_json_file, read_text
-        from llmfleet.autoscaler.policy import PolicyConfig, PolicyState, PoolSignals, decide
+        from llmfleet.autoscaler.policy import PolicyConfig, PolicyState, decide
         from llmfleet.autoscaler.seeds import seeds_for_service
+        from llmfleet.autoscaler.types import signals_from_json
 
         isvc = _load_service(service)
         raw = load_json_file(signals)  # an unreadable file: one line from the CLI root, exit 2
         try:
-            sigs = [PoolSignals(**item) for item in raw]
-        except (OSError, ValueError, TypeError) as err:
+            sigs = signals_from_json(raw)
+        except ValueError as err:
             raise _fail(f"{signals}: {err}") from err
         st = PolicyState.from_json(read_text(state)) if state else PolicyState()
         try:

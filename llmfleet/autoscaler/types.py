@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from pydantic import ConfigDict, TypeAdapter, ValidationError
+
 from llmfleet.autoscaler.capacity import DEFAULT_SEED, CapacitySeed
 from llmfleet.autoscaler.state import Action, PolicyState
 
@@ -76,6 +78,26 @@ class PoolSignals:
     @property
     def usable(self) -> bool:
         return not self.stale and self.arrival_rate is not None
+
+
+# Signals read from JSON (`llmfleet autoscaler decide --signals`): every field's type checked, unknown fields and
+# non-finite numbers refused, so a typo or a string where a number belongs names its field instead of failing later.
+_SIGNALS_JSON = TypeAdapter(list[PoolSignals], config=ConfigDict(extra="forbid", allow_inf_nan=False))
+
+
+def signals_from_json(raw: object) -> list[PoolSignals]:
+    """A JSON list of objects with PoolSignals' snake_case fields -> PoolSignals. ValueError names the item and
+    field of each problem (a missing field, a wrong type, a moments list that is not three numbers, an unknown
+    field, a negative replica count)."""
+    try:
+        signals = _SIGNALS_JSON.validate_python(raw)
+    except ValidationError as err:
+        problems = ["/".join(str(part) for part in e["loc"]) + f": {e['msg']}" for e in err.errors()]
+        raise ValueError("invalid signals: " + "; ".join(problems)) from None
+    for i, s in enumerate(signals):
+        if s.replicas < 0 or s.ready_replicas < 0:
+            raise ValueError(f"invalid signals: {i}: replicas and ready_replicas must be >= 0")
+    return signals
 
 
 @dataclass(frozen=True)

@@ -321,7 +321,22 @@ def test_cli_decide_prints_decision_and_rejects_bad_input(tmp_path: Path) -> Non
     assert out["pools"]["primary"]["action"] == "up" and out["pools"]["primary"]["desired"] > 2
     sigs.write_text(json.dumps([{"pool": "primary"}]))
     res = runner.invoke(app, ["autoscaler", "decide", str(svc), "--signals", str(sigs)])
-    assert res.exit_code == 2 and "error:" in res.output
+    assert res.exit_code == 2 and "error:" in res.output and "0/replicas: Field required" in res.output
+    base = {"pool": "primary", "role": "primary", "now": 0.0, "replicas": 2, "ready_replicas": 2}
+    # Each bad value exits 2 with one line naming its field, never a traceback.
+    for bad, named in (({"mean_input_tokens": "x"}, "0/mean_input_tokens"),
+                       ({"input_tokens_moments": [1.0, 2.0]}, "0/input_tokens_moments"),
+                       ({"arrival_rates": 3.0}, "0/arrival_rates"),
+                       ({"ttft_p95_ms": "nan"}, "0/ttft_p95_ms"),
+                       ({"role": "teacher"}, "0/role"),
+                       ({"replicas": -1}, "replicas and ready_replicas must be >= 0")):
+        sigs.write_text(json.dumps([{**base, **bad}]))
+        res = runner.invoke(app, ["autoscaler", "decide", str(svc), "--signals", str(sigs)])
+        assert res.exit_code == 2 and named in res.output, (bad, res.output)
+        assert "Traceback" not in res.output and len(res.output.strip().splitlines()) == 1, res.output
+    sigs.write_text(json.dumps({"pool": "primary"}))  # an object, not a list
+    res = runner.invoke(app, ["autoscaler", "decide", str(svc), "--signals", str(sigs)])
+    assert res.exit_code == 2 and "valid list" in res.output
 
 
 def test_kopf_handlers_register_a_timer_on_import() -> None:
