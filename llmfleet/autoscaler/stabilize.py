@@ -76,9 +76,10 @@ def stabilize(
     # a cold start, so a replica bought now would arrive after this one too. It waits while the ready replicas carry
     # the demand (`ready_carry`, policy.decide: the measured TTFT p95 within the plan and the waiting requests
     # drained within the TTFT budget) and buys at once when they do not; the next scale-up judged on arrival renews
-    # or ends the evidence (measured in docs/benchmarks/autoscale_eval.md, "Synthetic shapes").
+    # or ends the evidence (measured in docs/benchmarks/autoscale_eval.md, "Synthetic shapes"). Also while a scale-up
+    # is still starting: replicas added on top of it would arrive after it too.
     if (cfg.hold_after_short_rise and cfg.policy == "slo" and up > current and st.short_rise and ready_carry
-            and not sig.stale and sig.ready_replicas >= current):
+            and not sig.stale):
         reasons.append(f"the last scale-up arrived after its rise and the ready replicas carry this one "
                        f"(TTFT p95 {sig.ttft_p95_ms:.0f} ms within the plan, backlog within the budget): scale-up to "
                        f"{up} waits")

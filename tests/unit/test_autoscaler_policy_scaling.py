@@ -142,6 +142,25 @@ def test_after_a_late_scale_up_the_next_rise_waits_while_the_ready_replicas_meet
     assert [t for t, _, d in w.log if d.pools["primary"].action == "up"][:3] == [300.0, 900.0, 1500.0]
 
 
+def test_after_a_late_scale_up_a_rise_during_a_cold_start_waits_while_the_ready_replicas_carry_it() -> None:
+    """The wait after a late scale-up also holds while another scale-up is still starting: a rise whose TTFT passed the
+    plan bought a replica (900 s); a larger one right after (915 s), which the two ready replicas measurably carry,
+    buys none on top of it: those would arrive after it too."""
+    w = World(_no_students())
+
+    def rate(t: float) -> float:
+        return 4.0 if 300.0 <= t < 330.0 or t == 900.0 else 8.0 if 915.0 <= t < 945.0 else 1.5
+
+    for i in range(70):
+        t = 15.0 * i
+        w.tick(t, rate(t), ttft=1500.0 if t == 900.0 else 300.0)
+    ups = [t for t, _, d in w.log if d.pools["primary"].action == "up"]
+    assert ups == [300.0, 900.0], ups
+    held = [d.pools["primary"] for t, _, d in w.log if 915.0 <= t < 945.0]
+    assert all(p.recommended > p.current == p.desired and "arrived after its rise" in " ".join(p.reasons)
+               for p in held), [(p.recommended, p.desired, p.reasons) for p in held]
+
+
 @pytest.mark.parametrize("restart_at", [315.0, 375.0])
 def test_a_restart_keeps_the_judgement_of_a_scale_up_in_flight_or_late(restart_at: float) -> None:
     """The annotation carries a scale-up in flight (since when, to what, how many were ready before it) and the late
