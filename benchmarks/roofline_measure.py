@@ -4,6 +4,7 @@ CUDA graphs vs eager launches, the host<->device copy bandwidth. Writes benchmar
     python benchmarks/roofline_measure.py                      # all sections on a CUDA GPU (H200 in the docs)
     python benchmarks/roofline_measure.py --only host-link     # section 4 alone, merged into the existing JSON
     python benchmarks/roofline_measure.py --only prefill       # section 5 alone, merged into the existing JSON
+    python benchmarks/roofline_measure.py --only mixed         # section 6 alone, merged into the existing JSON
     python benchmarks/roofline_measure.py --tiny               # CPU smoke test of the script
 
 1. Decode step of a Llama-3-8B-shaped stack (32 layers of bf16 q/k/v/o + SwiGLU weights, random values,
@@ -20,6 +21,9 @@ CUDA graphs vs eager launches, the host<->device copy bandwidth. Writes benchmar
    simulator's step-cost model (`StepCostModel.build`, planner defaults) predicts for each, and the share of the
    bf16 peak the whole prefill and its attention reached. Where the planner imports (pydantic; not in the GPU image)
    those columns are added by `--only prefill-model` on the merged JSON. See prefill().
+6. A prefill batched into a decode step: the section-1 stack over a decode batch (64, 256) and a prefill (128 to 8k
+   tokens) in one step, against each alone: what the prefill adds to the step, next to its time alone and its
+   FLOPs at the largest prefill's rate. See mixed().
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -199,8 +204,9 @@ def main() -> int:
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--tiny", action="store_true")
-    ap.add_argument("--only", choices=("roofline", "host-link", "prefill", "prefill-model"),
-                    help="run sections 1-3 (roofline), section 4 (host-link) or section 5 (prefill) alone and merge "
+    ap.add_argument("--only", choices=("roofline", "host-link", "prefill", "prefill-model", "mixed"),
+                    help="run sections 1-3 (roofline), section 4 (host-link), section 5 (prefill) or section 6 "
+                         "(mixed) alone and merge "
                          "the result into --merge-into, keeping the sections not run; prefill-model: add the step-cost "
                          "model's predictions and fit to the stored prefill timings (no GPU)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/roofline_measure.json"))
@@ -218,6 +224,9 @@ def main() -> int:
     if args.only in (None, "prefill"):
         out["benchmark"] = "roofline_measure"
         out["prefill"] = prefill(torch, args.tiny)
+    if args.only in (None, "mixed"):
+        out["benchmark"] = "roofline_measure"
+        out["mixed"] = mixed(torch, args.tiny)
     if "prefill" in out and out["prefill"].get("device") != "cpu":
         try:
             out["prefill"].update(prefill_model(out["prefill"]["rows"]))
@@ -230,17 +239,10 @@ def main() -> int:
     return 0
 
 
-def roofline(torch, tiny: bool) -> dict[str, Any]:  # type: ignore[no-untyped-def]
-    """Sections 1-3: decode step eager and CUDA graph, materialized vs fused attention."""
+def _llama_stack(torch, tiny: bool) -> SimpleNamespace:  # type: ignore[no-untyped-def]
+    """A Llama-3-8B-shaped stack of bf16 matmul weights (q/k/v/o + SwiGLU, random values, no attention over a
+    cache) and one step through it over a batch of token rows; sections 1 and 6 time it."""
     import torch.nn.functional as F
-
-    try:  # the planner needs pydantic; the GPU machine's torch venv may not have it
-        from llmfleet.plan.hardware import get_gpu
-        from llmfleet.plan.models import get_model
-        from llmfleet.plan.roofline import decode_roofline
-        have_planner = True
-    except ImportError:
-        have_planner = False
 
     dev = "cuda" if torch.cuda.is_available() and not tiny else "cpu"
     dt = torch.bfloat16 if dev == "cuda" else torch.float32
@@ -264,7 +266,6 @@ def roofline(torch, tiny: bool) -> dict[str, Any]:  # type: ignore[no-untyped-de
     W = [(torch.randn(d, d + 2 * kv, device=dev, dtype=dt) * 0.01, torch.randn(d, d, device=dev, dtype=dt) * 0.01,
           torch.randn(d, 2 * ffn, device=dev, dtype=dt) * 0.01, torch.randn(ffn, d, device=dev, dtype=dt) * 0.01)
          for _ in range(layers)]
-    wbytes = sum(w.numel() * w.element_size() for ws in W for w in ws)
 
     def step(x: torch.Tensor) -> torch.Tensor:
         for qkv, o, up, down in W:
@@ -273,6 +274,26 @@ def roofline(torch, tiny: bool) -> dict[str, Any]:  # type: ignore[no-untyped-de
             gu = x @ up
             x = x + (F.silu(gu[:, :ffn]) * gu[:, ffn:]) @ down
         return x
+
+    return SimpleNamespace(dev=dev, dt=dt, d=d, W=W, step=step, sync=sync, timeit=timeit,
+                           params=sum(w.numel() for ws in W for w in ws))
+
+
+def roofline(torch, tiny: bool) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    """Sections 1-3: decode step eager and CUDA graph, materialized vs fused attention."""
+    import torch.nn.functional as F
+
+    try:  # the planner needs pydantic; the GPU machine's torch venv may not have it
+        from llmfleet.plan.hardware import get_gpu
+        from llmfleet.plan.models import get_model
+        from llmfleet.plan.roofline import decode_roofline
+        have_planner = True
+    except ImportError:
+        have_planner = False
+
+    stack = _llama_stack(torch, tiny)
+    dev, dt, d, W, step, timeit = stack.dev, stack.dt, stack.d, stack.W, stack.step, stack.timeit
+    wbytes = sum(w.numel() * w.element_size() for ws in W for w in ws)
 
     decode = []
     for b in ((1, 8, 32, 64, 128, 256, 512) if not tiny else (1, 8)):
@@ -337,6 +358,42 @@ def roofline(torch, tiny: bool) -> dict[str, Any]:  # type: ignore[no-untyped-de
                         "device": torch.cuda.get_device_name() if dev == "cuda" else "cpu"},
             "weightBytes": wbytes, "decode": decode, "attention": attn}
 
+
+
+# Section 6: decode batches a replica runs at a chat-like and a full batch, and prefills from a chat turn's new
+# tokens to a long prompt's chunk.
+MIXED_DECODE = (64, 256)
+MIXED_PREFILL = (128, 512, 2048, 8192)
+
+
+def mixed(torch, tiny: bool) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    """Section 6: a prefill batched into a decode step. One step of the section-1 stack over a decode batch's token
+    rows and a prefill's together (continuous batching), against each alone: the time the prefill adds to the step
+    next to its time alone and to its FLOPs at the rate the GPU reaches on the largest prefill (compute only). The
+    autoscaler prices a batched prefill at its FLOPs and lets decodes slow it only by theirs (docs/autoscaler.md,
+    step 3); this is what a GPU does. Attention is left out (the stack has none), so this is the linear part."""
+    stack = _llama_stack(torch, tiny)
+    decode_sizes, prefill_sizes = (MIXED_DECODE, MIXED_PREFILL) if not tiny else ((8,), (16, 64))
+    with torch.no_grad():
+        rows_of = {n: torch.randn(n, stack.d, device=stack.dev, dtype=stack.dt)
+                   for n in (*decode_sizes, *prefill_sizes)}
+        alone = {n: stack.timeit(lambda x=x: stack.step(x)) for n, x in rows_of.items()}
+        biggest = max(prefill_sizes)
+        rate = 2.0 * biggest * stack.params / alone[biggest]  # FLOP/s the GPU reaches on the largest prefill
+        rows = []
+        for b in decode_sizes:
+            for n in prefill_sizes:
+                both = torch.cat([rows_of[b], rows_of[n]])
+                t = stack.timeit(lambda x=both: stack.step(x))
+                flops_s = 2.0 * n * stack.params / rate
+                rows.append({"decodeBatch": b, "prefillTokens": n, "decodeAloneMs": alone[b] * 1e3,
+                             "prefillAloneMs": alone[n] * 1e3, "mixedMs": t * 1e3,
+                             "prefillAddsMs": (t - alone[b]) * 1e3, "prefillFlopsMs": flops_s * 1e3,
+                             "addsOverAlone": (t - alone[b]) / alone[n], "addsOverFlops": (t - alone[b]) / flops_s})
+                print(json.dumps(rows[-1]))
+    return {"command": "python " + " ".join(sys.argv), "date": datetime.now(UTC).isoformat(timespec="seconds"),
+            "device": torch.cuda.get_device_name() if stack.dev == "cuda" else "cpu", "torch": torch.__version__,
+            "largestPrefillTflops": rate / 1e12, "rows": rows}
 
 
 # (new tokens, cached prefix tokens): prompts from a chat turn to Mooncake's long ones (mean 15k), and turns that

@@ -53,3 +53,16 @@ def test_only_prefill_model_adds_the_columns_to_stored_gpu_timings(tmp_path: Pat
     row = got["prefill"]["rows"][0]
     assert row["modelMs"] > 0 and row["measuredOverModel"] == pytest.approx(60.0 / row["modelMs"])
     assert got["prefill"]["model"]["computeEff"] > 0
+
+
+def test_the_mixed_section_times_a_prefill_batched_into_a_decode_step_on_cpu() -> None:
+    """Section 6 runs (tiny, on CPU): every decode batch with every prefill, and what the prefill adds to the step
+    is the mixed step less the decode step alone, set against the prefill alone and against its FLOPs."""
+    out = roofline_measure.mixed(torch, tiny=True)
+    assert out["device"] == "cpu" and out["largestPrefillTflops"] > 0
+    assert [(r["decodeBatch"], r["prefillTokens"]) for r in out["rows"]] == [(8, 16), (8, 64)]
+    for r in out["rows"]:
+        assert r["mixedMs"] > 0 and r["prefillAloneMs"] > 0 and r["decodeAloneMs"] > 0
+        assert r["prefillAddsMs"] == pytest.approx(r["mixedMs"] - r["decodeAloneMs"])
+        assert r["addsOverAlone"] == pytest.approx(r["prefillAddsMs"] / r["prefillAloneMs"])
+        assert r["addsOverFlops"] == pytest.approx(r["prefillAddsMs"] / r["prefillFlopsMs"])
