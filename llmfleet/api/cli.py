@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,29 @@ CHART_CRD_DIR = Path("charts/llmfleet/crds")
 # layers' CLI modules when they register: each takes a loaded resource and returns (field path, message)
 # problems; `llmfleet validate` runs them all after the schema checks pass.
 RESOURCE_CHECKS: list[Callable[[Any], list[tuple[str, str]]]] = []
+
+
+def require_number(flag: str, value: float, low: float = 0.0, *, inclusive: bool = False) -> None:
+    """A numeric CLI option must be finite and > low (>= low with `inclusive`), else ValueError naming it: checked
+    before anything is built from it, so the error names the option (a model's validation error further in would
+    not) and nan never slips past a comparison (click's ranges let it through)."""
+    if not (math.isfinite(value) and (value >= low if inclusive else value > low)):
+        raise ValueError(f"{flag} must be a finite number {'>=' if inclusive else '>'} {low:g}, got {value:g}")
+
+
+def positive_number(value: float | None) -> float | None:
+    """typer callback of a float option that must be finite and > 0 (seconds, rates): a usage error naming the
+    option otherwise (click's ranges let nan through)."""
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise typer.BadParameter(f"must be a finite number > 0, got {value:g}")
+    return value
+
+
+def non_negative_number(value: float | None) -> float | None:
+    """typer callback of a float option that must be finite and >= 0."""
+    if value is not None and not (math.isfinite(value) and value >= 0):
+        raise typer.BadParameter(f"must be a finite number >= 0, got {value:g}")
+    return value
 
 
 def register(app: typer.Typer) -> None:

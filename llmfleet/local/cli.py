@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 
+from llmfleet.api.cli import non_negative_number, positive_number
 from llmfleet.api.contracts import STORE_URL_ENV
 from llmfleet.local.manifest import InvalidManifest, load_service
 
@@ -49,10 +50,11 @@ def register(app: typer.Typer) -> None:
     def up(
         file: Path = typer.Option(..., "--file", "-f", help="InferenceService manifest (YAML)."),
         run_dir: Path | None = typer.Option(None, "--run-dir", help="State folder; .run/<name> by default."),
-        port: int = typer.Option(0, "--port", "-p", help="Router port (0 = any free port)."),
+        port: int = typer.Option(0, "--port", "-p", min=0, max=65535, help="Router port (0 = any free port)."),
         detach: bool = typer.Option(False, "--detach", "-d", help="Start in the background, wait until ready, return."),
         dashboard: bool = typer.Option(True, "--dashboard/--no-dashboard", help="Live rich dashboard (foreground)."),
-        ready_timeout: float = typer.Option(900.0, "--ready-timeout", help="Seconds --detach waits for readiness."),
+        ready_timeout: float = typer.Option(900.0, "--ready-timeout", callback=positive_number,
+                                             help="Seconds --detach waits for readiness."),
         prometheus: bool = typer.Option(True, "--prometheus/--no-prometheus",
                                         help="Start Prometheus (scraping router + replicas) when its binary is installed."),
     ) -> None:
@@ -91,7 +93,8 @@ def register(app: typer.Typer) -> None:
     def down(
         name: str | None = typer.Argument(None, help="InferenceService name (the only one running when omitted)."),
         run_dir: Path | None = typer.Option(None, "--run-dir", help="State folder of the run."),
-        timeout: float = typer.Option(180.0, "--timeout", help="Seconds to wait for the drain before killing."),
+        timeout: float = typer.Option(180.0, "--timeout", callback=non_negative_number,
+                                       help="Seconds to wait for the drain before killing."),
     ) -> None:
         from llmfleet.local.run_state import down as stop
 

@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from llmfleet.api.cli import positive_number
+
 if TYPE_CHECKING:
     from llmfleet.local.gpus import DeviceLedger
 
@@ -79,7 +81,8 @@ def register_train(app: typer.Typer) -> None:
         ),
         run_dir: Path | None = typer.Option(None, "--run-dir", help="Run folder of the local InferenceService to "
                                                                     "promote into; .run/<promoteTo name> by default."),
-        promote_timeout: float = typer.Option(600.0, "--promote-timeout", help="Seconds to wait for the rollout."),
+        promote_timeout: float = typer.Option(600.0, "--promote-timeout", callback=positive_number,
+                                               help="Seconds to wait for the rollout."),
         promote_to: str | None = typer.Option(
             None, "--promote-to", metavar="SERVICE/POOL",
             help="Promote the exported model (a local folder) into this pool of a local `llmfleet up`; the spec's "

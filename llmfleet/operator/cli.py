@@ -16,8 +16,10 @@ def register(app: typer.Typer) -> None:
     def operator(
         namespace: list[str] = typer.Option([], "--namespace", "-n", help="Namespace to watch (repeat; globs allowed)."),
         all_namespaces: bool = typer.Option(False, "--all-namespaces", "-A", help="Watch every namespace (the default without --namespace)."),
-        metrics_port: int = typer.Option(OPERATOR_METRICS_PORT, "--metrics-port", help="Port of /metrics (Prometheus); 0 disables."),
-        liveness_port: int = typer.Option(OPERATOR_LIVENESS_PORT, "--liveness-port", help="Port of /healthz (liveness probe); 0 disables."),
+        metrics_port: int = typer.Option(OPERATOR_METRICS_PORT, "--metrics-port", min=0, max=65535,
+                                          help="Port of /metrics (Prometheus); 0 disables."),
+        liveness_port: int = typer.Option(OPERATOR_LIVENESS_PORT, "--liveness-port", min=0, max=65535,
+                                           help="Port of /healthz (liveness probe); 0 disables."),
         peering: str = typer.Option("llmfleet", "--peering", help="kopf peering object name (leader election between replicas)."),
         standalone: bool = typer.Option(False, "--standalone", help="Run without peering (a single replica)."),
         priority: int = typer.Option(

@@ -151,6 +151,7 @@ def register(app: typer.Typer) -> None:
         import yaml
         from pydantic import ValidationError
 
+        from llmfleet.api.cli import require_number
         from llmfleet.api.loader import load_yaml_file
         from llmfleet.api.trainingjob import ModelShape
         from llmfleet.plan.capacity import TrafficShape
@@ -161,8 +162,17 @@ def register(app: typer.Typer) -> None:
         try:
             m = ModelShape.model_validate(load_yaml_file(shape)) if shape else get_model(model)
             g = get_gpu(gpu, _overrides(gpu_override), mig=mig)
-            if not (0.0 <= hit_rate <= 1.0) or rate <= 0 or input_tokens < 1 or output_tokens < 1:
-                raise ValueError("need 0 <= --hit-rate <= 1, --rate > 0, --input >= 1, --output >= 1")
+            for flag, value in (("--rate", rate), ("--ttft-ms", ttft_ms), ("--tpot-ms", tpot_ms)):
+                require_number(flag, value)
+            for flag, whole in (("--input", input_tokens), ("--output", output_tokens), ("--seq-len", seq_len),
+                                ("--block-size", block_size), ("--tp", tp), ("--train-gpus", train_gpus),
+                                ("--train-seq-len", train_seq_len), ("--replicate-groups", replicate_groups)):
+                if whole is not None:
+                    require_number(flag, whole, 1, inclusive=True)
+            if train_tokens_per_s is not None:
+                require_number("--train-tokens-per-s", train_tokens_per_s, inclusive=True)
+            if not 0.0 <= hit_rate <= 1.0:
+                raise ValueError(f"--hit-rate must be within [0, 1], got {hit_rate:g}")
             sample = _prompt_lengths(prompts) if prompts else ()
             if sample:
                 input_tokens = max(1, round(sum(sample) / len(sample)))
@@ -173,7 +183,12 @@ def register(app: typer.Typer) -> None:
                 train_seq_len=train_seq_len, replicate_groups=replicate_groups,
                 activation_checkpointing=activation_checkpointing, host_kv_gib=host_kv_gib,
                 prompts=sample))
-        except (ValueError, OSError, ValidationError, yaml.YAMLError) as e:
+        except ValidationError as e:  # --shape: name the field, not only the model
+            first = e.errors()[0]
+            where = ".".join(str(x) for x in first["loc"]) or "(top level)"
+            typer.echo(f"llmfleet plan: --shape {shape}: {where}: {first['msg']}", err=True)
+            raise typer.Exit(2) from None
+        except (ValueError, OSError, yaml.YAMLError) as e:
             typer.echo(f"llmfleet plan: {str(e).splitlines()[0]}", err=True)
             raise typer.Exit(2) from None
         if json_out is not None and str(json_out) == "-":

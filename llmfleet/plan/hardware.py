@@ -7,6 +7,7 @@ Every field can be overridden from the CLI (`--gpu-override hbmBandwidthTBs=4.0`
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
@@ -173,7 +174,12 @@ def get_gpu(name: str, overrides: dict[str, Any] | None = None, mig: str | None 
             field = _FIELD_ALIASES.get(k, k)
             if field not in valid or field in ("name", "gpu_share"):
                 raise ValueError(f"unknown GPU field {k!r}; known: {', '.join(sorted(_FIELD_ALIASES))}")
-            clean[field] = int(v) if field == "sms" else (None if v is None else float(v))
+            value = None if v is None else float(v)
+            # a number the roofline divides by or scales with: finite and > 0 (fp8 peak None: no fp8 cores)
+            ok = field == "fp8_tflops" if value is None else math.isfinite(value) and value > 0
+            if not ok:
+                raise ValueError(f"GPU field {k!r} must be a finite number > 0, got {v!r}")
+            clean[field] = int(value) if field == "sms" and value is not None else value
         gpu = replace(gpu, **clean)
     return mig_slice(gpu, mig) if mig else gpu
 

@@ -85,7 +85,8 @@ def register(app: typer.Typer) -> None:
     @app.command("router", help="Run the OpenAI-compatible router of one InferenceService.")
     def router(
         config: Path = typer.Option(..., "--config", "-c", help="router.yaml (RouterConfig)."),
-        port: int | None = typer.Option(None, "--port", "-p", help="Listen port (overrides the config; 0 = any)."),
+        port: int | None = typer.Option(None, "--port", "-p", min=0, max=65535,
+                                        help="Listen port (overrides the config; 0 = any)."),
         host: str | None = typer.Option(None, "--host", help="Listen address (overrides the config)."),
         log_level: str = typer.Option("info", "--log-level", help="debug, info, warning, error."),
     ) -> None:

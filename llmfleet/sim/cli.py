@@ -5,12 +5,12 @@ finds; the planner's fleet for a trace."""
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 
+from llmfleet.api.cli import require_number
 from llmfleet.api.loader import InputFileError
 
 if TYPE_CHECKING:
@@ -45,14 +45,6 @@ def _fail(e: BaseException) -> typer.Exit:
     return typer.Exit(2)
 
 
-def _require(flag: str, value: float, low: float = 0.0, *, inclusive: bool = False) -> None:
-    """A numeric flag must be finite and > low (>= low with `inclusive`): checked before anything is built from
-    it, so the error names the flag (a model's validation error further in would not) and nan never slips past
-    a comparison."""
-    if not (math.isfinite(value) and (value >= low if inclusive else value > low)):
-        raise ValueError(f"{flag} must be a finite number {'>=' if inclusive else '>'} {low:g}, got {value:g}")
-
-
 def _workload(trace: Path | None, fmt: str, duration: float, rate: float, tenants: int, seed: int,
               max_requests: int | None, time_scale: float, trace_seconds: float | None = None,
               kv_block_size: int | None = None, time_unit: str | None = None) -> Workload:
@@ -61,20 +53,20 @@ def _workload(trace: Path | None, fmt: str, duration: float, rate: float, tenant
 
     rate_scale(time_scale, "--time-scale")  # before loading a trace: a bad flag fails at once
     if kv_block_size is not None:
-        _require("--kv-block-size", kv_block_size, 1, inclusive=True)
-    _require("--seed", seed, inclusive=True)
+        require_number("--kv-block-size", kv_block_size, 1, inclusive=True)
+    require_number("--seed", seed, inclusive=True)
     if max_requests is not None and max_requests < 1:
         raise ValueError(f"--max-requests must be >= 1, got {max_requests}")
     if trace_seconds is not None:
-        _require("--trace-seconds", trace_seconds)
+        require_number("--trace-seconds", trace_seconds)
         if trace is None:
             raise ValueError("--trace-seconds cuts a trace: give --trace (a synthetic workload has --duration)")
     if time_unit is not None and trace is None:
         raise ValueError("--time-unit reads a trace's timestamps: give --trace")
     if trace is None:
-        _require("--duration", duration)
-        _require("--rate", rate)
-        _require("--tenants", tenants, 1, inclusive=True)
+        require_number("--duration", duration)
+        require_number("--rate", rate)
+        require_number("--tenants", tenants, 1, inclusive=True)
         w = synthetic(SyntheticSpec(duration_s=duration, rate_rps=rate, tenants=tenants, seed=seed))
         if max_requests is not None:
             w = w.head(max_requests)
@@ -191,9 +183,9 @@ def register(app: typer.Typer) -> None:
                 raise ValueError(f"--replicas must be >= 1, got {replicas}")
             if host_kv_gib < 0:
                 raise ValueError(f"--host-kv-gib must be >= 0, got {host_kv_gib:g}")
-            _require("--ttft-slo-ms", ttft_slo_ms)
-            _require("--tpot-slo-ms", tpot_slo_ms)
-            _require("--tp", tp, 1, inclusive=True)
+            require_number("--ttft-slo-ms", ttft_slo_ms)
+            require_number("--tpot-slo-ms", tpot_slo_ms)
+            require_number("--tp", tp, 1, inclusive=True)
             if max_model_len is not None and max_model_len < 2:
                 raise ValueError(f"--max-model-len must be >= 2, got {max_model_len}")
             sm, sn = None, 0
@@ -301,9 +293,9 @@ def register(app: typer.Typer) -> None:
                 raise ValueError(f"--start-replicas must be >= 1, got {start_replicas}")
             if not 0 < target <= 1:
                 raise ValueError(f"--target must be in (0, 1], got {target:g}")
-            _require("--ttft-slo-ms", ttft_slo_ms)
-            _require("--window-s", window_s)
-            _require("--cold-start-s", cold_start_s, inclusive=True)
+            require_number("--ttft-slo-ms", ttft_slo_ms)
+            require_number("--window-s", window_s)
+            require_number("--cold-start-s", cold_start_s, inclusive=True)
             if bad := [o for o in order if o not in ("highest", "forward", "backward")]:
                 raise ValueError(f"unknown --order {bad[0]!r}; known: highest, forward, backward")
             w = _workload(trace, fmt, duration, rate, tenants, seed, max_requests, time_scale, trace_seconds,
@@ -377,9 +369,9 @@ def register(app: typer.Typer) -> None:
         from llmfleet.sim.workload import WorkloadError
 
         try:
-            _require("--ttft-ms", ttft_ms)
-            _require("--tpot-ms", tpot_ms)
-            _require("--tp", tp, 1, inclusive=True)
+            require_number("--ttft-ms", ttft_ms)
+            require_number("--tpot-ms", tpot_ms)
+            require_number("--tp", tp, 1, inclusive=True)
             if reuse and hit_rate:
                 raise ValueError("--reuse finds the hit rate itself: leave out --hit-rate")
             if not 0 < target <= 1:

@@ -11,6 +11,7 @@ from typing import Any
 
 import typer
 
+from llmfleet.api.cli import positive_number
 from llmfleet.api.contracts import STORE_URL_ENV
 
 features_app = typer.Typer(
@@ -207,7 +208,8 @@ def lookup_cmd(
     semantic: bool = typer.Option(True, "--semantic/--exact-only", help="Also try a semantic match."),
     threshold: float = typer.Option(0.92, min=0.0, max=1.0, help="Cosine similarity needed."),
     embedder: str = typer.Option("minilm", help="Embedder used at generation time."),
-    timeout_ms: float = typer.Option(30_000.0, help="Deadline (generous here: includes loading the model)."),
+    timeout_ms: float = typer.Option(30_000.0, callback=positive_number,
+                                    help="Deadline (generous here: includes loading the model)."),
     params: str = typer.Option("{}", help='Sampling parameters as JSON, e.g. \'{"max_tokens": 16}\' (part of the key).'),
 ) -> None:
     """Look a prompt up the way the router does; prints the hit as JSON (exit 1 on a miss)."""

@@ -97,3 +97,21 @@ def test_features_log_lines_that_cannot_be_decoded_are_counted_not_fatal() -> No
     report = generation.Report()
     generation.aggregate([b"[" * 5000 + b"]" * 5000 + b"\n", b"\xff\xfe\n", b'{"tenant": 1\n'], 16, report)
     assert report.bad_lines == 3 and len(report.errors) == 3
+
+
+@pytest.mark.parametrize("args,option", [
+    (["up", "-f", str(EXAMPLES / "inferenceservice-small.yaml"), "--ready-timeout", "nan"], "--ready-timeout"),
+    (["up", "-f", str(EXAMPLES / "inferenceservice-small.yaml"), "--ready-timeout", "-1"], "--ready-timeout"),
+    (["up", "-f", str(EXAMPLES / "inferenceservice-small.yaml"), "--port", "70000"], "--port"),
+    (["down", "--timeout", "nan"], "--timeout"),
+    (["train", "-f", str(EXAMPLES / "trainingjob-small.yaml"), "--promote-timeout", "0"], "--promote-timeout"),
+    (["features", "lookup", "--model", "m", "--prompt", "hi", "--timeout-ms", "nan"], "--timeout-ms"),
+    (["fetch", "/nonexistent-src", "/nonexistent-dest", "--progress-every", "nan"], "--progress-every"),
+    (["router", "--port", "-1"], "--port"),
+    (["operator", "--metrics-port", "99999"], "--metrics-port"),
+])
+def test_numeric_options_out_of_range_are_usage_errors_naming_the_option(args: list[str], option: str) -> None:
+    """Seconds and ports out of range (nan, negative, past 65535) stop before anything starts: exit 2 naming the
+    option, instead of a wait that never ends or a lookup that times out at once and reports a miss."""
+    r = runner.invoke(app, args)
+    assert r.exit_code == 2 and f"Invalid value for '{option}" in r.output, r.output

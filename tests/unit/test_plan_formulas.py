@@ -208,3 +208,39 @@ def test_cli_plans_a_sample_of_prompt_lengths(tmp_path: Path) -> None:
         sample.write_text(text)
         r = CliRunner().invoke(app, ["plan", "--prompts", str(sample)])
         assert r.exit_code == 2 and msg in r.output and len(r.output.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("args,named", [
+    (["--seq-len", "0"], "--seq-len must be a finite number >= 1, got 0"),
+    (["--block-size", "-1"], "--block-size must be a finite number >= 1"),
+    (["--tp", "0"], "--tp must be a finite number >= 1"),
+    (["--ttft-ms", "0"], "--ttft-ms must be a finite number > 0"),
+    (["--ttft-ms", "nan"], "--ttft-ms must be a finite number > 0, got nan"),
+    (["--tpot-ms", "inf"], "--tpot-ms must be a finite number > 0"),
+    (["--rate", "inf"], "--rate must be a finite number > 0"),
+    (["--hit-rate", "nan"], "--hit-rate must be within [0, 1]"),
+    (["--input", "0"], "--input must be a finite number >= 1"),
+    (["--train-seq-len", "0"], "--train-seq-len must be a finite number >= 1"),
+    (["--gpu-override", "hbmBandwidthTBs=-1"], "GPU field 'hbmBandwidthTBs' must be a finite number > 0"),
+    (["--gpu-override", "sms=nan"], "GPU field 'sms' must be a finite number > 0"),
+])
+def test_cli_plan_rejects_a_number_out_of_range_in_one_line_naming_the_option(args: list[str], named: str) -> None:
+    """Out-of-range numbers exit 2 with one line naming the option, instead of a traceback (--seq-len 0, --rate inf)
+    or a plan computed from nonsense (--ttft-ms 0, --tp 0 read as "0 GPUs of memory")."""
+    r = CliRunner().invoke(app, ["plan", *args])
+    assert r.exit_code == 2 and named in r.output and len(r.output.strip().splitlines()) == 1, r.output
+
+
+def test_cli_plan_names_the_field_of_a_bad_model_shape(tmp_path: Path) -> None:
+    shape = tmp_path / "shape.yaml"
+    shape.write_text("layers: 2\nhidden: wide\n")
+    r = CliRunner().invoke(app, ["plan", "--shape", str(shape)])
+    assert r.exit_code == 2 and f"--shape {shape}: hidden: Input should be a valid integer" in r.output
+
+
+def test_gpu_overrides_must_be_finite_and_positive_but_fp8_may_be_absent() -> None:
+    assert get_gpu("H200", {"fp8Tflops": None}).fp8_tflops is None  # a part without fp8 tensor cores
+    assert get_gpu("H200", {"sms": 100.0}).sms == 100
+    for bad in ({"hbmGiB": 0.0}, {"bf16Tflops": None}, {"hbmBandwidthTBs": float("inf")}):
+        with pytest.raises(ValueError, match="must be a finite number > 0"):
+            get_gpu("H200", bad)
