@@ -100,7 +100,13 @@ def register(app: typer.Typer) -> None:
             sigs = signals_from_json(raw)
         except ValueError as err:
             raise _fail(f"{signals}: {err}") from err
-        st = PolicyState.from_json(read_text(state)) if state else PolicyState()
+        st = PolicyState()
+        if state is not None:
+            # the annotation's reader starts fresh on anything unreadable (a controller must go on); a file given
+            # on the command line that is not a JSON object is a mistake to report, not to ignore
+            if not isinstance(load_json_file(state), dict):
+                raise _fail(f"{state}: a policy state is a JSON object (the state annotation's value)")
+            st = PolicyState.from_json(read_text(state))
         try:
             d = decide(PolicyConfig.from_service(isvc, seeds=seeds_for_service(isvc)), sigs, st)
         except ValueError as err:

@@ -337,6 +337,16 @@ def test_cli_decide_prints_decision_and_rejects_bad_input(tmp_path: Path) -> Non
     sigs.write_text(json.dumps({"pool": "primary"}))  # an object, not a list
     res = runner.invoke(app, ["autoscaler", "decide", str(svc), "--signals", str(sigs)])
     assert res.exit_code == 2 and "valid list" in res.output
+    # --state: a state annotation's value; a file that is no JSON object is reported, not silently read as fresh
+    sigs.write_text(json.dumps([base, {**base, "pool": "small", "role": "student", "replicas": 0, "ready_replicas": 0}]))
+    state = tmp_path / "state.json"
+    for text, said in (("[1, 2]", "a policy state is a JSON object"), ("{bad", "state.json")):
+        state.write_text(text)
+        res = runner.invoke(app, ["autoscaler", "decide", str(svc), "--signals", str(sigs), "--state", str(state)])
+        assert res.exit_code == 2 and said in res.output and len(res.output.strip().splitlines()) == 1, res.output
+    state.write_text("{}")
+    res = runner.invoke(app, ["autoscaler", "decide", str(svc), "--signals", str(sigs), "--state", str(state)])
+    assert res.exit_code == 0, res.output
 
 
 def test_kopf_handlers_register_a_timer_on_import() -> None:
