@@ -1,6 +1,7 @@
 """The autoscaler's per-replica model against one simulated replica, at each trace's request mix.
 
-    python benchmarks/capacity_fidelity.py [--trace PATH ...] [--mix IN:OUT ...] [--requests N] [--out PATH]
+    python benchmarks/capacity_fidelity.py [--trace PATH ...] [--mix IN:OUT ...] [--requests N] [--clip-prompts N ...]
+                                           [--out PATH]
 
 `slo` sizes a pool from a model of one replica (llmfleet.autoscaler.capacity): the planner's roofline at the
 interval's mean request gives prefill and decode seconds per request, their sum is the replica's service time, and
@@ -12,6 +13,8 @@ what the fleet carries most of the time. This script measures that error on the 
 - Requests: the trace's own (prompt, output) length pairs, drawn at random, arriving as a Poisson process; prefix
   contents dropped, so no prefix hits on either side (the model is evaluated at hit rate 0). `--mix IN:OUT`: every
   request IN prompt and OUT output tokens (named `fixed IN/OUT`), to see the model's error per request shape.
+  `--clip-prompts N ...`: instead of each trace as it is, the trace with every prompt longer than N tokens cut to N
+  (named `<trace> clipped N`), once per N, to see how much of the error the longest prompts make.
 - Saturated throughput: arrivals at twice the model's capacity; the completions per second between the first and
   the third quartile of the finish times, while the replica has a backlog all along, are its capacity at that mix.
 - TTFT p95 at 50, 70 and 85 % of the simulated capacity: the simulator's (and its preemptions: running requests
@@ -173,10 +176,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mix", action="append", default=[], metavar="IN:OUT",
                     help="also a fixed request shape: every request IN prompt and OUT output tokens; repeatable")
     ap.add_argument("--requests", type=int, default=6000, help="requests per simulated run (default 6000)")
+    ap.add_argument("--clip-prompts", type=int, nargs="+", default=None, metavar="N",
+                    help="instead of each trace, the trace with every prompt longer than N tokens cut to N, once per N "
+                         "(named '<trace> clipped N')")
     ap.add_argument("--out", type=Path, default=RESULT, help="results JSON (default benchmarks/results/...)")
     args = ap.parse_args(argv)
     if args.requests < 30:
         print(f"--requests {args.requests}: at least 30", file=sys.stderr)
+        return 2
+    if args.clip_prompts is not None and min(args.clip_prompts) < 1:
+        print(f"--clip-prompts {min(args.clip_prompts)}: at least 1", file=sys.stderr)
         return 2
     traces = args.trace or ([] if args.mix else sorted(p for p in TRACES.glob("*") if is_trace_file(p)))
     started = time.time()
@@ -186,7 +195,9 @@ def main(argv: list[str] | None = None) -> int:
         names = trace_names(traces)
         for path, name in zip(traces, names, strict=True):
             w = load_trace(path)
-            results.append(evaluate(name, [(r.prompt_len, r.output_len) for r in w.requests], args.requests))
+            for clip in args.clip_prompts or (None,):
+                pairs = [(r.prompt_len if clip is None else min(r.prompt_len, clip), r.output_len) for r in w.requests]
+                results.append(evaluate(name if clip is None else f"{name} clipped {clip}", pairs, args.requests))
             print(f"{name}: done ({time.time() - started:.0f} s)", file=sys.stderr, flush=True)
         for prompt, output in mixes:
             results.append(evaluate(f"fixed {prompt}/{output}", [(prompt, output)], args.requests))

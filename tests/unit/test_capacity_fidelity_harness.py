@@ -93,3 +93,18 @@ def test_the_model_prices_a_short_prefill_batched_with_the_decodes() -> None:
     alone the model put a 100-in / 100-out replica at 0.57x the simulated one; batched it is within 10 %."""
     r = capacity_fidelity.evaluate("fixed 100/100", [(100, 100)], requests=1500)
     assert 0.9 <= r["modelOverSimulated"] <= 1.1
+
+
+def test_clip_prompts_cuts_the_longest_prompts_once_per_length(tmp_path: Path) -> None:
+    """`--clip-prompts N ...`: each trace once per N with its prompts cut to N tokens, named after it."""
+    trace = tmp_path / "azure_small.csv"
+    rows = [f"2023-11-16 18:00:{s:02d}.0000000,{800 + 40 * s},{60 + s}" for s in range(40)]
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "\n".join(rows) + "\n")
+    out = tmp_path / "cf.json"
+    assert capacity_fidelity.main(["--trace", str(trace), "--requests", "300", "--clip-prompts", "1000", "2000",
+                                   "--out", str(out)]) == 0
+    got = {r["workload"]: r for r in json.loads(out.read_text())["results"]}
+    assert list(got) == ["azure_small clipped 1000", "azure_small clipped 2000"]
+    # prompts are 800..2360 tokens: cut at 1000 every mean is below the one cut at 2000
+    assert got["azure_small clipped 1000"]["meanInput"] < got["azure_small clipped 2000"]["meanInput"] <= 1580
+    assert capacity_fidelity.main(["--trace", str(trace), "--clip-prompts", "0", "--out", str(out)]) == 2
