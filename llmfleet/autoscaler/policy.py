@@ -258,8 +258,7 @@ def _slo_students(
                           mean_output_tokens=primary_sig.mean_output_tokens)
         mu_overflow = mu if mix is sig else replica_rps(pool, st, mix)
         own = float(sig.arrival_rate or 0.0)
-        slo_s = cfg.ttft_slo_ms / 1000.0
-        budget = max(cfg.ttft_target_fraction * slo_s - request_cost(pool, st, mix, math.inf).prefill_s, 0.05 * slo_s)
+        budget = ttft_wait_budget(cfg, pool, st, mix)
         predicted = ahead(cold_start_seconds(cfg, pool, st) + cfg.interval_s) if ahead is not None else 0.0
         want = max(remaining, predicted - (overflow - remaining))  # what earlier students absorb, absorbed
         need_overflow = replicas_for_ttft(want, request_cost(pool, st, mix, mu_overflow), budget, cfg.max_utilization,
