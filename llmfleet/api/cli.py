@@ -20,26 +20,34 @@ CHART_CRD_DIR = Path("charts/llmfleet/crds")
 RESOURCE_CHECKS: list[Callable[[Any], list[tuple[str, str]]]] = []
 
 
+def _out_of_range(value: float, low: float, inclusive: bool) -> str | None:
+    """Why `value` is not a finite number > low (>= low with `inclusive`), or None: nan fails every comparison, so
+    it never slips past one."""
+    if math.isfinite(value) and (value >= low if inclusive else value > low):
+        return None
+    return f"must be a finite number {'>=' if inclusive else '>'} {low:g}, got {value:g}"
+
+
 def require_number(flag: str, value: float, low: float = 0.0, *, inclusive: bool = False) -> None:
     """A numeric CLI option must be finite and > low (>= low with `inclusive`), else ValueError naming it: checked
     before anything is built from it, so the error names the option (a model's validation error further in would
-    not) and nan never slips past a comparison (click's ranges let it through)."""
-    if not (math.isfinite(value) and (value >= low if inclusive else value > low)):
-        raise ValueError(f"{flag} must be a finite number {'>=' if inclusive else '>'} {low:g}, got {value:g}")
+    not)."""
+    if problem := _out_of_range(value, low, inclusive):
+        raise ValueError(f"{flag} {problem}")
 
 
 def positive_number(value: float | None) -> float | None:
-    """typer callback of a float option that must be finite and > 0 (seconds, rates): a usage error naming the
-    option otherwise (click's ranges let nan through)."""
-    if value is not None and not (math.isfinite(value) and value > 0):
-        raise typer.BadParameter(f"must be a finite number > 0, got {value:g}")
+    """typer callback of a float option that must be finite and > 0 (seconds): a usage error naming the option
+    otherwise (typer's `min` takes no open bound and lets inf through)."""
+    if value is not None and (problem := _out_of_range(value, 0.0, False)):
+        raise typer.BadParameter(problem)
     return value
 
 
 def non_negative_number(value: float | None) -> float | None:
     """typer callback of a float option that must be finite and >= 0."""
-    if value is not None and not (math.isfinite(value) and value >= 0):
-        raise typer.BadParameter(f"must be a finite number >= 0, got {value:g}")
+    if value is not None and (problem := _out_of_range(value, 0.0, True)):
+        raise typer.BadParameter(problem)
     return value
 
 

@@ -89,7 +89,7 @@ def register(app: typer.Typer) -> None:
         signals: Path = typer.Option(..., "--signals", help="JSON list of PoolSignals objects (snake_case fields)."),
         state: Path | None = typer.Option(None, "--state", help="Policy state JSON (the state annotation)."),
     ) -> None:
-        from llmfleet.api.loader import load_json_file, read_text
+        from llmfleet.api.loader import load_json_file, parse_json, read_text
         from llmfleet.autoscaler.policy import PolicyConfig, PolicyState, decide
         from llmfleet.autoscaler.seeds import seeds_for_service
         from llmfleet.autoscaler.types import signals_from_json
@@ -104,9 +104,10 @@ def register(app: typer.Typer) -> None:
         if state is not None:
             # the annotation's reader starts fresh on anything unreadable (a controller must go on); a file given
             # on the command line that is not a JSON object is a mistake to report, not to ignore
-            if not isinstance(load_json_file(state), dict):
+            text = read_text(state)
+            if not isinstance(parse_json(text, str(state)), dict):
                 raise _fail(f"{state}: a policy state is a JSON object (the state annotation's value)")
-            st = PolicyState.from_json(read_text(state))
+            st = PolicyState.from_json(text)
         try:
             d = decide(PolicyConfig.from_service(isvc, seeds=seeds_for_service(isvc)), sigs, st)
         except ValueError as err:

@@ -6,8 +6,6 @@ from pathlib import Path
 
 import typer
 
-from llmfleet.api.cli import positive_number
-
 
 def register(app: typer.Typer) -> None:
     @app.command(
@@ -22,8 +20,7 @@ def register(app: typer.Typer) -> None:
         include: list[str] = typer.Option(
             [], "--include", "-i", help="Only relative paths matching this fnmatch pattern (repeatable)."
         ),
-        progress_every: float = typer.Option(5.0, "--progress-every", min=0.1, callback=positive_number,
-                                              help="Seconds between progress lines."),
+        progress_every: float = typer.Option(5.0, "--progress-every", min=0.1, help="Seconds between progress lines."),
     ) -> None:
         import logging
 
