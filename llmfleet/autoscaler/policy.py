@@ -218,6 +218,19 @@ def _slo_primary(
     if persistent and settled and sig.ready_replicas >= sig.replicas and n <= sig.ready_replicas and rate > 0:
         n = sig.ready_replicas + 1
         reasons.append("; ".join(violated) + " with all replicas ready: +1")
+        st.feedback_floor = (planned, n)
+    elif st.feedback_floor is not None:
+        # The feedback's replica is measured evidence that the model is optimistic at this rate (it said "enough" and
+        # the TTFT missed; heavy-tailed prompts queue worse than its estimate). Judged by the model again, the
+        # replica would go as soon as the measured TTFT recovered, and the misses would come back: it is kept while
+        # the planned rate is within the scale-down tolerance of the rate of the miss, and forgotten once the pool
+        # is below it (the rate fell away and the normal down-window released it). It only holds: it never buys.
+        f_rate, f_n = st.feedback_floor
+        if sig.replicas < f_n:
+            st.feedback_floor = None
+        elif n < f_n and planned * (1 + DOWN_TOLERANCE) >= f_rate:
+            n = f_n
+            reasons.append(f"kept at {f_n}: the TTFT missed with {f_n - 1} ready at {f_rate:.2f}/s")
     # Outside a detected level shift the rise since the last interval is noise the significance test rejected:
     # extrapolating its slope over a cold start would warm students for a burst that is not there.
     return n, reasons, planned, max(planned, burst) if in_burst else planned

@@ -48,6 +48,9 @@ class PoolState:
     # ready replicas carry it, TTFT p95 and backlog within the plan (stabilize.py)
     short_rise: bool = False
     pending_ready: int = 0  # ready replicas when the pending scale-up was asked for
+    # a primary: (planned rate, replicas) of the last scale-up the TTFT feedback made (policy._slo_primary): that many
+    # are kept while the planned rate stays at that rate
+    feedback_floor: tuple[float, int] | None = None
 
 
 @dataclass
@@ -90,6 +93,9 @@ class PolicyState:
                 item["lateScaleUp"] = True
             if s.short_rise:
                 item["shortRise"] = True
+            # measured evidence the model is optimistic at this rate: a restart must not forget it
+            if s.feedback_floor is not None:
+                item["feedbackFloor"] = {"rate": round(s.feedback_floor[0], 4), "replicas": s.feedback_floor[1]}
             out[name] = item
         return json.dumps(out, sort_keys=True, separators=(",", ":"))
 
@@ -132,6 +138,11 @@ class PolicyState:
             s.burst_insured = item.get("burstInsured") is True
             s.late = item.get("lateScaleUp") is True
             s.short_rise = item.get("shortRise") is True
+            floor = item.get("feedbackFloor")
+            if isinstance(floor, dict):
+                rate, replicas = floor.get("rate"), _count(floor.get("replicas"))
+                if isinstance(rate, int | float) and not isinstance(rate, bool) and rate >= 0 and replicas:
+                    s.feedback_floor = (float(rate), replicas)
             pending = item.get("pendingScaleUp")
             if isinstance(pending, dict):
                 since, target, ready = at(pending.get("since")), _count(pending.get("target")), _count(pending.get("readyBefore"))

@@ -380,6 +380,30 @@ def test_a_ttft_miss_that_queueing_did_not_make_adds_no_replica(queue_time: floa
         assert any("own prefill" in r for r in d.pools["primary"].reasons)
 
 
+def test_a_feedback_replica_stays_while_the_rate_it_was_added_at_holds() -> None:
+    """The model said the ready replicas were enough and the measured TTFT said otherwise: the replica the feedback
+    added is kept while the planned rate stays at the rate of that miss (the model, still optimistic there, would
+    release it once the measured TTFT recovered, and the misses come back), and goes once the rate falls well below
+    it."""
+    w = World(primary_only())
+    for i in range(40):
+        w.tick(15.0 * i, 2.0)
+    before = w.replicas["primary"]
+    for k in range(2):
+        w.tick(600.0 + 15.0 * k, 2.0, ttft=5000.0)
+    assert w.replicas["primary"] == before + 1
+    floor = w.state.pools["primary"].feedback_floor
+    assert floor is not None and floor[1] == before + 1
+    w.state = PolicyState.from_json(w.state.to_json())  # an operator restart keeps the evidence
+    assert w.state.pools["primary"].feedback_floor == (round(floor[0], 4), floor[1])
+    for i in range(80):  # 20 min at the same rate, TTFT within the plan
+        w.tick(630.0 + 15.0 * i, 2.0, ttft=500.0)
+    assert w.replicas["primary"] == before + 1
+    for i in range(60):  # the rate halves
+        w.tick(1830.0 + 15.0 * i, 1.0, ttft=500.0)
+    assert w.replicas["primary"] <= before
+
+
 def test_slo_feedback_waits_until_the_last_action_settled() -> None:
     """Right after a scale-up the old replicas still drain the backlog: a TTFT miss then is no capacity error."""
     w = World(primary_only(), cold_start=30.0)
@@ -445,6 +469,9 @@ def test_state_json_tolerates_garbage() -> None:
                 '{"since": 1, "target": 3, "readyBefore": -1}'):
         s = PolicyState.from_json(f'{{"primary": {{"pendingScaleUp": {bad}, "lateScaleUp": 1}}}}')
         assert s.pools["primary"].pending is None and not s.pools["primary"].late
+    for bad in ('3', '{"rate": "x", "replicas": 3}', '{"rate": 1.5, "replicas": 0}', '{"rate": true, "replicas": 2}',
+                '{"rate": -1, "replicas": 2}'):
+        assert PolicyState.from_json(f'{{"primary": {{"feedbackFloor": {bad}}}}}').pools["primary"].feedback_floor is None
 
 
 def test_a_restarted_operator_reads_the_state_times_on_its_own_clock() -> None:
