@@ -25,6 +25,7 @@ class PoolState:
     efficiency: float = 1.0  # learned capacity / seeded capacity
     arrival: Holt = field(default_factory=Holt)
     service: Holt = field(default_factory=Holt)
+    service_slow: Holt = field(default_factory=Holt)  # `service` over the down-window: what a release is judged at
     prefill_scv: Holt = field(default_factory=Holt)  # smoothed like `service`: one interval's tail is a few prompts
     cold_start_s: float | None = None  # measured
     pending: tuple[float, int] | None = None  # (since, target) of a scale-up not ready yet

@@ -434,6 +434,24 @@ def test_one_interval_of_long_prompts_moves_the_planned_capacity_part_way() -> N
     assert d.pools["primary"].capacity_rps == pytest.approx(raw_long, rel=0.05)
 
 
+def test_a_release_is_judged_at_the_mix_of_the_down_window() -> None:
+    """Scale-ups follow the last minute's mix; a release is judged at the heavier of that and the down-window's
+    average: after 20 minutes of 4,000-token prompts, six and a half minutes of 1,000-token ones release one replica
+    of four, not two (the last minute alone says two suffice), and the mix that stays short releases the other."""
+    cfg, st, n, t = _primary_only(SEED), PolicyState(), 3, 0.0
+    at: dict[float, int] = {}
+    for mean_in, until in ((4 * MEAN_IN / 2, 1200.0), (MEAN_IN / 2, 2400.0)):
+        while t < until:
+            sig = PoolSignals("primary", "primary", t, n, n, arrival_rate=4.0, mean_input_tokens=mean_in,
+                              mean_output_tokens=MEAN_OUT, queue_depth=0.0, ttft_p95_ms=500.0)
+            d = decide(cfg, [sig], st)
+            st, n, at[t] = d.state, d.pools["primary"].desired, d.pools["primary"].desired
+            t += 15.0
+    assert at[1185.0] == 4  # the long prompts' fleet
+    assert at[1590.0] == 3
+    assert at[2385.0] == 2
+
+
 @pytest.mark.parametrize("window_s,burst", [(None, True), (15.0, True), (1.0, False)])
 def test_the_burst_test_counts_the_requests_of_the_window_the_rate_was_measured_over(
     window_s: float | None, burst: bool
