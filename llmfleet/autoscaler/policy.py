@@ -190,8 +190,7 @@ def _slo_primary(
         # few light minutes of a heavy-tailed prompt mix takes a cold start to come back when the long prompts
         # return (the Mooncake conversation trace at 1.5x its rate: 76 misses in two minutes). Scale-ups follow the
         # last minute alone.
-        slow = st.service_slow.level
-        mu_down = mu if slow is None or slow <= 0 else min(mu, max(st.efficiency, 1e-3) / slow)
+        mu_down = planned_replica_rps(pool, st, sig, release=True)
         n = min(sig.replicas, replicas_for_ttft((planned + backlog) * (1 + DOWN_TOLERANCE),
                                                 request_cost(pool, st, sig, mu_down), budget,
                                                 cfg.max_utilization, pool.max_replicas))
