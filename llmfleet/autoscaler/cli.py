@@ -104,10 +104,10 @@ def register(app: typer.Typer) -> None:
         if state is not None:
             # the annotation's reader starts fresh on anything unreadable (a controller must go on); a file given
             # on the command line that is not a JSON object is a mistake to report, not to ignore
-            text = read_text(state)
-            if not isinstance(parse_json(text, str(state)), dict):
+            data = parse_json(read_text(state), str(state))
+            if not isinstance(data, dict):
                 raise _fail(f"{state}: a policy state is a JSON object (the state annotation's value)")
-            st = PolicyState.from_json(text)
+            st = PolicyState.from_mapping(data)
         try:
             d = decide(PolicyConfig.from_service(isvc, seeds=seeds_for_service(isvc)), sigs, st)
         except ValueError as err:

@@ -6,8 +6,9 @@ Split out of `policy.py` (which re-exports both classes); pure data, no I/O.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from llmfleet.autoscaler.capacity import Holt
 
@@ -106,15 +107,19 @@ class PolicyState:
         `wall_offset`: subtracted from every time (`to_json`'s, for this process's clock). `now`: no past event
         is restored later than this (clocks of two nodes differ a little; a last action in the future would hold
         the cooldown until the clock caught up)."""
-        state = cls()
         if not text:
-            return state
+            return cls()
         try:
             data = json.loads(text)
         except json.JSONDecodeError:
-            return state
-        if not isinstance(data, dict):
-            return state
+            return cls()
+        return cls.from_mapping(data, wall_offset, now) if isinstance(data, dict) else cls()
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], wall_offset: float = 0.0, now: float | None = None) -> PolicyState:
+        """Restore from the annotation's parsed JSON object (`from_json`'s arguments); entries that are not what
+        `to_json` writes are skipped."""
+        state = cls()
 
         def at(value: object, past: bool = True) -> float | None:
             if not isinstance(value, int | float) or isinstance(value, bool):

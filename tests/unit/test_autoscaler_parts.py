@@ -347,6 +347,11 @@ def test_cli_decide_prints_decision_and_rejects_bad_input(tmp_path: Path) -> Non
     state.write_text("{}")
     res = runner.invoke(app, ["autoscaler", "decide", str(svc), "--signals", str(sigs), "--state", str(state)])
     assert res.exit_code == 0, res.output
+    # a readable state is restored, not started fresh: its measured cold start comes back in the decision's state
+    state.write_text(json.dumps({"primary": {"coldStartSeconds": 123.0}}))
+    res = runner.invoke(app, ["autoscaler", "decide", str(svc), "--signals", str(sigs), "--state", str(state)])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["state"]["primary"]["coldStartSeconds"] == 123.0
 
 
 def test_kopf_handlers_register_a_timer_on_import() -> None:
