@@ -260,7 +260,9 @@ class FallbackSpec(ApiModel):
     max_queue_delay_ms: float | None = Field(default=None, gt=0, description="Fall back when the predicted primary queueing delay exceeds this.")
     long_context_tokens: int | None = Field(default=None, ge=1, description="Send prompts longer than this to a student pool.")
     sheddable_classes: list[str] = Field(default_factory=list, description="Request classes (x-llmfleet-class header) that may always be degraded.")
-    max_degraded_fraction: float = Field(default=0.2, ge=0, le=1, description="Cap on the fraction of a tenant's requests served degraded.")
+    max_degraded_fraction: float = Field(
+        default=0.2, ge=0, le=1, description="Cap on the fraction of a tenant's requests served degraded (over the SLO "
+        "window; while the load rules want more degraded than it allows, the longest prompts go first).")
 
     @model_validator(mode="after")
     def _check(self) -> FallbackSpec:

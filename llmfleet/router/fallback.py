@@ -12,6 +12,12 @@ Per request `FallbackPolicy.decide` picks the primary pool or a student pool fro
   * predicted primary queueing delay above `max_queue_delay_ms` (capped; `predicted_queue_delay_ms`).
 "Capped": only while degrading this request keeps the tenant's degraded fraction over the window at or
 below its cap (0 disables; a tenant's first request in an empty window is not held back).
+Where the load rules want more of a tenant's window degraded than its cap allows, they degrade its longest prompts
+and keep the rest on the primary (reason `shorter:<why>`; `TenantWindow.load_rank`): a prompt is degraded only if
+at least 1 - cap of the window's prompts are no longer than it. The cap bounds how many requests the student
+answers; which ones is free, and each one degraded takes its own prefill off the primary, so degrading the longest
+leaves the primary the least work for the share it must keep (taken in arrival order, the requests the cap
+holds back in a burst are as long as any).
 The student pool is the one with the lowest predicted queueing delay (config order breaks ties), each pool's
 delay from its own queue, prefill queue and recent end-to-end latency (`observe_student`). For the load rules
 (SLO burn, queue delay) a request degrades only when that student's predicted delay is not above the primary's:
@@ -23,10 +29,13 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 from llmfleet.router.config import FallbackConfig, SLOConfig
 
 P95_BUDGET = 0.05  # a p95 objective allows 5% of requests over target
+# Rules that degrade because the primary is loaded: they help only if the student answers sooner.
+LOAD_REASONS = ("slo-burn", "queue-delay")
 
 
 @dataclass
@@ -50,8 +59,13 @@ class FallbackDecision:
     pool: str
     degraded: bool
     # primary | requested | unavailable | sheddable | long-context | slo-burn | queue-delay | capped:<why>
-    # | student-busier:<why>
+    # | student-busier:<why> | shorter:<why>
     reason: str
+
+    @property
+    def load_rule(self) -> bool:
+        """A load rule (LOAD_REASONS) wanted this request degraded, whether or not it was."""
+        return self.reason.rsplit(":", 1)[-1] in LOAD_REASONS
 
 
 class SLOTracker:
@@ -94,34 +108,53 @@ class SLOTracker:
         return sum(e for _, _, e in self.samples) / len(self.samples)
 
 
+class WindowEvent(NamedTuple):
+    """One request of a tenant's window."""
+
+    t: float
+    degraded: bool
+    input_tokens: int
+    load_rule: bool  # a load rule wanted it degraded (FallbackDecision.load_rule)
+
+
 @dataclass
 class TenantWindow:
-    """Per tenant: sliding window of (t, degraded) to enforce the degraded-fraction cap."""
+    """Per tenant: sliding window of its requests to enforce the degraded-fraction cap."""
 
     window_seconds: float = 60.0
-    events: dict[str, deque[tuple[float, bool]]] = field(default_factory=dict)
+    events: dict[str, deque[WindowEvent]] = field(default_factory=dict)
 
-    def record(self, tenant: str, now: float, degraded: bool) -> None:
-        self.events.setdefault(tenant, deque()).append((now, degraded))
+    def record(self, tenant: str, now: float, degraded: bool, input_tokens: int = 0, load_rule: bool = False) -> None:
+        self.events.setdefault(tenant, deque()).append(WindowEvent(now, degraded, input_tokens, load_rule))
         self._trim(tenant, now)
 
-    def _trim(self, tenant: str, now: float) -> deque[tuple[float, bool]]:
+    def _trim(self, tenant: str, now: float) -> deque[WindowEvent]:
         q = self.events.setdefault(tenant, deque())
-        while q and q[0][0] < now - self.window_seconds:
+        while q and q[0].t < now - self.window_seconds:
             q.popleft()
         return q
 
     def fraction(self, tenant: str, now: float) -> float:
         """Degraded fraction of the tenant's requests in the window (0 when none)."""
         q = self._trim(tenant, now)
-        return sum(1 for _, d in q if d) / len(q) if q else 0.0
+        return sum(1 for e in q if e.degraded) / len(q) if q else 0.0
 
     def fraction_if_degraded(self, tenant: str, now: float) -> float:
         """The fraction the window would hold if this request were degraded too (0 for an empty window: a
         tenant's first request may always be degraded). Checking this, not the current fraction, keeps every
         window at or below the cap once it holds requests."""
         q = self._trim(tenant, now)
-        return (sum(1 for _, d in q if d) + 1) / (len(q) + 1) if q else 0.0
+        return (sum(1 for e in q if e.degraded) + 1) / (len(q) + 1) if q else 0.0
+
+    def load_rank(self, tenant: str, now: float, input_tokens: int) -> tuple[int, float, float]:
+        """For a request a load rule wants degraded: how many requests the window holds, the share of them a load rule
+        wanted degraded with this one counted, and the share whose prompts are no longer than `input_tokens` (ties
+        count as shorter: a window of equal prompts ranks every one at the top)."""
+        q = self._trim(tenant, now)
+        if not q:
+            return 0, 1.0, 1.0
+        wanted = (sum(1 for e in q if e.load_rule) + 1) / (len(q) + 1)
+        return len(q), wanted, sum(1 for e in q if e.input_tokens <= input_tokens) / len(q)
 
 
 def predicted_queue_delay_ms(p: FallbackSignals) -> float:
@@ -134,10 +167,6 @@ def predicted_queue_delay_ms(p: FallbackSignals) -> float:
     if p.waiting <= 0 or p.mean_e2e_ms is None:
         return p.prefill_wait_ms
     return max(p.waiting * p.mean_e2e_ms / max(p.running, float(p.routable_replicas)), p.prefill_wait_ms)
-
-
-# Rules that degrade because the primary is loaded: they help only if the student answers sooner.
-LOAD_REASONS = ("slo-burn", "queue-delay")
 
 
 class FallbackPolicy:
@@ -195,7 +224,16 @@ class FallbackPolicy:
             return FallbackDecision(primary.name, False, f"capped:{why}")  # at zero replicas: held
         if why in LOAD_REASONS and student_ms > self.predicted_delay_ms(now, primary, self.slo_tracker):
             return FallbackDecision(primary.name, False, f"student-busier:{why}")
+        if why in LOAD_REASONS and self._keep_shorter(now, tenant, input_tokens, cap):
+            return FallbackDecision(primary.name, False, f"shorter:{why}")
         return FallbackDecision(student.name, True, why)
+
+    def _keep_shorter(self, now: float, tenant: str, input_tokens: int, cap: float) -> bool:
+        """The load rules want more of the tenant's window degraded than `cap` allows, and this prompt is not among
+        the longest `cap` of it (module docstring). Only once the window holds `min_requests_for_burn` requests,
+        the count the burn rate also waits for: a rank among fewer is noise."""
+        n, wanted, no_longer = self.tenants.load_rank(tenant, now, input_tokens)
+        return n >= self.cfg.min_requests_for_burn and wanted > cap and no_longer < 1 - cap
 
     def _capped_reason(self, now: float, primary: FallbackSignals, input_tokens: int) -> str | None:
         if self.cfg.long_context_tokens is not None and input_tokens > self.cfg.long_context_tokens:
@@ -210,8 +248,8 @@ class FallbackPolicy:
                 return "queue-delay"
         return None
 
-    def record(self, now: float, tenant: str, decision: FallbackDecision) -> None:
-        self.tenants.record(tenant, now, decision.degraded)
+    def record(self, now: float, tenant: str, decision: FallbackDecision, input_tokens: int = 0) -> None:
+        self.tenants.record(tenant, now, decision.degraded, input_tokens, decision.load_rule)
 
     def observe_primary(self, now: float, ttft_ms: float | None, tpot_ms: float | None, e2e_ms: float) -> None:
         self.slo_tracker.observe(now, ttft_ms, tpot_ms, e2e_ms)

@@ -205,3 +205,48 @@ def test_a_student_pools_own_latency_prices_its_queue() -> None:
     assert pol.slo_tracker.count(3.0) == 0  # the student's latencies are not the primary's burn
     assert not pol.decide(100.0, P_QUEUED, [student]).reason.startswith("student-busier")  # window expired
 
+
+
+def _burst(pol: FallbackPolicy, prompts: list[int], primary: FallbackSignals = P_QUEUED) -> list[tuple[int, str]]:
+    """One request per prompt length, 0.1 s apart, each decided and recorded as the router does."""
+    out = []
+    for i, n in enumerate(prompts):
+        d = pol.decide(i / 10, primary, [S_OK], input_tokens=n)
+        pol.record(i / 10, "default", d, n)
+        out.append((n, d.reason))
+    return out
+
+
+def test_a_binding_cap_degrades_the_longest_prompts() -> None:
+    """The queue-delay rule wants every request of a burst degraded and the cap allows half: once the window holds
+    enough requests to rank them, the longest half go to the student and the shorter stay on the primary, so the
+    primary keeps the least prefill work for the share it must take."""
+    pol = FallbackPolicy(FallbackConfig(max_queue_delay_ms=1000, max_degraded_fraction=0.5, min_requests_for_burn=10),
+                         SLOConfig())
+    prompts = [100 * (1 + (7 * i) % 20) for i in range(60)]  # 100..2,000 tokens, shuffled
+    out = _burst(pol, prompts)
+    # the first 10: too few requests to rank, the cap alone decides in arrival order
+    assert {why.split(":")[0] for _, why in out[:10]} == {"queue-delay", "capped"}
+    last = out[40:]  # the window (60 s) still holds the arrival-order start: judged once it is outweighed
+    degraded = [n for n, why in last if why == "queue-delay"]
+    kept_shorter = [n for n, why in last if why == "shorter:queue-delay"]
+    on_primary = [n for n, why in last if why != "queue-delay"]
+    assert kept_shorter and min(degraded) > max(kept_shorter)
+    assert sum(degraded) / len(degraded) > 2 * sum(on_primary) / len(on_primary)  # arrival order: about equal
+    assert pol.tenants.fraction("default", 5.9) <= 0.5
+
+
+def test_the_longest_first_order_applies_only_while_the_cap_binds() -> None:
+    pol = FallbackPolicy(FallbackConfig(max_queue_delay_ms=1000, max_degraded_fraction=0.5, min_requests_for_burn=10),
+                         SLOConfig())
+    _burst(pol, [1000] * 30, primary=P_OK)  # the primary keeps up: no load rule fires for 30 requests
+    # a short prompt after them is degraded: the rule wants 1 of 31 degraded, far under the cap
+    assert _burst(pol, [10], primary=P_QUEUED)[0][1] == "queue-delay"
+    # equal prompts rank together at the top: a burst of them is degraded up to the cap in arrival order
+    pol = FallbackPolicy(FallbackConfig(max_queue_delay_ms=1000, max_degraded_fraction=0.5, min_requests_for_burn=10),
+                         SLOConfig())
+    assert {why for _, why in _burst(pol, [500] * 40)} == {"queue-delay", "capped:queue-delay"}
+    # a cap of 1 never binds: every request the rule wants goes
+    pol = FallbackPolicy(FallbackConfig(max_queue_delay_ms=1000, max_degraded_fraction=1.0, min_requests_for_burn=10),
+                         SLOConfig())
+    assert {why for _, why in _burst(pol, list(range(100, 4100, 100)))} == {"queue-delay"}
