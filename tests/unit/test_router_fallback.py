@@ -208,13 +208,12 @@ def test_a_student_pools_own_latency_prices_its_queue() -> None:
 
 
 def _burst(pol: FallbackPolicy, prompts: list[int], primary: FallbackSignals = P_QUEUED) -> list[tuple[int, str]]:
-    """One request per prompt length, 0.1 s apart, each decided and recorded as the router does."""
-    out = []
-    for i, n in enumerate(prompts):
-        d = pol.decide(i / 10, primary, [S_OK], input_tokens=n)
-        pol.record(i / 10, "default", d, n)
-        out.append((n, d.reason))
-    return out
+    """One request per prompt length, 0.1 s apart, each through `dispatch.pick_pool` as the router and the simulator
+    send it (which records its prompt length in the tenant's window)."""
+    from llmfleet.router.dispatch import pick_pool
+
+    return [(n, pick_pool(pol, i / 10, primary, [S_OK], tenant="default", input_tokens=n, request_class=None).reason)
+            for i, n in enumerate(prompts)]
 
 
 def test_a_binding_cap_degrades_the_longest_prompts() -> None:
