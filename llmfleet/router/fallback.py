@@ -27,6 +27,7 @@ delays degrade: an SLO burn with both queues empty is not a queueing problem the
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right, insort
 from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
@@ -118,43 +119,67 @@ class WindowEvent(NamedTuple):
 
 
 @dataclass
+class TenantEvents:
+    """One tenant's window: its requests in arrival order, with running counts and its prompt lengths kept sorted, so
+    each question below costs a lookup (a bisection) instead of a pass over the window: under overload every request
+    asks, and a window of a minute at hundreds of requests a second holds tens of thousands."""
+
+    events: deque[WindowEvent] = field(default_factory=deque)
+    degraded: int = 0
+    load_rule: int = 0
+    lengths: list[int] = field(default_factory=list)  # the window's prompt lengths, ascending
+
+    def append(self, e: WindowEvent) -> None:
+        self.events.append(e)
+        self.degraded += e.degraded
+        self.load_rule += e.load_rule
+        insort(self.lengths, e.input_tokens)
+
+    def drop_before(self, cutoff: float) -> None:
+        q = self.events
+        while q and q[0].t < cutoff:
+            e = q.popleft()
+            self.degraded -= e.degraded
+            self.load_rule -= e.load_rule
+            del self.lengths[bisect_left(self.lengths, e.input_tokens)]
+
+
+@dataclass
 class TenantWindow:
     """Per tenant: sliding window of its requests to enforce the degraded-fraction cap."""
 
     window_seconds: float = 60.0
-    events: dict[str, deque[WindowEvent]] = field(default_factory=dict)
+    tenants: dict[str, TenantEvents] = field(default_factory=dict)
 
     def record(self, tenant: str, now: float, degraded: bool, input_tokens: int = 0, load_rule: bool = False) -> None:
-        self.events.setdefault(tenant, deque()).append(WindowEvent(now, degraded, input_tokens, load_rule))
-        self._trim(tenant, now)
+        self._trim(tenant, now).append(WindowEvent(now, degraded, input_tokens, load_rule))
 
-    def _trim(self, tenant: str, now: float) -> deque[WindowEvent]:
-        q = self.events.setdefault(tenant, deque())
-        while q and q[0].t < now - self.window_seconds:
-            q.popleft()
-        return q
+    def _trim(self, tenant: str, now: float) -> TenantEvents:
+        w = self.tenants.setdefault(tenant, TenantEvents())
+        w.drop_before(now - self.window_seconds)
+        return w
 
     def fraction(self, tenant: str, now: float) -> float:
         """Degraded fraction of the tenant's requests in the window (0 when none)."""
-        q = self._trim(tenant, now)
-        return sum(1 for e in q if e.degraded) / len(q) if q else 0.0
+        w = self._trim(tenant, now)
+        return w.degraded / len(w.events) if w.events else 0.0
 
     def fraction_if_degraded(self, tenant: str, now: float) -> float:
         """The fraction the window would hold if this request were degraded too (0 for an empty window: a
         tenant's first request may always be degraded). Checking this, not the current fraction, keeps every
         window at or below the cap once it holds requests."""
-        q = self._trim(tenant, now)
-        return (sum(1 for e in q if e.degraded) + 1) / (len(q) + 1) if q else 0.0
+        w = self._trim(tenant, now)
+        return (w.degraded + 1) / (len(w.events) + 1) if w.events else 0.0
 
     def load_rank(self, tenant: str, now: float, input_tokens: int) -> tuple[int, float, float]:
         """For a request a load rule wants degraded: how many requests the window holds, the share of them a load rule
         wanted degraded with this one counted, and the share whose prompts are no longer than `input_tokens` (ties
         count as shorter: a window of equal prompts ranks every one at the top)."""
-        q = self._trim(tenant, now)
-        if not q:
+        w = self._trim(tenant, now)
+        n = len(w.events)
+        if not n:
             return 0, 1.0, 1.0
-        wanted = (sum(1 for e in q if e.load_rule) + 1) / (len(q) + 1)
-        return len(q), wanted, sum(1 for e in q if e.input_tokens <= input_tokens) / len(q)
+        return n, (w.load_rule + 1) / (n + 1), bisect_right(w.lengths, input_tokens) / n
 
 
 def predicted_queue_delay_ms(p: FallbackSignals) -> float:

@@ -249,3 +249,30 @@ def test_the_longest_first_order_applies_only_while_the_cap_binds() -> None:
     pol = FallbackPolicy(FallbackConfig(max_queue_delay_ms=1000, max_degraded_fraction=1.0, min_requests_for_burn=10),
                          SLOConfig())
     assert {why for _, why in _burst(pol, list(range(100, 4100, 100)))} == {"queue-delay"}
+
+
+def test_the_tenant_window_keeps_its_counts_and_order_as_requests_come_and_go() -> None:
+    """The window's running counts and sorted prompt lengths equal a count over the requests still in it, as
+    requests arrive and age out (its questions are bisections, not passes over the window)."""
+    import random
+
+    from llmfleet.router.fallback import TenantWindow
+
+    rng = random.Random(7)
+    win, kept = TenantWindow(window_seconds=10.0), []
+    t = 0.0
+    for _ in range(2000):
+        t += rng.expovariate(20.0)
+        n, degraded, loaded = rng.choice([0, 100, 100, 2000, 50_000]), rng.random() < 0.4, rng.random() < 0.6
+        win.record("a", t, degraded, n, loaded)
+        kept = [e for e in [*kept, (t, degraded, n, loaded)] if e[0] >= t - 10.0]
+        if rng.random() < 0.1:
+            probe = rng.choice([0, 99, 100, 2000, 10**6])
+            assert win.fraction("a", t) == pytest.approx(sum(e[1] for e in kept) / len(kept))
+            assert win.fraction_if_degraded("a", t) == pytest.approx((sum(e[1] for e in kept) + 1) / (len(kept) + 1))
+            size, wanted, no_longer = win.load_rank("a", t, probe)
+            assert size == len(kept)
+            assert wanted == pytest.approx((sum(e[3] for e in kept) + 1) / (len(kept) + 1))
+            assert no_longer == pytest.approx(sum(e[2] <= probe for e in kept) / len(kept))
+    assert win.load_rank("a", t + 100.0, 10) == (0, 1.0, 1.0)  # everything aged out
+    assert win.fraction("b", t) == 0.0 and win.fraction_if_degraded("b", t) == 0.0  # a tenant never seen
