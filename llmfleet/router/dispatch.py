@@ -40,7 +40,7 @@ def pick_pool(policy: FallbackPolicy, now: float, primary: FallbackSignals, stud
     (the degraded-fraction cap counts it)."""
     decision = policy.decide(now, primary, list(students), tenant=tenant, input_tokens=input_tokens,
                              request_class=request_class)
-    policy.record(now, tenant, decision, input_tokens)
+    policy.record(now, tenant, decision, input_tokens=input_tokens)
     return decision
 
 

@@ -151,7 +151,7 @@ class TenantWindow:
     window_seconds: float = 60.0
     tenants: dict[str, TenantEvents] = field(default_factory=dict)
 
-    def record(self, tenant: str, now: float, degraded: bool, input_tokens: int = 0, load_rule: bool = False) -> None:
+    def record(self, tenant: str, now: float, degraded: bool, input_tokens: int, load_rule: bool = False) -> None:
         self._trim(tenant, now).append(WindowEvent(now, degraded, input_tokens, load_rule))
 
     def _trim(self, tenant: str, now: float) -> TenantEvents:
@@ -273,7 +273,8 @@ class FallbackPolicy:
                 return "queue-delay"
         return None
 
-    def record(self, now: float, tenant: str, decision: FallbackDecision, input_tokens: int = 0) -> None:
+    def record(self, now: float, tenant: str, decision: FallbackDecision, *, input_tokens: int) -> None:
+        # input_tokens has no default: a caller that left it out would rank every prompt as the shortest, silently
         self.tenants.record(tenant, now, decision.degraded, input_tokens, decision.load_rule)
 
     def observe_primary(self, now: float, ttft_ms: float | None, tpot_ms: float | None, e2e_ms: float) -> None:

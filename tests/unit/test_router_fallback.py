@@ -66,7 +66,7 @@ def test_degraded_fraction_cap_per_tenant() -> None:
     outcomes = []
     for i in range(8):
         d = pol.decide(float(i), P_OK, [S_OK], tenant="t", input_tokens=100)
-        pol.record(float(i), "t", d)
+        pol.record(float(i), "t", d, input_tokens=100)
         outcomes.append(d.degraded)
     # The first request of an empty window may go; after that the window never holds more than 25 %.
     assert outcomes == [True, False, False, False, False, False, False, True]
@@ -125,7 +125,7 @@ def test_scale_from_zero_degrades_only_up_to_the_tenant_cap() -> None:
     picks = []
     for i in range(8):
         d = policy.decide(float(i), P_COLD, [S_OK])
-        policy.record(float(i), "default", d)
+        policy.record(float(i), "default", d, input_tokens=0)
         picks.append(d.pool)
     assert picks.count("small") == 2 and picks.count("primary") == 6  # the rest wait for the cold start
 
