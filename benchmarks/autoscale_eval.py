@@ -295,14 +295,15 @@ def merge_results(prior: list[dict[str, Any]], fresh: list[dict[str, Any]]) -> l
 
 
 def merge_section(out: Path, section: str, found: list[dict[str, Any]], key: Callable[[dict[str, Any]], Any]) -> None:
-    """Merge `found` under `section` of the results file, each result stamped with this command and date;
-    earlier results with other keys (workload, window) are kept. Reads the file again first: other runs may
-    have written it while this one ran."""
+    """Merge `found` under `section` of the results file, each result stamped with this command and date, in
+    place of the recorded one with the same key (workload, window) and in the recorded order, new ones last (as
+    merge_results); earlier results with other keys are kept. Reads the file again first: other runs may have
+    written it while this one ran."""
     stamp = {"command": " ".join(["python", *sys.argv]), "date": datetime.now(UTC).isoformat(timespec="seconds")}
     doc = json.loads(out.read_text())
-    fresh = {key(r) for r in found}
-    kept = [r for r in doc.get(section, {}).get("results", []) if key(r) not in fresh]
-    doc[section] = {"results": kept + [r | stamp for r in found]}
+    fresh = {key(r): r | stamp for r in found}
+    kept = [fresh.pop(key(r), r) for r in doc.get(section, {}).get("results", [])]
+    doc[section] = {"results": kept + list(fresh.values())}
     out.write_text(json.dumps(doc, indent=2) + "\n")
     print(f"merged into {out}")
 

@@ -314,3 +314,19 @@ def test_forked_seed_runs_are_as_many_as_the_free_memory_holds(monkeypatch: pyte
     assert autoscale_setup.SeedRuns(w, None).jobs == 2
     assert "2 process(es) for the other router seeds instead of 63" in capsys.readouterr().err
     assert autoscale_setup.SeedRuns(w, 5).jobs == 5
+
+
+def test_a_rerun_section_keeps_its_recorded_order(tmp_path: Path) -> None:
+    """Rerunning one workload's hindsight search (or fixed fleets) replaces its result in place: the rendered
+    tables keep their order, the result carries the new command, and new keys go last."""
+    import autoscale_eval
+
+    out = tmp_path / "r.json"
+    rows = [{"workload": w, "windowS": 60.0, "v": 0} for w in ("a", "b", "c")]
+    out.write_text(json.dumps({"hindsight": {"results": rows}}))
+    autoscale_eval.merge_section(out, "hindsight", [{"workload": "b", "windowS": 60.0, "v": 1},
+                                                   {"workload": "d", "windowS": 60.0, "v": 1}],
+                                 lambda r: (r["workload"], r["windowS"]))
+    got = json.loads(out.read_text())["hindsight"]["results"]
+    assert [(r["workload"], r["v"]) for r in got] == [("a", 0), ("b", 1), ("c", 0), ("d", 1)]
+    assert "command" in got[1] and "command" not in got[0]
