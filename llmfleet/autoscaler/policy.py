@@ -345,7 +345,7 @@ def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState
     predicted: dict[str, float | None] = {}
     capacity: dict[str, float | None] = {}
     ready_carry: dict[str, bool] = {}  # the slo primary: its ready replicas carry the demand (TTFT and backlog in plan)
-    recent_burst = False  # slo: the primary's last level shift is within the clearly-idle horizon
+    recent_burst = False  # slo: within the clearly-idle horizon of a level shift whose burst exceeded the ready primaries
     overflow_seen = False  # slo: demand beyond the ready primaries this interval
 
     primary = next((p for p in cfg.pools if p.role == "primary"), None)
@@ -388,7 +388,18 @@ def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState
                 # the clearly-idle horizon (two cold starts, stabilize.py): as long as the forecast must have seen
                 # demand coming back before capacity is called idle
                 last, horizon = st.last_burst_at, max(2 * cold_start_seconds(cfg, primary, st), 4 * cfg.interval_s)
-                recent_burst = last is not None and sig.now - last <= horizon
+                within = last is not None and sig.now - last <= horizon
+                # Only bursts of a kind the ready replicas did not absorb warm a student after them: one whose burst
+                # rate (the jump's slope over a cold start, which a student taking the burst cannot hide and which
+                # sees a burst shorter than the interval whose mean hides it) exceeded their capacity beyond noise, or
+                # that overflowed, or left their TTFT p95 or backlog past the plan. Remembered for a down-window (the
+                # insurance's own memory): traffic that burst past them bursts again, and a level shift that looks
+                # small when detected may be the start of the next one. On/off traffic within one replica: no student.
+                if within and (overflow_seen or not ready_carry[primary.name]
+                               or not _within_noise(max(burst - ready_cap, 0.0), planned, window_seconds(cfg, sig))):
+                    st.burst_beyond_ready_at = sig.now
+                beyond = st.burst_beyond_ready_at
+                recent_burst = within and beyond is not None and sig.now - beyond <= max(cfg.down_window_s, horizon)
             else:
                 raw[primary.name] = (sig.replicas, ["metrics stale or missing: hold"])
         primary_sig = by_name[primary.name] if primary is not None else None

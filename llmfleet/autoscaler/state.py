@@ -37,6 +37,9 @@ class PoolState:
     prev_rate: float | None = None
     burst_until: float | None = None  # a level shift was detected: plan for the burst rate until then
     last_burst_at: float | None = None  # the last level shift (bursty traffic keeps a student warm for a while)
+    # a primary: the last decision within the clearly-idle horizon of a level shift whose burst rate exceeded what its
+    # ready replicas absorb (beyond noise): only such a burst warms a student after it (policy.decide)
+    burst_beyond_ready_at: float | None = None
     violated_before: bool = False  # the SLO was violated in the previous interval too
     # A student pool scaled up during a detected burst since it was last at zero: its first replica is insurance for
     # the burst coming back and keeps the whole down-window (stabilize.py); a student started on a slow rise is not.
@@ -82,6 +85,7 @@ class PolicyState:
             }
             # what a burst left behind: a restart within it keeps its plan and its insurance student
             for key, value in (("lastBurstAt", at(s.last_burst_at)), ("burstUntil", at(s.burst_until)),
+                               ("burstBeyondReadyAt", at(s.burst_beyond_ready_at)),
                                ("lastServedAt", at(s.last_served_at))):
                 if value is not None:
                     item[key] = value
@@ -140,6 +144,7 @@ class PolicyState:
                 s.cold_start_s = float(item["coldStartSeconds"])
             s.last_burst_at = at(item.get("lastBurstAt"))
             s.burst_until = at(item.get("burstUntil"), past=False)
+            s.burst_beyond_ready_at = at(item.get("burstBeyondReadyAt"))
             s.last_served_at = at(item.get("lastServedAt"))
             s.burst_insured = item.get("burstInsured") is True
             s.late = item.get("lateScaleUp") is True

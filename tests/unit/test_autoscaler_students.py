@@ -172,6 +172,31 @@ def test_a_level_shift_the_primaries_absorb_renews_no_burst_insurance() -> None:
     assert gone <= last_asked + hold + w.cfg.cooldown_s < last_asked + w.cfg.down_window_s
 
 
+def test_a_level_shift_the_ready_primaries_absorb_warms_no_student() -> None:
+    """On/off traffic within the ready primary's capacity (0.1 -> 1.2 req/s on one primary of ~2.6 req/s; even the
+    burst forecast, twice the rate, stays within it; measured TTFT p95 200 ms against a 2 s SLO): each switch on
+    is a level shift, but the primary absorbs it and the next one is of its kind. No student is warmed."""
+    w = World(config(), replicas={"primary": 1, "small": 0})
+    w.run(lambda t: 1.2 if (t // 300) % 2 == 1 else 0.1, 1800, ttft=200.0)
+    assert w.state.pool("primary").last_burst_at is not None  # each switch on is detected as a level shift
+    assert all(d.pools["small"].recommended == 0 for _, _, d in w.log)
+
+
+def test_after_a_burst_beyond_the_ready_primaries_the_next_level_shift_warms_the_student() -> None:
+    """A burst the ready primaries did not absorb (20 req/s on 1 primary, TTFT p95 over the plan) says the traffic
+    bursts past them. A later level shift within a down-window of it warms the student at once, even one the ready
+    primary absorbs when it is detected (0.1 -> 1.2 req/s, as in the test above): bursts grow past the interval that
+    detects them."""
+    w = World(config(), replicas={"primary": 1, "small": 0})
+    for i in range(int(1200 / 15) + 1):
+        t = 15.0 * i
+        rate = 20.0 if 300 <= t < 360 else 1.2 if t >= 600 else 0.1
+        w.tick(t, rate, ttft=5000.0 if 300 <= t < 360 else 200.0)
+    assert w.state.pool("primary").last_burst_at == 600.0
+    at_shift = next(d for t, _, d in w.log if t == 600.0)
+    assert at_shift.pools["small"].recommended >= 1
+
+
 def _prompt_heavy_burst_on_one_primary(duration_s: float, burst_at: float, burst_s: float):  # type: ignore[no-untyped-def]
     """A 10x burst of 4k-token prompts on 1 primary with 1 warm student, only the queue-delay fallback trigger."""
     from llmfleet.sim.production import Fallback
