@@ -292,9 +292,11 @@ def _slo_students(
         n = min(max(need_overflow, need_own, warm), pool.max_replicas)
         absorbed = n * mu_overflow * cfg.max_utilization
         remaining = max(remaining - absorbed, 0.0)
-        out[pool.name] = (n, [f"overflow {overflow:.2f}/s (forecast one student cold start ahead "
-                              f"{predicted:.2f}/s) at {mu_overflow:.2f} req/s per replica, own traffic "
-                              f"{own:.2f}/s at {mu:.2f} -> {n}"])
+        reason = (f"overflow {overflow:.2f}/s (forecast one student cold start ahead {predicted:.2f}/s) at "
+                  f"{mu_overflow:.2f} req/s per replica, own traffic {own:.2f}/s at {mu:.2f} -> {n}")
+        if warm and n == warm > max(need_overflow, need_own):
+            reason += " (kept warm after a level shift: the traffic has burst past the ready primaries)"
+        out[pool.name] = (n, [reason])
     return out
 
 

@@ -195,6 +195,7 @@ def test_after_a_burst_beyond_the_ready_primaries_the_next_level_shift_warms_the
     assert w.state.pool("primary").last_burst_at == 600.0
     at_shift = next(d for t, _, d in w.log if t == 600.0)
     assert at_shift.pools["small"].recommended >= 1
+    assert "burst past the ready primaries" in at_shift.pools["small"].reasons[0]  # the reasons say why
 
 
 def _prompt_heavy_burst_on_one_primary(duration_s: float, burst_at: float, burst_s: float):  # type: ignore[no-untyped-def]
