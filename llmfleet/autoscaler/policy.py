@@ -347,7 +347,7 @@ def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState
     predicted: dict[str, float | None] = {}
     capacity: dict[str, float | None] = {}
     ready_carry: dict[str, bool] = {}  # the slo primary: its ready replicas carry the demand (TTFT and backlog in plan)
-    recent_burst = False  # slo: within the clearly-idle horizon of a level shift whose burst exceeded the ready primaries
+    recent_burst = False  # slo: a level shift's horizon, within a down-window of a burst past the ready primaries
     overflow_seen = False  # slo: demand beyond the ready primaries this interval
 
     primary = next((p for p in cfg.pools if p.role == "primary"), None)

@@ -37,8 +37,8 @@ class PoolState:
     prev_rate: float | None = None
     burst_until: float | None = None  # a level shift was detected: plan for the burst rate until then
     last_burst_at: float | None = None  # the last level shift (bursty traffic keeps a student warm for a while)
-    # a primary: the last decision within the clearly-idle horizon of a level shift whose burst rate exceeded what its
-    # ready replicas absorb (beyond noise): only such a burst warms a student after it (policy.decide)
+    # a primary: the last decision within the clearly-idle horizon of a level shift that its ready replicas did not
+    # absorb; a level shift warms a student only within a down-window of it (policy.decide)
     burst_beyond_ready_at: float | None = None
     violated_before: bool = False  # the SLO was violated in the previous interval too
     # A student pool scaled up during a detected burst since it was last at zero: its first replica is insurance for

@@ -38,11 +38,12 @@ def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port free on `host` right now, below the kernel's ephemeral range where that leaves room.
 
     A port from the ephemeral range (what binding port 0 returns) can be taken before the caller binds it by any
-    process's outgoing connection or its own bind to port 0; a replica's KV-event port taken so before the
-    replica first started failed every restart of it (the port is the replica's for the supervisor's life). Below
-    the range only an explicit bind to the same number can take it. Ports are picked at random there, never the same one twice in a process; where the
-    range leaves no room below it, the OS picks (bind to port 0). Callers that start a server on the port still
-    retry or fail clearly; servers that can listen on port 0 themselves should do that instead.
+    process's outgoing connection or its own bind to port 0. `llmfleet up` gives each replica slot its ports for
+    the supervisor's life, so a port taken so before the replica first starts fails every restart of it. Below
+    the range only an explicit bind to the same number can take it. Ports are picked at random there, never the
+    same one twice in a process; where the range leaves no room below it, the OS picks (bind to port 0). Callers
+    that start a server on the port still retry or fail clearly; servers that can listen on port 0 themselves
+    should do that instead.
     """
     lo, _ = ephemeral_range()
     if lo - LOWEST_PICKED >= 1000:
