@@ -95,11 +95,12 @@ def run_static(w: Workload, n: int, slo_s: float, students: int = 0, stop_below:
 
 
 def run_policy(w: Workload, policy: str, slo_s: float, initial: int, target_queue_depth: float | None = None,
-               seed: int = 0, scale_in: Literal["cache-aware", "least-loaded"] = "cache-aware"
-               ) -> tuple[SimResult, PolicyHook]:
-    """`seed`: the router's tie-breaking seed (the only randomness)."""
+               seed: int = 0, scale_in: Literal["cache-aware", "least-loaded"] = "cache-aware",
+               phase_s: float = 0.0) -> tuple[SimResult, PolicyHook]:
+    """`seed`: the router's tie-breaking seed (the only randomness); `phase_s`: the autoscaler's regular decisions
+    that many seconds later (their phase against the traffic; autoscale_phase.py)."""
     res, hook = simulate_service(w, service(policy, slo_s, initial, target_queue_depth=target_queue_depth),
-                                 seed=seed, scale_in=scale_in)
+                                 seed=seed, scale_in=scale_in, decision_phase_s=phase_s)
     assert hook is not None  # noqa: S101 - slo/queue always have a hook (benchmark script, not runtime code)
     return res, hook
 

@@ -64,6 +64,9 @@ def check_inputs(workload: Workload, cfg: SimConfig) -> None:
         raise ValueError(f"pool names must be unique: {', '.join(names)}")
     if cfg.context_overflow not in ("reject", "clip"):
         raise ValueError(f"context_overflow must be 'reject' or 'clip', got {cfg.context_overflow!r}")
+    if not 0 <= cfg.autoscale_phase_s < cfg.autoscale_interval_s:
+        raise ValueError(f"autoscale_phase_s must be >= 0 and below the interval ({cfg.autoscale_interval_s:g} s), "
+                         f"got {cfg.autoscale_phase_s}")
     for p in cfg.pools:
         floor = 1 if p.role == "primary" else 0  # a student pool may start (and stay) at zero
         if p.replicas < floor:
@@ -157,7 +160,7 @@ def _simulate(workload: Workload, cfg: SimConfig, router: SimRouter | str,
     # carries its generation, so the regular tick a wake-up replaced is skipped.
     tick_gen, last_tick, wakes = 0, t0, autoscaler is not None and cfg.autoscale_on_burst
     if autoscaler:
-        push(t0 + cfg.autoscale_interval_s, _TICK, tick_gen)
+        push(t0 + cfg.autoscale_phase_s + cfg.autoscale_interval_s, _TICK, tick_gen)
     push(t0, _SAMPLE)
     n = len(reqs)
     ns = len(stream)

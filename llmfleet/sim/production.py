@@ -83,10 +83,12 @@ def simulate_service(w: Workload, isvc: InferenceService, *, seed: int = 0,
                      cold_start_s: Mapping[str, float] | None = None,
                      scale_in: Literal["cache-aware", "least-loaded"] = "cache-aware",
                      context_overflow: Literal["reject", "clip"] = "reject",
-                     stop_below_attainment: float | None = None) -> tuple[SimResult, PolicyHook | None]:
+                     stop_below_attainment: float | None = None,
+                     decision_phase_s: float = 0.0) -> tuple[SimResult, PolicyHook | None]:
     """Replay `w` on the service's pools with the production router, fallback and (unless the policy is `static`)
-    the production autoscaler. `seed` breaks the router's ties; `stop_below_attainment` as in SimConfig. Returns
-    the result and the policy hook (its timeline of decisions), None for `static`."""
+    the production autoscaler. `seed` breaks the router's ties; `stop_below_attainment` as in SimConfig;
+    `decision_phase_s` shifts the autoscaler's regular decisions (SimConfig.autoscale_phase_s). Returns the result
+    and the policy hook (its timeline of decisions), None for `static`."""
     auto = isvc.spec.autoscaling
     hook = None
     if auto.policy != "static":
@@ -95,7 +97,7 @@ def simulate_service(w: Workload, isvc: InferenceService, *, seed: int = 0,
                     tpot_slo_s=isvc.spec.slo.tpot_p95_ms / 1e3, autoscale_interval_s=auto.interval_seconds,
                     autoscale_on_burst=wakes_on_burst(isvc),
                     scale_in=scale_in, seed=seed, context_overflow=context_overflow,
-                    stop_below_attainment=stop_below_attainment)
+                    stop_below_attainment=stop_below_attainment, autoscale_phase_s=decision_phase_s)
     rc = router_config_from_service(isvc, endpoints={})  # the production mapping of spec.router and spec.fallback
     router = LlmfleetRouter(weights=dict(isvc.spec.router.scorers), fallback=rc.fallback, seed=seed,
                             measure_prefill_rate=rc.measure_prefill_rate, sole_holder_discount=rc.sole_holder_discount)

@@ -106,6 +106,10 @@ class SimConfig:
     ttft_slo_s: float = 2.0
     tpot_slo_s: float = 0.1
     autoscale_interval_s: float = 15.0
+    # Seconds the autoscaler's regular decisions are shifted by: they come at phase + k x interval after the first
+    # arrival (k >= 1). Traffic has no fixed phase against a controller's timer; a result that holds at one phase
+    # only is luck (benchmarks/autoscale_phase.py measures it).
+    autoscale_phase_s: float = 0.0
     # Run the autoscaler also when the router's burst detector wakes it (router.wake_due; llmfleet.router.burst),
     # as the production controller does for the slo policy.
     autoscale_on_burst: bool = False

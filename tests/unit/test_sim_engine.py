@@ -162,6 +162,26 @@ def test_autoscaler_hook_cold_start_and_drain() -> None:
     assert res.summary["gpuSeconds"] > res.summary["durationS"]  # the extra replicas cost GPU time
 
 
+@pytest.mark.parametrize("phase", [0.0, 6.5])
+def test_the_autoscalers_decisions_can_be_shifted_against_the_traffic(phase: float) -> None:
+    """SimConfig.autoscale_phase_s: regular decisions at phase + k x interval from the first arrival (autoscale_phase.py
+    replays a workload at several phases); a shift of a whole interval or more is refused."""
+    w = synthetic(SyntheticSpec(duration_s=120, rate_rps=2, seed=2))
+    times: list[float] = []
+
+    def scaler(now: float, sigs: list[SimPoolSignals]) -> dict[str, int]:
+        times.append(now)
+        return {"primary": 1}
+
+    pool = PoolSpec(replicas=1, min_replicas=1, max_replicas=2, max_model_len=131072)
+    simulate(w, SimConfig(pools=[pool], autoscale_interval_s=15, autoscale_phase_s=phase), autoscaler=scaler)
+    t0 = min(r.arrival for r in w.requests)
+    assert len(times) >= 5
+    assert times[:5] == pytest.approx([t0 + phase + 15 * k for k in range(1, 6)])
+    with pytest.raises(ValueError, match="autoscale_phase_s must be >= 0 and below the interval"):
+        simulate(w, SimConfig(pools=[pool], autoscale_interval_s=15, autoscale_phase_s=15), autoscaler=scaler)
+
+
 def test_student_pool_fallback_runs_router_code() -> None:
     w = synthetic(SyntheticSpec(duration_s=120, rate_rps=30, seed=4))
     cfg = SimConfig(pools=[PoolSpec(replicas=1, max_model_len=131072), PoolSpec(name="student", role="student", model="llama-3.2-1b",

@@ -1,0 +1,64 @@
+"""The decision-phase benchmark (benchmarks/autoscale_phase.py): the autoscalers at several phases of their timer."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from llmfleet.sim.traces import load_mooncake
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import autoscale_phase  # noqa: E402
+import autoscale_setup  # noqa: E402
+
+SCRIPT = ROOT / "benchmarks/autoscale_phase.py"
+HEAD300 = ROOT / "tests/unit/sim_data/mooncake_head300.jsonl"
+
+
+def test_the_policys_decisions_move_by_the_phase() -> None:
+    w = load_mooncake(HEAD300)
+    t0 = min(r.arrival for r in w.requests)
+    _, base = autoscale_setup.run_policy(w, "slo", 3.5, 1)
+    _, shifted = autoscale_setup.run_policy(w, "slo", 3.5, 1, phase_s=7.0)
+    assert base.timeline[0]["t"] == pytest.approx(t0 + 15.0)
+    assert shifted.timeline[0]["t"] == pytest.approx(t0 + 22.0)
+
+
+def test_the_summary_takes_the_worst_phase_of_each_policy() -> None:
+    runs = [{"workload": "w", "policy": "slo", "phaseS": p, "attainment": a, "gpuSeconds": g}
+            for p, a, g in ((0.0, 0.995, 100.0), (5.0, 0.97, 130.0), (10.0, 0.99, 90.0))]
+    [s] = autoscale_phase.summarize(runs)
+    assert (s["worstAttainment"], s["bestAttainment"], s["phasesAtLeast99"]) == (0.97, 0.995, 2)
+    assert (s["gpuSecondsMin"], s["gpuSecondsMax"]) == (90.0, 130.0)
+    table = autoscale_phase.render({"runs": runs, "summary": [s]})
+    assert "| w | slo | 99.50% / 100 | 97.00% / 130 | 99.00% / 90 | 97.00% |" in table
+
+
+def test_the_script_replays_a_recorded_workload_at_each_phase(tmp_path: Path) -> None:
+    out = tmp_path / "phase.json"
+    done = subprocess.run([sys.executable, str(SCRIPT), "--workload", "azure", "--phases", "0", "3", "--jobs", "1",
+                           "--out", str(out)], capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(out.read_text())
+    assert [(r["policy"], r["phaseS"]) for r in doc["runs"]] == [("slo", 0.0), ("slo", 3.0), ("queue", 0.0),
+                                                                 ("queue", 3.0)]
+    recorded = next(r for r in json.loads((ROOT / "benchmarks/results/autoscale_eval.json").read_text())["results"]
+                    if r["workload"] == "azure")
+    assert doc["runs"][0]["gpuSeconds"] == recorded["policies"]["slo"]["gpuSeconds"]  # phase 0: autoscale_eval's run
+    assert {s["policy"] for s in doc["summary"]} == {"slo", "queue"} and doc["command"].startswith("python ")
+
+
+@pytest.mark.parametrize("args,message", [(["--phases", "15"], "below the 15 s interval"),
+                                          (["--workload", "nope"], "unknown workload 'nope'")])
+def test_bad_arguments_are_one_line_errors(tmp_path: Path, args: list[str], message: str) -> None:
+    recorded = tmp_path / "recorded.json"
+    recorded.write_text(json.dumps({"results": [{"workload": "nope", "ttftSloS": 1.0, "initialReplicas": 1}]}))
+    done = subprocess.run([sys.executable, str(SCRIPT), *args, "--recorded", str(recorded), "--out",
+                           str(tmp_path / "o.json")], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode != 0 and message in done.stderr and "Traceback" not in done.stderr
