@@ -31,6 +31,7 @@ from autoscale_setup import (
     TRACES,
     misses,
     run_policy,
+    shapes,
     spike,
     student_hardware,
     ttft_attainment,
@@ -54,10 +55,32 @@ def spike_factor(name: str) -> float | None:
         return None
 
 
+def split_rate(name: str) -> tuple[str, float]:
+    """A held-out variant's workload and rate factor (`azure-rate3x` -> azure, 3.0); other names at 1.0."""
+    base, _, factor = name.rpartition("-rate")
+    try:
+        return (base, float(factor[:-1])) if base and factor.endswith("x") and float(factor[:-1]) > 0 else (name, 1.0)
+    except ValueError:
+        return name, 1.0
+
+
+def known(name: str, shape_names: set[str]) -> bool:
+    base, _ = split_rate(name)
+    return base in SHARED or spike_factor(base) is not None or base in shape_names
+
+
 def workload(name: str) -> Workload:
-    """A workload autoscale_eval.py records under `name`: a shared trace, or the synthetic spike."""
-    factor = spike_factor(name)
-    return spike(factor, False)[1] if factor is not None else load_trace(TRACES / SHARED[name])
+    """A workload autoscale_eval.py records under `name`: a shared trace, the synthetic spike or a synthetic shape,
+    or one of them at a rate factor (azure-rate3x: `Workload.scaled`, as --time-scale)."""
+    base, k = split_rate(name)
+    factor = spike_factor(base)
+    if factor is not None:
+        w = spike(factor, False)[1]
+    elif base in SHARED:
+        w = load_trace(TRACES / SHARED[base])
+    else:
+        w = shapes()[base]
+    return w.scaled(k) if k != 1.0 else w
 
 
 def run_one(args: tuple[str, str, float, int, float, int, str | None]) -> dict[str, Any]:
@@ -100,7 +123,9 @@ def render(doc: dict[str, Any]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--workload", action="append", help="bursty-10x, azure or mooncake (repeatable; default all three)")
+    ap.add_argument("--workload", action="append",
+                    help="a workload of --recorded: bursty-10x, azure, mooncake, a synthetic shape (shape-periodic) or "
+                         "a rate variant (azure-rate3x); repeatable; default bursty-10x, azure and mooncake")
     ap.add_argument("--phases", type=float, nargs="+", default=[0.0, 3.0, 6.0, 9.0, 12.0], metavar="S",
                     help="seconds the regular decisions are shifted by (each below the 15 s interval)")
     ap.add_argument("--seed", type=int, default=0, help="the router's tie-breaking seed")
@@ -118,10 +143,11 @@ def main() -> None:
         raise SystemExit("autoscale_phase.py: each phase must be >= 0 and below the 15 s interval")
     recorded = {r["workload"]: r for r in json.loads(args.recorded.read_text())["results"]}
     names = args.workload or ["bursty-10x", "azure", "mooncake"]
-    unknown = [n for n in names if n not in SHARED and spike_factor(n) is None]
+    shape_names = set(shapes()) if any(n.startswith("shape-") for n in names) else set()
+    unknown = [n for n in names if not known(n, shape_names)]
     if unknown:
-        raise SystemExit(f"autoscale_phase.py: unknown workload {unknown[0]!r} (one of {', '.join(SHARED)} or "
-                         "bursty-<factor>x)")
+        raise SystemExit(f"autoscale_phase.py: unknown workload {unknown[0]!r} ({', '.join(SHARED)}, bursty-<factor>x "
+                         "or a synthetic shape, each optionally -rate<factor>x)")
     missing = [n for n in names if n not in recorded]
     if missing:
         raise SystemExit(f"autoscale_phase.py: {', '.join(missing)} not in {args.recorded}")

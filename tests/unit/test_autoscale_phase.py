@@ -62,3 +62,19 @@ def test_bad_arguments_are_one_line_errors(tmp_path: Path, args: list[str], mess
     done = subprocess.run([sys.executable, str(SCRIPT), *args, "--recorded", str(recorded), "--out",
                            str(tmp_path / "o.json")], capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode != 0 and message in done.stderr and "Traceback" not in done.stderr
+
+
+def test_recorded_workload_names_resolve_to_their_workload_and_rate() -> None:
+    assert autoscale_phase.split_rate("azure-rate3x") == ("azure", 3.0)
+    assert autoscale_phase.split_rate("mooncake-rate0.5x") == ("mooncake", 0.5)
+    assert autoscale_phase.split_rate("shape-periodic") == ("shape-periodic", 1.0)
+    assert autoscale_phase.split_rate("azure-ratex") == ("azure-ratex", 1.0)
+    shape_names = {"shape-periodic"}
+    assert all(autoscale_phase.known(n, shape_names) for n in ("azure", "bursty-10x", "azure-rate2x",
+                                                                "shape-periodic", "shape-periodic-rate2x"))
+    assert not any(autoscale_phase.known(n, shape_names) for n in ("nope", "shape-nope", "bursty-x", "nope-rate2x"))
+    w = autoscale_setup.workloads(None, quick=False, spike_factor=None)["azure"]
+    scaled = autoscale_phase.workload("azure-rate2x")
+    assert len(scaled.requests) == len(w.requests)
+    assert scaled.requests[-1].arrival - scaled.requests[0].arrival == pytest.approx(
+        (w.requests[-1].arrival - w.requests[0].arrival) / 2)
