@@ -9,7 +9,7 @@ met at one phase only is luck: real traffic picks its own phase.
 
     python benchmarks/autoscale_phase.py                                   # bursty-10x, azure, mooncake; 0-12 s
     python benchmarks/autoscale_phase.py --workload azure --phases 0 5 10
-    python benchmarks/autoscale_phase.py --student-mig 3g.71gb --out benchmarks/results/autoscale_phase_mig.json
+    python benchmarks/autoscale_phase.py --student-mig 3g.71gb --out /tmp/autoscale_phase_mig.json
 
 Simulated time, router seed 0 (`--seed`): deterministic; the machine only sets the wall time.
 """
@@ -34,16 +34,22 @@ from autoscale_setup import (
     shapes,
     spike,
     student_hardware,
+    trace_names,
     ttft_attainment,
     use_student_mig,
 )
 from results_paths import RESULTS
 
-from llmfleet.sim.traces import load_trace
+from llmfleet.sim.traces import is_trace_file, load_trace
 from llmfleet.sim.workload import Workload
 
-SHARED = {"mooncake": "mooncake_synthetic_trace.jsonl", "azure": "azure_llm_code_2023.csv"}
 POLICIES = ("slo", "queue")
+
+
+def shared_traces() -> dict[str, Path]:
+    """The traces in ../shared/data/traces by the workload names autoscale_eval.py records them under."""
+    files = sorted(p for p in TRACES.glob("*") if is_trace_file(p)) if TRACES.exists() else []
+    return dict(zip(trace_names(files), files, strict=True))
 
 
 def spike_factor(name: str) -> float | None:
@@ -66,7 +72,7 @@ def split_rate(name: str) -> tuple[str, float]:
 
 def known(name: str, shape_names: set[str]) -> bool:
     base, _ = split_rate(name)
-    return base in SHARED or spike_factor(base) is not None or base in shape_names
+    return base in shared_traces() or spike_factor(base) is not None or base in shape_names
 
 
 def workload(name: str) -> Workload:
@@ -76,8 +82,8 @@ def workload(name: str) -> Workload:
     factor = spike_factor(base)
     if factor is not None:
         w = spike(factor, False)[1]
-    elif base in SHARED:
-        w = load_trace(TRACES / SHARED[base])
+    elif base in (traces := shared_traces()):
+        w = load_trace(traces[base])
     else:
         w = shapes()[base]
     return w.scaled(k) if k != 1.0 else w
@@ -146,8 +152,8 @@ def main() -> None:
     shape_names = set(shapes()) if any(n.startswith("shape-") for n in names) else set()
     unknown = [n for n in names if not known(n, shape_names)]
     if unknown:
-        raise SystemExit(f"autoscale_phase.py: unknown workload {unknown[0]!r} ({', '.join(SHARED)}, bursty-<factor>x "
-                         "or a synthetic shape, each optionally -rate<factor>x)")
+        raise SystemExit(f"autoscale_phase.py: unknown workload {unknown[0]!r} ({', '.join(shared_traces())}, "
+                         "bursty-<factor>x or a synthetic shape, each optionally -rate<factor>x)")
     missing = [n for n in names if n not in recorded]
     if missing:
         raise SystemExit(f"autoscale_phase.py: {', '.join(missing)} not in {args.recorded}")
