@@ -142,6 +142,9 @@ def register(app: typer.Typer) -> None:
         replicas: int = typer.Option(8, help="Primary replicas (the start size with --autoscaler)."),
         min_replicas: int = typer.Option(1, help="With --autoscaler: primary minReplicas."),
         max_replicas: int = typer.Option(64, help="With --autoscaler: primary maxReplicas."),
+        decision_phase: float = typer.Option(0.0, help="With --autoscaler: seconds after the first arrival, below the "
+                                                       "decision interval, at which the regular decisions fall (one "
+                                                       "result is one phase of the timer; compare several)."),
         model: str = typer.Option("llama-3-8b", help="Model preset of the primary pool."),
         max_model_len: int | None = typer.Option(None, help="Context the engine accepts (prompt + output tokens); "
                                                             "default: the model's. Longer requests are rejected."),
@@ -197,6 +200,9 @@ def register(app: typer.Typer) -> None:
                     raise ValueError(f"--student must be MODEL:REPLICAS, got {student!r}") from None
                 if sn < 0:
                     raise ValueError(f"--student replicas must be >= 0, got {sn}")
+            require_number("--decision-phase", decision_phase, 0.0, inclusive=True)
+            if decision_phase and autoscaler is None:
+                raise ValueError("--decision-phase needs --autoscaler")
             if student_mig and not sm:
                 raise ValueError("--student-mig needs --student")
             if student_mig:
@@ -213,7 +219,12 @@ def register(app: typer.Typer) -> None:
                                     replicas=replicas, model=model, gpu=gpu, min_replicas=min_replicas,
                                     max_replicas=max_replicas, max_model_len=max_model_len, student=sm,
                                     student_min=sn, student_mig=student_mig)
-                res, hook = simulate_service(w, isvc, seed=seed, context_overflow=overflow)
+                interval = isvc.spec.autoscaling.interval_seconds
+                if decision_phase >= interval:
+                    raise ValueError(f"--decision-phase must be below the decision interval ({interval:g} s), "
+                                     f"got {decision_phase:g}")
+                res, hook = simulate_service(w, isvc, seed=seed, context_overflow=overflow,
+                                             decision_phase_s=decision_phase)
                 res.router = f"llmfleet + {autoscaler}"
                 results = [res]
                 timeline = hook.timeline if hook else None
@@ -233,6 +244,8 @@ def register(app: typer.Typer) -> None:
             raise _fail(e) from None
         oracle = oracle_hit_rate(w)
         scaled = f", {autoscaler} autoscaler from {replicas}" if autoscaler else ""
+        if autoscaler and decision_phase:
+            scaled += f" (decisions at phase {decision_phase:g} s)"
         # the span shows a trace's timestamps read in the wrong unit (1,000x off) at a glance
         _table(f"{w.name}: {len(w.requests)} requests{w.skipped_note} over {w.duration:,.1f} s, {replicas} x {model} "
                f"on {gpu}{scaled}, {w.block_size}-token blocks, oracle hit rate {oracle:.3f}", results, ttft_slo_ms / 1e3)

@@ -165,7 +165,9 @@ def test_cli_errors_are_one_line_with_exit_2(tmp_path: Path) -> None:
     bad.write_text(json.dumps({"timestamp": -1000, "input_length": 10, "output_length": 1}) + "\n")
     for args in (["--replicas", "0"], ["--trace", str(bad)], ["--autoscaler", "magic"],
                  ["--student", "llama-3.2-1b:x"], ["--max-model-len", "1"], ["--time-scale", "0"],
-                 ["--time-scale", "nan"], ["--trace", str(HEAD300), "--time-scale", "-2"]):
+                 ["--time-scale", "nan"], ["--trace", str(HEAD300), "--time-scale", "-2"],
+                 ["--decision-phase", "3"], ["--autoscaler", "slo", "--decision-phase", "15"],
+                 ["--autoscaler", "slo", "--decision-phase", "-1"]):
         r = CliRunner().invoke(app, ["sim", "run", "--duration", "20", "--rate", "2", *args])
         assert r.exit_code == 2, (args, r.output)
         assert r.output.startswith("llmfleet sim: ") and r.output.count("\n") == 1, r.output
@@ -205,6 +207,20 @@ def test_cli_runs_the_production_autoscaler(tmp_path: Path) -> None:
     assert "llmfleet + slo" in r.output and "autoscaler: peak replicas primary" in r.output
     doc = json.loads((tmp_path / "result.json").read_text())
     assert doc["autoscalerTimeline"] and {"primary", "small"} <= set(doc["autoscalerTimeline"][0])
+
+
+def test_cli_decision_phase_moves_the_autoscalers_decisions(tmp_path: Path) -> None:
+    """--decision-phase places the regular decisions at first arrival + phase + k x interval (15 s)."""
+    times = {}
+    for phase in ("0", "6"):
+        out = tmp_path / phase
+        r = CliRunner().invoke(app, ["sim", "run", "--duration", "120", "--rate", "4", "--replicas", "1",
+                                     "--autoscaler", "slo", "--decision-phase", phase, "--out", str(out)])
+        assert r.exit_code == 0, r.output
+        assert ("decisions at phase 6 s" in r.output) == (phase == "6")
+        times[phase] = [x["t"] for x in json.loads((out / "result.json").read_text())["autoscalerTimeline"]]
+    first = times["0"][0] - 15.0  # the first arrival
+    assert times["6"][:3] == pytest.approx([first + 6 + 15 * k for k in (1, 2, 3)], abs=1e-6), times
 
 
 def test_cli_hindsight(tmp_path: Path) -> None:
