@@ -43,7 +43,7 @@ from llmfleet.autoscaler.pricing import (
     ttft_wait_budget,
     window_seconds,
 )
-from llmfleet.autoscaler.stabilize import stabilize
+from llmfleet.autoscaler.stabilize import idle_horizon, stabilize
 from llmfleet.autoscaler.state import Action, PolicyState, PoolState
 from llmfleet.autoscaler.types import (
     PolicyConfig,
@@ -255,7 +255,7 @@ def _slo_students(
     primary_sig: PoolSignals | None = None,
     ahead: Callable[[float], float] | None = None,
     primary_headroom: bool = False,
-    recent_burst: bool = False,
+    warm_for: str | None = None,
 ) -> dict[str, tuple[int, list[str]]]:
     """Size student pools for the overflow, in order of preference, and for the traffic they already get.
 
@@ -263,7 +263,8 @@ def _slo_students(
     served anything yet has no mix of its own), the student's own traffic at its own mix. `ahead(horizon)`: the
     overflow the primary's forecast predicts `horizon` seconds ahead; a student is warmed for it one of its own
     (measured) cold starts ahead, so it is ready when the burst arrives. With neither overflow nor traffic of its
-    own a student pool is sized 0: it costs nothing while the primary has headroom.
+    own a student pool is sized 0: it costs nothing while the primary has headroom. `warm_for`: why the first
+    student pool keeps one replica warm as burst insurance (None: it does not).
     """
     out: dict[str, tuple[int, list[str]]] = {}
     remaining = overflow
@@ -288,14 +289,14 @@ def _slo_students(
                                           pool.max_replicas)
         need_own = 0 if primary_headroom else replicas_for_ttft(own, request_cost(pool, st, sig, mu), budget,
                                                                 cfg.max_utilization, pool.max_replicas)
-        warm = 1 if recent_burst and pool is students[0] else 0
+        warm = 1 if warm_for and pool is students[0] else 0
         n = min(max(need_overflow, need_own, warm), pool.max_replicas)
         absorbed = n * mu_overflow * cfg.max_utilization
         remaining = max(remaining - absorbed, 0.0)
         reason = (f"overflow {overflow:.2f}/s (forecast one student cold start ahead {predicted:.2f}/s) at "
                   f"{mu_overflow:.2f} req/s per replica, own traffic {own:.2f}/s at {mu:.2f} -> {n}")
         if warm and n == warm > max(need_overflow, need_own):
-            reason += " (kept warm after a level shift: the traffic has burst past the ready primaries)"
+            reason += f" (kept warm {warm_for})"
         out[pool.name] = (n, [reason])
     return out
 
@@ -352,6 +353,12 @@ def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState
 
     primary = next((p for p in cfg.pools if p.role == "primary"), None)
     students = [p for p in cfg.pools if p.role == "student"]
+    # A service's first decision (no state at all: a restart restores it) knows nothing of how its traffic bursts, and
+    # the router's burst detector has no baseline for a minute: a burst in those seconds meets the starting fleet
+    # alone, a student cold start away. The first student is warmed as insurance for the idle horizon (two primary
+    # cold starts: by then the forecast, the detector and a primary started on the first decision's evidence are in
+    # place); it stands in for no primary meanwhile (the starting size is the planner's, not yet measured).
+    fresh = cfg.policy == "slo" and primary is not None and bool(students) and not state.pools
     arrived = {pool.name: _track_cold_start(state.pool(pool.name), by_name[pool.name]) for pool in cfg.pools}
 
     if cfg.policy == "static":
@@ -389,7 +396,7 @@ def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState
                 headroom = overflow == 0.0 and sig.ready_replicas >= sig.replicas and ready_cap >= planned
                 # the clearly-idle horizon (two cold starts, stabilize.py): as long as the forecast must have seen
                 # demand coming back before capacity is called idle
-                last, horizon = st.last_burst_at, max(2 * cold_start_seconds(cfg, primary, st), 4 * cfg.interval_s)
+                last, horizon = st.last_burst_at, idle_horizon(cfg, cold_start_seconds(cfg, primary, st))
                 within = last is not None and sig.now - last <= horizon
                 # Only bursts of a kind the ready replicas did not absorb warm a student after them: one whose burst
                 # rate (the jump's slope over a cold start, which a student taking the burst cannot hide and which
@@ -418,12 +425,18 @@ def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState
                 gap = max(min(fc, 1.25 * level) - ready_cap_p, 0.0)
                 return 0.0 if _within_noise(gap, level, cfg.interval_s) else gap
 
+        if fresh and primary is not None:
+            state.pool(students[0].name).startup_until = now + idle_horizon(
+                cfg, cold_start_seconds(cfg, primary, state.pool(primary.name)))
         for name, item in _slo_students(cfg, students, by_name, state, overflow, primary_sig, ahead,
-                                        headroom, recent_burst).items():
+                                        headroom, "from the start: no history of how the traffic bursts yet" if fresh
+                                        else "after a level shift: the traffic has burst past the ready primaries"
+                                        if recent_burst else None).items():
             raw[name] = item
 
     covered: dict[str, int] = {}
-    if cfg.policy == "slo" and primary is not None and capacity.get(primary.name):
+    starting = any(now <= (state.pool(p.name).startup_until or -math.inf) for p in students)
+    if cfg.policy == "slo" and primary is not None and capacity.get(primary.name) and not starting:
         covered[primary.name] = _covered_by_students(cfg, primary, students, by_name, state, capacity[primary.name] or 0.0)
     decisions: dict[str, PoolDecision] = {}
     for pool in cfg.pools:
@@ -437,15 +450,18 @@ def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState
         else:
             insured = False
             if pool.role == "student":
-                # burst insurance (stabilize.py): bought by a scale-up inside a detected burst, gone at zero, and held
-                # only while the bursts are ones the student serves: since the latest level shift began it has had
-                # traffic while demand exceeded the ready primaries. A level shift the primaries absorb renews none.
+                # burst insurance (stabilize.py): bought by a scale-up inside a detected burst (or at the start, above),
+                # gone at zero, and held for a down-window after the student last served overflow, only while the
+                # bursts are ones the student serves: since the latest level shift began it has had traffic while
+                # demand exceeded the ready primaries. A level shift the primaries absorb renews none.
                 st.burst_insured = sig.replicas > 0 and st.burst_insured
                 if sig.usable and (sig.arrival_rate or 0.0) > 0 and overflow_seen:
                     st.last_served_at = sig.now
                 last = state.pool(primary.name).last_burst_at if primary is not None else None
-                insured = (st.burst_insured and last is not None and st.last_served_at is not None
-                           and st.last_served_at >= last)
+                served = st.last_served_at
+                insured = st.burst_insured and (
+                    (served is not None and (last is None or served >= last) and now - served <= cfg.down_window_s)
+                    or now <= (st.startup_until or -math.inf))
             desired, action = stabilize(cfg, pool, st, sig, rec, reasons, cold_start_seconds(cfg, pool, st),
                                         covered.get(pool.name, 0), insured, ready_carry.get(pool.name, False))
         if sig.replicas == 0 and (sig.held_requests or 0) > 0 and desired < 1 <= pool.max_replicas:
@@ -457,7 +473,7 @@ def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState
             action = "hold"
         if action != "hold":
             st.last_action_at, st.last_action = sig.now, action
-        if action == "up" and pool.role == "student" and recent_burst:
+        if action == "up" and pool.role == "student" and (recent_burst or fresh):
             st.burst_insured = True
         if action == "up" or (action == "down" and desired <= st.pending_ready):
             st.late = False  # a new scale-up is judged when it is ready; a late one is over once released

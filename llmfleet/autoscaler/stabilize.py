@@ -12,6 +12,12 @@ from llmfleet.autoscaler.state import Action, PoolState
 from llmfleet.autoscaler.types import PolicyConfig, PoolBounds, PoolSignals
 
 
+def idle_horizon(cfg: PolicyConfig, cold_s: float) -> float:
+    """Two cold starts (at least four intervals): the horizon within which the forecast, planning one cold start
+    ahead, must have seen demand coming back before capacity is called clearly idle (`stabilize`)."""
+    return max(2 * cold_s, 4 * cfg.interval_s)
+
+
 def stabilize(
     cfg: PolicyConfig, pool: PoolBounds, st: PoolState, sig: PoolSignals, rec: int, reasons: list[str], cold_s: float,
     covered: int = 0, insured: bool = False, ready_carry: bool = False,
@@ -24,7 +30,7 @@ def stabilize(
     router's fallback sends it there), a replica no recommendation of the last cold start needed is released
     without waiting for the whole down-window: up to `covered` replicas at once, once per cooldown, while the
     measured TTFT of that cold start stayed within the planned fraction of the SLO. `insured`: a student pool whose
-    first replica is burst insurance (kept for the whole down-window; the comment below). `ready_carry`: the slo
+    first replica is burst insurance now (policy.decide; held as the comment below says). `ready_carry`: the slo
     primary's ready replicas carry the interval's demand (policy.decide); after a late scale-up a rise then waits.
 
     One exception to "down to the highest recommendation of the down-window, maxScaleDownStep at a
@@ -64,8 +70,7 @@ def stabilize(
     st.ttft_history = [(t, p) for t, p in st.ttft_history if t >= now - cfg.down_window_s]
     up = min(r for t, r in st.history if t >= now - cfg.up_window_s)
     down = max(r for t, r in st.history if t >= now - window)
-    if (window < cfg.down_window_s and insured and st.last_served_at is not None
-            and now - st.last_served_at <= cfg.down_window_s):
+    if window < cfg.down_window_s and insured:
         down = max(down, 1)
     if current < pool.min_replicas or current > pool.max_replicas:
         reasons.append(f"outside [{pool.min_replicas}, {pool.max_replicas}]")
@@ -126,7 +131,7 @@ def stabilize(
         if sig.stale:
             reasons.append("stale metrics never scale down")
             return current, "hold"
-        short = max(2 * cold_s, 4 * cfg.interval_s)
+        short = idle_horizon(cfg, cold_s)
         idle = max(r for t, r in st.history if t >= now - short)
         worst_window = max((p for t, p in st.ttft_history), default=None)  # the whole down-window's (kept that long)
         if (

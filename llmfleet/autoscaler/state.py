@@ -46,6 +46,8 @@ class PoolState:
     burst_insured: bool = False
     # a student pool: the last decision that saw traffic routed to it while demand exceeded the ready primaries
     last_served_at: float | None = None
+    # a student pool: warmed as burst insurance at the service's first decision, held until this time (policy.decide)
+    startup_until: float | None = None
     # a primary: its last scale-up became ready after the demand it was asked for had gone (the replicas ready before it
     # meet the TTFT plan at the rate measured then): a rise shorter than a cold start (stabilize.py: released at break-even)
     late: bool = False
@@ -86,7 +88,7 @@ class PolicyState:
             # what a burst left behind: a restart within it keeps its plan and its insurance student
             for key, value in (("lastBurstAt", at(s.last_burst_at)), ("burstUntil", at(s.burst_until)),
                                ("burstBeyondReadyAt", at(s.burst_beyond_ready_at)),
-                               ("lastServedAt", at(s.last_served_at))):
+                               ("lastServedAt", at(s.last_served_at)), ("startupUntil", at(s.startup_until))):
                 if value is not None:
                     item[key] = value
             if s.burst_insured:
@@ -146,6 +148,7 @@ class PolicyState:
             s.burst_until = at(item.get("burstUntil"), past=False)
             s.burst_beyond_ready_at = at(item.get("burstBeyondReadyAt"))
             s.last_served_at = at(item.get("lastServedAt"))
+            s.startup_until = at(item.get("startupUntil"), past=False)
             s.burst_insured = item.get("burstInsured") is True
             s.late = item.get("lateScaleUp") is True
             s.short_rise = item.get("shortRise") is True
