@@ -435,7 +435,9 @@ def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState
             raw[name] = item
 
     covered: dict[str, int] = {}
-    starting = any(now <= (state.pool(p.name).startup_until or -math.inf) for p in students)
+    # the start-up student stands in for no primary (above) until it has served overflow
+    starting = any(state.pool(p.name).startup_until is not None and state.pool(p.name).last_served_at is None
+                   for p in students)
     if cfg.policy == "slo" and primary is not None and capacity.get(primary.name) and not starting:
         covered[primary.name] = _covered_by_students(cfg, primary, students, by_name, state, capacity[primary.name] or 0.0)
     decisions: dict[str, PoolDecision] = {}
@@ -455,6 +457,7 @@ def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState
                 # bursts are ones the student serves: since the latest level shift began it has had traffic while
                 # demand exceeded the ready primaries. A level shift the primaries absorb renews none.
                 st.burst_insured = sig.replicas > 0 and st.burst_insured
+                st.startup_until = st.startup_until if sig.replicas > 0 or fresh else None
                 if sig.usable and (sig.arrival_rate or 0.0) > 0 and overflow_seen:
                     st.last_served_at = sig.now
                 last = state.pool(primary.name).last_burst_at if primary is not None else None
