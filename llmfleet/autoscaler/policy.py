@@ -435,9 +435,11 @@ def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState
             raw[name] = item
 
     covered: dict[str, int] = {}
-    # the start-up student stands in for no primary (above) until it has served overflow
-    starting = any(state.pool(p.name).startup_until is not None and state.pool(p.name).last_served_at is None
-                   for p in students)
+    # the start-up student stands in for no primary (above) during its insurance, nor after it while it has served no
+    # overflow and nothing recommends it (a stand-in about to go would license releases it cannot cover)
+    starting = any(now <= (st.startup_until or -math.inf) or (
+        st.startup_until is not None and st.last_served_at is None and raw[p.name][0] == 0)
+        for p, st in ((p, state.pool(p.name)) for p in students if p.name in raw))
     if cfg.policy == "slo" and primary is not None and capacity.get(primary.name) and not starting:
         covered[primary.name] = _covered_by_students(cfg, primary, students, by_name, state, capacity[primary.name] or 0.0)
     decisions: dict[str, PoolDecision] = {}

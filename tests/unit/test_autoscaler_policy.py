@@ -45,6 +45,12 @@ def config(policy: str = "slo", **kw: object) -> PolicyConfig:
     return PolicyConfig(**values)  # type: ignore[arg-type]
 
 
+def running() -> PolicyState:
+    """The state of a service past its first decision (as a restarted controller reads it from its annotation):
+    policy.decide warms a start-up student only at a service's first decision, which tests of later behaviour skip."""
+    return PolicyState.from_json('{"primary": {}, "small": {}}')
+
+
 @dataclass
 class World:
     """A minimal fleet: desired replicas become ready `cold_start` seconds after they are asked for."""

@@ -17,7 +17,18 @@ from llmfleet.autoscaler.policy import (
 )
 from llmfleet.autoscaler.types import MAX_UTILIZATION
 
-from .test_autoscaler_policy import MEAN_IN, MEAN_OUT, MU, SEED, World, _sig, config, needed, primary_only
+from .test_autoscaler_policy import (
+    MEAN_IN,
+    MEAN_OUT,
+    MU,
+    SEED,
+    World,
+    _sig,
+    config,
+    needed,
+    primary_only,
+    running,
+)
 
 # --- burst capacity, unbiased capacity learning, idle scale-down ---------------------------------------------
 
@@ -367,11 +378,11 @@ def test_warm_students_carry_an_overflow_shorter_than_a_cold_start() -> None:
     def sustained(t: float) -> float:
         return 8.0 if t >= 60 else 1.0
 
-    w = World(config(), replicas={"primary": 2, "small": 1})
+    w = World(config(), replicas={"primary": 2, "small": 1}, state=running())
     w.run(short, 240)
     assert max(d.pools["primary"].desired for _, _, d in w.log) == 2
     assert any("ready students carry the overflow" in " ".join(d.pools["primary"].reasons) for _, _, d in w.log)
-    w = World(config(), replicas={"primary": 2, "small": 1})
+    w = World(config(), replicas={"primary": 2, "small": 1}, state=running())
     w.run(sustained, 240)
     first_up = next(t for t, _, d in w.log if d.pools["primary"].action == "up")
     assert 60 + 60 <= first_up <= 60 + 60 + 15 and w.replicas["primary"] >= needed(8.0)
@@ -384,7 +395,7 @@ def test_a_student_past_its_planned_ttft_carries_nothing() -> None:
     """A student whose own measured TTFT p95 is past the plan (70 % of the SLO) has no spare capacity, whatever its
     capacity model says: the primary scales up at once instead of waiting for it to carry the overflow."""
     for student_ttft, waits in ((None, True), (1000.0, True), (1900.0, False)):
-        w = World(config(), replicas={"primary": 2, "small": 1})
+        w = World(config(), replicas={"primary": 2, "small": 1}, state=running())
         w.run(lambda t: 1.0, 30, student_ttft=student_ttft)  # within the idle student's cold start: still there
         d = w.tick(45.0, 8.0, student_ttft=student_ttft)
         assert (d.pools["primary"].action == "hold") is waits, (student_ttft, d.pools["primary"].reasons)

@@ -9,15 +9,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from test_autoscaler_policy import World, config  # noqa: E402
+from test_autoscaler_policy import World, config, primary_only, running  # noqa: E402
 
+from llmfleet.autoscaler.policy import PolicyState  # noqa: E402
 from llmfleet.autoscaler.types import MAX_UTILIZATION  # noqa: E402
 from llmfleet.sim.production import make_service, simulate_service  # noqa: E402
 from llmfleet.sim.workload import SyntheticSpec, synthetic  # noqa: E402
 
 
 def test_an_idle_student_pool_scales_to_zero_when_the_primary_has_headroom() -> None:
-    w = World(config(), replicas={"primary": 3, "small": 2})
+    w = World(config(), replicas={"primary": 3, "small": 2}, state=running())
     w.run(lambda t: 1.0, 600)  # 1 req/s on 3 primaries: plenty of headroom
     assert w.replicas["small"] == 0
     assert all(d.pools["small"].recommended == 0 for _, _, d in w.log)
@@ -52,8 +53,10 @@ def test_fallback_absorbs_a_burst_while_the_primary_cold_starts() -> None:
                         student="llama-3.2-1b", student_min=0, student_max_model_len=131072)
     res, hook = simulate_service(w, isvc)
     assert hook is not None
-    before = [x["small"] for x in hook.timeline if x["t"] < 175.0]
-    assert before and max(before) == 0  # idle student: zero replicas, zero cost
+    first = hook.timeline[0]  # the service's first decision: a student warm as start-up insurance
+    assert first["small"] == 1 and "from the start" in first["why"]["small"]
+    before = [x["small"] for x in hook.timeline if 150.0 <= x["t"] < 175.0]
+    assert before and max(before) == 0  # idle student past the start-up horizon: zero replicas, zero cost
     spike = [r for r in res.records if 180.0 <= r["arrival"] < 240.0]  # within the primary's 60 s cold start
     assert any(r["pool"] == "small" for r in spike), "the student took none of the burst"
     # GPU-seconds count every pool's replicas (per-replica figures are rounded to the millisecond)
@@ -64,10 +67,10 @@ def test_fallback_absorbs_a_burst_while_the_primary_cold_starts() -> None:
 def test_traffic_the_router_still_degrades_does_not_keep_a_student_when_the_primary_has_headroom() -> None:
     """After a burst the router's SLO-burn window keeps degrading for a while; that traffic alone must not hold
     student replicas once the ready primaries absorb the demand."""
-    from llmfleet.autoscaler.policy import PolicyState, PoolSignals, decide
+    from llmfleet.autoscaler.policy import PoolSignals, decide
 
     cfg = config()
-    state = PolicyState()
+    state = running()
     desired = []
     for i in range(12):
         t = 15.0 * i
@@ -86,7 +89,7 @@ def test_counting_noise_at_a_low_rate_is_no_burst_and_keeps_no_student_warm() ->
     """~0.4 req/s counted per 15 s interval (Poisson counts 2..11): many intervals exceed 1.5x the smoothed level by
     chance alone. None is a burst: no student is warmed and the primary plans for no ramp."""
     counts = [3, 9, 4, 10, 5, 2, 11, 6, 3, 8, 2, 10, 7, 4, 11, 5, 2, 9, 6, 3, 10, 4, 2, 11, 7, 5, 9, 3, 6, 10]
-    w = World(config(), replicas={"primary": 2, "small": 0})
+    w = World(config(), replicas={"primary": 2, "small": 0}, state=running())
     for i, k in enumerate(counts * 2):
         w.tick(15.0 * i, k / 15.0)
     assert all(d.pools["small"].desired == 0 for _, _, d in w.log)
@@ -176,7 +179,7 @@ def test_a_level_shift_the_ready_primaries_absorb_warms_no_student() -> None:
     """On/off traffic within the ready primary's capacity (0.1 -> 1.2 req/s on one primary of ~2.6 req/s; even the
     burst forecast, twice the rate, stays within it; measured TTFT p95 200 ms against a 2 s SLO): each switch on
     is a level shift, but the primary absorbs it and the next one is of its kind. No student is warmed."""
-    w = World(config(), replicas={"primary": 1, "small": 0})
+    w = World(config(), replicas={"primary": 1, "small": 0}, state=running())
     w.run(lambda t: 1.2 if (t // 300) % 2 == 1 else 0.1, 1800, ttft=200.0)
     assert w.state.pool("primary").last_burst_at is not None  # each switch on is detected as a level shift
     assert all(d.pools["small"].recommended == 0 for _, _, d in w.log)
@@ -298,3 +301,52 @@ def test_a_level_shift_while_a_primary_starts_still_sizes_students_for_its_slope
     d = w.tick(615.0, 12.0)
     assert w.state.pool("primary").last_burst_at == 615.0
     assert d.pools["small"].recommended >= 1
+
+
+def test_a_new_service_warms_the_first_student_as_insurance_for_the_idle_horizon() -> None:
+    """A service's first decision knows nothing of how its traffic bursts (and the router's detector has no baseline
+    for a minute): the first student is warmed at once and held for the idle horizon (two primary cold starts), then
+    released at break-even when nothing asked for it. Meanwhile it stands in for no primary: the primaries are sized
+    as in a service without students."""
+    w = World(config(), replicas={"primary": 2, "small": 0})
+    w.run(lambda t: 1.0, 600)
+    small = [(t, d.pools["small"]) for t, _, d in w.log]
+    assert small[0][1].desired == 1 and "from the start" in small[0][1].reasons[0]
+    horizon = max(2 * w.cold_start, 4 * w.cfg.interval_s)
+    assert all(p.desired == 1 for t, p in small if t <= horizon)
+    gone = next(t for t, p in small if t > horizon and p.desired == 0)
+    assert gone <= horizon + max(w.cold_start, 2 * w.cfg.interval_s) + w.cfg.cooldown_s
+    assert all(p.desired == 0 for t, p in small if t >= gone)
+    alone = World(primary_only(), replicas={"primary": 2, "small": 0})
+    alone.run(lambda t: 1.0, 600)
+    assert [d.pools["primary"].desired for _, _, d in w.log] == [d.pools["primary"].desired for _, _, d in alone.log]
+    assert not any("stand in" in " ".join(d.pools["primary"].reasons) for _, _, d in w.log)
+
+
+def test_the_start_up_student_that_serves_a_burst_stays_as_burst_insurance() -> None:
+    """A burst within the start-up horizon that the starting primary does not absorb reaches the warm student; from
+    then on it is insurance bought in a burst: kept for a down-window after it last served overflow."""
+    w = World(config(), replicas={"primary": 1, "small": 0})
+    w.run(lambda t: 20.0 if 60 <= t < 90 else 0.5, 900)
+    served = w.state.pool("small").last_served_at
+    assert served is not None and 60 <= served < 90
+    small = [(t, d.pools["small"]) for t, _, d in w.log]
+    assert all(p.desired >= 1 for t, p in small if t <= served + w.cfg.down_window_s)
+    assert small[-1][1].desired == 0
+
+
+def test_only_a_services_first_decision_warms_a_start_up_student() -> None:
+    """The start-up insurance survives a restart (the annotation keeps its end), and a restarted controller, whose
+    state is restored, warms none of its own; nor do the queue and static policies."""
+    w = World(config(), replicas={"primary": 2, "small": 0})
+    w.tick(0.0, 1.0)
+    until = w.state.pool("small").startup_until
+    assert until is not None and until > 0
+    restored = PolicyState.from_json(w.state.to_json())
+    assert restored.pool("small").startup_until == until
+    w.state = restored
+    assert w.tick(15.0, 1.0).pools["small"].desired == 1  # still insured after the restart
+    later = World(config(), replicas={"primary": 2, "small": 0}, state=running())
+    assert later.tick(0.0, 1.0).pools["small"].desired == 0
+    for policy in ("queue", "static"):
+        assert World(config(policy), replicas={"primary": 2, "small": 0}).tick(0.0, 1.0).pools["small"].desired == 0
