@@ -350,3 +350,19 @@ def test_only_a_services_first_decision_warms_a_start_up_student() -> None:
     assert later.tick(0.0, 1.0).pools["small"].desired == 0
     for policy in ("queue", "static"):
         assert World(config(policy), replicas={"primary": 2, "small": 0}).tick(0.0, 1.0).pools["small"].desired == 0
+
+
+def test_the_start_up_student_takes_a_burst_in_the_first_minute() -> None:
+    """Simulator: a 4x burst 40 s after a service starts, before the router's burst detector has a baseline and before
+    a student started on the first evidence could be ready. The start-up student is warm and takes its overflow:
+    (almost) every request of the burst meets the SLO, where a service without it missed most of them (349 of 436)."""
+    w = synthetic(SyntheticSpec(duration_s=240.0, rate_rps=2.0, diurnal_amplitude=0.0, bursts=[(40.0, 30.0, 8.0)],
+                                tenants=4, user_tokens_mean=4000, output_tokens_mean=100, turns_mean=1.0, seed=3))
+    isvc = make_service(policy="slo", ttft_slo_ms=1500.0, replicas=1, model="llama-3.1-8b", max_replicas=16,
+                        student="llama-3.2-1b", student_min=0, student_max_model_len=131072)
+    res, hook = simulate_service(w, isvc)
+    assert hook is not None and hook.timeline[0]["small"] == 1
+    burst = [r for r in res.records if 40.0 <= r["arrival"] < 70.0]
+    missed = [r for r in burst if r["ttft"] is None or r["ttft"] > 1.5]
+    assert len(burst) > 300 and len(missed) <= 0.01 * len(burst), len(missed)
+    assert sum(r["pool"] == "small" for r in burst) > len(burst) / 2
