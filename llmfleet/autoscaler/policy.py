@@ -114,6 +114,11 @@ def _arrived_late(cfg: PolicyConfig, pool: PoolBounds, st: PoolState, sig: PoolS
     return need <= st.pending_ready
 
 
+def _insured_from_start(st: PoolState, now: float) -> bool:
+    """A student pool within the start-up insurance a service's first decision gave it (`decide`)."""
+    return st.startup_until is not None and now <= st.startup_until
+
+
 def _learn(cfg: PolicyConfig, pool: PoolBounds, st: PoolState, sig: PoolSignals) -> None:
     """Update the pool's capacity estimate from the interval's token-level work (capacity.learn_efficiency)."""
     saturated = _saturated(st, sig)
@@ -437,7 +442,7 @@ def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState
     covered: dict[str, int] = {}
     # the start-up student stands in for no primary (above) during its insurance, nor after it while it has served no
     # overflow and nothing recommends it (a stand-in about to go would license releases it cannot cover)
-    starting = any(now <= (st.startup_until or -math.inf) or (
+    starting = any(_insured_from_start(st, now) or (
         st.startup_until is not None and st.last_served_at is None and raw[p.name][0] == 0)
         for p, st in ((p, state.pool(p.name)) for p in students if p.name in raw))
     if cfg.policy == "slo" and primary is not None and capacity.get(primary.name) and not starting:
@@ -466,7 +471,7 @@ def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState
                 served = st.last_served_at
                 insured = st.burst_insured and (
                     (served is not None and (last is None or served >= last) and now - served <= cfg.down_window_s)
-                    or now <= (st.startup_until or -math.inf))
+                    or _insured_from_start(st, now))
             desired, action = stabilize(cfg, pool, st, sig, rec, reasons, cold_start_seconds(cfg, pool, st),
                                         covered.get(pool.name, 0), insured, ready_carry.get(pool.name, False))
         if sig.replicas == 0 and (sig.held_requests or 0) > 0 and desired < 1 <= pool.max_replicas:
