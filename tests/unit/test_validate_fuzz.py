@@ -60,8 +60,11 @@ PYDANTIC_ONLY = [re.compile(p) for p in (
     r"method lora needs spec\.lora",
     r"spec\.lora is set but spec\.method is full",
     r"spec\.distillation with method lora is not supported",
+    r"optimization\.precision fp8 with method lora is not supported",
     r"output\.promoteTo\.adapterName is for method lora",
     r"optimization\.lr\.min must not exceed optimization\.lr\.peak",
+    # The GPU table decides (plan.hardware.training_precision_problems): not a rule CEL can state.
+    r"optimization\.precision: fp8 needs (GPUs with )?fp8 tensor cores",
 )]
 WORD = st.text(string.ascii_lowercase + string.digits + "-/._", min_size=1, max_size=12)
 
