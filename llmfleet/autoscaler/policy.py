@@ -307,13 +307,16 @@ def _slo_students(
 
 
 def _covered_by_students(cfg: PolicyConfig, primary: PoolBounds, students: Sequence[PoolBounds],
-                         signals: Mapping[str, PoolSignals], state: PolicyState, mu_primary: float) -> int:
+                         signals: Mapping[str, PoolSignals], state: PolicyState, mu_primary: float,
+                         recommended: Mapping[str, int]) -> int:
     """How many primary replicas the student replicas that are ready now can stand in for (stabilize's fast release):
     their spare capacity at the primary's request mix (capacity at max_utilization less the traffic they serve
     already) in primary replicas, less one. The one kept back is for the burst that may come while a released
     replica starts again: the students were warmed for overflow, and a stand-in that uses all of it leaves a
     burst right after the release to the shrunken primary alone. A student pool whose measured TTFT p95 is past the
-    planned fraction of the SLO counts nothing. 0 without ready students or usable signals."""
+    planned fraction of the SLO counts nothing, and so does a start-up student (`decide`) during its insurance, or
+    after it while it has served no overflow and nothing recommends it (`recommended`, this decision's raw sizes): a
+    stand-in about to go would license releases it cannot cover. 0 without ready students or usable signals."""
     psig = signals[primary.name]
     if not psig.usable or mu_primary <= 0:
         return 0
@@ -324,8 +327,12 @@ def _covered_by_students(cfg: PolicyConfig, primary: PoolBounds, students: Seque
             continue
         if sig.ttft_p95_ms is not None and sig.ttft_p95_ms > cfg.ttft_target_fraction * cfg.ttft_slo_ms:
             continue  # its own measured TTFT is past the plan: no spare capacity, whatever its model says
+        st = state.pool(pool.name)
+        if _insured_from_start(st, sig.now) or (st.startup_until is not None and st.last_served_at is None
+                                                and recommended.get(pool.name, 0) == 0):
+            continue
         mix = replace(sig, mean_input_tokens=psig.mean_input_tokens, mean_output_tokens=psig.mean_output_tokens)
-        spare += sig.ready_replicas * replica_rps(pool, state.pool(pool.name), mix) * cfg.max_utilization
+        spare += sig.ready_replicas * replica_rps(pool, st, mix) * cfg.max_utilization
         spare -= float(sig.arrival_rate or 0.0)
     return max(math.floor(spare / (mu_primary * cfg.max_utilization)) - 1, 0)
 
@@ -440,13 +447,9 @@ def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState
             raw[name] = item
 
     covered: dict[str, int] = {}
-    # the start-up student stands in for no primary (above) during its insurance, nor after it while it has served no
-    # overflow and nothing recommends it (a stand-in about to go would license releases it cannot cover)
-    starting = any(_insured_from_start(st, now) or (
-        st.startup_until is not None and st.last_served_at is None and raw[p.name][0] == 0)
-        for p, st in ((p, state.pool(p.name)) for p in students if p.name in raw))
-    if cfg.policy == "slo" and primary is not None and capacity.get(primary.name) and not starting:
-        covered[primary.name] = _covered_by_students(cfg, primary, students, by_name, state, capacity[primary.name] or 0.0)
+    if cfg.policy == "slo" and primary is not None and capacity.get(primary.name):
+        covered[primary.name] = _covered_by_students(cfg, primary, students, by_name, state, capacity[primary.name] or 0.0,
+                                                     {name: rec for name, (rec, _) in raw.items()})
     decisions: dict[str, PoolDecision] = {}
     for pool in cfg.pools:
         sig, st = by_name[pool.name], state.pool(pool.name)
