@@ -17,6 +17,7 @@ Simulated time, router seed 0 (`--seed`): deterministic; the machine only sets t
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import platform
 import sys
@@ -31,6 +32,7 @@ from autoscale_setup import (
     TRACES,
     misses,
     run_policy,
+    service,
     shapes,
     spike,
     student_hardware,
@@ -46,6 +48,7 @@ from llmfleet.sim.workload import Workload
 POLICIES = ("slo", "queue")
 
 
+@functools.cache
 def shared_traces() -> dict[str, Path]:
     """The traces in ../shared/data/traces by the workload names autoscale_eval.py records them under."""
     files = sorted(p for p in TRACES.glob("*") if is_trace_file(p)) if TRACES.exists() else []
@@ -133,7 +136,7 @@ def main() -> None:
                     help="a workload of --recorded: bursty-10x, azure, mooncake, a synthetic shape (shape-periodic) or "
                          "a rate variant (azure-rate3x); repeatable; default bursty-10x, azure and mooncake")
     ap.add_argument("--phases", type=float, nargs="+", default=[0.0, 3.0, 6.0, 9.0, 12.0], metavar="S",
-                    help="seconds the regular decisions are shifted by (each below the 15 s interval)")
+                    help="seconds the regular decisions are shifted by (each below the decision interval, 15 s)")
     ap.add_argument("--seed", type=int, default=0, help="the router's tie-breaking seed")
     ap.add_argument("--student-mig", metavar="PROFILE", help="students on MIG slices, as autoscale_eval.py's option")
     ap.add_argument("--recorded", type=Path, default=RESULTS / "autoscale_eval.json",
@@ -145,8 +148,9 @@ def main() -> None:
     if args.render:
         print(render(json.loads(args.out.read_text())))
         return
-    if any(not 0 <= p < 15 for p in args.phases):
-        raise SystemExit("autoscale_phase.py: each phase must be >= 0 and below the 15 s interval")
+    interval = service("slo", 1.0, 1).spec.autoscaling.interval_seconds  # the benchmark's services' interval
+    if any(not 0 <= p < interval for p in args.phases):
+        raise SystemExit(f"autoscale_phase.py: each phase must be >= 0 and below the {interval:g} s interval")
     recorded = {r["workload"]: r for r in json.loads(args.recorded.read_text())["results"]}
     names = args.workload or ["bursty-10x", "azure", "mooncake"]
     shape_names = set(shapes()) if any(n.startswith("shape-") for n in names) else set()
