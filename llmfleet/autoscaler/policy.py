@@ -23,8 +23,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Sequence
 
 from llmfleet.autoscaler.capacity import (
     LEVEL_NOISE,
@@ -43,8 +42,9 @@ from llmfleet.autoscaler.pricing import (
     ttft_wait_budget,
     window_seconds,
 )
-from llmfleet.autoscaler.stabilize import idle_horizon, stabilize
+from llmfleet.autoscaler.stabilize import cold_start_seconds, idle_horizon, stabilize
 from llmfleet.autoscaler.state import Action, PolicyState, PoolState
+from llmfleet.autoscaler.students import covered_by_students, insured_from_start, size_students
 from llmfleet.autoscaler.types import (
     PolicyConfig,
     PolicyName,
@@ -59,7 +59,6 @@ from llmfleet.router.burst import BURST_RATIO
 __all__ = ["Action", "ScalingDecision", "PolicyConfig", "PolicyName", "PolicyState", "PoolBounds", "PoolDecision",
            "PoolSignals", "PoolState", "Role", "decide"]
 
-DEFAULT_COLD_START_S = 60.0
 # A rate jump is a burst only beyond this many Poisson standard deviations of the interval's expected count: the
 # three-sigma convention, a property of counting noise, not of any workload (docs/autoscaler.md).
 BURST_SIGMAS = 3.0
@@ -70,11 +69,6 @@ DOWN_TOLERANCE = 0.1
 
 def _clamp(n: int, cfg: PoolBounds) -> int:
     return min(max(n, cfg.min_replicas), cfg.max_replicas)
-
-
-def cold_start_seconds(cfg: PolicyConfig, pool: PoolBounds, st: PoolState) -> float:
-    """Configured cold start, else the measured one, else a default."""
-    return pool.cold_start_s or cfg.cold_start_s or st.cold_start_s or DEFAULT_COLD_START_S
 
 
 def _track_cold_start(st: PoolState, sig: PoolSignals) -> bool:
@@ -112,11 +106,6 @@ def _arrived_late(cfg: PolicyConfig, pool: PoolBounds, st: PoolState, sig: PoolS
     need = replicas_for_ttft(rate, request_cost(pool, st, sig, mu), ttft_wait_budget(cfg, pool, st, sig), cfg.max_utilization,
                              pool.max_replicas)
     return need <= st.pending_ready
-
-
-def _insured_from_start(st: PoolState, now: float) -> bool:
-    """A student pool within the start-up insurance a service's first decision gave it (`decide`)."""
-    return st.startup_until is not None and now <= st.startup_until
 
 
 def _learn(cfg: PolicyConfig, pool: PoolBounds, st: PoolState, sig: PoolSignals) -> None:
@@ -251,92 +240,6 @@ def _slo_primary(
     return n, reasons, planned, max(planned, burst) if in_burst else planned
 
 
-def _slo_students(
-    cfg: PolicyConfig,
-    students: Sequence[PoolBounds],
-    signals: Mapping[str, PoolSignals],
-    state: PolicyState,
-    overflow: float,
-    primary_sig: PoolSignals | None = None,
-    ahead: Callable[[float], float] | None = None,
-    primary_headroom: bool = False,
-    warm_for: str | None = None,
-) -> dict[str, tuple[int, list[str]]]:
-    """Size student pools for the overflow, in order of preference, and for the traffic they already get.
-
-    The overflow is primary traffic: it is costed at the primary's request mix (a student that has not
-    served anything yet has no mix of its own), the student's own traffic at its own mix. `ahead(horizon)`: the
-    overflow the primary's forecast predicts `horizon` seconds ahead; a student is warmed for it one of its own
-    (measured) cold starts ahead, so it is ready when the burst arrives. With neither overflow nor traffic of its
-    own a student pool is sized 0: it costs nothing while the primary has headroom. `warm_for`: why the first
-    student pool keeps one replica warm as burst insurance (None: it does not).
-    """
-    out: dict[str, tuple[int, list[str]]] = {}
-    remaining = overflow
-    for pool in students:
-        sig = signals[pool.name]
-        st = state.pool(pool.name)
-        if not sig.usable:
-            out[pool.name] = (sig.replicas, ["metrics stale or missing: hold"])
-            continue
-        track_prefill_spread(cfg, pool, st, sig)
-        mu = replica_rps(pool, st, sig)
-        mix = sig
-        if primary_sig is not None and primary_sig.mean_input_tokens is not None:
-            mix = replace(sig, mean_input_tokens=primary_sig.mean_input_tokens,
-                          mean_output_tokens=primary_sig.mean_output_tokens)
-        mu_overflow = mu if mix is sig else replica_rps(pool, st, mix)
-        own = float(sig.arrival_rate or 0.0)
-        budget = ttft_wait_budget(cfg, pool, st, mix)
-        predicted = ahead(cold_start_seconds(cfg, pool, st) + cfg.interval_s) if ahead is not None else 0.0
-        want = max(remaining, predicted - (overflow - remaining))  # what earlier students absorb, absorbed
-        need_overflow = replicas_for_ttft(want, request_cost(pool, st, mix, mu_overflow), budget, cfg.max_utilization,
-                                          pool.max_replicas)
-        need_own = 0 if primary_headroom else replicas_for_ttft(own, request_cost(pool, st, sig, mu), budget,
-                                                                cfg.max_utilization, pool.max_replicas)
-        warm = 1 if warm_for and pool is students[0] else 0
-        n = min(max(need_overflow, need_own, warm), pool.max_replicas)
-        absorbed = n * mu_overflow * cfg.max_utilization
-        remaining = max(remaining - absorbed, 0.0)
-        reason = (f"overflow {overflow:.2f}/s (forecast one student cold start ahead {predicted:.2f}/s) at "
-                  f"{mu_overflow:.2f} req/s per replica, own traffic {own:.2f}/s at {mu:.2f} -> {n}")
-        if warm and n == warm > max(need_overflow, need_own):
-            reason += f" (kept warm {warm_for})"
-        out[pool.name] = (n, [reason])
-    return out
-
-
-def _covered_by_students(cfg: PolicyConfig, primary: PoolBounds, students: Sequence[PoolBounds],
-                         signals: Mapping[str, PoolSignals], state: PolicyState, mu_primary: float,
-                         recommended: Mapping[str, int]) -> int:
-    """How many primary replicas the student replicas that are ready now can stand in for (stabilize's fast release):
-    their spare capacity at the primary's request mix (capacity at max_utilization less the traffic they serve
-    already) in primary replicas, less one. The one kept back is for the burst that may come while a released
-    replica starts again: the students were warmed for overflow, and a stand-in that uses all of it leaves a
-    burst right after the release to the shrunken primary alone. A student pool whose measured TTFT p95 is past the
-    planned fraction of the SLO counts nothing, and so does a start-up student (`decide`) during its insurance, or
-    after it while it has served no overflow and nothing recommends it (`recommended`, this decision's raw sizes): a
-    stand-in about to go would license releases it cannot cover. 0 without ready students or usable signals."""
-    psig = signals[primary.name]
-    if not psig.usable or mu_primary <= 0:
-        return 0
-    spare = 0.0
-    for pool in students:
-        sig = signals[pool.name]
-        if not sig.usable or sig.ready_replicas <= 0:
-            continue
-        if sig.ttft_p95_ms is not None and sig.ttft_p95_ms > cfg.ttft_target_fraction * cfg.ttft_slo_ms:
-            continue  # its own measured TTFT is past the plan: no spare capacity, whatever its model says
-        st = state.pool(pool.name)
-        if _insured_from_start(st, sig.now) or (st.startup_until is not None and st.last_served_at is None
-                                                and recommended.get(pool.name, 0) == 0):
-            continue
-        mix = replace(sig, mean_input_tokens=psig.mean_input_tokens, mean_output_tokens=psig.mean_output_tokens)
-        spare += sig.ready_replicas * replica_rps(pool, st, mix) * cfg.max_utilization
-        spare -= float(sig.arrival_rate or 0.0)
-    return max(math.floor(spare / (mu_primary * cfg.max_utilization)) - 1, 0)
-
-
 def _queue_rec(cfg: PolicyConfig, sig: PoolSignals) -> tuple[int, list[str]]:
     if sig.stale or sig.queue_depth is None:
         return sig.replicas, ["metrics stale or missing: hold"]
@@ -440,7 +343,7 @@ def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState
         if fresh and primary is not None:
             state.pool(students[0].name).startup_until = now + idle_horizon(
                 cfg, cold_start_seconds(cfg, primary, state.pool(primary.name)))
-        for name, item in _slo_students(cfg, students, by_name, state, overflow, primary_sig, ahead,
+        for name, item in size_students(cfg, students, by_name, state, overflow, primary_sig, ahead,
                                         headroom, "from the start: no history of how the traffic bursts yet" if fresh
                                         else "after a level shift: the traffic has burst past the ready primaries"
                                         if recent_burst else None).items():
@@ -448,7 +351,7 @@ def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState
 
     covered: dict[str, int] = {}
     if cfg.policy == "slo" and primary is not None and capacity.get(primary.name):
-        covered[primary.name] = _covered_by_students(cfg, primary, students, by_name, state, capacity[primary.name] or 0.0,
+        covered[primary.name] = covered_by_students(cfg, primary, students, by_name, state, capacity[primary.name] or 0.0,
                                                      {name: rec for name, (rec, _) in raw.items()})
     decisions: dict[str, PoolDecision] = {}
     for pool in cfg.pools:
@@ -474,7 +377,7 @@ def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState
                 served = st.last_served_at
                 insured = st.burst_insured and (
                     (served is not None and (last is None or served >= last) and now - served <= cfg.down_window_s)
-                    or _insured_from_start(st, now))
+                    or insured_from_start(st, now))
             desired, action = stabilize(cfg, pool, st, sig, rec, reasons, cold_start_seconds(cfg, pool, st),
                                         covered.get(pool.name, 0), insured, ready_carry.get(pool.name, False))
         if sig.replicas == 0 and (sig.held_requests or 0) > 0 and desired < 1 <= pool.max_replicas:

@@ -11,6 +11,14 @@ import math
 from llmfleet.autoscaler.state import Action, PoolState
 from llmfleet.autoscaler.types import PolicyConfig, PoolBounds, PoolSignals
 
+# The cold start assumed for a pool whose spec names none before one was measured.
+DEFAULT_COLD_START_S = 60.0
+
+
+def cold_start_seconds(cfg: PolicyConfig, pool: PoolBounds, st: PoolState) -> float:
+    """Configured cold start, else the measured one, else a default."""
+    return pool.cold_start_s or cfg.cold_start_s or st.cold_start_s or DEFAULT_COLD_START_S
+
 
 def idle_horizon(cfg: PolicyConfig, cold_s: float) -> float:
     """Two cold starts (at least four intervals): the horizon within which the forecast, planning one cold start
