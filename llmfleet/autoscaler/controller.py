@@ -19,6 +19,7 @@ from llmfleet.autoscaler.policy import PolicyConfig, PolicyState, PoolSignals, S
 from llmfleet.autoscaler.scalein import choose_victims
 from llmfleet.autoscaler.seeds import seeds_for_service
 from llmfleet.autoscaler.signals import PoolRef
+from llmfleet.router.burst import follow_up_s
 
 log = logging.getLogger("llmfleet.autoscaler")
 
@@ -76,6 +77,9 @@ class StepResult:
     signals: list[PoolSignals] = field(default_factory=list)
     scaled_out: dict[str, int] = field(default_factory=dict)
     drained: list[DrainResult] = field(default_factory=list)
+    # Seconds until the next decision when a burst wake-up's decision measured a diluted burst (follow_up_s); None:
+    # the regular interval.
+    follow_up_s: float | None = None
 
 
 async def autoscale_step(
@@ -112,7 +116,11 @@ async def autoscale_step(
                 for s in sigs]
     sigs = with_burst(sigs, burst)
     decision = decide(cfg, sigs, state)
-    result = StepResult(decision=decision, signals=sigs)
+    primary = next((s for s in sigs if s.role == "primary"), None)
+    follow = None
+    if burst is not None and primary is not None:
+        follow = follow_up_s(primary.window_s, primary.arrival_rate, burst.rate)
+    result = StepResult(decision=decision, signals=sigs, follow_up_s=follow)
     ups = {n: d.desired for n, d in decision.pools.items() if d.desired > d.current}
     if ups:
         await actuator.set_replicas(ups, reason="scale out", state_json=decision.state.to_json(wall_clock_offset()))

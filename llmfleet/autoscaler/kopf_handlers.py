@@ -55,6 +55,7 @@ class _Memory:
     scrape: ScrapeSignals | None = None
     held: dict[str, int] = field(default_factory=dict)  # the router's wake-up: pool -> requests held
     burst: Burst | None = None  # the router's burst wake-up (slo policy): decide at the next tick
+    follow_up_at: float | None = None  # a woken decision measured a diluted burst: decide again then (follow_up_s)
     bad_priority: str | None = None  # the malformed priority annotation already reported (one Event per value)
 
 
@@ -132,10 +133,12 @@ async def _stop_autoscaling(memo: kopf.Memo, **_: Any) -> None:
 
 
 def _due(mem: _Memory, interval_s: float, now: float) -> bool:
-    """Whether this tick decides: an interval since the last decision, requests held at the router, or an arrival
-    burst once the router's detection window has passed since the last decision (its counts then hold the burst)."""
+    """Whether this tick decides: an interval since the last decision, requests held at the router, an arrival
+    burst once the router's detection window has passed since the last decision (its counts then hold the burst), or
+    the follow-up a woken decision that measured a diluted burst asked for."""
     since = now - mem.last_run
-    return since >= interval_s or bool(mem.held) or (mem.burst is not None and since >= BURST_WINDOW_S)
+    return (since >= interval_s or bool(mem.held) or (mem.burst is not None and since >= BURST_WINDOW_S)
+            or (mem.follow_up_at is not None and now >= mem.follow_up_at))
 
 
 @kopf.timer(GROUP, VERSION, INFERENCESERVICE_PLURAL, interval=TICK, initial_delay=TICK)
@@ -153,7 +156,7 @@ async def autoscale_inferenceservice(body: kopf.Body, memo: kopf.Memo, patch: ko
     now = time.monotonic()
     if not _due(mem, isvc.spec.autoscaling.interval_seconds, now):
         return
-    mem.last_run = now
+    mem.last_run, mem.follow_up_at = now, None
     held, mem.held = mem.held, {}
     burst, mem.burst = mem.burst, None
     ns = isvc.metadata.namespace or "default"
@@ -172,6 +175,7 @@ async def autoscale_inferenceservice(body: kopf.Body, memo: kopf.Memo, patch: ko
     except ApiError as err:
         raise kopf.TemporaryError(f"autoscaler: Kubernetes API call failed: {err}", delay=30) from err
     mem.state = result.decision.state
+    mem.follow_up_at = now + result.follow_up_s if result.follow_up_s is not None else None
     if (metrics := live_metrics(result.signals, now_iso())) is not None:
         patch.setdefault("status", {})["metrics"] = metrics
     for name, d in result.decision.pools.items():

@@ -132,7 +132,8 @@ async def run_local(
             on_step(result)
         if once:
             break
-        deadline, wake = time.monotonic() + interval, Wake()
+        wait = result.follow_up_s if result.follow_up_s is not None else interval
+        deadline, wake = time.monotonic() + wait, Wake()
         while not stop.is_set() and (left := deadline - time.monotonic()) > 0:
             wake = await wakeup.wait(stop, left)
             if wake.burst is not None and not wakes_on_burst(isvc):

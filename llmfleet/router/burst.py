@@ -8,7 +8,8 @@ compares the last `window_s` seconds with the `baseline_s` seconds before them; 
 `BURST_RATIO` times the baseline's expectation and improbable under Poisson arrivals at the baseline rate
 (`false_alarms_per_hour` over a test per second) opens a burst episode, which wakes the autoscaler
 (llmfleet.router.held: the `/admin/held` long poll returns) so it decides now, over the seconds since its last
-decision. One episode per `rearm_s` (an autoscaling interval): the decision it triggers has seen the burst.
+decision. One episode per `rearm_s` (an autoscaling interval): the decision it triggers has seen the burst, or, where
+it measured the burst diluted by the seconds before it, the decision it asks for one window later (`follow_up_s`).
 
 Pure (time is passed in), so the simulator runs the same detector as the router.
 """
@@ -28,6 +29,22 @@ FALSE_ALARMS_PER_HOUR = 0.25
 # Seconds of arrivals the test compares with the baseline; also the least time a decision brought forward by a
 # wake-up measures over (a burst that opened in those seconds is in its counts).
 WINDOW_S = 3
+
+
+def follow_up_s(measured_s: float | None, measured_rate: float | None, burst_rate: float) -> float | None:
+    """After a decision a burst wake-up brought forward: seconds until one more decision, or None (the interval).
+
+    The woken decision measures its rates over the seconds since the decision before it (`measured_s`, at least
+    `WINDOW_S`). Long after that one, most of those seconds precede the burst: 13 s of the old rate and 1 s of a 10x
+    step read as about 1.6x, which plans a fraction of the step, and the detector's rearm then keeps it quiet for an
+    interval. When the rate the detector counted over its window (`burst_rate`) is `BURST_RATIO` times the rate the
+    decision measured, the decision saw the burst diluted below the ratio its own burst test asks for: the next
+    decision comes one detection window later, over the burst's own seconds. A rise the decision's window already
+    holds at the detector's strength (a ramp; a burst soon after a decision) asks for none: an extra sample of a ramp
+    only moves the smoothed level, and with it the point where the ramp reads as a level shift."""
+    if measured_s is None or measured_rate is None or measured_s <= WINDOW_S:
+        return None
+    return float(WINDOW_S) if burst_rate >= BURST_RATIO * measured_rate else None
 
 
 def poisson_sf(k: int, lam: float) -> float:

@@ -23,6 +23,7 @@ from llmfleet.autoscaler.actuation import ObservedReplica as ScaleInReplica
 from llmfleet.autoscaler.capacity import prompt_length_moments
 from llmfleet.autoscaler.scalein import choose_victims
 from llmfleet.router.burst import WINDOW_S as WAKE_MIN_WINDOW_S
+from llmfleet.router.burst import follow_up_s
 from llmfleet.sim.replica import SimReplica
 from llmfleet.sim.report import replica_gpu_seconds, summarize
 from llmfleet.sim.routers import make_router
@@ -159,6 +160,9 @@ def _simulate(workload: Workload, cfg: SimConfig, router: SimRouter | str,
     # The autoscaler runs every interval, and at once when the router wakes it (`rt.wake_due`); a _TICK event
     # carries its generation, so the regular tick a wake-up replaced is skipped.
     tick_gen, last_tick, wakes = 0, t0, autoscaler is not None and cfg.autoscale_on_burst
+    # the next tick is a wake-up's, by a burst the detector counted at this rate: a decision that measures it diluted
+    # brings the next one forward (follow_up_s)
+    woken, wake_rate = False, 0.0
     if autoscaler:
         push(t0 + cfg.autoscale_phase_s + cfg.autoscale_interval_s, _TICK, tick_gen)
     push(t0, _SAMPLE)
@@ -211,12 +215,12 @@ def _simulate(workload: Workload, cfg: SimConfig, router: SimRouter | str,
     def arrive(req: Request, now: float) -> None:
         """A request reaches the router: counted (the interval's arrivals, the burst detector) and routed; a burst it
         completes wakes the autoscaler."""
-        nonlocal tick_gen
+        nonlocal tick_gen, woken, wake_rate
         window.append(req)
         rt.on_arrival(req, now)
         dispatch(req, now)
         if rt.wake_due and wakes:
-            rt.wake_due, tick_gen = False, tick_gen + 1
+            rt.wake_due, tick_gen, woken, wake_rate = False, tick_gen + 1, True, rt.wake_rate
             push(max(now, last_tick + WAKE_MIN_WINDOW_S), _TICK, tick_gen)
 
     horizon = (stream[-1].arrival if stream else t0) + 86400.0  # requests still pending a day later stay pending
@@ -269,9 +273,11 @@ def _simulate(workload: Workload, cfg: SimConfig, router: SimRouter | str,
                 if a != tick_gen:
                     continue
                 _autoscale(fleet, autoscaler, rt, cfg, now, now - last_tick, window, done_window, push, stop_if_drained)
-                window, done_window, last_tick = [], [], now
+                iv = now - last_tick
+                follow = follow_up_s(iv, len(window) / iv, wake_rate) if woken and iv > 0 else None
+                window, done_window, last_tick, woken = [], [], now, False
                 if more(now):
-                    push(now + cfg.autoscale_interval_s, _TICK, tick_gen)
+                    push(now + (follow if follow is not None else cfg.autoscale_interval_s), _TICK, tick_gen)
             elif kind == _SEND:
                 req = held[a]
                 req.arrival = now

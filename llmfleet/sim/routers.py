@@ -331,7 +331,7 @@ class LlmfleetRouter(SimRouter):
 
     def on_arrival(self, req: Request, now: float) -> None:
         if self.burst.observe(now):  # the production router's burst wake-up (llmfleet.router.burst)
-            self.wake_due = True
+            self.wake_due, self.wake_rate = True, self.burst.rate
 
     def route(self, req: Request, fleet: Fleet, now: float) -> SimReplica | None:
         dispatch = self._dispatch

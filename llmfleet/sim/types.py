@@ -218,7 +218,9 @@ class SimRouter:
 
     # The production router's burst wake-up (llmfleet.router.burst): set when an arrival opened a burst episode; with
     # SimConfig.autoscale_on_burst the engine then runs the autoscaler, at least WINDOW_S after its last run.
+    # `wake_rate`: the arrival rate the detector counted over its window when it opened the episode.
     wake_due = False
+    wake_rate = 0.0
 
     def on_arrival(self, req: Request, now: float) -> None:
         """A request reached the router (its arrival, not a re-dispatch of one held for a replica)."""

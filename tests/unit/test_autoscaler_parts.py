@@ -381,9 +381,51 @@ def test_the_kubernetes_timer_decides_on_its_interval_held_requests_or_a_burst()
             "r += [kh._due(m, 15.0, 102.0), kh._due(m, 15.0, 103.5)]\n"
             "m.burst, m.held = None, {'small': 1}\n"
             "r += [kh._due(m, 15.0, 100.5)]\n"
+            "m.held, m.follow_up_at = {}, 103.0\n"  # a woken decision that measured a diluted burst asked for one more
+            "r += [kh._due(m, 15.0, 102.5), kh._due(m, 15.0, 103.0)]\n"
             "print(r)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
-    assert out.stdout.strip() == "[False, True, False, True, True]"
+    assert out.stdout.strip() == "[False, True, False, True, True, False, True]"
+
+
+def test_a_woken_step_that_measured_a_diluted_burst_asks_for_a_follow_up() -> None:
+    """autoscale_step: with the router's burst at 40 req/s and the primary's rate since the last decision at 15 (13 s,
+    mostly before the burst) the next decision comes one detection window later; not when the rate measured holds the
+    burst (Prometheus: with_burst put the detector's own rate there), nor without a burst."""
+    import asyncio
+
+    from llmfleet.autoscaler.actuation import ObservedReplica
+    from llmfleet.autoscaler.controller import Burst, autoscale_step
+    from llmfleet.autoscaler.policy import PolicyState, PoolSignals
+    from llmfleet.router.burst import WINDOW_S
+    from llmfleet.sim.production import make_service
+
+    isvc = make_service(policy="slo", replicas=2)
+
+    class Act:
+        async def list_replicas(self, pool: str) -> list[ObservedReplica]:
+            return [ObservedReplica(pool, f"r{i}", f"http://r{i}", ready=True) for i in range(2)]
+
+        async def set_replicas(self, desired: object, *, reason: str, state_json: str | None = None) -> None:
+            pass
+
+    class Scraped:
+        def __init__(self, rate: float, window_s: float | None) -> None:
+            self.rate, self.window_s = rate, window_s
+
+        async def collect(self, pools: list, now: float | None = None) -> list[PoolSignals]:  # type: ignore[type-arg]
+            return [PoolSignals(p.name, p.role, now or 0.0, p.replicas, p.ready_replicas, arrival_rate=self.rate,
+                                window_s=self.window_s, queue_depth=0.0, mean_input_tokens=1000,
+                                mean_output_tokens=100) for p in pools]
+
+    def follow(rate: float, window_s: float | None, burst: Burst | None) -> float | None:
+        result = asyncio.run(autoscale_step(isvc, Act(), Scraped(rate, window_s), PolicyState(), 1000.0, burst=burst))
+        return result.follow_up_s
+
+    assert follow(15.0, 13.0, Burst(40.0, 3.0)) == WINDOW_S
+    assert follow(30.0, 13.0, Burst(40.0, 3.0)) is None  # the window holds it at more than 1 / BURST_RATIO
+    assert follow(15.0, None, Burst(40.0, 3.0)) is None  # Prometheus: the detector's rate replaced the primary's
+    assert follow(15.0, 13.0, None) is None
 
 
 def test_live_metrics_status_from_the_primary_signals() -> None:

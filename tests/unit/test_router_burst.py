@@ -10,7 +10,14 @@ import pytest
 from llmfleet.autoscaler.capacity import Holt
 from llmfleet.autoscaler.controller import Burst, with_burst
 from llmfleet.autoscaler.policy import PoolSignals
-from llmfleet.router.burst import BURST_RATIO, FALSE_ALARMS_PER_HOUR, WINDOW_S, ArrivalBurst, poisson_sf
+from llmfleet.router.burst import (
+    BURST_RATIO,
+    FALSE_ALARMS_PER_HOUR,
+    WINDOW_S,
+    ArrivalBurst,
+    follow_up_s,
+    poisson_sf,
+)
 
 
 @pytest.mark.parametrize("k,lam,expected", [
@@ -52,6 +59,17 @@ def test_a_step_opens_one_episode_within_seconds(before: float, factor: float) -
     assert len(fired) == 1  # one per rearm period: the decision it brings forward has seen the burst
     assert 300.0 < fired[0] <= 300.0 + WINDOW_S + 1.0
     assert det.rate >= BURST_RATIO * before
+
+
+@pytest.mark.parametrize("measured_s,measured_rate,burst_rate,expected", [
+    (13.0, 15.0, 25.0, float(WINDOW_S)),  # 13 s mostly before the burst: diluted past the burst ratio
+    (13.0, 20.0, 25.0, None),  # a ramp the window holds at more than 1 / BURST_RATIO of the detector's rate
+    (WINDOW_S, 15.0, 45.0, None),  # a wake-up soon after a decision measured the burst's own seconds
+    (None, 15.0, 45.0, None), (13.0, None, 45.0, None),  # nothing measured: nothing to compare
+])
+def test_a_woken_decision_that_measured_a_diluted_burst_is_followed_one_window_later(
+        measured_s: float | None, measured_rate: float | None, burst_rate: float, expected: float | None) -> None:
+    assert follow_up_s(measured_s, measured_rate, burst_rate) == expected
 
 
 def test_no_episode_before_a_baseline_and_one_request_after_silence_is_not_a_burst() -> None:
@@ -102,11 +120,12 @@ def test_the_routers_burst_rate_replaces_only_a_fixed_window_rate() -> None:
     assert with_burst(signals(None), None) == signals(None)
 
 
-@pytest.mark.parametrize("policy,steps_expected", [("slo", 2), ("queue", 1)])
+@pytest.mark.parametrize("policy,follow_up,steps_expected", [("slo", False, 2), ("slo", True, 3), ("queue", False, 1)])
 async def test_the_local_loop_steps_on_a_burst_for_slo_only(monkeypatch: pytest.MonkeyPatch, policy: str,
-                                                            steps_expected: int) -> None:
+                                                            follow_up: bool, steps_expected: int) -> None:
     """The router's burst answer makes the local autoscaler loop step again once the detection window has passed
-    since its last step, with the burst (for Prometheus' rates); `queue` waits out its interval."""
+    since its last step, with the burst (for Prometheus' rates), and once more after the follow-up the woken step
+    asks for (a diluted burst); `queue` waits out its interval."""
     import asyncio
 
     from llmfleet.autoscaler import local
@@ -122,7 +141,9 @@ async def test_the_local_loop_steps_on_a_burst_for_slo_only(monkeypatch: pytest.
         class Decision:
             pools: dict[str, object] = {}
             state = None
-        return type("Result", (), {"decision": Decision})()
+        # the woken step measured the burst diluted: one more step a (patched) detection window later
+        follow = 0.2 if kw.get("burst") is not None and follow_up else None
+        return type("Result", (), {"decision": Decision, "follow_up_s": follow})()
 
     class BurstOnce:
         def __init__(self, url: str | None) -> None:
@@ -133,7 +154,8 @@ async def test_the_local_loop_steps_on_a_burst_for_slo_only(monkeypatch: pytest.
             if self.calls == 1:
                 return Wake(burst=Burst(30.0, 3.0))
             await asyncio.sleep(min(timeout_s, 0.5))
-            stop.set()
+            if self.calls >= 3:
+                stop.set()
             return Wake()
 
     monkeypatch.setattr(local, "autoscale_step", step)
@@ -142,5 +164,30 @@ async def test_the_local_loop_steps_on_a_burst_for_slo_only(monkeypatch: pytest.
     isvc = make_service(policy=policy, student="llama-3.2-1b")  # intervalSeconds 15
     await asyncio.wait_for(local.run_local(isvc, object(), lambda pool: [], stop, router_url="http://router"), 10)  # type: ignore[arg-type]
     assert len(steps) == steps_expected
-    if steps_expected == 2:
+    if steps_expected >= 2:
         assert 0.2 <= steps[1][0] - steps[0][0] < 5.0 and steps[1][1] == Burst(30.0, 3.0)
+    if steps_expected == 3:
+        assert 0.2 <= steps[2][0] - steps[1][0] < 0.45 and steps[2][1] is None  # not the interval (15 s)
+
+
+def test_a_step_long_after_the_last_decision_is_planned_within_two_detection_windows() -> None:
+    """Simulator with the production router and policy: the regular decisions fall 13 s before a 10x step (decision
+    phase 8 s). The wake-up's decision measures those 13 s and one of the step, which plans nothing; its follow-up one
+    detection window later measures the step's own seconds and buys primaries and students at once, instead of the
+    next regular decision an interval later."""
+    from llmfleet.sim.production import make_service, simulate_service
+    from llmfleet.sim.workload import SyntheticSpec, synthetic
+
+    w = synthetic(SyntheticSpec(duration_s=300.0, rate_rps=12.0, diurnal_amplitude=0.0, bursts=[(200.0, 60.0, 10.0)],
+                                tenants=4, turns_mean=1.0, seed=3))  # single-turn: the step is a step
+    isvc = make_service(policy="slo", ttft_slo_ms=1500.0, replicas=2, model="llama-3.1-8b", max_replicas=16,
+                        student="llama-3.2-1b", student_min=0, student_max_model_len=131072)
+    _, hook = simulate_service(w, isvc, decision_phase_s=8.0)
+    assert hook is not None
+    around = [x for x in hook.timeline if 185.0 <= x["t"] <= 200.0 + 3 * WINDOW_S]
+    regular, woken, *after = around
+    assert 185.0 <= regular["t"] < 190.0 and 200.0 < woken["t"] < 200.0 + WINDOW_S
+    assert woken["primary"] == regular["primary"] and woken["small"] == 0  # diluted: the step not seen
+    assert after, "no decision over the step's own seconds before the next regular one"
+    assert after[0]["t"] == pytest.approx(woken["t"] + WINDOW_S)
+    assert after[0]["primary"] > woken["primary"] and after[0]["small"] > 0
