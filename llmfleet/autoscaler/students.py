@@ -106,5 +106,3 @@ def covered_by_students(cfg: PolicyConfig, primary: PoolBounds, students: Sequen
         spare += sig.ready_replicas * replica_rps(pool, st, mix) * cfg.max_utilization
         spare -= float(sig.arrival_rate or 0.0)
     return max(math.floor(spare / (mu_primary * cfg.max_utilization)) - 1, 0)
-
-

@@ -272,9 +272,8 @@ def _simulate(workload: Workload, cfg: SimConfig, router: SimRouter | str,
             elif kind == _TICK and autoscaler is not None:
                 if a != tick_gen:
                     continue
-                _autoscale(fleet, autoscaler, rt, cfg, now, now - last_tick, window, done_window, push, stop_if_drained)
-                iv = now - last_tick
-                follow = follow_up_s(iv, len(window) / iv, wake_rate) if woken and iv > 0 else None
+                follow = _autoscale(fleet, autoscaler, rt, cfg, now, now - last_tick, window, done_window, push,
+                                    stop_if_drained, wake_rate if woken else None)
                 window, done_window, last_tick, woken = [], [], now, False
                 if more(now):
                     push(now + (follow if follow is not None else cfg.autoscale_interval_s), _TICK, tick_gen)
@@ -349,9 +348,11 @@ def _p95(xs: list[float]) -> float | None:
 
 def _autoscale(fleet: Fleet, autoscaler: Autoscaler, router: SimRouter, cfg: SimConfig, now: float, iv: float,
                arrivals: list[Request], done: list[Request], push: Callable[..., None],
-               stop_if_drained: Callable[[SimReplica, float], None]) -> None:
+               stop_if_drained: Callable[[SimReplica, float], None], wake_rate: float | None = None) -> float | None:
     """One autoscaler decision on what happened over the last `iv` seconds (an interval, or less when the router's
-    burst wake-up brought it forward). The rates are over those seconds (`window_s`), as the production scrapes'."""
+    burst wake-up brought it forward). The rates are over those seconds (`window_s`), as the production scrapes'.
+    `wake_rate`: the detector's rate when a burst wake-up brought this decision forward. Returns the seconds until a
+    follow-up decision (`follow_up_s` of the primary's signals, as `autoscale_step` does), None for the interval."""
     iv = max(iv, 1e-3)
     sigs = []
     for spec in cfg.pools:
@@ -386,6 +387,10 @@ def _autoscale(fleet: Fleet, autoscaler: Autoscaler, router: SimRouter, cfg: Sim
         if r.stopped_at is None:
             r.tick_marks, r.min_waiting = (r.computed_prompt, r.generated), len(r.waiting)
     desired = autoscaler(now, sigs)
+    primary = next((sig for sig in sigs if sig.role == "primary"), None)
+    follow = None
+    if wake_rate is not None and primary is not None:
+        follow = follow_up_s(primary.window_s, primary.arrival_rate, wake_rate)
     for spec in cfg.pools:
         if spec.name not in desired:
             continue
@@ -406,3 +411,4 @@ def _autoscale(fleet: Fleet, autoscaler: Autoscaler, router: SimRouter, cfg: Sim
                 rep.draining = True
                 fleet.unroute(rep)
                 stop_if_drained(rep, now)
+    return follow
