@@ -273,8 +273,11 @@ def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState
     # alone, a student cold start away. The first student is warmed as insurance for the idle horizon (two primary
     # cold starts: by then the forecast, the detector and a primary started on the first decision's evidence are in
     # place); it stands in for no primary meanwhile (the starting size is the planner's, not yet measured).
-    fresh = cfg.policy == "slo" and primary is not None and bool(students) and not state.pools
+    new_service = cfg.policy == "slo" and not state.pools
+    fresh = new_service and primary is not None and bool(students)
     arrived = {pool.name: _track_cold_start(state.pool(pool.name), by_name[pool.name]) for pool in cfg.pools}
+    for pool in cfg.pools if new_service else ():
+        state.pool(pool.name).new_service = True
 
     if cfg.policy == "static":
         for pool in cfg.pools:

@@ -155,8 +155,16 @@ def stabilize(
             reasons.append(f"{why}: highest recommendation over {short:g} s is {idle}: -{step}")
             return max(idle, current - step), "down"
     if down < current:
-        if now - st.first_seen < window:
-            reasons.append(f"scale-down waits for a full {window:g} s window of history")
+        # The window holds the highest recommendation of its seconds; before it has a full window of them it holds the
+        # size the pool had when they began. A new service's starting size is the planner's or the spec's, which no
+        # recommendation asked for: its first scale-down waits the idle horizon (two cold starts, at least four
+        # intervals; the start-up insurance's) and then steps as any other (the TTFT guard, the cooldown, one
+        # maxScaleDownStep), down to the highest recommendation seen. A restarted controller (its state restored from
+        # the annotation, not new) still waits a full window: its fleet was sized on history it no longer has.
+        first = min(window, idle_horizon(cfg, cold_s)) if st.new_service else window
+        if now - st.first_seen < first:
+            reasons.append(f"scale-down waits for {first:g} s of history (a new service's start: the idle horizon)"
+                           if first < window else f"scale-down waits for a full {window:g} s window of history")
             return current, "hold"
         # The model's headroom must show in the measured latency. It plans TTFT at ttft_target_fraction of the
         # SLO; an interval of the window that measured more says the model is optimistic at this size (it

@@ -48,6 +48,10 @@ class PoolState:
     last_served_at: float | None = None
     # a student pool: warmed as burst insurance at the service's first decision, held until this time (policy.decide)
     startup_until: float | None = None
+    # slo: the service's first decision found no state (a new service; a restarted controller restores its state from
+    # the annotation): the pool's size is the start's (the planner's or the spec's), which no recommendation asked
+    # for, and its first scale-down waits the idle horizon instead of a full down-window (stabilize.py). Not persisted.
+    new_service: bool = False
     # a primary: its last scale-up became ready after the demand it was asked for had gone (the replicas ready before it
     # meet the TTFT plan at the rate measured then): a rise shorter than a cold start (stabilize.py: released at break-even)
     late: bool = False

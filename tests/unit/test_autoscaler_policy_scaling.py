@@ -88,7 +88,7 @@ def test_a_level_shift_the_ready_primaries_absorb_is_planned_at_its_measured_rat
     """2 -> 5 req/s on 3 ready primaries (~7.8 req/s at full utilization) is a level shift, but the ready replicas
     carry it: the primary plans for the measured rate, not the jump's slope kept over a cold start (10 req/s, which
     would start primaries that arrive after it). A jump past the ready replicas still plans the burst rate (above)."""
-    w = World(config(), replicas={"primary": 3, "small": 0})
+    w = World(config(), replicas={"primary": 3, "small": 0}, state=running())  # a running service's three
     for i in range(10):
         w.tick(15.0 * i, 2.0)
     assert w.ready["primary"] == 3 and 3 * MU * MAX_UTILIZATION > 5.0
@@ -227,7 +227,8 @@ def test_students_cost_the_overflow_at_the_primary_mix() -> None:
 def test_clearly_idle_capacity_is_released_fast(
     current: int, after_rate: float, idle_fraction: float, expect_first_down_by: float | None, expect_step_gt_1: bool
 ) -> None:
-    w = World(config(idle_fraction=idle_fraction), replicas={"primary": current, "small": 0})
+    # a running service (its state restored): a new one's first scale-down is tested below
+    w = World(config(idle_fraction=idle_fraction), replicas={"primary": current, "small": 0}, state=running())
     w.run(lambda t: after_rate, 900)
     downs = [(t, d.pools["primary"]) for t, _, d in w.log if d.pools["primary"].action == "down"]
     assert downs
@@ -258,7 +259,8 @@ def test_idle_fast_path_respects_stale_metrics() -> None:
 def test_slo_scale_down_needs_the_headroom_in_measured_ttft(
     ttft_ms: float, until_s: float | None, expect_first_down_after: float | None
 ) -> None:
-    w = World(config(), replicas={"primary": 4, "small": 0})  # 5 req/s needs 3 of 4: not clearly idle
+    # 5 req/s needs 3 of 4: not clearly idle; a running service (a new one's first scale-down is tested below)
+    w = World(config(), replicas={"primary": 4, "small": 0}, state=running())
     t = 0.0
     while t <= 1200:
         high = until_s is None or t <= until_s
@@ -271,6 +273,25 @@ def test_slo_scale_down_needs_the_headroom_in_measured_ttft(
     else:
         assert downs and downs[0][0] >= expect_first_down_after
         assert w.replicas["primary"] >= needed(5.0)
+
+
+@pytest.mark.parametrize(("new_service", "first_down_from"), [(True, 120.0), (False, 300.0)])
+def test_a_new_services_first_scale_down_waits_the_idle_horizon(new_service: bool, first_down_from: float) -> None:
+    """A new service starts at the planner's (or the spec's) size, which no recommendation asked for: its first
+    scale-down waits the idle horizon (two 60 s cold starts), not a full 300 s down-window, and then steps like any
+    other (one replica per cooldown, down to the highest recommendation seen). A restarted controller (its state
+    restored from the annotation) waits the full window: its fleet was sized on history it no longer has."""
+    w = World(config(idle_fraction=0.0), replicas={"primary": 6, "small": 0},  # 5 req/s needs 3 of 6
+              state=PolicyState() if new_service else running())
+    w.run(lambda t: 5.0, 600)
+    downs = [(t, d.pools["primary"]) for t, _, d in w.log if d.pools["primary"].action == "down"]
+    assert downs and first_down_from <= downs[0][0] < first_down_from + w.cfg.interval_s
+    assert all(b - a >= 60 for (a, _), (b, _) in zip(downs, downs[1:], strict=False))  # cooldown holds
+    assert all(p.current - p.desired == 1 for _, p in downs)
+    assert w.replicas["primary"] == w.log[-1][2].pools["primary"].recommended >= needed(5.0)  # what it asks for
+    before = [d.pools["primary"] for t, _, d in w.log if 0 < t < downs[0][0]]
+    why = "a new service's start: the idle horizon" if new_service else "a full 300 s window of history"
+    assert before and all(why in " ".join(p.reasons) for p in before)
 
 
 def test_queue_policy_scale_down_ignores_ttft() -> None:
