@@ -140,3 +140,67 @@ async def test_streamed_requests_count_as_queued_until_their_first_byte(fakes, r
     (await plain).close()
     await wait_for(lambda: rep.in_flight == 0)
     assert rep.awaiting_first_byte == 0
+
+
+async def test_a_diluted_burst_wake_up_brings_the_local_loops_next_step_forward(fakes, routers, http) -> None:
+    """End to end through the real router and `run_local`: the router's burst episode wakes the loop, whose woken
+    step measured the burst diluted by the seconds before it (four requests over more than a detection window,
+    against the detector's 42 req/s), so the loop steps once more a detection window later, over the burst's own
+    seconds (`follow_up_s`), and then waits out its interval."""
+    import time
+
+    from llmfleet.api import InferenceService, parse_resource
+    from llmfleet.autoscaler.actuation import ObservedReplica
+    from llmfleet.autoscaler.controller import StepResult
+    from llmfleet.autoscaler.local import run_local
+    from llmfleet.router.burst import WINDOW_S
+
+    replica = await fakes()
+    r = await routers(config({"primary": ("m", [replica.url])}))
+
+    class OpensOnFourth:  # the detector's contract, as above
+        rate, window_s, seen = 42.0, 3, 0
+
+        def observe(self, now: float) -> bool:
+            self.seen += 1
+            return self.seen == 4
+
+    r.router.burst = OpensOnFourth()  # type: ignore[assignment]
+
+    class OneReplica:  # a fixed fleet: the test is about when the loop steps, not what it asks for
+        async def list_replicas(self, pool: str) -> list[ObservedReplica]:
+            return [ObservedReplica(pool, "a", replica.url)]
+
+        async def set_replicas(self, desired: object, *, reason: str, state_json: str | None = None) -> None:
+            return None
+
+        async def drain_and_remove(self, replica: ObservedReplica, *, timeout_s: float) -> object:
+            raise AssertionError("no scale-in expected")
+
+    isvc = parse_resource({
+        "apiVersion": "llmfleet.io/v1alpha1", "kind": "InferenceService", "metadata": {"name": "svc"},
+        "spec": {"model": {"path": "/m", "servedName": "m"}, "replicas": 1, "minReplicas": 1, "maxReplicas": 1,
+                 "autoscaling": {"policy": "slo", "intervalSeconds": 60}},
+    })
+    assert isinstance(isvc, InferenceService)
+    steps: list[tuple[float, StepResult]] = []
+    stop = asyncio.Event()
+    loop = asyncio.create_task(run_local(isvc, OneReplica(), lambda pool: [replica.url], stop,  # type: ignore[arg-type]
+                                         router_url=r.url, on_step=lambda res: steps.append((time.monotonic(), res))))
+    try:
+        await wait_for(lambda: len(steps) == 1, timeout=10)
+        # the burst comes more than a detection window after that step: the woken step's rates span those seconds
+        await asyncio.sleep(WINDOW_S + 1.0)
+        for _ in range(4):
+            async with http.post(r.url + "/v1/chat/completions", json=CHAT) as resp:
+                assert resp.status == 200
+        await wait_for(lambda: len(steps) == 3, timeout=15)
+        (woke_at, woken), (next_at, follow) = steps[1], steps[2]
+        assert next((s.window_s for s in woken.signals if s.role == "primary"), 0.0) > WINDOW_S
+        assert woken.follow_up_s == WINDOW_S and follow.follow_up_s is None
+        assert WINDOW_S - 0.5 <= next_at - woke_at <= WINDOW_S + 2.0
+        await asyncio.sleep(2.0)  # then the interval (60 s): no step in the next seconds
+        assert len(steps) == 3
+    finally:
+        stop.set()
+        await asyncio.wait_for(loop, 10)
