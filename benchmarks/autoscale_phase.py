@@ -10,6 +10,8 @@ met at one phase only is luck: real traffic picks its own phase.
     python benchmarks/autoscale_phase.py                                   # bursty-10x, azure, mooncake; 0-12 s
     python benchmarks/autoscale_phase.py --workload azure --phases 0 5 10
     python benchmarks/autoscale_phase.py --student-mig 3g.71gb --out /tmp/autoscale_phase_mig.json
+    python benchmarks/autoscale_phase.py --trace mooncake-conversation.jsonl --workload mooncake-conversation-rate2x \
+        --recorded benchmarks/results/autoscale_eval_public.json --out /tmp/autoscale_phase_public.json
 
 Simulated time, router seed 0 (`--seed`): deterministic; the machine only sets the wall time.
 """
@@ -43,15 +45,19 @@ from autoscale_setup import (
 from results_paths import RESULTS
 
 from llmfleet.sim.traces import is_trace_file, load_trace
-from llmfleet.sim.workload import Workload
+from llmfleet.sim.workload import Workload, WorkloadError
 
 POLICIES = ("slo", "queue")
 
 
 @functools.cache
-def shared_traces() -> dict[str, Path]:
-    """The traces in ../shared/data/traces by the workload names autoscale_eval.py records them under."""
-    files = sorted(p for p in TRACES.glob("*") if is_trace_file(p)) if TRACES.exists() else []
+def shared_traces(extra: tuple[str, ...] = ()) -> dict[str, Path]:
+    """The traces in ../shared/data/traces, or the `extra` files instead (`--trace`, as autoscale_eval.py's), by the
+    workload names autoscale_eval.py records them under."""
+    if extra:
+        files = [Path(p) for p in extra]
+    else:
+        files = sorted(p for p in TRACES.glob("*") if is_trace_file(p)) if TRACES.exists() else []
     return dict(zip(trace_names(files), files, strict=True))
 
 
@@ -73,30 +79,30 @@ def split_rate(name: str) -> tuple[str, float]:
         return name, 1.0
 
 
-def known(name: str, shape_names: set[str]) -> bool:
+def known(name: str, shape_names: set[str], extra: tuple[str, ...] = ()) -> bool:
     base, _ = split_rate(name)
-    return base in shared_traces() or spike_factor(base) is not None or base in shape_names
+    return base in shared_traces(extra) or spike_factor(base) is not None or base in shape_names
 
 
-def workload(name: str) -> Workload:
-    """A workload autoscale_eval.py records under `name`: a shared trace, the synthetic spike or a synthetic shape,
-    or one of them at a rate factor (azure-rate3x: `Workload.scaled`, as --time-scale)."""
+def workload(name: str, extra: tuple[str, ...] = ()) -> Workload:
+    """A workload autoscale_eval.py records under `name`: a trace (shared, or the `extra` files), the synthetic spike
+    or a synthetic shape, or one of them at a rate factor (azure-rate3x: `Workload.scaled`, as --time-scale)."""
     base, k = split_rate(name)
     factor = spike_factor(base)
     if factor is not None:
         w = spike(factor, False)[1]
-    elif base in (traces := shared_traces()):
+    elif base in (traces := shared_traces(extra)):
         w = load_trace(traces[base])
     else:
         w = shapes()[base]
     return w.scaled(k) if k != 1.0 else w
 
 
-def run_one(args: tuple[str, str, float, int, float, int, str | None]) -> dict[str, Any]:
-    name, policy, slo_s, initial, phase, seed, mig = args
+def run_one(args: tuple[str, str, float, int, float, int, str | None, tuple[str, ...]]) -> dict[str, Any]:
+    name, policy, slo_s, initial, phase, seed, mig, extra = args
     use_student_mig(mig)
     t0 = time.monotonic()
-    res, hook = run_policy(workload(name), policy, slo_s, initial, seed=seed, phase_s=phase)
+    res, hook = run_policy(workload(name, extra), policy, slo_s, initial, seed=seed, phase_s=phase)
     return {"workload": name, "policy": policy, "phaseS": phase, "attainment": round(ttft_attainment(res, slo_s), 5),
             "misses": misses(res, slo_s), "gpuSeconds": round(res.summary["gpuSeconds"], 1),
             "scalingActions": hook.actions, "wallSeconds": round(time.monotonic() - t0, 1)}
@@ -137,6 +143,9 @@ def main() -> None:
                          "a rate variant (azure-rate3x); repeatable; default bursty-10x, azure and mooncake")
     ap.add_argument("--phases", type=float, nargs="+", default=[0.0, 3.0, 6.0, 9.0, 12.0], metavar="S",
                     help="seconds the regular decisions are shifted by (each below the decision interval, 15 s)")
+    ap.add_argument("--trace", action="append", default=[], metavar="FILE",
+                    help="trace files instead of ../shared/data/traces (repeatable), named as autoscale_eval.py names "
+                         "them (mooncake-conversation.jsonl: mooncake-conversation)")
     ap.add_argument("--seed", type=int, default=0, help="the router's tie-breaking seed")
     ap.add_argument("--student-mig", metavar="PROFILE", help="students on MIG slices, as autoscale_eval.py's option")
     ap.add_argument("--recorded", type=Path, default=RESULTS / "autoscale_eval.json",
@@ -151,17 +160,25 @@ def main() -> None:
     interval = service("slo", 1.0, 1).spec.autoscaling.interval_seconds  # the benchmark's services' interval
     if any(not 0 <= p < interval for p in args.phases):
         raise SystemExit(f"autoscale_phase.py: each phase must be >= 0 and below the {interval:g} s interval")
+    extra = tuple(str(p) for p in args.trace)
+    absent = [p for p in extra if not Path(p).is_file()]
+    if absent:
+        raise SystemExit(f"autoscale_phase.py: no trace file {absent[0]}")
+    try:
+        traces = shared_traces(extra)
+    except WorkloadError as err:
+        raise SystemExit(f"autoscale_phase.py: {err}") from None
     recorded = {r["workload"]: r for r in json.loads(args.recorded.read_text())["results"]}
     names = args.workload or ["bursty-10x", "azure", "mooncake"]
     shape_names = set(shapes()) if any(n.startswith("shape-") for n in names) else set()
-    unknown = [n for n in names if not known(n, shape_names)]
+    unknown = [n for n in names if not known(n, shape_names, extra)]
     if unknown:
-        raise SystemExit(f"autoscale_phase.py: unknown workload {unknown[0]!r} ({', '.join(shared_traces())}, "
+        raise SystemExit(f"autoscale_phase.py: unknown workload {unknown[0]!r} ({', '.join(traces)}, "
                          "bursty-<factor>x or a synthetic shape, each optionally -rate<factor>x)")
     missing = [n for n in names if n not in recorded]
     if missing:
         raise SystemExit(f"autoscale_phase.py: {', '.join(missing)} not in {args.recorded}")
-    tasks = [(n, pol, recorded[n]["ttftSloS"], recorded[n]["initialReplicas"], p, args.seed, args.student_mig)
+    tasks = [(n, pol, recorded[n]["ttftSloS"], recorded[n]["initialReplicas"], p, args.seed, args.student_mig, extra)
              for n in names for pol in POLICIES for p in args.phases]
     t0 = time.monotonic()
     with ProcessPoolExecutor(max(args.jobs, 1)) as pool:

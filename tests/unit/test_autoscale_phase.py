@@ -78,3 +78,24 @@ def test_recorded_workload_names_resolve_to_their_workload_and_rate() -> None:
     assert len(scaled.requests) == len(w.requests)
     assert scaled.requests[-1].arrival - scaled.requests[0].arrival == pytest.approx(
         (w.requests[-1].arrival - w.requests[0].arrival) / 2)
+
+
+def test_trace_files_replace_the_shared_traces(tmp_path: Path) -> None:
+    """`--trace FILE`, as autoscale_eval.py's: a trace outside ../shared/data/traces, by the name autoscale_eval.py
+    records it under, and its rate variants; a missing file is a one-line error."""
+    [name] = autoscale_setup.trace_names([HEAD300])
+    recorded = tmp_path / "recorded.json"
+    recorded.write_text(json.dumps({"results": [{"workload": f"{name}-rate2x", "ttftSloS": 3.5, "initialReplicas": 1}]}))
+    out = tmp_path / "phase.json"
+    done = subprocess.run([sys.executable, str(SCRIPT), "--trace", str(HEAD300), "--workload", f"{name}-rate2x",
+                           "--phases", "0", "--jobs", "1", "--recorded", str(recorded), "--out", str(out)],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    runs = json.loads(out.read_text())["runs"]
+    assert [(r["workload"], r["policy"]) for r in runs] == [(f"{name}-rate2x", "slo"), (f"{name}-rate2x", "queue")]
+    res, _ = autoscale_setup.run_policy(load_mooncake(HEAD300).scaled(2.0), "slo", 3.5, 1)
+    assert runs[0]["gpuSeconds"] == round(res.summary["gpuSeconds"], 1)  # the file's requests, at twice their rate
+    missing = subprocess.run([sys.executable, str(SCRIPT), "--trace", str(tmp_path / "none.jsonl"), "--workload", name,
+                              "--recorded", str(recorded), "--out", str(out)],
+                             capture_output=True, text=True, timeout=120, check=False)
+    assert missing.returncode != 0 and "no trace file" in missing.stderr and "Traceback" not in missing.stderr
