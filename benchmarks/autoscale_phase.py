@@ -51,7 +51,7 @@ POLICIES = ("slo", "queue")
 
 
 @functools.cache
-def shared_traces(extra: tuple[str, ...] = ()) -> dict[str, Path]:
+def trace_files(extra: tuple[str, ...] = ()) -> dict[str, Path]:
     """The traces in ../shared/data/traces, or the `extra` files instead (`--trace`, as autoscale_eval.py's), by the
     workload names autoscale_eval.py records them under."""
     if extra:
@@ -81,7 +81,7 @@ def split_rate(name: str) -> tuple[str, float]:
 
 def known(name: str, shape_names: set[str], extra: tuple[str, ...] = ()) -> bool:
     base, _ = split_rate(name)
-    return base in shared_traces(extra) or spike_factor(base) is not None or base in shape_names
+    return base in trace_files(extra) or spike_factor(base) is not None or base in shape_names
 
 
 def workload(name: str, extra: tuple[str, ...] = ()) -> Workload:
@@ -91,7 +91,7 @@ def workload(name: str, extra: tuple[str, ...] = ()) -> Workload:
     factor = spike_factor(base)
     if factor is not None:
         w = spike(factor, False)[1]
-    elif base in (traces := shared_traces(extra)):
+    elif base in (traces := trace_files(extra)):
         w = load_trace(traces[base])
     else:
         w = shapes()[base]
@@ -165,7 +165,7 @@ def main() -> None:
     if absent:
         raise SystemExit(f"autoscale_phase.py: no trace file {absent[0]}")
     try:
-        traces = shared_traces(extra)
+        traces = trace_files(extra)
     except WorkloadError as err:
         raise SystemExit(f"autoscale_phase.py: {err}") from None
     recorded = {r["workload"]: r for r in json.loads(args.recorded.read_text())["results"]}

@@ -19,7 +19,7 @@ from llmfleet.autoscaler.policy import PolicyConfig, PolicyState, PoolSignals, S
 from llmfleet.autoscaler.scalein import choose_victims
 from llmfleet.autoscaler.seeds import seeds_for_service
 from llmfleet.autoscaler.signals import PoolRef
-from llmfleet.router.burst import follow_up_s
+from llmfleet.router.burst import follow_up_after
 
 log = logging.getLogger("llmfleet.autoscaler")
 
@@ -116,10 +116,7 @@ async def autoscale_step(
                 for s in sigs]
     sigs = with_burst(sigs, burst)
     decision = decide(cfg, sigs, state)
-    primary = next((s for s in sigs if s.role == "primary"), None)
-    follow = None
-    if burst is not None and primary is not None:
-        follow = follow_up_s(primary.window_s, primary.arrival_rate, burst.rate)
+    follow = follow_up_after(sigs, burst.rate) if burst is not None else None
     result = StepResult(decision=decision, signals=sigs, follow_up_s=follow)
     ups = {n: d.desired for n, d in decision.pools.items() if d.desired > d.current}
     if ups:

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Iterable
+from typing import Protocol
 
 # A rate is a burst when it is at least this multiple of the level it is compared with (the autoscaler's own
 # burst rule in llmfleet.autoscaler.policy uses the same ratio): smaller steps are absorbed by the headroom the
@@ -45,6 +47,26 @@ def follow_up_s(measured_s: float | None, measured_rate: float | None, burst_rat
     if measured_s is None or measured_rate is None or measured_s <= WINDOW_S:
         return None
     return float(WINDOW_S) if burst_rate >= BURST_RATIO * measured_rate else None
+
+
+class MeasuredPool(Protocol):
+    """What `follow_up_after` reads of one pool's signals (llmfleet.autoscaler's PoolSignals)."""
+
+    @property
+    def role(self) -> str: ...
+
+    @property
+    def window_s(self) -> float | None: ...
+
+    @property
+    def arrival_rate(self) -> float | None: ...
+
+
+def follow_up_after(signals: Iterable[MeasuredPool], burst_rate: float) -> float | None:
+    """`follow_up_s` of the woken decision whose signals these are: the primary's arrival rate is the service's
+    demand. The one rule for `controller.autoscale_step` and the simulator's engine."""
+    primary = next((s for s in signals if s.role == "primary"), None)
+    return None if primary is None else follow_up_s(primary.window_s, primary.arrival_rate, burst_rate)
 
 
 def poisson_sf(k: int, lam: float) -> float:

@@ -23,7 +23,7 @@ from llmfleet.autoscaler.actuation import ObservedReplica as ScaleInReplica
 from llmfleet.autoscaler.capacity import prompt_length_moments
 from llmfleet.autoscaler.scalein import choose_victims
 from llmfleet.router.burst import WINDOW_S as WAKE_MIN_WINDOW_S
-from llmfleet.router.burst import follow_up_s
+from llmfleet.router.burst import follow_up_after
 from llmfleet.sim.replica import SimReplica
 from llmfleet.sim.report import replica_gpu_seconds, summarize
 from llmfleet.sim.routers import make_router
@@ -161,7 +161,7 @@ def _simulate(workload: Workload, cfg: SimConfig, router: SimRouter | str,
     # carries its generation, so the regular tick a wake-up replaced is skipped.
     tick_gen, last_tick, wakes = 0, t0, autoscaler is not None and cfg.autoscale_on_burst
     # the next tick is a wake-up's, by a burst the detector counted at this rate: a decision that measures it diluted
-    # brings the next one forward (follow_up_s)
+    # brings the next one forward (follow_up_after)
     woken, wake_rate = False, 0.0
     if autoscaler:
         push(t0 + cfg.autoscale_phase_s + cfg.autoscale_interval_s, _TICK, tick_gen)
@@ -352,7 +352,7 @@ def _autoscale(fleet: Fleet, autoscaler: Autoscaler, router: SimRouter, cfg: Sim
     """One autoscaler decision on what happened over the last `iv` seconds (an interval, or less when the router's
     burst wake-up brought it forward). The rates are over those seconds (`window_s`), as the production scrapes'.
     `wake_rate`: the detector's rate when a burst wake-up brought this decision forward. Returns the seconds until a
-    follow-up decision (`follow_up_s` of the primary's signals, as `autoscale_step` does), None for the interval."""
+    follow-up decision (`follow_up_after` its signals, as `autoscale_step`), None for the interval."""
     iv = max(iv, 1e-3)
     sigs = []
     for spec in cfg.pools:
@@ -387,10 +387,7 @@ def _autoscale(fleet: Fleet, autoscaler: Autoscaler, router: SimRouter, cfg: Sim
         if r.stopped_at is None:
             r.tick_marks, r.min_waiting = (r.computed_prompt, r.generated), len(r.waiting)
     desired = autoscaler(now, sigs)
-    primary = next((sig for sig in sigs if sig.role == "primary"), None)
-    follow = None
-    if wake_rate is not None and primary is not None:
-        follow = follow_up_s(primary.window_s, primary.arrival_rate, wake_rate)
+    follow = follow_up_after(sigs, wake_rate) if wake_rate is not None else None
     for spec in cfg.pools:
         if spec.name not in desired:
             continue

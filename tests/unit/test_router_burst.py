@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -15,6 +16,7 @@ from llmfleet.router.burst import (
     FALSE_ALARMS_PER_HOUR,
     WINDOW_S,
     ArrivalBurst,
+    follow_up_after,
     follow_up_s,
     poisson_sf,
 )
@@ -70,6 +72,15 @@ def test_a_step_opens_one_episode_within_seconds(before: float, factor: float) -
 def test_a_woken_decision_that_measured_a_diluted_burst_is_followed_one_window_later(
         measured_s: float | None, measured_rate: float | None, burst_rate: float, expected: float | None) -> None:
     assert follow_up_s(measured_s, measured_rate, burst_rate) == expected
+
+
+def test_the_follow_up_reads_the_primarys_rates() -> None:
+    """The woken decision's demand is the primary's arrival rate (a student's own rate is only its overflow)."""
+    student = PoolSignals("small", "student", 13.0, 1, 1, arrival_rate=1.0, window_s=13.0)
+    primary = PoolSignals("primary", "primary", 13.0, 2, 2, arrival_rate=15.0, window_s=13.0)
+    assert follow_up_after([student, primary], 25.0) == float(WINDOW_S)
+    assert follow_up_after([student, replace(primary, arrival_rate=20.0)], 25.0) is None
+    assert follow_up_after([student], 25.0) is None
 
 
 def test_no_episode_before_a_baseline_and_one_request_after_silence_is_not_a_burst() -> None:
