@@ -388,6 +388,48 @@ def test_the_kubernetes_timer_decides_on_its_interval_held_requests_or_a_burst()
     assert out.stdout.strip() == "[False, True, False, True, True, False, True]"
 
 
+def test_the_kubernetes_timer_decides_again_when_a_step_asks_for_a_follow_up() -> None:
+    """The timer handler itself, ticking every second on a fake clock: a step that returns follow_up_s = 3 is decided
+    again 3 s later (not at the next tick), and that one, asking for none, is followed by the regular interval. The
+    step, the router's metrics and arbitration are stubbed; the handler's memory and `_due` are the real ones. In a
+    subprocess, like the other kopf_handlers tests (importing registers handlers)."""
+    code = """
+import asyncio, kopf
+import llmfleet.autoscaler.kopf_handlers as kh
+from llmfleet.autoscaler.controller import StepResult
+from llmfleet.autoscaler.policy import PolicyState
+from llmfleet.autoscaler.types import ScalingDecision
+
+clock, calls = [100.0], []
+kh.time.monotonic = lambda: clock[0]
+
+async def step(isvc, actuator, source, state, now, **kw):
+    calls.append(now)
+    return StepResult(ScalingDecision(now, "slo", {}, PolicyState()), follow_up_s=3.0 if len(calls) == 1 else None)
+
+async def nothing(*a, **kw):
+    return None
+
+kh.autoscale_step, kh._lost_blocks, kh._arbitrate = step, nothing, nothing
+memo = kopf.Memo()
+kh.share_client(memo, lambda: object())
+body = {"apiVersion": "llmfleet.io/v1alpha1", "kind": "InferenceService",
+        "metadata": {"name": "s", "namespace": "default", "uid": "u1"},
+        "spec": {"model": {"path": "/m"}, "replicas": 1, "maxReplicas": 4,
+                 "autoscaling": {"policy": "slo", "intervalSeconds": 15}}}
+for t in range(100, 125):
+    clock[0] = float(t)
+    asyncio.run(kh.autoscale_inferenceservice(body=body, memo=memo, patch=kopf.Patch()))
+print(calls)
+"""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[100.0, 103.0, 118.0]"
+
+
 def test_a_woken_step_that_measured_a_diluted_burst_asks_for_a_follow_up() -> None:
     """autoscale_step: with the router's burst at 40 req/s and the primary's rate since the last decision at 15 (13 s,
     mostly before the burst) the next decision comes one detection window later; not when the rate measured holds the
