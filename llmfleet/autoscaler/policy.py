@@ -319,13 +319,23 @@ def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState
                 # Only bursts of a kind the ready replicas did not absorb warm a student after them: one whose burst
                 # rate (the jump's slope over a cold start, which a student taking the burst cannot hide and which
                 # sees a burst shorter than the interval whose mean hides it) exceeded their capacity beyond noise, or
-                # that overflowed, or left their TTFT p95 or backlog past the plan. Remembered for a down-window (the
-                # insurance's own memory): traffic that burst past them bursts again, and a level shift that looks
-                # small when detected may be the start of the next one. On/off traffic within one replica: no student.
-                if within and (overflow_seen or not ready_carry[primary.name]
-                               or not _within_noise(max(burst - ready_cap, 0.0), planned, window_seconds(cfg, sig))):
-                    st.burst_beyond_ready_at = sig.now
+                # that overflowed, or left their TTFT p95 or backlog past the plan (requests that arrived and none
+                # had a first token: all still waiting). Remembered for a down-window (the insurance's own memory):
+                # traffic that burst past them bursts again, and a level shift that looks small when detected may be
+                # the start of the next one. On/off traffic within one replica: no student.
                 beyond = st.burst_beyond_ready_at
+                remembered = beyond is not None and sig.now - beyond <= max(cfg.down_window_s, horizon)
+                silent = (sig.arrival_rate or 0.0) <= 0.0 and sig.ttft_p95_ms is None
+                strained = (overflow_seen or (not ready_carry[primary.name] and not silent)
+                            or not _within_noise(max(burst - ready_cap, 0.0), planned, window_seconds(cfg, sig)))
+                # A remembered burst past the ready replicas is renewed by a level shift that falls silent within its
+                # horizon: traffic that comes in bursts out of silence and has burst past them before (the Azure
+                # code trace: one request to 450 in 15 s, minutes of nothing between) is bursting again, however
+                # small this one was, and its quiet gaps outlast a down-window (measured without the renewal: that
+                # trace 100 % -> 96.05 %, at half its rate 99.27 % -> 95.48 %: its biggest bursts met no student).
+                # Bursts out of silence that never went past the ready replicas renew nothing.
+                if within and (strained or (silent and remembered)):
+                    st.burst_beyond_ready_at = beyond = sig.now
                 recent_burst = within and beyond is not None and sig.now - beyond <= max(cfg.down_window_s, horizon)
             else:
                 raw[primary.name] = (sig.replicas, ["metrics stale or missing: hold"])

@@ -201,6 +201,39 @@ def test_after_a_burst_beyond_the_ready_primaries_the_next_level_shift_warms_the
     assert "burst past the ready primaries" in at_shift.pools["small"].reasons[0]  # the reasons say why
 
 
+def _bursts_out_of_silence(w: World, until: float, big_at: float | None = None) -> None:
+    """30 s of 1.2 req/s every 240 s from 60 s on (within one primary: TTFT p95 200 ms), nothing in between (no
+    arrivals, no TTFT sample); with `big_at`, 20 req/s for 60 s there instead (TTFT p95 5 s: past the plan)."""
+    for i in range(int(until / 15) + 1):
+        t = 15.0 * i
+        big = big_at is not None and big_at <= t < big_at + 60
+        on = big or (t >= 60 and (t - 60) % 240 < 30)
+        w.tick(t, 20.0 if big else 1.2 if on else 0.0, ttft=5000.0 if big else 200.0 if on else None)
+
+
+def test_bursts_out_of_silence_within_the_ready_primaries_warm_no_student() -> None:
+    """Each burst is a level shift that falls silent within its horizon; none ever went past the ready primary, so
+    silence renews nothing: no student."""
+    w = World(config(), replicas={"primary": 1, "small": 0}, state=running())
+    _bursts_out_of_silence(w, 1800)
+    assert w.state.pool("primary").last_burst_at is not None and w.state.pool("primary").last_burst_at > 1500
+    assert w.state.pool("primary").burst_beyond_ready_at is None
+    assert all(d.pools["small"].recommended == 0 for _, _, d in w.log)
+
+
+def test_bursts_out_of_silence_after_one_past_the_ready_primaries_keep_the_insurance() -> None:
+    """After one burst past the ready primary (20 req/s), the small bursts out of silence that follow renew its
+    memory each time they fall silent: the student is still asked for at a burst more than two down-windows later.
+    Without the renewal the memory ends a down-window after the big burst's horizon."""
+    w = World(config(), replicas={"primary": 1, "small": 0}, state=running())
+    _bursts_out_of_silence(w, 1500, big_at=300.0)
+    last = 60.0 + 240.0 * 5  # 1,260 s: the fifth small burst after the big one
+    assert last - 360.0 > 2 * w.cfg.down_window_s
+    at_last = next(d for t, _, d in w.log if t == last)
+    assert at_last.pools["small"].recommended >= 1
+    assert "burst past the ready primaries" in at_last.pools["small"].reasons[0]
+
+
 def _prompt_heavy_burst_on_one_primary(duration_s: float, burst_at: float, burst_s: float):  # type: ignore[no-untyped-def]
     """A 10x burst of 4k-token prompts on 1 primary with 1 warm student, only the queue-delay fallback trigger."""
     from llmfleet.sim.production import Fallback
