@@ -353,7 +353,7 @@ def main() -> None:
     ap.add_argument("--shapes", action="store_true",
                     help="synthetic traffic shapes no constant was chosen on (daily cycle, 30 s bursts every 5 min, "
                          "long prompts, on/off, long outputs, 40 req/s, short chat, short rises before a long or a large "
-                         "one), named shape-*, instead of the spike; "
+                         "one, reasoning-style answers, clumped API requests), named shape-*, instead of the spike; "
                          "e.g. with --no-trace")
     ap.add_argument("--out", type=Path, default=RESULTS / "autoscale_eval.json",
                     help="results file; plots go to docs/img for one in benchmarks/results, else beside it")

@@ -204,12 +204,20 @@ class SyntheticSpec:
     system_prompt_tokens: tuple[int, int] = (512, 4096)  # per tenant, uniform range
     user_tokens_mean: float = 300.0  # new user tokens per turn (lognormal)
     output_tokens_mean: float = 250.0  # lognormal
+    length_sigma: tuple[float, float] = (0.6, 0.7)  # lognormal sigma of the user and output tokens (tail weight)
     turns_mean: float = 4.0  # geometric
     think_time_s: float = 20.0  # exponential gap between turns of a session
     diurnal_amplitude: float = 0.3  # rate x (1 + a·sin(2πt/period))
     diurnal_period_s: float = 86400.0
     bursts: list[tuple[float, float, float]] = field(default_factory=list)  # (start_s, length_s, rate factor)
     tenant_skew: float = 1.1  # Zipf exponent of tenant popularity
+    # Coefficient of variation of the gaps between session starts: 1 is Poisson; above 1 a gamma renewal process,
+    # whose arrivals clump (API traffic: BurstGPT's gaps fit gamma with CV > 1) at the same mean rate.
+    arrival_cv: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.arrival_cv > 0:
+            raise ValueError(f"arrival_cv must be > 0, got {self.arrival_cv}")
     block_size: int = 64
     seed: int = 0
     warmup_s: float = 0.0  # start sessions this long before t=0 and drop earlier turns (steady state at t=0)
@@ -258,8 +266,10 @@ def _synthetic(spec: SyntheticSpec) -> Workload:
                   for t_ in range(spec.tenants)]
     t = -spec.warmup_s
     sid = 0
-    while True:  # sessions arrive by thinning a Poisson process at the peak rate
-        t += rng.exponential(1.0 / (session_rate * peak))
+    shape = 1.0 / spec.arrival_cv**2
+    while True:  # sessions arrive by thinning a renewal process (Poisson unless arrival_cv != 1) at the peak rate
+        mean_gap = 1.0 / (session_rate * peak)
+        t += rng.exponential(mean_gap) if spec.arrival_cv == 1.0 else rng.gamma(shape, mean_gap / shape)
         if t >= spec.duration_s:
             break
         if rng.random() > rate_factor(max(0.0, t)) / peak:
@@ -274,8 +284,8 @@ def _synthetic(spec: SyntheticSpec) -> Workload:
         for _turn in range(turns):
             if at >= spec.duration_s:
                 break
-            user = max(1, int(rng.lognormal(math.log(spec.user_tokens_mean), 0.6)))
-            out = max(1, int(rng.lognormal(math.log(spec.output_tokens_mean), 0.7)))
+            user = max(1, int(rng.lognormal(math.log(spec.user_tokens_mean), spec.length_sigma[0])))
+            out = max(1, int(rng.lognormal(math.log(spec.output_tokens_mean), spec.length_sigma[1])))
             prompt = int(sys_len[tenant]) + history + user
             n_blocks = prompt // bs
             while len(keys) < n_blocks:  # extend the chain: the same keys chain(ids) would give

@@ -201,6 +201,20 @@ def test_after_a_burst_beyond_the_ready_primaries_the_next_level_shift_warms_the
     assert "burst past the ready primaries" in at_shift.pools["small"].reasons[0]  # the reasons say why
 
 
+def test_a_level_shift_whose_ttft_p95_stays_within_the_slo_warms_no_student() -> None:
+    """On/off traffic within one primary (as above) whose TTFT p95 while on is 1.6 s: past the 1.4 s plan, within the
+    2 s SLO (heavy-tailed prompts arriving together on a lightly loaded replica). The ready primary absorbed it: no
+    student. The same traffic at 2.5 s, past the SLO, did go past it: the next level shift warms the student."""
+    for ttft, warmed in ((1600.0, False), (2500.0, True)):
+        w = World(config(), replicas={"primary": 1, "small": 0}, state=running())
+        assert w.cfg.ttft_target_fraction * w.cfg.ttft_slo_ms < 1600.0 < w.cfg.ttft_slo_ms
+        on = lambda t: (t // 300) % 2 == 1  # noqa: E731
+        for i in range(int(1800 / 15) + 1):
+            t = 15.0 * i
+            w.tick(t, 1.2 if on(t) else 0.1, ttft=ttft if on(t) else 200.0)
+        assert any(d.pools["small"].recommended > 0 for _, _, d in w.log) is warmed, ttft
+
+
 def _bursts_out_of_silence(w: World, until: float, big_at: float | None = None) -> None:
     """30 s of 1.2 req/s every 240 s from 60 s on (within one primary: TTFT p95 200 ms), nothing in between (no
     arrivals, no TTFT sample); with `big_at`, 20 req/s for 60 s there instead (TTFT p95 5 s: past the plan)."""

@@ -293,3 +293,21 @@ def test_a_run_stops_once_it_cannot_reach_the_attainment_it_was_asked_for() -> N
     asked = simulate(w, SimConfig(pools=[PoolSpec(replicas=8)], ttft_slo_s=1.0, stop_below_attainment=0.99),
                      router="llmfleet")
     assert attainment(full, 1.0) >= 0.99 and asked.records == full.records and asked.summary == full.summary
+
+
+def test_synthetic_arrival_cv_clumps_session_starts_at_the_same_mean_rate() -> None:
+    """arrival_cv 3: the gaps between single-request sessions have a coefficient of variation near 3 (gamma renewal)
+    and the same mean rate as Poisson arrivals; a CV of 0 or less is refused."""
+    import numpy as np
+
+    def gaps(cv: float) -> np.ndarray:
+        spec = SyntheticSpec(duration_s=4000.0, rate_rps=2.0, diurnal_amplitude=0.0, turns_mean=1.0, arrival_cv=cv,
+                             seed=3)
+        return np.diff([r.arrival for r in synthetic(spec).requests])
+
+    poisson, clumped = gaps(1.0), gaps(3.0)
+    assert 0.9 < poisson.std() / poisson.mean() < 1.1
+    assert 2.5 < clumped.std() / clumped.mean() < 3.5
+    assert abs(1.0 / clumped.mean() - 2.0) < 0.3 and abs(1.0 / poisson.mean() - 2.0) < 0.2
+    with pytest.raises(ValueError, match="arrival_cv"):
+        SyntheticSpec(arrival_cv=0.0)
