@@ -211,16 +211,17 @@ class SyntheticSpec:
     diurnal_period_s: float = 86400.0
     bursts: list[tuple[float, float, float]] = field(default_factory=list)  # (start_s, length_s, rate factor)
     tenant_skew: float = 1.1  # Zipf exponent of tenant popularity
-    # Coefficient of variation of the gaps between session starts: 1 is Poisson; above 1 a gamma renewal process,
-    # whose arrivals clump (API traffic: BurstGPT's gaps fit gamma with CV > 1) at the same mean rate.
+    # Coefficient of variation of the gaps between session starts: 1 is Poisson; otherwise a gamma renewal process
+    # (above 1 its arrivals clump: API traffic, BurstGPT's gaps fit gamma with CV > 1) at the same mean rate. The
+    # diurnal sine and bursts thin it, which moves the kept gaps' CV toward 1.
     arrival_cv: float = 1.0
+    block_size: int = 64
+    seed: int = 0
+    warmup_s: float = 0.0  # start sessions this long before t=0 and drop earlier turns (steady state at t=0)
 
     def __post_init__(self) -> None:
         if not self.arrival_cv > 0:
             raise ValueError(f"arrival_cv must be > 0, got {self.arrival_cv}")
-    block_size: int = 64
-    seed: int = 0
-    warmup_s: float = 0.0  # start sessions this long before t=0 and drop earlier turns (steady state at t=0)
 
 
 @contextmanager
@@ -266,9 +267,8 @@ def _synthetic(spec: SyntheticSpec) -> Workload:
                   for t_ in range(spec.tenants)]
     t = -spec.warmup_s
     sid = 0
-    shape = 1.0 / spec.arrival_cv**2
+    mean_gap, shape = 1.0 / (session_rate * peak), 1.0 / spec.arrival_cv**2
     while True:  # sessions arrive by thinning a renewal process (Poisson unless arrival_cv != 1) at the peak rate
-        mean_gap = 1.0 / (session_rate * peak)
         t += rng.exponential(mean_gap) if spec.arrival_cv == 1.0 else rng.gamma(shape, mean_gap / shape)
         if t >= spec.duration_s:
             break
