@@ -215,6 +215,20 @@ def test_a_level_shift_whose_ttft_p95_stays_within_the_slo_warms_no_student() ->
         assert any(d.pools["small"].recommended > 0 for _, _, d in w.log) is warmed, ttft
 
 
+def test_a_ttft_miss_without_waiting_past_the_budget_warms_no_student() -> None:
+    """The same on/off traffic with a TTFT p95 of 2.5 s (past the 2 s SLO) while on: where the engine's queue-time p95
+    is 0.1 s, within the plan's wait budget, the miss is the prompts' own prefill and the primary absorbed the
+    traffic (no student); where requests waited 2 s, or the queue time is not measured, the next level shift warms it."""
+    for queue_time, warmed in ((100.0, False), (2000.0, True), (None, True)):
+        w = World(config(), replicas={"primary": 1, "small": 0}, state=running())
+        on = lambda t: (t // 300) % 2 == 1  # noqa: E731
+        for i in range(int(1800 / 15) + 1):
+            t = 15.0 * i
+            w.tick(t, 1.2 if on(t) else 0.1, ttft=2500.0 if on(t) else 200.0,
+                   queue_time=queue_time if on(t) else None)
+        assert any(d.pools["small"].recommended > 0 for _, _, d in w.log) is warmed, queue_time
+
+
 def _bursts_out_of_silence(w: World, until: float, big_at: float | None = None) -> None:
     """30 s of 1.2 req/s every 240 s from 60 s on (within one primary: TTFT p95 200 ms), nothing in between (no
     arrivals, no TTFT sample); with `big_at`, 20 req/s for 60 s there instead (TTFT p95 5 s: past the plan)."""
