@@ -320,7 +320,11 @@ def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState
                 within = last is not None and sig.now - last <= horizon
                 # Only bursts of a kind the ready replicas did not absorb warm a student after them: one whose burst
                 # rate (the jump's slope over a cold start, which a student taking the burst cannot hide and which
-                # sees a burst shorter than the interval whose mean hides it) exceeded their capacity beyond noise, or
+                # sees a burst shorter than the interval whose mean hides it) exceeded their capacity beyond noise
+                # (at the lighter of the last minute's mix and the down-window's, as a release is judged at the
+                # heavier: at a few requests a minute one long prompt sets the minute's mean, and a clump of short
+                # ones then reads as past a replica at 30 % load; a burst of long prompts that is past them shows in
+                # the measured TTFT, backlog or overflow), or
                 # that overflowed, or left their backlog past the plan or their measured TTFT p95 past the SLO. The
                 # SLO, not the plan: a p95 between the two used the margin the plan keeps for noise, which is what it
                 # is for (heavy-tailed prompts arriving in the same second on a replica at 15 % load: 760 ms against
@@ -338,8 +342,9 @@ def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState
                 silent = (sig.arrival_rate or 0.0) <= 0.0 and sig.ttft_p95_ms is None
                 missed = (sig.ttft_p95_ms is not None and sig.ttft_p95_ms > cfg.ttft_slo_ms
                           and (sig.queue_time_p95_ms is None or sig.queue_time_p95_ms > 1000.0 * wait_budget))
+                ready_cap_light = sig.ready_replicas * planned_replica_rps(primary, st, sig, evidence=True) * cfg.max_utilization
                 strained = (overflow_seen or backlog_past or missed
-                            or not _within_noise(max(burst - ready_cap, 0.0), planned, window_seconds(cfg, sig)))
+                            or not _within_noise(max(burst - ready_cap_light, 0.0), planned, window_seconds(cfg, sig)))
                 # A remembered burst past the ready replicas is renewed by a level shift that falls silent within its
                 # horizon: traffic that comes in bursts out of silence and has burst past them before (the Azure
                 # code trace: one request to 450 in 15 s, minutes of nothing between) is bursting again, however

@@ -58,16 +58,18 @@ def replica_rps(pool: PoolBounds, st: PoolState, sig: PoolSignals) -> float:
     return 1.0 / cost if cost > 0 else math.inf
 
 
-def planned_replica_rps(pool: PoolBounds, st: PoolState, sig: PoolSignals, *, release: bool = False) -> float:
+def planned_replica_rps(pool: PoolBounds, st: PoolState, sig: PoolSignals, *, release: bool = False,
+                        evidence: bool = False) -> float:
     """A primary's capacity per replica for planning: at the smoothed cost of its request mix (`st.service`, seed
     replica-seconds per request, smoothed like the arrival rate's level), else at this interval's mix. One interval's
     mean of a heavy-tailed prompt length swings by tens of percent (Mooncake: 8k-26k tokens per 15 s); planning each
     swing would keep a replica the down-window then holds for minutes. The smoother averages about four intervals,
     the one-minute window the production signals are read over (signals.py). `release`: for a scale-down, at the
-    heavier of that cost and its average over the down-window (`st.service_slow`; policy._slo_primary)."""
+    heavier of that cost and its average over the down-window (`st.service_slow`; policy._slo_primary). `evidence`:
+    for reading a burst as past the ready replicas (policy.decide), at the lighter of the two."""
     cost = st.service.level
-    if release and cost is not None and st.service_slow.level is not None:
-        cost = max(cost, st.service_slow.level)
+    if (release or evidence) and cost is not None and st.service_slow.level is not None:
+        cost = max(cost, st.service_slow.level) if release else min(cost, st.service_slow.level)
     if cost is None or cost <= 0:
         return replica_rps(pool, st, sig)
     return max(st.efficiency, 1e-3) / cost

@@ -11,7 +11,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from test_autoscaler_policy import World, config, primary_only, running  # noqa: E402
 
-from llmfleet.autoscaler.policy import PolicyState  # noqa: E402
+from llmfleet.autoscaler.capacity import CapacitySeed  # noqa: E402
+from llmfleet.autoscaler.policy import PolicyState, PoolBounds, PoolSignals, decide  # noqa: E402
 from llmfleet.autoscaler.types import MAX_UTILIZATION  # noqa: E402
 from llmfleet.sim.production import make_service, simulate_service  # noqa: E402
 from llmfleet.sim.workload import SyntheticSpec, synthetic  # noqa: E402
@@ -227,6 +228,32 @@ def test_a_ttft_miss_without_waiting_past_the_budget_warms_no_student() -> None:
             w.tick(t, 1.2 if on(t) else 0.1, ttft=2500.0 if on(t) else 200.0,
                    queue_time=queue_time if on(t) else None)
         assert any(d.pools["small"].recommended > 0 for _, _, d in w.log) is warmed, queue_time
+
+
+def _clump_after_a_quiet_interval(quiet_prompt_tokens: float, clump_rps: float) -> PolicyState:
+    """One primary at 26 req/s per replica (2,000-token prompts, 1 s TTFT SLO) serving 2 req/s for 20 minutes, then
+    an interval of two requests of `quiet_prompt_tokens` each, then a clump of `clump_rps` 2,000-token requests
+    (TTFT p95 100 ms throughout): the state after the clump."""
+    pools = (PoolBounds("primary", "primary", 1, 30, 1, seed=CapacitySeed(80000.0, 15000.0)),
+             PoolBounds("small", "student", 0, 6, 0, seed=CapacitySeed(400000.0, 60000.0)))
+    cfg, state = config(pools=pools, ttft_slo_ms=1000.0), running()
+    intervals = [(2.0, 2000.0)] * 80 + [(2 / 15, quiet_prompt_tokens), (clump_rps, 2000.0)]
+    for i, (rate, prompt) in enumerate(intervals):
+        t = 15.0 * i
+        signals = [PoolSignals("primary", "primary", t, 1, 1, arrival_rate=rate, mean_input_tokens=prompt,
+                               mean_output_tokens=200.0, queue_depth=0.0, ttft_p95_ms=100.0),
+                   PoolSignals("small", "student", t, 0, 0, arrival_rate=0.0, queue_depth=0.0)]
+        state = decide(cfg, signals, state).state
+    return state
+
+
+def test_a_clump_after_one_long_prompt_is_no_burst_past_the_ready_primaries() -> None:
+    """Two 24k-token prompts in a quiet interval set the smoothed mix's cost to ~3x the down-window's: a clump of 5 req/s
+    (burst rate 10) is past one replica's capacity at that mix (9 req/s) but not at the down-window's (26): no
+    record of a burst past the ready primaries (a release is judged at the heavier mix, this evidence at the
+    lighter). A clump of 14 req/s after a quiet interval of ordinary prompts (burst rate 28) is past it."""
+    assert _clump_after_a_quiet_interval(24000.0, 5.0).pool("primary").burst_beyond_ready_at is None
+    assert _clump_after_a_quiet_interval(2000.0, 14.0).pool("primary").burst_beyond_ready_at is not None
 
 
 def _bursts_out_of_silence(w: World, until: float, big_at: float | None = None) -> None:
