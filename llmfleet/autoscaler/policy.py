@@ -148,6 +148,12 @@ def _slo_primary(
         st.arrival.level, st.arrival.trend, level = rate, 0.0, rate
         st.burst_until = sig.now + cold
         st.last_burst_at = sig.now
+        # the level shift this one ends: did its burst go past the ready replicas only as extrapolated? (decide)
+        if st.shift_measured_past:
+            st.extrapolation_unconfirmed = False
+        elif st.shift_extrapolated_past:
+            st.extrapolation_unconfirmed = True
+        st.shift_extrapolated_past = st.shift_measured_past = False
     base = level
     jump = max(rate - (st.prev_rate if st.prev_rate is not None else rate), 0.0) / max(window, 1e-6)
     st.prev_rate = rate
@@ -322,8 +328,8 @@ def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState
                 # rate (the jump's slope over a cold start, which a student taking the burst cannot hide and which
                 # sees a burst shorter than the interval whose mean hides it) exceeded their capacity beyond noise
                 # (at the lighter of the last minute's mix and the down-window's, as a release is judged at the
-                # heavier: at a few requests a minute one long prompt sets the minute's mean, and a clump of short
-                # ones then reads as past a replica at 30 % load; a burst of long prompts that is past them shows in
+                # heavier: at a few requests a minute one long request sets the minute's mean, and a clump of short
+                # ones then reads as past a replica at 30 % load; a burst of long requests that is past them shows in
                 # the measured TTFT, backlog or overflow), or
                 # that overflowed, or left their backlog past the plan or their measured TTFT p95 past the SLO. The
                 # SLO, not the plan: a p95 between the two used the margin the plan keeps for noise, which is what it
@@ -343,8 +349,20 @@ def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState
                 missed = (sig.ttft_p95_ms is not None and sig.ttft_p95_ms > cfg.ttft_slo_ms
                           and (sig.queue_time_p95_ms is None or sig.queue_time_p95_ms > 1000.0 * wait_budget))
                 ready_cap_light = sig.ready_replicas * planned_replica_rps(primary, st, sig, evidence=True) * cfg.max_utilization
-                strained = (overflow_seen or backlog_past or missed
-                            or not _within_noise(max(burst - ready_cap_light, 0.0), planned, window_seconds(cfg, sig)))
+                window = window_seconds(cfg, sig)
+                measured = (overflow_seen or backlog_past or missed or not _within_noise(
+                    max(float(sig.arrival_rate or 0.0) - ready_cap_light, 0.0), planned, window))
+                extrapolated = not _within_noise(max(burst - ready_cap_light, 0.0), planned, window)
+                if within:
+                    st.shift_measured_past = st.shift_measured_past or measured
+                    st.shift_extrapolated_past = st.shift_extrapolated_past or extrapolated
+                # The extrapolation is a forecast: a clump of a few seconds (API traffic whose gaps vary threefold) has a
+                # burst's rate over the seconds a woken decision measures, and its slope kept over a cold start is past
+                # a replica it never strains. A level shift that went past the ready replicas only as extrapolated, with
+                # nothing measured past them over its horizon, was such a clump: the extrapolation alone records nothing
+                # after one until a level shift shows measured evidence again (then it is trusted again: the Azure code
+                # trace's first burst is recorded only by its extrapolation, and its next, 30 s later, measured).
+                strained = measured or (extrapolated and not st.extrapolation_unconfirmed)
                 # A remembered burst past the ready replicas is renewed by a level shift that falls silent within its
                 # horizon: traffic that comes in bursts out of silence and has burst past them before (the Azure
                 # code trace: one request to 450 in 15 s, minutes of nothing between) is bursting again, however

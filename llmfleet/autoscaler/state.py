@@ -40,6 +40,13 @@ class PoolState:
     # a primary: the last decision within the clearly-idle horizon of a level shift that its ready replicas did not
     # absorb; a level shift warms a student only within a down-window of it (policy.decide)
     burst_beyond_ready_at: float | None = None
+    # a primary, within its latest level shift's horizon: the burst rate (extrapolated) went past the ready replicas;
+    # something measured did (overflow, backlog, a TTFT miss with waiting, the measured rate)
+    shift_extrapolated_past: bool = False
+    shift_measured_past: bool = False
+    # a primary: the last level shift that went past the ready replicas did so only as extrapolated (a clump, not a
+    # burst): the extrapolation alone records nothing until one shows measured evidence (policy.decide)
+    extrapolation_unconfirmed: bool = False
     violated_before: bool = False  # the SLO was violated in the previous interval too
     # A student pool scaled up during a detected burst since it was last at zero: its first replica is insurance for
     # the burst coming back and keeps the whole down-window (stabilize.py); a student started on a slow rise is not.
@@ -97,6 +104,11 @@ class PolicyState:
                     item[key] = value
             if s.burst_insured:
                 item["burstInsured"] = True
+            for key, flag in (("shiftExtrapolatedPast", s.shift_extrapolated_past),
+                              ("shiftMeasuredPast", s.shift_measured_past),
+                              ("extrapolationUnconfirmed", s.extrapolation_unconfirmed)):
+                if flag:
+                    item[key] = True
             # a scale-up in flight and whether the last one arrived late: a restart during a cold start still measures
             # it and still judges it on arrival (policy._arrived_late), and a late one still goes at the break-even
             if s.pending is not None:
@@ -154,6 +166,9 @@ class PolicyState:
             s.last_served_at = at(item.get("lastServedAt"))
             s.startup_until = at(item.get("startupUntil"), past=False)
             s.burst_insured = item.get("burstInsured") is True
+            s.shift_extrapolated_past = item.get("shiftExtrapolatedPast") is True
+            s.shift_measured_past = item.get("shiftMeasuredPast") is True
+            s.extrapolation_unconfirmed = item.get("extrapolationUnconfirmed") is True
             s.late = item.get("lateScaleUp") is True
             s.short_rise = item.get("shortRise") is True
             floor = item.get("feedbackFloor")

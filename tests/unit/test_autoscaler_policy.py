@@ -489,6 +489,7 @@ def test_a_restarted_operator_reads_the_state_times_on_its_own_clock() -> None:
     p = st.pool("primary")
     p.last_action_at, p.last_burst_at, p.burst_until = 90.0, 80.0, 140.0
     p.burst_beyond_ready_at = 85.0
+    p.shift_extrapolated_past, p.extrapolation_unconfirmed = True, True
     s = st.pool("small")
     s.burst_insured, s.last_served_at = True, 95.0
     text = st.to_json(wall_offset=1e9)  # process A: monotonic 100 is Unix 1e9 + 100
@@ -498,6 +499,8 @@ def test_a_restarted_operator_reads_the_state_times_on_its_own_clock() -> None:
     assert r.pools["primary"].last_burst_at == pytest.approx(-45.0)
     assert r.pools["primary"].burst_until == pytest.approx(15.0)  # still ahead: the burst plan goes on
     assert r.pools["primary"].burst_beyond_ready_at == pytest.approx(-40.0)  # the kind of burst it was
+    p_r = r.pools["primary"]  # and whether its extrapolation is trusted
+    assert p_r.shift_extrapolated_past and p_r.extrapolation_unconfirmed and not p_r.shift_measured_past
     assert r.pools["small"].burst_insured and r.pools["small"].last_served_at == pytest.approx(-30.0)
     assert r.pools["primary"].cold_start_s is None and not r.pools["primary"].burst_insured
     # the writer's clock ahead of the reader's: the last action is read as now, not 45 s in the future

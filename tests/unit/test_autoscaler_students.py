@@ -230,13 +230,16 @@ def test_a_ttft_miss_without_waiting_past_the_budget_warms_no_student() -> None:
         assert any(d.pools["small"].recommended > 0 for _, _, d in w.log) is warmed, queue_time
 
 
+# A primary at 26 req/s per replica at the policy tests' mix (2,000-token prompts, 200-token answers) and its student.
+FAST_POOLS = (PoolBounds("primary", "primary", 1, 30, 1, seed=CapacitySeed(80000.0, 15000.0)),
+              PoolBounds("small", "student", 0, 6, 0, seed=CapacitySeed(400000.0, 60000.0)))
+
+
 def _clump_after_a_quiet_interval(quiet_prompt_tokens: float, clump_rps: float) -> PolicyState:
     """One primary at 26 req/s per replica (2,000-token prompts, 1 s TTFT SLO) serving 2 req/s for 20 minutes, then
     an interval of two requests of `quiet_prompt_tokens` each, then a clump of `clump_rps` 2,000-token requests
     (TTFT p95 100 ms throughout): the state after the clump."""
-    pools = (PoolBounds("primary", "primary", 1, 30, 1, seed=CapacitySeed(80000.0, 15000.0)),
-             PoolBounds("small", "student", 0, 6, 0, seed=CapacitySeed(400000.0, 60000.0)))
-    cfg, state = config(pools=pools, ttft_slo_ms=1000.0), running()
+    cfg, state = config(pools=FAST_POOLS, ttft_slo_ms=1000.0), running()
     intervals = [(2.0, 2000.0)] * 80 + [(2 / 15, quiet_prompt_tokens), (clump_rps, 2000.0)]
     for i, (rate, prompt) in enumerate(intervals):
         t = 15.0 * i
@@ -254,6 +257,28 @@ def test_a_clump_after_one_long_prompt_is_no_burst_past_the_ready_primaries() ->
     lighter). A clump of 14 req/s after a quiet interval of ordinary prompts (burst rate 28) is past it."""
     assert _clump_after_a_quiet_interval(24000.0, 5.0).pool("primary").burst_beyond_ready_at is None
     assert _clump_after_a_quiet_interval(2000.0, 14.0).pool("primary").burst_beyond_ready_at is not None
+
+
+def test_clumps_that_went_past_the_ready_primaries_only_as_extrapolated_stop_warming_students() -> None:
+    """2 req/s on one primary of 26 req/s, and every 300 s an interval of 14 req/s (a clump: its burst rate, the jump
+    kept over a cold start, is 28, past the replica; nothing measured is: TTFT p95 100 ms, no queue). The first clump
+    warms the student; the next finds the first went past the replica only as extrapolated, records nothing (the
+    first's memory still warms the student once) and later clumps warm none. A clump whose TTFT misses with requests
+    waiting (1,500 ms, queue-time 1,200 ms) is measured evidence: it warms the student, and so does the extrapolated
+    clump after it (trusted again), but not the ones after that."""
+    w = World(config(pools=FAST_POOLS, ttft_slo_ms=1000.0), replicas={"primary": 1, "small": 0}, state=running())
+    student: dict[float, int] = {}
+    records: dict[float, float | None] = {}
+    for i in range(int(2400 / 15) + 1):
+        t = 15.0 * i
+        clump, missed = t >= 300 and t % 300 == 0, t == 1500
+        d = w.tick(t, 14.0 if clump else 2.0, ttft=1500.0 if missed else 100.0, queue_time=1200.0 if missed else 20.0)
+        if clump:
+            student[t] = d.pools["small"].recommended
+            records[t] = w.state.pool("primary").burst_beyond_ready_at
+    assert {t for t, n in student.items() if n > 0} == {300.0, 600.0, 1500.0, 1800.0, 2100.0}
+    assert records == {300.0: 300.0, 600.0: 300.0, 900.0: 300.0, 1200.0: 300.0, 1500.0: 1500.0, 1800.0: 1800.0,
+                       2100.0: 1800.0, 2400.0: 1800.0}
 
 
 def _bursts_out_of_silence(w: World, until: float, big_at: float | None = None) -> None:
