@@ -169,8 +169,8 @@ def shapes() -> dict[str, Workload]:
     bursts on near-idle traffic, long outputs (1,000 tokens on 200-token turns), 40 req/s, short chat turns
     with a 4-minute 3x burst, two where rises shorter than a cold start come before a long one (4x for 400 s)
     or a large one (8x for 200 s), reasoning-style 4,000-token answers, and API-style single requests that arrive in
-    clumps (gamma gaps with CV 3, as BurstGPT's fit) with heavy-tailed prompts on one replica's worth of traffic.
-    Multi-tenant sessions as in `spike`, one generator seed for all eleven."""
+    clumps (gamma gaps with CV 3, as BurstGPT's fit) with heavy-tailed prompts on one replica's worth of traffic, at 2,
+    4 and 8 req/s. Multi-tenant sessions as in `spike`, one generator seed for all thirteen."""
     base: dict[str, Any] = dict(tenants=8, warmup_s=120.0, seed=11)
     specs = {
         "shape-diurnal": SyntheticSpec(duration_s=1800.0, rate_rps=12.0, diurnal_amplitude=0.8,
@@ -204,6 +204,13 @@ def shapes() -> dict[str, Workload]:
         "shape-api": SyntheticSpec(duration_s=1800.0, rate_rps=2.0, diurnal_amplitude=0.0, turns_mean=1.0,
                                    user_tokens_mean=700.0, output_tokens_mean=150.0, length_sigma=(1.0, 1.0),
                                    arrival_cv=3.0, **base),
+        # the same clumps at 2x and 4x the rate, still within one replica (static meets 99 % with one)
+        "shape-api4": SyntheticSpec(duration_s=1800.0, rate_rps=4.0, diurnal_amplitude=0.0, turns_mean=1.0,
+                                    user_tokens_mean=700.0, output_tokens_mean=150.0, length_sigma=(1.0, 1.0),
+                                    arrival_cv=3.0, **base),
+        "shape-api8": SyntheticSpec(duration_s=1800.0, rate_rps=8.0, diurnal_amplitude=0.0, turns_mean=1.0,
+                                    user_tokens_mean=700.0, output_tokens_mean=150.0, length_sigma=(1.0, 1.0),
+                                    arrival_cv=3.0, **base),
     }
     return {name: synthetic(spec) for name, spec in specs.items()}
 
