@@ -200,17 +200,12 @@ def shapes() -> dict[str, Workload]:
                                          diurnal_period_s=1800.0, user_tokens_mean=300.0, output_tokens_mean=4000.0,
                                          **base),
         # API traffic: single requests in clumps (arrivals of the same second queue on a lightly loaded replica),
-        # prompts with a heavy tail; one replica carries the mean rate several times over
-        "shape-api": SyntheticSpec(duration_s=1800.0, rate_rps=2.0, diurnal_amplitude=0.0, turns_mean=1.0,
-                                   user_tokens_mean=700.0, output_tokens_mean=150.0, length_sigma=(1.0, 1.0),
-                                   arrival_cv=3.0, **base),
-        # the same clumps at 2x and 4x the rate, still within one replica (static meets 99 % with one)
-        "shape-api4": SyntheticSpec(duration_s=1800.0, rate_rps=4.0, diurnal_amplitude=0.0, turns_mean=1.0,
-                                    user_tokens_mean=700.0, output_tokens_mean=150.0, length_sigma=(1.0, 1.0),
-                                    arrival_cv=3.0, **base),
-        "shape-api8": SyntheticSpec(duration_s=1800.0, rate_rps=8.0, diurnal_amplitude=0.0, turns_mean=1.0,
-                                    user_tokens_mean=700.0, output_tokens_mean=150.0, length_sigma=(1.0, 1.0),
-                                    arrival_cv=3.0, **base),
+        # prompts with a heavy tail; one replica carries the mean rate several times over, and still carries the same
+        # clumps at 2x and 4x the rate (static meets 99 % with one)
+        **{name: SyntheticSpec(duration_s=1800.0, rate_rps=rate, diurnal_amplitude=0.0, turns_mean=1.0,
+                               user_tokens_mean=700.0, output_tokens_mean=150.0, length_sigma=(1.0, 1.0),
+                               arrival_cv=3.0, **base)
+           for name, rate in (("shape-api", 2.0), ("shape-api4", 4.0), ("shape-api8", 8.0))},
     }
     return {name: synthetic(spec) for name, spec in specs.items()}
 
