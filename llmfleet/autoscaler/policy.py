@@ -229,16 +229,27 @@ def _slo_primary(
         n = sig.ready_replicas + 1
         reasons.append("; ".join(violated) + " with all replicas ready: +1")
         st.feedback_floor = (planned, n)
+        # held for a down-window, twice as long each time the miss comes back after the model released it: a replica
+        # the traffic keeps needing soon stays, one early episode does not set the fleet for the rest of a long run
+        st.feedback_floor_until = sig.now + cfg.down_window_s * 2 ** min(st.feedback_floors, 8)
+        st.feedback_floors += 1
     elif st.feedback_floor is not None:
         # The feedback's replica is measured evidence that the model is optimistic at this rate (it said "enough" and
         # the TTFT missed; heavy-tailed prompts queue worse than its estimate). Judged by the model again, the
         # replica would go as soon as the measured TTFT recovered, and the misses would come back: it is kept while
-        # the planned rate is within the scale-down tolerance of the rate of the miss, and forgotten once the pool
-        # is below it (the rate fell away and the normal down-window released it). It only holds: it never buys.
+        # the planned rate is within the scale-down tolerance of the rate of the miss, until its hold ends, and
+        # forgotten once the pool is below it (the rate fell away and the normal down-window released it). It only
+        # holds: it never buys.
         f_rate, f_n = st.feedback_floor
+        held = planned * (1 + DOWN_TOLERANCE) >= f_rate
+        if not held:
+            st.feedback_floors = 0  # the rate fell away from the miss's: a later miss starts a new count
         if sig.replicas < f_n:
             st.feedback_floor = None
-        elif n < f_n and planned * (1 + DOWN_TOLERANCE) >= f_rate:
+        elif st.feedback_floor_until is not None and sig.now > st.feedback_floor_until:
+            st.feedback_floor = None
+            reasons.append(f"the feedback's hold at {f_n} ended: judged by the model again")
+        elif n < f_n and held:
             n = f_n
             reasons.append(f"kept at {f_n}: the TTFT missed with {f_n - 1} ready at {f_rate:.2f}/s")
     # Outside a detected level shift the rise since the last interval is noise the significance test rejected:

@@ -69,6 +69,10 @@ class PoolState:
     # a primary: (planned rate, replicas) of the last scale-up the TTFT feedback made (policy._slo_primary): that many
     # are kept while the planned rate stays at that rate
     feedback_floor: tuple[float, int] | None = None
+    # until when the feedback floor holds, and how many floors the feedback has set since the rate last fell away
+    # from one (policy._slo_primary: each hold is twice the last)
+    feedback_floor_until: float | None = None
+    feedback_floors: int = 0
 
 
 @dataclass
@@ -119,7 +123,12 @@ class PolicyState:
                 item["shortRise"] = True
             # measured evidence the model is optimistic at this rate: a restart must not forget it
             if s.feedback_floor is not None:
-                item["feedbackFloor"] = {"rate": round(s.feedback_floor[0], 4), "replicas": s.feedback_floor[1]}
+                floor: dict[str, object] = {"rate": round(s.feedback_floor[0], 4), "replicas": s.feedback_floor[1]}
+                if s.feedback_floor_until is not None:
+                    floor["until"] = at(s.feedback_floor_until)
+                item["feedbackFloor"] = floor
+            if s.feedback_floors:
+                item["feedbackFloors"] = s.feedback_floors
             out[name] = item
         return json.dumps(out, sort_keys=True, separators=(",", ":"))
 
@@ -176,6 +185,8 @@ class PolicyState:
                 rate, replicas = floor.get("rate"), _count(floor.get("replicas"))
                 if isinstance(rate, int | float) and not isinstance(rate, bool) and rate >= 0 and replicas:
                     s.feedback_floor = (float(rate), replicas)
+                    s.feedback_floor_until = at(floor.get("until"), past=False)
+            s.feedback_floors = _count(item.get("feedbackFloors")) or 0
             pending = item.get("pendingScaleUp")
             if isinstance(pending, dict):
                 since, target, ready = at(pending.get("since")), _count(pending.get("target")), _count(pending.get("readyBefore"))

@@ -386,28 +386,42 @@ def test_a_ttft_miss_that_queueing_did_not_make_adds_no_replica(queue_time: floa
         assert any("own prefill" in r for r in d.pools["primary"].reasons)
 
 
-def test_a_feedback_replica_stays_while_the_rate_it_was_added_at_holds() -> None:
+def test_a_feedback_replica_is_held_for_a_down_window_then_twice_as_long_each_time_the_miss_comes_back() -> None:
     """The model said the ready replicas were enough and the measured TTFT said otherwise: the replica the feedback
-    added is kept while the planned rate stays at the rate of that miss (the model, still optimistic there, would
-    release it once the measured TTFT recovered, and the misses come back), and goes once the rate falls well below
-    it."""
-    w = World(primary_only())
+    added is kept while the planned rate stays at the rate of that miss, for one down-window (the model, still
+    optimistic there, would release it once the measured TTFT recovered). Then the model judges again; when the miss
+    comes back the next hold is twice as long, and once the rate falls well below it the count starts over."""
+    w = World(primary_only())  # down-window 300 s
     for i in range(40):
         w.tick(15.0 * i, 2.0)
     before = w.replicas["primary"]
     for k in range(2):
         w.tick(600.0 + 15.0 * k, 2.0, ttft=5000.0)
     assert w.replicas["primary"] == before + 1
-    floor = w.state.pools["primary"].feedback_floor
-    assert floor is not None and floor[1] == before + 1
-    w.state = PolicyState.from_json(w.state.to_json())  # an operator restart keeps the evidence
-    assert w.state.pools["primary"].feedback_floor == (round(floor[0], 4), floor[1])
-    for i in range(80):  # 20 min at the same rate, TTFT within the plan
+    st = w.state.pools["primary"]
+    floor = st.feedback_floor
+    assert floor is not None and floor[1] == before + 1 and st.feedback_floor_until == 615.0 + 300.0
+    w.state = PolicyState.from_json(w.state.to_json())  # an operator restart keeps the evidence and its hold
+    st = w.state.pools["primary"]
+    assert st.feedback_floor == (round(floor[0], 4), floor[1]) and st.feedback_floor_until == 915.0
+    assert st.feedback_floors == 1
+    for i in range(18):  # the hold: same rate, TTFT within the plan
         w.tick(630.0 + 15.0 * i, 2.0, ttft=500.0)
     assert w.replicas["primary"] == before + 1
-    for i in range(60):  # the rate halves
-        w.tick(1830.0 + 15.0 * i, 1.0, ttft=500.0)
+    for i in range(40):  # after it, the model's down-window releases the replica
+        w.tick(900.0 + 15.0 * i, 2.0, ttft=500.0)
+    assert w.replicas["primary"] == before and w.state.pools["primary"].feedback_floor is None
+    for k in range(2):  # the miss comes back: the replica again, held twice as long
+        w.tick(1500.0 + 15.0 * k, 2.0, ttft=5000.0)
+    st = w.state.pools["primary"]
+    assert w.replicas["primary"] == before + 1 and st.feedback_floors == 2 and st.feedback_floor_until == 1515.0 + 600.0
+    for i in range(30):  # 450 s of the 600 s hold
+        w.tick(1530.0 + 15.0 * i, 2.0, ttft=500.0)
+    assert w.replicas["primary"] == before + 1
+    for i in range(60):  # the rate halves: released, and the count starts over
+        w.tick(1980.0 + 15.0 * i, 1.0, ttft=500.0)
     assert w.replicas["primary"] <= before
+    assert w.state.pools["primary"].feedback_floor is None and w.state.pools["primary"].feedback_floors == 0
 
 
 def test_slo_feedback_waits_until_the_last_action_settled() -> None:
@@ -478,6 +492,8 @@ def test_state_json_tolerates_garbage() -> None:
     for bad in ('3', '{"rate": "x", "replicas": 3}', '{"rate": 1.5, "replicas": 0}', '{"rate": true, "replicas": 2}',
                 '{"rate": -1, "replicas": 2}'):
         assert PolicyState.from_json(f'{{"primary": {{"feedbackFloor": {bad}}}}}').pools["primary"].feedback_floor is None
+    for bad in ('"x"', 'true', '-1', '1.5'):
+        assert PolicyState.from_json(f'{{"primary": {{"feedbackFloors": {bad}}}}}').pools["primary"].feedback_floors == 0
 
 
 def test_a_restarted_operator_reads_the_state_times_on_its_own_clock() -> None:
