@@ -241,15 +241,12 @@ def _slo_primary(
         # forgotten once the pool is below it (the rate fell away and the normal down-window released it). It only
         # holds: it never buys.
         f_rate, f_n = st.feedback_floor
-        held = planned * (1 + DOWN_TOLERANCE) >= f_rate
-        if not held:
-            st.feedback_floors = 0  # the rate fell away from the miss's: a later miss starts a new count
-        if sig.replicas < f_n:
-            st.feedback_floor = None
+        if sig.replicas < f_n:  # released while held: the rate fell away, and a later miss starts a new count
+            st.feedback_floor, st.feedback_floors = None, 0
         elif st.feedback_floor_until is not None and sig.now > st.feedback_floor_until:
             st.feedback_floor = None
             reasons.append(f"the feedback's hold at {f_n} ended: judged by the model again")
-        elif n < f_n and held:
+        elif n < f_n and planned * (1 + DOWN_TOLERANCE) >= f_rate:
             n = f_n
             reasons.append(f"kept at {f_n}: the TTFT missed with {f_n - 1} ready at {f_rate:.2f}/s")
     # Outside a detected level shift the rise since the last interval is noise the significance test rejected:

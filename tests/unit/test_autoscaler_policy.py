@@ -415,13 +415,26 @@ def test_a_feedback_replica_is_held_for_a_down_window_then_twice_as_long_each_ti
         w.tick(1500.0 + 15.0 * k, 2.0, ttft=5000.0)
     st = w.state.pools["primary"]
     assert w.replicas["primary"] == before + 1 and st.feedback_floors == 2 and st.feedback_floor_until == 1515.0 + 600.0
-    for i in range(30):  # 450 s of the 600 s hold
+    for i in range(38):  # 570 s of the 600 s hold
         w.tick(1530.0 + 15.0 * i, 2.0, ttft=500.0)
     assert w.replicas["primary"] == before + 1
-    for i in range(60):  # the rate halves: released, and the count starts over
-        w.tick(1980.0 + 15.0 * i, 1.0, ttft=500.0)
-    assert w.replicas["primary"] <= before
-    assert w.state.pools["primary"].feedback_floor is None and w.state.pools["primary"].feedback_floors == 0
+
+
+def test_a_feedback_replica_goes_once_the_rate_falls_away_and_the_count_starts_over() -> None:
+    """Released while its hold lasts because the rate fell well below the miss's: the evidence is forgotten, and
+    the next miss is held for one down-window again."""
+    w = World(primary_only())
+    for i in range(40):
+        w.tick(15.0 * i, 2.0)
+    before = w.replicas["primary"]
+    for k in range(2):
+        w.tick(600.0 + 15.0 * k, 2.0, ttft=5000.0)
+    st = w.state.pools["primary"]
+    st.feedback_floors, st.feedback_floor_until = 3, 615.0 + 2400.0  # a fourth hold: 2,400 s
+    for i in range(60):  # the rate halves
+        w.tick(630.0 + 15.0 * i, 1.0, ttft=500.0)
+    st = w.state.pools["primary"]
+    assert w.replicas["primary"] <= before and st.feedback_floor is None and st.feedback_floors == 0
 
 
 def test_slo_feedback_waits_until_the_last_action_settled() -> None:
