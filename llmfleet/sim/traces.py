@@ -14,7 +14,6 @@ import itertools
 import json
 import lzma
 import math
-import random
 import re
 import statistics
 from collections.abc import Iterator
@@ -34,6 +33,7 @@ from llmfleet.sim.workload import (
     in_arrival_order,
     merge_blocks,
     skipped_note,
+    spread_clock_ties,
 )
 
 MOONCAKE_BLOCK = 512
@@ -163,7 +163,8 @@ class _Cut:
         self._skipped_at.append(t)
 
     def workload(self, p: Path, reqs: list[Request], block_size: int) -> Workload:
-        """The requests `kept()` returned (perhaps edited), in arrival order from 0, with the arrivals of the skipped
+        """The requests `kept()` returned (perhaps edited), requests sharing a stamp of a coarse clock spread over its
+        tick (`spread_clock_ties`), in arrival order from 0, with the arrivals of the skipped
         records within their window on the same clock (after the last request, with a request limit, the file was
         never read that far); a WorkloadError naming how many were skipped when no request is left."""
         last = max((r.arrival for r in reqs), default=-math.inf) if self.requests is not None else math.inf
@@ -173,7 +174,7 @@ class _Cut:
         spread_clock_ties(reqs)
         t0 = min(r.arrival for r in reqs)
         return Workload(trace_stem(p), in_arrival_order(reqs, from_zero=True), block_size,
-                        tuple(sorted(t - t0 for t in skipped)))
+                        tuple(sorted(max(t - t0, 0.0) for t in skipped)))  # (the first stamp's spread may pass one)
 
     def within(self, t: float) -> bool:
         """Whether a time lies in the window (after the whole file: against the earliest request)."""
@@ -183,37 +184,6 @@ class _Cut:
         reqs = self._kept if self.requests is None else [  # in file order: equal times keep it
             r for _, _, r in sorted(self._latest_first, key=lambda x: -x[1])]
         return [r for r in reqs if self.within(r.arrival)]
-
-
-# A trace clock coarser than this is read as logging arrivals in bins (`spread_clock_ties`); a finer one already places
-# equal stamps within one engine step (an 8B model's decode step takes ~10 ms), where the engine batches them anyway.
-STEP_RESOLUTION_S = 0.01
-
-
-def spread_clock_ties(reqs: list[Request]) -> None:
-    """Spread requests that share a timestamp over their tick of the trace's clock, in place.
-
-    Some traces log arrivals at a coarse resolution: BurstGPT in whole seconds, Mooncake's conversation trace on a
-    3-second grid (about ten requests a stamp). Replayed as written, each stamp's requests arrive at the same
-    instant, a clump no service saw; it inflates every policy's queueing alike and the clumps' spacing is the
-    logger's, not the traffic's. The tick is the smallest gap between distinct stamps (never wider than the trace
-    shows an empty gap), and where it is at least STEP_RESOLUTION_S, a stamp's requests are placed at uniform
-    random times within [stamp, stamp + tick), sorted so they keep their file order, drawn from a generator seeded
-    by the stamp: the same file replays the same way. A finer clock, or a trace with no equal stamps, is left as it is."""
-    stamps = sorted({r.arrival for r in reqs})
-    if len(stamps) == len(reqs) or len(stamps) < 2:
-        return
-    tick = min(b - a for a, b in itertools.pairwise(stamps))
-    if tick < STEP_RESOLUTION_S:
-        return
-    by_stamp: dict[float, list[Request]] = {}
-    for r in reqs:
-        by_stamp.setdefault(r.arrival, []).append(r)
-    for stamp, group in by_stamp.items():
-        if len(group) > 1:
-            rng = random.Random(repr(stamp))  # seeded by the stamp: a slice of the trace spreads it alike
-            for r, offset in zip(group, sorted(rng.random() * tick for _ in group), strict=True):
-                r.arrival = stamp + offset
 
 
 # Block sizes a hash-block trace may use (the engines' page sizes, vLLM's 16 to Mooncake's 512, and room either way).

@@ -10,7 +10,9 @@ generator builds chains from tenants' system prompts and multi-turn sessions.
 from __future__ import annotations
 
 import gc
+import itertools
 import math
+import random
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -183,6 +185,37 @@ def chain(ids: list[int] | tuple[int, ...]) -> tuple[int, ...]:
 def skipped_note(n: int) -> str:
     """The one phrase for trace records not replayed (`Workload.skipped_at`), after a request count; "" for none."""
     return f" ({n:,} with a 0-token prompt or output in the trace, not replayed)" if n else ""
+
+
+# A trace clock coarser than this is read as logging arrivals in bins (`spread_clock_ties`); a finer one already places
+# equal stamps within one engine step (an 8B model's decode step takes ~10 ms), where the engine batches them anyway.
+STEP_RESOLUTION_S = 0.01
+
+
+def spread_clock_ties(reqs: list[Request]) -> None:
+    """Spread requests that share a timestamp over their tick of the trace's clock, in place.
+
+    Some traces log arrivals at a coarse resolution: BurstGPT in whole seconds, Mooncake's conversation trace on a
+    3-second grid (about ten requests a stamp). Replayed as written, each stamp's requests arrive at the same
+    instant, a clump no service saw; it inflates every policy's queueing alike and the clumps' spacing is the
+    logger's, not the traffic's. The tick is the smallest gap between distinct stamps (never wider than the trace
+    shows an empty gap), and where it is at least STEP_RESOLUTION_S, a stamp's requests are placed at uniform
+    random times within [stamp, stamp + tick), sorted so they keep their file order, drawn from a generator seeded
+    by the stamp: the same file replays the same way. A finer clock, or a trace with no equal stamps, is left as it is."""
+    stamps = sorted({r.arrival for r in reqs})
+    if len(stamps) == len(reqs) or len(stamps) < 2:
+        return
+    tick = min(b - a for a, b in itertools.pairwise(stamps))
+    if tick < STEP_RESOLUTION_S:
+        return
+    by_stamp: dict[float, list[Request]] = {}
+    for r in reqs:
+        by_stamp.setdefault(r.arrival, []).append(r)
+    for stamp, group in by_stamp.items():
+        if len(group) > 1:
+            rng = random.Random(repr(stamp))  # seeded by the stamp: a slice of the trace spreads it alike
+            for r, offset in zip(group, sorted(rng.random() * tick for _ in group), strict=True):
+                r.arrival = stamp + offset
 
 
 def in_arrival_order(reqs: list[Request], *, from_zero: bool = False) -> list[Request]:

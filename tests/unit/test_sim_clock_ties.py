@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from llmfleet.sim.traces import STEP_RESOLUTION_S, load_burstgpt, load_mooncake, spread_clock_ties
-from llmfleet.sim.workload import Request
+from llmfleet.sim.traces import load_burstgpt, load_mooncake
+from llmfleet.sim.workload import STEP_RESOLUTION_S, Request, spread_clock_ties
 
 HEADER = "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type"
 
@@ -34,6 +34,16 @@ def test_whole_second_stamps_are_spread_over_their_second_in_file_order(tmp_path
             assert abs((b - a) - (t - s)) < 1
     # the same file replays the same way
     assert [r.arrival for r in load_burstgpt(_burstgpt(tmp_path, stamps)).requests] == arrivals
+
+
+def test_a_failed_row_at_the_first_stamp_stays_at_the_start(tmp_path: Path) -> None:
+    p = _burstgpt(tmp_path, [5, 5, 5, 6])
+    rows = p.read_text(encoding="utf-8").splitlines()
+    rows.insert(1, "5,ChatGPT,90,0,90,Conversation log")  # failed (0 response tokens): counted, not replayed
+    p.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    w = load_burstgpt(p)
+    assert len(w.requests) == 4 and w.skipped_empty == 1
+    assert min(w.skipped_at) >= 0.0 and w.requests[0].arrival == 0.0
 
 
 def test_distinct_stamps_are_replayed_as_written(tmp_path: Path) -> None:
