@@ -231,6 +231,7 @@ def _slo_primary(
         st.feedback_floor = (planned, n)
         # held for a down-window, twice as long each time the miss comes back after the model released it: a replica
         # the traffic keeps needing soon stays, one early episode does not set the fleet for the rest of a long run
+        # (at most 2^8 down-windows: 21 h at 300 s, a bound on the exponent, not a tuned hold)
         st.feedback_floor_until = sig.now + cfg.down_window_s * 2 ** min(st.feedback_floors, 8)
         st.feedback_floors += 1
     elif st.feedback_floor is not None:

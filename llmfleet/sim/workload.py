@@ -213,7 +213,9 @@ def spread_clock_ties(reqs: list[Request]) -> None:
         by_stamp.setdefault(r.arrival, []).append(r)
     for stamp, group in by_stamp.items():
         if len(group) > 1:
-            rng = random.Random(repr(stamp))  # seeded by the stamp: a slice of the trace spreads it alike
+            # seeded by the stamp: a slice of the trace draws the same offsets (scaled by its own tick, which is
+            # the trace's wherever the slice holds two neighbouring stamps)
+            rng = random.Random(repr(stamp))
             for r, offset in zip(group, sorted(rng.random() * tick for _ in group), strict=True):
                 r.arrival = stamp + offset
 
