@@ -45,7 +45,7 @@ ROUTER_MODEL_FILES = (
     "generation_config.json",
 )
 KNOWN_SCORERS = SCORER_NAMES
-# Memory bound of the session-affinity scorer's table (plugins/builtin.py): 131,072 sessions.
+# Memory bound of the session-affinity scorer's table (plugins/session.py): 131,072 sessions.
 DEFAULT_SESSION_BYTES = 32 * 1024 * 1024
 # Weight of the adapter-loaded scorer added to a service with adapters whose spec.router.scorers does not name it.
 DEFAULT_ADAPTER_WEIGHT = 1.0

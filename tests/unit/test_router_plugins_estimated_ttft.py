@@ -19,7 +19,7 @@ from llmfleet.router.plugins import (
     charge_prefill,
     release_prefill,
 )
-from llmfleet.router.plugins.builtin import busy_period_externality, sole_holder_discounted
+from llmfleet.router.plugins.estimated_ttft import busy_period_externality, sole_holder_discounted
 
 RATE = 1000.0  # tokens/s: estimates read directly as seconds
 

@@ -1,4 +1,5 @@
-"""Routing plugins: one interface (base.py), the built-in filters and scorers (builtin.py; session affinity in session.py).
+"""Routing plugins: one interface (base.py), the built-in filters and scorers (builtin.py; estimated TTFT in
+estimated_ttft.py, session affinity in session.py).
 
 Pure Python, importable without aiohttp: `from llmfleet.router.plugins import build_pipeline`.
 """
@@ -24,10 +25,7 @@ from llmfleet.router.plugins.base import (
     release_prefill,
 )
 from llmfleet.router.plugins.builtin import (
-    DEFAULT_PREFILL_TOKENS_PER_S,
-    DEFAULT_WORK_EXTERNALITY,
     AdapterLoadedScorer,
-    EstimatedTTFTScorer,
     HealthyFilter,
     KVCacheScorer,
     LoadBalanceScorer,
@@ -37,6 +35,11 @@ from llmfleet.router.plugins.builtin import (
     QueueDepthScorer,
     RunningRequestsScorer,
     build_scorer,
+)
+from llmfleet.router.plugins.estimated_ttft import (
+    DEFAULT_PREFILL_TOKENS_PER_S,
+    DEFAULT_WORK_EXTERNALITY,
+    EstimatedTTFTScorer,
 )
 from llmfleet.router.plugins.session import BYTES_PER_SESSION, SessionAffinityScorer, session_key
 from llmfleet.router.prefix_index import PrefixIndex
