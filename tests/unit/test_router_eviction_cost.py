@@ -66,28 +66,32 @@ def test_a_new_conversation_goes_where_it_evicts_nothing_once_the_fleet_finds_bl
 
 
 def test_evictions_are_the_blocks_beyond_capacity_at_most_the_blocks_added() -> None:
-    """A cache with 2 blocks free evicts 2 of the 4 blocks it adds; estimates (plain TTFT) are unchanged."""
+    """A cache with 2 blocks free evicts 2 of the 4 blocks it adds, beside an empty one; estimates (plain TTFT)
+    are unchanged."""
     index = PrefixIndex()
-    index.set_capacity("a", 10)
+    for rid in ("a", "empty"):
+        index.set_capacity(rid, 10)
     index.insert("a", [0, 101, 102, 103, 104, 105, 106, 107])  # 8 of 10
     s = scorer(index)
     _learn_reuse(s, held=1, seen=4)
     keys = [0, 301, 302, 303, 304]
-    est = s.estimates(req(keys), [R("a")])
-    assert est == pytest.approx([4 * BLOCK / RATE])
-    assert s._costs == pytest.approx([4 * BLOCK / RATE + 2 * BLOCK / RATE * 0.25])
+    est = s.estimates(req(keys), [R("a"), R("empty")])
+    assert est == pytest.approx([4 * BLOCK / RATE, 5 * BLOCK / RATE])
+    assert s._costs == pytest.approx([4 * BLOCK / RATE + 2 * BLOCK / RATE * 0.25, 5 * BLOCK / RATE])
 
 
-def test_full_candidates_that_hold_nothing_pay_alike() -> None:
-    """A prompt nobody holds evicts as much on every full candidate: the ranking is plain TTFT's."""
+def test_when_every_candidate_must_evict_plain_ttft_decides() -> None:
+    """Full caches everywhere: evicting is no choice, so no candidate pays for it (what LRU pushes out there is
+    the oldest history, which the fleet-wide reuse ratio would overprice)."""
     index = PrefixIndex()
     for rid in ("a", "b"):
         index.set_capacity(rid, 4)
         index.insert(rid, [hash((rid, i)) for i in range(4)])
+    index.insert("a", [7])  # a holds the prompt's first block: one block less to compute, 1 still evicted
     s = scorer(index)
     _learn_reuse(s, held=3, seen=4)
     s.score(req([7, 8]), [R("a"), R("b")])
-    assert s._costs[0] == pytest.approx(s._costs[1]) and s._costs[0] > 2 * BLOCK / RATE
+    assert s._costs == pytest.approx([1 * BLOCK / RATE, 2 * BLOCK / RATE])
 
 
 def test_on_routed_counts_the_blocks_the_chosen_replica_held_before_it_learned_the_prompt() -> None:

@@ -107,9 +107,9 @@ class EstimatedTTFTScorer(Scorer):
     cost(r)     = wait(r) + (1 + work_externality · E) · work / rate(r), E = rho / (1 - rho) at the share of
                   candidates with queued prefill (`busy_period_externality`): under load this request's new work
                   also delays the requests routed to r after it (see DEFAULT_WORK_EXTERNALITY; 0 = pure TTFT)
-    cost(r)    += min(n, over) · tokens_per_block / rate(r) · reuse on a candidate whose cache is believed full:
-                  n blocks of the prompt it lacks, `over` of what it would then hold beyond its capacity, reuse
-                  the share of routed prompt blocks found cached (`_with_eviction`)
+    cost(r)    += min(n, over) · tokens_per_block / rate(r) · reuse on a candidate whose cache is believed full
+                  while another candidate has room: n blocks of the prompt it lacks, `over` of what it would then
+                  hold beyond its capacity, reuse the share of routed prompt blocks found cached (`_with_eviction`)
     cost(h)    *= w(h) / w(runner-up) for the one candidate h that alone holds the most of the prompt (the least
                   uncached work w), unless the cheapest other candidate has room for the prompt's blocks: its
                   cached history is worth keeping where a copy elsewhere would evict (`sole_holder_discounted`;
@@ -240,33 +240,39 @@ class EstimatedTTFTScorer(Scorer):
 
     def _with_eviction(self, costs: list[float], req: RequestInfo, replicas: Sequence[ReplicaState],
                        m: dict[str, int]) -> list[float]:
-        """`costs` plus, on each candidate whose cache is believed full, the prefill time its evictions will cost.
+        """`costs` plus, on each candidate that would evict to take the request while another would not, the
+        prefill time those evictions will cost.
 
         The request's blocks that candidate r lacks, n, go into its cache; what it holds plus n beyond its
         capacity (`PrefixIndex.capacity_of`) is evicted: min(n, over) blocks. Each would have been found again
         by a later request with the probability the fleet has been finding prompt blocks cached (blocks_held /
         blocks_seen, counted in `on_routed` from this router's own decisions, so it follows the traffic: ~0 for
         unrelated prompts, high for conversations), and would then cost its recompute, per_block / rate(r). The
-        cost is in seconds like the rest, has no constant to fit, and is the same on every full candidate for a
-        prompt nobody holds; it separates candidates that have room (an added replica, or one whose cache
-        still has space) from those that would push out other conversations' history. Why: on a trace whose
-        prompts all share a first block (the Mooncake conversation trace), its few holders are always a little
-        faster and took nearly every new conversation, which then evicted each other's history in those few
-        caches while the rest of a 32-replica fleet stayed cold (docs/router.md, "Eviction cost").
+        cost is in seconds like the rest and has no constant to fit.
+
+        Only while some candidate takes the request without evicting (a replica just added, or one whose cache
+        still has space): then evicting is a choice, and the term sends a new conversation to the free space
+        instead of pushing other conversations' history out of a full cache for a slightly faster start. Why:
+        on a trace whose prompts all share a first block (the Mooncake conversation trace), its few holders are
+        always a little faster and took nearly every new conversation, which then evicted each other's history
+        in those few caches while the rest of a 32-replica fleet stayed cold (docs/router.md, "Eviction cost").
+        When every candidate must evict (a fleet whose caches have all filled), plain estimated TTFT decides as
+        before: what LRU evicts there is the least recently used history, whose chance of reuse the fleet-wide
+        ratio overstates, and pricing it at that ratio held turns on their busy holders (TTFT attainment on the
+        conversation trace's static 2- to 6-replica fleets fell by 0.2-0.3 points).
         """
         reuse = self.blocks_held / self.blocks_seen
         per_block = req.tokens_per_block()
         keys = len(req.block_hashes)
         index = self.index
-        out = costs
-        for i, r in enumerate(replicas):
+        evicted = []
+        for r in replicas:
             n = keys - m.get(r.id, 0)
-            over = index.blocks_of(r.id) + n - index.capacity_of(r.id)
-            if over > 0 and n > 0:
-                if out is costs:
-                    out = list(costs)
-                out[i] += min(over, n) * per_block / self.rate(r) * reuse
-        return out
+            evicted.append(min(n, index.blocks_of(r.id) + n - index.capacity_of(r.id)))
+        if min(evicted) > 0:
+            return costs  # every candidate must evict: plain estimated TTFT decides which
+        return [c + e * per_block / self.rate(r) * reuse if e > 0 else c
+                for c, e, r in zip(costs, evicted, replicas, strict=True)]
 
     def score(self, req: RequestInfo, replicas: Sequence[ReplicaState]) -> list[float]:
         self.estimates(req, replicas)
