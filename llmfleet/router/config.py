@@ -20,6 +20,7 @@ from pydantic.alias_generators import to_camel
 
 from llmfleet.api.contracts import KV_EVENTS_PORT, REPLICA_PORT, ROUTER_PORT, STORE_URL_ENV, pool_selector
 from llmfleet.api.inferenceservice import (
+    DEFAULT_EVICTION_COST,
     DEFAULT_SCORERS,
     DEFAULT_SOLE_HOLDER_DISCOUNT,
     SCORER_NAMES,
@@ -283,6 +284,11 @@ class RouterConfig(_Model):
         description="The estimated-ttft scorer's sole-holder discount (spec.router.soleHolderDiscount; "
         "docs/router.md; off by default): only where the alternative must evict, bounded by slo.ttftP95Ms.",
     )
+    eviction_cost: bool = Field(
+        default=DEFAULT_EVICTION_COST,
+        description="The estimated-ttft scorer's eviction cost (spec.router.evictionCost; docs/router.md; off by "
+        "default): a full cache pays for what it would evict while another candidate has room.",
+    )
     burst_rearm_seconds: float = Field(
         default=15.0, gt=0,
         description="A burst of arrivals wakes the autoscaler through /admin/held at most once per this many seconds "
@@ -445,4 +451,5 @@ def router_config_from_service(
         outliers=spec.router.outliers.model_copy(),
         measure_prefill_rate=spec.router.measure_prefill_rate,
         sole_holder_discount=spec.router.sole_holder_discount,
+        eviction_cost=spec.router.eviction_cost,
     )

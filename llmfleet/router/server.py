@@ -107,6 +107,7 @@ class Router(SmallEndpoints):
                 pipeline=build_pipeline(cfg.scorers, index, seed=cfg.seed + i, session_bytes=cfg.session_affinity_bytes,
                                         measure_prefill_rate=cfg.measure_prefill_rate,
                                         sole_holder_discount=cfg.sole_holder_discount,
+                                        eviction_cost=cfg.eviction_cost,
                                         ttft_objective_s=cfg.slo.ttft_p95_ms / 1e3),
                 chat_template=ChatTemplate.from_tokenizer_dir(p.tokenizer_path or p.model_path, tok) if tok else None,
                 affinity_counters=(m.child(m.affinity_hits, p.name), m.child(m.prefix_blocks, p.name, "true"),

@@ -100,7 +100,8 @@ def simulate_service(w: Workload, isvc: InferenceService, *, seed: int = 0,
                     stop_below_attainment=stop_below_attainment, autoscale_phase_s=decision_phase_s)
     rc = router_config_from_service(isvc, endpoints={})  # the production mapping of spec.router and spec.fallback
     router = LlmfleetRouter(weights=dict(isvc.spec.router.scorers), fallback=rc.fallback, seed=seed,
-                            measure_prefill_rate=rc.measure_prefill_rate, sole_holder_discount=rc.sole_holder_discount)
+                            measure_prefill_rate=rc.measure_prefill_rate, sole_holder_discount=rc.sole_holder_discount,
+                            eviction_cost=rc.eviction_cost)
     return simulate(w, cfg, router=router, autoscaler=hook), hook
 
 

@@ -18,7 +18,8 @@ Baselines (re-implemented from the projects' documented algorithms):
   llm-d (llm-d inference scheduler: weighted queue 2 + kv-cache-utilization 2 + prefix-cache 3, max score).
 llmfleet: `llmfleet.router.plugins.build_pipeline` with the RouterSpec's default scorer weights and
 `llmfleet.router.fallback.FallbackPolicy` when the fleet has student pools; llmfleet-sole-holder: the same with
-the estimated-ttft scorer's sole-holder discount on (`spec.router.soleHolderDiscount: true`).
+the estimated-ttft scorer's sole-holder discount on (`spec.router.soleHolderDiscount: true`);
+llmfleet-eviction-cost: the same with its eviction cost on (`spec.router.evictionCost: true`).
 """
 
 from __future__ import annotations
@@ -27,13 +28,13 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
-from llmfleet.api.inferenceservice import DEFAULT_SOLE_HOLDER_DISCOUNT
+from llmfleet.api.inferenceservice import DEFAULT_EVICTION_COST, DEFAULT_SOLE_HOLDER_DISCOUNT
 from llmfleet.sim.replica import SimReplica
 from llmfleet.sim.types import Fleet, SimRouter
 from llmfleet.sim.workload import Request
 
 ROUTERS = ("round-robin", "least-request", "power-of-two", "sglang", "vllm-router-norender", "llm-d", "llmfleet",
-           "llmfleet-sole-holder")
+           "llmfleet-sole-holder", "llmfleet-eviction-cost")
 
 
 def _load(r: SimReplica) -> int:
@@ -242,7 +243,7 @@ class LlmfleetRouter(SimRouter):
                  fallback: Any = None, slo: Any = None, max_candidates: int | None = None,
                  prefill_tokens_per_s: float | None = None, measure_prefill_rate: bool = False,
                  sole_holder_discount: bool = DEFAULT_SOLE_HOLDER_DISCOUNT, ttft_objective_s: float | None = None,
-                 work_externality: float | None = None) -> None:
+                 work_externality: float | None = None, eviction_cost: bool = DEFAULT_EVICTION_COST) -> None:
         from llmfleet.api.inferenceservice import RouterSpec
         from llmfleet.router.plugins import DEFAULT_MAX_CANDIDATES, DEFAULT_WORK_EXTERNALITY
 
@@ -254,6 +255,7 @@ class LlmfleetRouter(SimRouter):
         self.prefill_rate = prefill_tokens_per_s
         self.measure_prefill_rate = measure_prefill_rate  # RouterConfig.measure_prefill_rate
         self.sole_holder_discount = sole_holder_discount  # RouterConfig.sole_holder_discount
+        self.eviction_cost = eviction_cost  # RouterConfig.eviction_cost
         self.ttft_objective_s = ttft_objective_s  # None: the simulation's TTFT SLO, as the router gets spec.slo's
         # the estimated-ttft scorer's externality scale (a benchmark knob: production always has the default)
         self.work_externality = DEFAULT_WORK_EXTERNALITY if work_externality is None else work_externality
@@ -275,6 +277,7 @@ class LlmfleetRouter(SimRouter):
         self.pipeline = build_pipeline(self.weights, self.index, seed=self.seed, max_candidates=self.max_candidates,
                                        measure_prefill_rate=self.measure_prefill_rate,
                                        sole_holder_discount=self.sole_holder_discount,
+                                       eviction_cost=self.eviction_cost,
                                        ttft_objective_s=self.ttft_objective_s if self.ttft_objective_s is not None
                                        else fleet.cfg.ttft_slo_s, work_externality=self.work_externality)
         self.states: dict[int, Any] = {}
@@ -394,6 +397,10 @@ def make_router(name: str, seed: int = 0) -> SimRouter:
         return LlmfleetRouter(seed=seed)
     if name == "llmfleet-sole-holder":  # the default pipeline with spec.router.soleHolderDiscount on
         router = LlmfleetRouter(seed=seed, sole_holder_discount=True)
+        router.name = name
+        return router
+    if name == "llmfleet-eviction-cost":  # the default pipeline with spec.router.evictionCost on
+        router = LlmfleetRouter(seed=seed, eviction_cost=True)
         router.name = name
         return router
     raise ValueError(f"unknown router {name!r}; known: {', '.join(ROUTERS)}")

@@ -58,9 +58,12 @@ def test_static_endpoints_and_roundtrip(tmp_path) -> None:
     assert load_router_config(f) == cfg
     assert "servedNames" in cfg.to_yaml()
     assert not cfg.sole_holder_discount and not cfg.measure_prefill_rate  # the spec's defaults
+    assert not cfg.eviction_cost
     spec_on = router_config_from_service(
-        _isvc(router={"soleHolderDiscount": True, "measurePrefillRate": True}), {"primary": ["http://127.0.0.1:9"]})
+        _isvc(router={"soleHolderDiscount": True, "measurePrefillRate": True, "evictionCost": True}),
+        {"primary": ["http://127.0.0.1:9"]})
     assert spec_on.sole_holder_discount and spec_on.measure_prefill_rate  # spec.router reaches the router
+    assert spec_on.eviction_cost and "evictionCost: true" in spec_on.to_yaml()
     on = RouterConfig.model_validate({**cfg.model_dump(by_alias=True), "soleHolderDiscount": True})
     assert on.sole_holder_discount and "soleHolderDiscount: true" in on.to_yaml()
 

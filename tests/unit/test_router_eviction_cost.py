@@ -1,4 +1,5 @@
-"""The estimated-TTFT scorer's eviction cost: a candidate whose cache is full pays for the history it pushes out."""
+"""The estimated-TTFT scorer's eviction cost (`eviction_cost=True`, spec.router.evictionCost): a candidate whose
+cache is full pays for the history it pushes out while another candidate has room."""
 
 from __future__ import annotations
 
@@ -18,10 +19,10 @@ def req(keys: list[int]) -> RequestInfo:
     return RequestInfo(model="m", block_hashes=keys, input_tokens=BLOCK * len(keys), block_size=BLOCK, now=0.0)
 
 
-def scorer(index: PrefixIndex) -> EstimatedTTFTScorer:
+def scorer(index: PrefixIndex, eviction_cost: bool = True) -> EstimatedTTFTScorer:
     # plain TTFT otherwise (no externality, no discount, linear work): only the eviction term differs
     return EstimatedTTFTScorer(index, default_tokens_per_s=RATE, attention_tokens=None, work_externality=0.0,
-                               sole_holder_discount=False)
+                               sole_holder_discount=False, eviction_cost=eviction_cost)
 
 
 def _fleet() -> PrefixIndex:
@@ -63,6 +64,17 @@ def test_a_new_conversation_goes_where_it_evicts_nothing_once_the_fleet_finds_bl
     scores = s.score(req(keys), cands)
     assert s._costs == pytest.approx([4 * BLOCK / RATE + 4 * BLOCK / RATE * 0.5, 5 * BLOCK / RATE])
     assert scores[1] == 1.0 and scores[0] < 1.0
+
+
+def test_off_by_default_and_when_switched_off() -> None:
+    """The default scorer (and `eviction_cost=False`) ranks 'full' first as plain TTFT does, with the same
+    reuse learned."""
+    keys = [0, 201, 202, 203, 204]
+    for s in (EstimatedTTFTScorer(_fleet(), default_tokens_per_s=RATE, attention_tokens=None, work_externality=0.0),
+              scorer(_fleet(), eviction_cost=False)):
+        _learn_reuse(s, held=5, seen=10)
+        scores = s.score(req(keys), [R("full"), R("roomy")])
+        assert s._costs == pytest.approx([4 * BLOCK / RATE, 5 * BLOCK / RATE]) and scores[0] == 1.0
 
 
 def test_evictions_are_the_blocks_beyond_capacity_at_most_the_blocks_added() -> None:

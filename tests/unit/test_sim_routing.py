@@ -216,3 +216,15 @@ def test_the_sole_holder_variant_is_its_own_router() -> None:
     assert "llmfleet-sole-holder" in ROUTERS
     assert (variant.name, variant.sole_holder_discount) == ("llmfleet-sole-holder", True)  # type: ignore[attr-defined]
     assert (default.name, default.sole_holder_discount) == ("llmfleet", False)  # type: ignore[attr-defined]
+
+
+def test_the_eviction_cost_variant_is_its_own_router() -> None:
+    """`llmfleet-eviction-cost` is the default pipeline with spec.router.evictionCost on, under its own name."""
+    from llmfleet.router.plugins import EstimatedTTFTScorer, PrefixIndex
+    from llmfleet.sim.routers import ROUTERS, make_router
+
+    variant, default = make_router("llmfleet-eviction-cost"), make_router("llmfleet")
+    assert "llmfleet-eviction-cost" in ROUTERS
+    assert (variant.name, variant.eviction_cost) == ("llmfleet-eviction-cost", True)  # type: ignore[attr-defined]
+    assert (default.name, default.eviction_cost) == ("llmfleet", False)  # type: ignore[attr-defined]
+    assert not EstimatedTTFTScorer(PrefixIndex()).eviction_cost

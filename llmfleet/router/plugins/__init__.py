@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping
 
-from llmfleet.api.inferenceservice import DEFAULT_SOLE_HOLDER_DISCOUNT
+from llmfleet.api.inferenceservice import DEFAULT_EVICTION_COST, DEFAULT_SOLE_HOLDER_DISCOUNT
 from llmfleet.router.config import DEFAULT_SESSION_BYTES
 from llmfleet.router.plugins.base import (
     Filter,
@@ -51,6 +51,7 @@ def build_pipeline(weights: Mapping[str, float], index: PrefixIndex | None = Non
                    max_candidates: int | None = DEFAULT_MAX_CANDIDATES, prefix_candidates: int = 8,
                    session_bytes: int = DEFAULT_SESSION_BYTES, measure_prefill_rate: bool = False,
                    sole_holder_discount: bool = DEFAULT_SOLE_HOLDER_DISCOUNT,
+                   eviction_cost: bool = DEFAULT_EVICTION_COST,
                    ttft_objective_s: float | None = None,
                    work_externality: float = DEFAULT_WORK_EXTERNALITY) -> Pipeline:
     """The standard pipeline: healthy + model filters, then the named scorers with their weights.
@@ -60,7 +61,8 @@ def build_pipeline(weights: Mapping[str, float], index: PrefixIndex | None = Non
     `measure_prefill_rate` lets the estimated-TTFT scorer use each pool's measured prefill rate;
     `sole_holder_discount` switches its sole-holder discount (`sole_holder_discounted`; off by default), which
     applies only where the alternative must evict cached blocks and stops where the holder's estimate passes
-    `ttft_objective_s` (the service's TTFT objective; None: no bound). `work_externality` scales the
+    `ttft_objective_s` (the service's TTFT objective; None: no bound); `eviction_cost` switches its eviction cost
+    (`EstimatedTTFTScorer._with_eviction`; off by default). `work_externality` scales the
     estimated-TTFT scorer's busy-period externality (0: plain TTFT; benchmarks compare the two).
     """
     index = index if index is not None else PrefixIndex()
@@ -73,6 +75,7 @@ def build_pipeline(weights: Mapping[str, float], index: PrefixIndex | None = Non
         if isinstance(scorer, EstimatedTTFTScorer):
             scorer.measure_rate = measure_prefill_rate
             scorer.sole_holder_discount = sole_holder_discount
+            scorer.eviction_cost = eviction_cost
             scorer.ttft_objective_s = ttft_objective_s
             scorer.work_externality = work_externality
     return Pipeline([HealthyFilter(), ModelFilter()], scorers, random.Random(seed), preselector=pre)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-from llmfleet.api.inferenceservice import DEFAULT_SOLE_HOLDER_DISCOUNT
+from llmfleet.api.inferenceservice import DEFAULT_EVICTION_COST, DEFAULT_SOLE_HOLDER_DISCOUNT
 from llmfleet.router.plugins.admission import cannot_admit
 from llmfleet.router.plugins.base import (
     PrefillCostFit,
@@ -109,7 +109,8 @@ class EstimatedTTFTScorer(Scorer):
                   also delays the requests routed to r after it (see DEFAULT_WORK_EXTERNALITY; 0 = pure TTFT)
     cost(r)    += min(n, over) · tokens_per_block / rate(r) · reuse on a candidate whose cache is believed full
                   while another candidate has room: n blocks of the prompt it lacks, `over` of what it would then
-                  hold beyond its capacity, reuse the share of routed prompt blocks found cached (`_with_eviction`)
+                  hold beyond its capacity, reuse the share of routed prompt blocks found cached (`_with_eviction`;
+                  off unless eviction_cost=True)
     cost(h)    *= w(h) / w(runner-up) for the one candidate h that alone holds the most of the prompt (the least
                   uncached work w), unless the cheapest other candidate has room for the prompt's blocks: its
                   cached history is worth keeping where a copy elsewhere would evict (`sole_holder_discounted`;
@@ -138,7 +139,8 @@ class EstimatedTTFTScorer(Scorer):
     def __init__(self, index: PrefixIndex, default_tokens_per_s: float = DEFAULT_PREFILL_TOKENS_PER_S,
                  attention_tokens: float | None = DEFAULT_ATTENTION_TOKENS,
                  work_externality: float = DEFAULT_WORK_EXTERNALITY, measure_rate: bool = False,
-                 sole_holder_discount: bool = DEFAULT_SOLE_HOLDER_DISCOUNT) -> None:
+                 sole_holder_discount: bool = DEFAULT_SOLE_HOLDER_DISCOUNT,
+                 eviction_cost: bool = DEFAULT_EVICTION_COST) -> None:
         if attention_tokens is not None and attention_tokens <= 0:
             raise ValueError("attention_tokens must be > 0 (or None for a linear cost)")
         if work_externality < 0:
@@ -146,6 +148,7 @@ class EstimatedTTFTScorer(Scorer):
         self.index = index
         self.work_externality = work_externality
         self.sole_holder_discount = sole_holder_discount  # see sole_holder_discounted
+        self.eviction_cost = eviction_cost  # see _with_eviction
         self.ttft_objective_s: float | None = None  # the service's TTFT objective: bounds the discount
         self._costs: list[float] = []
         self.default_rate = default_tokens_per_s
@@ -222,7 +225,7 @@ class EstimatedTTFTScorer(Scorer):
         # (with nothing queued anywhere every wait is 0 and the factor common to all: skipped)
         extra = self.work_externality * busy_period_externality(busy_n, len(replicas)) if busy_n else 0.0
         costs = [e + extra * t for e, t in zip(out, own, strict=True)] if extra else out
-        if self.blocks_held and req.block_hashes:
+        if self.eviction_cost and self.blocks_held and req.block_hashes:
             costs = self._with_eviction(costs, req, replicas, m or {})
         if self.sole_holder_discount and m:
             index, keys = self.index, req.block_hashes
