@@ -259,10 +259,9 @@ class EstimatedTTFTScorer(Scorer):
         on a trace whose prompts all share a first block (the Mooncake conversation trace), its few holders are
         always a little faster and took nearly every new conversation, which then evicted each other's history
         in those few caches while the rest of a 32-replica fleet stayed cold (docs/router.md, "Eviction cost").
-        When every candidate must evict (a fleet whose caches have all filled), plain estimated TTFT decides as
-        before: what LRU evicts there is the least recently used history, whose chance of reuse the fleet-wide
-        ratio overstates, and pricing it at that ratio held turns on their busy holders (TTFT attainment on the
-        conversation trace's static 2- to 6-replica fleets fell by 0.2-0.3 points).
+        When every candidate must evict (a fleet whose caches have all filled), it adds nothing and plain estimated
+        TTFT decides as without it: evicting is then no choice, and what LRU evicts from a full cache is its oldest
+        history, whose chance of reuse the fleet-wide ratio overstates.
         """
         reuse = self.blocks_held / self.blocks_seen
         per_block = req.tokens_per_block()
