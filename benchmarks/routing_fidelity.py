@@ -236,7 +236,8 @@ def sim_routers(seed: int, variants: dict[str, dict[str, float]] | None = None,
     def llmfleet(weights: dict[str, float] | None, w: dict[str, Any]) -> Any:
         return LlmfleetRouter(weights=weights, seed=seed, ttft_objective_s=objective_s,
                               measure_prefill_rate=flag(w, "measure_prefill_rate", "measurePrefillRate"),
-                              sole_holder_discount=flag(w, "sole_holder_discount", "soleHolderDiscount"))
+                              sole_holder_discount=flag(w, "sole_holder_discount", "soleHolderDiscount"),
+                              eviction_cost=flag(w, "eviction_cost", "evictionCost"))
 
     return {
         # the scorer weights the real run used (None: today's defaults) and the router's default config
