@@ -249,8 +249,8 @@ class EstimatedTTFTScorer(Scorer):
         The request's blocks that candidate r lacks, n, go into its cache; what it holds plus n beyond its
         capacity (`PrefixIndex.capacity_of`) is evicted: min(n, over) blocks. Each would have been found again
         by a later request with the probability the fleet has been finding prompt blocks cached (blocks_held /
-        blocks_seen, counted in `on_routed` from this router's own decisions, so it follows the traffic: ~0 for
-        unrelated prompts, high for conversations), and would then cost its recompute, per_block / rate(r). The
+        blocks_seen, counted in `on_routed` over every decision this router has made: ~0 for unrelated prompts,
+        high for conversations), and would then cost its recompute, per_block / rate(r). The
         cost is in seconds like the rest and has no constant to fit.
 
         Only while some candidate takes the request without evicting (a replica just added, or one whose cache
@@ -294,11 +294,11 @@ class EstimatedTTFTScorer(Scorer):
             self.estimates(req, [replica])
             u = self._last[2][0]
             m = self._last[3]
-        if req.block_hashes:
-            self.blocks_seen += len(req.block_hashes)
-            self.blocks_held += min(len(req.block_hashes), m.get(replica.id, 0))
         fit = (self.fits.setdefault(replica.pool, PrefillCostFit())
                if self.measure_rate and not replica.prefill_tokens_per_s else None)
         charge_prefill(req, replica, u, self.rate(replica), fit)
-        if req.block_hashes:  # the index learns from routing whether or not the prefix-cache scorer runs
+        if req.block_hashes:
+            self.blocks_seen += len(req.block_hashes)
+            self.blocks_held += min(len(req.block_hashes), m.get(replica.id, 0))
+            # the index learns from routing whether or not the prefix-cache scorer runs
             self.index.insert(replica.id, req.block_hashes)
