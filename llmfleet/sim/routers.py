@@ -26,15 +26,28 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypedDict
 
 from llmfleet.api.inferenceservice import DEFAULT_EVICTION_COST, DEFAULT_SOLE_HOLDER_DISCOUNT
 from llmfleet.sim.replica import SimReplica
 from llmfleet.sim.types import Fleet, SimRouter
 from llmfleet.sim.workload import Request
 
+
+class _OptIns(TypedDict, total=False):
+    """The LlmfleetRouter arguments a variant may switch on."""
+
+    sole_holder_discount: bool
+    eviction_cost: bool
+
+
+# the default pipeline with one opt-in spec.router field on, reported under its own name
+LLMFLEET_VARIANTS: dict[str, _OptIns] = {
+    "llmfleet-sole-holder": {"sole_holder_discount": True},  # spec.router.soleHolderDiscount
+    "llmfleet-eviction-cost": {"eviction_cost": True},  # spec.router.evictionCost
+}
 ROUTERS = ("round-robin", "least-request", "power-of-two", "sglang", "vllm-router-norender", "llm-d", "llmfleet",
-           "llmfleet-sole-holder", "llmfleet-eviction-cost")
+           *LLMFLEET_VARIANTS)
 
 
 def _load(r: SimReplica) -> int:
@@ -395,12 +408,9 @@ def make_router(name: str, seed: int = 0) -> SimRouter:
         return LlmdWeighted(seed=seed)
     if name == "llmfleet":
         return LlmfleetRouter(seed=seed)
-    if name == "llmfleet-sole-holder":  # the default pipeline with spec.router.soleHolderDiscount on
-        router = LlmfleetRouter(seed=seed, sole_holder_discount=True)
-        router.name = name
-        return router
-    if name == "llmfleet-eviction-cost":  # the default pipeline with spec.router.evictionCost on
-        router = LlmfleetRouter(seed=seed, eviction_cost=True)
+    variant = LLMFLEET_VARIANTS.get(name)
+    if variant is not None:
+        router = LlmfleetRouter(seed=seed, **variant)
         router.name = name
         return router
     raise ValueError(f"unknown router {name!r}; known: {', '.join(ROUTERS)}")

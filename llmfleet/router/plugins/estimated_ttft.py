@@ -298,7 +298,8 @@ class EstimatedTTFTScorer(Scorer):
                if self.measure_rate and not replica.prefill_tokens_per_s else None)
         charge_prefill(req, replica, u, self.rate(replica), fit)
         if req.block_hashes:
-            self.blocks_seen += len(req.block_hashes)
-            self.blocks_held += min(len(req.block_hashes), m.get(replica.id, 0))
+            if self.eviction_cost:  # the reuse ratio only the eviction cost reads
+                self.blocks_seen += len(req.block_hashes)
+                self.blocks_held += min(len(req.block_hashes), m.get(replica.id, 0))
             # the index learns from routing whether or not the prefix-cache scorer runs
             self.index.insert(replica.id, req.block_hashes)
