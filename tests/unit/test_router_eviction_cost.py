@@ -117,3 +117,23 @@ def test_on_routed_counts_the_blocks_the_chosen_replica_held_before_it_learned_t
     assert (s.blocks_held, s.blocks_seen) == (2, 4)
     s.on_routed(req([1, 2, 3, 4, 5]), R("b"))  # not scored (a retry): matched now, b holds nothing
     assert (s.blocks_held, s.blocks_seen) == (2, 9)
+
+
+def test_room_on_a_busier_replica_is_no_reason_to_move_a_request() -> None:
+    """The full candidate pays for its evictions only while a candidate with room is no busier than it: once the
+    roomy replica carries more requests, the request stays where plain TTFT puts it (without this, every request
+    that would evict flees to the few replicas with room until their caches fill)."""
+    keys = [0, 201, 202, 203, 204]
+    s = scorer(_fleet())
+    _learn_reuse(s, held=5, seen=10)
+    penalised = [4 * BLOCK / RATE + 4 * BLOCK / RATE * 0.5, 5 * BLOCK / RATE]
+    for full_load, roomy_load, expected in ((0, 0, penalised), (3, 3, penalised), (5, 2, penalised),
+                                            (2, 5, [4 * BLOCK / RATE, 5 * BLOCK / RATE])):
+        full, roomy = R("full"), R("roomy")
+        full.in_flight, roomy.in_flight = full_load, roomy_load
+        s.score(req(keys), [full, roomy])
+        assert s._costs == pytest.approx(expected), (full_load, roomy_load)
+    busy_roomy = R("roomy")
+    busy_roomy.running, busy_roomy.waiting = 4.0, 1.0  # the engine's scraped counts are load too
+    s.score(req(keys), [R("full"), busy_roomy])
+    assert s._costs == pytest.approx([4 * BLOCK / RATE, 5 * BLOCK / RATE])

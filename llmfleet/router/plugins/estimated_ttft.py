@@ -108,9 +108,9 @@ class EstimatedTTFTScorer(Scorer):
                   candidates with queued prefill (`busy_period_externality`): under load this request's new work
                   also delays the requests routed to r after it (see DEFAULT_WORK_EXTERNALITY; 0 = pure TTFT)
     cost(r)    += min(n, over) · tokens_per_block / rate(r) · reuse on a candidate whose cache is believed full
-                  while another candidate has room: n blocks of the prompt it lacks, `over` of what it would then
-                  hold beyond its capacity, reuse the share of routed prompt blocks found cached (`_with_eviction`;
-                  off unless eviction_cost=True)
+                  while another candidate no busier than r has room: n blocks of the prompt it lacks, `over` of
+                  what it would then hold beyond its capacity, reuse the share of routed prompt blocks found
+                  cached (`_with_eviction`; off unless eviction_cost=True)
     cost(h)    *= w(h) / w(runner-up) for the one candidate h that alone holds the most of the prompt (the least
                   uncached work w), unless the cheapest other candidate has room for the prompt's blocks: its
                   cached history is worth keeping where a copy elsewhere would evict (`sole_holder_discounted`;
@@ -262,6 +262,14 @@ class EstimatedTTFTScorer(Scorer):
         When every candidate must evict (a fleet whose caches have all filled), it adds nothing and plain estimated
         TTFT decides as without it: evicting is then no choice, and what LRU evicts from a full cache is its oldest
         history, whose chance of reuse the fleet-wide ratio overstates.
+
+        A candidate that must evict pays only if some candidate with room is no busier than it (`ReplicaState.load`:
+        requests at the replica). Room on a replica that already carries more requests is no reason to move a
+        request there. Without this the term herds: every request that would evict flees to the few replicas still
+        with room until their caches fill. The room counts prompt blocks, while the requests that flood such a
+        replica grow their KV as they answer. On the reasoning-style shape (4,000-token answers) one replica went
+        from 4 requests running to 117 in three minutes and preempted 69 times, while full replicas ran 9 to 16
+        (docs/router.md, "Eviction cost").
         """
         reuse = self.blocks_held / self.blocks_seen
         per_block = req.tokens_per_block()
@@ -273,7 +281,9 @@ class EstimatedTTFTScorer(Scorer):
             evicted.append(min(n, index.blocks_of(r.id) + n - index.capacity_of(r.id)))
         if min(evicted) > 0:
             return costs  # every candidate must evict: plain estimated TTFT decides which
-        return [c + e * per_block / self.rate(r) * reuse if e > 0 else c
+        # the least busy replica with room: a full one that carries fewer requests pays nothing
+        least = min(r.load for r, e in zip(replicas, evicted, strict=True) if e <= 0)
+        return [c + e * per_block / self.rate(r) * reuse if e > 0 and r.load >= least else c
                 for c, e, r in zip(costs, evicted, replicas, strict=True)]
 
     def score(self, req: RequestInfo, replicas: Sequence[ReplicaState]) -> list[float]:
