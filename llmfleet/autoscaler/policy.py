@@ -243,9 +243,9 @@ def _slo_primary(
         # holds: it never buys.
         f_rate, f_n = st.feedback_floor
         if sig.replicas < f_n:  # released while held: the rate fell away, and a later miss starts a new count
-            st.feedback_floor, st.feedback_floors = None, 0
+            st.feedback_floor, st.feedback_floor_until, st.feedback_floors = None, None, 0
         elif st.feedback_floor_until is not None and sig.now > st.feedback_floor_until:
-            st.feedback_floor = None
+            st.feedback_floor, st.feedback_floor_until = None, None
             reasons.append(f"the feedback's hold at {f_n} ended: judged by the model again")
         elif n < f_n and planned * (1 + DOWN_TOLERANCE) >= f_rate:
             n = f_n

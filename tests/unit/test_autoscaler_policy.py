@@ -410,7 +410,8 @@ def test_a_feedback_replica_is_held_for_a_down_window_then_twice_as_long_each_ti
     assert w.replicas["primary"] == before + 1
     for i in range(40):  # after it, the model's down-window releases the replica
         w.tick(900.0 + 15.0 * i, 2.0, ttft=500.0)
-    assert w.replicas["primary"] == before and w.state.pools["primary"].feedback_floor is None
+    st = w.state.pools["primary"]
+    assert w.replicas["primary"] == before and st.feedback_floor is None and st.feedback_floor_until is None
     for k in range(2):  # the miss comes back: the replica again, held twice as long
         w.tick(1500.0 + 15.0 * k, 2.0, ttft=5000.0)
     st = w.state.pools["primary"]
@@ -435,6 +436,7 @@ def test_a_feedback_replica_goes_once_the_rate_falls_away_and_the_count_starts_o
         w.tick(630.0 + 15.0 * i, 1.0, ttft=500.0)
     st = w.state.pools["primary"]
     assert w.replicas["primary"] <= before and st.feedback_floor is None and st.feedback_floors == 0
+    assert st.feedback_floor_until is None  # nothing of the forgotten hold is left to persist
 
 
 def test_slo_feedback_waits_until_the_last_action_settled() -> None:
