@@ -90,10 +90,14 @@ class PrefixIndex:
         """Blocks `replica`'s LRU holds at most: its KV capacity (`set_capacity`), else the default."""
         return self._capacity.get(replica, self.default_capacity)
 
+    def over_capacity(self, replica: str, new_blocks: int) -> int:
+        """Blocks `replica` would hold beyond its capacity after taking `new_blocks` more (<= 0: it has room)."""
+        return self.blocks_of(replica) + new_blocks - self.capacity_of(replica)
+
     def has_room(self, replica: str, new_blocks: int) -> bool:
         """Whether `replica` is believed to take `new_blocks` more blocks without evicting any: what it holds
         plus them fits its capacity (a replica added empty has room; one whose cache has filled has none)."""
-        return self.blocks_of(replica) + new_blocks <= self.capacity_of(replica)
+        return self.over_capacity(replica, new_blocks) <= 0
 
     # -- core ------------------------------------------------------------------------------------------------
     def _clear(self, key: int, bit: int) -> None:

@@ -227,6 +227,7 @@ def test_prefix_index_has_room_counts_the_blocks_held_against_the_capacity() -> 
     assert index.has_room("new", 8) and not index.has_room("new", 9)  # unknown replica: empty, default capacity
     index.insert("a", [1, 2, 3, 4, 5])
     assert index.has_room("a", 3) and not index.has_room("a", 4)
+    assert (index.over_capacity("a", 3), index.over_capacity("a", 4)) == (0, 1)  # the eviction cost's count
     index.set_capacity("a", 16)
     assert index.capacity_of("a") == 16 and index.has_room("a", 11)
 

@@ -247,7 +247,7 @@ class EstimatedTTFTScorer(Scorer):
         prefill time those evictions will cost.
 
         The request's blocks that candidate r lacks, n, go into its cache; what it holds plus n beyond its
-        capacity (`PrefixIndex.capacity_of`) is evicted: min(n, over) blocks. Each would have been found again
+        capacity (`PrefixIndex.over_capacity`) is evicted: min(n, over) blocks. Each would have been found again
         by a later request with the probability the fleet has been finding prompt blocks cached (blocks_held /
         blocks_seen, counted in `on_routed` over every decision this router has made: ~0 for unrelated prompts,
         high for conversations), and would then cost its recompute, per_block / rate(r). The
@@ -278,7 +278,7 @@ class EstimatedTTFTScorer(Scorer):
         evicted = []
         for r in replicas:
             n = keys - m.get(r.id, 0)
-            evicted.append(min(n, index.blocks_of(r.id) + n - index.capacity_of(r.id)))
+            evicted.append(min(n, index.over_capacity(r.id, n)))
         if min(evicted) > 0:
             return costs  # every candidate must evict: plain estimated TTFT decides which
         # the least busy replica with room: a full one that carries fewer requests pays nothing
