@@ -37,7 +37,10 @@ class CapacitySeed:
     # evaluated there (seeds.py). A replica's throughput depends on the mix (every decode step reads the KV of its
     # batch's whole context; a prompt's attention grows with its length), so one fixed shape mis-seeds every workload
     # whose requests are longer or shorter. None: these throughputs at any mix.
-    at_mix: Callable[[float, float, float], CapacitySeed] | None = field(default=None, compare=False, repr=False)
+    # With a fourth argument, the sequences a full KV cache holds as measured (PoolSignals.kv_full_sequences; None: the
+    # planner's own figure).
+    at_mix: Callable[[float, float, float, float | None], CapacitySeed] | None = field(default=None, compare=False,
+                                                                                       repr=False)
     # Decode tokens/s if the decodes' FLOPs alone held the replica (the compute they take from a prefill batched into
     # their steps; module docstring). None: decode_tokens_per_s (the whole step, as if decoding were compute-bound).
     decode_compute_tokens_per_s: float | None = None
@@ -45,11 +48,13 @@ class CapacitySeed:
     # long prompt's prefill costs than its length says, for the spread of prefill times (prefill_time_scv).
     prefill_attention_ratio: float = 0.0
 
-    def for_mix(self, mean_in: float | None, mean_out: float | None, hit_rate: float | None) -> CapacitySeed:
-        """The seed at an observed mix; this one where there is no mix function or the mix is not measured."""
+    def for_mix(self, mean_in: float | None, mean_out: float | None, hit_rate: float | None,
+                kv_sequences: float | None = None) -> CapacitySeed:
+        """The seed at an observed mix (and measured KV sequences); this one where there is no mix function or the mix is
+        not measured."""
         if self.at_mix is None or mean_in is None or mean_out is None:
             return self
-        return self.at_mix(mean_in, mean_out, hit_rate or 0.0)
+        return self.at_mix(mean_in, mean_out, hit_rate or 0.0, kv_sequences)
 
 
 DEFAULT_SEED = CapacitySeed(prefill_tokens_per_s=8000.0, decode_tokens_per_s=1500.0)

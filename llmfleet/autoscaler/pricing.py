@@ -24,7 +24,7 @@ def seed_at_mix(pool: PoolBounds, sig: PoolSignals) -> CapacitySeed:
     """The pool's capacity seed at the interval's measured request mix (the planner's roofline there), or its
     configured seed where the mix is not measured. The learned efficiency corrects whatever the roofline misses at
     that mix, not the gap between the mix and a fixed reference shape."""
-    return pool.seed.for_mix(sig.mean_input_tokens, sig.mean_output_tokens, sig.prefix_hit_rate)
+    return pool.seed.for_mix(sig.mean_input_tokens, sig.mean_output_tokens, sig.prefix_hit_rate, sig.kv_full_sequences)
 
 
 def window_seconds(cfg: PolicyConfig, sig: PoolSignals) -> float:

@@ -11,6 +11,7 @@ back to the default seed; the online learning corrects the rest.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from functools import lru_cache
 from typing import TYPE_CHECKING
@@ -59,15 +60,17 @@ def seed_for_pool(
     cost = StepCostModel.build(model, gpu, kv_dtype=kv, tensor_parallel=tp)
 
     @lru_cache(maxsize=64)  # one interval asks for the same mix several times (capacity, prefill, learning)
-    def at(mean_in: int, mean_out: int, hit_rate: float) -> CapacitySeed:
+    def at(mean_in: int, mean_out: int, hit_rate: float, kv_sequences: int | None = None) -> CapacitySeed:
         w = TrafficShape(input_tokens=mean_in, output_tokens=mean_out, prefix_hit_rate=hit_rate, ttft_slo_s=ttft_slo_s,
-                         tpot_slo_s=tpot_slo_s)
+                         tpot_slo_s=tpot_slo_s, kv_sequences=kv_sequences)
         return seed_from_capacity(replica_capacity(model, gpu, w, kv_dtype=kv, tensor_parallel=tp, max_num_seqs=seqs,
                                                    cost=cost), w, cost)
 
-    def at_mix(mean_in: float, mean_out: float, hit_rate: float) -> CapacitySeed:
-        """The roofline at the observed mix (whole tokens, at least one each; a hit rate within [0, 1])."""
-        return at(max(1, round(mean_in)), max(1, round(mean_out)), min(max(hit_rate, 0.0), 1.0))
+    def at_mix(mean_in: float, mean_out: float, hit_rate: float, kv_sequences: float | None = None) -> CapacitySeed:
+        """The roofline at the observed mix (whole tokens, at least one each; a hit rate within [0, 1]) with the KV
+        cache holding `kv_sequences` (whole sequences, at least one) where that was measured."""
+        kv = max(1, int(kv_sequences)) if kv_sequences is not None and math.isfinite(kv_sequences) else None
+        return at(max(1, round(mean_in)), max(1, round(mean_out)), min(max(hit_rate, 0.0), 1.0), kv)
 
     return replace(at(input_tokens, output_tokens, 0.0), at_mix=at_mix)
 

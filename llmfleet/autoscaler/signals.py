@@ -99,6 +99,8 @@ def build_queries(service: str, namespace: str, pool: str, role: Role, sel: Sele
         "min_queue_depth": f"min(min_over_time({vs('num_requests_waiting')}[{window}]))",
         "running": f"sum({vs('num_requests_running')})",
         "kv_utilization": f"avg({vs('kv_cache_usage_perc')}) or avg({vs('gpu_cache_usage_perc')})",
+        "kv_full_sequences": (f"sum({vs('num_requests_running')}) / "
+                              f"(sum({vs('kv_cache_usage_perc')}) or sum({vs('gpu_cache_usage_perc')}))"),
         "prefix_hit_rate": (
             f"sum(rate({vs('prefix_cache_hits_total')}[{window}])) / "
             f"sum(rate({vs('prefix_cache_queries_total')}[{window}]))"
@@ -151,6 +153,7 @@ def assemble(
         min_queue_depth=v.get("min_queue_depth"),
         running=v.get("running"),
         kv_utilization=v.get("kv_utilization"),
+        kv_full_sequences=v.get("kv_full_sequences"),
         prefix_hit_rate=hit,
         degraded_fraction=v.get("degraded_fraction"),
         error_rate=v.get("error_rate"),
@@ -317,6 +320,7 @@ def values_from_scrapes(
     if kv is None:
         kv = _sum(replicas_cur, "vllm:gpu_cache_usage_perc")
     n_rep = max(pool.ready_replicas, 1)
+    running = _sum(replicas_cur, "vllm:num_requests_running")
     return {
         "arrival_rate": arrival,
         "degraded_fraction": (degraded or 0.0) / total if total else None,
@@ -333,8 +337,9 @@ def values_from_scrapes(
                                            {**pm, "power": str(k)}) for k in INPUT_TOKEN_POWERS},
         "queue_depth": _sum(replicas_cur, "vllm:num_requests_waiting"),
         "min_queue_depth": _min_of_two(replicas_prev, replicas_cur, "vllm:num_requests_waiting"),
-        "running": _sum(replicas_cur, "vllm:num_requests_running"),
+        "running": running,
         "kv_utilization": kv / n_rep if kv is not None else None,
+        "kv_full_sequences": running / kv if running is not None and kv else None,
         "prefix_hit_rate": hits / queries if hits is not None and queries else None,
         "prompt_tokens_per_s": _rate(replicas_prev, replicas_cur, "vllm:prompt_tokens_total", dt),
         "decode_tokens_per_s": _rate(replicas_prev, replicas_cur, "vllm:generation_tokens_total", dt),

@@ -61,6 +61,11 @@ class PoolSignals:
     queue_depth: float | None = None
     running: float | None = None
     kv_utilization: float | None = None
+    # Running sequences per full KV cache at the running sequences' measured footprint: sum of the engines' running
+    # requests over the sum of their KV cache usage (vllm:num_requests_running / vllm:kv_cache_usage_perc, both
+    # summed over the pool). What a replica's cache holds is measured this way, prompt blocks that concurrent
+    # requests share counted once, at any load; the planner's figure (its full-context sequences) cannot see sharing.
+    kv_full_sequences: float | None = None
     prefix_hit_rate: float | None = None
     degraded_fraction: float | None = None
     prefill_tokens_per_s: float | None = None

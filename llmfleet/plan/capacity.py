@@ -25,6 +25,9 @@ class TrafficShape:
     prefix_hit_rate: float = 0.0  # fraction of prompt tokens served from the prefix cache
     ttft_slo_s: float = 1.0  # p95 target
     tpot_slo_s: float = 0.1  # p95 target
+    # Sequences one replica's KV cache holds when full, as measured on running engines (the autoscaler's
+    # PoolSignals.kv_full_sequences); None: the cache's tokens over a sequence's final context (input + output).
+    kv_sequences: float | None = None
 
 
 @dataclass(frozen=True)
@@ -46,7 +49,15 @@ def replica_capacity(m: ModelShape, gpu: GPUProfile, w: TrafficShape, *, weight_
                      cost: StepCostModel | None = None, prompts: Sequence[int] = ()) -> ReplicaCapacity:
     """Throughput of one replica for this workload, and the utilization at which it still meets the TTFT SLO.
 
-    1. Decode batch B: the largest B <= max_num_seqs with step_time(B, ctx) <= TPOT SLO whose KV fits.
+    1. Decode batch B: the largest B <= max_num_seqs with step_time(B, ctx) <= TPOT SLO whose KV fits: the cache's
+       tokens over a sequence's final context I + O, or `w.kv_sequences` where that was measured on running engines.
+       A running sequence holds its prompt and the tokens generated so far, and concurrent requests share cached
+       prompt blocks (a tenant's system prompt, a conversation's history where its turns overlap), so a full cache
+       holds more sequences than its tokens over the final context. The measured figure is kept within what this
+       mix allows: at least the cache's tokens over I + O/2 (a sequence sharing nothing, half-way through its
+       answer), at most over (1-h)·I + O/2 (it shares every prompt token it found cached, and none it computed or
+       generated). The measurement describes the sequences running now, so after a change of mix the bounds hold
+       it to the arriving requests until the running ones are of the new kind.
     2. Per request the replica spends the prefill of (1-h)·I tokens once and O decode steps shared by B sequences:
        throughput = 1 / (batched prefill + O · step(B) / B). Continuous batching runs a prefill in the step of
        the running decodes, so it adds only its own FLOPs (StepCostModel.prefill_batched_time), not the overhead
@@ -66,7 +77,12 @@ def replica_capacity(m: ModelShape, gpu: GPUProfile, w: TrafficShape, *, weight_
                       tokens_per_sequence=max(1, ctx_tokens))
     mean_ctx = w.input_tokens + w.output_tokens / 2
     why: list[str] = []
-    kv_batch = max(1, cap.tokens // max(1, ctx_tokens))
+    if w.kv_sequences is not None and w.kv_sequences > 0:
+        own = _uncached(w.input_tokens, w.prefix_hit_rate) + w.output_tokens / 2  # not shared with any other sequence
+        kv_batch = min(max(int(w.kv_sequences), int(cap.tokens // mean_ctx)), int(cap.tokens // own))
+        kv_what = f"sequences at their measured footprint ({w.kv_sequences:.0f} measured)"
+    else:
+        kv_batch, kv_what = max(1, cap.tokens // max(1, ctx_tokens)), f"sequences of {ctx_tokens} tokens"
     limit, limited_by = min(max_num_seqs, kv_batch), ("KV cache" if kv_batch < max_num_seqs else "max_num_seqs")
     batch = 1
     lo, hi = 1, limit
@@ -79,7 +95,7 @@ def replica_capacity(m: ModelShape, gpu: GPUProfile, w: TrafficShape, *, weight_
     if batch < limit:
         limited_by = "TPOT SLO"
     step = cost.decode_step_time(batch, mean_ctx)
-    why.append(f"KV cache holds {cap.tokens:,} tokens = {kv_batch} sequences of {ctx_tokens} tokens; "
+    why.append(f"KV cache holds {cap.tokens:,} tokens = {kv_batch} {kv_what}; "
                f"decode batch {batch} (limited by {limited_by}), step {step * 1e3:.1f} ms at {mean_ctx:.0f} context")
     new_tokens = _uncached(w.input_tokens, w.prefix_hit_rate)
     prefill = cost.prefill_time(new_tokens, w.input_tokens - new_tokens)

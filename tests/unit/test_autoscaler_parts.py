@@ -160,6 +160,9 @@ def test_build_queries_select_pool_and_service() -> None:
     # The error rate is the pool's own, for the primary too.
     assert 'pool="primary",outcome="error"' in primary["error_rate"]
     assert 'vllm[:_]request_queue_time_seconds_bucket' in q["queue_time_p95_ms"]
+    # running sequences over KV usage, both summed over the pool's engines (either name of vLLM's usage gauge)
+    assert q["kv_full_sequences"].startswith('sum({__name__=~"vllm[:_]num_requests_running"')
+    assert 'vllm[:_]kv_cache_usage_perc' in q["kv_full_sequences"] and 'llmfleet_io_pool="small"' in q["kv_full_sequences"]
     assert 'llmfleet_router_upstream_attempts_total{llmfleet_io_inferenceservice="chat",pool="small"}' in q["error_rate"]
     # the prompt-length moments: each power sum over the input-token histogram's count, the pool's own
     assert q["input_tokens_power_3"] == (
@@ -191,6 +194,7 @@ def test_values_from_two_scrapes_and_staleness() -> None:
                           f'{n * 3 * 1000.0 ** k}\n' for k in (2, 3, 4)))
     replica = ('# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 4\n'
                '# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 2\n'
+               '# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc 0.25\n'
                '# TYPE vllm:request_queue_time_seconds histogram\n'
                'vllm:request_queue_time_seconds_bucket{le="0.1"} 90\n'
                'vllm:request_queue_time_seconds_bucket{le="1.0"} 100\n'
@@ -204,12 +208,19 @@ def test_values_from_two_scrapes_and_staleness() -> None:
     assert v["error_rate"] == pytest.approx(30 / (100 + 30 + 10))  # this pool's failed tries / all its tries
     assert 500 < v["ttft_p95_ms"] <= 2000  # type: ignore[operator]
     assert v["queue_depth"] == 4 and v["running"] == 2
+    # 2 running sequences in a quarter of the cache: a full one holds 8 of them; averaged over 2 replicas, 12.5 % each
+    assert v["kv_full_sequences"] == pytest.approx(8.0) and v["kv_utilization"] == pytest.approx(0.125)
     assert 100 < v["queue_time_p95_ms"] <= 1000  # type: ignore[operator]  # in the (0.1, 1] s bucket
     assert v["input_tokens_power_2"] == pytest.approx(3e6) and v["input_tokens_power_4"] == pytest.approx(3e12)
     fresh = assemble(pool, 0.0, {**v, "router_age_s": 1.0, "replica_age_s": 1.0}, stale_after_s=30)
     assert not fresh.stale and fresh.arrival_rate == pytest.approx(11.0)
     assert fresh.input_tokens_moments == pytest.approx((3e6, 3e9, 3e12))
     assert fresh.queue_time_p95_ms == v["queue_time_p95_ms"]
+    assert fresh.kv_full_sequences == pytest.approx(8.0)
+    # an empty cache measures no footprint (never a division by zero)
+    idle = values_from_scrapes(pool, {}, {}, {}, parse_metrics(replica.replace("kv_cache_usage_perc 0.25",
+                                                                               "kv_cache_usage_perc 0")), 10.0)
+    assert idle["kv_full_sequences"] is None
     # one power missing: no moments (the policy then assumes M/M/c's spread), never a partial tuple
     assert assemble(pool, 0.0, {**v, "input_tokens_power_3": None}, stale_after_s=30).input_tokens_moments is None
     old = assemble(pool, 0.0, {**v, "router_age_s": 100.0, "replica_age_s": 1.0}, stale_after_s=30)

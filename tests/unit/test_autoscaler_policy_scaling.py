@@ -435,19 +435,48 @@ def test_capacity_is_seeded_at_the_measured_mix() -> None:
     """A seed with a roofline per mix (seeds.py) is read at the interval's mean request shape: a mix at which the
     roofline halves the throughputs halves the capacity per replica and asks for more replicas than the fixed seed."""
     half = CapacitySeed(SEED.prefill_tokens_per_s / 2, SEED.decode_tokens_per_s / 2)
-    asked: list[tuple[float, float, float]] = []
+    asked: list[tuple[float, float, float, float | None]] = []
 
-    def at_mix(mean_in: float, mean_out: float, hit: float) -> CapacitySeed:
-        asked.append((mean_in, mean_out, hit))
+    def at_mix(mean_in: float, mean_out: float, hit: float, kv_sequences: float | None) -> CapacitySeed:
+        asked.append((mean_in, mean_out, hit, kv_sequences))
         return half if mean_in > 4000 else SEED
 
     fixed = decide(_primary_only(SEED), [_mix_sig(0.0, 8000.0)], PolicyState()).pools["primary"]
     mixed = decide(_primary_only(replace(SEED, at_mix=at_mix)), [_mix_sig(0.0, 8000.0)], PolicyState()).pools["primary"]
-    assert (8000.0, MEAN_OUT, 0.0) in asked
+    assert (8000.0, MEAN_OUT, 0.0, None) in asked  # no KV footprint measured: the planner's own
     assert mixed.capacity_rps == pytest.approx((fixed.capacity_rps or 0.0) / 2)
     assert mixed.recommended > fixed.recommended
     short = decide(_primary_only(replace(SEED, at_mix=at_mix)), [_mix_sig(0.0, MEAN_IN)], PolicyState()).pools["primary"]
     assert short.capacity_rps == pytest.approx(MU)  # the roofline at the seed's own mix: the seed
+
+
+def test_the_measured_kv_footprint_sizes_a_decode_heavy_pool() -> None:
+    """Long answers on long conversations hold the KV cache: the planner's roofline counts a sequence at its final
+    context, while the engines' gauges say how many running sequences a full cache holds (PoolSignals.kv_full_sequences:
+    shared prompt blocks once, partly generated answers). The policy plans with the measured figure: more sequences
+    per cache, a larger decode batch, more requests per replica, fewer replicas; without the gauges it plans as
+    before."""
+    from llmfleet.autoscaler.seeds import seeds_for_service
+
+    from .test_autoscaler_parts import isvc
+
+    seed = seeds_for_service(isvc())["primary"]
+
+    def sig(kv: float | None) -> PoolSignals:
+        return PoolSignals("primary", "primary", 0.0, 12, 12, arrival_rate=3.0, mean_input_tokens=19_000.0,
+                           mean_output_tokens=5_000.0, prefix_hit_rate=0.7, queue_depth=0.0, kv_full_sequences=kv)
+
+    cfg = config(pools=(PoolBounds("primary", "primary", 1, 64, 12, seed=seed),))
+    planner = decide(cfg, [sig(None)], PolicyState()).pools["primary"]
+    measured = decide(cfg, [sig(86.0)], PolicyState()).pools["primary"]
+    assert (seed.for_mix(19_000, 5_000, 0.7, 86.0).decode_tokens_per_s
+            > 1.1 * seed.for_mix(19_000, 5_000, 0.7).decode_tokens_per_s)
+    assert (measured.capacity_rps or 0.0) > 1.1 * (planner.capacity_rps or 0.0)
+    assert measured.recommended < planner.recommended
+    # a measurement beyond what this mix allows (sequences that would share more than their cached prompt) is held
+    # to it: short requests running before a change to long ones do not size the pool for the long ones
+    assert seed.for_mix(19_000, 5_000, 0.7, 1e9) == seed.for_mix(19_000, 5_000, 0.7, 200.0)
+    assert seed.for_mix(19_000, 5_000, 0.7, 200.0) != seed.for_mix(19_000, 5_000, 0.7, 86.0)
 
 
 def test_one_interval_of_long_prompts_moves_the_planned_capacity_part_way() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -132,6 +133,21 @@ def test_a_batched_prefill_costs_its_own_work_not_a_steps_fixed_costs() -> None:
     assert cap.prefill_s == pytest.approx(c.prefill_time(300, 0))
     assert cap.requests_per_s == pytest.approx(1 / (c.prefill_batched_time(300, 0) + 200 * cap.decode_step_s
                                                    / cap.max_batch))
+
+
+def test_a_measured_kv_footprint_sets_the_kv_limit_of_the_decode_batch() -> None:
+    """Sequences per full cache measured on running engines replace the cache's tokens over the final context, within
+    what the mix allows: no more than if every cached prompt token were shared, no fewer than if nothing were."""
+    w = TrafficShape(input_tokens=19_000, output_tokens=5_000, prefix_hit_rate=0.7)
+    own = replica_capacity(L3, H200, w)
+    assert own.batch_limited_by == "KV cache" and own.max_batch == own.kv_tokens // 24_000
+    measured = replica_capacity(L3, H200, replace(w, kv_sequences=80.5))
+    assert measured.max_batch == 80 and "measured footprint (80 measured)" in measured.reasoning[0]
+    assert measured.requests_per_s > own.requests_per_s
+    # at most the cache over (1-h)·I + O/2: 5,700 uncached prompt tokens and half the answer, shared with nobody
+    assert replica_capacity(L3, H200, replace(w, kv_sequences=5_000.0)).max_batch == own.kv_tokens // 8_200
+    # at least the cache over I + O/2: a sequence sharing nothing, half-way through its answer
+    assert replica_capacity(L3, H200, replace(w, kv_sequences=0.2)).max_batch == own.kv_tokens // 21_500
 
 
 def test_calibration_with_a_per_request_cost() -> None:

@@ -158,6 +158,11 @@ def test_autoscaler_hook_cold_start_and_drain() -> None:
     # the engines' queue time (arrival to the first scheduled prefill chunk): within TTFT wherever both are measured
     timed = [s for s in seen if s.queue_time_p95_ms is not None and s.ttft_p95_ms is not None]
     assert timed and all(0 <= s.queue_time_p95_ms <= s.ttft_p95_ms for s in timed)  # type: ignore[operator]
+    # sequences per full cache: the running requests over the KV in use, both summed over the pool (as the gauges)
+    busy = [s for s in seen if s.running and s.kv_utilization]
+    assert busy and all(s.kv_full_sequences == pytest.approx(s.running / (s.kv_utilization * s.replicas))
+                        for s in busy)  # type: ignore[operator]
+    assert all(s.kv_full_sequences is None for s in seen if not s.kv_utilization)
     assert res.summary["completed"] == len(w.requests)
     assert res.summary["gpuSeconds"] > res.summary["durationS"]  # the extra replicas cost GPU time
 

@@ -39,8 +39,10 @@ class FakeFleet:
                               registry=self.reg)
         self.waiting = Gauge("vllm:num_requests_waiting", "waiting", registry=self.reg)
         self.running = Gauge("vllm:num_requests_running", "running", registry=self.reg)
+        self.kv = Gauge("vllm:kv_cache_usage_perc", "KV cache usage", registry=self.reg)
         self.waiting.set(7)
         self.running.set(3)
+        self.kv.set(0.25)
         self.stop = threading.Event()
         self.server, self.thread = start_http_server(0, addr="127.0.0.1", registry=self.reg)
         self.port = self.server.server_port
@@ -115,6 +117,7 @@ async def test_signals_from_prometheus_drive_the_policy(fleet: FakeFleet, promet
     s = await poll(sig, pool, lambda s: not s.stale and s.arrival_rate and s.arrival_rate > 10 and s.ttft_p95_ms and s.queue_depth)
     assert 10 < s.arrival_rate <= 25  # type: ignore[operator]
     assert s.queue_depth == 7 and s.running == 3
+    assert s.kv_utilization == pytest.approx(0.25) and s.kv_full_sequences == pytest.approx(12.0)  # 3 in a quarter
     assert 250 <= s.ttft_p95_ms <= 500  # type: ignore[operator]  # inside the (0.25, 0.5] bucket
     assert s.mean_input_tokens == pytest.approx(2000, rel=0.01)
     assert s.mean_output_tokens == pytest.approx(200, rel=0.01)
