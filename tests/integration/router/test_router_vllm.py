@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from llmfleet.api import InferenceService
+from llmfleet.autoscaler.signals import PoolRef, parse_metrics, values_from_scrapes
 from llmfleet.router.config import PoolConfig, RouterConfig, router_config_from_service
 from llmfleet.router.replicas import parse_vllm_metrics
 from llmfleet.util.net import free_port
@@ -166,3 +167,46 @@ async def test_vllm_kv_events_feed_the_index(replicas: tuple[str, list[str], dic
         await rut.runner.cleanup()
     print(f"blocks of the prompt: {len(keys)}; index after KV events: {held}")
     assert held.get(urls[1], 0) >= len(keys) - 1 and urls[0] not in held
+
+
+async def _footprint_while_running(url: str, prompts: list[str]) -> tuple[float | None, float | None]:
+    """Stream every prompt at once (long answers, no early stop); once each has its first token, scrape the replica and
+    read running and `kv_full_sequences` as the autoscaler's scrape path does."""
+    async with httpx.AsyncClient(timeout=120) as client, asyncio.TaskGroup() as tg:
+        started = [asyncio.Event() for _ in prompts]
+        stop = asyncio.Event()
+
+        async def stream(prompt: str, first: asyncio.Event) -> None:
+            body = {"model": "tiny", "prompt": prompt, "max_tokens": 600, "ignore_eos": True, "stream": True}
+            async with client.stream("POST", url + "/v1/completions", json=body) as r:
+                assert r.status_code == 200
+                async for _line in r.aiter_lines():
+                    first.set()
+                    if stop.is_set():
+                        return  # closing the stream aborts the request in vLLM
+
+        for prompt, first in zip(prompts, started, strict=True):
+            tg.create_task(stream(prompt, first))
+        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), timeout=60)
+        text = (await client.get(url + "/metrics")).text
+        stop.set()
+    v = values_from_scrapes(PoolRef("primary", "primary", 1, 1), {}, {}, {}, parse_metrics(text), 1.0)
+    return v["running"], v["kv_full_sequences"]
+
+
+async def test_vllm_gauges_count_a_shared_prefix_once(replicas: tuple[str, list[str], dict[str, str]]) -> None:
+    """`kv_full_sequences` (running requests over KV cache usage, the autoscaler's measured KV limit of the decode
+    batch) on a real engine: four running requests that share a long prompt prefix hold its blocks once, so a full
+    cache holds several times as many of them as of four with prompts of the same length that share nothing."""
+    _, urls, _ = replicas
+    src = inspect.getsource(jsonlib.decoder) + inspect.getsource(jsonlib.encoder)
+    shared = "[kv-shared] " + src[:3000]
+    same = [shared + f"\nQuestion {i}:" for i in range(4)]
+    apart = [f"[kv-apart-{i}] " + src[i * 700 : i * 700 + 3000] + f"\nQuestion {i}:" for i in range(4)]
+    running_same, full_same = await _footprint_while_running(urls[0], same)
+    running_apart, full_apart = await _footprint_while_running(urls[0], apart)
+    print(f"running {running_same} / {running_apart}; sequences per full cache: shared prefix {full_same}, "
+          f"apart {full_apart}")
+    assert running_same == 4 and running_apart == 4
+    assert full_same is not None and full_apart is not None
+    assert full_same > 2.0 * full_apart
