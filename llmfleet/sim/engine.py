@@ -346,12 +346,6 @@ def _p95(xs: list[float]) -> float | None:
     return xs[min(len(xs) - 1, int(math.ceil(0.95 * len(xs))) - 1)]
 
 
-def _kv_full_sequences(reps: list[SimReplica]) -> float | None:
-    """Running sequences over KV usage, both summed over `reps` (PoolSignals.kv_full_sequences); None with no KV in use."""
-    kv = sum(r.kv_usage() for r in reps)
-    return sum(len(r.running) for r in reps) / kv if kv > 0 else None
-
-
 def _autoscale(fleet: Fleet, autoscaler: Autoscaler, router: SimRouter, cfg: SimConfig, now: float, iv: float,
                arrivals: list[Request], done: list[Request], push: Callable[..., None],
                stop_if_drained: Callable[[SimReplica, float], None], wake_rate: float | None = None) -> float | None:
@@ -372,6 +366,8 @@ def _autoscale(fleet: Fleet, autoscaler: Autoscaler, router: SimRouter, cfg: Sim
         prompt = sum(r.prompt_len for r in mine)
         # the shortest queue any replica ready for the whole interval had (saturation: >= 1 all along)
         whole = [r.min_waiting for r in fleet.routable[spec.name] if r.ready_at <= now - iv]
+        running = sum(len(r.running) for r in reps)
+        kv = sum(r.kv_usage() for r in reps)
         sigs.append(SimPoolSignals(
             pool=spec.name, role=spec.role, now=now, replicas=len(reps), ready_replicas=len(fleet.routable[spec.name]),
             arrival_rate=len(arr) / iv,
@@ -379,9 +375,10 @@ def _autoscale(fleet: Fleet, autoscaler: Autoscaler, router: SimRouter, cfg: Sim
             mean_output_tokens=sum(r.output_len for r in arr) / len(arr) if arr else None,
             input_tokens_moments=moments[1:] if moments else None,
             ttft_p95_ms=_p95(ttfts), tpot_p95_ms=_p95(tpots), queue_time_p95_ms=_p95(queued),
-            queue_depth=float(sum(len(r.waiting) for r in reps)), running=float(sum(len(r.running) for r in reps)),
-            kv_utilization=sum(r.kv_usage() for r in reps) / len(reps) if reps else None,
-            kv_full_sequences=_kv_full_sequences(reps),
+            queue_depth=float(sum(len(r.waiting) for r in reps)), running=float(running),
+            kv_utilization=kv / len(reps) if reps else None,
+            # running sequences over KV usage, both summed over the pool (PoolSignals.kv_full_sequences)
+            kv_full_sequences=running / kv if kv > 0 else None,
             prefix_hit_rate=sum(r.hit_tokens for r in mine) / prompt if prompt else None,
             degraded_fraction=(sum(1 for r in arrivals if r.degraded) / len(arrivals)) if arrivals else None,
             # token-level work done in the interval (not the work of the requests that happened to finish in it)
