@@ -79,7 +79,7 @@ def replica_capacity(m: ModelShape, gpu: GPUProfile, w: TrafficShape, *, weight_
     why: list[str] = []
     if w.kv_sequences is not None and w.kv_sequences > 0:
         own = _uncached(w.input_tokens, w.prefix_hit_rate) + w.output_tokens / 2  # not shared with any other sequence
-        kv_batch = min(max(int(w.kv_sequences), int(cap.tokens // mean_ctx)), int(cap.tokens // own))
+        kv_batch = max(1, min(max(int(w.kv_sequences), int(cap.tokens // mean_ctx)), int(cap.tokens // own)))
         kv_what = f"sequences at their measured footprint ({w.kv_sequences:.0f} measured)"
     else:
         kv_batch, kv_what = max(1, cap.tokens // max(1, ctx_tokens)), f"sequences of {ctx_tokens} tokens"

@@ -148,6 +148,9 @@ def test_a_measured_kv_footprint_sets_the_kv_limit_of_the_decode_batch() -> None
     assert replica_capacity(L3, H200, replace(w, kv_sequences=5_000.0)).max_batch == own.kv_tokens // 8_200
     # at least the cache over I + O/2: a sequence sharing nothing, half-way through its answer
     assert replica_capacity(L3, H200, replace(w, kv_sequences=0.2)).max_batch == own.kv_tokens // 21_500
+    # a context longer than the cache: one sequence, as without a measurement (never a batch of 0)
+    assert replica_capacity(L3, H200, TrafficShape(input_tokens=2_000_000, output_tokens=100,
+                                                   kv_sequences=50.0)).max_batch == 1
 
 
 def test_calibration_with_a_per_request_cost() -> None:
