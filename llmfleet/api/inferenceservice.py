@@ -42,8 +42,8 @@ DEFAULT_SOLE_HOLDER_DISCOUNT = False
 # The estimated-ttft scorer's eviction cost (RouterSpec.eviction_cost, RouterConfig, the plugins and the simulator's
 # router): off. In the simulator it lifts the hit rate on a 32-replica fleet whose prompts share a first block (the
 # Mooncake conversation trace: 0.241 to 0.356) and leaves the autoscale benchmarks' static fleets as they were, but
-# two decision-phase runs of the `slo` policy then miss 99 % that meet it without it (docs/router.md, "Eviction
-# cost").
+# two decision-phase runs of the `slo` policy then missed 99 % that met it without it (measured before the
+# autoscaler's measured KV limit; docs/router.md, "Eviction cost").
 DEFAULT_EVICTION_COST = False
 # Suffix of the router's children (`<service>-router`: Deployment, Service, ConfigMap, RBAC): a student pool
 # of that name would get the same child names. The operator's builders name the router with it.
