@@ -310,9 +310,12 @@ def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState
                 raw[primary.name] = (n, reasons)
                 mu = planned_replica_rps(primary, st, sig)
                 capacity[primary.name] = mu
+                if st.pending is not None or arrived[primary.name]:
+                    st.pending_peak = max(st.pending_peak, float(sig.arrival_rate or 0.0))
                 if arrived[primary.name]:
                     # a rise shorter than a cold start: the replicas it bought go at break-even (stabilize.py)
-                    st.late = st.short_rise = _arrived_late(cfg, primary, st, sig, mu)
+                    st.late = _arrived_late(cfg, primary, st, sig, mu)
+                    st.short_rise = st.pending_peak if st.late else 0.0
                 wait_budget = ttft_wait_budget(cfg, primary, st, sig)
                 backlog_past = (sig.queue_depth or 0.0) > sig.ready_replicas * mu * wait_budget
                 ready_carry[primary.name] = (
@@ -453,7 +456,7 @@ def decide(cfg: PolicyConfig, signals: Sequence[PoolSignals], state: PolicyState
         if action == "up" and st.pending is None:
             # Measure from this scale-up until its replicas are ready (later steps wait for the next sample).
             st.pending = (sig.now, desired)
-            st.pending_ready = sig.ready_replicas
+            st.pending_ready, st.pending_peak = sig.ready_replicas, float(sig.arrival_rate or 0.0)
         elif action == "down" and st.pending is not None:
             st.pending = (st.pending[0], desired) if desired > sig.ready_replicas else None
         pred: float | None = None

@@ -10,6 +10,7 @@ import math
 
 from llmfleet.autoscaler.state import Action, PoolState
 from llmfleet.autoscaler.types import PolicyConfig, PoolBounds, PoolSignals
+from llmfleet.router.burst import BURST_RATIO
 
 # The cold start assumed for a pool whose spec names none before one was measured.
 DEFAULT_COLD_START_S = 60.0
@@ -90,9 +91,12 @@ def stabilize(
     # the demand (`ready_carry`, policy.decide: the measured TTFT p95 within the plan and the waiting requests
     # drained within the TTFT budget) and buys at once when they do not; the next scale-up judged on arrival renews
     # or ends the evidence (measured in docs/benchmarks/autoscale_eval.md, "Synthetic shapes"). Also while a scale-up
-    # is still starting: replicas added on top of it would arrive after it too.
-    if (cfg.hold_after_short_rise and cfg.policy == "slo" and up > current and st.short_rise and ready_carry
-            and not sig.stale):
+    # is still starting: replicas added on top of it would arrive after it too. The evidence covers rises to the
+    # highest rate measured during that short one (`st.short_rise`): a rate BURST_RATIO past it is a rise of another
+    # size, which the evidence says nothing about, and the ready replicas' TTFT and backlog show it only a step late
+    # (a 10x step after a short rise of a few requests a second: docs/benchmarks/autoscale_phase.md).
+    if (cfg.hold_after_short_rise and cfg.policy == "slo" and up > current and ready_carry and not sig.stale
+            and 0 < float(sig.arrival_rate or 0.0) <= BURST_RATIO * st.short_rise):
         reasons.append(f"the last scale-up arrived after its rise and the ready replicas carry this one "
                        f"(TTFT p95 {sig.ttft_p95_ms:.0f} ms within the plan, backlog within the budget): scale-up to "
                        f"{up} waits")

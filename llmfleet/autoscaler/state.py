@@ -6,6 +6,7 @@ Split out of `policy.py` (which re-exports both classes); pure data, no I/O.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -62,10 +63,12 @@ class PoolState:
     # a primary: its last scale-up became ready after the demand it was asked for had gone (the replicas ready before it
     # meet the TTFT plan at the rate measured then): a rise shorter than a cold start (stabilize.py: released at break-even)
     late: bool = False
-    # the last primary scale-up judged on arrival arrived late (kept after its release): the next rise waits while the
-    # ready replicas carry it, TTFT p95 and backlog within the plan (stabilize.py)
-    short_rise: bool = False
+    # a primary: the highest arrival rate measured from the last scale-up judged on arrival until it was ready, when it
+    # arrived late, else 0 (kept after its release): the next rise to no more than BURST_RATIO times that rate waits
+    # while the ready replicas carry it, TTFT p95 and backlog within the plan (stabilize.py)
+    short_rise: float = 0.0
     pending_ready: int = 0  # ready replicas when the pending scale-up was asked for
+    pending_peak: float = 0.0  # a primary: the highest arrival rate measured since the pending scale-up was asked for
     # a primary: (planned rate, replicas) of the last scale-up the TTFT feedback made (policy._slo_primary): that many
     # are kept while the planned rate stays at that rate
     feedback_floor: tuple[float, int] | None = None
@@ -116,11 +119,12 @@ class PolicyState:
             # a scale-up in flight and whether the last one arrived late: a restart during a cold start still measures
             # it and still judges it on arrival (policy._arrived_late), and a late one still goes at the break-even
             if s.pending is not None:
-                item["pendingScaleUp"] = {"since": at(s.pending[0]), "target": s.pending[1], "readyBefore": s.pending_ready}
+                item["pendingScaleUp"] = {"since": at(s.pending[0]), "target": s.pending[1], "readyBefore": s.pending_ready,
+                                          "peakRate": round(s.pending_peak, 3)}
             if s.late:
                 item["lateScaleUp"] = True
             if s.short_rise:
-                item["shortRise"] = True
+                item["shortRise"] = round(s.short_rise, 3)
             # measured evidence the model is optimistic at this rate: a restart must not forget it
             if s.feedback_floor is not None:
                 floor: dict[str, object] = {"rate": round(s.feedback_floor[0], 4), "replicas": s.feedback_floor[1]}
@@ -179,7 +183,7 @@ class PolicyState:
             s.shift_measured_past = item.get("shiftMeasuredPast") is True
             s.extrapolation_unconfirmed = item.get("extrapolationUnconfirmed") is True
             s.late = item.get("lateScaleUp") is True
-            s.short_rise = item.get("shortRise") is True
+            s.short_rise = _rate(item.get("shortRise"))
             floor = item.get("feedbackFloor")
             if isinstance(floor, dict):
                 rate, replicas = floor.get("rate"), _count(floor.get("replicas"))
@@ -191,10 +195,16 @@ class PolicyState:
             if isinstance(pending, dict):
                 since, target, ready = at(pending.get("since")), _count(pending.get("target")), _count(pending.get("readyBefore"))
                 if since is not None and target is not None and ready is not None:
-                    s.pending, s.pending_ready = (since, target), ready
+                    s.pending, s.pending_ready, s.pending_peak = (since, target), ready, _rate(pending.get("peakRate"))
         return state
 
 
 def _count(value: object) -> int | None:
     """A replica count read back from the annotation (JSON: a non-negative int, not a bool), else None."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _rate(value: object) -> float:
+    """An arrival rate read back from the annotation (JSON: a finite non-negative number, not a bool), else 0."""
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+    return float(value) if ok else 0.0  # type: ignore[arg-type]

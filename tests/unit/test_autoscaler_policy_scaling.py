@@ -16,6 +16,7 @@ from llmfleet.autoscaler.policy import (
     decide,
 )
 from llmfleet.autoscaler.types import MAX_UTILIZATION
+from llmfleet.router.burst import BURST_RATIO
 
 from .test_autoscaler_policy import (
     MEAN_IN,
@@ -156,20 +157,42 @@ def test_after_a_late_scale_up_the_next_rise_waits_while_the_ready_replicas_meet
 def test_after_a_late_scale_up_a_rise_during_a_cold_start_waits_while_the_ready_replicas_carry_it() -> None:
     """The wait after a late scale-up also holds while another scale-up is still starting: a rise whose TTFT passed the
     plan bought a replica (900 s); a larger one right after (915 s), which the two ready replicas measurably carry,
-    buys none on top of it: those would arrive after it too."""
+    buys none on top of it: those would arrive after it too. It is no larger than BURST_RATIO times the short rise's
+    highest rate (4 req/s at 300 s)."""
     w = World(_no_students())
 
     def rate(t: float) -> float:
-        return 4.0 if 300.0 <= t < 330.0 or t == 900.0 else 8.0 if 915.0 <= t < 945.0 else 1.5
+        return 4.0 if 300.0 <= t < 330.0 or t == 900.0 else 5.5 if 915.0 <= t < 945.0 else 1.5
 
     for i in range(70):
         t = 15.0 * i
         w.tick(t, rate(t), ttft=1500.0 if t == 900.0 else 300.0)
     ups = [t for t, _, d in w.log if d.pools["primary"].action == "up"]
     assert ups == [300.0, 900.0], ups
-    held = [d.pools["primary"] for t, _, d in w.log if 915.0 <= t < 945.0]
-    assert all(p.recommended > p.current == p.desired and "arrived after its rise" in " ".join(p.reasons)
-               for p in held), [(p.recommended, p.desired, p.reasons) for p in held]
+    asked = [d.pools["primary"] for t, _, d in w.log if 915.0 <= t < 945.0 and d.pools["primary"].recommended
+             > d.pools["primary"].current]
+    assert asked and all(p.current == p.desired and "arrived after its rise" in " ".join(p.reasons)
+                         for p in asked), [(p.recommended, p.desired, p.reasons) for p in asked]
+
+
+def test_a_rise_past_the_short_one_by_the_burst_ratio_buys_at_once() -> None:
+    """The evidence of a short rise covers rises of its size: after one to 4 req/s was met late (300 s), a rise to
+    8 req/s (900 s), more than BURST_RATIO times that, buys at once although the ready replica's TTFT is still within
+    the plan; one to 5.5 req/s waits (the test above)."""
+    def ups_and_holds(peak: float) -> tuple[list[float], list[str]]:
+        w = World(_no_students())
+        for i in range(70):
+            t = 15.0 * i
+            w.tick(t, 4.0 if 300.0 <= t < 330.0 else peak if 900.0 <= t < 1200.0 else 1.5, ttft=300.0)
+        ups = [t for t, _, d in w.log if d.pools["primary"].action == "up"]
+        held = [t for t, _, d in w.log if "arrived after its rise" in " ".join(d.pools["primary"].reasons)]
+        return ups, held
+
+    assert BURST_RATIO * 4.0 < 8.0
+    ups, held = ups_and_holds(8.0)
+    assert ups[:2] == [300.0, 900.0] and not held, (ups, held)
+    ups, held = ups_and_holds(5.5)
+    assert 900.0 in held and 900.0 not in ups, (ups, held)
 
 
 @pytest.mark.parametrize("restart_at", [315.0, 375.0])
@@ -183,7 +206,7 @@ def test_a_restart_keeps_the_judgement_of_a_scale_up_in_flight_or_late(restart_a
         if t == restart_at:
             w.state = PolicyState.from_json(w.state.to_json(wall_offset=1e9), wall_offset=1e9, now=t)
             p = w.state.pool("primary")
-            assert p.pending == (300.0, 3) if t < 360.0 else (p.late and p.short_rise)
+            assert (p.pending == (300.0, 3) and p.pending_peak == 4.0) if t < 360.0 else (p.late and p.short_rise == 4.0)
         w.tick(t, 4.0 if 300.0 <= t < 330.0 else 1.5)
     downs = [t for t, _, d in w.log if d.pools["primary"].action == "down"]
     assert downs and downs[0] <= 480.0, downs
