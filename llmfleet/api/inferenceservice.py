@@ -447,6 +447,10 @@ class LiveMetrics(StatusModel):
     error_rate: float | None = Field(default=None, description="The primary pool's error rate (see pools[].errorRate), 0-1.")
     prefix_cache_hit_rate: float | None = Field(default=None, description="Prefix-cache hit rate, 0-1.")
     kv_cache_utilization: float | None = Field(default=None, description="KV-cache usage, 0-1.")
+    kv_full_sequences: float | None = Field(
+        default=None, description="Running requests per full KV cache, at their measured footprint (shared prompt "
+        "blocks counted once): the primary's running requests over its KV-cache usage, both summed over its replicas. "
+        "The slo policy sizes the decode batch from it.")
     qps: float | None = Field(default=None, description="Requests per second.")
     degraded_fraction: float | None = Field(default=None, description="Fraction of requests served by student pools.")
     stale: bool = Field(default=True, description="True when the metrics are older than two scrape intervals.")

@@ -441,7 +441,7 @@ def live_metrics(signals: Sequence[PoolSignals], now_iso: str) -> dict[str, Any]
     out: dict[str, Any] = _rounded({
         "ttftP95Ms": primary.ttft_p95_ms, "tpotP95Ms": primary.tpot_p95_ms, "errorRate": primary.error_rate,
         "prefixCacheHitRate": primary.prefix_hit_rate, "kvCacheUtilization": primary.kv_utilization,
-        "qps": primary.arrival_rate, "degradedFraction": primary.degraded_fraction,
+        "kvFullSequences": primary.kv_full_sequences, "qps": primary.arrival_rate, "degradedFraction": primary.degraded_fraction,
     })
     out.update(stale=primary.stale, updatedAt=now_iso)
     out["pools"] = [
