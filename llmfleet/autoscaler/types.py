@@ -90,10 +90,20 @@ class PoolSignals:
 _SIGNALS_JSON = TypeAdapter(list[PoolSignals], config=ConfigDict(extra="forbid", allow_inf_nan=False))
 
 
+# Measured quantities of PoolSignals that cannot be negative, and those of them that are fractions (the replica
+# counts, window_s and the prompt-length moments are checked on their own in signals_from_json): a sign slip in a
+# hand-written signals file would otherwise be planned from (a negative kv_full_sequences falls to the planner's lower
+# bound, a negative rate reads as none).
+_FRACTIONS = ("kv_utilization", "prefix_hit_rate", "degraded_fraction", "error_rate")
+_NON_NEGATIVE = ("arrival_rate", "mean_input_tokens", "mean_output_tokens", "ttft_p95_ms", "tpot_p95_ms",
+                 "queue_time_p95_ms", "queue_depth", "running", "kv_full_sequences", "prefill_tokens_per_s",
+                 "decode_tokens_per_s", "held_requests", "min_queue_depth", *_FRACTIONS)
+
+
 def signals_from_json(raw: object) -> list[PoolSignals]:
     """A JSON list of objects with PoolSignals' snake_case fields -> PoolSignals. ValueError names the item and
     field of each problem (a missing field, a wrong type, a moments list that is not three numbers, an unknown
-    field, a negative replica count)."""
+    field, a negative replica count or measurement, a fraction above 1)."""
     try:
         signals = _SIGNALS_JSON.validate_python(raw)
     except ValidationError as err:
@@ -102,6 +112,18 @@ def signals_from_json(raw: object) -> list[PoolSignals]:
     for i, s in enumerate(signals):
         if s.replicas < 0 or s.ready_replicas < 0:
             raise ValueError(f"invalid signals: {i}: replicas and ready_replicas must be >= 0")
+        for name in _NON_NEGATIVE:
+            value = getattr(s, name)
+            if value is not None and value < 0:
+                raise ValueError(f"invalid signals: {i}/{name}: {value:g} is a measurement and cannot be negative")
+        for name in _FRACTIONS:
+            value = getattr(s, name)
+            if value is not None and value > 1:
+                raise ValueError(f"invalid signals: {i}/{name}: {value:g} is a fraction (0 to 1)")
+        if s.window_s is not None and s.window_s <= 0:
+            raise ValueError(f"invalid signals: {i}/window_s: {s.window_s:g} must be > 0")
+        if s.input_tokens_moments is not None and min(s.input_tokens_moments) < 0:
+            raise ValueError(f"invalid signals: {i}/input_tokens_moments: moments of lengths cannot be negative")
     return signals
 
 

@@ -340,7 +340,12 @@ def test_cli_decide_prints_decision_and_rejects_bad_input(tmp_path: Path) -> Non
                        ({"arrival_rates": 3.0}, "0/arrival_rates"),
                        ({"ttft_p95_ms": "nan"}, "0/ttft_p95_ms"),
                        ({"role": "teacher"}, "0/role"),
-                       ({"replicas": -1}, "replicas and ready_replicas must be >= 0")):
+                       ({"replicas": -1}, "replicas and ready_replicas must be >= 0"),
+                       ({"kv_full_sequences": -3.0}, "0/kv_full_sequences: -3 is a measurement and cannot be negative"),
+                       ({"arrival_rate": -1.0}, "0/arrival_rate: -1 is a measurement"),
+                       ({"prefix_hit_rate": 1.5}, "0/prefix_hit_rate: 1.5 is a fraction"),
+                       ({"window_s": 0.0}, "0/window_s: 0 must be > 0"),
+                       ({"input_tokens_moments": [1.0, -2.0, 3.0]}, "0/input_tokens_moments: moments")):
         sigs.write_text(json.dumps([{**base, **bad}]))
         res = runner.invoke(app, ["autoscaler", "decide", str(svc), "--signals", str(sigs)])
         assert res.exit_code == 2 and named in res.output, (bad, res.output)
@@ -488,12 +493,12 @@ def test_live_metrics_status_from_the_primary_signals() -> None:
 
     primary = PoolSignals(pool="primary", role="primary", now=0.0, replicas=2, ready_replicas=2, arrival_rate=12.5,
                           ttft_p95_ms=420.0, tpot_p95_ms=31.0, prefix_hit_rate=0.8, kv_utilization=0.4,
-                          degraded_fraction=0.05, error_rate=0.001)
+                          kv_full_sequences=88.5, degraded_fraction=0.05, error_rate=0.001)
     student = PoolSignals(pool="student", role="student", now=0.0, replicas=1, ready_replicas=1, ttft_p95_ms=99.0,
                           error_rate=0.25, arrival_rate=0.6)
     out = live_metrics([student, primary], "2026-11-30T00:00:00Z")
     assert out == {"ttftP95Ms": 420.0, "tpotP95Ms": 31.0, "errorRate": 0.001, "prefixCacheHitRate": 0.8,
-                   "kvCacheUtilization": 0.4, "qps": 12.5, "degradedFraction": 0.05, "stale": False,
+                   "kvCacheUtilization": 0.4, "kvFullSequences": 88.5, "qps": 12.5, "degradedFraction": 0.05, "stale": False,
                    "updatedAt": "2026-11-30T00:00:00Z",
                    "pools": [{"name": "student", "ttftP95Ms": 99.0, "errorRate": 0.25, "qps": 0.6, "stale": False},
                              {"name": "primary", "ttftP95Ms": 420.0, "tpotP95Ms": 31.0, "errorRate": 0.001,
