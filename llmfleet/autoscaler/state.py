@@ -183,19 +183,20 @@ class PolicyState:
             s.shift_measured_past = item.get("shiftMeasuredPast") is True
             s.extrapolation_unconfirmed = item.get("extrapolationUnconfirmed") is True
             s.late = item.get("lateScaleUp") is True
-            s.short_rise = _rate(item.get("shortRise"))
+            s.short_rise = _rate(item.get("shortRise")) or 0.0
             floor = item.get("feedbackFloor")
             if isinstance(floor, dict):
-                rate, replicas = floor.get("rate"), _count(floor.get("replicas"))
-                if isinstance(rate, int | float) and not isinstance(rate, bool) and rate >= 0 and replicas:
-                    s.feedback_floor = (float(rate), replicas)
+                rate, replicas = _rate(floor.get("rate")), _count(floor.get("replicas"))
+                if rate is not None and replicas:
+                    s.feedback_floor = (rate, replicas)
                     s.feedback_floor_until = at(floor.get("until"), past=False)
             s.feedback_floors = _count(item.get("feedbackFloors")) or 0
             pending = item.get("pendingScaleUp")
             if isinstance(pending, dict):
                 since, target, ready = at(pending.get("since")), _count(pending.get("target")), _count(pending.get("readyBefore"))
                 if since is not None and target is not None and ready is not None:
-                    s.pending, s.pending_ready, s.pending_peak = (since, target), ready, _rate(pending.get("peakRate"))
+                    s.pending, s.pending_ready = (since, target), ready
+                    s.pending_peak = _rate(pending.get("peakRate")) or 0.0
         return state
 
 
@@ -204,7 +205,8 @@ def _count(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
-def _rate(value: object) -> float:
-    """An arrival rate read back from the annotation (JSON: a finite non-negative number, not a bool), else 0."""
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
-    return float(value) if ok else 0.0  # type: ignore[arg-type]
+def _rate(value: object) -> float | None:
+    """An arrival rate read back from the annotation (JSON: a finite non-negative number, not a bool), else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        return None
+    return float(value)
