@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
-from pydantic import ConfigDict, TypeAdapter, ValidationError
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 
 from llmfleet.autoscaler.capacity import DEFAULT_SEED, CapacitySeed
 from llmfleet.autoscaler.state import Action, PolicyState
@@ -32,6 +32,14 @@ MAX_UTILIZATION = 1.0
 BURST_FORECAST_CAP = 2.0
 IDLE_FRACTION = 0.5
 
+# PoolSignals' field types carry their ranges, so the JSON reader (`signals_from_json`) refuses a value out of range
+# by the field's own declaration and a field added later is checked as soon as it is typed: a sign slip in a
+# hand-written signals file would otherwise be planned from (a negative kv_full_sequences falls to the planner's lower
+# bound, a negative rate reads as none). The dataclass itself does not check them (the policy's own code builds it).
+Count = Annotated[int, Field(ge=0)]
+Measured = Annotated[float, Field(ge=0)]  # a rate, a length, a latency, a count of requests: never negative
+Fraction = Annotated[float, Field(ge=0, le=1)]
+
 
 @dataclass(frozen=True)
 class PoolSignals:
@@ -45,39 +53,39 @@ class PoolSignals:
     pool: str
     role: Role
     now: float
-    replicas: int
-    ready_replicas: int
-    arrival_rate: float | None = None
-    mean_input_tokens: float | None = None
-    mean_output_tokens: float | None = None
+    replicas: Count
+    ready_replicas: Count
+    arrival_rate: Measured | None = None
+    mean_input_tokens: Measured | None = None
+    mean_output_tokens: Measured | None = None
     # E[L^2], E[L^3], E[L^4] of the prompt lengths L of the same requests as mean_input_tokens: the spread of their
     # prefill times (capacity.prefill_time_scv).
-    input_tokens_moments: tuple[float, float, float] | None = None
-    ttft_p95_ms: float | None = None
-    tpot_p95_ms: float | None = None
+    input_tokens_moments: tuple[Measured, Measured, Measured] | None = None
+    ttft_p95_ms: Measured | None = None
+    tpot_p95_ms: Measured | None = None
     # 95th percentile of the time requests waited in the engines' queues before their prefill started (vLLM's
     # vllm:request_queue_time_seconds): the part of TTFT more replicas shorten.
-    queue_time_p95_ms: float | None = None
-    queue_depth: float | None = None
-    running: float | None = None
-    kv_utilization: float | None = None
+    queue_time_p95_ms: Measured | None = None
+    queue_depth: Measured | None = None
+    running: Measured | None = None
+    kv_utilization: Fraction | None = None
     # Running sequences per full KV cache at the running sequences' measured footprint: sum of the engines' running
     # requests over the sum of their KV cache usage (vllm:num_requests_running / vllm:kv_cache_usage_perc, both
     # summed over the pool). What a replica's cache holds is measured this way, prompt blocks that concurrent
     # requests share counted once, at any load; the planner's figure (its full-context sequences) cannot see sharing.
-    kv_full_sequences: float | None = None
-    prefix_hit_rate: float | None = None
-    degraded_fraction: float | None = None
-    prefill_tokens_per_s: float | None = None
-    decode_tokens_per_s: float | None = None
-    error_rate: float | None = None  # failed tries / all tries on this pool's replicas (router-measured)
-    held_requests: float | None = None  # requests the router holds for this pool while it has no replica
+    kv_full_sequences: Measured | None = None
+    prefix_hit_rate: Fraction | None = None
+    degraded_fraction: Fraction | None = None
+    prefill_tokens_per_s: Measured | None = None
+    decode_tokens_per_s: Measured | None = None
+    error_rate: Fraction | None = None  # failed tries / all tries on this pool's replicas (router-measured)
+    held_requests: Measured | None = None  # requests the router holds for this pool while it has no replica
     # The shortest waiting queue any ready replica had over the interval (Prometheus: min of
     # min_over_time(vllm:num_requests_waiting)): >= 1 means every replica had work waiting all along (saturated).
-    min_queue_depth: float | None = None
+    min_queue_depth: Measured | None = None
     # Seconds the rates above were measured over; None: the policy's interval. A decision the router's wake-up
     # brings forward measures over the seconds since the last one (shorter: its counts are fewer).
-    window_s: float | None = None
+    window_s: Annotated[float, Field(gt=0)] | None = None
     stale: bool = False
 
     @property
@@ -90,41 +98,21 @@ class PoolSignals:
 _SIGNALS_JSON = TypeAdapter(list[PoolSignals], config=ConfigDict(extra="forbid", allow_inf_nan=False))
 
 
-# Measured quantities of PoolSignals that cannot be negative, and those of them that are fractions (the replica
-# counts, window_s and the prompt-length moments are checked on their own in signals_from_json): a sign slip in a
-# hand-written signals file would otherwise be planned from (a negative kv_full_sequences falls to the planner's lower
-# bound, a negative rate reads as none).
-_FRACTIONS = ("kv_utilization", "prefix_hit_rate", "degraded_fraction", "error_rate")
-_NON_NEGATIVE = ("arrival_rate", "mean_input_tokens", "mean_output_tokens", "ttft_p95_ms", "tpot_p95_ms",
-                 "queue_time_p95_ms", "queue_depth", "running", "kv_full_sequences", "prefill_tokens_per_s",
-                 "decode_tokens_per_s", "held_requests", "min_queue_depth", *_FRACTIONS)
-
-
 def signals_from_json(raw: object) -> list[PoolSignals]:
     """A JSON list of objects with PoolSignals' snake_case fields -> PoolSignals. ValueError names the item and
     field of each problem (a missing field, a wrong type, a moments list that is not three numbers, an unknown
     field, a negative replica count or measurement, a fraction above 1)."""
     try:
-        signals = _SIGNALS_JSON.validate_python(raw)
+        return _SIGNALS_JSON.validate_python(raw)
     except ValidationError as err:
-        problems = ["/".join(str(part) for part in e["loc"]) + f": {e['msg']}" for e in err.errors()]
+        problems = ["/".join(str(part) for part in e["loc"]) + f": {e['msg']}" + _got(e) for e in err.errors()]
         raise ValueError("invalid signals: " + "; ".join(problems)) from None
-    for i, s in enumerate(signals):
-        if s.replicas < 0 or s.ready_replicas < 0:
-            raise ValueError(f"invalid signals: {i}: replicas and ready_replicas must be >= 0")
-        for name in _NON_NEGATIVE:
-            value = getattr(s, name)
-            if value is not None and value < 0:
-                raise ValueError(f"invalid signals: {i}/{name}: {value:g} is a measurement and cannot be negative")
-        for name in _FRACTIONS:
-            value = getattr(s, name)
-            if value is not None and value > 1:
-                raise ValueError(f"invalid signals: {i}/{name}: {value:g} is a fraction (0 to 1)")
-        if s.window_s is not None and s.window_s <= 0:
-            raise ValueError(f"invalid signals: {i}/window_s: {s.window_s:g} must be > 0")
-        if s.input_tokens_moments is not None and min(s.input_tokens_moments) < 0:
-            raise ValueError(f"invalid signals: {i}/input_tokens_moments: moments of lengths cannot be negative")
-    return signals
+
+
+def _got(error: Mapping[str, object]) -> str:
+    """` (got -3)` for a number out of range: the value that broke it, beside the rule."""
+    value = error.get("input")
+    return f" (got {value:g})" if isinstance(value, int | float) and not isinstance(value, bool) else ""
 
 
 @dataclass(frozen=True)
