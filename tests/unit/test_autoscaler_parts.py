@@ -391,8 +391,9 @@ def test_every_numeric_signal_declares_its_range() -> None:
     from llmfleet.autoscaler.types import PoolSignals, signals_from_json
 
     base = {"pool": "primary", "role": "primary", "now": 0.0, "replicas": 2, "ready_replicas": 2}
+    hints = typing.get_type_hints(PoolSignals)
     numeric = [f.name for f in dataclasses.fields(PoolSignals)
-               if f.name != "now" and any(t in str(typing.get_type_hints(PoolSignals)[f.name]) for t in ("float", "int"))]
+               if f.name != "now" and any(t in str(hints[f.name]) for t in ("float", "int"))]
     assert {"arrival_rate", "kv_full_sequences", "input_tokens_moments", "window_s", "replicas"} <= set(numeric)
     for name in numeric:
         bad = [1.0, -1.0, 1.0] if name == "input_tokens_moments" else (0 if name == "window_s" else -1)
