@@ -168,8 +168,9 @@ Turn = tuple[float, float, int, tuple[int, ...], str, str]  # (conversation star
 def render_turns(systems: list[str], convs: list[Any], block_size: int, tokenizer_dir: str) -> list[list[Turn]]:
     """routing_vllm's conversations tokenized as the engine does (the served model's tokenizer and chat
     template), their prompts as 32-token block keys: one list of turns per conversation."""
-    from llmfleet.router.block_keys import PromptBlocks, load_tokenizer
+    from llmfleet.router.block_keys import load_tokenizer
     from llmfleet.router.chat_template import ChatTemplate
+    from llmfleet.router.prompt_tokens import PromptBlocks
 
     tok = load_tokenizer(tokenizer_dir)
     template = ChatTemplate.from_tokenizer_dir(tokenizer_dir, tok)

@@ -203,27 +203,3 @@ def load_tokenizer(path: str | None) -> Any:
     except (OSError, ValueError, RuntimeError) as e:  # tokenizers raises Exception subclasses on bad files
         log.warning("tokenizer %s unreadable (%s): text blocks instead", p, e)
         return None
-
-
-class PromptBlocks:
-    """Prompt text -> (keys, input token count), with a tokenizer or the text stand-in."""
-
-    def __init__(self, block_size: int, tokenizer: Any = None) -> None:
-        self.tokenizer = tokenizer
-        self.block_size = block_size
-        self.hasher = BlockHasher(block_size if tokenizer is not None else block_size * TEXT_BYTES_PER_TOKEN)
-
-    def __call__(self, text: str, adapter: str | None = None) -> tuple[Sequence[int], int]:
-        """`adapter`: the LoRA adapter the prompt runs with (its keys differ from the base model's)."""
-        small = SMALL_PROMPT_BLOCKS * self.hasher.block_size
-        seed = adapter_seed(adapter)
-        if self.tokenizer is not None:
-            ids = self.tokenizer.encode(text, add_special_tokens=True).ids
-            if len(ids) <= small:
-                return self.hasher.small_keys(ids, seed), len(ids)
-            return self.hasher.block_keys(np.asarray(ids, dtype=np.uint32), seed), len(ids)
-        data = text.encode("utf-8", "surrogatepass")
-        n_tokens = max(1, len(data) // TEXT_BYTES_PER_TOKEN)
-        if len(data) <= small:
-            return self.hasher.small_keys(data, seed), n_tokens
-        return self.hasher.block_keys(np.frombuffer(data, dtype=np.uint8), seed), n_tokens

@@ -23,7 +23,7 @@ from llmfleet.kube.client import KubeClient, NoClusterConfig
 from llmfleet.router import dispatch
 from llmfleet.router.accounting import Accounting, RequestContext
 from llmfleet.router.adapters import AdapterLoader, AdapterLoadFailed, ConfigFile, adapter_table
-from llmfleet.router.block_keys import PromptBlocks, load_tokenizer
+from llmfleet.router.block_keys import load_tokenizer
 from llmfleet.router.burst import ArrivalBurst
 from llmfleet.router.chat_template import ChatTemplate
 from llmfleet.router.config import RouterConfig
@@ -35,6 +35,7 @@ from llmfleet.router.metrics import RouterMetrics
 from llmfleet.router.plugins import build_pipeline
 from llmfleet.router.plugins.base import Pipeline, ReplicaState, RequestInfo
 from llmfleet.router.prefix_index import PrefixIndex
+from llmfleet.router.prompt_tokens import PromptBlocks
 from llmfleet.router.proxy import Upstream, UpstreamFailed, upstream_api_key
 from llmfleet.router.replicas import PoolReplicas
 from llmfleet.router.request_log import RequestLog

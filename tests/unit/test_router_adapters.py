@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from llmfleet.api import InferenceService
 from llmfleet.router.adapters import adapters_in_model_list
-from llmfleet.router.block_keys import BlockHasher, PromptBlocks, adapter_seed
+from llmfleet.router.block_keys import BlockHasher, adapter_seed
 from llmfleet.router.config import router_config_from_service
 from llmfleet.router.plugins import AdapterLoadedScorer, ReplicaState, RequestInfo, build_pipeline
 from llmfleet.router.prefix_index import PrefixIndex
+from llmfleet.router.prompt_tokens import PromptBlocks
 
 
 def rep(rid: str, adapters: set[str] = frozenset(), slots: int = 4, **kw: float) -> ReplicaState:  # type: ignore[assignment]

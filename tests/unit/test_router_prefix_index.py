@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from llmfleet.router.block_keys import BlockHasher, PromptBlocks, load_tokenizer
+from llmfleet.router.block_keys import BlockHasher, load_tokenizer
 from llmfleet.router.prefix_index import PrefixIndex
+from llmfleet.router.prompt_tokens import PromptBlocks
 
 
 def test_chain_equals_sequential_and_prefix_property() -> None:

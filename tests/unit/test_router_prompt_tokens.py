@@ -1,0 +1,181 @@
+"""PromptTokenizer: a prompt's ids reuse an earlier prompt's, equal to tokenizing it whole, or reuse turns off."""
+
+from __future__ import annotations
+
+import random
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from tokenizers import Regex, Tokenizer, models, pre_tokenizers, processors, trainers
+
+from llmfleet.router import prompt_tokens
+from llmfleet.router.block_keys import BlockHasher
+from llmfleet.router.prompt_tokens import PromptBlocks, PromptTokenizer
+
+SPECIALS = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+# Llama 3's pre-tokenization pattern: punctuation takes the newlines after it, numbers go in threes
+LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+          r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+CORPUS = Path(textwrap.__file__).read_text()
+
+
+def _bpe(pre_tokenizer: Any, post: str | None = "<|begin_of_text|> $A") -> Tokenizer:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizer
+    tok.train_from_iterator([CORPUS], trainers.BpeTrainer(
+        vocab_size=1500, special_tokens=[*SPECIALS, "[SEP]"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    if post is not None:
+        tok.post_processor = processors.TemplateProcessing(
+            single=post, special_tokens=[(t, tok.token_to_id(t)) for t in ("<|begin_of_text|>", "[SEP]")])
+    return tok
+
+
+def llama3_style() -> Tokenizer:
+    return _bpe(pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(LLAMA3), behavior="isolated"),
+                                         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]))
+
+
+def chats(seed: int = 0, conversations: int = 12, turns: int = 4) -> list[str]:
+    """Multi-turn chat prompts in a Llama-3-like template, in arrival order: each turn's prompt is the whole
+    conversation so far; conversations of a tenant share its system prompt."""
+    rng = random.Random(seed)
+    words = CORPUS.split()
+    systems = [" ".join(words[i * 150:(i + 1) * 150]) for i in range(3)]
+    header = "<|start_header_id|>{}<|end_header_id|>\n\n"
+    history = [header.format("system") + systems[c % 3] + "<|eot_id|>" for c in range(conversations)]
+    out = []
+    for _ in range(turns):
+        for c in range(conversations):
+            user = " ".join(rng.choice(words) for _ in range(rng.randint(3, 60))) + rng.choice(["?", ".\n", " 123"])
+            history[c] += header.format("user") + user + "<|eot_id|>"
+            out.append(history[c] + header.format("assistant"))
+            history[c] += header.format("assistant") + " ".join(rng.choice(words) for _ in range(20)) + ".<|eot_id|>"
+    return out
+
+
+def whole(tok: Tokenizer, text: str) -> list[int]:
+    return list(tok.encode(text, add_special_tokens=True).ids)
+
+
+def test_reuse_equals_whole_tokenization_and_saves_most_of_it() -> None:
+    tok = llama3_style()
+    pt = PromptTokenizer(tok)
+    prompts = chats()
+    total = 0
+    for text in prompts:
+        ids = pt.encode(text)
+        assert ids.dtype == np.uint32 and ids.tolist() == whole(tok, text)
+        total += len(ids)
+    assert pt.enabled
+    assert pt.reuses >= len(prompts) - 3  # all but each tenant's first prompt start from an earlier one
+    assert pt.reused_ids > 0.6 * total
+    # later turns extend earlier ones: those are dropped, not kept beside them
+    assert pt.cached_tokens < 0.5 * total
+
+
+def test_suffix_tokens_of_the_post_processor_follow_the_rest() -> None:
+    tok = _bpe(pre_tokenizers.Whitespace(), post="<|begin_of_text|> $A [SEP]")
+    pt = PromptTokenizer(tok)
+    for text in chats(seed=1):
+        assert pt.encode(text).tolist() == whole(tok, text)
+    assert pt.enabled and pt.reuses > 0
+
+
+@pytest.mark.parametrize("pre", [pre_tokenizers.ByteLevel(add_prefix_space=True),
+                                 pre_tokenizers.Metaspace(prepend_scheme="first")], ids=["prefix-space", "metaspace"])
+def test_a_tokenizer_that_treats_the_start_specially_turns_reuse_off(pre: Any, caplog: Any) -> None:
+    tok = _bpe(pre)
+    pt = PromptTokenizer(tok)
+    prompts = chats(seed=2)
+    for text in prompts:
+        assert pt.encode(text).tolist() == whole(tok, text)  # checked reuses never return the wrong ids
+    assert not pt.enabled and pt.cached_tokens == 0
+    assert "tokenized whole from now on" in caplog.text
+
+
+def test_padding_or_truncation_turns_reuse_off() -> None:
+    tok = llama3_style()
+    tok.enable_truncation(64)
+    assert not PromptTokenizer(tok).enabled
+    tok.no_truncation()
+    tok.enable_padding(length=512)
+    assert not PromptTokenizer(tok).enabled
+
+
+def test_checks_continue_after_the_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(prompt_tokens, "VERIFY_FIRST", 2)
+    monkeypatch.setattr(prompt_tokens, "VERIFY_EVERY", 3)
+    tok = llama3_style()
+    pt = PromptTokenizer(tok)
+    prompts = chats(seed=3)
+    for text in prompts[:12]:
+        pt.encode(text)
+    assert pt.enabled and pt.reuses > 3
+    # a wrong id in every kept prompt (what a tokenizer that is not prefix-stable would leave): the next
+    # sampled check finds it, returns the whole tokenization and turns reuse off
+    for prompt in pt._prompts.values():
+        prompt.ids[1:] = 0
+    out = [pt.encode(text).tolist() for text in prompts[12:12 + 2 * prompt_tokens.VERIFY_EVERY]]
+    assert not pt.enabled
+    assert out[-1] == whole(tok, prompts[12 + 2 * prompt_tokens.VERIFY_EVERY - 1])
+
+
+def test_memory_bound() -> None:
+    tok = llama3_style()
+    pt = PromptTokenizer(tok, max_tokens=2_000)
+    for text in chats(seed=4, conversations=30):
+        assert pt.encode(text).tolist() == whole(tok, text)
+        assert pt.cached_tokens <= 2_000
+    assert pt.reuses > 0
+
+
+def test_prompt_blocks_keys_are_the_whole_prompts_keys() -> None:
+    tok = llama3_style()
+    pb = PromptBlocks(16, tok)
+    hasher = BlockHasher(16)
+    for text in chats(seed=5):
+        keys, n = pb(text)
+        ids = whole(tok, text)
+        assert n == len(ids) and list(keys) == hasher.keys(ids)
+    assert pb.prompt_tokens is not None and pb.prompt_tokens.reuses > 0
+
+
+def test_the_cut_stays_clear_of_where_the_texts_part() -> None:
+    # The earlier prompt has a word boundary exactly where the shared text ends (a prefix-hash block's end):
+    # " th" then " is". The new prompt goes on "the": a cut there would tokenize "th" and "e" apart.
+    tok = llama3_style()
+    pt = PromptTokenizer(tok)
+    filler = " ".join(CORPUS.split()[:60])
+    base = filler[: 3 * prompt_tokens.BLOCK_CHARS - 3] + " th"
+    assert len(base) % prompt_tokens.BLOCK_CHARS == 0
+    earlier, later = base + " is the end", base + "e end of it"
+    for text in (earlier, later, earlier + " again", later + " again"):
+        assert pt.encode(text).tolist() == whole(tok, text)
+    assert pt.enabled and pt.reuses == 3
+
+
+def _main_thread_steps_while(work: Any) -> int:
+    """How many times this thread goes round a loop while `work` runs in another thread."""
+    import threading
+
+    t = threading.Thread(target=work)
+    steps = 0
+    t.start()
+    while t.is_alive():
+        steps += 1
+    t.join()
+    return steps
+
+
+def test_tokenizing_in_a_worker_thread_leaves_the_event_loop_running() -> None:
+    # The router sends long prompts to a worker thread; `Tokenizer.encode` holds the GIL for all its work, so
+    # there the loop stood still. Compared with that control, under the same load, the loop must get its turns.
+    tok = llama3_style()
+    text = CORPUS * 40  # ~0.5 s of tokenizing
+    pt = PromptTokenizer(tok)
+    held = _main_thread_steps_while(lambda: tok.encode(text, add_special_tokens=True))
+    released = _main_thread_steps_while(lambda: pt.encode(text))
+    assert released > 20 * max(held, 1000), (released, held)
