@@ -44,6 +44,7 @@ from router_overhead_report import head_to_head_lines, table, verdicts  # noqa: 
 from llmfleet.router.block_keys import BlockHasher  # noqa: E402
 from llmfleet.router.config import PoolConfig, RouterConfig  # noqa: E402
 from llmfleet.router.plugins import PrefixIndex, ReplicaState, RequestInfo, build_pipeline  # noqa: E402
+from llmfleet.router.prompt_tokens import VERIFY_FIRST, PromptTokenizer  # noqa: E402
 from llmfleet.util.net import free_port  # noqa: E402
 
 ROUTER_CPU, LOAD_CPU = "1", "0"
@@ -173,7 +174,7 @@ def route_decision_bench(n_blocks: int = 100_000, prompt_tokens: int = 8192, rep
         decide_t.append((t2 - t1) / 1e3)
         update_t.append((t3 - t2) / 1e3)
     total = [a + b for a, b in zip(hash_t, decide_t, strict=True)]
-    tok_us = None
+    tok_us = reuse_us = None
     try:
         from llmfleet.local.tinymodel import cache_root
 
@@ -189,13 +190,29 @@ def route_decision_bench(n_blocks: int = 100_000, prompt_tokens: int = 8192, rep
             for _ in range(20):
                 tok.encode(text, add_special_tokens=False)
             tok_us = (time.perf_counter_ns() - t0) / 20 / 1e3
+            # The next turn of a conversation: the same prompt with ~100 tokens more, after the router tokenized
+            # this one (PromptTokenizer keeps its ids). Each timing with its own tokenizer, warmed untimed: past
+            # the reuses it checks against whole tokenization (on short texts), then this prompt tokenized.
+            longer = tok.decode(ids[:prompt_tokens + 100])
+            warmed = []
+            for _ in range(20):
+                pt = PromptTokenizer(tok)
+                for i in range(VERIFY_FIRST + 1):
+                    pt.encode(text[:300] + f" {i}")
+                pt.encode(text)
+                warmed.append(pt)
+            t0 = time.perf_counter_ns()
+            for pt in warmed:
+                pt.encode(longer)
+            reuse_us = (time.perf_counter_ns() - t0) / 20 / 1e3
     except (ImportError, OSError):
-        tok_us = None
+        tok_us = reuse_us = None
     return {"indexed_blocks": len(index), "prompt_tokens": prompt_tokens, "replicas": replicas, "scorers": scorers,
             "hash_p50_us": quantile(hash_t, 0.5), "match_and_pick_p50_us": quantile(decide_t, 0.5),
             "decision_p50_us": quantile(total, 0.5), "decision_p99_us": quantile(total, 0.99),
             "decision_min_us": min(total), "hash_min_us": min(hash_t), "match_and_pick_min_us": min(decide_t),
-            "index_update_p50_us": quantile(update_t, 0.5), "tokenize_8k_us": tok_us if tok_us is not None else float("nan")}
+            "index_update_p50_us": quantile(update_t, 0.5), "tokenize_8k_us": tok_us if tok_us is not None else float("nan"),
+            "tokenize_next_turn_us": reuse_us if reuse_us is not None else float("nan")}
 
 
 async def start_router(name: str, cmd: list[str] | str, tmp: Path) -> tuple[subprocess.Popen[bytes], str] | str:

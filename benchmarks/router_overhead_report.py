@@ -45,6 +45,9 @@ def table(res: dict[str, Any]) -> str:
                   f"{rd['decision_min_us']:.1f} ({rd['hash_min_us']:.1f} + {rd['match_and_pick_min_us']:.1f}) |",
                   f"| index update after routing (p50, off the decision) | {rd['index_update_p50_us']:.1f} |",
                   f"| tokenize 8k tokens (tiny BPE, before the decision) | {rd['tokenize_8k_us']:.0f} |"]
+        if "tokenize_next_turn_us" in rd:
+            lines.append(f"| tokenize them + 100 more, the previous 8k's ids kept (PromptTokenizer) | "
+                         f"{rd['tokenize_next_turn_us']:.0f} |")
     return "\n".join(lines)
 
 

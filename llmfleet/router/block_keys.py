@@ -40,6 +40,14 @@ def adapter_seed(adapter: str | None) -> int:
     return int.from_bytes(hashlib.blake2b(adapter.encode(), digest_size=8).digest(), "little") or 1
 
 
+def _powers(base: int, n: int) -> np.ndarray:
+    """base^0 .. base^(n-1) mod 2^64: a running product in uint64, which wraps modulo 2^64."""
+    out = np.ones(n, dtype=np.uint64)
+    if n > 1:
+        out[1:] = np.cumprod(np.full(n - 1, base, dtype=np.uint64), dtype=np.uint64)
+    return out
+
+
 class BlockKeys(Sequence[int]):
     """A prompt's block keys, kept as the hasher's uint64 array; Python ints only when asked for.
 
@@ -109,8 +117,8 @@ class BlockHasher:
         return t
 
     def _grow(self, n: int) -> None:
-        self._pow = np.array([pow(_M, i, 1 << 64) for i in range(n)], dtype=np.uint64)
-        self._ipow = np.array([pow(_M_INV, i, 1 << 64) for i in range(n)], dtype=np.uint64)
+        self._pow = _powers(_M, n)
+        self._ipow = _powers(_M_INV, n)
 
     def _words(self, tokens: Sequence[int] | np.ndarray) -> np.ndarray:
         """(full blocks, words per block) uint64 matrix of the input."""

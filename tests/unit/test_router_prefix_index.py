@@ -23,7 +23,8 @@ def test_chain_equals_sequential_and_prefix_property() -> None:
     assert h.raw_chain(toks[8:], parent=int(raw[1])).tolist() == raw[2:].tolist()
     assert h.keys([]) == []
     long = np.arange(5000, dtype=np.uint64)
-    assert len(h.keys(long)) == 1250  # grows its power tables
+    assert len(h.keys(long)) == 1250  # grows its power tables...
+    assert h.keys(long) == h.small_keys(long.tolist())  # ...to the powers the sequential chain multiplies by
 
 
 def test_text_blocks_without_tokenizer(tmp_path) -> None:
