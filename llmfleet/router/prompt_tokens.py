@@ -31,7 +31,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import chain
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -53,6 +53,16 @@ class _Prompt:
     cut_ids: np.ndarray  # int32: ...and how many ids come before each
     keys: list[int] = field(default_factory=list)  # its prefix hashes, one per full BLOCK_CHARS block
     live_keys: int = 0  # of those, how many still lead here (a longer prompt takes the shared ones over)
+
+
+class TokenPlan(NamedTuple):
+    """What `PromptTokenizer.encode` will do with a text: the earlier prompt whose ids it keeps, up to which of its
+    word boundaries, and how many characters are left to tokenize (all of them without such a prompt)."""
+
+    keys: list[int]  # the text's prefix hashes (none: tokenized whole, not kept)
+    earlier: _Prompt | None
+    boundary: int  # index into earlier's boundaries (-1: none)
+    new_chars: int
 
 
 def _boundaries(enc: Any, char_offset: int, id_offset: int) -> tuple[np.ndarray, np.ndarray]:
@@ -92,22 +102,31 @@ class PromptTokenizer:
         self.enabled = bool(starts) and bool(bare) and tokenizer.padding is None and tokenizer.truncation is None
         self._suffix = np.asarray(full[starts[0] + len(bare):] if starts else [], dtype=np.uint32)
 
-    def encode(self, text: str) -> np.ndarray:
+    def plan(self, text: str) -> TokenPlan:
+        """Find the earlier prompt to reuse (cheap: hashing and dict lookups; `new_chars` says what is left)."""
         if not self.enabled or len(text) < MIN_REUSE_CHARS:
-            return np.asarray(self._encode(text, True).ids, dtype=np.uint32)
+            return TokenPlan([], None, -1, len(text))
         keys: list[int] = self.hasher.raw_chain(
             np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4")).tolist()
         hit = self._lookup(keys)
-        prompt = None
         if hit is not None:
             earlier, g = hit
             i = int(np.searchsorted(earlier.cut_chars, (g + 1) * BLOCK_CHARS - self.margin, side="right")) - 1
             if i >= 0:
-                prompt = self._extend(text, earlier, i)
+                return TokenPlan(keys, earlier, i, len(text) - int(earlier.cut_chars[i]))
+        return TokenPlan(keys, None, -1, len(text))
+
+    def encode(self, text: str, plan: TokenPlan | None = None) -> np.ndarray:
+        """The ids of `text`; `plan`: this text's `plan`, when the caller already made it."""
+        if plan is None:
+            plan = self.plan(text)
+        if not plan.keys:
+            return np.asarray(self._encode(text, True).ids, dtype=np.uint32)
+        prompt = self._extend(text, plan.earlier, plan.boundary) if plan.earlier is not None else None
         if prompt is None:
             enc = self._encode(text, True)
             prompt = _Prompt(np.asarray(enc.ids, dtype=np.uint32), *_boundaries(enc, 0, 0))
-        self._insert(prompt, keys)
+        self._insert(prompt, plan.keys)
         return prompt.ids
 
     def _encode(self, text: str, add_special_tokens: bool) -> Any:
@@ -191,12 +210,13 @@ class PromptBlocks:
         self.block_size = block_size
         self.hasher = BlockHasher(block_size if tokenizer is not None else block_size * TEXT_BYTES_PER_TOKEN)
 
-    def __call__(self, text: str, adapter: str | None = None) -> tuple[Sequence[int], int]:
-        """`adapter`: the LoRA adapter the prompt runs with (its keys differ from the base model's)."""
+    def __call__(self, text: str, adapter: str | None = None, plan: TokenPlan | None = None) -> tuple[Sequence[int], int]:
+        """`adapter`: the LoRA adapter the prompt runs with (its keys differ from the base model's); `plan`: the
+        tokenizer's plan for `text` (`prompt_tokens.plan`), when the caller made it to see what is left to do."""
         small = SMALL_PROMPT_BLOCKS * self.hasher.block_size
         seed = adapter_seed(adapter)
         if self.prompt_tokens is not None:
-            ids = self.prompt_tokens.encode(text)
+            ids = self.prompt_tokens.encode(text, plan)
             if len(ids) <= small:
                 return self.hasher.small_keys(ids.tolist(), seed), len(ids)
             return self.hasher.block_keys(ids, seed), len(ids)
@@ -207,4 +227,4 @@ class PromptBlocks:
         return self.hasher.block_keys(np.frombuffer(data, dtype=np.uint8), seed), n_tokens
 
 
-__all__ = ["BLOCK_CHARS", "DEFAULT_MAX_TOKENS", "PromptBlocks", "PromptTokenizer"]
+__all__ = ["BLOCK_CHARS", "DEFAULT_MAX_TOKENS", "PromptBlocks", "PromptTokenizer", "TokenPlan"]

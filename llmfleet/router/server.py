@@ -443,11 +443,16 @@ class Router(SmallEndpoints):
         """The prompt's prefix keys and token count, or (a long prompt with a tokenizer) an awaitable of them."""
         if not self.use_prefix:
             return [], max(1, len(parsed.prompt_text) // 4)
-        if pool.blocks.tokenizer is not None and len(parsed.prompt_text) > LONG_PROMPT_CHARS:
-            # Rendering the chat template and tokenizing 8k tokens take milliseconds: keep the event loop serving
-            # other requests meanwhile.
-            return asyncio.to_thread(self._prompt_keys, pool, parsed, adapter)
-        return self._prompt_keys(pool, parsed, adapter)  # no coroutine for the usual, short prompt
+        tokens = pool.blocks.prompt_tokens
+        if tokens is not None and len(parsed.prompt_text) > LONG_PROMPT_CHARS:
+            text = self._prompt_text(pool, parsed)
+            plan = tokens.plan(text)  # most of a conversation's next turn was tokenized with its last one
+            if plan.new_chars > LONG_PROMPT_CHARS:
+                # Tokenizing thousands of new tokens takes milliseconds; the tokenizer lets go of the GIL, so in a
+                # worker thread it leaves the event loop serving other requests meanwhile.
+                return asyncio.to_thread(pool.blocks, text, adapter, plan)
+            return pool.blocks(text, adapter, plan)
+        return pool.blocks(self._prompt_text(pool, parsed), adapter)  # no coroutine for the usual, short prompt
 
     async def _keys(self, pool: PoolRuntime, parsed: ParsedRequest,
                     adapter: str | None = None) -> tuple[Sequence[int], int]:
@@ -455,11 +460,12 @@ class Router(SmallEndpoints):
         return keys if isinstance(keys, tuple) else await keys
 
     @staticmethod
-    def _prompt_keys(pool: PoolRuntime, parsed: ParsedRequest, adapter: str | None) -> tuple[Sequence[int], int]:
-        text = parsed.prompt_text
+    def _prompt_text(pool: PoolRuntime, parsed: ParsedRequest) -> str:
+        """The text the engine tokenizes: a chat request rendered with the model's template (the flattened messages
+        without one, or when it rejects them)."""
         if parsed.messages is not None and pool.chat_template is not None:
-            text = pool.chat_template.render(parsed.messages) or text
-        return pool.blocks(text, adapter)
+            return pool.chat_template.render(parsed.messages) or parsed.prompt_text
+        return parsed.prompt_text
 
     def _count_affinity(self, pool: PoolRuntime, replica: ReplicaState, keys: Sequence[int]) -> None:
         sess = pool.session_scorer

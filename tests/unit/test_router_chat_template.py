@@ -97,3 +97,40 @@ async def test_router_chat_keys_are_the_engine_prompt_blocks(tok_dir: Path) -> N
     assert n_tokens == len(ids) and keys == BlockHasher(4).keys(np.asarray(ids, dtype=np.uint64))
     flat_keys, _ = pool.blocks(parsed.prompt_text)
     assert flat_keys != keys  # the flattened messages would not have matched the engine's blocks
+
+
+async def test_long_conversations_next_turn_is_keyed_on_the_loop(tok_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A long prompt with much new text is tokenized in a worker thread; the next turn of the same conversation
+    # has most of its ids already (PromptTokenizer), so it is keyed right away. Keys are the engine's either way.
+    import asyncio
+
+    import numpy as np
+
+    from llmfleet.router import server
+    from llmfleet.router.server import Router
+
+    threaded: list[int] = []
+    real_to_thread = asyncio.to_thread
+
+    async def counting_to_thread(fn, /, *args, **kwargs):  # type: ignore[no-untyped-def]
+        threaded.append(len(args[0]))
+        return await real_to_thread(fn, *args, **kwargs)
+
+    monkeypatch.setattr(server.asyncio, "to_thread", counting_to_thread)
+    cfg = RouterConfig(service="s", pools=[PoolConfig(name="p", role="primary", served_names=["m"],
+                                                      endpoints=["http://127.0.0.1:9"], block_size=4,
+                                                      tokenizer_path=str(tok_dir), prefix_mode="tokens")])
+    router = Router(cfg)
+    pool = router.pools["p"]
+    words = Path(json.__file__).read_text().split()
+    messages: list[dict[str, object]] = [{"role": "system", "content": " ".join(words[:2000])},
+                                         {"role": "user", "content": "first question"}]
+    assert len(" ".join(words[:2000])) > 2 * server.LONG_PROMPT_CHARS
+    for turn in range(3):
+        parsed = parse_request("chat", json.dumps({"model": "m", "messages": messages}).encode())
+        keys, n_tokens = await router._keys(pool, parsed)
+        ids = vllm_chat_ids(tok_dir, messages)
+        assert n_tokens == len(ids) and keys == BlockHasher(4).keys(np.asarray(ids, dtype=np.uint64))
+        assert len(threaded) == 1  # only the first turn: all of it was new
+        messages += [{"role": "assistant", "content": f"answer {turn} " + " ".join(words[50:90])},
+                     {"role": "user", "content": f"question {turn + 2}"}]
