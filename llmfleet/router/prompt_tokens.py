@@ -2,20 +2,23 @@
 
 Multi-turn chat sends the whole conversation again at every turn, and a tenant's requests share its system
 prompt, so a router that keys prompts by their tokens tokenizes the same text over and over: on chat prompts
-of a few hundred tokens the tokenizer (mostly its pre-tokenization pattern) is most of the route decision's CPU. `PromptTokenizer.encode(text)` finds the earlier prompt that shares the longest
-beginning with `text` (hashes of its prefixes, one per `BLOCK_CHARS` characters), keeps that prompt's ids up to
-one of its word boundaries at least `margin` characters before the two texts may differ, and tokenizes only
-the rest.
+of a few hundred tokens the tokenizer (mostly its pre-tokenization pattern) is most of the route decision's CPU.
+`PromptTokenizer.encode(text)` finds the earlier prompt that shares the longest beginning with `text` (hashes of
+its prefixes, one per `BLOCK_CHARS` characters), keeps that prompt's ids up to one of its word boundaries at
+least `margin` characters before the two texts may differ, and tokenizes only the rest.
 
 Why that is exact, and where it is not: a `tokenizers` tokenizer first splits out its added tokens, then
 pre-tokenizes each piece with a left-to-right pattern whose decisions look at most a few characters past the
 word they end (`margin` covers them, and the longest added token), then encodes each word on its own. A word
 boundary of the earlier prompt that far inside the shared text is a word boundary of the new prompt too, with
 the same words before it, and the words after it are what tokenizing the rest alone gives. Byte-level BPE
-tokenizers (GPT-2's, Llama 3's, Qwen's) behave so. A tokenizer that treats the start of a text specially does
-not (`add_prefix_space`, a Metaspace prefix, a prepending normalizer): the rest's first word changes. So the
-encoder checks itself against the whole prompt's tokenization on its first `VERIFY_FIRST` reuses and on one in
-`VERIFY_EVERY` after; one difference turns reuse off for the process, with a warning. Ids that are wrong
+tokenizers (GPT-2's, Llama 3's, Qwen's) behave so. A tokenizer that marks a text's first word (`add_prefix_space`,
+a Metaspace prefix on the first word only, a prepending normalizer) does not: the rest's first word would be
+marked. Right after an added token (a chat template's role and turn markers) it is not marked in the whole prompt
+either, so for such tokenizers the rest is tokenized behind that added token, whose id is then dropped.
+The encoder checks itself against the whole prompt's tokenization on its first `VERIFY_FIRST` reuses and on one
+in `VERIFY_EVERY` after: a difference at a word boundary narrows the cuts to those after added tokens (checked
+again from the start), a difference there turns reuse off for the process, with a warning. Ids that are wrong
 between two checks cost prefix-index misses, never a wrong answer: the engine tokenizes the prompt itself.
 
 Memory: the ids, word boundaries and prefix hashes of at most `max_tokens` prompt tokens (about 16 bytes a
@@ -46,11 +49,15 @@ VERIFY_EVERY = 64  # ...and one in this many after that
 DEFAULT_MAX_TOKENS = 1 << 20  # ids kept per tokenizer: ~16 MiB
 
 
+_NO_CUTS = (np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0, bool))
+
+
 @dataclass(eq=False)
 class _Prompt:
     ids: np.ndarray  # uint32: the prompt's ids, the post-processor's added tokens included
     cut_chars: np.ndarray  # int32, ascending: character offsets of word boundaries...
-    cut_ids: np.ndarray  # int32: ...and how many ids come before each
+    cut_ids: np.ndarray  # int32: ...how many ids come before each...
+    after_added: np.ndarray  # bool: ...and whether an added token ends there
     keys: list[int] = field(default_factory=list)  # its prefix hashes, one per full BLOCK_CHARS block
     live_keys: int = 0  # of those, how many still lead here (a longer prompt takes the shared ones over)
 
@@ -63,19 +70,23 @@ class TokenPlan(NamedTuple):
     earlier: _Prompt | None
     boundary: int  # index into earlier's boundaries (-1: none)
     new_chars: int
+    after_added: bool = False  # the rest is tokenized behind the added token that ends at the boundary
 
 
-def _boundaries(enc: Any, char_offset: int, id_offset: int) -> tuple[np.ndarray, np.ndarray]:
-    """Word boundaries between the tokens of `enc` (not before its first): (character offsets, ids before)."""
+def _boundaries(enc: Any, ids: np.ndarray, char_offset: int, id_offset: int,
+                is_added: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Word boundaries between the tokens of `enc` (`ids`: its ids; not before its first): (character offsets, ids
+    before, whether an added token ends there; `is_added`: id -> added)."""
     offsets = enc.offsets
     if len(offsets) < 2:
-        return np.zeros(0, np.int32), np.zeros(0, np.int32)
-    w = np.array(enc.word_ids, dtype=np.float64)  # an added token has no word: NaN, unequal to every word
+        return _NO_CUTS
+    w = np.array(enc.word_ids, dtype=np.float64)  # a post-processor's token has no word: NaN, unequal to every word
     off = np.fromiter(chain.from_iterable(offsets), dtype=np.int64, count=2 * len(offsets)).reshape(-1, 2)
     # a new word starts at token j (an added token is a word of its own), right where token j-1 ends: offsets
     # that skip characters (trimmed whitespace) are no place to cut
     at = np.flatnonzero((w[1:] != w[:-1]) & (off[1:, 0] == off[:-1, 1])) + 1
-    return (off[at, 0] + char_offset).astype(np.int32), (at + id_offset).astype(np.int32)
+    added = is_added[ids[at - 1]] & (off[at - 1, 1] > off[at - 1, 0])  # in the text (not a BOS of none)
+    return (off[at, 0] + char_offset).astype(np.int32), (at + id_offset).astype(np.int32), added
 
 
 class PromptTokenizer:
@@ -85,7 +96,10 @@ class PromptTokenizer:
         self.tokenizer = tokenizer
         self.max_tokens = max_tokens
         self.hasher = BlockHasher(BLOCK_CHARS)
-        added = [t.content for t in tokenizer.get_added_tokens_decoder().values()]
+        decoder = tokenizer.get_added_tokens_decoder()
+        added = [t.content for t in decoder.values()]
+        self._is_added = np.zeros(max(tokenizer.get_vocab_size(with_added_tokens=True), *decoder, 0) + 1, dtype=bool)
+        self._is_added[list(decoder)] = True
         self.margin = max(8, *(len(a) for a in added)) if added else 8
         self._lock = threading.Lock()  # long prompts are tokenized in worker threads
         self._by_key: dict[int, tuple[_Prompt, int]] = {}  # hash of text[:(g + 1) * BLOCK_CHARS] -> (prompt, g)
@@ -93,18 +107,28 @@ class PromptTokenizer:
         self._tokens = 0
         self.reuses = 0
         self.reused_ids = 0  # ids taken from earlier prompts rather than tokenized
+        # Where a prompt may be cut: at any word boundary ("words"), or, for a tokenizer whose first checks failed
+        # there, only right after an added token, the rest tokenized behind that token ("added"); else "off".
+        self.cuts = "words"
+        self._checks_from = 0  # reuses before the current kind of cut began: its first VERIFY_FIRST are checked
         # The post-processor's tokens after the text (e.g. an EOS) follow the rest, not the kept prefix.
         probe = "a b"
         full = tokenizer.encode(probe, add_special_tokens=True).ids
         bare = tokenizer.encode(probe, add_special_tokens=False).ids
         starts = [i for i in range(len(full) - len(bare) + 1) if full[i:i + len(bare)] == bare]
         # padding and truncation act on the whole sequence: a prompt's parts are not the whole's
-        self.enabled = bool(starts) and bool(bare) and tokenizer.padding is None and tokenizer.truncation is None
+        if not (starts and bare and tokenizer.padding is None and tokenizer.truncation is None):
+            self.cuts = "off"
         self._suffix = np.asarray(full[starts[0] + len(bare):] if starts else [], dtype=np.uint32)
+
+    @property
+    def enabled(self) -> bool:
+        return self.cuts != "off"
 
     def plan(self, text: str) -> TokenPlan:
         """Find the earlier prompt to reuse (cheap: hashing and dict lookups; `new_chars` says what is left)."""
-        if not self.enabled or len(text) < MIN_REUSE_CHARS:
+        cuts = self.cuts
+        if cuts == "off" or len(text) < MIN_REUSE_CHARS:
             return TokenPlan([], None, -1, len(text))
         keys: list[int] = self.hasher.raw_chain(
             np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4")).tolist()
@@ -112,8 +136,10 @@ class PromptTokenizer:
         if hit is not None:
             earlier, g = hit
             i = int(np.searchsorted(earlier.cut_chars, (g + 1) * BLOCK_CHARS - self.margin, side="right")) - 1
+            if cuts == "added":
+                i = int(np.flatnonzero(earlier.after_added[:i + 1])[-1]) if earlier.after_added[:i + 1].any() else -1
             if i >= 0:
-                return TokenPlan(keys, earlier, i, len(text) - int(earlier.cut_chars[i]))
+                return TokenPlan(keys, earlier, i, len(text) - int(earlier.cut_chars[i]), cuts == "added")
         return TokenPlan(keys, None, -1, len(text))
 
     def encode(self, text: str, plan: TokenPlan | None = None) -> np.ndarray:
@@ -122,10 +148,11 @@ class PromptTokenizer:
             plan = self.plan(text)
         if not plan.keys:
             return np.asarray(self._encode(text, True).ids, dtype=np.uint32)
-        prompt = self._extend(text, plan.earlier, plan.boundary) if plan.earlier is not None else None
+        prompt = self._extend(text, plan.earlier, plan) if plan.earlier is not None else None
         if prompt is None:
             enc = self._encode(text, True)
-            prompt = _Prompt(np.asarray(enc.ids, dtype=np.uint32), *_boundaries(enc, 0, 0))
+            ids = np.asarray(enc.ids, dtype=np.uint32)
+            prompt = _Prompt(ids, *_boundaries(enc, ids, 0, 0, self._is_added))
         self._insert(prompt, plan.keys)
         return prompt.ids
 
@@ -134,29 +161,52 @@ class PromptTokenizer:
         # prompt tokenized in a worker thread then leaves the router's event loop serving other requests
         return self.tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)[0]
 
-    def _extend(self, text: str, earlier: _Prompt, i: int) -> _Prompt | None:
+    def _extend(self, text: str, earlier: _Prompt, plan: TokenPlan) -> _Prompt | None:
+        i = plan.boundary
         b, n = int(earlier.cut_chars[i]), int(earlier.cut_ids[i])
-        rest = self._encode(text[b:], False)
-        ids = np.concatenate([earlier.ids[:n], np.asarray(rest.ids, dtype=np.uint32), self._suffix])
+        if plan.after_added:
+            # Behind the added token that ends at b, as in the whole prompt: a tokenizer that marks a text's first
+            # word (a Metaspace prefix, add_prefix_space) marks no word after an added token.
+            token = self.tokenizer.id_to_token(int(earlier.ids[n - 1])) or ""
+            if not token or not text.startswith(token, b - len(token)):
+                return None
+            rest = self._encode(text[b - len(token):], False)
+            rest_ids = np.asarray(rest.ids, dtype=np.uint32)
+            cuts, cut_ids, added = _boundaries(rest, rest_ids, b - len(token), n - 1, self._is_added)
+            keep = cuts > b  # the boundary right after that token is b itself
+            cuts, cut_ids, added, rest_ids = cuts[keep], cut_ids[keep], added[keep], rest_ids[1:]
+        else:
+            rest = self._encode(text[b:], False)
+            rest_ids = np.asarray(rest.ids, dtype=np.uint32)
+            cuts, cut_ids, added = _boundaries(rest, rest_ids, b, n, self._is_added)
+        ids = np.concatenate([earlier.ids[:n], rest_ids, self._suffix])
         self.reuses += 1
-        if self.reuses <= VERIFY_FIRST or self.reuses % VERIFY_EVERY == 0:
+        if self.reuses - self._checks_from <= VERIFY_FIRST or self.reuses % VERIFY_EVERY == 0:
             whole = self._encode(text, True).ids
             if ids.tolist() != whole:
-                self._turn_off()
-                return _Prompt(np.asarray(whole, dtype=np.uint32), np.zeros(0, np.int32), np.zeros(0, np.int32))
+                self._narrow_cuts(plan.after_added)
+                return _Prompt(np.asarray(whole, dtype=np.uint32), *_NO_CUTS)
         self.reused_ids += n
-        cuts, cut_ids = _boundaries(rest, b, n)
         return _Prompt(ids, np.concatenate([earlier.cut_chars[:i + 1], cuts]),
-                       np.concatenate([earlier.cut_ids[:i + 1], cut_ids]))
+                       np.concatenate([earlier.cut_ids[:i + 1], cut_ids]),
+                       np.concatenate([earlier.after_added[:i + 1], added]))
 
-    def _turn_off(self) -> None:
-        log.warning("this tokenizer does not tokenize a prompt's end as it does the whole prompt: prompts are "
-                    "tokenized whole from now on (%d reuses checked)", self.reuses)
+    def _narrow_cuts(self, after_added: bool) -> None:
+        """A reuse differed from the whole prompt's ids: cut only after added tokens from now on, or not at all."""
         with self._lock:
-            self.enabled = False
+            if self.cuts == "off" or (self.cuts == "added" and not after_added):
+                return  # another thread narrowed them already
+            self.cuts = "off" if after_added else "added"
+            self._checks_from = self.reuses
             self._by_key.clear()
             self._prompts.clear()
             self._tokens = 0
+        if self.cuts == "added":
+            log.info("this tokenizer does not tokenize a prompt's end at a word boundary as it does the whole prompt: "
+                     "prompts are cut only after added tokens from now on (%d reuses checked)", self.reuses)
+        else:
+            log.warning("this tokenizer does not tokenize a prompt's end as it does the whole prompt: prompts are "
+                        "tokenized whole from now on (%d reuses checked)", self.reuses)
 
     def _lookup(self, keys: list[int]) -> tuple[_Prompt, int] | None:
         by_key = self._by_key
@@ -170,7 +220,7 @@ class PromptTokenizer:
 
     def _insert(self, prompt: _Prompt, keys: list[int]) -> None:
         with self._lock:
-            if not self.enabled:
+            if self.cuts == "off":
                 return
             prompt.keys = keys
             for g, k in enumerate(keys):

@@ -86,14 +86,20 @@ def test_suffix_tokens_of_the_post_processor_follow_the_rest() -> None:
 
 @pytest.mark.parametrize("pre", [pre_tokenizers.ByteLevel(add_prefix_space=True),
                                  pre_tokenizers.Metaspace(prepend_scheme="first")], ids=["prefix-space", "metaspace"])
-def test_a_tokenizer_that_treats_the_start_specially_turns_reuse_off(pre: Any, caplog: Any) -> None:
+def test_a_tokenizer_that_marks_a_texts_first_word_is_cut_only_after_added_tokens(pre: Any, caplog: Any) -> None:
+    # Cut at a word boundary, the rest's first word would be marked as a text's first; behind an added token, as
+    # in the whole prompt, it is not. The first checks find the difference and narrow the cuts.
+    caplog.set_level("INFO", logger="llmfleet.router.prompt_tokens")
     tok = _bpe(pre)
     pt = PromptTokenizer(tok)
     prompts = chats(seed=2)
     for text in prompts:
         assert pt.encode(text).tolist() == whole(tok, text)  # checked reuses never return the wrong ids
-    assert not pt.enabled and pt.cached_tokens == 0
-    assert "tokenized whole from now on" in caplog.text
+        if pt.cuts == "added" and not hasattr(pt, "_reused_when_narrowed"):
+            pt._reused_when_narrowed = pt.reused_ids  # type: ignore[attr-defined]
+    assert pt.cuts == "added" and pt.enabled
+    assert pt.reused_ids > pt._reused_when_narrowed + 10_000  # type: ignore[attr-defined]  # and reuse goes on
+    assert "cut only after added tokens" in caplog.text
 
 
 def test_padding_or_truncation_turns_reuse_off() -> None:
@@ -110,17 +116,52 @@ def test_checks_continue_after_the_first(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setattr(prompt_tokens, "VERIFY_EVERY", 3)
     tok = llama3_style()
     pt = PromptTokenizer(tok)
-    prompts = chats(seed=3)
-    for text in prompts[:12]:
-        pt.encode(text)
-    assert pt.enabled and pt.reuses > 3
-    # a wrong id in every kept prompt (what a tokenizer that is not prefix-stable would leave): the next
-    # sampled check finds it, returns the whole tokenization and turns reuse off
-    for prompt in pt._prompts.values():
-        prompt.ids[1:] = 0
-    out = [pt.encode(text).tolist() for text in prompts[12:12 + 2 * prompt_tokens.VERIFY_EVERY]]
-    assert not pt.enabled
-    assert out[-1] == whole(tok, prompts[12 + 2 * prompt_tokens.VERIFY_EVERY - 1])
+    prompts = iter(chats(seed=3, conversations=30))
+
+    def until(cuts: str) -> None:
+        # ids between two checks may be wrong (a prefix-index miss, no more); the check that finds them is not
+        for _ in range(30):
+            text = next(prompts)
+            ids = pt.encode(text).tolist()
+            if pt.cuts == cuts:
+                assert ids == whole(tok, text)
+                return
+
+    def corrupt() -> None:
+        # a wrong id in every kept prompt (what a tokenizer that is not prefix-stable would leave): the next
+        # sampled check finds it, returns the whole tokenization and narrows the cuts
+        for prompt in pt._prompts.values():
+            prompt.ids[1:] = 0
+
+    for _ in range(12):
+        pt.encode(next(prompts))
+    assert pt.cuts == "words" and pt.reuses > 3
+    corrupt()
+    until("added")
+    assert pt.cuts == "added" and pt.cached_tokens < 5_000  # what was kept went with the word cuts
+
+
+def test_a_tokenizer_whose_parts_never_match_turns_reuse_off(caplog: Any) -> None:
+    tok = llama3_style()
+
+    class OffByOne:
+        """The tokenizer, except that a text tokenized without special tokens (a prompt's rest) gets one id more."""
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(tok, name)
+
+        def encode_batch(self, texts: list[str], add_special_tokens: bool) -> list[Any]:
+            enc = tok.encode_batch(texts, add_special_tokens=add_special_tokens)[0]
+            if add_special_tokens:
+                return [enc]
+            return [type("Enc", (), {"ids": [*enc.ids, 7], "offsets": [*enc.offsets, enc.offsets[-1]],
+                                     "word_ids": [*enc.word_ids, None]})()]
+
+    pt = PromptTokenizer(OffByOne())
+    for text in chats(seed=6):
+        assert pt.encode(text).tolist() == whole(tok, text)
+    assert pt.cuts == "off" and not pt.enabled and pt.cached_tokens == 0
+    assert "tokenized whole from now on" in caplog.text
 
 
 def test_memory_bound() -> None:
