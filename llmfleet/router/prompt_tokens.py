@@ -98,7 +98,8 @@ class PromptTokenizer:
         self.hasher = BlockHasher(BLOCK_CHARS)
         decoder = tokenizer.get_added_tokens_decoder()
         added = [t.content for t in decoder.values()]
-        self._is_added = np.zeros(max(tokenizer.get_vocab_size(with_added_tokens=True), *decoder, 0) + 1, dtype=bool)
+        self._is_added = np.zeros(max(tokenizer.get_vocab_size(with_added_tokens=True), max(decoder, default=0) + 1),
+                                  dtype=bool)
         self._is_added[list(decoder)] = True
         self.margin = max(8, *(len(a) for a in added)) if added else 8
         self._lock = threading.Lock()  # long prompts are tokenized in worker threads
@@ -136,8 +137,9 @@ class PromptTokenizer:
         if hit is not None:
             earlier, g = hit
             i = int(np.searchsorted(earlier.cut_chars, (g + 1) * BLOCK_CHARS - self.margin, side="right")) - 1
-            if cuts == "added":
-                i = int(np.flatnonzero(earlier.after_added[:i + 1])[-1]) if earlier.after_added[:i + 1].any() else -1
+            if cuts == "added":  # the last of those boundaries that an added token ends
+                after = np.flatnonzero(earlier.after_added[:i + 1])
+                i = int(after[-1]) if len(after) else -1
             if i >= 0:
                 return TokenPlan(keys, earlier, i, len(text) - int(earlier.cut_chars[i]), cuts == "added")
         return TokenPlan(keys, None, -1, len(text))
