@@ -29,6 +29,7 @@ hashes, and the earlier one is dropped once no hash leads to it.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -49,6 +50,7 @@ VERIFY_EVERY = 64  # ...and one in this many after that
 DEFAULT_MAX_TOKENS = 1 << 20  # ids kept per tokenizer: ~16 MiB
 
 
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 _NO_CUTS = (np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0, bool))
 
 
@@ -161,7 +163,13 @@ class PromptTokenizer:
     def _encode(self, text: str, add_special_tokens: bool) -> Any:
         # encode_batch lets go of the GIL while it tokenizes (encode holds it, the same time for one text): a long
         # prompt tokenized in a worker thread then leaves the router's event loop serving other requests
-        return self.tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)[0]
+        try:
+            return self.tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)[0]
+        except TypeError:
+            # A lone surrogate (valid JSON, "\ud800") is no text the tokenizer takes: key the prompt as if it were
+            # U+FFFD, one character for one, so offsets stay the text's. The request is served all the same.
+            return self.tokenizer.encode_batch([_LONE_SURROGATE.sub("\ufffd", text)],
+                                               add_special_tokens=add_special_tokens)[0]
 
     def _extend(self, text: str, earlier: _Prompt, plan: TokenPlan) -> _Prompt | None:
         i = plan.boundary

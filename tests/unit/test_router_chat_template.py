@@ -97,6 +97,10 @@ async def test_router_chat_keys_are_the_engine_prompt_blocks(tok_dir: Path) -> N
     assert n_tokens == len(ids) and keys == BlockHasher(4).keys(np.asarray(ids, dtype=np.uint64))
     flat_keys, _ = pool.blocks(parsed.prompt_text)
     assert flat_keys != keys  # the flattened messages would not have matched the engine's blocks
+    # a lone surrogate (valid JSON) is no text the tokenizer takes: keyed as U+FFFD, the request goes on
+    odd = parse_request("chat", json.dumps({"model": "m", "messages": [{"role": "user", "content": "a \ud800"}]}).encode())
+    keys, n_tokens = await router._keys(pool, odd)
+    assert n_tokens == len(vllm_chat_ids(tok_dir, [{"role": "user", "content": "a \ufffd"}]))
 
 
 async def test_long_conversations_next_turn_is_keyed_on_the_loop(tok_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -220,3 +220,19 @@ def test_tokenizing_in_a_worker_thread_leaves_the_event_loop_running() -> None:
     held = _main_thread_steps_while(lambda: tok.encode(text, add_special_tokens=True))
     released = _main_thread_steps_while(lambda: pt.encode(text))
     assert released > 20 * max(held, 1000), (released, held)
+
+
+def test_a_lone_surrogate_is_keyed_as_a_replacement_character() -> None:
+    # Valid JSON ("\ud800") but no text a tokenizer takes: the prompt is keyed as if it held U+FFFD, short or long,
+    # whole or reusing an earlier prompt, and reuse goes on.
+    tok = llama3_style()
+    pb = PromptBlocks(16, tok)
+    hasher = BlockHasher(16)
+    for text in chats(seed=7)[:20]:
+        odd = text.replace(" the ", " \ud800 ", 1)
+        keys, n = pb(odd)
+        ids = whole(tok, odd.replace("\ud800", "\ufffd"))
+        assert n == len(ids) and list(keys) == hasher.keys(ids)
+    short, n = pb("a \udc80 b")
+    assert n == len(whole(tok, "a \ufffd b"))
+    assert pb.prompt_tokens is not None and pb.prompt_tokens.enabled and pb.prompt_tokens.reuses > 0
