@@ -231,8 +231,8 @@ def sim_routers(seed: int, variants: dict[str, dict[str, float]] | None = None,
     # the router's TTFT objective (spec.slo's default, as `llmfleet up` writes it) bounds the sole-holder discount
     objective_s = SLOConfig().ttft_p95_ms / 1e3
 
-    def flag(w: dict[str, Any], name: str, camel: str) -> bool:  # a config variant may set it, in either spelling
-        return bool(w.get(name, w.get(camel, fields[name].default)))
+    def flag(w: dict[str, Any], name: str, camel: str) -> Any:  # a config variant may set it, in either spelling
+        return w.get(name, w.get(camel, fields[name].default))
 
     def llmfleet(weights: dict[str, float] | None, w: dict[str, Any]) -> Any:
         return LlmfleetRouter(weights=weights, seed=seed, ttft_objective_s=objective_s,

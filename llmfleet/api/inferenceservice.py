@@ -20,6 +20,7 @@ from llmfleet.api.common import (
     StatusModel,
     cel_rules,
 )
+from llmfleet.api.contracts import MODEL_PRESET_ANNOTATION
 from llmfleet.api.lora import AdapterSpec, LoraSpec
 from llmfleet.api.outliers import OutlierEjection
 from llmfleet.api.storage import ModelUri, StorageSpec
@@ -185,10 +186,13 @@ class RouterSpec(ApiModel):
         "prefix index from them. Applies to engine vllm with prefix caching on (ray-serve does not publish them); "
         "false turns the event stream off.",
     )
-    measure_prefill_rate: bool = Field(
-        default=False,
-        description="Price prefill in the estimated-ttft scorer at each pool's rate measured from the router's first "
-        "bytes instead of the H200-class default: for replicas far slower than that (CPU hosts).",
+    measure_prefill_rate: bool | None = Field(
+        default=None,
+        description="How the estimated-ttft scorer prices a pool's prefill. Unset: at the planner's rate for the "
+        "pool's model preset (annotation llmfleet.io/model-preset[.<pool>]) and resources.gpuType, and where the "
+        "planner cannot price the pool (CPU replicas, no preset, an unknown GPU) at the rate measured from the "
+        "router's first bytes. true: measured for every pool; false: never measured (pools the planner cannot "
+        "price get the H200-class default).",
     )
     sole_holder_discount: bool = Field(
         default=DEFAULT_SOLE_HOLDER_DISCOUNT,
@@ -500,6 +504,14 @@ class InferenceService(ApiModel):
         cached blocks to report.
         """
         return self.spec.router.kv_events and self.spec.engine == "vllm" and pool.vllm.enable_prefix_caching
+
+    def model_preset(self, pool: PoolView) -> str | None:
+        """The planner preset `pool` serves: annotation `llmfleet.io/model-preset.<pool>`, for the primary also the
+        unsuffixed one; None where neither is set."""
+        ann = self.metadata.annotations
+        return ann.get(f"{MODEL_PRESET_ANNOTATION}.{pool.name}") or (
+            ann.get(MODEL_PRESET_ANNOTATION) if pool.role == "primary" else None
+        )
 
     def pools(self) -> list[PoolView]:
         """The primary pool then each student pool, with inherited defaults resolved."""

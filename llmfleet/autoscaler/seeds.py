@@ -16,7 +16,6 @@ from dataclasses import replace
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
-from llmfleet.api.contracts import MODEL_PRESET_ANNOTATION
 from llmfleet.autoscaler.capacity import DEFAULT_SEED, CapacitySeed
 from llmfleet.plan.capacity import ReplicaCapacity, TrafficShape, replica_capacity
 from llmfleet.plan.hardware import get_gpu
@@ -75,20 +74,11 @@ def seed_for_pool(
     return replace(at(input_tokens, output_tokens, 0.0), at_mix=at_mix)
 
 
-def preset_for_pool(isvc: InferenceService, pool: PoolView) -> str | None:
-    """The planner preset a pool serves: annotation `llmfleet.io/model-preset.<pool>`, for the primary also the
-    unsuffixed one."""
-    ann = isvc.metadata.annotations
-    return ann.get(f"{MODEL_PRESET_ANNOTATION}.{pool.name}") or (
-        ann.get(MODEL_PRESET_ANNOTATION) if pool.role == "primary" else None
-    )
-
-
 def seeds_for_service(isvc: InferenceService) -> dict[str, CapacitySeed]:
     """Seeds for every pool; the planner preset comes from annotation `llmfleet.io/model-preset[.<pool>]`."""
     out = {}
     for pool in isvc.pools():
-        preset = preset_for_pool(isvc, pool)
+        preset = isvc.model_preset(pool)
         out[pool.name] = seed_for_pool(
             pool, preset, ttft_slo_s=isvc.spec.slo.ttft_p95_ms / 1000.0, tpot_slo_s=isvc.spec.slo.tpot_p95_ms / 1000.0
         )

@@ -244,6 +244,12 @@ class StepCostModel:
         return replace(self, overhead_s=0.0, weight_bytes=0.0, kv_bytes=0.0).step_time(1, context, 0.0)
 
     @property
+    def prefill_tokens_per_s(self) -> float:
+        """A prefill's marginal rate at no context: its dense FLOPs alone at the compute units' efficiency (a long
+        prefill is compute-bound; attention and the step's fixed costs come on top)."""
+        return self.peak_flops * self.compute_eff / self.flops_per_token
+
+    @property
     def prefill_attention_ratio(self) -> float:
         """r in "a prefill of L tokens computes in proportion to L + r*L^2": its FLOPs are
         flops_per_token*L + attn_flops_per_ctx*L(L+1)/2 (`_prefill_attended`)."""

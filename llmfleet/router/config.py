@@ -29,6 +29,7 @@ from llmfleet.api.inferenceservice import (
 from llmfleet.api.loader import dump_yaml
 from llmfleet.api.outliers import OutlierEjection
 from llmfleet.api.storage import parse_uri
+from llmfleet.router.prefill_price import pool_prefill_rate
 
 # The router's ConfigMap key and where the operator mounts it (and the tenants Secret) in the router's pod.
 ROUTER_CONFIG_KEY = "router.yaml"
@@ -109,6 +110,11 @@ class PoolConfig(_Model):
         "when the engine's cache_config_info does not report one.",
     )
     tensor_parallel_size: int = Field(default=1, ge=1, description="GPUs per replica (sizes KV bytes per block).")
+    prefill_tokens_per_s: float | None = Field(
+        default=None, gt=0, description="The estimated-ttft scorer's price of the pool's prefill, tokens/s: the "
+        "planner's for its model preset and GPU (llmfleet.router.prefill_price). Unset: the planner cannot "
+        "price the pool (CPU replicas, no preset), and its rate is measured unless measurePrefillRate is false.",
+    )
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         default="auto", description="The engine's model dtype; the KV dtype when its cache dtype is auto.",
     )
@@ -273,11 +279,11 @@ class RouterConfig(_Model):
         "are kept as 8-byte hashes, 256 bytes per session with the table's overhead, whatever the ids' length "
         "(the default holds 131,072 sessions).",
     )
-    measure_prefill_rate: bool = Field(
-        default=False,
-        description="Let the estimated-ttft scorer fit each pool's prefill rate from this router's first-byte "
-        "times instead of the default (H200-class) rate: for replicas far slower than that (CPU hosts). Off by "
-        "default: under bursts first bytes wait inside the engine and the fit prices prefill too high.",
+    measure_prefill_rate: bool | None = Field(
+        default=None,
+        description="Which pools' prefill rate the estimated-ttft scorer fits from this router's first-byte times: "
+        "unset, the pools without prefillTokensPerS (the planner could not price them); true, every pool; false, "
+        "none (a pool without prefillTokensPerS is priced at the H200-class default).",
     )
     sole_holder_discount: bool = Field(
         default=DEFAULT_SOLE_HOLDER_DISCOUNT,
@@ -400,6 +406,9 @@ def router_config_from_service(
                 max_model_len=view.model.max_model_len,
                 kv_offload_gib=view.vllm.kv_offload_gib,
                 tensor_parallel_size=view.vllm.tensor_parallel_size,
+                prefill_tokens_per_s=pool_prefill_rate(
+                    isvc.model_preset(view), view.resources.gpu_type, gpus=view.resources.gpus,
+                    mig_profile=view.resources.mig_profile, tensor_parallel=view.vllm.tensor_parallel_size),
                 dtype=view.model.dtype,
                 kv_events_port=(kv_events_port or KV_EVENTS_PORT)
                 if isvc.publishes_kv_events(view) and view.name not in events_by_pool else None,

@@ -107,6 +107,8 @@ class Router(SmallEndpoints):
                 index=index, blocks=PromptBlocks(p.block_size, tok),
                 pipeline=build_pipeline(cfg.scorers, index, seed=cfg.seed + i, session_bytes=cfg.session_affinity_bytes,
                                         measure_prefill_rate=cfg.measure_prefill_rate,
+                                        pool_prefill_rates={p.name: p.prefill_tokens_per_s}
+                                        if p.prefill_tokens_per_s else None,
                                         sole_holder_discount=cfg.sole_holder_discount,
                                         eviction_cost=cfg.eviction_cost,
                                         ttft_objective_s=cfg.slo.ttft_p95_ms / 1e3),

@@ -22,7 +22,7 @@ from llmfleet.api.contracts import MODEL_PRESET_ANNOTATION
 from llmfleet.api.inferenceservice import PoolView
 from llmfleet.autoscaler.controller import wakes_on_burst
 from llmfleet.autoscaler.policy import PolicyConfig, PolicyState, decide
-from llmfleet.autoscaler.seeds import preset_for_pool, seeds_for_service
+from llmfleet.autoscaler.seeds import seeds_for_service
 from llmfleet.router.config import router_config_from_service
 from llmfleet.sim.engine import simulate
 from llmfleet.sim.routers import LlmfleetRouter
@@ -53,7 +53,7 @@ class PolicyHook:
 
 def model_preset(isvc: InferenceService, pool: PoolView) -> str:
     """The planner preset a pool serves (annotation `llmfleet.io/model-preset[.<pool>]`); the simulator needs one."""
-    preset = preset_for_pool(isvc, pool)
+    preset = isvc.model_preset(pool)
     if not preset:
         raise ValueError(f"pool {pool.name}: no model preset to simulate (annotation "
                          f"{MODEL_PRESET_ANNOTATION}{'' if pool.role == 'primary' else '.' + pool.name})")
@@ -101,7 +101,8 @@ def simulate_service(w: Workload, isvc: InferenceService, *, seed: int = 0,
     rc = router_config_from_service(isvc, endpoints={})  # the production mapping of spec.router and spec.fallback
     router = LlmfleetRouter(weights=dict(isvc.spec.router.scorers), fallback=rc.fallback, seed=seed,
                             measure_prefill_rate=rc.measure_prefill_rate, sole_holder_discount=rc.sole_holder_discount,
-                            eviction_cost=rc.eviction_cost)
+                            eviction_cost=rc.eviction_cost,
+                            pool_prefill_rates={p.name: p.prefill_tokens_per_s for p in rc.pools if p.prefill_tokens_per_s})
     return simulate(w, cfg, router=router, autoscaler=hook), hook
 
 

@@ -254,7 +254,8 @@ class LlmfleetRouter(SimRouter):
 
     def __init__(self, weights: Mapping[str, float] | None = None, seed: int = 0,
                  fallback: Any = None, slo: Any = None, max_candidates: int | None = None,
-                 prefill_tokens_per_s: float | None = None, measure_prefill_rate: bool = False,
+                 prefill_tokens_per_s: float | None = None, measure_prefill_rate: bool | None = None,
+                 pool_prefill_rates: Mapping[str, float] | None = None,
                  sole_holder_discount: bool = DEFAULT_SOLE_HOLDER_DISCOUNT, ttft_objective_s: float | None = None,
                  work_externality: float | None = None, eviction_cost: bool = DEFAULT_EVICTION_COST) -> None:
         from llmfleet.api.inferenceservice import RouterSpec
@@ -267,6 +268,9 @@ class LlmfleetRouter(SimRouter):
         self.max_candidates = max_candidates if max_candidates is not None else DEFAULT_MAX_CANDIDATES
         self.prefill_rate = prefill_tokens_per_s
         self.measure_prefill_rate = measure_prefill_rate  # RouterConfig.measure_prefill_rate
+        # the planner's price of each pool's prefill (RouterConfig's pools' prefill_tokens_per_s); None: priced as
+        # production prices a pool of the simulated model and GPU (`pool_rates`); {}: no pool priced (CPU replicas)
+        self.pool_prefill_rates = None if pool_prefill_rates is None else dict(pool_prefill_rates)
         self.sole_holder_discount = sole_holder_discount  # RouterConfig.sole_holder_discount
         self.eviction_cost = eviction_cost  # RouterConfig.eviction_cost
         self.ttft_objective_s = ttft_objective_s  # None: the simulation's TTFT SLO, as the router gets spec.slo's
@@ -289,6 +293,7 @@ class LlmfleetRouter(SimRouter):
         self.index = PrefixIndex(max_blocks=10_000_000)
         self.pipeline = build_pipeline(self.weights, self.index, seed=self.seed, max_candidates=self.max_candidates,
                                        measure_prefill_rate=self.measure_prefill_rate,
+                                       pool_prefill_rates=self.pool_rates(fleet),
                                        sole_holder_discount=self.sole_holder_discount,
                                        eviction_cost=self.eviction_cost,
                                        ttft_objective_s=self.ttft_objective_s if self.ttft_objective_s is not None
@@ -305,6 +310,16 @@ class LlmfleetRouter(SimRouter):
             for rep in pool:
                 self._on_fleet("add", rep)
         fleet.listeners.append(self._on_fleet)
+
+    def pool_rates(self, fleet: Fleet) -> dict[str, float]:
+        """The planner's prefill price of each pool: as given, else what production's router config gives a pool of
+        the simulated model and GPU (a step-cost model given as is, `PoolSpec.cost`, has no planner price)."""
+        if self.pool_prefill_rates is not None:
+            return self.pool_prefill_rates
+        from llmfleet.router.prefill_price import planned_prefill_rate
+
+        return {p.name: planned_prefill_rate(p.shape(), p.gpu_profile(), tensor_parallel=p.tensor_parallel)
+                for p in fleet.cfg.pools if p.cost is None}
 
     def _on_fleet(self, what: str, rep: SimReplica) -> None:
         if what == "add":

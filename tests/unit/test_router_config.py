@@ -57,7 +57,7 @@ def test_static_endpoints_and_roundtrip(tmp_path) -> None:
     f.write_text(cfg.to_yaml())
     assert load_router_config(f) == cfg
     assert "servedNames" in cfg.to_yaml()
-    assert not cfg.sole_holder_discount and not cfg.measure_prefill_rate  # the spec's defaults
+    assert not cfg.sole_holder_discount and cfg.measure_prefill_rate is None  # the spec's defaults
     assert not cfg.eviction_cost
     spec_on = router_config_from_service(
         _isvc(router={"soleHolderDiscount": True, "measurePrefillRate": True, "evictionCost": True}),

@@ -109,18 +109,37 @@ def test_measured_rate_keeps_a_prefix_hit_that_a_default_rate_gives_up() -> None
     assert after[0] > after[1]  # measured 1,000 tokens/s: a costs 0.3 + 0.064 s, b 1.024 s
 
 
-def test_the_measured_rate_is_off_unless_asked_for() -> None:
-    """By default the scorer keeps the default rate and learns nothing (first bytes under a burst wait inside
-    the engine: a fit from them prices prefill too high); `build_pipeline(measure_prefill_rate=True)` (the
-    router config's `measure_prefill_rate`) turns the fit on."""
-    s = EstimatedTTFTScorer(PrefixIndex(), default_tokens_per_s=30_000.0, attention_tokens=None, work_externality=0.0)
-    a = R("a")
-    t = 0.0
-    for i in range(2 * FIT_MIN_SAMPLES):
-        t = _route_and_answer(s, a, 100 + 40 * (i % 5), t + 1.0, rate=1000.0) + 1.0
-    assert s.rate(a) == 30_000.0 and not s.fits
+def test_which_pools_are_measured() -> None:
+    """By default (`measure_rate` None) a pool the planner priced keeps its planned rate and learns nothing (first
+    bytes under a burst wait inside the engine), while a pool without a price (CPU replicas, no model preset) is
+    measured; False measures none (the default rate where there is no price), True every pool, around its price.
+    `build_pipeline` hands the router config's `measure_prefill_rate` and the pools' prices to the scorer."""
+    def learn(s: EstimatedTTFTScorer, replica: ReplicaState) -> None:
+        t = 0.0
+        for i in range(2 * FIT_MIN_SAMPLES):
+            t = _route_and_answer(s, replica, 100 + 40 * (i % 5), t + 1.0, rate=1000.0) + 1.0
+
+    auto = EstimatedTTFTScorer(PrefixIndex(), default_tokens_per_s=30_000.0, attention_tokens=None,
+                               work_externality=0.0)
+    auto.pool_rates = {"primary": 4000.0}
+    learn(auto, R("a"))
+    learn(auto, R("s", pool="student"))
+    assert auto.rate(R("a")) == 4000.0 and "primary" not in auto.fits  # priced: the planner's rate, no fit
+    assert auto.rate(R("s", pool="student")) == pytest.approx(1000.0, rel=1e-6)  # unpriced: measured
+    never = EstimatedTTFTScorer(PrefixIndex(), default_tokens_per_s=30_000.0, attention_tokens=None,
+                                work_externality=0.0, measure_rate=False)
+    learn(never, R("s", pool="student"))
+    assert never.rate(R("s", pool="student")) == 30_000.0 and not never.fits
+    every = EstimatedTTFTScorer(PrefixIndex(), default_tokens_per_s=30_000.0, attention_tokens=None,
+                                work_externality=0.0, measure_rate=True)
+    every.pool_rates = {"primary": 4000.0}
+    assert every.rate(R("a")) == 4000.0  # the price until the fit has its samples
+    learn(every, R("a"))
+    assert every.rate(R("a")) == pytest.approx(1000.0, rel=1e-6)
+    priced = build_pipeline({"estimated-ttft": 1.0}, PrefixIndex(), pool_prefill_rates={"primary": 4000.0})
     on = build_pipeline({"estimated-ttft": 1.0}, PrefixIndex(), measure_prefill_rate=True)
-    off = build_pipeline({"estimated-ttft": 1.0}, PrefixIndex())
+    off = build_pipeline({"estimated-ttft": 1.0}, PrefixIndex(), measure_prefill_rate=False)
+    assert [(sc.measure_rate, sc.pool_rates) for sc, _ in priced.scorers] == [(None, {"primary": 4000.0})]
     assert [sc.measure_rate for sc, _ in on.scorers] == [True]
     assert [sc.measure_rate for sc, _ in off.scorers] == [False]
 

@@ -36,12 +36,9 @@ from llmfleet.router.plugins.builtin import (
     RunningRequestsScorer,
     build_scorer,
 )
-from llmfleet.router.plugins.estimated_ttft import (
-    DEFAULT_PREFILL_TOKENS_PER_S,
-    DEFAULT_WORK_EXTERNALITY,
-    EstimatedTTFTScorer,
-)
+from llmfleet.router.plugins.estimated_ttft import DEFAULT_WORK_EXTERNALITY, EstimatedTTFTScorer
 from llmfleet.router.plugins.session import BYTES_PER_SESSION, SessionAffinityScorer, session_key
+from llmfleet.router.prefill_price import DEFAULT_PREFILL_TOKENS_PER_S
 from llmfleet.router.prefix_index import PrefixIndex
 
 DEFAULT_MAX_CANDIDATES = 32  # fleets larger than this are preselected (prefix matches + a random sample)
@@ -49,7 +46,8 @@ DEFAULT_MAX_CANDIDATES = 32  # fleets larger than this are preselected (prefix m
 
 def build_pipeline(weights: Mapping[str, float], index: PrefixIndex | None = None, seed: int = 0,
                    max_candidates: int | None = DEFAULT_MAX_CANDIDATES, prefix_candidates: int = 8,
-                   session_bytes: int = DEFAULT_SESSION_BYTES, measure_prefill_rate: bool = False,
+                   session_bytes: int = DEFAULT_SESSION_BYTES, measure_prefill_rate: bool | None = None,
+                   pool_prefill_rates: Mapping[str, float] | None = None,
                    sole_holder_discount: bool = DEFAULT_SOLE_HOLDER_DISCOUNT,
                    eviction_cost: bool = DEFAULT_EVICTION_COST,
                    ttft_objective_s: float | None = None,
@@ -58,7 +56,9 @@ def build_pipeline(weights: Mapping[str, float], index: PrefixIndex | None = Non
 
     Fleets with more than `max_candidates` replicas are first narrowed by `PrefixSampledPreselector`
     (None: always score every replica). `session_bytes` bounds the session-affinity scorer's table;
-    `measure_prefill_rate` lets the estimated-TTFT scorer use each pool's measured prefill rate;
+    `pool_prefill_rates` are the planner's prices of the pools' prefill (prefill_price.py) and
+    `measure_prefill_rate` which pools the estimated-TTFT scorer measures instead (True: all; False: none; None:
+    those without a price);
     `sole_holder_discount` switches its sole-holder discount (`sole_holder_discounted`; off by default), which
     applies only where the alternative must evict cached blocks and stops where the holder's estimate passes
     `ttft_objective_s` (the service's TTFT objective; None: no bound); `eviction_cost` switches its eviction cost
@@ -74,6 +74,7 @@ def build_pipeline(weights: Mapping[str, float], index: PrefixIndex | None = Non
     for scorer, _ in scorers:
         if isinstance(scorer, EstimatedTTFTScorer):
             scorer.measure_rate = measure_prefill_rate
+            scorer.pool_rates = dict(pool_prefill_rates or {})
             scorer.sole_holder_discount = sole_holder_discount
             scorer.eviction_cost = eviction_cost
             scorer.ttft_objective_s = ttft_objective_s

@@ -15,12 +15,9 @@ from llmfleet.router.plugins.base import (
     Scorer,
     charge_prefill,
 )
+from llmfleet.router.prefill_price import DEFAULT_PREFILL_TOKENS_PER_S
 from llmfleet.router.prefix_index import PrefixIndex
 
-# Prefill rate assumed when a replica has none configured or measured. Only ratios of estimates matter in
-# a pool of identical replicas (the scale cancels); the figure is Llama-3-8B bf16 on one H200 at the
-# planner's roofline (0.6 compute efficiency), see docs/router.md.
-DEFAULT_PREFILL_TOKENS_PER_S = 30_000.0
 # Context length at which a prompt token's attention costs as much as its dense layers
 # (flops_per_token / attention_flops_per_context_token = 2·params / (4·layers·hidden), about 30k for
 # Llama-3-8B): long prompts cost more than linearly, a 60k-token prefill ~2x a 2 x 30k one.
@@ -122,11 +119,13 @@ class EstimatedTTFTScorer(Scorer):
     `on_routed` (`charge_prefill`) and released by the router on the first byte or at the end of the request
     (`release_prefill`). A replica to which the router has nothing in flight waits 0, so a lost release
     cannot penalise it forever; without any release at all the queue still drains at rate(r).
-    rate(r) = `ReplicaState.prefill_tokens_per_s` when configured, else (`measure_rate`, off by default) the
-    marginal rate measured for r's pool
+    rate(r) = `ReplicaState.prefill_tokens_per_s` when configured; else, where r's pool is measured, the
+    marginal rate measured for it
     (`PrefillCostFit`: this router's own first-byte times of requests that found nothing of ours queued on
     their replica, fitted to overhead + work / rate; the replicas of a pool run the same engine on the same
-    hardware, so they share one fit), else `default_tokens_per_s` until the fit has enough samples. Measuring
+    hardware, so they share one fit); else, and until the fit has enough samples, the pool's planned rate
+    (`pool_rates`: prefill_price.py), else `default_tokens_per_s`. A pool is measured when `measure_rate` is
+    True, or when it is None (the default) and the pool has no planned rate. Measuring
     matters because queue waits are corrected to real time by every first byte: work estimated at a default
     rate far from the replica's weighs cache hits in the wrong units (an H200 figure on a CPU replica makes
     recomputing a prefix look 10x cheaper than waiting for it). Only the marginal rate is used: the fixed
@@ -138,7 +137,7 @@ class EstimatedTTFTScorer(Scorer):
 
     def __init__(self, index: PrefixIndex, default_tokens_per_s: float = DEFAULT_PREFILL_TOKENS_PER_S,
                  attention_tokens: float | None = DEFAULT_ATTENTION_TOKENS,
-                 work_externality: float = DEFAULT_WORK_EXTERNALITY, measure_rate: bool = False,
+                 work_externality: float = DEFAULT_WORK_EXTERNALITY, measure_rate: bool | None = None,
                  sole_holder_discount: bool = DEFAULT_SOLE_HOLDER_DISCOUNT,
                  eviction_cost: bool = DEFAULT_EVICTION_COST) -> None:
         if attention_tokens is not None and attention_tokens <= 0:
@@ -160,22 +159,28 @@ class EstimatedTTFTScorer(Scorer):
         self.blocks_seen = 0
         self.blocks_held = 0
         self.fits: dict[str, PrefillCostFit] = {}  # pool -> measured prefill cost of its replicas
-        # Off by default: under bursts a first byte waits inside the engine behind running requests, so the fit
-        # learns a rate far below the engine's prefill rate and prices every request's own prefill too high
-        # (the 10x-spike simulation: a static 8-replica H200 fleet fell from 100 % to 91 % SLO attainment).
-        # For replicas far slower than the default rate (CPU hosts) it corrects the default's units.
+        # pool -> the planner's price of its prefill (prefill_price.py); a pool without one is measured by default
+        self.pool_rates: dict[str, float] = {}
+        # True: measure every pool; False: none (a pool without a planned rate gets the default); None: the pools
+        # without a planned rate. Under bursts a first byte waits inside the engine behind running requests, so a
+        # fit learns a rate below the engine's: the safe side, where a rate above the replicas' collapses a fleet.
         self.measure_rate = measure_rate
 
+    def measures(self, pool: str) -> bool:
+        """Whether `pool`'s rate is measured (see `rate`)."""
+        return self.measure_rate if self.measure_rate is not None else pool not in self.pool_rates
+
     def rate(self, replica: ReplicaState) -> float:
-        """Prefill tokens/s of `replica`: configured, else (with `measure_rate`) its pool's measured marginal rate,
-        else the default."""
+        """Prefill tokens/s of `replica`: configured, else its pool's measured marginal rate where it is measured,
+        else the pool's planned rate, else the default."""
         if replica.prefill_tokens_per_s:
             return replica.prefill_tokens_per_s
-        if not self.measure_rate:
-            return self.default_rate
+        base = self.pool_rates.get(replica.pool, self.default_rate)
+        if not self.measures(replica.pool):
+            return base
         fit = self.fits.get(replica.pool)
-        est = fit.estimate(self.default_rate) if fit is not None else None
-        return est[1] if est else self.default_rate
+        est = fit.estimate(base) if fit is not None else None
+        return est[1] if est else base
 
     def _work(self, n_tokens: int, cached: int) -> float:
         """Prefill work of tokens cached..n_tokens in zero-context-token equivalents: each token costs
@@ -305,7 +310,7 @@ class EstimatedTTFTScorer(Scorer):
             u = self._last[2][0]
             m = self._last[3]
         fit = (self.fits.setdefault(replica.pool, PrefillCostFit())
-               if self.measure_rate and not replica.prefill_tokens_per_s else None)
+               if self.measures(replica.pool) and not replica.prefill_tokens_per_s else None)
         charge_prefill(req, replica, u, self.rate(replica), fit)
         if req.block_hashes:
             if self.eviction_cost:  # the reuse ratio only the eviction cost reads

@@ -1,0 +1,63 @@
+"""The prefill rate the estimated-ttft scorer prices a pool's work at, from the planner's roofline.
+
+The scorer weighs seconds of queue (corrected to real time by every first byte) against seconds of prefill work
+(prompt tokens over a rate). Priced faster than its replicas compute, recomputing a prefix on another replica
+looks cheaper than it is: hit rates fall, the extra work lengthens the queues, and the fleet collapses. In the
+10x-spike simulation of docs/benchmarks/router_rate_sensitivity.md an 8-replica fleet whose replicas prefill
+~39,600 tokens/s meets its TTFT SLO for 100 % of requests priced at 5,000-60,000 tokens/s, 87 % at 150,000 and
+82 % at 300,000. One fixed rate for every pool is that mistake on any hardware slower than an H200: Llama-3-70B
+on one H100 prefills about a seventh as fast as Llama-3-8B on an H200, Llama-3-8B on an L4 about an eighth.
+
+So a pool the planner knows (its model preset and GPU, MIG slice and tensor parallelism) is priced at
+`DEFAULT_PREFILL_TOKENS_PER_S` times its roofline prefill rate over the reference's (`REFERENCE_MODEL` on one
+`REFERENCE_GPU`, the hardware the default was set for), **never above the default**: the default's own margin
+below the reference's roofline (30,000 against its ~39,600) carries to every slower pool, and the reference and
+every faster pool keep exactly the default. Why not above: a price below the replicas' rate costs nothing
+measurable (the table above), one above it collapses the fleet, and the roofline's rate is an idle replica's: a
+burst's prompts share each step with the running decodes. Pricing a faster student pool above the default was
+measured in the autoscaler's simulation and cost the fallback its timing (docs/router.md, "Fallback"). A pool the
+planner cannot price (CPU replicas, no preset, a GPU it does not know) has its rate measured instead, unless
+`measurePrefillRate` says otherwise (docs/router.md).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from llmfleet.api.trainingjob import ModelShape
+from llmfleet.plan.hardware import GPUProfile, get_gpu
+from llmfleet.plan.models import get_model
+from llmfleet.plan.roofline import StepCostModel
+
+# Prefill rate assumed for the reference and for a replica with none planned, configured or measured. Only ratios
+# of estimates matter in a pool of identical replicas (the scale cancels); the figure is about Llama-3-8B bf16 on
+# one H200 at the planner's roofline (below its marginal 39,600 tokens/s: the safe side, see above).
+DEFAULT_PREFILL_TOKENS_PER_S = 30_000.0
+REFERENCE_MODEL, REFERENCE_GPU = "llama-3-8b", "H200"
+
+
+@lru_cache(maxsize=1)
+def _reference_rate() -> float:
+    return StepCostModel.build(get_model(REFERENCE_MODEL), get_gpu(REFERENCE_GPU)).prefill_tokens_per_s
+
+
+def planned_prefill_rate(model: ModelShape, gpu: GPUProfile, *, tensor_parallel: int = 1,
+                         weight_dtype: str = "bf16") -> float:
+    """The price of one replica of `model` on `gpu` (a MIG slice's profile where it is one): the default scaled by
+    the roofline's prefill rate over the reference's, at most the default."""
+    rate = StepCostModel.build(model, gpu, weight_dtype=weight_dtype,
+                               tensor_parallel=tensor_parallel).prefill_tokens_per_s
+    return DEFAULT_PREFILL_TOKENS_PER_S * min(rate / _reference_rate(), 1.0)
+
+
+def pool_prefill_rate(model_preset: str | None, gpu_type: str | None, *, gpus: int = 1,
+                      mig_profile: str | None = None, tensor_parallel: int = 1) -> float | None:
+    """`planned_prefill_rate` of a pool by the names in its spec; None where the planner cannot price it: no model
+    preset, no GPU (CPU replicas), or a preset, GPU or MIG profile the planner does not know."""
+    if not model_preset or not gpu_type or gpus <= 0:
+        return None
+    try:
+        model, gpu = get_model(model_preset), get_gpu(gpu_type, mig=mig_profile)
+    except ValueError:
+        return None
+    return planned_prefill_rate(model, gpu, tensor_parallel=tensor_parallel)
