@@ -12,9 +12,10 @@ uniprocess executor, whose replicas use the CPU their work needs (the multiproce
 sharing this host's cores then slow each other several-fold whenever the load is spread over them: a router was
 rewarded for leaving replicas idle). Every router runs in front of the same replicas:
   * llmfleet: `python -m llmfleet.router` with the config `llmfleet up` writes for this service (default scorers,
-    KV-event subscriptions to every replica, a request log): llmfleet's default configuration; the default
-    variants llmfleet-measured (measured prefill rate), llmfleet-guard (load-balance scorer) and
-    llmfleet-sole-holder (the sole-holder discount) beside it;
+    prefill priced at the rate it measures for these CPU replicas, KV-event subscriptions to every replica, a
+    request log): llmfleet's default configuration; the default variants llmfleet-fixed-rate (prefill priced at
+    the H200-class default instead), llmfleet-guard (load-balance scorer) and llmfleet-sole-holder (the
+    sole-holder discount) beside it;
   * sglang-router `--policy cache_aware` and vllm-router `--policy cache_aware` (PyPI, from --compare-python's
     venv: `python -m venv /tmp/rbv && /tmp/rbv/bin/pip install sglang-router vllm-router`);
   * round-robin: sglang-router `--policy round_robin`.
@@ -79,8 +80,9 @@ BLOCK = 32  # the CPU attention backend needs a multiple of 32
 ROUTERS = ("llmfleet", "sglang-router", "vllm-router", "round-robin")
 # llmfleet variants the default command runs beside the default configuration (`llmfleet`)
 DEFAULT_VARIANTS: dict[str, dict[str, Any]] = {
-    # the estimated-ttft scorer prices prefill at its pool's measured rate, not the H200-class default
-    "llmfleet-measured": {"measure_prefill_rate": True},
+    # the estimated-ttft scorer prices prefill at the H200-class default instead of the rate it measures for
+    # these CPU replicas (which the planner cannot price)
+    "llmfleet-fixed-rate": {"measure_prefill_rate": False},
     # the load-balance guard beside the default scorers (docs/router.md, `load-balance`)
     "llmfleet-guard": {**DEFAULT_SCORERS, "load-balance": 0.5},
     # the estimated-ttft scorer's sole-holder discount (docs/router.md), off by default
