@@ -18,8 +18,7 @@ from typing import TYPE_CHECKING
 
 from llmfleet.autoscaler.capacity import DEFAULT_SEED, CapacitySeed
 from llmfleet.plan.capacity import ReplicaCapacity, TrafficShape, replica_capacity
-from llmfleet.plan.hardware import get_gpu
-from llmfleet.plan.models import get_model
+from llmfleet.plan.models import planned_pool
 from llmfleet.plan.roofline import StepCostModel
 
 if TYPE_CHECKING:
@@ -47,13 +46,11 @@ def seed_for_pool(
 ) -> CapacitySeed:
     """Planner seed for `pool` (model preset name as the planner knows it, GPU from resources.gpuType and
     migProfile)."""
-    gpu_type = pool.resources.gpu_type
-    if not model_preset or not gpu_type or pool.resources.gpus <= 0:
+    planned = planned_pool(model_preset, pool.resources.gpu_type, gpus=pool.resources.gpus,
+                           mig_profile=pool.resources.mig_profile)
+    if planned is None:
         return DEFAULT_SEED
-    try:
-        model, gpu = get_model(model_preset), get_gpu(gpu_type, mig=pool.resources.mig_profile)
-    except ValueError:
-        return DEFAULT_SEED
+    model, gpu = planned
     kv = "fp8" if pool.vllm.kv_cache_dtype.startswith("fp8") else "bf16"
     tp, seqs = pool.vllm.tensor_parallel_size, pool.vllm.max_num_seqs or 256
     cost = StepCostModel.build(model, gpu, kv_dtype=kv, tensor_parallel=tp)

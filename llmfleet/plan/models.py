@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from llmfleet.api.trainingjob import ModelShape
+from llmfleet.plan.hardware import GPUProfile, get_gpu
 
 PRESETS: dict[str, ModelShape] = {
     "llama-3-8b": ModelShape(layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336, vocab=128256, seq_len=8192,
@@ -38,6 +39,18 @@ def get_model(name: str) -> ModelShape:
     if key not in PRESETS:
         raise ValueError(f"unknown model preset {name!r}; known: {', '.join(PRESETS)}")
     return PRESETS[key]
+
+
+def planned_pool(model_preset: str | None, gpu_type: str | None, *, gpus: int = 1,
+                 mig_profile: str | None = None) -> tuple[ModelShape, GPUProfile] | None:
+    """The planner's model and GPU (one MIG instance of `mig_profile` where given) for a pool's spec names; None
+    where it has none: no preset, no GPU (CPU replicas), or a preset, GPU or MIG profile it does not know."""
+    if not model_preset or not gpu_type or gpus <= 0:
+        return None
+    try:
+        return get_model(model_preset), get_gpu(gpu_type, mig=mig_profile)
+    except ValueError:
+        return None
 
 
 def attention_params_per_layer(m: ModelShape) -> int:
