@@ -96,17 +96,19 @@ def _prompt_lengths(path: Path) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _gpu_checks(resource: Any) -> list[tuple[str, str]]:
+def _planner_checks(resource: Any) -> list[tuple[str, str]]:
     """`llmfleet validate`: what the GPU table says a resource's GPUs cannot do (fp8 without fp8 cores on a
-    TrainingJob, a MIG profile its GPU type does not have on an InferenceService pool)."""
+    TrainingJob, a MIG profile its GPU type does not have on an InferenceService pool), and model-preset
+    annotations the planner does not know."""
     from llmfleet.plan.hardware import mig_profile_problem, training_precision_problems
+    from llmfleet.plan.models import model_preset_problems
 
     kind = getattr(resource, "kind", None)
     if kind == "TrainingJob":
         return training_precision_problems(resource.spec)
     if kind == "InferenceService":
         return [(f"{p.field_path}.resources.migProfile", problem) for p in resource.pools()
-                if (problem := mig_profile_problem(p.resources))]
+                if (problem := mig_profile_problem(p.resources))] + model_preset_problems(resource)
     return []
 
 
@@ -114,8 +116,8 @@ def register(app: typer.Typer) -> None:
     from llmfleet.api.cli import RESOURCE_CHECKS
     from llmfleet.plan.hardware import GPUS
 
-    if _gpu_checks not in RESOURCE_CHECKS:
-        RESOURCE_CHECKS.append(_gpu_checks)
+    if _planner_checks not in RESOURCE_CHECKS:
+        RESOURCE_CHECKS.append(_planner_checks)
 
     @app.command("plan", help="Roofline, KV-cache capacity, attention cost, training FLOPs/MFU and replicas at an SLO.")
     def plan(

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from llmfleet.api.contracts import MODEL_PRESET_ANNOTATION
 from llmfleet.api.trainingjob import ModelShape
 from llmfleet.plan.hardware import GPUProfile, get_gpu
+
+if TYPE_CHECKING:
+    from llmfleet.api.inferenceservice import InferenceService
 
 PRESETS: dict[str, ModelShape] = {
     "llama-3-8b": ModelShape(layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336, vocab=128256, seq_len=8192,
@@ -51,6 +57,25 @@ def planned_pool(model_preset: str | None, gpu_type: str | None, *, gpus: int = 
         return get_model(model_preset), get_gpu(gpu_type, mig=mig_profile)
     except ValueError:
         return None
+
+
+def model_preset_problems(isvc: InferenceService) -> list[tuple[str, str]]:
+    """(field path, message) for each model-preset annotation the planner cannot use: a preset it does not know,
+    or a `.<suffix>` that names no pool of the service. Both would otherwise be ignored without a word: the pool
+    then gets the autoscaler's default seed and a measured prefill rate instead of the planner's."""
+    pools = [p.name for p in isvc.pools()]
+    problems = []
+    for key, value in sorted(isvc.metadata.annotations.items()):
+        if not key.startswith(MODEL_PRESET_ANNOTATION):
+            continue
+        path = f"metadata.annotations[{key}]"
+        pool = key[len(MODEL_PRESET_ANNOTATION) + 1:]
+        if key != MODEL_PRESET_ANNOTATION and (key[len(MODEL_PRESET_ANNOTATION)] != "." or pool not in pools):
+            problems.append((path, f"names no pool of this service: use {MODEL_PRESET_ANNOTATION} (the primary) "
+                                   f"or {MODEL_PRESET_ANNOTATION}.<pool> with a pool of {', '.join(pools)}"))
+        elif value.lower() not in PRESETS:
+            problems.append((path, f"unknown model preset {value!r}; known: {', '.join(PRESETS)}"))
+    return problems
 
 
 def attention_params_per_layer(m: ModelShape) -> int:

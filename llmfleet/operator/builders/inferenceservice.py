@@ -41,6 +41,7 @@ from llmfleet.operator.builders.featurestore import (
 from llmfleet.operator.builders.security import ENGINE_SCRATCH, restricted
 from llmfleet.operator.builders.storage import PodStorage, StorageSpecError, fetch_image
 from llmfleet.operator.config import OperatorConfig
+from llmfleet.plan.models import model_preset_problems
 from llmfleet.router.config import (
     DISCOVERY_RULES,
     ROUTER_CONFIG_DIR,
@@ -389,6 +390,8 @@ def build_feature_store_job(isvc: InferenceService, config: OperatorConfig) -> M
 
 def build_inferenceservice(isvc: InferenceService, config: OperatorConfig) -> list[Manifest]:
     """Every child of `isvc`, in apply order (config before the pods that read it)."""
+    if problems := model_preset_problems(isvc):
+        raise ServiceSpecError("; ".join(f"{path}: {message}" for path, message in problems))
     out: list[Manifest] = []
     for pool in isvc.pools():
         out += [build_pool_deployment(isvc, pool, config), build_pool_service(isvc, pool), build_pool_pdb(isvc, pool)]

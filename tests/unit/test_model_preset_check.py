@@ -1,0 +1,87 @@
+"""Model-preset annotations the planner cannot use (a misspelt preset, a suffix naming no pool) are a spec error
+everywhere the spec is read: the operator (InvalidSpec condition and Event), `llmfleet validate` and `llmfleet up`.
+Ignored, they would leave the pool on the autoscaler's default seed and a measured prefill rate without a word."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from llmfleet.api import InferenceService
+from llmfleet.api.contracts import MODEL_PRESET_ANNOTATION
+from llmfleet.cli.main import app
+from llmfleet.local.manifest import InvalidManifest, load_service
+from llmfleet.operator.builders import ServiceSpecError, build_inferenceservice
+from llmfleet.operator.config import OperatorConfig
+from llmfleet.operator.reconcile_isvc import reconcile_inferenceservice
+from llmfleet.plan.models import model_preset_problems
+
+runner = CliRunner()
+UNKNOWN_PRESET = {MODEL_PRESET_ANNOTATION: "llama-3-8bb"}
+UNKNOWN_POOL = {f"{MODEL_PRESET_ANNOTATION}.smal": "llama-3.2-1b"}
+
+
+def _doc(annotations: dict[str, str], model_path: str = "/models/llama") -> dict[str, Any]:
+    return {"apiVersion": "llmfleet.io/v1alpha1", "kind": "InferenceService",
+            "metadata": {"name": "chat", "namespace": "ml", "uid": "u", "generation": 3, "annotations": annotations},
+            "spec": {"model": {"path": model_path}, "resources": {"gpus": 1, "gpuType": "H200"},
+                     "fallback": {"pools": [{"name": "small", "model": {"path": model_path}}]}}}
+
+
+def _problems(annotations: dict[str, str]) -> list[tuple[str, str]]:
+    return model_preset_problems(InferenceService.model_validate(_doc(annotations)))
+
+
+def test_known_presets_on_existing_pools_pass() -> None:
+    assert _problems({}) == []
+    assert _problems({MODEL_PRESET_ANNOTATION: "Llama-3-8B",  # the planner's lookup ignores case
+                      f"{MODEL_PRESET_ANNOTATION}.primary": "llama-3-8b",
+                      f"{MODEL_PRESET_ANNOTATION}.small": "llama-3.2-1b",
+                      "llmfleet.io/priority": "high"}) == []  # other annotations are not this check's business
+
+
+def test_each_unusable_annotation_is_named_with_its_key() -> None:
+    (path, message), = _problems(UNKNOWN_PRESET)
+    assert path == f"metadata.annotations[{MODEL_PRESET_ANNOTATION}]"
+    assert "unknown model preset 'llama-3-8bb'" in message and "llama-3-8b," in message  # lists the known ones
+    (path, message), = _problems(UNKNOWN_POOL)
+    assert path == f"metadata.annotations[{MODEL_PRESET_ANNOTATION}.smal]"
+    assert "names no pool" in message and "primary, small" in message
+    (path, _), = _problems({f"{MODEL_PRESET_ANNOTATION}s": "llama-3-8b"})  # not `.<pool>`: a misspelt key
+    assert path == f"metadata.annotations[{MODEL_PRESET_ANNOTATION}s]"
+    assert len(_problems(UNKNOWN_PRESET | UNKNOWN_POOL)) == 2
+
+
+@pytest.mark.parametrize("annotations", [UNKNOWN_PRESET, UNKNOWN_POOL])
+async def test_the_operator_reports_an_invalid_spec_and_touches_no_child(annotations: dict[str, str]) -> None:
+    isvc = InferenceService.model_validate(_doc(annotations))
+    with pytest.raises(ServiceSpecError, match=r"^metadata\.annotations\["):
+        build_inferenceservice(isvc, OperatorConfig())
+    out = await reconcile_inferenceservice(_doc(annotations), None, OperatorConfig(), "t")  # type: ignore[arg-type]
+    ready = out.status["conditions"][0]
+    assert out.status["phase"] == "Invalid" and out.status["observedGeneration"] == 3
+    assert (ready["type"], ready["status"], ready["reason"]) == ("Ready", "False", "InvalidSpec")
+    key = next(iter(annotations))
+    assert f"metadata.annotations[{key}]" in ready["message"]
+    assert [(e.type, e.reason) for e in out.events] == [("Warning", "InvalidSpec")]
+    assert key in out.events[0].message
+    # the same service with a known preset renders
+    assert build_inferenceservice(InferenceService.model_validate(_doc({MODEL_PRESET_ANNOTATION: "llama-3-8b"})),
+                                  OperatorConfig())
+
+
+def test_validate_and_up_refuse_it_naming_the_annotation(tmp_path: Path) -> None:
+    manifest = tmp_path / "isvc.yaml"
+    manifest.write_text(yaml.safe_dump(_doc(UNKNOWN_PRESET, model_path=str(tmp_path))))
+    result = runner.invoke(app, ["validate", str(manifest)])
+    assert result.exit_code == 1
+    assert f"metadata.annotations[{MODEL_PRESET_ANNOTATION}]" in result.output and "llama-3-8bb" in result.output
+    with pytest.raises(InvalidManifest, match=r"llama-3-8bb"):
+        load_service(manifest)
+    manifest.write_text(yaml.safe_dump(_doc({MODEL_PRESET_ANNOTATION: "llama-3-8b"}, model_path=str(tmp_path))))
+    assert runner.invoke(app, ["validate", str(manifest)]).exit_code == 0
+    assert load_service(manifest).model_preset(load_service(manifest).pools()[0]) == "llama-3-8b"
