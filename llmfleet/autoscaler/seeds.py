@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from llmfleet.autoscaler.capacity import DEFAULT_SEED, CapacitySeed
 from llmfleet.plan.capacity import ReplicaCapacity, TrafficShape, replica_capacity
-from llmfleet.plan.models import planned_pool
+from llmfleet.plan.models import kv_dtype_for, planned_pool, weight_dtype_for
 from llmfleet.plan.roofline import StepCostModel
 
 if TYPE_CHECKING:
@@ -51,16 +51,17 @@ def seed_for_pool(
     if planned is None:
         return DEFAULT_SEED
     model, gpu = planned
-    kv = "fp8" if pool.vllm.kv_cache_dtype.startswith("fp8") else "bf16"
+    kv = kv_dtype_for(pool.vllm.kv_cache_dtype)
+    weights = weight_dtype_for(pool.model.quantization)
     tp, seqs = pool.vllm.tensor_parallel_size, pool.vllm.max_num_seqs or 256
-    cost = StepCostModel.build(model, gpu, kv_dtype=kv, tensor_parallel=tp)
+    cost = StepCostModel.build(model, gpu, weight_dtype=weights, kv_dtype=kv, tensor_parallel=tp)
 
     @lru_cache(maxsize=64)  # one interval asks for the same mix several times (capacity, prefill, learning)
     def at(mean_in: int, mean_out: int, hit_rate: float, kv_sequences: int | None = None) -> CapacitySeed:
         w = TrafficShape(input_tokens=mean_in, output_tokens=mean_out, prefix_hit_rate=hit_rate, ttft_slo_s=ttft_slo_s,
                          tpot_slo_s=tpot_slo_s, kv_sequences=kv_sequences)
-        return seed_from_capacity(replica_capacity(model, gpu, w, kv_dtype=kv, tensor_parallel=tp, max_num_seqs=seqs,
-                                                   cost=cost), w, cost)
+        return seed_from_capacity(replica_capacity(model, gpu, w, weight_dtype=weights, kv_dtype=kv, tensor_parallel=tp,
+                                                   max_num_seqs=seqs, cost=cost), w, cost)
 
     def at_mix(mean_in: float, mean_out: float, hit_rate: float, kv_sequences: float | None = None) -> CapacitySeed:
         """The roofline at the observed mix (whole tokens, at least one each; a hit rate within [0, 1]) with the KV

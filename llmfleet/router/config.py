@@ -408,7 +408,8 @@ def router_config_from_service(
                 tensor_parallel_size=view.vllm.tensor_parallel_size,
                 prefill_tokens_per_s=pool_prefill_rate(
                     isvc.model_preset(view), view.resources.gpu_type, gpus=view.resources.gpus,
-                    mig_profile=view.resources.mig_profile, tensor_parallel=view.vllm.tensor_parallel_size),
+                    mig_profile=view.resources.mig_profile, tensor_parallel=view.vllm.tensor_parallel_size,
+                    quantization=view.model.quantization),
                 dtype=view.model.dtype,
                 kv_events_port=(kv_events_port or KV_EVENTS_PORT)
                 if isvc.publishes_kv_events(view) and view.name not in events_by_pool else None,

@@ -27,7 +27,7 @@ from functools import lru_cache
 
 from llmfleet.api.trainingjob import ModelShape
 from llmfleet.plan.hardware import GPUProfile, get_gpu
-from llmfleet.plan.models import get_model, planned_pool
+from llmfleet.plan.models import get_model, planned_pool, weight_dtype_for
 from llmfleet.plan.roofline import StepCostModel
 
 # Prefill rate assumed for the reference and for a replica with none planned, configured or measured. Only ratios
@@ -42,16 +42,22 @@ def _reference_rate() -> float:
     return StepCostModel.build(get_model(REFERENCE_MODEL), get_gpu(REFERENCE_GPU)).prefill_tokens_per_s
 
 
-def planned_prefill_rate(model: ModelShape, gpu: GPUProfile, *, tensor_parallel: int = 1) -> float:
-    """The price of one replica of `model` on `gpu` (a MIG slice's profile where it is one): the default scaled by
-    the roofline's prefill rate over the reference's, at most the default."""
-    rate = StepCostModel.build(model, gpu, tensor_parallel=tensor_parallel).prefill_tokens_per_s
+def planned_prefill_rate(model: ModelShape, gpu: GPUProfile, *, tensor_parallel: int = 1,
+                         weight_dtype: str = "bf16") -> float:
+    """The price of one replica of `model` on `gpu` (a MIG slice's profile where it is one) with `weight_dtype`
+    weights (`plan.models.weight_dtype_for`): the default scaled by the roofline's prefill rate over the
+    reference's (bf16), at most the default."""
+    rate = StepCostModel.build(model, gpu, tensor_parallel=tensor_parallel,
+                               weight_dtype=weight_dtype).prefill_tokens_per_s
     return DEFAULT_PREFILL_TOKENS_PER_S * min(rate / _reference_rate(), 1.0)
 
 
 def pool_prefill_rate(model_preset: str | None, gpu_type: str | None, *, gpus: int = 1,
-                      mig_profile: str | None = None, tensor_parallel: int = 1) -> float | None:
-    """`planned_prefill_rate` of a pool by the names in its spec; None where the planner cannot price it
-    (`plan.models.planned_pool`: no preset, CPU replicas, a preset, GPU or MIG profile it does not know)."""
+                      mig_profile: str | None = None, tensor_parallel: int = 1,
+                      quantization: str | None = None) -> float | None:
+    """`planned_prefill_rate` of a pool by the names in its spec (`quantization`: its model.quantization); None where
+    the planner cannot price it (`plan.models.planned_pool`: no preset, CPU replicas, a preset, GPU or MIG profile
+    it does not know)."""
     planned = planned_pool(model_preset, gpu_type, gpus=gpus, mig_profile=mig_profile)
-    return None if planned is None else planned_prefill_rate(*planned, tensor_parallel=tensor_parallel)
+    return None if planned is None else planned_prefill_rate(*planned, tensor_parallel=tensor_parallel,
+                                                             weight_dtype=weight_dtype_for(quantization))

@@ -23,6 +23,7 @@ from llmfleet.api.inferenceservice import PoolView
 from llmfleet.autoscaler.controller import wakes_on_burst
 from llmfleet.autoscaler.policy import PolicyConfig, PolicyState, decide
 from llmfleet.autoscaler.seeds import seeds_for_service
+from llmfleet.plan.models import kv_dtype_for, weight_dtype_for
 from llmfleet.router.config import router_config_from_service
 from llmfleet.sim.engine import simulate
 from llmfleet.sim.routers import LlmfleetRouter
@@ -71,7 +72,8 @@ def pool_specs(isvc: InferenceService, cold_start_s: Mapping[str, float] | None 
             name=p.name, role=p.role, model=model_preset(isvc, p), gpu=p.resources.gpu_type or "H200",
             mig=p.resources.mig_profile,
             replicas=p.replicas, min_replicas=p.min_replicas, max_replicas=p.max_replicas,
-            kv_dtype="fp8" if v.kv_cache_dtype.startswith("fp8") else "bf16", tensor_parallel=v.tensor_parallel_size,
+            weight_dtype=weight_dtype_for(p.model.quantization),
+            kv_dtype=kv_dtype_for(v.kv_cache_dtype), tensor_parallel=v.tensor_parallel_size,
             gpu_memory_utilization=v.gpu_memory_utilization, max_num_seqs=v.max_num_seqs or 256,
             max_batched_tokens=v.max_num_batched_tokens or 8192,
             chunked_prefill=True if v.enable_chunked_prefill is None else v.enable_chunked_prefill,

@@ -318,7 +318,8 @@ class LlmfleetRouter(SimRouter):
             return self.pool_prefill_rates
         from llmfleet.router.prefill_price import planned_prefill_rate
 
-        return {p.name: planned_prefill_rate(p.shape(), p.gpu_profile(), tensor_parallel=p.tensor_parallel)
+        return {p.name: planned_prefill_rate(p.shape(), p.gpu_profile(), tensor_parallel=p.tensor_parallel,
+                                             weight_dtype=p.weight_dtype)
                 for p in fleet.cfg.pools if p.cost is None}
 
     def _on_fleet(self, what: str, rep: SimReplica) -> None:

@@ -11,6 +11,7 @@ from llmfleet.router.config import PoolConfig, RouterConfig, router_config_from_
 from llmfleet.router.plugins import EstimatedTTFTScorer, PrefixIndex, ReplicaState, RequestInfo
 from llmfleet.router.prefill_price import DEFAULT_PREFILL_TOKENS_PER_S, pool_prefill_rate
 from llmfleet.router.server import Router
+from llmfleet.sim.engine import simulate
 from llmfleet.sim.production import make_service, simulate_service
 from llmfleet.sim.routers import LlmfleetRouter
 from llmfleet.sim.types import PoolSpec, SimConfig
@@ -94,7 +95,6 @@ async def test_the_server_prices_each_pool_and_the_price_decides_a_prefix_hit() 
 
 def test_the_simulated_router_prices_pools_as_production_does(monkeypatch: pytest.MonkeyPatch) -> None:
     from llmfleet.sim import production
-    from llmfleet.sim.engine import simulate
 
     cfg = SimConfig(pools=[PoolSpec(model="llama-3-8b", gpu="L4", replicas=1),
                            PoolSpec(name="student", role="student", model="llama-3.2-1b", gpu="H200", replicas=1)])
@@ -125,3 +125,36 @@ def test_the_simulated_router_prices_pools_as_production_does(monkeypatch: pytes
     expected = {"primary": pool_prefill_rate("llama-3-8b", "L4"), "small": pool_prefill_rate("llama-3.2-1b", "L4")}
     assert {p.name: p.prefill_tokens_per_s for p in rc.pools} == expected
     assert given == [expected] and [prices(r) for r in made] == [expected]  # the config's, not derived again
+
+
+def test_fp8_weights_double_a_slower_pools_price_and_its_seed() -> None:
+    """model.quantization fp8 runs the matmuls on fp8 tensor cores (twice bf16's peak): the planner's price and the
+    autoscaler's seed follow, in production and in the simulator. A GPU without fp8 cores, a 16-bit-compute method
+    (AWQ) and a pool already at the default keep their price."""
+    from llmfleet.autoscaler.seeds import seeds_for_service
+    from llmfleet.sim.production import pool_specs
+
+    bf16 = pool_prefill_rate("llama-3-70b", "H200", tensor_parallel=2)
+    fp8 = pool_prefill_rate("llama-3-70b", "H200", tensor_parallel=2, quantization="fp8")
+    assert bf16 is not None and fp8 == pytest.approx(2 * bf16, rel=0.02)  # compute-bound: ~2x, not exactly
+    assert pool_prefill_rate("llama-3-70b", "H200", tensor_parallel=2, quantization="awq") == bf16
+    assert pool_prefill_rate("llama-3-8b", "A100", quantization="fp8") == pool_prefill_rate("llama-3-8b", "A100")
+    assert pool_prefill_rate("llama-3-8b", "H200", quantization="fp8") == DEFAULT_PREFILL_TOKENS_PER_S  # the cap
+
+    def service(quantization: str | None) -> InferenceService:
+        model = {"path": "/models/big", **({"quantization": quantization} if quantization else {})}
+        doc = {"metadata": {"name": "chat", "annotations": {MODEL_PRESET_ANNOTATION: "llama-3-70b"}},
+               "spec": {"model": model, "resources": {"gpus": 2, "gpuType": "H200"}, "vllm": {"tensorParallelSize": 2}}}
+        return InferenceService.model_validate(doc)
+
+    rates = [router_config_from_service(service(q), endpoints={}).pools[0].prefill_tokens_per_s for q in (None, "fp8")]
+    assert rates == [bf16, fp8]
+    seeds = [seeds_for_service(service(q))["primary"].prefill_tokens_per_s for q in (None, "fp8")]
+    assert seeds[1] > 1.5 * seeds[0]
+    (spec,) = pool_specs(service("fp8"))
+    assert spec.weight_dtype == "fp8"
+    router = LlmfleetRouter()
+    w = Workload(name="one", requests=[Request(0, 0.0, 64, 2)], block_size=16)
+    simulate(w, SimConfig(pools=[spec]), router=router)
+    (scorer,) = [s for s, _ in router.pipeline.scorers if isinstance(s, EstimatedTTFTScorer)]
+    assert scorer.pool_rates == {"primary": fp8}
