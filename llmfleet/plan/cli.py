@@ -158,7 +158,7 @@ def register(app: typer.Typer) -> None:
         from llmfleet.api.trainingjob import ModelShape
         from llmfleet.plan.capacity import TrafficShape
         from llmfleet.plan.hardware import get_gpu
-        from llmfleet.plan.models import get_model
+        from llmfleet.plan.models import get_model, tensor_parallel_problem
         from llmfleet.plan.report import PlanInputs, build_report
 
         try:
@@ -171,6 +171,8 @@ def register(app: typer.Typer) -> None:
                                 ("--train-seq-len", train_seq_len), ("--replicate-groups", replicate_groups)):
                 if whole is not None:
                     require_number(flag, whole, 1, inclusive=True)
+            if tp_problem := tensor_parallel_problem(m, tp):
+                raise ValueError(f"--tp: {tp_problem}")
             if train_tokens_per_s is not None:
                 require_number("--train-tokens-per-s", train_tokens_per_s, inclusive=True)
             if not 0.0 <= hit_rate <= 1.0:

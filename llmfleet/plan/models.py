@@ -40,6 +40,20 @@ def dtype_bytes(dtype: str) -> float:
         raise ValueError(f"unknown dtype {dtype!r}; known: {', '.join(sorted(DTYPE_BYTES))}") from None
 
 
+def tensor_parallel_problem(m: ModelShape, tensor_parallel: int) -> str | None:
+    """Why vLLM cannot split `m` over `tensor_parallel` GPUs, or None: it shards attention heads, so their count
+    must divide evenly, and the KV heads either divide evenly or are replicated a whole number of times (its
+    model config and QKVParallelLinear refuse anything else, at start, after the weights are fetched)."""
+    if m.heads % tensor_parallel:
+        return (f"{m.heads} attention heads do not split over tensor parallelism {tensor_parallel} (vLLM needs a "
+                "size that divides them)")
+    kv = m.n_kv_heads
+    if kv % tensor_parallel and tensor_parallel % kv:
+        return (f"{kv} KV heads do not split over tensor parallelism {tensor_parallel} (vLLM needs a size that "
+                "divides them or a multiple of them)")
+    return None
+
+
 def kv_dtype_for(kv_cache_dtype: str) -> str:
     """The planner's KV dtype for a pool's `vllm.kvCacheDtype` (auto, fp8, fp8_e4m3, fp8_e5m2)."""
     return "fp8" if kv_cache_dtype.startswith("fp8") else "bf16"
@@ -76,7 +90,8 @@ def planned_pool(model_preset: str | None, gpu_type: str | None, *, gpus: int = 
 def model_preset_problems(isvc: InferenceService) -> list[tuple[str, str]]:
     """(field path, message) for each model-preset annotation the planner cannot use: a preset it does not know,
     or a `.<suffix>` that names no pool of the service. Both would otherwise be ignored without a word: the pool
-    then gets the autoscaler's default seed and a measured prefill rate instead of the planner's."""
+    then gets the autoscaler's default seed and a measured prefill rate instead of the planner's. Also a pool's
+    tensor parallelism that its preset's heads do not allow (`tensor_parallel_problem`)."""
     pools = [p.name for p in isvc.pools()]
     problems = []
     for key, value in sorted(isvc.metadata.annotations.items()):
@@ -89,6 +104,11 @@ def model_preset_problems(isvc: InferenceService) -> list[tuple[str, str]]:
                                    f"or {MODEL_PRESET_ANNOTATION}.<pool> with a pool of {', '.join(pools)}"))
         elif value.lower() not in PRESETS:
             problems.append((path, f"unknown model preset {value!r}; known: {', '.join(PRESETS)}"))
+    for view in isvc.pools():  # a preset gives the shape: a tensor parallelism vLLM would refuse, named now
+        preset = isvc.model_preset(view)
+        if preset and preset.lower() in PRESETS and (
+                problem := tensor_parallel_problem(PRESETS[preset.lower()], view.vllm.tensor_parallel_size)):
+            problems.append((f"{view.field_path}.vllm.tensorParallelSize", f"{problem}; model preset {preset}"))
     return problems
 
 

@@ -125,6 +125,19 @@ def _table(title: str, results: list[SimResult], slo_s: float) -> None:
     Console(width=220).print(t)
 
 
+def engine_kv_cache_dtype(kv_dtype: str) -> str:
+    """`--kv-dtype` as the InferenceService's vllm.kvCacheDtype (the fleet `--autoscaler` runs): a 16-bit dtype
+    is the engine's auto (the model's), fp8 is itself; the engine has no other KV dtype, so anything else is a
+    ValueError naming the option."""
+    from llmfleet.plan.models import dtype_bytes
+
+    if kv_dtype.lower() in ("fp8", "fp8_e4m3", "fp8_e5m2"):
+        return kv_dtype.lower()
+    if dtype_bytes(kv_dtype) == 2.0:
+        return "auto"
+    raise ValueError(f"--kv-dtype {kv_dtype} with --autoscaler: the engine's KV cache is 16-bit (auto) or fp8")
+
+
 def register(app: typer.Typer) -> None:
     sim = typer.Typer(help="Fleet simulator: vLLM-like replicas behind routing policies.", no_args_is_help=True)
     app.add_typer(sim, name="sim")
@@ -173,6 +186,7 @@ def register(app: typer.Typer) -> None:
         out: Path | None = typer.Option(None, help="Folder for result.json and PNG plots."),
     ) -> None:
         from llmfleet.plan.hardware import get_gpu
+        from llmfleet.plan.models import get_model, tensor_parallel_problem
         from llmfleet.sim.engine import simulate
         from llmfleet.sim.production import make_service, simulate_service
         from llmfleet.sim.report import oracle_hit_rate, plot
@@ -189,6 +203,8 @@ def register(app: typer.Typer) -> None:
             require_number("--ttft-slo-ms", ttft_slo_ms)
             require_number("--tpot-slo-ms", tpot_slo_ms)
             require_number("--tp", tp, 1, inclusive=True)
+            if tp_problem := tensor_parallel_problem(get_model(model), tp):
+                raise ValueError(f"--tp: {tp_problem}")
             if max_model_len is not None and max_model_len < 2:
                 raise ValueError(f"--max-model-len must be >= 2, got {max_model_len}")
             sm, sn = None, 0
@@ -217,14 +233,16 @@ def register(app: typer.Typer) -> None:
                     raise ValueError("--autoscaler runs the production router (llmfleet); drop --router")
                 isvc = make_service(policy=autoscaler, ttft_slo_ms=ttft_slo_ms, tpot_slo_ms=tpot_slo_ms,
                                     replicas=replicas, model=model, gpu=gpu, min_replicas=min_replicas,
-                                    max_replicas=max_replicas, max_model_len=max_model_len, student=sm,
-                                    student_min=sn, student_mig=student_mig)
+                                    max_replicas=max_replicas, max_model_len=max_model_len, tensor_parallel=tp,
+                                    kv_cache_dtype=engine_kv_cache_dtype(kv_dtype), kv_offload_gib=host_kv_gib,
+                                    student=sm, student_min=sn, student_mig=student_mig)
                 interval = isvc.spec.autoscaling.interval_seconds
                 if decision_phase >= interval:
                     raise ValueError(f"--decision-phase must be below the decision interval ({interval:g} s), "
                                      f"got {decision_phase:g}")
                 res, hook = simulate_service(w, isvc, seed=seed, context_overflow=overflow,
-                                             decision_phase_s=decision_phase)
+                                             decision_phase_s=decision_phase,
+                                             calibration=str(calibration) if calibration else None)
                 res.router = f"llmfleet + {autoscaler}"
                 results = [res]
                 timeline = hook.timeline if hook else None

@@ -61,9 +61,11 @@ def model_preset(isvc: InferenceService, pool: PoolView) -> str:
     return preset
 
 
-def pool_specs(isvc: InferenceService, cold_start_s: Mapping[str, float] | None = None) -> list[PoolSpec]:
+def pool_specs(isvc: InferenceService, cold_start_s: Mapping[str, float] | None = None,
+               calibration: str | None = None) -> list[PoolSpec]:
     """One PoolSpec per pool of the service. `cold_start_s`: simulated start time per pool name (else the spec's
-    coldStartSeconds, else DEFAULT_COLD_START_S by role)."""
+    coldStartSeconds, else DEFAULT_COLD_START_S by role); `calibration`: the primary's step-time calibration
+    (PoolSpec.calibration)."""
     out = []
     for p in isvc.pools():
         cold = (cold_start_s or {}).get(p.name) or isvc.spec.autoscaling.cold_start_seconds or DEFAULT_COLD_START_S[p.role]
@@ -77,7 +79,8 @@ def pool_specs(isvc: InferenceService, cold_start_s: Mapping[str, float] | None 
             gpu_memory_utilization=v.gpu_memory_utilization, max_num_seqs=v.max_num_seqs or 256,
             max_batched_tokens=v.max_num_batched_tokens or 8192,
             chunked_prefill=True if v.enable_chunked_prefill is None else v.enable_chunked_prefill,
-            max_model_len=p.model.max_model_len, host_kv_gib=v.kv_offload_gib or 0.0, cold_start_s=cold))
+            max_model_len=p.model.max_model_len, host_kv_gib=v.kv_offload_gib or 0.0, cold_start_s=cold,
+            calibration=calibration if p.role == "primary" else None))
     return out
 
 
@@ -86,16 +89,18 @@ def simulate_service(w: Workload, isvc: InferenceService, *, seed: int = 0,
                      scale_in: Literal["cache-aware", "least-loaded"] = "cache-aware",
                      context_overflow: Literal["reject", "clip"] = "reject",
                      stop_below_attainment: float | None = None,
-                     decision_phase_s: float = 0.0) -> tuple[SimResult, PolicyHook | None]:
+                     decision_phase_s: float = 0.0,
+                     calibration: str | None = None) -> tuple[SimResult, PolicyHook | None]:
     """Replay `w` on the service's pools with the production router, fallback and (unless the policy is `static`)
     the production autoscaler. `seed` breaks the router's ties; `stop_below_attainment` as in SimConfig;
-    `decision_phase_s` shifts the autoscaler's regular decisions (SimConfig.autoscale_phase_s). Returns the result
+    `decision_phase_s` shifts the autoscaler's regular decisions (SimConfig.autoscale_phase_s); `calibration` is the
+    primary's step-time calibration file (docs/simulator.md). Returns the result
     and the policy hook (its timeline of decisions), None for `static`."""
     auto = isvc.spec.autoscaling
     hook = None
     if auto.policy != "static":
         hook = PolicyHook(PolicyConfig.from_service(isvc, seeds=seeds_for_service(isvc)))
-    cfg = SimConfig(pools=pool_specs(isvc, cold_start_s), ttft_slo_s=isvc.spec.slo.ttft_p95_ms / 1e3,
+    cfg = SimConfig(pools=pool_specs(isvc, cold_start_s, calibration), ttft_slo_s=isvc.spec.slo.ttft_p95_ms / 1e3,
                     tpot_slo_s=isvc.spec.slo.tpot_p95_ms / 1e3, autoscale_interval_s=auto.interval_seconds,
                     autoscale_on_burst=wakes_on_burst(isvc),
                     scale_in=scale_in, seed=seed, context_overflow=context_overflow,
@@ -121,11 +126,13 @@ class Fallback:
 
 def make_service(*, policy: str = "slo", ttft_slo_ms: float = 2000.0, tpot_slo_ms: float = 100.0, replicas: int = 1,
                  model: str = "llama-3-8b", gpu: str = "H200", min_replicas: int = 1, max_replicas: int = 64,
-                 max_model_len: int | None = None, student: str | None = None, student_min: int = 0,
+                 max_model_len: int | None = None, tensor_parallel: int = 1, kv_cache_dtype: str = "auto",
+                 kv_offload_gib: float | None = None, student: str | None = None, student_min: int = 0,
                  student_max: int = 8, student_max_model_len: int | None = None, student_mig: str | None = None,
                  fallback: Fallback | None = Fallback(),
                  target_queue_depth: float | None = None, name: str = "sim") -> InferenceService:
-    """A one-GPU-per-replica InferenceService for the simulator: the primary serves preset `model`; `student` adds a
+    """An InferenceService for the simulator: the primary serves preset `model` on `tensor_parallel` GPUs per
+    replica (its vllm.kvCacheDtype and kvOffloadGiB as given); `student` adds a one-GPU
     burst-capacity student pool of that preset (`student_min` kept warm; 0 = scale to zero), with `fallback`'s
     router thresholds, each student replica on one MIG instance of profile `student_mig` when given. Validated like
     any InferenceService (a bad value is a ValueError)."""
@@ -135,7 +142,8 @@ def make_service(*, policy: str = "slo", ttft_slo_ms: float = 2000.0, tpot_slo_m
         ann[f"{MODEL_PRESET_ANNOTATION}.small"] = student
         smodel: dict[str, Any] = {"path": f"/models/{student}"} | (
             {"maxModelLen": student_max_model_len} if student_max_model_len else {})
-        pool: dict[str, Any] = {"name": "small", "model": smodel, "replicas": student_min,
+        # its own engine arguments (the defaults): the primary's tensor parallelism and KV tier are not the student's
+        pool: dict[str, Any] = {"name": "small", "model": smodel, "vllm": {}, "replicas": student_min,
                                 "minReplicas": student_min, "maxReplicas": student_max,
                                 "resources": {"gpus": 1, "gpuType": gpu} | (
                                     {"migProfile": student_mig} if student_mig else {})}
@@ -146,7 +154,9 @@ def make_service(*, policy: str = "slo", ttft_slo_ms: float = 2000.0, tpot_slo_m
     spec: dict[str, Any] = {
         "model": {"path": f"/models/{model}"} | ({"maxModelLen": max_model_len} if max_model_len else {}),
         "replicas": replicas, "minReplicas": min_replicas,
-        "maxReplicas": max_replicas, "resources": {"gpus": 1, "gpuType": gpu},
+        "maxReplicas": max_replicas, "resources": {"gpus": tensor_parallel, "gpuType": gpu},
+        "vllm": {"tensorParallelSize": tensor_parallel, "kvCacheDtype": kv_cache_dtype}
+        | ({"kvOffloadGiB": kv_offload_gib} if kv_offload_gib else {}),
         "slo": {"ttftP95Ms": ttft_slo_ms, "tpotP95Ms": tpot_slo_ms},
         "autoscaling": {"policy": policy} | ({"targetQueueDepth": target_queue_depth}
                                               if target_queue_depth is not None else {}),

@@ -85,3 +85,22 @@ def test_validate_and_up_refuse_it_naming_the_annotation(tmp_path: Path) -> None
     manifest.write_text(yaml.safe_dump(_doc({MODEL_PRESET_ANNOTATION: "llama-3-8b"}, model_path=str(tmp_path))))
     assert runner.invoke(app, ["validate", str(manifest)]).exit_code == 0
     assert load_service(manifest).model_preset(load_service(manifest).pools()[0]) == "llama-3-8b"
+
+
+def test_a_tensor_parallelism_the_presets_heads_refuse_is_an_invalid_spec() -> None:
+    """The preset gives the shape, so a size vLLM would refuse at start (after fetching the weights) is named at
+    apply time: 32 attention heads over 3 GPUs; 8 KV heads over 16 GPUs is fine (replicated), over 6 it is not."""
+    from llmfleet.plan.models import PRESETS, tensor_parallel_problem
+
+    assert tensor_parallel_problem(PRESETS["llama-3-8b"], 3) is not None
+    assert tensor_parallel_problem(PRESETS["llama-3-70b"], 16) is None  # 64 heads / 16; 8 KV heads, each twice
+    kv = PRESETS["llama-3-70b"].model_copy(update={"heads": 48})  # 48 heads split over 6, its 8 KV heads do not
+    assert "8 KV heads" in (tensor_parallel_problem(kv, 6) or "")
+    doc = _doc({MODEL_PRESET_ANNOTATION: "llama-3-8b"})
+    doc["spec"]["resources"]["gpus"] = 3
+    doc["spec"]["vllm"] = {"tensorParallelSize": 3}
+    doc["spec"]["fallback"]["pools"][0]["vllm"] = {}  # the student keeps one GPU
+    (path, message), = model_preset_problems(InferenceService.model_validate(doc))
+    assert path == "spec.vllm.tensorParallelSize" and "32 attention heads" in message and "llama-3-8b" in message
+    doc["metadata"]["annotations"] = {}  # no preset, no shape: left to the engine
+    assert model_preset_problems(InferenceService.model_validate(doc)) == []

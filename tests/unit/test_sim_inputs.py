@@ -7,6 +7,7 @@ import gzip
 import json
 import string
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -309,3 +310,37 @@ def test_production_adapter_maps_the_service_to_pools() -> None:
     doc["metadata"]["annotations"] = {}
     with pytest.raises(ValueError, match="no model preset"):
         pool_specs(parse_resource(doc))  # type: ignore[arg-type]
+
+
+def test_cli_autoscaler_runs_the_fleet_the_engine_flags_describe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--tp, --kv-dtype, --host-kv-gib and --calibration reach the simulated fleet with --autoscaler too (they
+    were dropped there: a 70B run at --tp 2 failed as if on one GPU). A KV dtype the engine has not is refused."""
+    from llmfleet.sim import production
+
+    seen = []
+    real = production.simulate
+
+    def recording(w: Any, cfg: Any, **kw: Any) -> Any:
+        seen.append(cfg)
+        return real(w, cfg, **kw)
+
+    monkeypatch.setattr(production, "simulate", recording)
+    calibration = tmp_path / "cal.json"
+    calibration.write_text(json.dumps({"overhead_s": 0.004}))
+    r = CliRunner().invoke(app, ["sim", "run", "--duration", "30", "--rate", "2", "--replicas", "1", "--autoscaler",
+                                 "slo", "--model", "llama-3-70b", "--tp", "2", "--kv-dtype", "fp8", "--host-kv-gib",
+                                 "100", "--calibration", str(calibration), "--student", "llama-3.2-1b:0"])
+    assert r.exit_code == 0, r.output
+    primary, student = seen[0].pools
+    assert (primary.tensor_parallel, primary.kv_dtype, primary.host_kv_gib) == (2, "fp8", 100.0)
+    assert primary.calibration == str(calibration) and primary.cost_model().overhead_s == 0.004
+    assert (student.tensor_parallel, student.kv_dtype, student.host_kv_gib, student.calibration) == (1, "bf16", 0.0, None)
+    r = CliRunner().invoke(app, ["sim", "run", "--duration", "20", "--rate", "2", "--autoscaler", "slo",
+                                 "--kv-dtype", "int4"])
+    assert r.exit_code == 2 and r.output.startswith("llmfleet sim: --kv-dtype int4 with --autoscaler"), r.output
+
+
+@pytest.mark.parametrize("command", ["sim run", "plan"])
+def test_a_tensor_parallelism_vllm_would_refuse_is_named(command: str) -> None:
+    r = CliRunner().invoke(app, [*command.split(), "--tp", "3", *(["--duration", "5"] if command != "plan" else [])])
+    assert r.exit_code == 2 and "--tp: 32 attention heads do not split over tensor parallelism 3" in r.output, r.output
