@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import Field, field_validator, model_validator
 
@@ -53,6 +53,10 @@ ROUTER_SUFFIX = "router"
 RESERVED_POOL_NAMES = (PRIMARY_POOL, ROUTER_SUFFIX)
 
 
+# Weight quantization methods the engine is given (vLLM's --quantization).
+Quantization = Literal["awq", "gptq", "fp8", "bitsandbytes", "compressed-tensors"]
+QUANTIZATION_METHODS: tuple[str, ...] = get_args(Quantization)
+
 class ServedModel(ApiModel):
     """The model a pool serves."""
 
@@ -65,7 +69,7 @@ class ServedModel(ApiModel):
         default=None, description="Name clients use in the OpenAI API `model` field; defaults to the InferenceService name."
     )
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(default="auto", description="Weight/activation dtype.")
-    quantization: Literal["awq", "gptq", "fp8", "bitsandbytes", "compressed-tensors"] | None = Field(
+    quantization: Quantization | None = Field(
         default=None, description="Weight quantization method passed to the engine."
     )
     max_model_len: int | None = Field(default=None, ge=16, description="Maximum context length (prompt + output) in tokens.")

@@ -164,6 +164,9 @@ def register(app: typer.Typer) -> None:
         clip_context: bool = typer.Option(False, help="Clip requests longer than the context instead of rejecting them."),
         gpu: str = typer.Option("H200", help="GPU profile."),
         kv_dtype: str = typer.Option("bf16", help="KV-cache dtype."),
+        quantization: str | None = typer.Option(None, help="The primary's weight quantization (the "
+                                                "InferenceService's model.quantization): fp8 computes at the GPU's "
+                                                "fp8 peak; awq, gptq, bitsandbytes and compressed-tensors as bf16."),
         tp: int = typer.Option(1, help="Tensor parallelism per replica."),
         host_kv_gib: float = typer.Option(0.0, help="Host-memory KV tier per replica, GiB (vLLM CPU offloading); 0 = none."),
         student: str | None = typer.Option(None, help="Add a student pool: MODEL:REPLICAS, e.g. llama-3.2-1b:2 "
@@ -185,8 +188,9 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, help="Random seed (synthetic workload, randomized routers)."),
         out: Path | None = typer.Option(None, help="Folder for result.json and PNG plots."),
     ) -> None:
+        from llmfleet.api.inferenceservice import QUANTIZATION_METHODS
         from llmfleet.plan.hardware import get_gpu
-        from llmfleet.plan.models import get_model, tensor_parallel_problem
+        from llmfleet.plan.models import get_model, tensor_parallel_problem, weight_dtype_for
         from llmfleet.sim.engine import simulate
         from llmfleet.sim.production import make_service, simulate_service
         from llmfleet.sim.report import oracle_hit_rate, plot
@@ -203,6 +207,8 @@ def register(app: typer.Typer) -> None:
             require_number("--ttft-slo-ms", ttft_slo_ms)
             require_number("--tpot-slo-ms", tpot_slo_ms)
             require_number("--tp", tp, 1, inclusive=True)
+            if quantization is not None and quantization not in QUANTIZATION_METHODS:
+                raise ValueError(f"unknown --quantization {quantization!r}; known: {', '.join(QUANTIZATION_METHODS)}")
             if tp_problem := tensor_parallel_problem(get_model(model), tp):
                 raise ValueError(f"--tp: {tp_problem}")
             if max_model_len is not None and max_model_len < 2:
@@ -233,7 +239,8 @@ def register(app: typer.Typer) -> None:
                     raise ValueError("--autoscaler runs the production router (llmfleet); drop --router")
                 isvc = make_service(policy=autoscaler, ttft_slo_ms=ttft_slo_ms, tpot_slo_ms=tpot_slo_ms,
                                     replicas=replicas, model=model, gpu=gpu, min_replicas=min_replicas,
-                                    max_replicas=max_replicas, max_model_len=max_model_len, tensor_parallel=tp,
+                                    max_replicas=max_replicas, max_model_len=max_model_len, quantization=quantization,
+                                    tensor_parallel=tp,
                                     kv_cache_dtype=engine_kv_cache_dtype(kv_dtype), kv_offload_gib=host_kv_gib,
                                     student=sm, student_min=sn, student_mig=student_mig)
                 interval = isvc.spec.autoscaling.interval_seconds
@@ -248,6 +255,7 @@ def register(app: typer.Typer) -> None:
                 timeline = hook.timeline if hook else None
             else:
                 pools = [PoolSpec(replicas=replicas, model=model, gpu=gpu, kv_dtype=kv_dtype, tensor_parallel=tp,
+                                  weight_dtype=weight_dtype_for(quantization),
                                   host_kv_gib=host_kv_gib, max_model_len=max_model_len,
                                   calibration=str(calibration) if calibration else None)]
                 if sm:

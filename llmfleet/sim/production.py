@@ -126,12 +126,14 @@ class Fallback:
 
 def make_service(*, policy: str = "slo", ttft_slo_ms: float = 2000.0, tpot_slo_ms: float = 100.0, replicas: int = 1,
                  model: str = "llama-3-8b", gpu: str = "H200", min_replicas: int = 1, max_replicas: int = 64,
-                 max_model_len: int | None = None, tensor_parallel: int = 1, kv_cache_dtype: str = "auto",
+                 max_model_len: int | None = None, quantization: str | None = None, tensor_parallel: int = 1,
+                 kv_cache_dtype: str = "auto",
                  kv_offload_gib: float | None = None, student: str | None = None, student_min: int = 0,
                  student_max: int = 8, student_max_model_len: int | None = None, student_mig: str | None = None,
                  fallback: Fallback | None = Fallback(),
                  target_queue_depth: float | None = None, name: str = "sim") -> InferenceService:
-    """An InferenceService for the simulator: the primary serves preset `model` on `tensor_parallel` GPUs per
+    """An InferenceService for the simulator: the primary serves preset `model` (its weights quantized by
+    `quantization`, model.quantization) on `tensor_parallel` GPUs per
     replica (its vllm.kvCacheDtype and kvOffloadGiB as given); `student` adds a one-GPU
     burst-capacity student pool of that preset (`student_min` kept warm; 0 = scale to zero), with `fallback`'s
     router thresholds, each student replica on one MIG instance of profile `student_mig` when given. Validated like
@@ -152,7 +154,8 @@ def make_service(*, policy: str = "slo", ttft_slo_ms: float = 2000.0, tpot_slo_m
             fb |= {"maxQueueDelayMs": ttft_slo_ms * fallback.queue_delay_fraction,
                    "maxDegradedFraction": fallback.max_degraded, "sloBurnRate": fallback.burn_rate}
     spec: dict[str, Any] = {
-        "model": {"path": f"/models/{model}"} | ({"maxModelLen": max_model_len} if max_model_len else {}),
+        "model": {"path": f"/models/{model}"} | ({"maxModelLen": max_model_len} if max_model_len else {})
+        | ({"quantization": quantization} if quantization else {}),
         "replicas": replicas, "minReplicas": min_replicas,
         "maxReplicas": max_replicas, "resources": {"gpus": tensor_parallel, "gpuType": gpu},
         "vllm": {"tensorParallelSize": tensor_parallel, "kvCacheDtype": kv_cache_dtype}

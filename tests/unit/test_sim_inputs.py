@@ -329,15 +329,37 @@ def test_cli_autoscaler_runs_the_fleet_the_engine_flags_describe(tmp_path: Path,
     calibration.write_text(json.dumps({"overhead_s": 0.004}))
     r = CliRunner().invoke(app, ["sim", "run", "--duration", "30", "--rate", "2", "--replicas", "1", "--autoscaler",
                                  "slo", "--model", "llama-3-70b", "--tp", "2", "--kv-dtype", "fp8", "--host-kv-gib",
-                                 "100", "--calibration", str(calibration), "--student", "llama-3.2-1b:0"])
+                                 "100", "--calibration", str(calibration), "--student", "llama-3.2-1b:0",
+                                 "--quantization", "fp8"])
     assert r.exit_code == 0, r.output
     primary, student = seen[0].pools
     assert (primary.tensor_parallel, primary.kv_dtype, primary.host_kv_gib) == (2, "fp8", 100.0)
+    assert (primary.weight_dtype, student.weight_dtype) == ("fp8", "bf16")
     assert primary.calibration == str(calibration) and primary.cost_model().overhead_s == 0.004
     assert (student.tensor_parallel, student.kv_dtype, student.host_kv_gib, student.calibration) == (1, "bf16", 0.0, None)
     r = CliRunner().invoke(app, ["sim", "run", "--duration", "20", "--rate", "2", "--autoscaler", "slo",
                                  "--kv-dtype", "int4"])
     assert r.exit_code == 2 and r.output.startswith("llmfleet sim: --kv-dtype int4 with --autoscaler"), r.output
+
+
+def test_cli_quantization_reaches_the_routers_fleet(monkeypatch: pytest.MonkeyPatch) -> None:
+    from llmfleet.sim import engine
+
+    seen = []
+    real = engine.simulate
+
+    def recording(w: Any, cfg: Any, **kw: Any) -> Any:
+        seen.append(cfg)
+        return real(w, cfg, **kw)
+
+    monkeypatch.setattr(engine, "simulate", recording)
+    for q, dtype in (("fp8", "fp8"), ("awq", "bf16")):
+        r = CliRunner().invoke(app, ["sim", "run", "--duration", "20", "--rate", "2", "--replicas", "1", "--router",
+                                     "least-request", "--model", "llama-3-70b", "--tp", "2", "--quantization", q])
+        assert r.exit_code == 0, r.output
+        assert (seen[-1].pools[0].weight_dtype, seen[-1].pools[0].tensor_parallel) == (dtype, 2)
+    r = CliRunner().invoke(app, ["sim", "run", "--duration", "20", "--rate", "2", "--quantization", "int3"])
+    assert r.exit_code == 2 and r.output.startswith("llmfleet sim: unknown --quantization 'int3'; known: awq"), r.output
 
 
 @pytest.mark.parametrize("command", ["sim run", "plan"])
