@@ -115,13 +115,14 @@ def _planner_checks(resource: Any) -> list[tuple[str, str]]:
 def register(app: typer.Typer) -> None:
     from llmfleet.api.cli import RESOURCE_CHECKS
     from llmfleet.plan.hardware import GPUS
+    from llmfleet.plan.models import PRESETS
 
     if _planner_checks not in RESOURCE_CHECKS:
         RESOURCE_CHECKS.append(_planner_checks)
 
     @app.command("plan", help="Roofline, KV-cache capacity, attention cost, training FLOPs/MFU and replicas at an SLO.")
     def plan(
-        model: str = typer.Option("llama-3-8b", help="Model preset (llama-3-8b, llama-3-70b, llama-2-7b, llama-3.2-1b)."),
+        model: str = typer.Option("llama-3-8b", help=f"Model preset: {', '.join(PRESETS)}."),
         shape: Path | None = typer.Option(None, help="YAML/JSON ModelShape (layers, hidden, heads, kvHeads, ffn, vocab); overrides --model."),
         gpu: str = typer.Option("H200", help=f"GPU profile: {', '.join(GPUS)}."),
         gpu_override: list[str] = typer.Option([], help="Override a GPU field, e.g. hbmBandwidthTBs=4.0 (repeatable)."),

@@ -24,6 +24,23 @@ PRESETS: dict[str, ModelShape] = {
     "llama-2-7b": ModelShape(layers=32, hidden=4096, heads=32, kv_heads=32, ffn=11008, vocab=32000, seq_len=4096),
     "llama-3.2-1b": ModelShape(layers=16, hidden=2048, heads=32, kv_heads=8, ffn=8192, vocab=128256, seq_len=8192,
                                rope_theta=500000.0, tie_embeddings=True),
+    "llama-3.1-70b": ModelShape(layers=80, hidden=8192, heads=64, kv_heads=8, ffn=28672, vocab=128256, seq_len=131072,
+                                rope_theta=500000.0),
+    "mistral-7b": ModelShape(layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336, vocab=32768, seq_len=32768,
+                             rope_theta=1000000.0),  # v0.3's vocabulary
+    # Qwen2.5 (its Instruct models' 32k context; the QKV biases are left out, ~0.01 % of the parameters)
+    "qwen2.5-0.5b": ModelShape(layers=24, hidden=896, heads=14, kv_heads=2, ffn=4864, vocab=151936, seq_len=32768,
+                               rope_theta=1000000.0, tie_embeddings=True),
+    "qwen2.5-1.5b": ModelShape(layers=28, hidden=1536, heads=12, kv_heads=2, ffn=8960, vocab=151936, seq_len=32768,
+                               rope_theta=1000000.0, tie_embeddings=True),
+    "qwen2.5-7b": ModelShape(layers=28, hidden=3584, heads=28, kv_heads=4, ffn=18944, vocab=152064, seq_len=32768,
+                             rope_theta=1000000.0),
+    "qwen2.5-14b": ModelShape(layers=48, hidden=5120, heads=40, kv_heads=8, ffn=13824, vocab=152064, seq_len=32768,
+                              rope_theta=1000000.0),
+    "qwen2.5-32b": ModelShape(layers=64, hidden=5120, heads=40, kv_heads=8, ffn=27648, vocab=152064, seq_len=32768,
+                              rope_theta=1000000.0),
+    "qwen2.5-72b": ModelShape(layers=80, hidden=8192, heads=64, kv_heads=8, ffn=29568, vocab=152064, seq_len=32768,
+                              rope_theta=1000000.0),
 }
 
 # Bytes per element of weights / KV-cache dtypes. int4 ignores the (small) per-group scales.

@@ -104,3 +104,28 @@ def test_a_tensor_parallelism_the_presets_heads_refuse_is_an_invalid_spec() -> N
     assert path == "spec.vllm.tensorParallelSize" and "32 attention heads" in message and "llama-3-8b" in message
     doc["metadata"]["annotations"] = {}  # no preset, no shape: left to the engine
     assert model_preset_problems(InferenceService.model_validate(doc)) == []
+
+
+@pytest.mark.parametrize(("preset", "billions"), [
+    ("llama-3-8b", 8.03), ("llama-3.1-70b", 70.55), ("llama-3.2-1b", 1.236), ("mistral-7b", 7.25),
+    ("qwen2.5-0.5b", 0.494), ("qwen2.5-1.5b", 1.544), ("qwen2.5-7b", 7.616), ("qwen2.5-14b", 14.77),
+    ("qwen2.5-32b", 32.76), ("qwen2.5-72b", 72.71),
+])
+def test_presets_have_their_models_parameter_counts(preset: str, billions: float) -> None:
+    """Each preset is its model's config.json: a typo in a width or a count moves the total (the Hugging Face
+    parameter counts; Qwen2.5's QKV biases, left out, are ~0.01 %)."""
+    from llmfleet.plan.models import PRESETS, total_params
+
+    assert total_params(PRESETS[preset]) / 1e9 == pytest.approx(billions, rel=0.005)
+
+
+def test_the_real_model_example_names_presets_the_planner_prices() -> None:
+    from llmfleet.api import load_manifest
+    from llmfleet.autoscaler.seeds import DEFAULT_SEED, seeds_for_service
+    from llmfleet.router.config import router_config_from_service
+
+    isvc = load_manifest(Path(__file__).parents[2] / "examples/inferenceservice-hf-gpu.yaml")
+    assert isinstance(isvc, InferenceService) and model_preset_problems(isvc) == []
+    assert [isvc.model_preset(p) for p in isvc.pools()] == ["qwen2.5-7b", "qwen2.5-0.5b"]
+    assert all(p.prefill_tokens_per_s for p in router_config_from_service(isvc, endpoints={}).pools)
+    assert all(seed != DEFAULT_SEED for seed in seeds_for_service(isvc).values())
