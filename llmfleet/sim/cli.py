@@ -401,7 +401,7 @@ def register(app: typer.Typer) -> None:
         from dataclasses import asdict
 
         from llmfleet.plan.hardware import get_gpu
-        from llmfleet.plan.models import get_model
+        from llmfleet.plan.models import get_model, tensor_parallel_problem
         from llmfleet.sim.oracle import attainment
         from llmfleet.sim.planning import over_slo_alone, plan_with_reuse, plan_workload
         from llmfleet.sim.types import PoolSpec
@@ -418,6 +418,8 @@ def register(app: typer.Typer) -> None:
             if max_model_len is not None and max_model_len < 2:
                 raise ValueError(f"--max-model-len must be >= 2, got {max_model_len}")
             m, g = get_model(model), get_gpu(gpu)
+            if tp_problem := tensor_parallel_problem(m, tp):
+                raise ValueError(f"--tp: {tp_problem}")
             w = _workload(trace, fmt, duration, rate, tenants, seed, max_requests, time_scale, trace_seconds,
                           kv_block_size, time_unit)
             if reuse:

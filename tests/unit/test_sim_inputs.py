@@ -362,7 +362,7 @@ def test_cli_quantization_reaches_the_routers_fleet(monkeypatch: pytest.MonkeyPa
     assert r.exit_code == 2 and r.output.startswith("llmfleet sim: unknown --quantization 'int3'; known: awq"), r.output
 
 
-@pytest.mark.parametrize("command", ["sim run", "plan"])
+@pytest.mark.parametrize("command", ["sim run", "sim plan", "plan"])
 def test_a_tensor_parallelism_vllm_would_refuse_is_named(command: str) -> None:
     r = CliRunner().invoke(app, [*command.split(), "--tp", "3", *(["--duration", "5"] if command != "plan" else [])])
     assert r.exit_code == 2 and "--tp: 32 attention heads do not split over tensor parallelism 3" in r.output, r.output
