@@ -96,12 +96,12 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"stale CRDs (run `make crds`): {', '.join(map(str, stale))}", err=True)
             raise typer.Exit(1)
 
-    @app.command("validate")
+    @app.command("validate", help="Validate llmfleet manifests; print each problem with its field path. Exit 1 when "
+                                  "a resource is invalid, 2 when a file cannot be read or parsed (missing, not UTF-8, "
+                                  "YAML syntax, nested too deeply).")
     def validate(
         files: list[Path] = typer.Argument(..., help="Manifest files (YAML, may hold several documents)."),
     ) -> None:
-        """Validate llmfleet manifests; print each problem with its field path. Exit 1 when a resource is
-        invalid, 2 when a file cannot be read or parsed (missing, not UTF-8, YAML syntax, nested too deeply)."""
         from llmfleet.api.loader import InputFileError, ManifestError, load_file
 
         console = Console(stderr=True, soft_wrap=True)
