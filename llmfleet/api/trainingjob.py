@@ -49,9 +49,6 @@ class ModelShape(ApiModel):
         default=None, ge=1, description="Sliding-window (sparse) attention width in tokens; uses FlexAttention where available."
     )
     tie_embeddings: bool = Field(default=False, description="Share the input embedding and output projection weights.")
-    hf_config: str | None = Field(
-        default=None, description="Path to a Hugging Face config.json to take the shape from instead of the fields above."
-    )
 
     @model_validator(mode="after")
     def _check_shape(self) -> ModelShape:

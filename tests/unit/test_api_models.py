@@ -81,6 +81,8 @@ def test_pools_resolve_student_defaults() -> None:
         ({"hidden": 100, "heads": 8}, "divisible by heads"),
         ({"hidden": 128, "heads": 8, "kvHeads": 3}, "divisible by kvHeads"),
         ({"hidden": 24, "heads": 8}, "even"),
+        # no field takes the shape from a config.json (the trainer would train the default shape instead)
+        ({"hfConfig": "/models/llama/config.json"}, r"hfConfig\n  Extra inputs are not permitted"),
     ],
 )
 def test_model_shape_rules(shape: dict, message: str) -> None:
