@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from llmfleet.api.contracts import INPUT_TEXT_ENCODING
+
+if TYPE_CHECKING:
+    from llmfleet.api.trainingjob import ModelShape
 
 
 def _gib(x: float) -> str:
@@ -81,6 +84,16 @@ def _overrides(items: list[str]) -> dict[str, Any]:
     return out
 
 
+def _shape(doc: Any) -> ModelShape:
+    """`--shape`: a Hugging Face config.json (it has num_hidden_layers, or a text_config) or a ModelShape."""
+    from llmfleet.api.trainingjob import ModelShape
+    from llmfleet.plan.models import shape_from_hf_config
+
+    if isinstance(doc, dict) and ("num_hidden_layers" in doc or "text_config" in doc):
+        return shape_from_hf_config(doc)
+    return ModelShape.model_validate(doc)
+
+
 def _prompt_lengths(path: Path) -> tuple[int, ...]:
     """`--prompts`: prompt lengths in tokens, one per line (blank lines and `#` comments skipped)."""
     out = []
@@ -123,7 +136,8 @@ def register(app: typer.Typer) -> None:
     @app.command("plan", help="Roofline, KV-cache capacity, attention cost, training FLOPs/MFU and replicas at an SLO.")
     def plan(
         model: str = typer.Option("llama-3-8b", help=f"Model preset: {', '.join(PRESETS)}."),
-        shape: Path | None = typer.Option(None, help="YAML/JSON ModelShape (layers, hidden, heads, kvHeads, ffn, vocab); overrides --model."),
+        shape: Path | None = typer.Option(None, help="YAML/JSON ModelShape (layers, hidden, heads, kvHeads, ffn, vocab), or a Hugging "
+                                                     "Face config.json; overrides --model."),
         gpu: str = typer.Option("H200", help=f"GPU profile: {', '.join(GPUS)}."),
         gpu_override: list[str] = typer.Option([], help="Override a GPU field, e.g. hbmBandwidthTBs=4.0 (repeatable)."),
         mig: str | None = typer.Option(None, help="Plan one MIG instance of this profile of --gpu per replica "
@@ -156,14 +170,13 @@ def register(app: typer.Typer) -> None:
 
         from llmfleet.api.cli import require_number
         from llmfleet.api.loader import load_yaml_file
-        from llmfleet.api.trainingjob import ModelShape
         from llmfleet.plan.capacity import TrafficShape
         from llmfleet.plan.hardware import get_gpu
         from llmfleet.plan.models import get_model, tensor_parallel_problem
         from llmfleet.plan.report import PlanInputs, build_report
 
         try:
-            m = ModelShape.model_validate(load_yaml_file(shape)) if shape else get_model(model)
+            m = _shape(load_yaml_file(shape)) if shape else get_model(model)
             g = get_gpu(gpu, _overrides(gpu_override), mig=mig)
             for flag, value in (("--rate", rate), ("--ttft-ms", ttft_ms), ("--tpot-ms", tpot_ms)):
                 require_number(flag, value)

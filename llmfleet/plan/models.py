@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from llmfleet.api.contracts import MODEL_PRESET_ANNOTATION
 from llmfleet.api.trainingjob import ModelShape
@@ -74,6 +75,40 @@ def tensor_parallel_problem(m: ModelShape, tensor_parallel: int) -> str | None:
 def kv_dtype_for(kv_cache_dtype: str) -> str:
     """The planner's KV dtype for a pool's `vllm.kvCacheDtype` (auto, fp8, fp8_e4m3, fp8_e5m2)."""
     return "fp8" if kv_cache_dtype.startswith("fp8") else "bf16"
+
+
+def shape_from_hf_config(cfg: Mapping[str, Any]) -> ModelShape:
+    """The planner's shape of a Hugging Face config.json (a multimodal model's `text_config` where the top level
+    has no layers): layers, width, attention and KV heads, MLP width, vocabulary, context, RoPE base, tied
+    embeddings. ValueError, naming the key, for what a Llama-style shape cannot hold (mixture-of-experts, MLA or
+    state-space layers, a head size other than hidden / heads) or a key it needs that is missing."""
+    if "num_hidden_layers" not in cfg and isinstance(cfg.get("text_config"), Mapping):
+        cfg = cfg["text_config"]
+    for key in ("num_experts", "num_local_experts", "n_routed_experts"):
+        if isinstance(cfg.get(key), int) and cfg[key] > 1:
+            raise ValueError(f"{key} = {cfg[key]}: a mixture-of-experts model; the planner's shapes are dense")
+    if "kv_lora_rank" in cfg or any("mamba" in k or k == "ssm_state_size" for k in cfg):
+        raise ValueError("MLA or state-space layers (kv_lora_rank, ssm_state_size): the planner's shapes are "
+                         "standard attention")
+
+    def whole(key: str, default: int | None = None) -> int:
+        value = cfg.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{key} must be a whole number >= 1, got {value!r}")
+        return value
+
+    hidden, heads = whole("hidden_size"), whole("num_attention_heads")
+    head_dim = cfg.get("head_dim")
+    if head_dim is not None and head_dim * heads != hidden:
+        raise ValueError(f"head_dim = {head_dim} is not hidden_size / num_attention_heads ({hidden} / {heads}): the "
+                         "planner's shapes have no separate head size")
+    window = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None
+    return ModelShape(layers=whole("num_hidden_layers"), hidden=hidden, heads=heads,
+                      kv_heads=whole("num_key_value_heads", heads), ffn=whole("intermediate_size"),
+                      vocab=whole("vocab_size"), seq_len=whole("max_position_embeddings", 2048),
+                      rope_theta=float(cfg.get("rope_theta") or 10000.0),
+                      sliding_window=window if isinstance(window, int) and window > 0 else None,
+                      tie_embeddings=bool(cfg.get("tie_word_embeddings", False)))
 
 
 def weight_dtype_for(quantization: str | None) -> str:

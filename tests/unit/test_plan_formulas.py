@@ -263,3 +263,45 @@ def test_gpu_overrides_must_be_finite_and_positive_but_fp8_may_be_absent() -> No
     for bad in ({"hbmGiB": 0.0}, {"bf16Tflops": None}, {"hbmBandwidthTBs": float("inf")}):
         with pytest.raises(ValueError, match="must be a finite number > 0"):
             get_gpu("H200", bad)
+
+
+QWEN_7B_CONFIG = {"architectures": ["Qwen2ForCausalLM"], "hidden_size": 3584, "intermediate_size": 18944,
+                  "max_position_embeddings": 32768, "num_attention_heads": 28, "num_hidden_layers": 28,
+                  "num_key_value_heads": 4, "rope_theta": 1000000.0, "sliding_window": 131072,
+                  "use_sliding_window": False, "tie_word_embeddings": False, "vocab_size": 152064}
+
+
+def test_a_hugging_face_config_is_a_shape() -> None:
+    """`llmfleet plan --shape config.json`: Qwen2.5-7B's config is its preset; a multimodal model's text_config is
+    read; what a Llama-style shape cannot hold is refused naming the key."""
+    from llmfleet.plan.models import PRESETS, shape_from_hf_config
+
+    assert shape_from_hf_config(QWEN_7B_CONFIG) == PRESETS["qwen2.5-7b"]
+    assert shape_from_hf_config({"text_config": QWEN_7B_CONFIG, "vision_config": {}}) == PRESETS["qwen2.5-7b"]
+    windowed = shape_from_hf_config(QWEN_7B_CONFIG | {"use_sliding_window": True, "sliding_window": 4096})
+    assert windowed.sliding_window == 4096
+    for bad, needle in (({"num_local_experts": 8}, "mixture-of-experts"), ({"kv_lora_rank": 512}, "MLA"),
+                        ({"head_dim": 256}, "head_dim = 256"), ({"vocab_size": None}, "vocab_size must be"),
+                        ({"num_hidden_layers": "28"}, "num_hidden_layers must be")):
+        with pytest.raises(ValueError, match=needle):
+            shape_from_hf_config(QWEN_7B_CONFIG | bad)
+
+
+def test_the_trainers_exported_config_reads_back_as_its_shape() -> None:
+    from llmfleet.plan.models import shape_from_hf_config
+    from llmfleet.workers.train.export import hf_config
+    from llmfleet.workers.train.model import ModelArgs
+
+    args = ModelArgs.from_shape(get_model("llama-3.2-1b"))
+    assert shape_from_hf_config(hf_config(args)) == args.shape()
+
+
+def test_plan_cli_takes_a_config_json(tmp_path: Path) -> None:
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(QWEN_7B_CONFIG))
+    r = CliRunner().invoke(app, ["plan", "--shape", str(cfg), "--gpu", "H100", "--json", "-"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["model"]["params"] == total_params(get_model("qwen2.5-7b"))
+    cfg.write_text(json.dumps(QWEN_7B_CONFIG | {"num_experts": 64}))
+    r = CliRunner().invoke(app, ["plan", "--shape", str(cfg)])
+    assert r.exit_code == 2 and "num_experts = 64: a mixture-of-experts model" in r.output
