@@ -29,19 +29,24 @@ PRESETS: dict[str, ModelShape] = {
                                 rope_theta=500000.0),
     "mistral-7b": ModelShape(layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336, vocab=32768, seq_len=32768,
                              rope_theta=1000000.0),  # v0.3's vocabulary
-    # Qwen2.5 (its Instruct models' 32k context; the QKV biases are left out, ~0.01 % of the parameters)
-    "qwen2.5-0.5b": ModelShape(layers=24, hidden=896, heads=14, kv_heads=2, ffn=4864, vocab=151936, seq_len=32768,
-                               rope_theta=1000000.0, tie_embeddings=True),
-    "qwen2.5-1.5b": ModelShape(layers=28, hidden=1536, heads=12, kv_heads=2, ffn=8960, vocab=151936, seq_len=32768,
-                               rope_theta=1000000.0, tie_embeddings=True),
-    "qwen2.5-7b": ModelShape(layers=28, hidden=3584, heads=28, kv_heads=4, ffn=18944, vocab=152064, seq_len=32768,
-                             rope_theta=1000000.0),
-    "qwen2.5-14b": ModelShape(layers=48, hidden=5120, heads=40, kv_heads=8, ffn=13824, vocab=152064, seq_len=32768,
-                              rope_theta=1000000.0),
-    "qwen2.5-32b": ModelShape(layers=64, hidden=5120, heads=40, kv_heads=8, ffn=27648, vocab=152064, seq_len=32768,
-                              rope_theta=1000000.0),
-    "qwen2.5-72b": ModelShape(layers=80, hidden=8192, heads=64, kv_heads=8, ffn=29568, vocab=152064, seq_len=32768,
-                              rope_theta=1000000.0),
+}
+
+
+def _qwen2_5(layers: int, hidden: int, heads: int, kv_heads: int, ffn: int, *, small: bool = False) -> ModelShape:
+    """A Qwen2.5 model: RoPE base 1e6 and its Instruct models' 32k context; the small ones tie their embeddings
+    and have a 151,936-token vocabulary (152,064 otherwise). The QKV biases are left out (~0.01 % of the
+    parameters)."""
+    return ModelShape(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=ffn,
+                      vocab=151936 if small else 152064, seq_len=32768, rope_theta=1000000.0, tie_embeddings=small)
+
+
+PRESETS |= {
+    "qwen2.5-0.5b": _qwen2_5(24, 896, 14, 2, 4864, small=True),
+    "qwen2.5-1.5b": _qwen2_5(28, 1536, 12, 2, 8960, small=True),
+    "qwen2.5-7b": _qwen2_5(28, 3584, 28, 4, 18944),
+    "qwen2.5-14b": _qwen2_5(48, 5120, 40, 8, 13824),
+    "qwen2.5-32b": _qwen2_5(64, 5120, 40, 8, 27648),
+    "qwen2.5-72b": _qwen2_5(80, 8192, 64, 8, 29568),
 }
 
 # Bytes per element of weights / KV-cache dtypes. int4 ignores the (small) per-group scales.

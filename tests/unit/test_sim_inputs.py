@@ -312,19 +312,25 @@ def test_production_adapter_maps_the_service_to_pools() -> None:
         pool_specs(parse_resource(doc))  # type: ignore[arg-type]
 
 
+def _record_simulations(monkeypatch: pytest.MonkeyPatch, module: Any) -> list[SimConfig]:
+    """The SimConfig of every `simulate` call made through `module`'s name for it (each still runs)."""
+    seen: list[SimConfig] = []
+    real = module.simulate
+
+    def recording(w: Any, cfg: SimConfig, **kw: Any) -> Any:
+        seen.append(cfg)
+        return real(w, cfg, **kw)
+
+    monkeypatch.setattr(module, "simulate", recording)
+    return seen
+
+
 def test_cli_autoscaler_runs_the_fleet_the_engine_flags_describe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """--tp, --kv-dtype, --host-kv-gib and --calibration reach the simulated fleet with --autoscaler too (they
     were dropped there: a 70B run at --tp 2 failed as if on one GPU). A KV dtype the engine has not is refused."""
     from llmfleet.sim import production
 
-    seen = []
-    real = production.simulate
-
-    def recording(w: Any, cfg: Any, **kw: Any) -> Any:
-        seen.append(cfg)
-        return real(w, cfg, **kw)
-
-    monkeypatch.setattr(production, "simulate", recording)
+    seen = _record_simulations(monkeypatch, production)
     calibration = tmp_path / "cal.json"
     calibration.write_text(json.dumps({"overhead_s": 0.004}))
     r = CliRunner().invoke(app, ["sim", "run", "--duration", "30", "--rate", "2", "--replicas", "1", "--autoscaler",
@@ -345,14 +351,7 @@ def test_cli_autoscaler_runs_the_fleet_the_engine_flags_describe(tmp_path: Path,
 def test_cli_quantization_reaches_the_routers_fleet(monkeypatch: pytest.MonkeyPatch) -> None:
     from llmfleet.sim import engine
 
-    seen = []
-    real = engine.simulate
-
-    def recording(w: Any, cfg: Any, **kw: Any) -> Any:
-        seen.append(cfg)
-        return real(w, cfg, **kw)
-
-    monkeypatch.setattr(engine, "simulate", recording)
+    seen = _record_simulations(monkeypatch, engine)
     for q, dtype in (("fp8", "fp8"), ("awq", "bf16")):
         r = CliRunner().invoke(app, ["sim", "run", "--duration", "20", "--rate", "2", "--replicas", "1", "--router",
                                      "least-request", "--model", "llama-3-70b", "--tp", "2", "--quantization", q])
