@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from llmfleet.autoscaler.capacity import DEFAULT_SEED, CapacitySeed
 from llmfleet.plan.capacity import ReplicaCapacity, TrafficShape, replica_capacity
-from llmfleet.plan.models import kv_dtype_for, planned_pool, weight_dtype_for
+from llmfleet.plan.models import kv_dtype_for, planned_pool, pool_preset, weight_dtype_for
 from llmfleet.plan.roofline import StepCostModel
 
 if TYPE_CHECKING:
@@ -73,10 +73,11 @@ def seed_for_pool(
 
 
 def seeds_for_service(isvc: InferenceService) -> dict[str, CapacitySeed]:
-    """Seeds for every pool; the planner preset comes from annotation `llmfleet.io/model-preset[.<pool>]`."""
+    """Seeds for every pool; the planner preset comes from annotation `llmfleet.io/model-preset[.<pool>]`, else
+    from the Hub repository the pool serves (`plan.models.pool_preset`)."""
     out = {}
     for pool in isvc.pools():
-        preset = isvc.model_preset(pool)
+        preset = pool_preset(isvc, pool)
         out[pool.name] = seed_for_pool(
             pool, preset, ttft_slo_s=isvc.spec.slo.ttft_p95_ms / 1000.0, tpot_slo_s=isvc.spec.slo.tpot_p95_ms / 1000.0
         )

@@ -55,8 +55,10 @@ def resolve_model_paths(isvc: InferenceService) -> InferenceService:
     import logging
 
     from llmfleet.api import InferenceService
+    from llmfleet.api.contracts import MODEL_PRESET_ANNOTATION
     from llmfleet.api.storage import parse_uri
     from llmfleet.local.tinymodel import tiny_path
+    from llmfleet.plan.models import pool_preset
     from llmfleet.storage import FetchError, local_copy
 
     progress = logging.getLogger("llmfleet.storage")
@@ -64,6 +66,10 @@ def resolve_model_paths(isvc: InferenceService) -> InferenceService:
         progress.addHandler(logging.StreamHandler())
         progress.setLevel(logging.INFO)
     data = isvc.model_dump(by_alias=True, exclude_none=True, mode="json")
+    # a preset known from an hf:// repository, kept as an annotation: the local folder below no longer names it
+    for view in isvc.pools():
+        if isvc.model_preset(view) is None and (preset := pool_preset(isvc, view)):
+            data["metadata"].setdefault("annotations", {})[f"{MODEL_PRESET_ANNOTATION}.{view.name}"] = preset
     models = [data["spec"]["model"]] + [p["model"] for p in data["spec"].get("fallback", {}).get("pools", [])]
     for m in models:
         uri = parse_uri(m["path"])

@@ -10,7 +10,7 @@ from llmfleet.api.trainingjob import ModelShape
 from llmfleet.plan.hardware import GPUProfile, get_gpu
 
 if TYPE_CHECKING:
-    from llmfleet.api.inferenceservice import InferenceService
+    from llmfleet.api.inferenceservice import InferenceService, PoolView
 
 PRESETS: dict[str, ModelShape] = {
     "llama-3-8b": ModelShape(layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336, vocab=128256, seq_len=8192,
@@ -48,6 +48,22 @@ PRESETS |= {
     "qwen2.5-32b": _qwen2_5(64, 5120, 40, 8, 27648),
     "qwen2.5-72b": _qwen2_5(80, 8192, 64, 8, 29568),
 }
+
+# The presets' models on the Hugging Face Hub (lower case; each name also with "-instruct", and the Llama-2 ones
+# with "-hf" / "-chat-hf"), so a pool serving one by `hf://ORG/NAME` needs no model-preset annotation.
+_HUB_MODELS: dict[str, tuple[str, ...]] = {
+    "llama-3-8b": ("meta-llama/meta-llama-3-8b",),
+    "llama-3.1-8b": ("meta-llama/llama-3.1-8b", "meta-llama/meta-llama-3.1-8b"),
+    "llama-3-70b": ("meta-llama/meta-llama-3-70b",),
+    "llama-3.1-70b": ("meta-llama/llama-3.1-70b", "meta-llama/meta-llama-3.1-70b", "meta-llama/llama-3.3-70b"),
+    "llama-3.2-1b": ("meta-llama/llama-3.2-1b",),
+    "mistral-7b": ("mistralai/mistral-7b-v0.3",),
+    **{f"qwen2.5-{size}": (f"qwen/qwen2.5-{size}",) for size in ("0.5b", "1.5b", "7b", "14b", "32b", "72b")},
+}
+HUB_PRESETS: dict[str, str] = {
+    repo + suffix: preset for preset, repos in _HUB_MODELS.items() for repo in repos for suffix in ("", "-instruct")
+} | {"meta-llama/llama-2-7b-hf": "llama-2-7b", "meta-llama/llama-2-7b-chat-hf": "llama-2-7b",
+     "mistralai/mistral-7b-instruct-v0.3": "mistral-7b"}
 
 # Bytes per element of weights / KV-cache dtypes. int4 ignores the (small) per-group scales.
 DTYPE_BYTES: dict[str, float] = {
@@ -125,6 +141,20 @@ def weight_dtype_for(quantization: str | None) -> str:
     return "fp8" if quantization == "fp8" else "bf16"
 
 
+def pool_preset(isvc: InferenceService, pool: PoolView) -> str | None:
+    """The planner preset `pool` serves: its model-preset annotation (`InferenceService.model_preset`), else the
+    preset of the Hub repository it serves by `hf://` (`HUB_PRESETS`, any revision), else None."""
+    from llmfleet.api.storage import UriError, parse_uri
+
+    if annotated := isvc.model_preset(pool):
+        return annotated
+    try:
+        uri = parse_uri(pool.model.path)
+    except UriError:
+        return None
+    return HUB_PRESETS.get(uri.location.lower()) if uri.scheme == "hf" else None
+
+
 def get_model(name: str) -> ModelShape:
     key = name.lower()
     if key not in PRESETS:
@@ -162,7 +192,7 @@ def model_preset_problems(isvc: InferenceService) -> list[tuple[str, str]]:
         elif value.lower() not in PRESETS:
             problems.append((path, f"unknown model preset {value!r}; known: {', '.join(PRESETS)}"))
     for view in isvc.pools():  # a preset gives the shape: a tensor parallelism vLLM would refuse, named now
-        preset = isvc.model_preset(view)
+        preset = pool_preset(isvc, view)
         if preset and preset.lower() in PRESETS and (
                 problem := tensor_parallel_problem(PRESETS[preset.lower()], view.vllm.tensor_parallel_size)):
             problems.append((f"{view.field_path}.vllm.tensorParallelSize", f"{problem}; model preset {preset}"))

@@ -29,6 +29,7 @@ from llmfleet.api.inferenceservice import (
 from llmfleet.api.loader import dump_yaml
 from llmfleet.api.outliers import OutlierEjection
 from llmfleet.api.storage import parse_uri
+from llmfleet.plan.models import pool_preset
 from llmfleet.router.prefill_price import pool_prefill_rate
 
 # The router's ConfigMap key and where the operator mounts it (and the tenants Secret) in the router's pod.
@@ -407,7 +408,7 @@ def router_config_from_service(
                 kv_offload_gib=view.vllm.kv_offload_gib,
                 tensor_parallel_size=view.vllm.tensor_parallel_size,
                 prefill_tokens_per_s=pool_prefill_rate(
-                    isvc.model_preset(view), view.resources.gpu_type, gpus=view.resources.gpus,
+                    pool_preset(isvc, view), view.resources.gpu_type, gpus=view.resources.gpus,
                     mig_profile=view.resources.mig_profile, tensor_parallel=view.vllm.tensor_parallel_size,
                     quantization=view.model.quantization),
                 dtype=view.model.dtype,

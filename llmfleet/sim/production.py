@@ -23,7 +23,7 @@ from llmfleet.api.inferenceservice import PoolView
 from llmfleet.autoscaler.controller import wakes_on_burst
 from llmfleet.autoscaler.policy import PolicyConfig, PolicyState, decide
 from llmfleet.autoscaler.seeds import seeds_for_service
-from llmfleet.plan.models import kv_dtype_for, weight_dtype_for
+from llmfleet.plan.models import kv_dtype_for, pool_preset, weight_dtype_for
 from llmfleet.router.config import router_config_from_service
 from llmfleet.sim.engine import simulate
 from llmfleet.sim.routers import LlmfleetRouter
@@ -53,11 +53,13 @@ class PolicyHook:
 
 
 def model_preset(isvc: InferenceService, pool: PoolView) -> str:
-    """The planner preset a pool serves (annotation `llmfleet.io/model-preset[.<pool>]`); the simulator needs one."""
-    preset = isvc.model_preset(pool)
+    """The planner preset a pool serves (annotation `llmfleet.io/model-preset[.<pool>]`, else its Hub repository's:
+    `plan.models.pool_preset`); the simulator needs one."""
+    preset = pool_preset(isvc, pool)
     if not preset:
         raise ValueError(f"pool {pool.name}: no model preset to simulate (annotation "
-                         f"{MODEL_PRESET_ANNOTATION}{'' if pool.role == 'primary' else '.' + pool.name})")
+                         f"{MODEL_PRESET_ANNOTATION}{'' if pool.role == 'primary' else '.' + pool.name}, or an hf:// "
+                         "model the planner knows)")
     return preset
 
 

@@ -18,7 +18,7 @@ from llmfleet.local.manifest import InvalidManifest, load_service
 from llmfleet.operator.builders import ServiceSpecError, build_inferenceservice
 from llmfleet.operator.config import OperatorConfig
 from llmfleet.operator.reconcile_isvc import reconcile_inferenceservice
-from llmfleet.plan.models import model_preset_problems
+from llmfleet.plan.models import model_preset_problems, pool_preset
 
 runner = CliRunner()
 UNKNOWN_PRESET = {MODEL_PRESET_ANNOTATION: "llama-3-8bb"}
@@ -119,13 +119,48 @@ def test_presets_have_their_models_parameter_counts(preset: str, billions: float
     assert total_params(PRESETS[preset]) / 1e9 == pytest.approx(billions, rel=0.005)
 
 
-def test_the_real_model_example_names_presets_the_planner_prices() -> None:
+def test_the_real_model_examples_hub_models_are_presets_the_planner_prices() -> None:
     from llmfleet.api import load_manifest
     from llmfleet.autoscaler.seeds import DEFAULT_SEED, seeds_for_service
     from llmfleet.router.config import router_config_from_service
 
     isvc = load_manifest(Path(__file__).parents[2] / "examples/inferenceservice-hf-gpu.yaml")
     assert isinstance(isvc, InferenceService) and model_preset_problems(isvc) == []
-    assert [isvc.model_preset(p) for p in isvc.pools()] == ["qwen2.5-7b", "qwen2.5-0.5b"]
+    assert [isvc.model_preset(p) for p in isvc.pools()] == [None, None]  # no annotation: the Hub repositories
+    assert [pool_preset(isvc, p) for p in isvc.pools()] == ["qwen2.5-7b", "qwen2.5-0.5b"]
     assert all(p.prefill_tokens_per_s for p in router_config_from_service(isvc, endpoints={}).pools)
     assert all(seed != DEFAULT_SEED for seed in seeds_for_service(isvc).values())
+
+
+def test_a_hub_repository_the_planner_knows_is_its_preset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """hf://ORG/NAME of a preset's model (any case, revision, base or Instruct) gives the preset where no annotation
+    does; an annotation wins; other locations and unknown repositories give none. The tensor-parallel check uses
+    it, and `llmfleet up` keeps it as an annotation when it swaps the repository for the fetched folder."""
+    from llmfleet import storage
+    from llmfleet.local import manifest
+    from llmfleet.sim.production import pool_specs
+
+    def service(path: str, annotations: dict[str, str] | None = None, tp: int = 1) -> InferenceService:
+        doc = _doc(annotations or {}, model_path=path)
+        doc["spec"]["resources"]["gpus"] = tp
+        doc["spec"]["vllm"] = {"tensorParallelSize": tp}
+        doc["spec"]["fallback"]["pools"][0]["vllm"] = {}
+        return InferenceService.model_validate(doc)
+
+    def primary(isvc: InferenceService) -> str | None:
+        return pool_preset(isvc, isvc.pools()[0])
+
+    assert primary(service("hf://Qwen/Qwen2.5-7B-Instruct@main")) == "qwen2.5-7b"
+    assert primary(service("hf://meta-llama/Meta-Llama-3-8B")) == "llama-3-8b"
+    assert primary(service("hf://meta-llama/Llama-3.3-70B-Instruct")) == "llama-3.1-70b"
+    assert primary(service("hf://Qwen/Qwen2.5-7B-Instruct", {MODEL_PRESET_ANNOTATION: "llama-3-8b"})) == "llama-3-8b"
+    assert primary(service("hf://Qwen/Qwen2.5-Coder-7B-Instruct")) is None  # not a repository it knows
+    assert primary(service("/models/Qwen2.5-7B-Instruct")) is None and primary(service("s3://models/qwen2.5-7b")) is None
+    assert pool_specs(service("hf://Qwen/Qwen2.5-7B-Instruct"))[0].model == "qwen2.5-7b"  # the simulator's too
+    (path, message), = model_preset_problems(service("hf://Qwen/Qwen2.5-7B-Instruct", tp=8))
+    assert path == "spec.vllm.tensorParallelSize" and "28 attention heads" in message and "qwen2.5-7b" in message
+
+    monkeypatch.setattr(storage, "local_copy", lambda uri: tmp_path)  # the fetch: the repository's local folder
+    resolved = manifest.resolve_model_paths(service("hf://Qwen/Qwen2.5-7B-Instruct"))
+    assert resolved.spec.model.path == str(tmp_path) and primary(resolved) == "qwen2.5-7b"
+    assert resolved.metadata.annotations == {f"{MODEL_PRESET_ANNOTATION}.{p}": "qwen2.5-7b" for p in ("primary", "small")}
