@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 
 from llmfleet.autoscaler.capacity import DEFAULT_SEED, CapacitySeed
 from llmfleet.plan.capacity import ReplicaCapacity, TrafficShape, replica_capacity
-from llmfleet.plan.models import kv_dtype_for, planned_pool, pool_preset, weight_dtype_for
+from llmfleet.plan.models import kv_dtype_for, planned_pool, weight_dtype_for
+from llmfleet.plan.pool_presets import pool_preset
 from llmfleet.plan.roofline import StepCostModel
 
 if TYPE_CHECKING:
@@ -69,12 +70,16 @@ def seed_for_pool(
         kv = max(1, int(kv_sequences)) if kv_sequences is not None and math.isfinite(kv_sequences) else None
         return at(max(1, round(mean_in)), max(1, round(mean_out)), min(max(hit_rate, 0.0), 1.0), kv)
 
-    return replace(at(input_tokens, output_tokens, 0.0), at_mix=at_mix)
+    try:
+        base = at(input_tokens, output_tokens, 0.0)
+    except ValueError:  # the preset's weights do not fit these GPUs (an invalid spec the operator reports): the
+        return DEFAULT_SEED  # default seed, never an autoscaler that stops; the fit does not depend on the mix
+    return replace(base, at_mix=at_mix)
 
 
 def seeds_for_service(isvc: InferenceService) -> dict[str, CapacitySeed]:
     """Seeds for every pool; the planner preset comes from annotation `llmfleet.io/model-preset[.<pool>]`, else
-    from the Hub repository the pool serves (`plan.models.pool_preset`)."""
+    from the Hub repository the pool serves (`plan.pool_presets.pool_preset`)."""
     out = {}
     for pool in isvc.pools():
         preset = pool_preset(isvc, pool)

@@ -22,7 +22,7 @@ def load_service(file: Path) -> InferenceService:
     arguments and model/adapter folders checked. Raises InvalidManifest (also what the running supervisor uses
     on an edit)."""
     from llmfleet.api import InferenceService, ManifestError, load_manifest
-    from llmfleet.plan.models import model_preset_problems
+    from llmfleet.plan.pool_presets import model_preset_problems
     from llmfleet.workers.serve.vllm_args import InvalidServeSpec, render_vllm_args, validate_adapter_files
 
     try:
@@ -58,7 +58,7 @@ def resolve_model_paths(isvc: InferenceService) -> InferenceService:
     from llmfleet.api.contracts import MODEL_PRESET_ANNOTATION
     from llmfleet.api.storage import parse_uri
     from llmfleet.local.tinymodel import tiny_path
-    from llmfleet.plan.models import pool_preset
+    from llmfleet.plan.pool_presets import pool_preset
     from llmfleet.storage import FetchError, local_copy
 
     progress = logging.getLogger("llmfleet.storage")

@@ -114,7 +114,7 @@ def _planner_checks(resource: Any) -> list[tuple[str, str]]:
     TrainingJob, a MIG profile its GPU type does not have on an InferenceService pool), and model-preset
     annotations the planner does not know."""
     from llmfleet.plan.hardware import mig_profile_problem, training_precision_problems
-    from llmfleet.plan.models import model_preset_problems
+    from llmfleet.plan.pool_presets import model_preset_problems
 
     kind = getattr(resource, "kind", None)
     if kind == "TrainingJob":

@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from llmfleet.api.contracts import MODEL_PRESET_ANNOTATION
 from llmfleet.api.trainingjob import ModelShape
 from llmfleet.plan.hardware import GPUProfile, get_gpu
-
-if TYPE_CHECKING:
-    from llmfleet.api.inferenceservice import InferenceService, PoolView
 
 PRESETS: dict[str, ModelShape] = {
     "llama-3-8b": ModelShape(layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336, vocab=128256, seq_len=8192,
@@ -48,22 +44,6 @@ PRESETS |= {
     "qwen2.5-32b": _qwen2_5(64, 5120, 40, 8, 27648),
     "qwen2.5-72b": _qwen2_5(80, 8192, 64, 8, 29568),
 }
-
-# The presets' models on the Hugging Face Hub (lower case; each name also with "-instruct", and the Llama-2 ones
-# with "-hf" / "-chat-hf"), so a pool serving one by `hf://ORG/NAME` needs no model-preset annotation.
-_HUB_MODELS: dict[str, tuple[str, ...]] = {
-    "llama-3-8b": ("meta-llama/meta-llama-3-8b",),
-    "llama-3.1-8b": ("meta-llama/llama-3.1-8b", "meta-llama/meta-llama-3.1-8b"),
-    "llama-3-70b": ("meta-llama/meta-llama-3-70b",),
-    "llama-3.1-70b": ("meta-llama/llama-3.1-70b", "meta-llama/meta-llama-3.1-70b", "meta-llama/llama-3.3-70b"),
-    "llama-3.2-1b": ("meta-llama/llama-3.2-1b",),
-    "mistral-7b": ("mistralai/mistral-7b-v0.3",),
-    **{f"qwen2.5-{size}": (f"qwen/qwen2.5-{size}",) for size in ("0.5b", "1.5b", "7b", "14b", "32b", "72b")},
-}
-HUB_PRESETS: dict[str, str] = {
-    repo + suffix: preset for preset, repos in _HUB_MODELS.items() for repo in repos for suffix in ("", "-instruct")
-} | {"meta-llama/llama-2-7b-hf": "llama-2-7b", "meta-llama/llama-2-7b-chat-hf": "llama-2-7b",
-     "mistralai/mistral-7b-instruct-v0.3": "mistral-7b"}
 
 # Bytes per element of weights / KV-cache dtypes. int4 ignores the (small) per-group scales.
 DTYPE_BYTES: dict[str, float] = {
@@ -141,20 +121,6 @@ def weight_dtype_for(quantization: str | None) -> str:
     return "fp8" if quantization == "fp8" else "bf16"
 
 
-def pool_preset(isvc: InferenceService, pool: PoolView) -> str | None:
-    """The planner preset `pool` serves: its model-preset annotation (`InferenceService.model_preset`), else the
-    preset of the Hub repository it serves by `hf://` (`HUB_PRESETS`, any revision), else None."""
-    from llmfleet.api.storage import UriError, parse_uri
-
-    if annotated := isvc.model_preset(pool):
-        return annotated
-    try:
-        uri = parse_uri(pool.model.path)
-    except UriError:
-        return None
-    return HUB_PRESETS.get(uri.location.lower()) if uri.scheme == "hf" else None
-
-
 def get_model(name: str) -> ModelShape:
     key = name.lower()
     if key not in PRESETS:
@@ -172,31 +138,6 @@ def planned_pool(model_preset: str | None, gpu_type: str | None, *, gpus: int = 
         return get_model(model_preset), get_gpu(gpu_type, mig=mig_profile)
     except ValueError:
         return None
-
-
-def model_preset_problems(isvc: InferenceService) -> list[tuple[str, str]]:
-    """(field path, message) for each model-preset annotation the planner cannot use: a preset it does not know,
-    or a `.<suffix>` that names no pool of the service. Both would otherwise be ignored without a word: the pool
-    then gets the autoscaler's default seed and a measured prefill rate instead of the planner's. Also a pool's
-    tensor parallelism that its preset's heads do not allow (`tensor_parallel_problem`)."""
-    pools = [p.name for p in isvc.pools()]
-    problems = []
-    for key, value in sorted(isvc.metadata.annotations.items()):
-        if not key.startswith(MODEL_PRESET_ANNOTATION):
-            continue
-        path = f"metadata.annotations[{key}]"
-        pool = key[len(MODEL_PRESET_ANNOTATION) + 1:]
-        if key != MODEL_PRESET_ANNOTATION and (key[len(MODEL_PRESET_ANNOTATION)] != "." or pool not in pools):
-            problems.append((path, f"names no pool of this service: use {MODEL_PRESET_ANNOTATION} (the primary) "
-                                   f"or {MODEL_PRESET_ANNOTATION}.<pool> with a pool of {', '.join(pools)}"))
-        elif value.lower() not in PRESETS:
-            problems.append((path, f"unknown model preset {value!r}; known: {', '.join(PRESETS)}"))
-    for view in isvc.pools():  # a preset gives the shape: a tensor parallelism vLLM would refuse, named now
-        preset = pool_preset(isvc, view)
-        if preset and preset.lower() in PRESETS and (
-                problem := tensor_parallel_problem(PRESETS[preset.lower()], view.vllm.tensor_parallel_size)):
-            problems.append((f"{view.field_path}.vllm.tensorParallelSize", f"{problem}; model preset {preset}"))
-    return problems
 
 
 def attention_params_per_layer(m: ModelShape) -> int:

@@ -29,7 +29,7 @@ from llmfleet.api.inferenceservice import (
 from llmfleet.api.loader import dump_yaml
 from llmfleet.api.outliers import OutlierEjection
 from llmfleet.api.storage import parse_uri
-from llmfleet.plan.models import pool_preset
+from llmfleet.plan.pool_presets import pool_preset
 from llmfleet.router.prefill_price import pool_prefill_rate
 
 # The router's ConfigMap key and where the operator mounts it (and the tenants Secret) in the router's pod.

@@ -23,7 +23,8 @@ from llmfleet.api.inferenceservice import PoolView
 from llmfleet.autoscaler.controller import wakes_on_burst
 from llmfleet.autoscaler.policy import PolicyConfig, PolicyState, decide
 from llmfleet.autoscaler.seeds import seeds_for_service
-from llmfleet.plan.models import kv_dtype_for, pool_preset, weight_dtype_for
+from llmfleet.plan.models import kv_dtype_for, weight_dtype_for
+from llmfleet.plan.pool_presets import pool_preset
 from llmfleet.router.config import router_config_from_service
 from llmfleet.sim.engine import simulate
 from llmfleet.sim.routers import LlmfleetRouter
@@ -54,7 +55,7 @@ class PolicyHook:
 
 def model_preset(isvc: InferenceService, pool: PoolView) -> str:
     """The planner preset a pool serves (annotation `llmfleet.io/model-preset[.<pool>]`, else its Hub repository's:
-    `plan.models.pool_preset`); the simulator needs one."""
+    `plan.pool_presets.pool_preset`); the simulator needs one."""
     preset = pool_preset(isvc, pool)
     if not preset:
         raise ValueError(f"pool {pool.name}: no model preset to simulate (annotation "

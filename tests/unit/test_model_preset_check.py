@@ -18,7 +18,7 @@ from llmfleet.local.manifest import InvalidManifest, load_service
 from llmfleet.operator.builders import ServiceSpecError, build_inferenceservice
 from llmfleet.operator.config import OperatorConfig
 from llmfleet.operator.reconcile_isvc import reconcile_inferenceservice
-from llmfleet.plan.models import model_preset_problems, pool_preset
+from llmfleet.plan.pool_presets import model_preset_problems, pool_preset
 
 runner = CliRunner()
 UNKNOWN_PRESET = {MODEL_PRESET_ANNOTATION: "llama-3-8bb"}
@@ -164,3 +164,24 @@ def test_a_hub_repository_the_planner_knows_is_its_preset(tmp_path: Path, monkey
     resolved = manifest.resolve_model_paths(service("hf://Qwen/Qwen2.5-7B-Instruct"))
     assert resolved.spec.model.path == str(tmp_path) and primary(resolved) == "qwen2.5-7b"
     assert resolved.metadata.annotations == {f"{MODEL_PRESET_ANNOTATION}.{p}": "qwen2.5-7b" for p in ("primary", "small")}
+
+
+def test_weights_that_do_not_fit_are_an_invalid_spec_and_the_default_seed() -> None:
+    """Qwen2.5-72B in bf16 on one H100 is refused naming the tensor parallelism (vLLM would fail at start, after
+    the fetch); the autoscaler's seed falls back to the default instead of raising. Two H200s fit; fp8 weights
+    halve the bytes; AWQ's are not sized, so the planner says nothing."""
+    from llmfleet.autoscaler.seeds import DEFAULT_SEED, seeds_for_service
+
+    def service(gpus: int, gpu: str, quantization: str | None = None) -> InferenceService:
+        model = {"path": "hf://Qwen/Qwen2.5-72B-Instruct", **({"quantization": quantization} if quantization else {})}
+        return InferenceService.model_validate({"metadata": {"name": "big"}, "spec": {
+            "model": model, "resources": {"gpus": gpus, "gpuType": gpu}, "vllm": {"tensorParallelSize": gpus}}})
+
+    (path, message), = model_preset_problems(service(1, "H100"))
+    assert path == "spec.vllm.tensorParallelSize"
+    assert message.startswith("model preset qwen2.5-72b: weights (135.") and "do not fit" in message
+    assert seeds_for_service(service(1, "H100"))["primary"] == DEFAULT_SEED
+    assert model_preset_problems(service(2, "H200")) == []
+    assert seeds_for_service(service(2, "H200"))["primary"] != DEFAULT_SEED
+    assert model_preset_problems(service(1, "H200", "fp8")) == []  # 68 GiB of fp8 weights in 126 GiB
+    assert model_preset_problems(service(1, "H100", "awq")) == []

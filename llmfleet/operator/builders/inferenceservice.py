@@ -41,7 +41,7 @@ from llmfleet.operator.builders.featurestore import (
 from llmfleet.operator.builders.security import ENGINE_SCRATCH, restricted
 from llmfleet.operator.builders.storage import PodStorage, StorageSpecError, fetch_image
 from llmfleet.operator.config import OperatorConfig
-from llmfleet.plan.models import model_preset_problems
+from llmfleet.plan.pool_presets import model_preset_problems
 from llmfleet.router.config import (
     DISCOVERY_RULES,
     ROUTER_CONFIG_DIR,
