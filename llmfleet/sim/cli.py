@@ -153,8 +153,8 @@ def register(app: typer.Typer) -> None:
         autoscaler: str | None = typer.Option(None, help="Run the production autoscaler: slo, queue or static "
                                                          "(the InferenceService's spec.autoscaling.policy)."),
         replicas: int = typer.Option(8, help="Primary replicas (the start size with --autoscaler)."),
-        min_replicas: int = typer.Option(1, help="With --autoscaler: primary minReplicas."),
-        max_replicas: int = typer.Option(64, help="With --autoscaler: primary maxReplicas."),
+        min_replicas: int | None = typer.Option(None, help="With --autoscaler: primary minReplicas (default 1)."),
+        max_replicas: int | None = typer.Option(None, help="With --autoscaler: primary maxReplicas (default 64)."),
         decision_phase: float = typer.Option(0.0, help="With --autoscaler: seconds after the first arrival, below the "
                                                        "decision interval, at which the regular decisions fall (one "
                                                        "result is one phase of the timer; compare several)."),
@@ -223,8 +223,10 @@ def register(app: typer.Typer) -> None:
                 if sn < 0:
                     raise ValueError(f"--student replicas must be >= 0, got {sn}")
             require_number("--decision-phase", decision_phase, 0.0, inclusive=True)
-            if decision_phase and autoscaler is None:
-                raise ValueError("--decision-phase needs --autoscaler")
+            for flag, value in (("--decision-phase", decision_phase or None), ("--min-replicas", min_replicas),
+                                ("--max-replicas", max_replicas)):
+                if value is not None and autoscaler is None:
+                    raise ValueError(f"{flag} needs --autoscaler (a fleet without it keeps --replicas)")
             if student_mig and not sm:
                 raise ValueError("--student-mig needs --student")
             if student_mig:
@@ -238,8 +240,10 @@ def register(app: typer.Typer) -> None:
                 if router and set(router) != {"llmfleet"}:
                     raise ValueError("--autoscaler runs the production router (llmfleet); drop --router")
                 isvc = make_service(policy=autoscaler, ttft_slo_ms=ttft_slo_ms, tpot_slo_ms=tpot_slo_ms,
-                                    replicas=replicas, model=model, gpu=gpu, min_replicas=min_replicas,
-                                    max_replicas=max_replicas, max_model_len=max_model_len, quantization=quantization,
+                                    replicas=replicas, model=model, gpu=gpu,
+                                    min_replicas=1 if min_replicas is None else min_replicas,
+                                    max_replicas=64 if max_replicas is None else max_replicas,
+                                    max_model_len=max_model_len, quantization=quantization,
                                     tensor_parallel=tp,
                                     kv_cache_dtype=engine_kv_cache_dtype(kv_dtype), kv_offload_gib=host_kv_gib,
                                     student=sm, student_min=sn, student_mig=student_mig)

@@ -168,6 +168,7 @@ def test_cli_errors_are_one_line_with_exit_2(tmp_path: Path) -> None:
                  ["--student", "llama-3.2-1b:x"], ["--max-model-len", "1"], ["--time-scale", "0"],
                  ["--time-scale", "nan"], ["--trace", str(HEAD300), "--time-scale", "-2"],
                  ["--decision-phase", "3"], ["--autoscaler", "slo", "--decision-phase", "15"],
+                 ["--min-replicas", "2"], ["--max-replicas", "4"],
                  ["--autoscaler", "slo", "--decision-phase", "-1"]):
         r = CliRunner().invoke(app, ["sim", "run", "--duration", "20", "--rate", "2", *args])
         assert r.exit_code == 2, (args, r.output)
@@ -336,9 +337,10 @@ def test_cli_autoscaler_runs_the_fleet_the_engine_flags_describe(tmp_path: Path,
     r = CliRunner().invoke(app, ["sim", "run", "--duration", "30", "--rate", "2", "--replicas", "1", "--autoscaler",
                                  "slo", "--model", "llama-3-70b", "--tp", "2", "--kv-dtype", "fp8", "--host-kv-gib",
                                  "100", "--calibration", str(calibration), "--student", "llama-3.2-1b:0",
-                                 "--quantization", "fp8"])
+                                 "--quantization", "fp8", "--max-replicas", "3"])
     assert r.exit_code == 0, r.output
     primary, student = seen[0].pools
+    assert (primary.min_replicas, primary.max_replicas) == (1, 3)
     assert (primary.tensor_parallel, primary.kv_dtype, primary.host_kv_gib) == (2, "fp8", 100.0)
     assert (primary.weight_dtype, student.weight_dtype) == ("fp8", "bf16")
     assert primary.calibration == str(calibration) and primary.cost_model().overhead_s == 0.004
