@@ -56,6 +56,10 @@ RESERVED_POOL_NAMES = (PRIMARY_POOL, ROUTER_SUFFIX)
 # Weight quantization methods the engine is given (vLLM's --quantization).
 Quantization = Literal["awq", "gptq", "fp8", "bitsandbytes", "compressed-tensors"]
 QUANTIZATION_METHODS: tuple[str, ...] = get_args(Quantization)
+# KV-cache dtypes the engine is given (vLLM's --kv-cache-dtype): auto is the model's own dtype.
+KvCacheDtype = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]
+KV_CACHE_DTYPES: tuple[str, ...] = get_args(KvCacheDtype)
+
 
 class ServedModel(ApiModel):
     """The model a pool serves."""
@@ -93,7 +97,7 @@ class VLLMSpec(ApiModel):
         json_schema_extra={"enum": list(BLOCK_SIZES)},  # the API server refuses other sizes too
     )
     enable_prefix_caching: bool = Field(default=True, description="Reuse KV blocks of shared prompt prefixes.")
-    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = Field(
+    kv_cache_dtype: KvCacheDtype = Field(
         default="auto", description="KV-cache dtype; fp8 halves KV memory (twice the tokens per GPU)."
     )
     max_num_seqs: int | None = Field(default=None, ge=1, description="Maximum concurrently running sequences.")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 
@@ -129,9 +129,10 @@ def engine_kv_cache_dtype(kv_dtype: str) -> str:
     """`--kv-dtype` as the InferenceService's vllm.kvCacheDtype (the fleet `--autoscaler` runs): a 16-bit dtype
     is the engine's auto (the model's), fp8 is itself; the engine has no other KV dtype, so anything else is a
     ValueError naming the option."""
+    from llmfleet.api.inferenceservice import KV_CACHE_DTYPES
     from llmfleet.plan.models import dtype_bytes
 
-    if kv_dtype.lower() in ("fp8", "fp8_e4m3", "fp8_e5m2"):
+    if kv_dtype.lower() in KV_CACHE_DTYPES and kv_dtype.lower() != "auto":
         return kv_dtype.lower()
     if dtype_bytes(kv_dtype) == 2.0:
         return "auto"
@@ -239,14 +240,14 @@ def register(app: typer.Typer) -> None:
                     raise ValueError(f"unknown --autoscaler {autoscaler!r}; known: {', '.join(AUTOSCALERS)}")
                 if router and set(router) != {"llmfleet"}:
                     raise ValueError("--autoscaler runs the production router (llmfleet); drop --router")
+                # unset bounds: make_service's (1 and 64)
+                bounds: dict[str, Any] = {k: v for k, v in (("min_replicas", min_replicas),
+                                                            ("max_replicas", max_replicas)) if v is not None}
                 isvc = make_service(policy=autoscaler, ttft_slo_ms=ttft_slo_ms, tpot_slo_ms=tpot_slo_ms,
-                                    replicas=replicas, model=model, gpu=gpu,
-                                    min_replicas=1 if min_replicas is None else min_replicas,
-                                    max_replicas=64 if max_replicas is None else max_replicas,
-                                    max_model_len=max_model_len, quantization=quantization,
-                                    tensor_parallel=tp,
+                                    replicas=replicas, model=model, gpu=gpu, max_model_len=max_model_len,
+                                    quantization=quantization, tensor_parallel=tp,
                                     kv_cache_dtype=engine_kv_cache_dtype(kv_dtype), kv_offload_gib=host_kv_gib,
-                                    student=sm, student_min=sn, student_mig=student_mig)
+                                    student=sm, student_min=sn, student_mig=student_mig, **bounds)
                 interval = isvc.spec.autoscaling.interval_seconds
                 if decision_phase >= interval:
                     raise ValueError(f"--decision-phase must be below the decision interval ({interval:g} s), "
