@@ -15,8 +15,9 @@ So a pool the planner knows (its model preset and GPU, MIG slice and tensor para
 below the reference's roofline (30,000 against its ~39,600) carries to every slower pool, and the reference and
 every faster pool keep exactly the default. Why not above: priced below the replicas' rate the fleet holds and
 only its tail grows (TTFT p99 0.26 s at 5,000 against 0.17 s at 30,000), priced well above it the fleet collapses,
-and the roofline's rate is an idle replica's: a burst's prompts share each step with the running decodes. Pricing a faster student pool above the default was
-measured in the autoscaler's simulation and cost the fallback its timing (docs/router.md, "Fallback"). A pool the
+and the roofline's rate is an idle replica's: a burst's prompts share each step with the running decodes. Pricing
+a faster student pool above the default was measured in the autoscaler's simulation and cost the fallback its
+timing (docs/router.md, "Fallback"). A pool the
 planner cannot price (CPU replicas, no preset, a GPU it does not know) has its rate measured instead, unless
 `measurePrefillRate` says otherwise (docs/router.md).
 """
