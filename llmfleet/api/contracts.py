@@ -28,6 +28,15 @@ RENDEZVOUS_PORT = 29400  # torch elastic rendezvous of a TrainingJob
 OPERATOR_METRICS_PORT = 8080  # the operator's /metrics
 OPERATOR_LIVENESS_PORT = 8081  # the operator's /healthz
 
+# ---- metrics
+# Gauges llmfleet's serving wrapper adds to a replica's /metrics, read from the model folder's config.json (the
+# router's and the autoscaler's pods do not have the folder): K and V bytes per token over all tensor-parallel
+# ranks (the router sizes a host KV tier in blocks with it), and the model's planner shape, one sample per field
+# with the field in label `dim` (the autoscaler seeds a pool that has no model preset from it).
+KV_BYTES_PER_TOKEN_METRIC = "llmfleet:kv_cache_bytes_per_token"
+MODEL_SHAPE_METRIC = "llmfleet:model_shape"
+MODEL_SHAPE_DIM_LABEL = "dim"
+
 # ---- files
 # The SQLite file of the default feature store, in a run folder (local) or on the request-log volume (cluster).
 FEATURE_STORE_DB_FILE = "featurestore.db"

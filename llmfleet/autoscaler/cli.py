@@ -91,7 +91,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         from llmfleet.api.loader import load_json_file, parse_json, read_text
         from llmfleet.autoscaler.policy import PolicyConfig, PolicyState, decide
-        from llmfleet.autoscaler.seeds import seeds_for_service
+        from llmfleet.autoscaler.seeds import known_shapes, remember_shapes, seeds_for_service
         from llmfleet.autoscaler.types import signals_from_json
 
         isvc = _load_service(service)
@@ -109,7 +109,8 @@ def register(app: typer.Typer) -> None:
                 raise _fail(f"{state}: a policy state is a JSON object (the state annotation's value)")
             st = PolicyState.from_mapping(data)
         try:
-            d = decide(PolicyConfig.from_service(isvc, seeds=seeds_for_service(isvc)), sigs, st)
+            d = decide(PolicyConfig.from_service(isvc, seeds=seeds_for_service(isvc, known_shapes(sigs, st))), sigs, st)
+            remember_shapes(d.state, sigs)
         except ValueError as err:
             raise _fail(str(err)) from err
         typer.echo(json.dumps(_decision_json(d), indent=2))

@@ -17,7 +17,7 @@ from llmfleet.autoscaler.actuation import Actuator, DrainResult
 from llmfleet.autoscaler.capacity import CapacitySeed
 from llmfleet.autoscaler.policy import PolicyConfig, PolicyState, PoolSignals, ScalingDecision, decide
 from llmfleet.autoscaler.scalein import choose_victims
-from llmfleet.autoscaler.seeds import seeds_for_service
+from llmfleet.autoscaler.seeds import known_shapes, remember_shapes, seeds_for_service
 from llmfleet.autoscaler.signals import PoolRef
 from llmfleet.router.burst import follow_up_after
 
@@ -102,7 +102,6 @@ async def autoscale_step(
     The current size of a pool is its spec replicas (Kubernetes: the body is fresh each tick), or with
     `replicas_from_spec=False` the replicas the actuator lists (local runtime: the spec is never rewritten).
     """
-    cfg = PolicyConfig.from_service(isvc, seeds=seeds if seeds is not None else seeds_for_service(isvc))
     refs = []
     replicas_by_pool = {}
     for view in isvc.pools():
@@ -115,7 +114,10 @@ async def autoscale_step(
         sigs = [replace(s, held_requests=max(s.held_requests or 0, held[s.pool])) if held.get(s.pool) else s
                 for s in sigs]
     sigs = with_burst(sigs, burst)
-    decision = decide(cfg, sigs, state)
+    if seeds is None:  # after the signals: a pool no preset names is seeded from the shape its replicas report
+        seeds = seeds_for_service(isvc, known_shapes(sigs, state))
+    decision = decide(PolicyConfig.from_service(isvc, seeds=seeds), sigs, state)
+    remember_shapes(decision.state, sigs)
     follow = follow_up_after(sigs, burst.rate) if burst is not None else None
     result = StepResult(decision=decision, signals=sigs, follow_up_s=follow)
     ups = {n: d.desired for n, d in decision.pools.items() if d.desired > d.current}

@@ -5,25 +5,31 @@ the uncached prompt adds to an engine step of the running decodes, and the decod
 meeting the TPOT SLO. The policy wants tokens/s, so prefill tokens/s = uncached tokens / batched prefill time and
 decode tokens/s = batch / step time. The seed of a pool the planner knows also carries the roofline at any other mix
 (`CapacitySeed.for_mix`): the policy evaluates it at each interval's measured mean request shape and prefix
-hit rate, since a replica's throughput depends on them. Anything the planner cannot resolve (unknown model or GPU, CPU replicas) falls
-back to the default seed; the online learning corrects the rest.
+hit rate, since a replica's throughput depends on them. The model is a preset (the annotation, or the Hub
+repository served), else the shape the pool's replicas report (the serving wrapper reads it from the model's
+config.json). Anything the planner cannot resolve (no model, an unknown GPU, CPU replicas) falls back to the
+default seed; the online learning corrects the rest.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from llmfleet.autoscaler.capacity import DEFAULT_SEED, CapacitySeed
 from llmfleet.plan.capacity import ReplicaCapacity, TrafficShape, replica_capacity
-from llmfleet.plan.models import kv_dtype_for, planned_pool, weight_dtype_for
+from llmfleet.plan.models import kv_dtype_for, planned_pool, shape_dims, shape_from_dims, weight_dtype_for
 from llmfleet.plan.pool_presets import pool_preset
 from llmfleet.plan.roofline import StepCostModel
 
 if TYPE_CHECKING:
     from llmfleet.api.inferenceservice import InferenceService, PoolView
+    from llmfleet.api.trainingjob import ModelShape
+    from llmfleet.autoscaler.state import PolicyState
+    from llmfleet.autoscaler.types import PoolSignals
 
 
 def seed_from_capacity(cap: ReplicaCapacity, w: TrafficShape, cost: StepCostModel | None = None) -> CapacitySeed:
@@ -42,12 +48,12 @@ def seed_from_capacity(cap: ReplicaCapacity, w: TrafficShape, cost: StepCostMode
 
 
 def seed_for_pool(
-    pool: PoolView, model_preset: str | None, *, input_tokens: int = 2048, output_tokens: int = 256,
+    pool: PoolView, model: str | ModelShape | None, *, input_tokens: int = 2048, output_tokens: int = 256,
     ttft_slo_s: float = 1.0, tpot_slo_s: float = 0.1,
 ) -> CapacitySeed:
-    """Planner seed for `pool` (model preset name as the planner knows it, GPU from resources.gpuType and
-    migProfile)."""
-    planned = planned_pool(model_preset, pool.resources.gpu_type, gpus=pool.resources.gpus,
+    """Planner seed for `pool` (`model`: a preset name as the planner knows it, or a shape; GPU from
+    resources.gpuType and migProfile)."""
+    planned = planned_pool(model, pool.resources.gpu_type, gpus=pool.resources.gpus,
                            mig_profile=pool.resources.mig_profile)
     if planned is None:
         return DEFAULT_SEED
@@ -77,13 +83,38 @@ def seed_for_pool(
     return replace(base, at_mix=at_mix)
 
 
-def seeds_for_service(isvc: InferenceService) -> dict[str, CapacitySeed]:
-    """Seeds for every pool; the planner preset comes from annotation `llmfleet.io/model-preset[.<pool>]`, else
-    from the Hub repository the pool serves (`plan.pool_presets.pool_preset`)."""
+def seeds_for_service(isvc: InferenceService,
+                      reported_shapes: Mapping[str, ModelShape] | None = None) -> dict[str, CapacitySeed]:
+    """Seeds for every pool. The planner's model comes from annotation `llmfleet.io/model-preset[.<pool>]`, else
+    from the Hub repository the pool serves (`plan.pool_presets.pool_preset`), else from the shape the pool's
+    replicas report (`reported_shapes`, pool -> shape: `known_shapes`), so a model no preset names (a
+    fine-tune, a copy on S3 or a volume, another family) is planned too. A preset wins: it is what the spec says,
+    and the operator checked it."""
     out = {}
     for pool in isvc.pools():
-        preset = pool_preset(isvc, pool)
+        model: str | ModelShape | None = pool_preset(isvc, pool) or (reported_shapes or {}).get(pool.name)
         out[pool.name] = seed_for_pool(
-            pool, preset, ttft_slo_s=isvc.spec.slo.ttft_p95_ms / 1000.0, tpot_slo_s=isvc.spec.slo.tpot_p95_ms / 1000.0
+            pool, model, ttft_slo_s=isvc.spec.slo.ttft_p95_ms / 1000.0, tpot_slo_s=isvc.spec.slo.tpot_p95_ms / 1000.0
         )
     return out
+
+
+def known_shapes(signals: Iterable[PoolSignals], state: PolicyState | None = None) -> dict[str, ModelShape]:
+    """Pool -> the model shape its replicas report now, else the last one they agreed on (`state`, where
+    `remember_shapes` kept it), for the pools that have one."""
+    out: dict[str, ModelShape] = {}
+    for name, pool in (state.pools.items() if state is not None else ()):
+        if pool.model_shape:
+            try:
+                out[name] = shape_from_dims(pool.model_shape)
+            except ValueError:  # an annotation edited by hand: the replicas report it again soon
+                continue
+    out.update({s.pool: s.model_shape for s in signals if s.model_shape is not None})
+    return out
+
+
+def remember_shapes(state: PolicyState, signals: Iterable[PoolSignals]) -> None:
+    """Keep in `state` (persisted with it) the model shape each pool's replicas report now."""
+    for s in signals:
+        if s.model_shape is not None:
+            state.pool(s.pool).model_shape = shape_dims(s.model_shape)

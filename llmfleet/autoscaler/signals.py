@@ -17,6 +17,8 @@ Series read (router series are the llmfleet router's; `vllm:` are vLLM's own, pa
 | KV utilization       | `vllm:kv_cache_usage_perc` (or the older `vllm:gpu_cache_usage_perc`), averaged      |
 | prefix hit rate      | `vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total`                     |
 | prefill/decode tok/s | `vllm:prompt_tokens_total` x (1 - hit rate), `vllm:generation_tokens_total`          |
+| model shape          | `llmfleet:model_shape{dim}` (the serving wrapper's gauges, from config.json), where   |
+|                      | every replica of the pool reports the same shape                                    |
 
 A pool is `stale` when the newest sample of its series is older than `stale_after_s`, or the
 query fails: the policy then holds it (never scales it down).
@@ -31,8 +33,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from llmfleet.api.contracts import INFERENCESERVICE_LABEL, POOL_LABEL, prometheus_label
+from llmfleet.api.contracts import (
+    INFERENCESERVICE_LABEL,
+    MODEL_SHAPE_DIM_LABEL,
+    MODEL_SHAPE_METRIC,
+    POOL_LABEL,
+    prometheus_label,
+)
+from llmfleet.api.trainingjob import ModelShape
 from llmfleet.autoscaler.policy import PoolSignals, Role
+from llmfleet.plan.models import shape_from_dims
 from llmfleet.router.metrics import INPUT_TOKEN_POWERS
 
 
@@ -112,6 +122,26 @@ def build_queries(service: str, namespace: str, pool: str, role: Role, sel: Sele
     }
 
 
+def shape_queries(service: str, namespace: str, pool: str, sel: Selectors) -> tuple[str, str]:
+    """PromQL of the largest and the smallest value of each model-shape field over the pool's replicas (pure)."""
+    v = sel.replica.format(service=service, namespace=namespace, pool=pool)
+    name = MODEL_SHAPE_METRIC.replace(":", "[:_]")  # some scrapers store ':' escaped to '_'
+    series = "{" + f'__name__=~"{name}",{v}' + "}"
+    return (f"max by ({MODEL_SHAPE_DIM_LABEL}) ({series})", f"min by ({MODEL_SHAPE_DIM_LABEL}) ({series})")
+
+
+def agreed_shape(per_replica: Sequence[Mapping[str, float]]) -> ModelShape | None:
+    """The model shape the replicas that report one agree on, or None: none reports one, two disagree (a rollout
+    to another model under way), or the numbers are no shape (plan.models.shape_from_dims). Pure."""
+    reported = [dict(d) for d in per_replica if d]
+    if not reported or any(d != reported[0] for d in reported[1:]):
+        return None
+    try:
+        return shape_from_dims(reported[0])
+    except ValueError:
+        return None
+
+
 def _finite(x: float | None) -> float | None:
     return x if x is not None and math.isfinite(x) else None
 
@@ -123,9 +153,10 @@ def _moments(v: Mapping[str, float | None]) -> tuple[float, float, float] | None
 
 
 def assemble(
-    pool: PoolRef, now: float, values: Mapping[str, float | None], *, stale_after_s: float, failed: bool = False
+    pool: PoolRef, now: float, values: Mapping[str, float | None], *, stale_after_s: float, failed: bool = False,
+    model_shape: ModelShape | None = None,
 ) -> PoolSignals:
-    """PoolSignals from per-signal values (None = no data). Pure."""
+    """PoolSignals from per-signal values (None = no data) and the replicas' agreed model shape. Pure."""
     v = {k: _finite(x) for k, x in values.items()}
     hit = v.get("prefix_hit_rate")
     prompt_tps = v.get("prompt_tokens_per_s")
@@ -160,6 +191,7 @@ def assemble(
         held_requests=v.get("held_requests"),
         prefill_tokens_per_s=prefill,
         decode_tokens_per_s=v.get("decode_tokens_per_s"),
+        model_shape=model_shape,
         stale=stale,
     )
 
@@ -194,6 +226,16 @@ class PrometheusSignals:
         except (KeyError, IndexError, TypeError, ValueError):
             return None
 
+    def _query_by_dim(self, promql: str) -> dict[str, float]:
+        """{dim label: value} of a vector answer (samples without the label or with no number left out)."""
+        out: dict[str, float] = {}
+        for sample in self._prom.custom_query(promql, timeout=max(1, math.ceil(self.timeout_s))) or []:
+            try:
+                out[str(sample["metric"][MODEL_SHAPE_DIM_LABEL])] = float(sample["value"][1])
+            except (KeyError, IndexError, TypeError, ValueError):
+                continue
+        return out
+
     def _collect_pool(self, pool: PoolRef, now: float) -> PoolSignals:
         from prometheus_api_client.exceptions import PrometheusApiClientException
         from requests.exceptions import RequestException
@@ -203,9 +245,12 @@ class PrometheusSignals:
         try:
             for key, promql in queries.items():
                 values[key] = self._query(promql)
+            # replicas agree where each field's largest value is its smallest
+            shape = agreed_shape([self._query_by_dim(q) for q in shape_queries(self.service, self.namespace,
+                                                                               pool.name, self.selectors)])
         except (PrometheusApiClientException, RequestException, ValueError):
             return assemble(pool, now, values, stale_after_s=self.stale_after_s, failed=True)
-        return assemble(pool, now, values, stale_after_s=self.stale_after_s)
+        return assemble(pool, now, values, stale_after_s=self.stale_after_s, model_shape=shape)
 
     async def collect(self, pools: Sequence[PoolRef], now: float | None = None) -> list[PoolSignals]:
         t = time.monotonic() if now is None else now
@@ -408,10 +453,17 @@ class ScrapeSignals:
                                          t - prev.at if prev else 0.0)
             values["router_age_s"] = 0.0
             values["replica_age_s"] = 0.0
-            sig = assemble(pool, t, values, stale_after_s=self.stale_after_s, failed=failed)
+            shape = agreed_shape([shape_samples(snap.replicas.get(u, {})) for u in urls])
+            sig = assemble(pool, t, values, stale_after_s=self.stale_after_s, failed=failed, model_shape=shape)
             # rates between two scrapes: over the seconds since the last one (a step a wake-up brought forward: fewer)
             out.append(replace(sig, stale=sig.stale or failed, window_s=t - prev.at if prev else None))
         return out
+
+
+def shape_samples(snap: Mapping[Sample, float]) -> dict[str, float]:
+    """{dim: value} of one replica's `llmfleet:model_shape` samples (empty when it reports none)."""
+    return {dict(labels)[MODEL_SHAPE_DIM_LABEL]: v for (name, labels), v in snap.items()
+            if name == MODEL_SHAPE_METRIC and MODEL_SHAPE_DIM_LABEL in dict(labels)}
 
 
 def _merge(snaps: Mapping[str, Mapping[Sample, float]]) -> dict[Sample, float]:

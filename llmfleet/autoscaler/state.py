@@ -76,6 +76,10 @@ class PoolState:
     # from one (policy._slo_primary: each hold is twice the last)
     feedback_floor_until: float | None = None
     feedback_floors: int = 0
+    # the last model shape the pool's replicas agreed on (plan.models.shape_dims: field -> number): seeds a pool that
+    # names no preset while none reports (scaled to zero, restarting) or they disagree (a rollout), so its seed, and the
+    # efficiency learned against it, do not fall back to the default and return (seeds.known_shapes)
+    model_shape: dict[str, float] | None = None
 
 
 @dataclass
@@ -133,6 +137,8 @@ class PolicyState:
                 item["feedbackFloor"] = floor
             if s.feedback_floors:
                 item["feedbackFloors"] = s.feedback_floors
+            if s.model_shape:
+                item["modelShape"] = dict(sorted(s.model_shape.items()))
             out[name] = item
         return json.dumps(out, sort_keys=True, separators=(",", ":"))
 
@@ -191,6 +197,9 @@ class PolicyState:
                     s.feedback_floor = (rate, replicas)
                     s.feedback_floor_until = at(floor.get("until"), past=False)
             s.feedback_floors = _count(item.get("feedbackFloors")) or 0
+            shape = item.get("modelShape")
+            if isinstance(shape, dict) and shape and all(_rate(v) is not None for v in shape.values()):
+                s.model_shape = {str(k): float(v) for k, v in shape.items()}
             pending = item.get("pendingScaleUp")
             if isinstance(pending, dict):
                 since, target, ready = at(pending.get("since")), _count(pending.get("target")), _count(pending.get("readyBefore"))

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 
+from llmfleet.api.trainingjob import ModelShape
 from llmfleet.autoscaler.capacity import DEFAULT_SEED, CapacitySeed
 from llmfleet.autoscaler.state import Action, PolicyState
 
@@ -83,6 +84,10 @@ class PoolSignals:
     # The shortest waiting queue any ready replica had over the interval (Prometheus: min of
     # min_over_time(vllm:num_requests_waiting)): >= 1 means every replica had work waiting all along (saturated).
     min_queue_depth: Measured | None = None
+    # The served model's shape as its replicas report it (the serving wrapper's llmfleet:model_shape, read from the
+    # model's config.json); None where they report none or disagree. The capacity seed of a pool that names no
+    # model preset comes from it (seeds.seeds_for_service).
+    model_shape: ModelShape | None = None
     # Seconds the rates above were measured over; None: the policy's interval. A decision the router's wake-up
     # brings forward measures over the seconds since the last one (shorter: its counts are fewer).
     window_s: Annotated[float, Field(gt=0)] | None = None

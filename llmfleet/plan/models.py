@@ -112,6 +112,47 @@ def shape_from_hf_config(cfg: Mapping[str, Any]) -> ModelShape:
                       tie_embeddings=bool(cfg.get("tie_word_embeddings", False)))
 
 
+# A shape as one number per field, the form of a gauge per field (the serving wrapper's `llmfleet:model_shape`
+# with the field in label `dim`, api.contracts): the fields the planner reads. No sliding window is an absent
+# `sliding_window`; tied embeddings are 1, untied 0.
+SHAPE_DIMS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq_len", "rope_theta", "sliding_window",
+              "tie_embeddings")
+
+
+def shape_dims(m: ModelShape) -> dict[str, float]:
+    """`m` as {SHAPE_DIMS field: number}; `shape_from_dims` reads it back to an equal shape."""
+    dims = {"layers": m.layers, "hidden": m.hidden, "heads": m.heads, "kv_heads": m.n_kv_heads, "ffn": m.ffn_dim,
+            "vocab": m.vocab, "seq_len": m.seq_len, "rope_theta": m.rope_theta,
+            "tie_embeddings": 1 if m.tie_embeddings else 0}
+    if m.sliding_window is not None:
+        dims["sliding_window"] = m.sliding_window
+    return {k: float(v) for k, v in dims.items()}
+
+
+def shape_from_dims(dims: Mapping[str, float]) -> ModelShape:
+    """The shape `shape_dims` wrote. ValueError, naming the field, for a missing field, a fraction where a whole
+    number belongs, or numbers that are no valid shape (heads that do not divide the width)."""
+    whole: dict[str, int] = {}
+    for key in SHAPE_DIMS:
+        if key in ("rope_theta", "sliding_window"):
+            continue
+        if key not in dims:
+            raise ValueError(f"{key} missing")
+        if not float(dims[key]).is_integer():
+            raise ValueError(f"{key} must be a whole number, got {dims[key]!r}")
+        whole[key] = int(dims[key])
+    if whole["tie_embeddings"] not in (0, 1):
+        raise ValueError(f"tie_embeddings must be 0 or 1, got {whole['tie_embeddings']}")
+    window = dims.get("sliding_window")
+    if window is not None and not float(window).is_integer():
+        raise ValueError(f"sliding_window must be a whole number, got {window!r}")
+    return ModelShape(layers=whole["layers"], hidden=whole["hidden"], heads=whole["heads"],
+                      kv_heads=whole["kv_heads"], ffn=whole["ffn"], vocab=whole["vocab"], seq_len=whole["seq_len"],
+                      rope_theta=float(dims.get("rope_theta", 10000.0)),
+                      sliding_window=int(window) if window is not None else None,
+                      tie_embeddings=bool(whole["tie_embeddings"]))
+
+
 def weight_dtype_for(quantization: str | None) -> str:
     """The planner's weight dtype for a pool's `model.quantization`: fp8 (weights and matmuls in fp8: twice the
     FLOPs of bf16 on fp8 tensor cores, half the bytes). Every other method prices as bf16: AWQ, GPTQ and
@@ -128,14 +169,15 @@ def get_model(name: str) -> ModelShape:
     return PRESETS[key]
 
 
-def planned_pool(model_preset: str | None, gpu_type: str | None, *, gpus: int = 1,
+def planned_pool(model: str | ModelShape | None, gpu_type: str | None, *, gpus: int = 1,
                  mig_profile: str | None = None) -> tuple[ModelShape, GPUProfile] | None:
-    """The planner's model and GPU (one MIG instance of `mig_profile` where given) for a pool's spec names; None
-    where it has none: no preset, no GPU (CPU replicas), or a preset, GPU or MIG profile it does not know."""
-    if not model_preset or not gpu_type or gpus <= 0:
+    """The planner's model and GPU (one MIG instance of `mig_profile` where given) for a pool's spec names: `model`
+    is a preset name or a shape itself. None where it has none: no model, no GPU (CPU replicas), or a preset, GPU
+    or MIG profile it does not know."""
+    if model is None or model == "" or not gpu_type or gpus <= 0:
         return None
     try:
-        return get_model(model_preset), get_gpu(gpu_type, mig=mig_profile)
+        return get_model(model) if isinstance(model, str) else model, get_gpu(gpu_type, mig=mig_profile)
     except ValueError:
         return None
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import aiohttp
 
+from llmfleet.api.contracts import KV_BYTES_PER_TOKEN_METRIC
 from llmfleet.kube.client import ApiError, KubeClient
 from llmfleet.router.adapters import scrape_adapters
 from llmfleet.router.config import LimitsConfig, OutlierConfig, PoolConfig
@@ -41,12 +42,11 @@ _GAUGES = {
 }
 _COUNTERS = {"vllm:prefix_cache_hits": "prefix_hits", "vllm:prefix_cache_queries": "prefix_queries"}
 _CACHE_INFO = "vllm:cache_config_info"
-_BYTES_PER_TOKEN = "llmfleet:kv_cache_bytes_per_token"  # added by llmfleet's serving wrapper
 # One sample line of a series the router reads: name, labels (without braces), value. vLLM's /metrics page is
 # ~50 KB (600 lines, mostly histogram buckets) of which the router needs a dozen lines: a full Prometheus
 # parse took ~12 ms of the router's event loop per replica and scrape, one regex pass over the page ~0.2 ms.
 _SAMPLE = re.compile(
-    "^(" + "|".join(re.escape(n) for n in (*_GAUGES, _CACHE_INFO, _BYTES_PER_TOKEN))
+    "^(" + "|".join(re.escape(n) for n in (*_GAUGES, _CACHE_INFO, KV_BYTES_PER_TOKEN_METRIC))
     + "|" + "|".join(re.escape(n) + "(?:_total)?" for n in _COUNTERS)
     + r")(?:\{(.*)\})?[ \t]+(\S+)", re.MULTILINE)
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"')
@@ -75,7 +75,7 @@ def parse_vllm_metrics(text: str, cache_info: dict[str, str] | None = None) -> d
     """
     out: dict[str, float] = {}
     for name, labels, value in _SAMPLE.findall(text):
-        if name == _BYTES_PER_TOKEN:
+        if name == KV_BYTES_PER_TOKEN_METRIC:
             out["kv_bytes_per_token"] = float(value)
         elif name == _CACHE_INFO:
             info = _labels(labels)

@@ -24,8 +24,15 @@ from collections.abc import Sequence
 
 import aiohttp
 from aiohttp import web
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
-from llmfleet.api.contracts import REPLICA_PORT
+from llmfleet.api.contracts import (
+    KV_BYTES_PER_TOKEN_METRIC,
+    MODEL_SHAPE_DIM_LABEL,
+    MODEL_SHAPE_METRIC,
+    REPLICA_PORT,
+)
+from llmfleet.plan.models import shape_dims, shape_from_hf_config
 from llmfleet.router.kv_tiers import HostTierUnknown, kv_bytes_per_token, load_model_config
 from llmfleet.util.net import free_port
 from llmfleet.workers.serve.drain import DrainProxy
@@ -128,12 +135,30 @@ def kv_cache_metrics(argv: Sequence[str]) -> bytes:
         per_token = kv_bytes_per_token(load_model_config(f.get("--model")), cache_dtype=f.get("--kv-cache-dtype", "auto"),
                                        model_dtype=f.get("--dtype", "auto"), tensor_parallel_size=int(tp))
     except (HostTierUnknown, ValueError) as e:
-        log.info("no llmfleet:kv_cache_bytes_per_token on /metrics: %s", e)
+        log.info("no %s on /metrics: %s", KV_BYTES_PER_TOKEN_METRIC, e)
         return b""
-    return (b"# HELP llmfleet:kv_cache_bytes_per_token KV-cache bytes per token over all tensor-parallel ranks "
-            b"(from the model's config.json and the engine's KV dtype)\n"
-            b"# TYPE llmfleet:kv_cache_bytes_per_token gauge\n"
-            b"llmfleet:kv_cache_bytes_per_token %d\n" % per_token)
+    registry = CollectorRegistry()
+    Gauge(KV_BYTES_PER_TOKEN_METRIC, "KV-cache bytes per token over all tensor-parallel ranks (from the model's "
+          "config.json and the engine's KV dtype)", registry=registry).set(per_token)
+    return generate_latest(registry)
+
+
+def model_shape_metrics(argv: Sequence[str]) -> bytes:
+    """`llmfleet:model_shape{dim=...}` for /metrics: the served model's planner shape from its config.json, one
+    sample per field (plan.models.shape_dims). The autoscaler seeds a pool's capacity from it where the pool names
+    no model preset; its pod does not have the model folder. Empty when the planner has no shape for the model (a
+    remote model, a mixture-of-experts, MLA or state-space model, a separate head size)."""
+    try:
+        shape = shape_from_hf_config(load_model_config(flag_values(argv, "--model").get("--model")))
+    except (HostTierUnknown, ValueError) as e:
+        log.info("no %s on /metrics: %s", MODEL_SHAPE_METRIC, e)
+        return b""
+    registry = CollectorRegistry()
+    gauge = Gauge(MODEL_SHAPE_METRIC, "The served model's shape as the planner reads it (from its config.json), "
+                  f"one sample per field in label {MODEL_SHAPE_DIM_LABEL}", [MODEL_SHAPE_DIM_LABEL], registry=registry)
+    for dim, value in shape_dims(shape).items():
+        gauge.labels(dim).set(value)
+    return generate_latest(registry)
 
 
 async def _watch_ready(proxy: DrainProxy, upstream: str, proc: subprocess.Popen[bytes], engine: str,
@@ -163,7 +188,7 @@ async def serve(engine: str, engine_argv: Sequence[str], drain_seconds: float) -
     inner = free_port()
     upstream = f"http://127.0.0.1:{inner}"
     proxy = DrainProxy(upstream, health_path=READY_PATHS[engine],
-                       extra_metrics=kv_cache_metrics(argv) if engine == "vllm" else b"")
+                       extra_metrics=kv_cache_metrics(argv) + model_shape_metrics(argv) if engine == "vllm" else b"")
     runner = web.AppRunner(proxy.app(), access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_address=True)

@@ -12,8 +12,10 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from llmfleet.api.contracts import MODEL_SHAPE_DIM_LABEL, MODEL_SHAPE_METRIC
 from llmfleet.autoscaler.policy import PolicyConfig, PolicyState, PoolBounds, decide
 from llmfleet.autoscaler.signals import PoolRef, PrometheusSignals
+from llmfleet.plan.models import PRESETS, shape_dims
 from llmfleet.util.net import free_port
 
 pytestmark = [
@@ -40,6 +42,9 @@ class FakeFleet:
         self.waiting = Gauge("vllm:num_requests_waiting", "waiting", registry=self.reg)
         self.running = Gauge("vllm:num_requests_running", "running", registry=self.reg)
         self.kv = Gauge("vllm:kv_cache_usage_perc", "KV cache usage", registry=self.reg)
+        shape = Gauge(MODEL_SHAPE_METRIC, "model shape", [MODEL_SHAPE_DIM_LABEL], registry=self.reg)
+        for dim, value in shape_dims(PRESETS["llama-3-8b"]).items():  # what the serving wrapper adds
+            shape.labels(dim).set(value)
         self.waiting.set(7)
         self.running.set(3)
         self.kv.set(0.25)
@@ -122,6 +127,7 @@ async def test_signals_from_prometheus_drive_the_policy(fleet: FakeFleet, promet
     assert s.mean_input_tokens == pytest.approx(2000, rel=0.01)
     assert s.mean_output_tokens == pytest.approx(200, rel=0.01)
     assert s.input_tokens_moments == pytest.approx(tuple((1000 ** k + 3000 ** k) / 2 for k in (2, 3, 4)), rel=0.01)
+    assert s.model_shape == PRESETS["llama-3-8b"]  # the replicas' reported shape, through PromQL
     cfg = PolicyConfig(policy="slo", pools=(PoolBounds("primary", "primary", 1, 20, 1),), ttft_slo_ms=1000.0)
     d = decide(cfg, [s], PolicyState())
     assert d.pools["primary"].action == "up" and d.pools["primary"].desired > 1

@@ -5,17 +5,26 @@ One replica for the whole module; the drain test runs last because it stops it.
 
 from __future__ import annotations
 
+import json
 import signal
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from openai import OpenAI
 
-from llmfleet.autoscaler.signals import PoolRef, parse_metrics, values_from_scrapes
+from llmfleet.autoscaler.signals import (
+    PoolRef,
+    agreed_shape,
+    parse_metrics,
+    shape_samples,
+    values_from_scrapes,
+)
 from llmfleet.local.dashboard import parse, total
+from llmfleet.plan.models import shape_from_hf_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -62,12 +71,15 @@ def test_unknown_model_is_404(replica: dict[str, Any]) -> None:
     assert r.status_code == 404 and "error" in r.json()
 
 
-def test_metrics_carry_vllm_series_and_prefix_hits(replica: dict[str, Any]) -> None:
+def test_metrics_carry_vllm_series_and_prefix_hits(replica: dict[str, Any], tiny_primary: Path) -> None:
     c = client(replica)
     before_text = httpx.get(replica["url"] + "/metrics", timeout=10).text
     before = parse(before_text)
     missing = [s for s in REQUIRED_SERIES if not any(name == s for name, _ in before)]
     assert not missing, f"/metrics lacks {missing}"
+    # the wrapper's gauges from the model's config.json: the autoscaler's planner shape of the served model
+    config = json.loads((tiny_primary / "config.json").read_text())
+    assert agreed_shape([shape_samples(parse_metrics(before_text))]) == shape_from_hf_config(config)
     # A prompt of several 32-token blocks, sent twice: the second one must hit the prefix cache.
     prompt = "import collections, functools, itertools, operator\n" * 20
     for _ in range(2):
