@@ -84,14 +84,14 @@ def _overrides(items: list[str]) -> dict[str, Any]:
     return out
 
 
-def _shape(doc: Any) -> ModelShape:
-    """`--shape`: a Hugging Face config.json (it has num_hidden_layers, or a text_config) or a ModelShape."""
-    from llmfleet.api.trainingjob import ModelShape
-    from llmfleet.plan.models import shape_from_hf_config
+def _shape(path: Path) -> ModelShape:
+    """`--shape`: the file's shape (`plan.models.load_shape`), its problem in one line naming the option."""
+    from llmfleet.plan.models import load_shape
 
-    if isinstance(doc, dict) and ("num_hidden_layers" in doc or "text_config" in doc):
-        return shape_from_hf_config(doc)
-    return ModelShape.model_validate(doc)
+    try:
+        return load_shape(path)
+    except ValueError as e:
+        raise ValueError(f"--shape {e}") from None
 
 
 def _prompt_lengths(path: Path) -> tuple[int, ...]:
@@ -166,17 +166,15 @@ def register(app: typer.Typer) -> None:
         json_out: Path | None = typer.Option(None, "--json", help="Write the report as JSON to this file ('-' for stdout only)."),
     ) -> None:
         import yaml
-        from pydantic import ValidationError
 
         from llmfleet.api.cli import require_number
-        from llmfleet.api.loader import load_yaml_file
         from llmfleet.plan.capacity import TrafficShape
         from llmfleet.plan.hardware import get_gpu
         from llmfleet.plan.models import get_model, tensor_parallel_problem
         from llmfleet.plan.report import PlanInputs, build_report
 
         try:
-            m = _shape(load_yaml_file(shape)) if shape else get_model(model)
+            m = _shape(shape) if shape else get_model(model)
             g = get_gpu(gpu, _overrides(gpu_override), mig=mig)
             for flag, value in (("--rate", rate), ("--ttft-ms", ttft_ms), ("--tpot-ms", tpot_ms)):
                 require_number(flag, value)
@@ -201,11 +199,6 @@ def register(app: typer.Typer) -> None:
                 train_seq_len=train_seq_len, replicate_groups=replicate_groups,
                 activation_checkpointing=activation_checkpointing, host_kv_gib=host_kv_gib,
                 prompts=sample))
-        except ValidationError as e:  # --shape: name the field, not only the model
-            first = e.errors()[0]
-            where = ".".join(str(x) for x in first["loc"]) or "(top level)"
-            typer.echo(f"llmfleet plan: --shape {shape}: {where}: {first['msg']}", err=True)
-            raise typer.Exit(2) from None
         except (ValueError, OSError, yaml.YAMLError) as e:
             typer.echo(f"llmfleet plan: {str(e).splitlines()[0]}", err=True)
             raise typer.Exit(2) from None

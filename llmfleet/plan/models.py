@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from llmfleet.api.trainingjob import ModelShape
@@ -110,6 +111,34 @@ def shape_from_hf_config(cfg: Mapping[str, Any]) -> ModelShape:
                       rope_theta=float(cfg.get("rope_theta") or 10000.0),
                       sliding_window=window if isinstance(window, int) and window > 0 else None,
                       tie_embeddings=bool(cfg.get("tie_word_embeddings", False)))
+
+
+def shape_from_document(doc: Any) -> ModelShape:
+    """A shape file's document: a Hugging Face config.json (it has num_hidden_layers, or a text_config) or a
+    ModelShape (layers, hidden, heads, kvHeads, ffn, vocab, ...). ValueError (a pydantic ValidationError for a
+    ModelShape field) when it is neither."""
+    if isinstance(doc, Mapping) and ("num_hidden_layers" in doc or "text_config" in doc):
+        return shape_from_hf_config(doc)
+    return ModelShape.model_validate(doc)
+
+
+def load_shape(path: str | Path) -> ModelShape:
+    """The shape in a YAML/JSON file or a model folder's config.json (`shape_from_document`). ValueError in one
+    line naming the file and, for a ModelShape, the field; an unreadable file is the loader's InputFileError."""
+    from pydantic import ValidationError
+
+    from llmfleet.api.loader import load_yaml_file
+
+    path = Path(path)
+    file = path / "config.json" if path.is_dir() else path
+    try:
+        return shape_from_document(load_yaml_file(file))
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(x) for x in first["loc"]) or "(top level)"
+        raise ValueError(f"{file}: {where}: {first['msg']}") from None
+    except ValueError as e:
+        raise ValueError(f"{file}: {e}") from None
 
 
 # A shape as one number per field, the form of a gauge per field (the serving wrapper's `llmfleet:model_shape`

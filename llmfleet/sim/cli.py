@@ -14,6 +14,7 @@ from llmfleet.api.cli import require_number
 from llmfleet.api.loader import InputFileError
 
 if TYPE_CHECKING:
+    from llmfleet.api.trainingjob import ModelShape
     from llmfleet.sim.types import PoolSpec, SimResult
     from llmfleet.sim.workload import Workload
 
@@ -38,6 +39,20 @@ TraceSeconds = Annotated[float | None, typer.Option(help="Use a trace's first S 
 Duration = Annotated[float, typer.Option(help="Synthetic workload length, s.")]
 Rate = Annotated[float, typer.Option(help="Synthetic mean rate, requests/s.")]
 Tenants = Annotated[int, typer.Option(help="Synthetic tenants.")]
+# `run`, `hindsight` and `plan`: a model no preset names
+SHAPE_HELP = ("The model as a Hugging Face config.json (or the model folder holding one) or a YAML/JSON ModelShape, "
+              "for a model no preset names; overrides --model.")
+ShapeFile = Annotated[Path | None, typer.Option("--shape", help=SHAPE_HELP)]
+
+
+def _model(model: str, shape: Path | None) -> ModelShape:
+    """--shape's shape (plan.models.load_shape), else --model's preset; a bad file is a ValueError naming --shape."""
+    from llmfleet.plan.models import get_model, load_shape
+
+    try:
+        return load_shape(shape) if shape else get_model(model)
+    except ValueError as e:
+        raise ValueError(f"--shape {e}" if shape else str(e)) from None
 
 
 def _fail(e: BaseException) -> typer.Exit:
@@ -160,6 +175,9 @@ def register(app: typer.Typer) -> None:
                                                        "decision interval, at which the regular decisions fall (one "
                                                        "result is one phase of the timer; compare several)."),
         model: str = typer.Option("llama-3-8b", help="Model preset of the primary pool."),
+        shape: Path | None = typer.Option(None, help=SHAPE_HELP + " With --autoscaler the pool has no preset: the "
+                                          "autoscaler seeds it from this shape, as from the shape its replicas "
+                                          "report, and the router measures its prefill rate."),
         max_model_len: int | None = typer.Option(None, help="Context the engine accepts (prompt + output tokens); "
                                                             "default: the model's. Longer requests are rejected."),
         clip_context: bool = typer.Option(False, help="Clip requests longer than the context instead of rejecting them."),
@@ -191,7 +209,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         from llmfleet.api.inferenceservice import QUANTIZATION_METHODS
         from llmfleet.plan.hardware import get_gpu
-        from llmfleet.plan.models import get_model, tensor_parallel_problem, weight_dtype_for
+        from llmfleet.plan.models import tensor_parallel_problem, weight_dtype_for
         from llmfleet.sim.engine import simulate
         from llmfleet.sim.production import make_service, simulate_service
         from llmfleet.sim.report import oracle_hit_rate, plot
@@ -210,7 +228,8 @@ def register(app: typer.Typer) -> None:
             require_number("--tp", tp, 1, inclusive=True)
             if quantization is not None and quantization not in QUANTIZATION_METHODS:
                 raise ValueError(f"unknown --quantization {quantization!r}; known: {', '.join(QUANTIZATION_METHODS)}")
-            if tp_problem := tensor_parallel_problem(get_model(model), tp):
+            primary = _model(model, shape)
+            if tp_problem := tensor_parallel_problem(primary, tp):
                 raise ValueError(f"--tp: {tp_problem}")
             if max_model_len is not None and max_model_len < 2:
                 raise ValueError(f"--max-model-len must be >= 2, got {max_model_len}")
@@ -244,7 +263,8 @@ def register(app: typer.Typer) -> None:
                 bounds: dict[str, Any] = {k: v for k, v in (("min_replicas", min_replicas),
                                                             ("max_replicas", max_replicas)) if v is not None}
                 isvc = make_service(policy=autoscaler, ttft_slo_ms=ttft_slo_ms, tpot_slo_ms=tpot_slo_ms,
-                                    replicas=replicas, model=model, gpu=gpu, max_model_len=max_model_len,
+                                    replicas=replicas, model=None if shape else model, gpu=gpu,
+                                    max_model_len=max_model_len,
                                     quantization=quantization, tensor_parallel=tp,
                                     kv_cache_dtype=engine_kv_cache_dtype(kv_dtype), kv_offload_gib=host_kv_gib,
                                     student=sm, student_min=sn, student_mig=student_mig, **bounds)
@@ -254,12 +274,14 @@ def register(app: typer.Typer) -> None:
                                      f"got {decision_phase:g}")
                 res, hook = simulate_service(w, isvc, seed=seed, context_overflow=overflow,
                                              decision_phase_s=decision_phase,
-                                             calibration=str(calibration) if calibration else None)
+                                             calibration=str(calibration) if calibration else None,
+                                             shapes={"primary": primary} if shape else None)
                 res.router = f"llmfleet + {autoscaler}"
                 results = [res]
                 timeline = hook.timeline if hook else None
             else:
-                pools = [PoolSpec(replicas=replicas, model=model, gpu=gpu, kv_dtype=kv_dtype, tensor_parallel=tp,
+                pools = [PoolSpec(replicas=replicas, model=primary if shape else model, gpu=gpu, kv_dtype=kv_dtype,
+                                  tensor_parallel=tp,
                                   weight_dtype=weight_dtype_for(quantization),
                                   host_kv_gib=host_kv_gib, max_model_len=max_model_len,
                                   calibration=str(calibration) if calibration else None)]
@@ -278,7 +300,8 @@ def register(app: typer.Typer) -> None:
         if autoscaler and decision_phase:
             scaled += f" (decisions at phase {decision_phase:g} s)"
         # the span shows a trace's timestamps read in the wrong unit (1,000x off) at a glance
-        _table(f"{w.name}: {len(w.requests)} requests{w.skipped_note} over {w.duration:,.1f} s, {replicas} x {model} "
+        served = f"{shape} ({primary.layers} layers, width {primary.hidden})" if shape else model
+        _table(f"{w.name}: {len(w.requests)} requests{w.skipped_note} over {w.duration:,.1f} s, {replicas} x {served} "
                f"on {gpu}{scaled}, {w.block_size}-token blocks, oracle hit rate {oracle:.3f}", results, ttft_slo_ms / 1e3)
         if timeline:
             peak = {k: max(x[k] for x in timeline) for k in timeline[0] if k not in ("t", "why")}
@@ -305,6 +328,7 @@ def register(app: typer.Typer) -> None:
                                                             "target. Default: the fewest static replicas that do "
                                                             "(found by simulation, up to 64)."),
         model: str = typer.Option("llama-3-8b", help="Model preset."),
+        shape: ShapeFile = None,
         max_model_len: int | None = typer.Option(None, help="Context the engine accepts; default: the model's."),
         gpu: str = typer.Option("H200", help="GPU profile."),
         cold_start_s: float = typer.Option(60.0, help="Replica start time, s."),
@@ -344,7 +368,8 @@ def register(app: typer.Typer) -> None:
                 raise ValueError(f"unknown --order {bad[0]!r}; known: highest, forward, backward")
             w = _workload(trace, fmt, duration, rate, tenants, seed, max_requests, time_scale, trace_seconds,
                           kv_block_size, time_unit)
-            pool = PoolSpec(model=model, gpu=gpu, cold_start_s=cold_start_s, max_model_len=max_model_len)
+            pool = PoolSpec(model=_model(model, shape) if shape else model, gpu=gpu, cold_start_s=cold_start_s,
+                            max_model_len=max_model_len)
             if start_replicas is None:
                 start_replicas, _ = _fewest_static(w, pool, ttft_slo_ms / 1e3, target, seed)
                 typer.echo(f"start: {start_replicas} static replicas, the fewest that meet {target:g} of the TTFT SLO")
@@ -374,6 +399,7 @@ def register(app: typer.Typer) -> None:
         trace: Path | None = typer.Option(None, help=TRACE_HELP),
         fmt: str = typer.Option("auto", "--format", help=FORMAT_HELP),
         model: str = typer.Option("llama-3-8b", help="Model preset."),
+        shape: ShapeFile = None,
         gpu: str = typer.Option("H200", help="GPU profile."),
         kv_dtype: str = typer.Option("bf16", help="KV-cache dtype."),
         tp: int = typer.Option(1, help="Tensor parallelism per replica."),
@@ -406,7 +432,7 @@ def register(app: typer.Typer) -> None:
         from dataclasses import asdict
 
         from llmfleet.plan.hardware import get_gpu
-        from llmfleet.plan.models import get_model, tensor_parallel_problem
+        from llmfleet.plan.models import tensor_parallel_problem
         from llmfleet.sim.oracle import attainment
         from llmfleet.sim.planning import over_slo_alone, plan_with_reuse, plan_workload
         from llmfleet.sim.types import PoolSpec
@@ -422,7 +448,7 @@ def register(app: typer.Typer) -> None:
                 raise ValueError(f"--target must be in (0, 1], got {target:g}")
             if max_model_len is not None and max_model_len < 2:
                 raise ValueError(f"--max-model-len must be >= 2, got {max_model_len}")
-            m, g = get_model(model), get_gpu(gpu)
+            m, g = _model(model, shape), get_gpu(gpu)
             if tp_problem := tensor_parallel_problem(m, tp):
                 raise ValueError(f"--tp: {tp_problem}")
             w = _workload(trace, fmt, duration, rate, tenants, seed, max_requests, time_scale, trace_seconds,
@@ -434,7 +460,8 @@ def register(app: typer.Typer) -> None:
                 found = plan_workload(w, m, g, ttft_slo_s=ttft_ms / 1e3, tpot_slo_s=tpot_ms / 1e3, hit_rate=hit_rate,
                                       first_minute=first_minute, kv_dtype=kv_dtype, tensor_parallel=tp)
             simulated = None
-            pool = PoolSpec(model=model, gpu=gpu, kv_dtype=kv_dtype, tensor_parallel=tp, max_model_len=max_model_len)
+            pool = PoolSpec(model=m if shape else model, gpu=gpu, kv_dtype=kv_dtype, tensor_parallel=tp,
+                            max_model_len=max_model_len)
             over, servable = over_slo_alone(w, pool, ttft_ms / 1e3)
             if simulate_fleet:
                 n, res = _fewest_static(w, pool, ttft_ms / 1e3, target, seed)
@@ -447,7 +474,7 @@ def register(app: typer.Typer) -> None:
             raise _fail(e) from None
         doc = {"workload": found.workload, "requests": found.requests, "minutes": found.minutes,
                "rateRps": round(found.rate_rps, 4), "meanRateRps": round(found.mean_rate_rps, 4),
-               "firstMinute": first_minute, "model": model, "gpu": g.name, "shape": asdict(found.shape),
+               "firstMinute": first_minute, "model": str(shape) if shape else model, "gpu": g.name, "shape": asdict(found.shape),
                "hitRate": round(found.shape.prefix_hit_rate, 4), "pooledCacheBlocks": found.cache_blocks,
                "replicas": found.plan.replicas, "capacity": asdict(found.plan.capacity),
                "reasoning": found.plan.reasoning, "simulated": simulated,

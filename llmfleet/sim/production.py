@@ -5,7 +5,7 @@
     res, hook = simulate_service(workload, isvc)
 
 Each pool of the service becomes a `PoolSpec` (model preset from the annotation `llmfleet.io/model-preset[.<pool>]`,
-GPU, replicas and bounds, engine settings); the router is `LlmfleetRouter` with the service's routing weights and
+or a shape given for a pool no preset names, GPU, replicas and bounds, engine settings); the router is `LlmfleetRouter` with the service's routing weights and
 the production mapping of `spec.fallback`; the autoscaler hook calls `llmfleet.autoscaler.policy.decide` with
 `PolicyConfig.from_service` and the planner's capacity seeds, every `spec.autoscaling.intervalSeconds` of
 simulated time (none for `static`). The same code that runs against a cluster decides here.
@@ -20,6 +20,7 @@ from typing import Any, Literal
 from llmfleet.api import InferenceService, parse_resource
 from llmfleet.api.contracts import MODEL_PRESET_ANNOTATION
 from llmfleet.api.inferenceservice import PoolView
+from llmfleet.api.trainingjob import ModelShape
 from llmfleet.autoscaler.controller import wakes_on_burst
 from llmfleet.autoscaler.policy import PolicyConfig, PolicyState, decide
 from llmfleet.autoscaler.seeds import seeds_for_service
@@ -53,28 +54,29 @@ class PolicyHook:
         return d.desired()
 
 
-def model_preset(isvc: InferenceService, pool: PoolView) -> str:
-    """The planner preset a pool serves (annotation `llmfleet.io/model-preset[.<pool>]`, else its Hub repository's:
-    `plan.pool_presets.pool_preset`); the simulator needs one."""
-    preset = pool_preset(isvc, pool)
-    if not preset:
+def pool_model(isvc: InferenceService, pool: PoolView, shapes: Mapping[str, ModelShape] | None = None) -> str | ModelShape:
+    """The model a pool serves, as the planner knows it: its preset (annotation `llmfleet.io/model-preset[.<pool>]`,
+    else its Hub repository's: `plan.pool_presets.pool_preset`), else its shape in `shapes` (what its replicas would
+    report from the model's config.json: the serving wrapper's llmfleet:model_shape); the simulator needs one."""
+    model: str | ModelShape | None = pool_preset(isvc, pool) or (shapes or {}).get(pool.name)
+    if not model:
         raise ValueError(f"pool {pool.name}: no model preset to simulate (annotation "
                          f"{MODEL_PRESET_ANNOTATION}{'' if pool.role == 'primary' else '.' + pool.name}, or an hf:// "
-                         "model the planner knows)")
-    return preset
+                         "model the planner knows) and no shape given for it")
+    return model
 
 
 def pool_specs(isvc: InferenceService, cold_start_s: Mapping[str, float] | None = None,
-               calibration: str | None = None) -> list[PoolSpec]:
+               calibration: str | None = None, shapes: Mapping[str, ModelShape] | None = None) -> list[PoolSpec]:
     """One PoolSpec per pool of the service. `cold_start_s`: simulated start time per pool name (else the spec's
     coldStartSeconds, else DEFAULT_COLD_START_S by role); `calibration`: the primary's step-time calibration
-    (PoolSpec.calibration)."""
+    (PoolSpec.calibration); `shapes`: the model of a pool no preset names (`pool_model`)."""
     out = []
     for p in isvc.pools():
         cold = (cold_start_s or {}).get(p.name) or isvc.spec.autoscaling.cold_start_seconds or DEFAULT_COLD_START_S[p.role]
         v = p.vllm
         out.append(PoolSpec(
-            name=p.name, role=p.role, model=model_preset(isvc, p), gpu=p.resources.gpu_type or "H200",
+            name=p.name, role=p.role, model=pool_model(isvc, p, shapes), gpu=p.resources.gpu_type or "H200",
             mig=p.resources.mig_profile,
             replicas=p.replicas, min_replicas=p.min_replicas, max_replicas=p.max_replicas,
             weight_dtype=weight_dtype_for(p.model.quantization),
@@ -93,17 +95,20 @@ def simulate_service(w: Workload, isvc: InferenceService, *, seed: int = 0,
                      context_overflow: Literal["reject", "clip"] = "reject",
                      stop_below_attainment: float | None = None,
                      decision_phase_s: float = 0.0,
-                     calibration: str | None = None) -> tuple[SimResult, PolicyHook | None]:
+                     calibration: str | None = None,
+                     shapes: Mapping[str, ModelShape] | None = None) -> tuple[SimResult, PolicyHook | None]:
     """Replay `w` on the service's pools with the production router, fallback and (unless the policy is `static`)
     the production autoscaler. `seed` breaks the router's ties; `stop_below_attainment` as in SimConfig;
     `decision_phase_s` shifts the autoscaler's regular decisions (SimConfig.autoscale_phase_s); `calibration` is the
-    primary's step-time calibration file (docs/simulator.md). Returns the result
-    and the policy hook (its timeline of decisions), None for `static`."""
+    primary's step-time calibration file (docs/simulator.md); `shapes`: pool -> the shape its replicas report, the
+    model of a pool no preset names, which the production autoscaler seeds it from and the router, finding no
+    preset, measures. Returns the result and the policy hook (its timeline of decisions), None for `static`."""
     auto = isvc.spec.autoscaling
     hook = None
     if auto.policy != "static":
-        hook = PolicyHook(PolicyConfig.from_service(isvc, seeds=seeds_for_service(isvc)))
-    cfg = SimConfig(pools=pool_specs(isvc, cold_start_s, calibration), ttft_slo_s=isvc.spec.slo.ttft_p95_ms / 1e3,
+        hook = PolicyHook(PolicyConfig.from_service(isvc, seeds=seeds_for_service(isvc, shapes)))
+    cfg = SimConfig(pools=pool_specs(isvc, cold_start_s, calibration, shapes),
+                    ttft_slo_s=isvc.spec.slo.ttft_p95_ms / 1e3,
                     tpot_slo_s=isvc.spec.slo.tpot_p95_ms / 1e3, autoscale_interval_s=auto.interval_seconds,
                     autoscale_on_burst=wakes_on_burst(isvc),
                     scale_in=scale_in, seed=seed, context_overflow=context_overflow,
@@ -128,20 +133,21 @@ class Fallback:
 
 
 def make_service(*, policy: str = "slo", ttft_slo_ms: float = 2000.0, tpot_slo_ms: float = 100.0, replicas: int = 1,
-                 model: str = "llama-3-8b", gpu: str = "H200", min_replicas: int = 1, max_replicas: int = 64,
+                 model: str | None = "llama-3-8b", gpu: str = "H200", min_replicas: int = 1, max_replicas: int = 64,
                  max_model_len: int | None = None, quantization: str | None = None, tensor_parallel: int = 1,
                  kv_cache_dtype: str = "auto",
                  kv_offload_gib: float | None = None, student: str | None = None, student_min: int = 0,
                  student_max: int = 8, student_max_model_len: int | None = None, student_mig: str | None = None,
                  fallback: Fallback | None = Fallback(),
                  target_queue_depth: float | None = None, name: str = "sim") -> InferenceService:
-    """An InferenceService for the simulator: the primary serves preset `model` (its weights quantized by
+    """An InferenceService for the simulator: the primary serves preset `model` (None: a model no preset names,
+    from /models/primary; `simulate_service`'s `shapes` gives its shape) (its weights quantized by
     `quantization`, model.quantization) on `tensor_parallel` GPUs per
     replica (its vllm.kvCacheDtype and kvOffloadGiB as given); `student` adds a one-GPU
     burst-capacity student pool of that preset (`student_min` kept warm; 0 = scale to zero), with `fallback`'s
     router thresholds, each student replica on one MIG instance of profile `student_mig` when given. Validated like
     any InferenceService (a bad value is a ValueError)."""
-    ann = {MODEL_PRESET_ANNOTATION: model}
+    ann = {MODEL_PRESET_ANNOTATION: model} if model else {}
     fb: dict[str, Any] = {}
     if student:
         ann[f"{MODEL_PRESET_ANNOTATION}.small"] = student
@@ -157,7 +163,7 @@ def make_service(*, policy: str = "slo", ttft_slo_ms: float = 2000.0, tpot_slo_m
             fb |= {"maxQueueDelayMs": ttft_slo_ms * fallback.queue_delay_fraction,
                    "maxDegradedFraction": fallback.max_degraded, "sloBurnRate": fallback.burn_rate}
     spec: dict[str, Any] = {
-        "model": {"path": f"/models/{model}"} | ({"maxModelLen": max_model_len} if max_model_len else {})
+        "model": {"path": f"/models/{model or 'primary'}"} | ({"maxModelLen": max_model_len} if max_model_len else {})
         | ({"quantization": quantization} if quantization else {}),
         "replicas": replicas, "minReplicas": min_replicas,
         "maxReplicas": max_replicas, "resources": {"gpus": tensor_parallel, "gpuType": gpu},
