@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Literal
 
-from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError
 
 from llmfleet.api.trainingjob import ModelShape
 from llmfleet.autoscaler.capacity import DEFAULT_SEED, CapacitySeed
@@ -40,6 +40,20 @@ IDLE_FRACTION = 0.5
 Count = Annotated[int, Field(ge=0)]
 Measured = Annotated[float, Field(ge=0)]  # a rate, a length, a latency, a count of requests: never negative
 Fraction = Annotated[float, Field(ge=0, le=1)]
+# ModelShape's own defaults are a tiny training model's (a 4,096-token vocabulary, a 256-token context): a shape in
+# signals JSON names every field they would otherwise fill in wrongly.
+SHAPE_FIELDS_REQUIRED = ("layers", "hidden", "heads", "vocab", "seq_len")
+
+
+def _whole_shape(value: object) -> object:
+    if isinstance(value, Mapping):
+        camel = {"seq_len": "seqLen"}
+        if missing := [k for k in SHAPE_FIELDS_REQUIRED if k not in value and camel.get(k) not in value]:
+            raise ValueError(f"a model shape needs {', '.join(missing)}")
+    return value
+
+
+ReportedShape = Annotated[ModelShape, BeforeValidator(_whole_shape)]
 
 
 @dataclass(frozen=True)
@@ -87,7 +101,7 @@ class PoolSignals:
     # The served model's shape as its replicas report it (the serving wrapper's llmfleet:model_shape, read from the
     # model's config.json); None where they report none or disagree. The capacity seed of a pool that names no
     # model preset comes from it (seeds.seeds_for_service).
-    model_shape: ModelShape | None = None
+    model_shape: ReportedShape | None = None
     # Seconds the rates above were measured over; None: the policy's interval. A decision the router's wake-up
     # brings forward measures over the seconds since the last one (shorter: its counts are fewer).
     window_s: Annotated[float, Field(gt=0)] | None = None

@@ -241,6 +241,11 @@ def test_cli_decide_reads_a_reported_shape(tmp_path: Path) -> None:
 
     shape = PRESETS["llama-3-8b"].model_dump(mode="json")
     assert desired({**base, "model_shape": shape}) < desired(base)
+    # a shape missing what ModelShape's training defaults would fill in wrongly: one line naming the field
+    sigs = tmp_path / "partial.json"
+    sigs.write_text(json.dumps([{**base, "model_shape": {"layers": 32, "hidden": 4096, "heads": 32}}, student]))
+    res = CliRunner().invoke(app, ["autoscaler", "decide", str(svc), "--signals", str(sigs)])
+    assert res.exit_code == 2 and "0/model_shape: Value error, a model shape needs vocab, seq_len" in res.output
     # the printed state keeps the shape, so a decision from it (--state) is planned from it too
     sigs, state = tmp_path / "sigs.json", tmp_path / "state.json"
     sigs.write_text(json.dumps([{**base, "model_shape": shape}, student]))
