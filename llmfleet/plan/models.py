@@ -131,8 +131,9 @@ def load_shape(path: str | Path) -> ModelShape:
 
     path = Path(path)
     file = path / "config.json" if path.is_dir() else path
+    doc = load_yaml_file(file)  # its InputFileError names the file already
     try:
-        return shape_from_document(load_yaml_file(file))
+        return shape_from_document(doc)
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(x) for x in first["loc"]) or "(top level)"
