@@ -78,8 +78,10 @@ def student_hardware() -> str:
 
 
 def service(policy: str, ttft_slo_s: float, replicas: int, with_student: bool = True,
-            target_queue_depth: float | None = None, student_warm: int = STUDENT_WARM) -> InferenceService:
-    return make_service(policy=policy, ttft_slo_ms=ttft_slo_s * 1e3, replicas=replicas, model=PRIMARY_MODEL, gpu=GPU,
+            target_queue_depth: float | None = None, student_warm: int = STUDENT_WARM,
+            model: str | None = PRIMARY_MODEL) -> InferenceService:
+    """The benchmark's service; `model` None: a primary no preset names (`simulate_service`'s `shapes` gives it)."""
+    return make_service(policy=policy, ttft_slo_ms=ttft_slo_s * 1e3, replicas=replicas, model=model, gpu=GPU,
                         max_replicas=MAX_REPLICAS, max_model_len=CONTEXT,
                         student=STUDENT_MODEL if with_student else None, student_min=student_warm,
                         student_max=max(STUDENT_MAX_GPUS * slices_per_gpu(), student_warm),

@@ -96,17 +96,20 @@ def simulate_service(w: Workload, isvc: InferenceService, *, seed: int = 0,
                      stop_below_attainment: float | None = None,
                      decision_phase_s: float = 0.0,
                      calibration: str | None = None,
-                     shapes: Mapping[str, ModelShape] | None = None) -> tuple[SimResult, PolicyHook | None]:
+                     shapes: Mapping[str, ModelShape] | None = None,
+                     reported: bool = True) -> tuple[SimResult, PolicyHook | None]:
     """Replay `w` on the service's pools with the production router, fallback and (unless the policy is `static`)
     the production autoscaler. `seed` breaks the router's ties; `stop_below_attainment` as in SimConfig;
     `decision_phase_s` shifts the autoscaler's regular decisions (SimConfig.autoscale_phase_s); `calibration` is the
-    primary's step-time calibration file (docs/simulator.md); `shapes`: pool -> the shape its replicas report, the
-    model of a pool no preset names, which the production autoscaler seeds it from and the router, finding no
-    preset, measures. Returns the result and the policy hook (its timeline of decisions), None for `static`."""
+    primary's step-time calibration file (docs/simulator.md); `shapes`: pool -> the model of a pool no preset
+    names, which its replicas report (llmfleet's serving wrapper: `reported`) and the production autoscaler then
+    seeds it from; unreported (an engine run without the wrapper: Ray Serve's), the pool has the default seed. The
+    router, finding no preset, measures such a pool. Returns the result and the policy hook (its timeline of
+    decisions), None for `static`."""
     auto = isvc.spec.autoscaling
     hook = None
     if auto.policy != "static":
-        hook = PolicyHook(PolicyConfig.from_service(isvc, seeds=seeds_for_service(isvc, shapes)))
+        hook = PolicyHook(PolicyConfig.from_service(isvc, seeds=seeds_for_service(isvc, shapes if reported else None)))
     cfg = SimConfig(pools=pool_specs(isvc, cold_start_s, calibration, shapes),
                     ttft_slo_s=isvc.spec.slo.ttft_p95_ms / 1e3,
                     tpot_slo_s=isvc.spec.slo.tpot_p95_ms / 1e3, autoscale_interval_s=auto.interval_seconds,

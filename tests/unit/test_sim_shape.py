@@ -87,6 +87,9 @@ def test_the_simulated_autoscaler_seeds_a_pool_without_a_preset_from_its_shape(c
     assert hook is not None and res.summary["requests"] > 0
     cfg: PolicyConfig = hook.cfg
     assert cfg.pool("primary").seed != DEFAULT_SEED
+    # replicas that report no shape (an engine without llmfleet's serving wrapper): the default seed
+    _, unreported = simulate_service(w, isvc, shapes={"primary": shape}, reported=False)
+    assert unreported is not None and unreported.cfg.pool("primary").seed == DEFAULT_SEED
     with pytest.raises(ValueError, match="no model preset to simulate .* and no shape given"):
         simulate_service(w, isvc)
     # the CLI: 20 req/s that two Llama-3-8B replicas serve, and one of the 1B shape
