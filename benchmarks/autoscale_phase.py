@@ -32,6 +32,7 @@ from typing import Any
 from autoscale_setup import (
     STUDENT_MODEL,
     TRACES,
+    add_replay_options,
     misses,
     run_policy,
     service,
@@ -148,11 +149,7 @@ def main() -> None:
                          "them (mooncake-conversation.jsonl: mooncake-conversation)")
     ap.add_argument("--seed", type=int, default=0, help="the router's tie-breaking seed")
     ap.add_argument("--student-mig", metavar="PROFILE", help="students on MIG slices, as autoscale_eval.py's option")
-    ap.add_argument("--recorded", type=Path, default=RESULTS / "autoscale_eval.json",
-                    help="autoscale_eval.py's results: each workload's TTFT SLO and starting fleet come from there")
-    ap.add_argument("--out", type=Path, default=RESULTS / "autoscale_phase.json")
-    ap.add_argument("--jobs", type=int, default=2, help="processes (default 2)")
-    ap.add_argument("--render", action="store_true", help="print the markdown table of --out and exit")
+    add_replay_options(ap, RESULTS / "autoscale_phase.json")
     args = ap.parse_args()
     if args.render:
         print(render(json.loads(args.out.read_text())))

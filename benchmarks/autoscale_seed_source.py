@@ -30,11 +30,10 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from autoscale_phase import known, trace_files, workload
-from autoscale_setup import PRIMARY_MODEL, misses, service, ttft_attainment
+from autoscale_setup import PRIMARY_MODEL, add_replay_options, misses, service, ttft_attainment
 from results_paths import RESULTS
 
 from llmfleet.plan.models import get_model
@@ -72,11 +71,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workload", action="append",
                     help="a workload of --recorded (azure, mooncake, bursty-10x, ...); repeatable; default those three")
-    ap.add_argument("--recorded", type=Path, default=RESULTS / "autoscale_eval.json",
-                    help="autoscale_eval.py's results: each workload's TTFT SLO and starting fleet come from there")
-    ap.add_argument("--out", type=Path, default=RESULTS / "autoscale_seed_source.json")
-    ap.add_argument("--jobs", type=int, default=2, help="processes (default 2)")
-    ap.add_argument("--render", action="store_true", help="print the markdown table of --out and exit")
+    add_replay_options(ap, RESULTS / "autoscale_seed_source.json")
     args = ap.parse_args()
     if args.render:
         print(render(json.loads(args.out.read_text())))

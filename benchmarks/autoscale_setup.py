@@ -10,6 +10,7 @@ knows) and the synthetic spike.
 
 from __future__ import annotations
 
+import argparse
 import multiprocessing
 import os
 import sys
@@ -17,6 +18,8 @@ from collections.abc import Callable, Container
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
+
+from results_paths import RESULTS
 
 from llmfleet.api import InferenceService
 from llmfleet.plan.hardware import get_gpu
@@ -87,6 +90,16 @@ def service(policy: str, ttft_slo_s: float, replicas: int, with_student: bool = 
                         student_max=max(STUDENT_MAX_GPUS * slices_per_gpu(), student_warm),
                         student_max_model_len=CONTEXT, student_mig=STUDENT_MIG, fallback=FALLBACK,
                         target_queue_depth=target_queue_depth, name="bench")
+
+
+def add_replay_options(ap: argparse.ArgumentParser, out: Path) -> None:
+    """The options of a script that replays autoscale_eval.py's recorded workloads (autoscale_phase.py,
+    autoscale_seed_source.py): --recorded, --out (default `out`), --jobs and --render."""
+    ap.add_argument("--recorded", type=Path, default=RESULTS / "autoscale_eval.json",
+                    help="autoscale_eval.py's results: each workload's TTFT SLO and starting fleet come from there")
+    ap.add_argument("--out", type=Path, default=out)
+    ap.add_argument("--jobs", type=int, default=2, help="processes (default 2)")
+    ap.add_argument("--render", action="store_true", help="print the markdown table of --out and exit")
 
 
 def run_static(w: Workload, n: int, slo_s: float, students: int = 0, stop_below: float | None = None) -> SimResult:
