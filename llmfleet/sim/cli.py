@@ -115,31 +115,6 @@ def _fewest_static(w: Workload, pool: PoolSpec, ttft_slo_s: float, target: float
     return fewest_static(run, ttft_slo_s, target=target, upper=upper)
 
 
-def _table(title: str, results: list[SimResult], slo_s: float) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    t = Table(title=title)
-    for c in ("router", "hit rate", "TTFT p50", "TTFT p99", "TPOT p50", "e2e p99", "SLO att.", "TTFT att.",
-              "goodput", "GPU-s", "degraded", "rejected", "preempt", "balance CV"):
-        t.add_column(c)
-    for res in results:
-        s = res.summary
-
-        def sec(v: float | None, fmt: str = ".3f") -> str:
-            return "-" if v is None else f"{v:{fmt}}s"
-
-        rejected = f"{s['rejected']}" + (f" ({s['rejectedContext']} > context)" if s.get("rejectedContext") else "")
-        if s.get("clippedContext"):
-            rejected += f", {s['clippedContext']} clipped"
-        ttft_ok = sum(1 for r in res.records if r["ttft"] is not None and r["ttft"] <= slo_s) / max(1, s["requests"])
-        t.add_row(res.router, f"{s['prefixHitRate']:.3f}", sec(s["ttft"]["p50"]), sec(s["ttft"]["p99"]),
-                  f"{(s['tpot']['p50'] or 0) * 1e3:.1f}ms", sec(s["e2e"]["p99"], ".2f"), f"{s['sloAttainment']:.3f}",
-                  f"{ttft_ok:.3f}", f"{s['goodputRps']:.2f}/s", f"{s['gpuSeconds']:.0f}",
-                  f"{s['degradedFraction']:.3f}", rejected, str(s["preemptions"]), f"{s['balance']['servedCv']:.2f}")
-    Console(width=220).print(t)
-
-
 def engine_kv_cache_dtype(kv_dtype: str) -> str:
     """`--kv-dtype` as the InferenceService's vllm.kvCacheDtype (the fleet `--autoscaler` runs): a 16-bit dtype
     is the engine's auto (the model's), fp8 is itself; the engine has no other KV dtype, so anything else is a
@@ -212,7 +187,7 @@ def register(app: typer.Typer) -> None:
         from llmfleet.plan.models import tensor_parallel_problem, weight_dtype_for
         from llmfleet.sim.engine import simulate
         from llmfleet.sim.production import make_service, simulate_service
-        from llmfleet.sim.report import oracle_hit_rate, plot
+        from llmfleet.sim.report import oracle_hit_rate, plot, print_table
         from llmfleet.sim.routers import make_router
         from llmfleet.sim.types import PoolSpec, SimConfig
         from llmfleet.sim.workload import WorkloadError
@@ -301,7 +276,7 @@ def register(app: typer.Typer) -> None:
             scaled += f" (decisions at phase {decision_phase:g} s)"
         # the span shows a trace's timestamps read in the wrong unit (1,000x off) at a glance
         served = f"{shape} ({primary.layers} layers, width {primary.hidden})" if shape else model
-        _table(f"{w.name}: {len(w.requests)} requests{w.skipped_note} over {w.duration:,.1f} s, {replicas} x {served} "
+        print_table(f"{w.name}: {len(w.requests)} requests{w.skipped_note} over {w.duration:,.1f} s, {replicas} x {served} "
                f"on {gpu}{scaled}, {w.block_size}-token blocks, oracle hit rate {oracle:.3f}", results, ttft_slo_ms / 1e3)
         if timeline:
             peak = {k: max(x[k] for x in timeline) for k in timeline[0] if k not in ("t", "why")}

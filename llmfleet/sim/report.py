@@ -219,3 +219,29 @@ def plot(results: Sequence[SimResult], out: Path, title: str = "") -> list[Path]
             ax.plot(ts, [s[pool]["waiting"] for s in res.series], label=f"{res.router} {pool} waiting")
     paths.append(_finish(fig, ax, "time (s)", "waiting requests", title or "queue over time", 7, out / "queue.png"))
     return paths
+
+
+def print_table(title: str, results: Sequence[SimResult], slo_s: float) -> None:
+    """`llmfleet sim run`'s table: one row per result (router), TTFT attainment against `slo_s`."""
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=title)
+    for c in ("router", "hit rate", "TTFT p50", "TTFT p99", "TPOT p50", "e2e p99", "SLO att.", "TTFT att.",
+              "goodput", "GPU-s", "degraded", "rejected", "preempt", "balance CV"):
+        t.add_column(c)
+    for res in results:
+        s = res.summary
+
+        def sec(v: float | None, fmt: str = ".3f") -> str:
+            return "-" if v is None else f"{v:{fmt}}s"
+
+        rejected = f"{s['rejected']}" + (f" ({s['rejectedContext']} > context)" if s.get("rejectedContext") else "")
+        if s.get("clippedContext"):
+            rejected += f", {s['clippedContext']} clipped"
+        ttft_ok = sum(1 for r in res.records if r["ttft"] is not None and r["ttft"] <= slo_s) / max(1, s["requests"])
+        t.add_row(res.router, f"{s['prefixHitRate']:.3f}", sec(s["ttft"]["p50"]), sec(s["ttft"]["p99"]),
+                  f"{(s['tpot']['p50'] or 0) * 1e3:.1f}ms", sec(s["e2e"]["p99"], ".2f"), f"{s['sloAttainment']:.3f}",
+                  f"{ttft_ok:.3f}", f"{s['goodputRps']:.2f}/s", f"{s['gpuSeconds']:.0f}",
+                  f"{s['degradedFraction']:.3f}", rejected, str(s["preemptions"]), f"{s['balance']['servedCv']:.2f}")
+    Console(width=220).print(t)
