@@ -22,14 +22,18 @@ KINDS: dict[str, type[TrainingJob] | type[InferenceService]] = {
 }
 
 
+def problems_line(problems: Iterable[tuple[str, str]]) -> str:
+    """(field path, message) pairs as the one line every error about a spec shows: `path: message; path: message`."""
+    return "; ".join(f"{path}: {message}" for path, message in problems)
+
+
 class ManifestError(ValueError):
     """A manifest that is not a valid llmfleet resource; `problems` are (field path, message) pairs."""
 
     def __init__(self, source: str, problems: list[tuple[str, str]]) -> None:
         self.source = source
         self.problems = problems
-        lines = "; ".join(f"{path}: {msg}" for path, msg in problems)
-        super().__init__(f"{source}: {lines}")
+        super().__init__(f"{source}: {problems_line(problems)}")
 
 
 class InputFileError(ManifestError):

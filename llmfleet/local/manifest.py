@@ -22,6 +22,7 @@ def load_service(file: Path) -> InferenceService:
     arguments and model/adapter folders checked. Raises InvalidManifest (also what the running supervisor uses
     on an edit)."""
     from llmfleet.api import InferenceService, ManifestError, load_manifest
+    from llmfleet.api.loader import problems_line
     from llmfleet.plan.pool_presets import model_preset_problems
     from llmfleet.workers.serve.vllm_args import InvalidServeSpec, render_vllm_args, validate_adapter_files
 
@@ -33,7 +34,7 @@ def load_service(file: Path) -> InferenceService:
         raise InvalidManifest(f"{file} is a {res.kind}; `llmfleet up` runs an InferenceService "
                               "(use `llmfleet train` for a TrainingJob)")
     if problems := model_preset_problems(res):
-        raise InvalidManifest(f"{file}: " + "; ".join(f"{path}: {message}" for path, message in problems))
+        raise InvalidManifest(f"{file}: {problems_line(problems)}")
     isvc = resolve_model_paths(res)
     try:
         for pool in isvc.pools():

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from llmfleet.api import TrainingJob
 from llmfleet.api.contracts import API_VERSION
+from llmfleet.api.loader import problems_line
 from llmfleet.kube.client import ApiError, KubeClient
 from llmfleet.operator.builders import build_trainingjob
 from llmfleet.operator.builders.storage import StorageSpecError
@@ -150,7 +151,7 @@ async def _reconcile(body: Mapping[str, Any], client: KubeClient, config: Operat
         invalid.compute_seconds = time.thread_time() - started
         return invalid, None
     if problems := training_precision_problems(tj.spec):  # e.g. fp8 on a GPU type without fp8 tensor cores
-        message = "; ".join(f"{path}: {msg}" for path, msg in problems)
+        message = problems_line(problems)
         invalid = invalid_spec_outcome(old, message, generation, now, "TrainingJob")
         invalid.compute_seconds = time.thread_time() - started
         return invalid, None

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from llmfleet.api.loader import problems_from
+from llmfleet.api.loader import problems_from, problems_line
 
 EventType = Literal["Normal", "Warning"]
 CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "PromotionTarget")
@@ -77,7 +77,7 @@ def condition(conditions: list[dict[str, Any]] | None, ctype: str) -> dict[str, 
 def invalid_spec_message(err: ValidationError | ValueError) -> str:
     """'path: message; ...' for a pydantic error, or the message of a builder's spec error."""
     if isinstance(err, ValidationError):
-        return "; ".join(f"{path}: {msg}" for path, msg in problems_from(err))
+        return problems_line(problems_from(err))
     return str(err)
 
 

@@ -22,6 +22,7 @@ from llmfleet.api.contracts import (
     child_name,
 )
 from llmfleet.api.inferenceservice import ROUTER_SUFFIX
+from llmfleet.api.loader import problems_line
 from llmfleet.api.storage import CacheSpec
 from llmfleet.operator.builders.common import (
     Manifest,
@@ -391,7 +392,7 @@ def build_feature_store_job(isvc: InferenceService, config: OperatorConfig) -> M
 def build_inferenceservice(isvc: InferenceService, config: OperatorConfig) -> list[Manifest]:
     """Every child of `isvc`, in apply order (config before the pods that read it)."""
     if problems := model_preset_problems(isvc):
-        raise ServiceSpecError("; ".join(f"{path}: {message}" for path, message in problems))
+        raise ServiceSpecError(problems_line(problems))
     out: list[Manifest] = []
     for pool in isvc.pools():
         out += [build_pool_deployment(isvc, pool, config), build_pool_service(isvc, pool), build_pool_pdb(isvc, pool)]
