@@ -45,14 +45,14 @@ SHAPE_HELP = ("The model as a Hugging Face config.json (or the model folder hold
 ShapeFile = Annotated[Path | None, typer.Option("--shape", help=SHAPE_HELP)]
 
 
-def _model(model: str, shape: Path | None) -> ModelShape:
-    """--shape's shape (plan.models.load_shape), else --model's preset; a bad file is a ValueError naming --shape."""
+def _model(model: str, shape: Path | None, flag: str = "--shape") -> ModelShape:
+    """`shape`'s shape (plan.models.load_shape), else `model`'s preset; a bad file is a ValueError naming `flag`."""
     from llmfleet.plan.models import get_model, load_shape
 
     try:
         return load_shape(shape) if shape else get_model(model)
     except ValueError as e:
-        raise ValueError(f"--shape {e}" if shape else str(e)) from None
+        raise ValueError(f"{flag} {e}" if shape else str(e)) from None
 
 
 def _fail(e: BaseException) -> typer.Exit:
@@ -164,6 +164,8 @@ def register(app: typer.Typer) -> None:
         tp: int = typer.Option(1, help="Tensor parallelism per replica."),
         host_kv_gib: float = typer.Option(0.0, help="Host-memory KV tier per replica, GiB (vLLM CPU offloading); 0 = none."),
         student: str | None = typer.Option(None, help="Add a student pool: MODEL:REPLICAS, e.g. llama-3.2-1b:2 "
+                                                      "(MODEL a preset, or a shape file or model folder as --shape "
+                                                      "takes: a distilled student no preset names) "
                                                       "(with --autoscaler: REPLICAS is its minReplicas, 0 = scale to zero)."),
         student_mig: str | None = typer.Option(None, help="Run each student replica on one MIG instance of this "
                                                           "profile of --gpu (e.g. 3g.71gb on H200); its GPU-seconds "
@@ -208,9 +210,12 @@ def register(app: typer.Typer) -> None:
                 raise ValueError(f"--tp: {tp_problem}")
             if max_model_len is not None and max_model_len < 2:
                 raise ValueError(f"--max-model-len must be >= 2, got {max_model_len}")
-            sm, sn = None, 0
+            sm: str | ModelShape | None = None
+            sn = 0
             if student:
-                sm, _, count = student.partition(":")
+                name, _, count = student.partition(":")
+                # a file or folder: the student's shape (a model no preset names: a distilled one); else a preset
+                sm = _model("", Path(name), "--student") if Path(name).exists() else name
                 try:
                     sn = int(count or 1)
                 except ValueError:
@@ -247,10 +252,11 @@ def register(app: typer.Typer) -> None:
                 if decision_phase >= interval:
                     raise ValueError(f"--decision-phase must be below the decision interval ({interval:g} s), "
                                      f"got {decision_phase:g}")
+                shapes = {k: v for k, v in (("primary", primary if shape else None), ("small", sm))
+                          if v is not None and not isinstance(v, str)}
                 res, hook = simulate_service(w, isvc, seed=seed, context_overflow=overflow,
                                              decision_phase_s=decision_phase,
-                                             calibration=str(calibration) if calibration else None,
-                                             shapes={"primary": primary} if shape else None)
+                                             calibration=str(calibration) if calibration else None, shapes=shapes)
                 res.router = f"llmfleet + {autoscaler}"
                 results = [res]
                 timeline = hook.timeline if hook else None

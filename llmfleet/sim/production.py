@@ -139,22 +139,23 @@ def make_service(*, policy: str = "slo", ttft_slo_ms: float = 2000.0, tpot_slo_m
                  model: str | None = "llama-3-8b", gpu: str = "H200", min_replicas: int = 1, max_replicas: int = 64,
                  max_model_len: int | None = None, quantization: str | None = None, tensor_parallel: int = 1,
                  kv_cache_dtype: str = "auto",
-                 kv_offload_gib: float | None = None, student: str | None = None, student_min: int = 0,
+                 kv_offload_gib: float | None = None, student: str | ModelShape | None = None, student_min: int = 0,
                  student_max: int = 8, student_max_model_len: int | None = None, student_mig: str | None = None,
                  fallback: Fallback | None = Fallback(),
                  target_queue_depth: float | None = None, name: str = "sim") -> InferenceService:
     """An InferenceService for the simulator: the primary serves preset `model` (None: a model no preset names,
     from /models/primary; `simulate_service`'s `shapes` gives its shape) (its weights quantized by
-    `quantization`, model.quantization) on `tensor_parallel` GPUs per
-    replica (its vllm.kvCacheDtype and kvOffloadGiB as given); `student` adds a one-GPU
-    burst-capacity student pool of that preset (`student_min` kept warm; 0 = scale to zero), with `fallback`'s
-    router thresholds, each student replica on one MIG instance of profile `student_mig` when given. Validated like
-    any InferenceService (a bad value is a ValueError)."""
+    `quantization`, model.quantization) on `tensor_parallel` GPUs per replica (its vllm.kvCacheDtype and
+    kvOffloadGiB as given); `student` adds a one-GPU burst-capacity student pool `small` of that preset (a shape:
+    a model no preset names, which `shapes` gives too) (`student_min` kept warm; 0 = scale to zero), with
+    `fallback`'s router thresholds, each student replica on one MIG instance of profile `student_mig` when given.
+    Validated like any InferenceService (a bad value is a ValueError)."""
     ann = {MODEL_PRESET_ANNOTATION: model} if model else {}
     fb: dict[str, Any] = {}
     if student:
-        ann[f"{MODEL_PRESET_ANNOTATION}.small"] = student
-        smodel: dict[str, Any] = {"path": f"/models/{student}"} | (
+        if isinstance(student, str):  # a shape: a model no preset names (simulate_service's `shapes` gives it)
+            ann[f"{MODEL_PRESET_ANNOTATION}.small"] = student
+        smodel: dict[str, Any] = {"path": f"/models/{student if isinstance(student, str) else 'student'}"} | (
             {"maxModelLen": student_max_model_len} if student_max_model_len else {})
         # its own engine arguments (the defaults): the primary's tensor parallelism and KV tier are not the student's
         pool: dict[str, Any] = {"name": "small", "model": smodel, "vllm": {}, "replicas": student_min,

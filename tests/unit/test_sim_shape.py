@@ -127,3 +127,24 @@ def test_sim_plan_and_hindsight_take_a_shape_too(config: Path, tmp_path: Path) -
     r = CliRunner().invoke(app, ["sim", "plan", "--shape", str(tmp_path / "missing.json")])
     assert r.exit_code == 2 and r.output.count("missing.json") == 1 and "--shape" in r.output
     assert len(r.output.strip().splitlines()) == 1, r.output
+
+
+def test_a_student_no_preset_names(config: Path, tmp_path: Path) -> None:
+    """`--student FILE:REPLICAS`: a distilled student's shape, simulated as its preset would be, with and without the
+    autoscaler (which seeds the student pool from it)."""
+    def summaries(student: str, *extra: str) -> list[dict[str, Any]]:
+        out = tmp_path / f"s{len(list(tmp_path.iterdir()))}"
+        r = CliRunner().invoke(app, ["sim", "run", "--duration", "60", "--rate", "30", "--replicas", "1",
+                                     "--student", student, "--out", str(out), *extra])
+        assert r.exit_code == 0, r.output
+        return [res["summary"] for res in json.loads((out / "result.json").read_text())["results"]]
+
+    assert summaries(f"{config}:1") == summaries("llama-3.2-1b:1")
+    auto = ("--autoscaler", "slo", "--ttft-slo-ms", "1000")
+    assert summaries(f"{config}:1", *auto) == summaries("llama-3.2-1b:1", *auto)
+    r = CliRunner().invoke(app, ["sim", "run", "--duration", "20", "--student", f"{tmp_path / 'missing'}:1"])
+    assert r.exit_code == 2 and "unknown model preset" in r.output  # no such file: read as a preset name
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("layers: 0\n")
+    r = CliRunner().invoke(app, ["sim", "run", "--duration", "20", "--student", f"{bad}:1"])
+    assert r.exit_code == 2 and "--student" in r.output and "layers" in r.output
