@@ -282,8 +282,9 @@ def register(app: typer.Typer) -> None:
             scaled += f" (decisions at phase {decision_phase:g} s)"
         # the span shows a trace's timestamps read in the wrong unit (1,000x off) at a glance
         served = f"{shape} ({primary.layers} layers, width {primary.hidden})" if shape else model
-        print_table(f"{w.name}: {len(w.requests)} requests{w.skipped_note} over {w.duration:,.1f} s, {replicas} x {served} "
-               f"on {gpu}{scaled}, {w.block_size}-token blocks, oracle hit rate {oracle:.3f}", results, ttft_slo_ms / 1e3)
+        print_table(f"{w.name}: {len(w.requests)} requests{w.skipped_note} over {w.duration:,.1f} s, "
+                    f"{replicas} x {served} on {gpu}{scaled}, {w.block_size}-token blocks, oracle hit rate {oracle:.3f}",
+                    results, ttft_slo_ms / 1e3)
         if timeline:
             peak = {k: max(x[k] for x in timeline) for k in timeline[0] if k not in ("t", "why")}
             actions = sum(1 for a, b in zip(timeline, timeline[1:], strict=False)
@@ -455,7 +456,8 @@ def register(app: typer.Typer) -> None:
             raise _fail(e) from None
         doc = {"workload": found.workload, "requests": found.requests, "minutes": found.minutes,
                "rateRps": round(found.rate_rps, 4), "meanRateRps": round(found.mean_rate_rps, 4),
-               "firstMinute": first_minute, "model": str(shape) if shape else model, "gpu": g.name, "shape": asdict(found.shape),
+               "firstMinute": first_minute, "model": str(shape) if shape else model, "gpu": g.name,
+               "shape": asdict(found.shape),
                "hitRate": round(found.shape.prefix_hit_rate, 4), "pooledCacheBlocks": found.cache_blocks,
                "replicas": found.plan.replicas, "capacity": asdict(found.plan.capacity),
                "reasoning": found.plan.reasoning, "simulated": simulated,

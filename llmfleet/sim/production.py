@@ -5,10 +5,10 @@
     res, hook = simulate_service(workload, isvc)
 
 Each pool of the service becomes a `PoolSpec` (model preset from the annotation `llmfleet.io/model-preset[.<pool>]`,
-or a shape given for a pool no preset names, GPU, replicas and bounds, engine settings); the router is `LlmfleetRouter` with the service's routing weights and
-the production mapping of `spec.fallback`; the autoscaler hook calls `llmfleet.autoscaler.policy.decide` with
-`PolicyConfig.from_service` and the planner's capacity seeds, every `spec.autoscaling.intervalSeconds` of
-simulated time (none for `static`). The same code that runs against a cluster decides here.
+or a shape given for a pool no preset names, GPU, replicas and bounds, engine settings); the router is
+`LlmfleetRouter` with the service's routing weights and the production mapping of `spec.fallback`; the autoscaler
+hook calls `llmfleet.autoscaler.policy.decide` with `PolicyConfig.from_service` and the planner's capacity seeds,
+every `spec.autoscaling.intervalSeconds` of simulated time (none for `static`). The same code that runs against a cluster decides here.
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ def make_service(*, policy: str = "slo", ttft_slo_ms: float = 2000.0, tpot_slo_m
     ann = {MODEL_PRESET_ANNOTATION: model} if model else {}
     fb: dict[str, Any] = {}
     if student:
-        if isinstance(student, str):  # a shape: a model no preset names (simulate_service's `shapes` gives it)
+        if isinstance(student, str):  # a preset; a shape (a model no preset names) is simulate_service's `shapes`
             ann[f"{MODEL_PRESET_ANNOTATION}.small"] = student
         smodel: dict[str, Any] = {"path": f"/models/{student if isinstance(student, str) else 'student'}"} | (
             {"maxModelLen": student_max_model_len} if student_max_model_len else {})
