@@ -3,7 +3,7 @@
 A fine-tune under another name, a copy on S3 or a volume, or a model family the planner has no preset for has no
 `llmfleet.io/model-preset`. Its replicas report the model's shape from its config.json (llmfleet's serving wrapper,
 `llmfleet:model_shape`), and the autoscaler seeds the pool from that shape. Replicas that report nothing (an engine
-run without the wrapper, or the wrapper's ray-serve engine) leave the pool the default seed (8,000 prefill / 1,500
+run without the wrapper, or a model the planner has no shape for) leave the pool the default seed (8,000 prefill / 1,500
 decode tokens/s per replica), as every pool without a preset had before the report existed. This script replays autoscale_eval.py's workloads, TTFT SLOs
 and starting fleets (read from its recorded results) with the primary as such a model, against the same model
 under its preset:

@@ -103,7 +103,7 @@ def simulate_service(w: Workload, isvc: InferenceService, *, seed: int = 0,
     `decision_phase_s` shifts the autoscaler's regular decisions (SimConfig.autoscale_phase_s); `calibration` is the
     primary's step-time calibration file (docs/simulator.md); `shapes`: pool -> the model of a pool no preset
     names, which its replicas report (llmfleet's serving wrapper: `reported`) and the production autoscaler then
-    seeds it from; unreported (engine ray-serve, whose /metrics the wrapper adds nothing to), the default seed. The
+    seeds it from; unreported (an engine run without the wrapper), the default seed. The
     router, finding no preset, measures such a pool. Returns the result and the policy hook (its timeline of
     decisions), None for `static`."""
     auto = isvc.spec.autoscaling

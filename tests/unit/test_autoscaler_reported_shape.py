@@ -12,6 +12,7 @@ import pytest
 from aiohttp import web
 
 from llmfleet.api import InferenceService, parse_resource
+from llmfleet.api.contracts import MODEL_SHAPE_METRIC
 from llmfleet.api.trainingjob import ModelShape
 from llmfleet.autoscaler.actuation import ObservedReplica
 from llmfleet.autoscaler.capacity import DEFAULT_SEED
@@ -20,7 +21,7 @@ from llmfleet.autoscaler.policy import PolicyState, PoolSignals
 from llmfleet.autoscaler.seeds import known_shapes, seed_for_pool, seeds_for_service
 from llmfleet.autoscaler.signals import PoolRef, ScrapeSignals, agreed_shape, parse_metrics, shape_samples
 from llmfleet.plan.models import PRESETS, shape_dims, shape_from_dims, shape_from_hf_config
-from llmfleet.workers.serve.worker import model_shape_metrics
+from llmfleet.workers.serve.worker import served_model_metrics
 
 # Llama-3-8B's config.json, as on the Hub (the keys the planner reads and a few it does not)
 LLAMA_3_8B_CONFIG = {
@@ -70,15 +71,16 @@ def test_a_sliding_window_and_bad_numbers() -> None:
 
 def test_the_wrapper_reports_the_served_models_shape(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(LLAMA_3_8B_CONFIG))
-    text = model_shape_metrics(["--model", str(tmp_path), "--dtype", "bfloat16"]).decode()
+    text = served_model_metrics(["--model", str(tmp_path), "--dtype", "bfloat16"]).decode()
     assert agreed_shape([shape_samples(parse_metrics(text))]) == PRESETS["llama-3-8b"]
     assert shape_from_hf_config(LLAMA_3_8B_CONFIG) == PRESETS["llama-3-8b"]
     # what the planner has no shape for adds nothing: a mixture-of-experts, a remote or missing model
     (tmp_path / "moe").mkdir()
     (tmp_path / "moe" / "config.json").write_text(json.dumps({**LLAMA_3_8B_CONFIG, "num_local_experts": 8}))
-    assert model_shape_metrics(["--model", str(tmp_path / "moe")]) == b""
-    assert model_shape_metrics(["--model", "hf://org/model"]) == b""
-    assert model_shape_metrics(["--model", str(tmp_path / "missing")]) == b""
+    moe = served_model_metrics(["--model", str(tmp_path / "moe")]).decode()
+    assert "llmfleet:kv_cache_bytes_per_token " in moe and MODEL_SHAPE_METRIC not in moe  # its KV size is known
+    assert served_model_metrics(["--model", "hf://org/model"]) == b""
+    assert served_model_metrics(["--model", str(tmp_path / "missing")]) == b""
 
 
 def test_replicas_that_disagree_report_no_shape() -> None:
@@ -109,7 +111,7 @@ def _metrics_app(text: str) -> web.Application:
 @pytest.mark.timeout(30)
 async def test_scraped_signals_carry_the_replicas_shape(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(LLAMA_3_8B_CONFIG))
-    wrapper = model_shape_metrics(["--model", str(tmp_path)]).decode()
+    wrapper = served_model_metrics(["--model", str(tmp_path)]).decode()
     router_text = '# TYPE llmfleet_router_requests counter\nllmfleet_router_requests_total{pool="primary"} 5\n'
     replica_text = "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 1\n" + wrapper
     runners = []

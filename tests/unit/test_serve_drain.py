@@ -198,16 +198,16 @@ async def test_extra_metrics_are_added_to_text_and_openmetrics() -> None:
 
 
 def test_kv_cache_metrics_from_the_served_models_config(tmp_path: Path) -> None:
-    from llmfleet.workers.serve.worker import kv_cache_metrics
+    from llmfleet.workers.serve.worker import served_model_metrics
 
     (tmp_path / "config.json").write_text(json.dumps({"num_hidden_layers": 32, "num_attention_heads": 32,
                                                       "num_key_value_heads": 8, "hidden_size": 4096}))
     argv = ["--model", str(tmp_path), "--dtype", "bfloat16", "--kv-cache-dtype", "auto", "--tensor-parallel-size", "1"]
-    assert kv_cache_metrics(argv).endswith(b"llmfleet:kv_cache_bytes_per_token 131072.0\n")
+    assert b"\nllmfleet:kv_cache_bytes_per_token 131072.0\n" in served_model_metrics(argv)
     fp8 = [a if a != "auto" else "fp8" for a in argv]
-    assert kv_cache_metrics(fp8).endswith(b" 65536.0\n")
-    assert kv_cache_metrics(["--model", str(tmp_path / "missing")]) == b""  # unknown: nothing is added
-    assert kv_cache_metrics(["--model", "hf://org/model"]) == b""
+    assert b"\nllmfleet:kv_cache_bytes_per_token 65536.0\n" in served_model_metrics(fp8)
+    assert served_model_metrics(["--model", str(tmp_path / "missing")]) == b""  # unknown: nothing is added
+    assert served_model_metrics(["--model", "hf://org/model"]) == b""
 
 
 @pytest.mark.timeout(30)

@@ -13,7 +13,9 @@ Everything else is a byte-for-byte pass-through, Content-Encoding included (an e
 response: prometheus_client's ASGI exposition gzips /metrics for clients that accept it; vLLM 0.32's
 /metrics route happens not to). `/metrics` carries vLLM's `vllm:` series unchanged; when the wrapper knows facts
 vLLM does not export (`extra_metrics`, e.g. the KV-cache bytes per token the router needs to size a host
-offload tier), /metrics is fetched uncompressed and those series are added before the end.
+offload tier), /metrics is fetched uncompressed and those series are added before the end. An engine whose
+metrics are served elsewhere (Ray Serve: Ray's metrics agent, under Ray's names) gives `metrics_url` and
+`metrics_filter`, the page to fetch and what of it to serve.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 
 from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
 
@@ -35,6 +38,7 @@ _HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
 # and the header must go with them (dropping it handed gzip bytes to clients told they were plain text).
 _HOP_REQUEST = _HOP | {"content-encoding"}
 _OPENMETRICS_EOF = b"# EOF\n"
+_TEXT_FORMAT = "text/plain; version=0.0.4"  # Prometheus' text exposition format
 # Paths that stay open during drain: probes and scrapes must see the replica until it exits.
 _ALWAYS_OPEN = {"/metrics", "/ping", "/version"}
 
@@ -46,10 +50,13 @@ def _err(status: int, message: str, kind: str) -> web.Response:
 class DrainProxy:
     """Forward every request to `upstream`; track in-flight ones; refuse new ones once draining."""
 
-    def __init__(self, upstream: str, health_path: str = "/health", extra_metrics: bytes = b"") -> None:
+    def __init__(self, upstream: str, health_path: str = "/health", extra_metrics: bytes = b"",
+                 metrics_url: str | None = None, metrics_filter: Callable[[bytes], bytes] | None = None) -> None:
         self.upstream = upstream.rstrip("/")
         self.health_path = health_path  # the engine's own health/readiness path, served as /health
         self.extra_metrics = extra_metrics  # exposition-format lines (HELP/TYPE + samples) added to /metrics
+        self.metrics_url = metrics_url  # where the engine's metrics page is, when not at upstream's /metrics
+        self.metrics_filter = metrics_filter  # that page -> the series /metrics serves of it
         self.inflight = 0
         self.draining = False
         self.engine_ready = False
@@ -101,7 +108,7 @@ class DrainProxy:
             raise RuntimeError("DrainProxy.start() was not awaited")
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_REQUEST}
         body = await request.read()
-        if request.path == "/metrics" and self.extra_metrics:
+        if request.path == "/metrics" and (self.extra_metrics or self.metrics_url or self.metrics_filter):
             return await self._metrics(request, headers)
         url = self.upstream + (self.health_path if request.path == "/health" else str(request.rel_url))
         try:
@@ -123,14 +130,17 @@ class DrainProxy:
             return out
 
     async def _metrics(self, request: web.Request, headers: dict[str, str]) -> web.StreamResponse:
-        """vLLM's /metrics, uncompressed, with `extra_metrics` added (before OpenMetrics' closing `# EOF`)."""
+        """The engine's metrics page, uncompressed, through `metrics_filter`, with `extra_metrics` added (before
+        OpenMetrics' closing `# EOF`)."""
         session = self._session
         if session is None:
             raise RuntimeError("DrainProxy.start() was not awaited")
         # identity, or we could not edit it (aiohttp would otherwise add its default gzip, deflate)
         headers = {k: v for k, v in headers.items() if k.lower() != "accept-encoding"} | {"Accept-Encoding": "identity"}
+        if self.metrics_filter is not None:  # the text format, whose lines the filter knows (no OpenMetrics # EOF)
+            headers = {k: v for k, v in headers.items() if k.lower() != "accept"} | {"Accept": _TEXT_FORMAT}
         try:
-            async with session.get(self.upstream + str(request.rel_url), headers=headers,
+            async with session.get(self.metrics_url or self.upstream + str(request.rel_url), headers=headers,
                                    timeout=ClientTimeout(total=10)) as upstream:
                 data = await upstream.read()
                 out_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP}
@@ -140,6 +150,8 @@ class DrainProxy:
         except (ClientError, OSError, TimeoutError) as err:
             return _err(503, f"engine unavailable: {err}", "engine_unavailable")
         if status == 200 and encoding == "identity":
+            if self.metrics_filter is not None:
+                data = self.metrics_filter(data)
             if data.endswith(_OPENMETRICS_EOF):
                 data = data[: -len(_OPENMETRICS_EOF)] + self.extra_metrics + _OPENMETRICS_EOF
             else:

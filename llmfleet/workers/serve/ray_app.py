@@ -5,7 +5,9 @@
 The argv is parsed with vLLM's own parser, so every knob means the same thing as on the vLLM path; the
 engine arguments that differ from vLLM's defaults become `LLMConfig.engine_kwargs`. One Ray Serve replica
 per process with Ray's autoscaling off: llmfleet's autoscaler owns the number of pods/processes. Ray Serve's
-HTTP proxy listens on --host/--port (the wrapper's private port) and serves the OpenAI API under /v1.
+HTTP proxy listens on --host/--port (the wrapper's private port) and serves the OpenAI API under /v1. Ray's
+metrics agent listens on the port the wrapper gives in LLMFLEET_RAY_METRICS_PORT; the wrapper serves vLLM's
+series from it on the replica's /metrics (ray_metrics.py).
 
 Needs `pip install 'ray[serve]' pyarrow` (ray.serve.llm); `ray[llm]` itself would pull a GPU vLLM build.
 """
@@ -18,6 +20,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from llmfleet.workers.serve.ray_metrics import RAY_METRICS_PORT_ENV, RAY_METRICS_REPORT_INTERVAL_MS
 from llmfleet.workers.serve.worker import split_listen
 
 
@@ -63,7 +66,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = LLMConfig(**llm_config_kwargs(rest))
     # Logical CPUs are scheduling tokens: the ingress and the LLM server each ask for one, and a 2-core
     # machine would otherwise leave the ingress unscheduled. Real CPU use is the engine's, as on the vLLM path.
-    ray.init(num_cpus=max(8, os.cpu_count() or 1), include_dashboard=False, log_to_driver=True)
+    metrics_port = os.environ.get(RAY_METRICS_PORT_ENV)
+    ray.init(num_cpus=max(8, os.cpu_count() or 1), include_dashboard=False, log_to_driver=True,
+             _metrics_export_port=int(metrics_port) if metrics_port else None,
+             _system_config={"metrics_report_interval_ms": RAY_METRICS_REPORT_INTERVAL_MS})
     serve.start(http_options={"host": host, "port": port})
     serve.run(build_openai_app({"llm_configs": [cfg]}), name="llmfleet", route_prefix="/", blocking=True)
     return 0

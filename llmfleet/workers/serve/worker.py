@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -36,6 +37,7 @@ from llmfleet.plan.models import shape_dims, shape_from_hf_config
 from llmfleet.router.kv_tiers import HostTierUnknown, kv_bytes_per_token, load_model_config
 from llmfleet.util.net import free_port
 from llmfleet.workers.serve.drain import DrainProxy
+from llmfleet.workers.serve.ray_metrics import RAY_METRICS_PORT_ENV, vllm_series
 from llmfleet.workers.serve.vllm_args import RUNTIME_LORA_ENV, VLLM_ENTRYPOINT
 
 log = logging.getLogger("llmfleet.serve")
@@ -82,11 +84,13 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def engine_env(argv: Sequence[str]) -> dict[str, str] | None:
-    """The engine's environment: ours, plus runtime adapter loading when LoRA is on (None: inherit as is)."""
-    if "--enable-lora" not in argv:
-        return None
-    return {**os.environ, **RUNTIME_LORA_ENV}
+def engine_env(argv: Sequence[str], ray_metrics_port: int | None = None) -> dict[str, str] | None:
+    """The engine's environment: ours, plus runtime adapter loading when LoRA is on, plus the port of Ray's metrics
+    agent for a Ray Serve engine (None: inherit as is)."""
+    extra = dict(RUNTIME_LORA_ENV) if "--enable-lora" in argv else {}
+    if ray_metrics_port is not None:
+        extra[RAY_METRICS_PORT_ENV] = str(ray_metrics_port)
+    return {**os.environ, **extra} if extra else None
 
 
 def start_engine(cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
@@ -124,17 +128,28 @@ def served_name(argv: Sequence[str]) -> str:
     return found.get("--served-model-name") or found.get("--model", "")
 
 
-def kv_cache_metrics(argv: Sequence[str]) -> bytes:
-    """`llmfleet:kv_cache_bytes_per_token` for /metrics, from the served model's config.json and the engine's
-    KV dtype and tensor parallelism: the router needs it to size a host offload tier in blocks, and the
-    router's pod does not have the model folder. Empty when it cannot be derived (a remote model, an MLA or
-    state-space model): the router then counts GPU blocks only."""
-    f = flag_values(argv, "--model", "--kv-cache-dtype", "--dtype", "--tensor-parallel-size", "-tp")
+def served_model_metrics(argv: Sequence[str]) -> bytes:
+    """The wrapper's own series for /metrics (`kv_cache_metrics`, `model_shape_metrics`), from the served model's
+    config.json, read once: the router's and the autoscaler's pods do not have the model folder. Empty for a model
+    that is no local folder."""
+    try:
+        config = load_model_config(flag_values(argv, "--model").get("--model"))
+    except HostTierUnknown as e:
+        log.info("no %s or %s on /metrics: %s", KV_BYTES_PER_TOKEN_METRIC, MODEL_SHAPE_METRIC, e)
+        return b""
+    return kv_cache_metrics(argv, config) + model_shape_metrics(config)
+
+
+def kv_cache_metrics(argv: Sequence[str], config: dict[str, Any]) -> bytes:
+    """`llmfleet:kv_cache_bytes_per_token`, from the served model's config.json and the engine's KV dtype and tensor
+    parallelism: the router needs it to size a host offload tier in blocks. Empty when it cannot be derived (an MLA
+    or state-space model): the router then counts GPU blocks only."""
+    f = flag_values(argv, "--kv-cache-dtype", "--dtype", "--tensor-parallel-size", "-tp")
     tp = f.get("--tensor-parallel-size") or f.get("-tp") or "1"
     try:
-        per_token = kv_bytes_per_token(load_model_config(f.get("--model")), cache_dtype=f.get("--kv-cache-dtype", "auto"),
+        per_token = kv_bytes_per_token(config, cache_dtype=f.get("--kv-cache-dtype", "auto"),
                                        model_dtype=f.get("--dtype", "auto"), tensor_parallel_size=int(tp))
-    except (HostTierUnknown, ValueError) as e:
+    except ValueError as e:  # HostTierUnknown among them
         log.info("no %s on /metrics: %s", KV_BYTES_PER_TOKEN_METRIC, e)
         return b""
     registry = CollectorRegistry()
@@ -143,14 +158,14 @@ def kv_cache_metrics(argv: Sequence[str]) -> bytes:
     return generate_latest(registry)
 
 
-def model_shape_metrics(argv: Sequence[str]) -> bytes:
-    """`llmfleet:model_shape{dim=...}` for /metrics: the served model's planner shape from its config.json, one
-    sample per field (plan.models.shape_dims). The autoscaler seeds a pool's capacity from it where the pool names
-    no model preset; its pod does not have the model folder. Empty when the planner has no shape for the model (a
-    remote model, a mixture-of-experts, MLA or state-space model, a separate head size)."""
+def model_shape_metrics(config: dict[str, Any]) -> bytes:
+    """`llmfleet:model_shape{dim=...}`: the served model's planner shape from its config.json, one sample per field
+    (plan.models.shape_dims). The autoscaler seeds a pool's capacity from it where the pool names no model preset.
+    Empty when the planner has no shape for the model (a mixture-of-experts, MLA or state-space model, a separate
+    head size)."""
     try:
-        shape = shape_from_hf_config(load_model_config(flag_values(argv, "--model").get("--model")))
-    except (HostTierUnknown, ValueError) as e:
+        shape = shape_from_hf_config(config)
+    except ValueError as e:
         log.info("no %s on /metrics: %s", MODEL_SHAPE_METRIC, e)
         return b""
     registry = CollectorRegistry()
@@ -187,14 +202,17 @@ async def serve(engine: str, engine_argv: Sequence[str], drain_seconds: float) -
     argv, host, port = split_listen(engine_argv)
     inner = free_port()
     upstream = f"http://127.0.0.1:{inner}"
-    proxy = DrainProxy(upstream, health_path=READY_PATHS[engine],
-                       extra_metrics=kv_cache_metrics(argv) + model_shape_metrics(argv) if engine == "vllm" else b"")
+    # Ray Serve: vLLM's series come from Ray's metrics agent, under Ray's names (ray_metrics.py)
+    ray_metrics_port = free_port() if engine == "ray-serve" else None
+    proxy = DrainProxy(upstream, health_path=READY_PATHS[engine], extra_metrics=served_model_metrics(argv),
+                       metrics_url=None if ray_metrics_port is None else f"http://127.0.0.1:{ray_metrics_port}/metrics",
+                       metrics_filter=None if ray_metrics_port is None else vllm_series)
     runner = web.AppRunner(proxy.app(), access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_address=True)
     await site.start()
     log.info("replica listening on %s:%d (engine %s on %s)", host, port, engine, upstream)
-    proc = start_engine(engine_command(engine, argv, inner), engine_env(argv))
+    proc = start_engine(engine_command(engine, argv, inner), engine_env(argv, ray_metrics_port))
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import signal
 import subprocess
@@ -10,10 +11,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from openai import OpenAI
 
+from llmfleet.autoscaler.signals import agreed_shape, parse_metrics, shape_samples
+from llmfleet.plan.models import shape_from_hf_config
+from llmfleet.router.replicas import parse_vllm_metrics
 from llmfleet.util.net import free_port
+from tests.polling import poll
 
 from .conftest import stop, tiny_service, wait_healthy
 
@@ -44,6 +50,20 @@ def test_ray_serve_replica_serves_and_drains(tiny_primary: Path, tmp_path: Path)
         msgs: Any = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
         r = c.chat.completions.create(model="tiny", messages=msgs, max_tokens=4, extra_body={"ignore_eos": True})
         assert r.usage is not None and r.usage.completion_tokens == 4
+        # /metrics: vLLM's series from Ray's metrics agent under vLLM's names, which the router and the autoscaler
+        # read for both engines, and the wrapper's own gauges (the served model's shape)
+        prompt_tokens = r.usage.prompt_tokens
+
+        def scraped() -> tuple[dict[str, float], str] | None:
+            text = httpx.get(url + "/metrics", timeout=10).text
+            load = parse_vllm_metrics(text)
+            return (load, text) if load.get("prefix_queries", 0) >= prompt_tokens else None
+
+        load, text = poll("Ray's export of vLLM's prefix-cache queries on /metrics", scraped, timeout=60, interval=1)
+        assert {"running", "waiting", "kv_usage", "cache_capacity_blocks"} <= load.keys() and "ray_" not in text
+        assert any(name == "vllm:time_to_first_token_seconds_count" for name, _ in parse_metrics(text))
+        config = json.loads((tiny_primary / "config.json").read_text())
+        assert agreed_shape([shape_samples(parse_metrics(text))]) == shape_from_hf_config(config)
         stream = iter(c.completions.create(model="tiny", prompt="def f():", max_tokens=60, stream=True,
                                            extra_body={"ignore_eos": True}))
         next(stream)
