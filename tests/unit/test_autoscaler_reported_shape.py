@@ -22,6 +22,7 @@ from llmfleet.autoscaler.seeds import known_shapes, seed_for_pool, seeds_for_ser
 from llmfleet.autoscaler.signals import PoolRef, ScrapeSignals, agreed_shape, parse_metrics, shape_samples
 from llmfleet.plan.models import PRESETS, shape_dims, shape_from_dims, shape_from_hf_config
 from llmfleet.workers.serve.worker import served_model_metrics
+from tests.local_http import serve_app
 
 # Llama-3-8B's config.json, as on the Hub (the keys the planner reads and a few it does not)
 LLAMA_3_8B_CONFIG = {
@@ -91,14 +92,6 @@ def test_replicas_that_disagree_report_no_shape() -> None:
     assert agreed_shape([{**small, "layers": 0.0}]) is None  # no valid shape
 
 
-async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    return runner, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
-
-
 def _metrics_app(text: str) -> web.Application:
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(text=text, content_type="text/plain")
@@ -117,7 +110,7 @@ async def test_scraped_signals_carry_the_replicas_shape(tmp_path: Path) -> None:
     runners = []
     try:
         for text in (router_text, replica_text, replica_text):
-            runners.append(await _serve(_metrics_app(text)))
+            runners.append(await serve_app(_metrics_app(text)))
         (_, router), (_, a), (_, b) = runners
         scrape = ScrapeSignals(router)
         pools = [PoolRef("primary", "primary", 2, 2), PoolRef("small", "student", 0, 0)]

@@ -12,6 +12,7 @@ from aiohttp import web
 
 from llmfleet.workers.serve.drain import DrainProxy
 from llmfleet.workers.serve.worker import split_listen
+from tests.local_http import serve_app
 
 
 async def _upstream(chunks: int, delay: float) -> web.Application:
@@ -37,20 +38,11 @@ async def _upstream(chunks: int, delay: float) -> web.Application:
     return app
 
 
-async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    return runner, f"http://127.0.0.1:{port}"
-
-
 @pytest.mark.timeout(30)
 async def test_drain_lets_stream_finish_and_refuses_new_requests() -> None:
-    up_runner, up_url = await _serve(await _upstream(chunks=10, delay=0.1))
+    up_runner, up_url = await serve_app(await _upstream(chunks=10, delay=0.1))
     proxy = DrainProxy(up_url)
-    runner, url = await _serve(proxy.app())
+    runner, url = await serve_app(proxy.app())
     try:
         async with aiohttp.ClientSession() as s:
             async with s.get(url + "/health") as r:
@@ -92,9 +84,9 @@ async def test_drain_lets_stream_finish_and_refuses_new_requests() -> None:
 
 @pytest.mark.timeout(30)
 async def test_drain_deadline() -> None:
-    up_runner, up_url = await _serve(await _upstream(chunks=100, delay=0.1))
+    up_runner, up_url = await serve_app(await _upstream(chunks=100, delay=0.1))
     proxy = DrainProxy(up_url)
-    runner, url = await _serve(proxy.app())
+    runner, url = await serve_app(proxy.app())
     try:
         async with aiohttp.ClientSession() as s:
             async def consume() -> None:
@@ -117,7 +109,7 @@ async def test_drain_deadline() -> None:
 @pytest.mark.timeout(30)
 async def test_engine_down_is_503_json() -> None:
     proxy = DrainProxy("http://127.0.0.1:9")  # discard port: nothing listens
-    runner, url = await _serve(proxy.app())
+    runner, url = await serve_app(proxy.app())
     try:
         async with aiohttp.ClientSession() as s, s.post(url + "/v1/completions", json={}) as r:
             assert r.status == 503
@@ -162,8 +154,8 @@ EXTRA = b"# TYPE llmfleet:kv_cache_bytes_per_token gauge\nllmfleet:kv_cache_byte
 async def test_gzip_metrics_keep_their_content_encoding() -> None:
     # The proxy passes compressed bytes through (auto_decompress=False): it used to drop Content-Encoding, so
     # every scraper that accepts gzip (the router, Prometheus) got undecodable bytes.
-    up_runner, up_url = await _serve(await _prometheus_upstream())
-    runner, url = await _serve(DrainProxy(up_url).app())
+    up_runner, up_url = await serve_app(await _prometheus_upstream())
+    runner, url = await serve_app(DrainProxy(up_url).app())
     try:
         async with aiohttp.ClientSession() as s:  # sends Accept-Encoding: gzip, deflate
             async with s.get(url + "/metrics") as r:
@@ -178,8 +170,8 @@ async def test_gzip_metrics_keep_their_content_encoding() -> None:
 async def test_extra_metrics_are_added_to_text_and_openmetrics() -> None:
     from prometheus_client.parser import text_string_to_metric_families
 
-    up_runner, up_url = await _serve(await _prometheus_upstream())
-    runner, url = await _serve(DrainProxy(up_url, extra_metrics=EXTRA).app())
+    up_runner, up_url = await serve_app(await _prometheus_upstream())
+    runner, url = await serve_app(DrainProxy(up_url, extra_metrics=EXTRA).app())
     try:
         async with aiohttp.ClientSession() as s:
             async with s.get(url + "/metrics") as r:  # gzip accepted, but the wrapper edits: identity
@@ -227,7 +219,7 @@ async def test_metrics_left_compressed_by_the_engine_are_passed_through_unedited
 
     server = await asyncio.start_server(handle, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    runner, url = await _serve(DrainProxy(f"http://127.0.0.1:{port}", extra_metrics=EXTRA).app())
+    runner, url = await serve_app(DrainProxy(f"http://127.0.0.1:{port}", extra_metrics=EXTRA).app())
     try:
         async with aiohttp.ClientSession() as s, s.get(url + "/metrics") as r:
             assert r.headers.get("Content-Encoding") == "gzip"

@@ -15,6 +15,7 @@ from llmfleet.router.replicas import parse_vllm_metrics
 from llmfleet.workers.serve.drain import DrainProxy
 from llmfleet.workers.serve.ray_metrics import RAY_METRICS_PORT_ENV, RAY_PROCESS_LABELS, vllm_series
 from llmfleet.workers.serve.worker import engine_env, served_model_metrics
+from tests.local_http import serve_app
 
 # As Ray 2.60's metrics agent exports vLLM 0.32's series (abridged from a real page: Ray's own series around them,
 # Ray's process labels on every series).
@@ -83,14 +84,6 @@ def test_a_ray_serve_engine_is_told_where_rays_metrics_go() -> None:
     assert lora is not None and lora[RAY_METRICS_PORT_ENV] == "9123" and len(lora) > len(env)
 
 
-async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    return runner, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
-
-
 @pytest.mark.timeout(30)
 async def test_the_wrapper_serves_rays_vllm_series_and_its_own(tmp_path: Path) -> None:
     accepts: list[str] = []
@@ -109,13 +102,13 @@ async def test_the_wrapper_serves_rays_vllm_series_and_its_own(tmp_path: Path) -
               "intermediate_size": 512, "vocab_size": 4096, "max_position_embeddings": 2048}
     (tmp_path / "config.json").write_text(json.dumps(config))
     own = served_model_metrics(["--model", str(tmp_path)])
-    runners = [await _serve(agent_app), await _serve(engine_app)]
+    runners = [await serve_app(agent_app), await serve_app(engine_app)]
     (_, agent_url), (_, engine_url) = runners
     proxy = DrainProxy(engine_url, extra_metrics=own, metrics_url=agent_url + "/metrics", metrics_filter=vllm_series)
-    runners.append(await _serve(proxy.app()))
+    runners.append(await serve_app(proxy.app()))
     # a model that is no local folder: nothing of the wrapper's own, Ray's series all the same
     bare = DrainProxy(engine_url, metrics_url=agent_url + "/metrics", metrics_filter=vllm_series)
-    runners.append(await _serve(bare.app()))
+    runners.append(await serve_app(bare.app()))
     try:
         async with aiohttp.ClientSession() as s:
             # Prometheus asks for OpenMetrics first; the filter reads the text format, which is what it gets
