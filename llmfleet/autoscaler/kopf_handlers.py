@@ -39,8 +39,9 @@ from llmfleet.autoscaler.actuation import Actuator
 from llmfleet.autoscaler.arbitration import serving_need, serving_priority
 from llmfleet.autoscaler.controller import Burst, autoscale_step, wakes_on_burst, wall_clock_offset
 from llmfleet.autoscaler.kube import KubernetesActuator, apply_arbitration, pending_gpus
+from llmfleet.autoscaler.live_metrics import live_metrics
 from llmfleet.autoscaler.policy import PolicyState, PoolSignals
-from llmfleet.autoscaler.signals import PoolRef, PrometheusSignals, ScrapeSignals, live_metrics, parse_metrics
+from llmfleet.autoscaler.signals import PoolRef, PrometheusSignals, ScrapeSignals, parse_metrics
 from llmfleet.kube.client import ApiError, KubeClient, NoClusterConfig
 from llmfleet.router.burst import WINDOW_S as BURST_WINDOW_S
 

@@ -18,7 +18,7 @@ Series read (router series are the llmfleet router's; `vllm:` are vLLM's own, pa
 | prefix hit rate      | `vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total`                     |
 | prefill/decode tok/s | `vllm:prompt_tokens_total` x (1 - hit rate), `vllm:generation_tokens_total`          |
 | model shape          | `llmfleet:model_shape{dim}` (the serving wrapper's gauges, from config.json), where   |
-|                      | every replica of the pool reports the same shape                                    |
+|                      | every replica of the pool reports the same shape (one `count_values` query)          |
 
 A pool is `stale` when the newest sample of its series is older than `stale_after_s`, or the
 query fails: the policy then holds it (never scales it down).
@@ -122,12 +122,12 @@ def build_queries(service: str, namespace: str, pool: str, role: Role, sel: Sele
     }
 
 
-def shape_queries(service: str, namespace: str, pool: str, sel: Selectors) -> tuple[str, str]:
-    """PromQL of the largest and the smallest value of each model-shape field over the pool's replicas (pure)."""
+def shape_query(service: str, namespace: str, pool: str, sel: Selectors) -> str:
+    """PromQL of each model-shape field's distinct values over the pool's replicas, one series per (dim, value),
+    the value in label `value` (pure)."""
     v = sel.replica.format(service=service, namespace=namespace, pool=pool)
     name = MODEL_SHAPE_METRIC.replace(":", "[:_]")  # some scrapers store ':' escaped to '_'
-    series = "{" + f'__name__=~"{name}",{v}' + "}"
-    return (f"max by ({MODEL_SHAPE_DIM_LABEL}) ({series})", f"min by ({MODEL_SHAPE_DIM_LABEL}) ({series})")
+    return f'count_values by ({MODEL_SHAPE_DIM_LABEL}) ("value", {{__name__=~"{name}",{v}}})'
 
 
 def agreed_shape(per_replica: Sequence[Mapping[str, float]]) -> ModelShape | None:
@@ -226,15 +226,18 @@ class PrometheusSignals:
         except (KeyError, IndexError, TypeError, ValueError):
             return None
 
-    def _query_by_dim(self, promql: str) -> dict[str, float]:
-        """{dim label: value} of a vector answer (samples without the label or with no number left out)."""
-        out: dict[str, float] = {}
+    def _query_shape(self, promql: str) -> ModelShape | None:
+        """The shape the replicas agree on from `shape_query`'s answer: each field's smallest and largest value
+        (samples without the labels or with no number left out)."""
+        lo: dict[str, float] = {}
+        hi: dict[str, float] = {}
         for sample in self._prom.custom_query(promql, timeout=max(1, math.ceil(self.timeout_s))) or []:
             try:
-                out[str(sample["metric"][MODEL_SHAPE_DIM_LABEL])] = float(sample["value"][1])
-            except (KeyError, IndexError, TypeError, ValueError):
+                dim, value = str(sample["metric"][MODEL_SHAPE_DIM_LABEL]), float(sample["metric"]["value"])
+            except (KeyError, TypeError, ValueError):
                 continue
-        return out
+            lo[dim], hi[dim] = min(value, lo.get(dim, value)), max(value, hi.get(dim, value))
+        return agreed_shape([lo, hi])
 
     def _collect_pool(self, pool: PoolRef, now: float) -> PoolSignals:
         from prometheus_api_client.exceptions import PrometheusApiClientException
@@ -245,9 +248,8 @@ class PrometheusSignals:
         try:
             for key, promql in queries.items():
                 values[key] = self._query(promql)
-            # replicas agree where each field's largest value is its smallest
-            shape = agreed_shape([self._query_by_dim(q) for q in shape_queries(self.service, self.namespace,
-                                                                               pool.name, self.selectors)])
+            # replicas agree where each field has one value
+            shape = self._query_shape(shape_query(self.service, self.namespace, pool.name, self.selectors))
         except (PrometheusApiClientException, RequestException, ValueError):
             return assemble(pool, now, values, stale_after_s=self.stale_after_s, failed=True)
         return assemble(pool, now, values, stale_after_s=self.stale_after_s, model_shape=shape)
@@ -472,33 +474,4 @@ def _merge(snaps: Mapping[str, Mapping[Sample, float]]) -> dict[Sample, float]:
     for url, snap in snaps.items():
         for (name, labels), v in snap.items():
             out[(name, labels + (("__replica", url),))] = v
-    return out
-
-
-def _rounded(values: dict[str, float | None]) -> dict[str, Any]:
-    return {k: round(v, 4) for k, v in values.items() if v is not None}
-
-
-def live_metrics(signals: Sequence[PoolSignals], now_iso: str) -> dict[str, Any] | None:
-    """status.metrics (LiveMetrics, camelCase) from the primary pool's signals, plus every pool's own latency
-    and error rate under `pools`; None without a primary.
-
-    The service's qps is the primary's arrival rate (the router's whole demand, degraded requests included).
-    The promotion rollback (operator and local runtime) reads the promoted pool's entry, and
-    `kubectl get lis -o wide` shows TTFT p95.
-    """
-    primary = next((s for s in signals if s.role == "primary"), None)
-    if primary is None:
-        return None
-    out: dict[str, Any] = _rounded({
-        "ttftP95Ms": primary.ttft_p95_ms, "tpotP95Ms": primary.tpot_p95_ms, "errorRate": primary.error_rate,
-        "prefixCacheHitRate": primary.prefix_hit_rate, "kvCacheUtilization": primary.kv_utilization,
-        "kvFullSequences": primary.kv_full_sequences, "qps": primary.arrival_rate, "degradedFraction": primary.degraded_fraction,
-    })
-    out.update(stale=primary.stale, updatedAt=now_iso)
-    out["pools"] = [
-        {"name": s.pool, **_rounded({"ttftP95Ms": s.ttft_p95_ms, "tpotP95Ms": s.tpot_p95_ms, "errorRate": s.error_rate,
-                                     "qps": s.arrival_rate}), "stale": s.stale}
-        for s in signals
-    ]
     return out

@@ -27,7 +27,7 @@ from typing import Any
 
 from llmfleet.api.inferenceservice import InferenceService
 from llmfleet.autoscaler.actuation import ObservedReplica as ActuatorReplica
-from llmfleet.autoscaler.signals import live_metrics
+from llmfleet.autoscaler.live_metrics import live_metrics
 from llmfleet.local.actuator import LocalActuator
 from llmfleet.local.runtime import ReplicaSlot, Supervisor
 from llmfleet.operator.promotion import (

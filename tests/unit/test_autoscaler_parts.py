@@ -508,8 +508,8 @@ def test_a_woken_step_that_measured_a_diluted_burst_asks_for_a_follow_up() -> No
 
 def test_live_metrics_status_from_the_primary_signals() -> None:
     from llmfleet.api.inferenceservice import LiveMetrics
+    from llmfleet.autoscaler.live_metrics import live_metrics
     from llmfleet.autoscaler.policy import PoolSignals
-    from llmfleet.autoscaler.signals import live_metrics
 
     primary = PoolSignals(pool="primary", role="primary", now=0.0, replicas=2, ready_replicas=2, arrival_rate=12.5,
                           ttft_p95_ms=420.0, tpot_p95_ms=31.0, prefix_hit_rate=0.8, kv_utilization=0.4,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -250,3 +251,39 @@ def test_cli_decide_reads_a_reported_shape(tmp_path: Path) -> None:
     res = CliRunner().invoke(app, ["autoscaler", "decide", str(svc), "--signals", str(sigs), "--state", str(state)])
     assert res.exit_code == 0 and json.loads(res.output)["pools"]["primary"]["desired"] == desired(
         {**base, "model_shape": shape})
+
+
+class _CountValues:
+    """prometheus-api-client's custom_query answering `shape_query` as Prometheus does: one series per (dim,
+    distinct value), the value in label `value` as Prometheus formats it."""
+
+    def __init__(self, *replicas: dict[str, float]) -> None:
+        self.replicas = replicas
+        self.queries: list[str] = []
+
+    def custom_query(self, promql: str, timeout: int) -> list[dict[str, Any]]:
+        self.queries.append(promql)
+        counts: dict[tuple[str, str], int] = {}
+        for dims in self.replicas:
+            for dim, v in dims.items():
+                key = (dim, repr(v).removesuffix(".0"))  # shortest round trip, as Go's FormatFloat(v, 'f', -1)
+                counts[key] = counts.get(key, 0) + 1
+        return [{"metric": {"dim": d, "value": v}, "value": [0, str(n)]} for (d, v), n in counts.items()]
+
+
+def test_prometheus_shape_is_one_count_values_query() -> None:
+    from llmfleet.autoscaler.signals import PrometheusSignals, Selectors, shape_query
+
+    sig = PrometheusSignals("http://127.0.0.1:9", "chat")
+    small, big = shape_dims(PRESETS["llama-3-8b"]), shape_dims(PRESETS["llama-3-70b"])
+    promql = shape_query("chat", "default", "primary", Selectors())
+    assert promql.startswith('count_values by (dim) ("value", {__name__=~"llmfleet[:_]model_shape",')
+    sig._prom = _CountValues(small, small, {})  # type: ignore[assignment]
+    assert sig._query_shape(promql) == PRESETS["llama-3-8b"]
+    sig._prom = _CountValues(small, big)  # type: ignore[assignment]  # a rollout: two values of some fields
+    assert sig._query_shape(promql) is None
+    sig._prom = _CountValues()  # type: ignore[assignment]
+    assert sig._query_shape(promql) is None
+    sig._prom = _CountValues(small)  # type: ignore[assignment]
+    sig._prom.custom_query = lambda q, timeout: [{"metric": {"dim": "layers", "value": "x"}}]  # type: ignore[method-assign]
+    assert sig._query_shape(promql) is None  # no number: left out, and no shape without its layers
