@@ -190,8 +190,8 @@ class RouterSpec(ApiModel):
     )
     kv_events: bool = Field(
         default=True,
-        description="vLLM replicas publish their KV-cache events (stored/evicted blocks) and the router corrects its "
-        "prefix index from them. Applies to engine vllm with prefix caching on (ray-serve does not publish them); "
+        description="The replicas' vLLM engines publish their KV-cache events (stored/evicted blocks) and the router "
+        "corrects its prefix index from them. Applies with prefix caching on, for both engines (vllm, ray-serve); "
         "false turns the event stream off.",
     )
     measure_prefill_rate: bool | None = Field(
@@ -506,12 +506,11 @@ class InferenceService(ApiModel):
         return self
 
     def publishes_kv_events(self, pool: PoolView) -> bool:
-        """Whether `pool`'s replicas publish KV-cache events: spec.router.kvEvents, engine vllm, prefix caching on.
-
-        Ray Serve LLM runs vLLM's engine without its event publisher, and without prefix caching there are no
-        cached blocks to report.
+        """Whether `pool`'s replicas publish KV-cache events: spec.router.kvEvents and prefix caching on (without it
+        there are no cached blocks to report). Either engine: Ray Serve LLM hands `--kv-events-config` to vLLM's
+        engine as it does every engine argument (ray_app.py), and the engine publishes as vLLM's own server does.
         """
-        return self.spec.router.kv_events and self.spec.engine == "vllm" and pool.vllm.enable_prefix_caching
+        return self.spec.router.kv_events and pool.vllm.enable_prefix_caching
 
     def model_preset(self, pool: PoolView) -> str | None:
         """The planner preset `pool` serves: annotation `llmfleet.io/model-preset.<pool>`, for the primary also the

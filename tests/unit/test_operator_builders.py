@@ -334,7 +334,7 @@ def _kv_events(ms: list[dict[str, Any]], pool: str) -> tuple[dict[str, Any] | No
     return cfg, [p["containerPort"] for p in container["ports"]], {p.name: p for p in router.pools}[pool].kv_events_port
 
 
-def test_kv_events_on_by_default_for_vllm() -> None:
+def test_kv_events_on_by_default() -> None:
     """vLLM replicas publish KV-cache events on KV_EVENTS_PORT and the router subscribes there, unless turned off."""
     ms = build_inferenceservice(_isvc(), FULL)
     cfg, ports, router_port = _kv_events(ms, "primary")
@@ -344,8 +344,9 @@ def test_kv_events_on_by_default_for_vllm() -> None:
     _validate(ms)
     off = build_inferenceservice(_isvc(router={"kvEvents": False}), FULL)
     assert _kv_events(off, "primary") == (None, [8000], None)
-    # Ray Serve LLM does not publish them; nor does an engine without prefix caching.
-    assert _kv_events(build_inferenceservice(_isvc(engine="ray-serve"), FULL), "primary") == (None, [8000], None)
+    # Ray Serve LLM's vLLM engine publishes them as well; an engine without prefix caching does not.
+    ray = build_inferenceservice(_isvc(engine="ray-serve"), FULL)
+    assert _kv_events(ray, "primary") == (cfg, ports, KV_EVENTS_PORT)
     no_cache = build_inferenceservice(_isvc(vllm={"enablePrefixCaching": False}), FULL)
     assert _kv_events(no_cache, "primary") == (None, [8000], None)
     assert _kv_events(no_cache, "student")[2] == KV_EVENTS_PORT  # the student has its own vllm spec

@@ -28,8 +28,9 @@ def test_discovery_when_no_endpoints() -> None:
     # vLLM replicas publish KV-cache events by default; the router subscribes on the port the engine is given.
     assert cfg.pools[0].kv_events_port == KV_EVENTS_PORT and cfg.pools[0].kv_events_endpoints is None
     assert router_config_from_service(_isvc(), kv_events_port=5600).pools[0].kv_events_port == 5600
-    for off in (_isvc(router={"kvEvents": False}), _isvc(engine="ray-serve")):
-        assert [(p.kv_events_port, p.kv_events_endpoints) for p in router_config_from_service(off).pools] == [(None, None)]
+    off = _isvc(router={"kvEvents": False})
+    assert [(p.kv_events_port, p.kv_events_endpoints) for p in router_config_from_service(off).pools] == [(None, None)]
+    assert router_config_from_service(_isvc(engine="ray-serve")).pools[0].kv_events_port == KV_EVENTS_PORT
     # Replicas sharing a host (llmfleet up): one endpoint per replica, no common port.
     events = {"primary": {"http://127.0.0.1:9001": "tcp://127.0.0.1:9101"}}
     local = router_config_from_service(_isvc(), endpoints={"primary": ["http://127.0.0.1:9001"]}, kv_events_endpoints=events)

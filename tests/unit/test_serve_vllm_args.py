@@ -59,11 +59,18 @@ def test_defaults_render_every_always_on_knob() -> None:
 
 
 @pytest.mark.parametrize("spec", [{"router": {"kvEvents": False}}, {"vllm": {"enablePrefixCaching": False}},
-                                  {"engine": "ray-serve"}])
+                                  {"engine": "ray-serve", "vllm": {"enablePrefixCaching": False}}])
 def test_kv_events_off(spec: dict[str, Any]) -> None:
     isvc = make(spec)
     assert not isvc.publishes_kv_events(isvc.pools()[0])
     assert "--kv-events-config" not in render_vllm_args(isvc, isvc.pools()[0])
+
+
+def test_ray_serve_replicas_publish_kv_events_too() -> None:
+    isvc = make({"engine": "ray-serve"})
+    assert isvc.publishes_kv_events(isvc.pools()[0])
+    argv = render_vllm_args(isvc, isvc.pools()[0])
+    assert json.loads(flag(argv, "--kv-events-config"))["endpoint"] == f"tcp://*:{KV_EVENTS_PORT}"
 
 
 def test_every_knob() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -12,11 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import pytest
+import zmq
 from openai import OpenAI
 
 from llmfleet.autoscaler.signals import agreed_shape, parse_metrics, shape_samples
 from llmfleet.plan.models import shape_from_hf_config
+from llmfleet.router.kv_events import batch_events
 from llmfleet.router.replicas import parse_vllm_metrics
 from llmfleet.util.net import free_port
 from tests.polling import poll
@@ -36,9 +40,16 @@ def test_ray_serve_replica_serves_and_drains(tiny_primary: Path, tmp_path: Path)
 
     isvc = tiny_service(str(tiny_primary)).model_copy(deep=True)
     isvc.spec.engine = "ray-serve"
-    port = free_port()
-    cmd = serve_command(isvc, isvc.pools()[0], port=port, host="127.0.0.1", python=sys.executable)
+    assert isvc.publishes_kv_events(isvc.pools()[0])  # on by default, as for engine vllm
+    port, events_port = free_port(), free_port()
+    cmd = serve_command(isvc, isvc.pools()[0], port=port, host="127.0.0.1", python=sys.executable,
+                        kv_events_port=events_port)  # the default port would collide on a shared host
     assert cmd[cmd.index("--engine") + 1] == "ray-serve"
+    # the router's subscription to the replica's KV-cache events, connected before the engine binds (ZMQ retries)
+    events = zmq.Context.instance().socket(zmq.SUB)
+    events.connect(f"tcp://127.0.0.1:{events_port}")
+    events.setsockopt(zmq.SUBSCRIBE, b"")
+    events.setsockopt(zmq.RCVTIMEO, 1000)
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
     log = tmp_path / "ray.log"
     with open(log, "wb") as fh:
@@ -50,6 +61,15 @@ def test_ray_serve_replica_serves_and_drains(tiny_primary: Path, tmp_path: Path)
         msgs: Any = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
         r = c.chat.completions.create(model="tiny", messages=msgs, max_tokens=4, extra_body={"ignore_eos": True})
         assert r.usage is not None and r.usage.completion_tokens == 4
+
+        def stored_blocks() -> int | None:
+            with contextlib.suppress(zmq.Again):
+                batch = msgspec.msgpack.decode(events.recv_multipart()[-1])
+                return sum(1 for e in batch_events(batch) if e.get("type") == "BlockStored") or None
+            return None
+
+        # vLLM's engine inside Ray Serve publishes the blocks it cached for the request, as the router reads them
+        assert poll("a BlockStored event from the ray-serve replica", stored_blocks, timeout=30, interval=0)
         # /metrics: vLLM's series from Ray's metrics agent under vLLM's names, which the router and the autoscaler
         # read for both engines, and the wrapper's own gauges (the served model's shape)
         prompt_tokens = r.usage.prompt_tokens
@@ -72,4 +92,5 @@ def test_ray_serve_replica_serves_and_drains(tiny_primary: Path, tmp_path: Path)
         assert rest[-1].choices[0].finish_reason == "length"
         assert proc.wait(timeout=120) == 0
     finally:
+        events.close(linger=0)
         stop(proc)
