@@ -26,7 +26,7 @@ RAY_PROCESS_LABELS = ("Component", "NodeAddress", "SessionName", "Version", "Wor
                       "otel_scope_name", "otel_scope_schema_url", "otel_scope_version")
 _PROCESS_LABEL = re.compile(
     rb'(?:(?<=\{)|,)(?:' + b"|".join(n.encode() for n in RAY_PROCESS_LABELS) + rb')="(?:[^"\\]|\\.)*"')
-_COMMENT = (b"# HELP " + _RAY_PREFIX, b"# TYPE " + _RAY_PREFIX)
+_COMMENT = (b"# HELP " + _RAY_PREFIX, b"# TYPE " + _RAY_PREFIX)  # both keywords are 4 letters: 7 bytes before the name
 
 
 def vllm_series(page: bytes) -> bytes:
@@ -42,7 +42,7 @@ def vllm_series(page: bytes) -> bytes:
                 line = name + (labels[2:] if labels.startswith(b"{}") else labels)  # all of them went
             out.append(_VLLM_PREFIX + line[len(_RAY_PREFIX):])
         elif line.startswith(_COMMENT):
-            out.append(line[:7] + _VLLM_PREFIX + line[7 + len(_RAY_PREFIX):])
+            out.append(line[:7] + _VLLM_PREFIX + line[7 + len(_RAY_PREFIX):])  # "# HELP " / "# TYPE " kept
     return b"".join(x + b"\n" for x in out)
 
 
