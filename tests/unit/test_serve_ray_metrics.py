@@ -74,6 +74,8 @@ def test_vllm_series_renames_rays_export_and_drops_the_rest() -> None:
                        (("ReplicaId", "14nz6hly"), ("engine", "0"), ("le", "0.1"), ("model_name", "tiny")))] == 3.0
     assert "# TYPE vllm:time_to_first_token_seconds histogram\n" in text
     assert vllm_series(b"") == b"" and vllm_series(b"ray_tasks 1\n# HELP ray_tasks x\n") == b""
+    # a removed label's value with an escaped quote and a comma in it goes whole
+    assert vllm_series(b'ray_vllm_w{engine="0",WorkerId="a\\",b"} 4\n') == b'vllm:w{engine="0"} 4\n'
 
 
 def test_a_ray_serve_engine_is_told_where_rays_metrics_go() -> None:
