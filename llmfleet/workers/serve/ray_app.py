@@ -66,8 +66,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = LLMConfig(**llm_config_kwargs(rest))
     # Logical CPUs are scheduling tokens: the ingress and the LLM server each ask for one, and a 2-core
     # machine would otherwise leave the ingress unscheduled. Real CPU use is the engine's, as on the vLLM path.
+    # address="local": each replica is its own Ray instance (the autoscaler scales replicas, not Ray), also when
+    # RAY_ADDRESS in the environment names another cluster, which ray.init would otherwise join (and refuse
+    # num_cpus there).
     metrics_port = os.environ.get(RAY_METRICS_PORT_ENV)
-    ray.init(num_cpus=max(8, os.cpu_count() or 1), include_dashboard=False, log_to_driver=True,
+    ray.init(address="local", num_cpus=max(8, os.cpu_count() or 1), include_dashboard=False, log_to_driver=True,
              _metrics_export_port=int(metrics_port) if metrics_port else None,
              _system_config={"metrics_report_interval_ms": RAY_METRICS_REPORT_INTERVAL_MS})
     serve.start(http_options={"host": host, "port": port})

@@ -50,7 +50,9 @@ def test_ray_serve_replica_serves_and_drains(tiny_primary: Path, tmp_path: Path)
     events.connect(f"tcp://127.0.0.1:{events_port}")
     events.setsockopt(zmq.SUBSCRIBE, b"")
     events.setsockopt(zmq.RCVTIMEO, 1000)
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    # RAY_ADDRESS naming a cluster that is not there: the replica still starts its own Ray instance
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+           "RAY_ADDRESS": f"127.0.0.1:{free_port()}"}
     log = tmp_path / "ray.log"
     with open(log, "wb") as fh:
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
