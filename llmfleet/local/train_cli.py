@@ -17,7 +17,6 @@ torchrun for several processes). On top of that, for the local default:
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,7 @@ import typer
 from llmfleet.api.cli import positive_number
 
 if TYPE_CHECKING:
+    from llmfleet.api.trainingjob import TrainingJobSpec
     from llmfleet.local.gpus import DeviceLedger
 
 
@@ -89,10 +89,8 @@ def register_train(app: typer.Typer) -> None:
                  "output.promoteTo needs a pvc:// or s3:// output, which only a cluster serves from."),
     ) -> None:
         import yaml
-        from pydantic import ValidationError
 
         from llmfleet.api.loader import load_yaml_file
-        from llmfleet.workers.train.__main__ import load_spec
 
         # Unreadable, undecodable, malformed or too deeply nested files raise InputFileError: the CLI root prints
         # it as one line with the file name and exits 2.
@@ -103,41 +101,12 @@ def register_train(app: typer.Typer) -> None:
             doc = resolve_local_paths(doc)
         except (OSError, ValueError) as err:
             raise _fail(str(err).splitlines()[0]) from None
-        resolved = Path(tempfile.mkdtemp(prefix="llmfleet-train-")) / file.name
-        resolved.write_text(yaml.safe_dump(doc, sort_keys=False))
-        try:
-            spec = load_spec(str(resolved))
-        except (OSError, ValueError, ValidationError) as err:
-            raise _fail(str(err).splitlines()[0]) from None
-        from llmfleet.storage import FetchError
-        from llmfleet.workers.train.cli import local_spec_file
-
-        try:
-            spec_file = local_spec_file(resolved, spec)  # s3:// and hf:// inputs fetched into the cache
-        except FetchError as err:
-            raise _fail(str(err)) from None
         name = str((doc.get("metadata") or {}).get("name") or file.stem)
-        n = nproc or (spec.workers.gpus_per_worker or spec.workers.count)
-        cmd = [sys.executable, "-m", "llmfleet.workers.train", "--spec", str(spec_file)]
-        if n > 1:
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}",
-                   "-m", "llmfleet.workers.train", "--spec", str(spec_file)]
-        env = dict(os.environ, NCCL_NVLS_ENABLE=os.environ.get("NCCL_NVLS_ENABLE", "0"))
-        # On a shared machine the spec's fixed metrics port may be taken: any free port (0) unless one is given.
-        env.setdefault("LLMFLEET_METRICS_PORT", "0")
-        if spec.workers.gpus_per_worker == 0 and not spec.metrics.peak_tflops and "LLMFLEET_PEAK_TFLOPS" not in env:
-            peak = measure_cpu_peak_tflops()
-            env["LLMFLEET_PEAK_TFLOPS"] = f"{peak:.6f}"
-            typer.echo(f"MFU is against this CPU's measured fp32 matmul rate: {peak * 1e3:.1f} GFLOP/s")
-        priority = spec.scheduling.priority
-        gpus = _claim_gpus(name, n, spec.workers.gpu_type, env, priority=priority) if spec.workers.gpus_per_worker else None
-        try:
-            rc = (subprocess.call(cmd, env=env) if gpus is None
-                  else _run_yielding(cmd, env, gpus, name, spec.workers.gpu_type, priority))
-        finally:
-            shutil.rmtree(resolved.parent, ignore_errors=True)
-            if gpus is not None:
-                gpus.release_all()
+        # the resolved spec lives as long as the run needs it, and goes however the command ends (a refused spec too)
+        with tempfile.TemporaryDirectory(prefix="llmfleet-train-") as tmp:
+            resolved = Path(tmp) / file.name
+            resolved.write_text(yaml.safe_dump(doc, sort_keys=False))
+            spec, rc = _run_spec(resolved, name, nproc)
         if rc != 0:
             raise _fail(f"training exited with status {rc}")
         typer.echo(f"done; status in {Path(spec.checkpoint.uri) / 'status.json'}")
@@ -151,6 +120,47 @@ def register_train(app: typer.Typer) -> None:
                        "(`llmfleet up` applies adapter edits live)")
             return
         _promote_locally(name, spec.output.path, service, pool, run_dir, promote_timeout)
+
+
+def _run_spec(resolved: Path, name: str, nproc: int | None) -> tuple[TrainingJobSpec, int]:
+    """Validate the resolved spec file, fetch its remote inputs, claim GPUs and run job `name`'s workers: (spec,
+    exit status)."""
+    from pydantic import ValidationError
+
+    from llmfleet.workers.train.__main__ import load_spec
+
+    try:
+        spec = load_spec(str(resolved))
+    except (OSError, ValueError, ValidationError) as err:
+        raise _fail(str(err).splitlines()[0]) from None
+    from llmfleet.storage import FetchError
+    from llmfleet.workers.train.cli import local_spec_file
+
+    try:
+        spec_file = local_spec_file(resolved, spec)  # s3:// and hf:// inputs fetched into the cache
+    except FetchError as err:
+        raise _fail(str(err)) from None
+    n = nproc or (spec.workers.gpus_per_worker or spec.workers.count)
+    cmd = [sys.executable, "-m", "llmfleet.workers.train", "--spec", str(spec_file)]
+    if n > 1:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}",
+               "-m", "llmfleet.workers.train", "--spec", str(spec_file)]
+    env = dict(os.environ, NCCL_NVLS_ENABLE=os.environ.get("NCCL_NVLS_ENABLE", "0"))
+    # On a shared machine the spec's fixed metrics port may be taken: any free port (0) unless one is given.
+    env.setdefault("LLMFLEET_METRICS_PORT", "0")
+    if spec.workers.gpus_per_worker == 0 and not spec.metrics.peak_tflops and "LLMFLEET_PEAK_TFLOPS" not in env:
+        peak = measure_cpu_peak_tflops()
+        env["LLMFLEET_PEAK_TFLOPS"] = f"{peak:.6f}"
+        typer.echo(f"MFU is against this CPU's measured fp32 matmul rate: {peak * 1e3:.1f} GFLOP/s")
+    priority = spec.scheduling.priority
+    gpus = _claim_gpus(name, n, spec.workers.gpu_type, env, priority=priority) if spec.workers.gpus_per_worker else None
+    try:
+        rc = (subprocess.call(cmd, env=env) if gpus is None
+              else _run_yielding(cmd, env, gpus, name, spec.workers.gpu_type, priority))
+    finally:
+        if gpus is not None:
+            gpus.release_all()
+    return spec, rc
 
 
 def _claim_gpus(job: str, n: int, gpu_type: str | None, env: dict[str, str], *, priority: int = 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -14,12 +15,16 @@ from llmfleet.cli.main import app
 runner = CliRunner()
 
 
-def test_train_rejects_an_invalid_spec_with_one_line(tmp_path: Path) -> None:
+def test_train_rejects_an_invalid_spec_with_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
     bad = tmp_path / "job.yaml"
     bad.write_text("model: {hidden: 100, heads: 3}\ndata: {path: /x}\n")
     result = runner.invoke(app, ["train", "-f", str(bad)])
     assert result.exit_code == 2
     assert "error:" in result.output and "divisible" in result.output
+    assert not list(temp.iterdir())  # the resolved copy of the spec is gone with the refusal
 
 
 def test_train_refuses_pvc_locations_off_kubernetes(tmp_path: Path) -> None:
