@@ -57,11 +57,13 @@ class Upstream:
     def __init__(self, limits: LimitsConfig, slo: SLOConfig, api_key: str | None = None) -> None:
         self.limits = limits
         # The replicas' key (spec.router.upstreamKeySecret) on every proxied request.
-        self.headers = _JSON_HEADER + (b"authorization: Bearer " + api_key.encode() + b"\r\n" if api_key else b"")
+        self.auth = b"authorization: Bearer " + api_key.encode() + b"\r\n" if api_key else b""
+        self.headers = _JSON_HEADER + self.auth
         self.first_byte = min(first_byte_timeout(limits, slo), limits.request_timeout_seconds)
-        # aiohttp for health checks and /metrics scraping; the lean client for the proxied requests.
+        # aiohttp for LoRA adapter loads and model lists; the lean client for the proxied requests, health checks and
+        # /metrics scrapes (`self.auth` rides on those too: a guarded server may guard /metrics).
         conn = aiohttp.TCPConnector(limit=0, ttl_dns_cache=60, keepalive_timeout=30)
-        # The key also rides on this session's calls: health checks, scrapes, LoRA adapter loads (/v1: guarded).
+        # The key also rides on this session's calls: LoRA adapter loads and model lists (/v1: guarded).
         auth = {"Authorization": f"Bearer {api_key}"} if api_key else None
         self.session = aiohttp.ClientSession(connector=conn, auto_decompress=False, headers=auth)
         # Idle connections are dropped after 4 s, before uvicorn's (vLLM's server) default 5 s keep-alive closes

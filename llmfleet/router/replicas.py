@@ -31,6 +31,7 @@ from llmfleet.router.kv_tiers import (
 )
 from llmfleet.router.outliers import OutlierDetector
 from llmfleet.router.plugins.base import ReplicaState
+from llmfleet.router.upstream_client import UpstreamClient, UpstreamError
 
 log = logging.getLogger("llmfleet.router.replicas")
 
@@ -44,11 +45,17 @@ _COUNTERS = {"vllm:prefix_cache_hits": "prefix_hits", "vllm:prefix_cache_queries
 _CACHE_INFO = "vllm:cache_config_info"
 # One sample line of a series the router reads: name, labels (without braces), value. vLLM's /metrics page is
 # ~50 KB (600 lines, mostly histogram buckets) of which the router needs a dozen lines: a full Prometheus
-# parse took ~12 ms of the router's event loop per replica and scrape, one regex pass over the page ~0.2 ms.
+# parse took ~9-12 ms of the router's event loop per replica and scrape, this one regex pass ~0.04 ms. The pattern
+# starts with a literal newline (searched in "\n" + page) rather than a multiline `^`, so the regex engine jumps
+# from line to line instead of testing every character as a line start (that took 0.24 ms a page); and vLLM's
+# names (all of them "vllm:...") share that prefix in one branch, since re tries an alternation's branches one by
+# one on every line (one branch per full name took 0.06 ms).
+_VLLM = "vllm:"
 _SAMPLE = re.compile(
-    "^(" + "|".join(re.escape(n) for n in (*_GAUGES, _CACHE_INFO, KV_BYTES_PER_TOKEN_METRIC))
-    + "|" + "|".join(re.escape(n) + "(?:_total)?" for n in _COUNTERS)
-    + r")(?:\{(.*)\})?[ \t]+(\S+)", re.MULTILINE)
+    "\n(" + re.escape(_VLLM) + "(?:"
+    + "|".join(re.escape(n.removeprefix(_VLLM)) for n in (*_GAUGES, _CACHE_INFO))
+    + "|" + "|".join(re.escape(n.removeprefix(_VLLM)) + "(?:_total)?" for n in _COUNTERS)
+    + ")|" + re.escape(KV_BYTES_PER_TOKEN_METRIC) + r")(?:\{(.*)\})?[ \t]+(\S+)")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"')
 _UNESCAPE = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
 
@@ -62,7 +69,9 @@ def block_tokens(cache_info: Mapping[str, str]) -> int | None:
 
 def _labels(text: str) -> dict[str, str]:
     """Prometheus label pairs `a="x",b="y"` -> dict, with the text format's escapes undone."""
-    return {k: re.sub(r'\\[\\"n]', lambda m: _UNESCAPE[m.group(0)], v) for k, v in _LABEL.findall(text)}
+    # most values have no escape: vLLM's 37-label cache_config_info, 36 us with a substitution per value, 19 us so
+    return {k: re.sub(r'\\[\\"n]', lambda m: _UNESCAPE[m.group(0)], v) if "\\" in v else v
+            for k, v in _LABEL.findall(text)}
 
 
 def parse_vllm_metrics(text: str, cache_info: dict[str, str] | None = None) -> dict[str, float]:
@@ -74,7 +83,7 @@ def parse_vllm_metrics(text: str, cache_info: dict[str, str] | None = None) -> d
     capacity is derived. Raises ValueError on a sample value that is not a number.
     """
     out: dict[str, float] = {}
-    for name, labels, value in _SAMPLE.findall(text):
+    for name, labels, value in _SAMPLE.findall("\n" + text):
         if name == KV_BYTES_PER_TOKEN_METRIC:
             out["kv_bytes_per_token"] = float(value)
         elif name == _CACHE_INFO:
@@ -153,14 +162,15 @@ class PoolReplicas:
             self._failures[url] = max(self._failures.get(url, 0), self.limits.health_failures_to_down)
 
     # -- health + scrape ------------------------------------------------------------------------------------
-    async def check(self, session: aiohttp.ClientSession, r: ReplicaState) -> None:
-        timeout = aiohttp.ClientTimeout(total=self.limits.scrape_timeout_seconds)
-        ok = False
+    async def check(self, session: aiohttp.ClientSession, client: UpstreamClient, auth: bytes, r: ReplicaState) -> None:
+        """Health check, then (healthy) /metrics scrape of `r`, each within `limits.scrape_timeout_seconds`. Both go
+        through the router's lean client (`client`, with `auth` header lines): aiohttp's took ~0.15 ms of the event
+        loop per GET, two per replica every scrape interval. `session` (aiohttp) lists a LoRA pool's adapters."""
+        timeout = self.limits.scrape_timeout_seconds
         try:
-            async with session.get(f"{r.id}/health", timeout=timeout) as resp:
-                ok = resp.status == 200
-                await resp.read()
-        except (aiohttp.ClientError, TimeoutError, OSError):
+            status, _ = await client.get(r.id, "/health", auth, timeout)
+            ok = status == 200
+        except (UpstreamError, ValueError, OSError):
             ok = False
         if ok:
             self._failures[r.id] = 0
@@ -172,13 +182,13 @@ class PoolReplicas:
         if not ok:
             return
         if self.pool.adapter_slots or self.pool.adapters:  # LoRA on: which adapters does the engine hold?
-            await scrape_adapters(session, r, self.pool.served_names, timeout)
+            await scrape_adapters(session, r, self.pool.served_names, aiohttp.ClientTimeout(total=timeout))
         try:
-            async with session.get(f"{r.id}/metrics", timeout=timeout) as resp:
-                if resp.status != 200:
-                    return
-                text = await resp.text()
-        except (aiohttp.ClientError, TimeoutError, OSError, UnicodeDecodeError):
+            status, body = await client.get(r.id, "/metrics", auth, timeout)
+            if status != 200:
+                return
+            text = body.decode()
+        except (UpstreamError, ValueError, OSError):  # ValueError: UnicodeDecodeError too
             return
         cache_info: dict[str, str] = {}
         try:
@@ -267,8 +277,8 @@ class PoolReplicas:
             if now - self._scraped_at.get(r.id, -1e18) > self.limits.stale_after_seconds:
                 r.stale = True
 
-    async def check_all(self, session: aiohttp.ClientSession) -> None:
-        await asyncio.gather(*(self.check(session, r) for r in list(self.replicas.values())))
+    async def check_all(self, session: aiohttp.ClientSession, client: UpstreamClient, auth: bytes = b"") -> None:
+        await asyncio.gather(*(self.check(session, client, auth, r) for r in list(self.replicas.values())))
         self.mark_stale(time.monotonic())
 
     # -- Kubernetes -----------------------------------------------------------------------------------------

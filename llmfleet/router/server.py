@@ -197,7 +197,7 @@ class Router(SmallEndpoints):
             return
         while True:
             for pool in self.pools.values():
-                await pool.replicas.check_all(upstream.session)
+                await pool.replicas.check_all(upstream.session, upstream.client, upstream.auth)
                 for replica in pool.replicas.outliers.release_due(time.monotonic()):
                     log.info("pool %s: replica %s back in rotation after its ejection", pool.name, replica)
                 self._update_gauges(pool)

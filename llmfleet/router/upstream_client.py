@@ -1,11 +1,12 @@
 """A lean HTTP/1.1 client for the proxied requests: asyncio Protocol + httptools, keep-alive pools per replica.
 
-Why not aiohttp's ClientSession (still used for health checks and /metrics scraping): on the proxy path it was
+Why not aiohttp's ClientSession (still used for LoRA adapter loads and model lists): on the proxy path it was
 about a third of the router's CPU per request (request object, tracing hooks, cookie jar, StreamReader with
 its own task wake-ups per chunk). This client does only what the router needs:
 
-* POST with a complete body (one write), response status, Content-Type, body by Content-Length, chunked
-  transfer coding or read-until-close (httptools/llhttp does the framing);
+* POST with a complete body (one write), and GET (health checks, /metrics scrapes); response status,
+  Content-Type, body by Content-Length, chunked transfer coding or read-until-close (httptools/llhttp does the
+  framing);
 * keep-alive reuse (LIFO per replica; idle connections older than `keepalive` are closed when met), and one
   transparent retry on a fresh connection when a *reused* connection is found closed before any response byte
   (the server timed it out while idle; nothing was processed);
@@ -23,7 +24,8 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 from urllib.parse import urlsplit
 
 import httptools
@@ -337,7 +339,7 @@ class _ReplicaPool:
 
 
 class UpstreamClient:
-    """POST to replicas over pooled keep-alive connections (one pool per replica base URL)."""
+    """POST (and GET) to replicas over pooled keep-alive connections (one pool per replica base URL)."""
 
     def __init__(self, connect_timeout: float, keepalive: float = 30.0) -> None:
         self.connect_timeout = connect_timeout
@@ -350,21 +352,37 @@ class UpstreamClient:
             pool = self._pools[base_url] = _ReplicaPool(base_url, asyncio.get_running_loop(), self.keepalive)
         return pool
 
-    async def post(self, base_url: str, path: str, body: bytes, headers: bytes, first_byte_timeout: float,
-                   total_timeout: float, after_send: Callable[[], None] | None = None) -> UpstreamResponse:
-        """Send and wait for the response headers. `headers`: extra raw header lines, each ending in CRLF.
+    def post(self, base_url: str, path: str, body: bytes, headers: bytes, first_byte_timeout: float,
+             total_timeout: float, after_send: Callable[[], None] | None = None) -> Coroutine[Any, Any, UpstreamResponse]:
+        """Send and wait for the response headers (await it). `headers`: extra raw header lines, each ending in CRLF.
 
         The caller must `close()` the response. `first_byte_timeout` also bounds every later gap between reads.
         `after_send` runs once, right after the request is handed to the socket and before this coroutine first
         waits: bookkeeping placed there overlaps the replica's work instead of delaying the send.
         """
         pool = self._pool(base_url)
-        loop = pool.loop
-        deadline = loop.time() + total_timeout
         head = pool.heads.get(path)
         if head is None:
             head = pool.heads[path] = b"POST %s HTTP/1.1\r\n%sContent-Length: " % ((pool.prefix + path).encode(), pool.head)
         req = b"%s%d\r\n%s\r\n%s" % (head, len(body), headers, body)
+        # the sending coroutine itself, not one awaiting it: one coroutine less on every proxied request
+        return self._send(pool, req, first_byte_timeout, total_timeout, after_send)
+
+    async def get(self, base_url: str, path: str, headers: bytes, timeout: float) -> tuple[int, bytes]:
+        """GET `path` and read the whole answer within `timeout` seconds: (status, body). The health checks and
+        /metrics scrapes: each replica's, every scrape interval, over the same keep-alive connections."""
+        pool = self._pool(base_url)
+        req = b"GET %s HTTP/1.1\r\n%s%s\r\n" % ((pool.prefix + path).encode(), pool.head, headers)
+        resp = await self._send(pool, req, timeout, timeout, None)
+        try:
+            return resp.status, await resp.read()
+        finally:
+            resp.close()
+
+    async def _send(self, pool: _ReplicaPool, req: bytes, first_byte_timeout: float, total_timeout: float,
+                    after_send: Callable[[], None] | None) -> UpstreamResponse:
+        loop = pool.loop
+        deadline = loop.time() + total_timeout
         while True:
             conn = pool.take_idle()
             reused = conn is not None

