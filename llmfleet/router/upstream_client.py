@@ -31,6 +31,10 @@ from urllib.parse import urlsplit
 import httptools
 
 HIGH_WATER = 256 * 1024
+# The largest answer `get` reads (health checks, /metrics scrapes): vLLM's /metrics page is ~50 KB per engine, so
+# 16 MiB leaves room for hundreds of engines or LoRA adapters and still bounds what one replica can make the
+# router hold.
+MAX_GET_BYTES = 16 * 1024 * 1024
 
 
 class UpstreamError(Exception):
@@ -368,14 +372,22 @@ class UpstreamClient:
         # the sending coroutine itself, not one awaiting it: one coroutine less on every proxied request
         return self._send(pool, req, first_byte_timeout, total_timeout, after_send)
 
-    async def get(self, base_url: str, path: str, headers: bytes, timeout: float) -> tuple[int, bytes]:
+    async def get(self, base_url: str, path: str, headers: bytes, timeout: float,
+                  max_bytes: int = MAX_GET_BYTES) -> tuple[int, bytes]:
         """GET `path` and read the whole answer within `timeout` seconds: (status, body). The health checks and
-        /metrics scrapes: each replica's, every scrape interval, over the same keep-alive connections."""
+        /metrics scrapes: each replica's, every scrape interval, over the same keep-alive connections. A body past
+        `max_bytes` raises UpstreamBroken (the connection is closed): a page that size is no replica's metrics."""
         pool = self._pool(base_url)
         req = b"GET %s HTTP/1.1\r\n%s%s\r\n" % ((pool.prefix + path).encode(), pool.head, headers)
         resp = await self._send(pool, req, timeout, timeout, None)
         try:
-            return resp.status, await resp.read()
+            parts, size = [], 0
+            while data := await resp.next_data():
+                size += len(data)
+                if size > max_bytes:
+                    raise UpstreamBroken(f"GET {path}: answer larger than {max_bytes} bytes")
+                parts.append(data)
+            return resp.status, b"".join(parts)
         finally:
             resp.close()
 

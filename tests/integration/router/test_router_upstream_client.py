@@ -362,9 +362,12 @@ async def test_get_reads_whole_answers_over_one_connection_within_its_deadline(r
         200, b"vllm:num_requests_running 2\nvllm:num_requests_waiting 0\n")
     assert await client.get(srv.url, "/other", b"", 1.0) == (503, b"busy")
     assert srv.connections == 1  # the checks reuse one keep-alive connection
+    with pytest.raises(UpstreamBroken, match="larger than 40 bytes"):  # a 56-byte page against a 40-byte bound
+        await client.get(srv.url, "/metrics", auth, 1.0, max_bytes=40)
+    assert await client.get(srv.url, "/health", auth, 1.0) == (200, b"")
     assert heads[0].startswith(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1:")
     assert heads[0].endswith(b"\r\nauthorization: Bearer k\r\n\r\n") and b"Content-Length" not in heads[0]
-    assert b"authorization" not in heads[2]
+    assert b"authorization" not in heads[2] and all(h.startswith(b"GET ") for h in heads)
 
     async def trickle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readuntil(b"\r\n\r\n")
