@@ -13,7 +13,9 @@ counted. Rows, each a full round of N checks at a time (`asyncio.gather`), repea
   * aiohttp + prometheus_client: aiohttp's GETs, then prometheus_client's full text parser (what a generic
     scraper does).
 CPU is this process's (`time.process_time`) per replica check; wall is one round's. Also the parse of one page
-alone, both ways. Writes benchmarks/results/router_scrape.json.
+alone: the router's line scan, every sample (`llmfleet.util.prom_text.parse_samples`: the autoscaler's scrapes
+without Prometheus and `llmfleet up`'s dashboard; label sets parsed once, as on repeated scrapes) and
+prometheus_client's parser. Writes benchmarks/results/router_scrape.json.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from llmfleet.router.config import LimitsConfig, PoolConfig  # noqa: E402
 from llmfleet.router.replicas import PoolReplicas, parse_vllm_metrics  # noqa: E402
 from llmfleet.router.upstream_client import UpstreamClient  # noqa: E402
 from llmfleet.util.net import free_port  # noqa: E402
+from llmfleet.util.prom_text import parse_samples  # noqa: E402
 
 PAGE = ROOT / "tests" / "data" / "vllm_0.32_metrics.txt"
 SERVERS = 4
@@ -120,7 +123,8 @@ async def run(n: int, rounds: int, ports: list[int]) -> dict[str, dict[str, floa
 
 def parse_alone(text: str) -> dict[str, float]:
     res = {}
-    for name, fn in (("line scan", lambda: parse_vllm_metrics(text, {})), ("prometheus_client", lambda: full_parse(text))):
+    for name, fn in (("line scan", lambda: parse_vllm_metrics(text, {})), ("every sample", lambda: parse_samples(text)),
+                     ("prometheus_client", lambda: full_parse(text))):
         n = 0
         t0 = time.process_time()
         while time.process_time() - t0 < 1.0:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from llmfleet.api.inferenceservice import PRIMARY_POOL
+from llmfleet.util.prom_text import parse_samples
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,6 @@ async def scrape_in_flight(replica: ObservedReplica, *, timeout_s: float = 2.0) 
     if not replica.url:
         return None
     import httpx
-    from prometheus_client.parser import text_string_to_metric_families
 
     try:
         async with httpx.AsyncClient(timeout=timeout_s) as client:
@@ -101,13 +101,12 @@ async def scrape_in_flight(replica: ObservedReplica, *, timeout_s: float = 2.0) 
         return None
     if resp.status_code != 200:
         return None
-    total, seen = 0.0, False
-    for family in text_string_to_metric_families(resp.text):
-        if family.name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
-            for sample in family.samples:
-                total += sample.value
-                seen = True
-    return total if seen else None
+    try:
+        samples = parse_samples(resp.text)
+    except ValueError:
+        return None
+    load = [v for (name, _), v in samples.items() if name in ("vllm:num_requests_running", "vllm:num_requests_waiting")]
+    return sum(load) if load else None
 
 
 def replicas_patch(spec: Mapping[str, Any], desired: Mapping[str, int]) -> list[dict[str, Any]]:

@@ -44,6 +44,7 @@ from llmfleet.api.trainingjob import ModelShape
 from llmfleet.autoscaler.policy import PoolSignals, Role
 from llmfleet.plan.models import shape_from_dims
 from llmfleet.router.metrics import INPUT_TOKEN_POWERS
+from llmfleet.util.prom_text import Sample, parse_samples
 
 
 @dataclass(frozen=True)
@@ -268,18 +269,10 @@ class PrometheusSignals:
 
 # -- direct scraping (no Prometheus configured) ------------------------------------------------------------------
 
-Sample = tuple[str, tuple[tuple[str, str], ...]]  # (name, sorted labels)
-
-
 def parse_metrics(text: str) -> dict[Sample, float]:
-    """Prometheus text exposition -> {(sample name, labels): value}."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    out: dict[Sample, float] = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = float(s.value)
-    return out
+    """Prometheus text exposition -> {(sample name, sorted labels): value} (`llmfleet.util.prom_text`: what
+    prometheus_client's parser reads, ~20x faster on a vLLM page). Raises ValueError on a malformed page."""
+    return parse_samples(text)
 
 
 def _sum(snap: Mapping[Sample, float], name: str, match: Mapping[str, str] | None = None) -> float | None:
@@ -433,17 +426,20 @@ class ScrapeSignals:
         import httpx
 
         t = time.monotonic() if now is None else now
+        urls_all = list(dict.fromkeys(u for pool in pools for u in replica_urls.get(pool.name, ())))
         async with httpx.AsyncClient(timeout=self.timeout_s) as client:
-            router = await self._scrape(client, self.router_url)
-            snap = _Snapshot(at=t, router=router or {})
-            scraped_ok: dict[str, bool] = {}
-            for pool in pools:
-                ok = True
-                for url in replica_urls.get(pool.name, ()):
-                    got = await self._scrape(client, url)
-                    ok = ok and got is not None
-                    snap.replicas[url] = got or {}
-                scraped_ok[pool.name] = ok
+            # all at once: one slow replica costs the decision one timeout, not one per replica behind it
+            router, *pages = await asyncio.gather(self._scrape(client, self.router_url),
+                                                  *(self._scrape(client, u) for u in urls_all))
+        got = dict(zip(urls_all, pages, strict=True))
+        snap = _Snapshot(at=t, router=router or {})
+        scraped_ok: dict[str, bool] = {}
+        for pool in pools:
+            ok = True
+            for url in replica_urls.get(pool.name, ()):
+                ok = ok and got[url] is not None
+                snap.replicas[url] = got[url] or {}
+            scraped_ok[pool.name] = ok
         prev, self._prev = self._prev, snap
         out = []
         for pool in pools:

@@ -13,17 +13,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+from llmfleet.util.prom_text import Sample, parse_samples
 
-
-def parse(text: str) -> Samples:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    out: Samples = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
+Samples = dict[Sample, float]
+parse = parse_samples  # a /metrics page -> {(name, sorted labels): value}
 
 
 def total(snap: Samples, name: str) -> float | None:

@@ -32,6 +32,7 @@ from llmfleet.router.kv_tiers import (
 from llmfleet.router.outliers import OutlierDetector
 from llmfleet.router.plugins.base import ReplicaState
 from llmfleet.router.upstream_client import UpstreamClient, UpstreamError
+from llmfleet.util.prom_text import label_key
 
 log = logging.getLogger("llmfleet.router.replicas")
 
@@ -56,8 +57,6 @@ _SAMPLE = re.compile(
     + "|".join(re.escape(n.removeprefix(_VLLM)) for n in (*_GAUGES, _CACHE_INFO))
     + "|" + "|".join(re.escape(n.removeprefix(_VLLM)) + "(?:_total)?" for n in _COUNTERS)
     + ")|" + re.escape(KV_BYTES_PER_TOKEN_METRIC) + r")(?:\{(.*)\})?[ \t]+(\S+)")
-_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"')
-_UNESCAPE = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
 
 
 def block_tokens(cache_info: Mapping[str, str]) -> int | None:
@@ -67,27 +66,21 @@ def block_tokens(cache_info: Mapping[str, str]) -> int | None:
     return int(raw) if raw.isdigit() and int(raw) > 0 else None
 
 
-def _labels(text: str) -> dict[str, str]:
-    """Prometheus label pairs `a="x",b="y"` -> dict, with the text format's escapes undone."""
-    # most values have no escape: vLLM's 37-label cache_config_info, 36 us with a substitution per value, 19 us so
-    return {k: re.sub(r'\\[\\"n]', lambda m: _UNESCAPE[m.group(0)], v) if "\\" in v else v
-            for k, v in _LABEL.findall(text)}
-
-
 def parse_vllm_metrics(text: str, cache_info: dict[str, str] | None = None) -> dict[str, float]:
     """Sum vLLM's load series over label sets (one replica may report several engines).
 
     Reads only the sample lines of the series the router uses (one regex pass; comments, other series and
     histogram buckets are skipped unparsed). `cache_info`, when given, receives the labels of
     vllm:cache_config_info (block_size, cache_dtype, kv_offloading_size, ...), from which the host tier's
-    capacity is derived. Raises ValueError on a sample value that is not a number.
+    capacity is derived. Raises ValueError on a sample value that is not a number or labels that are not
+    label pairs.
     """
     out: dict[str, float] = {}
     for name, labels, value in _SAMPLE.findall("\n" + text):
         if name == KV_BYTES_PER_TOKEN_METRIC:
             out["kv_bytes_per_token"] = float(value)
         elif name == _CACHE_INFO:
-            info = _labels(labels)
+            info = dict(label_key(labels))  # parsed once per distinct label text (prom_text)
             if cache_info is not None:
                 cache_info.update(info)
             blocks = info.get("num_gpu_blocks")

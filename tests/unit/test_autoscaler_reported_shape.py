@@ -287,3 +287,72 @@ def test_prometheus_shape_is_one_count_values_query() -> None:
     sig._prom = _CountValues(small)  # type: ignore[assignment]
     sig._prom.custom_query = lambda q, timeout: [{"metric": {"dim": "layers", "value": "x"}}]  # type: ignore[method-assign]
     assert sig._query_shape(promql) is None  # no number: left out, and no shape without its layers
+
+
+@pytest.mark.timeout(30)
+async def test_scrapes_run_at_once_and_a_failing_replica_marks_only_its_pool() -> None:
+    """Replica a answers only once replica b has been asked: one at a time, a's scrape would time out."""
+    b_asked = asyncio.Event()
+    page = "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 1\n"
+
+    async def a_metrics(_: web.Request) -> web.Response:
+        await asyncio.wait_for(b_asked.wait(), 5)
+        b_asked.clear()  # each collect: b asked before a can answer
+        return web.Response(text=page, content_type="text/plain")
+
+    async def b_metrics(_: web.Request) -> web.Response:
+        b_asked.set()
+        return web.Response(text=page, content_type="text/plain")
+
+    async def broken(_: web.Request) -> web.Response:
+        return web.Response(status=500)
+
+    apps = []
+    for handler in (b_metrics, a_metrics, b_metrics, broken):
+        app = web.Application()
+        app.router.add_get("/metrics", handler)
+        apps.append(app)
+    apps[0] = _metrics_app('llmfleet_router_requests_total{pool="primary"} 5\n')
+    runners = [await serve_app(app) for app in apps]
+    try:
+        (_, router), (_, a), (_, b), (_, bad) = runners
+        scrape = ScrapeSignals(router, timeout_s=2.0)
+        pools = [PoolRef("primary", "primary", 2, 2), PoolRef("small", "student", 1, 1)]
+        urls = {"primary": [a, b], "small": [bad]}
+        await scrape.collect(pools, urls)  # the first collect has no earlier one to take rates from
+        primary, small = await scrape.collect(pools, urls)
+        assert not primary.stale and small.stale
+        assert primary.running == 2  # both replicas' gauges
+    finally:
+        for runner, _ in runners:
+            await runner.cleanup()
+
+
+@pytest.mark.timeout(30)
+async def test_the_drain_probe_counts_running_and_waiting() -> None:
+    """scrape_in_flight (the drain's probe): vLLM's running + waiting over every engine; None when a page has neither,
+    answers an error or is not a metrics page."""
+    from llmfleet.autoscaler.actuation import ObservedReplica, scrape_in_flight
+
+    pages = {
+        "/busy/metrics": ('vllm:num_requests_running{engine="0"} 2\nvllm:num_requests_running{engine="1"} 1\n'
+                          'vllm:num_requests_waiting{engine="0"} 4\nvllm:num_requests_waiting_by_reason 9\n', 200),
+        "/idle/metrics": ("vllm:num_requests_running 0\n", 200),
+        "/other/metrics": ("python_gc_objects_collected_total 3\n", 200),
+        "/broken/metrics": ("vllm:num_requests_running{engine=0} 1\n", 200),
+        "/down/metrics": ("", 503),
+    }
+
+    async def metrics(request: web.Request) -> web.Response:
+        text, status = pages[request.path]
+        return web.Response(text=text, status=status, content_type="text/plain")
+
+    app = web.Application()
+    app.router.add_get("/{name}/metrics", metrics)
+    runner, url = await serve_app(app)
+    try:
+        got = {name: await scrape_in_flight(ObservedReplica("p", name, f"{url}/{name}"))
+               for name in ("busy", "idle", "other", "broken", "down")}
+    finally:
+        await runner.cleanup()
+    assert got == {"busy": 7, "idle": 0, "other": None, "broken": None, "down": None}
