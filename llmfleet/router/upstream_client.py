@@ -357,8 +357,10 @@ class UpstreamClient:
         return pool
 
     def post(self, base_url: str, path: str, body: bytes, headers: bytes, first_byte_timeout: float,
-             total_timeout: float, after_send: Callable[[], None] | None = None) -> Coroutine[Any, Any, UpstreamResponse]:
-        """Send and wait for the response headers (await it). `headers`: extra raw header lines, each ending in CRLF.
+             total_timeout: float, after_send: Callable[[], None] | None = None,
+             ) -> Coroutine[Any, Any, UpstreamResponse]:
+        """Send and wait for the response headers (await it). `headers`: extra raw header lines, each ending in
+        CRLF.
 
         The caller must `close()` the response. `first_byte_timeout` also bounds every later gap between reads.
         `after_send` runs once, right after the request is handed to the socket and before this coroutine first

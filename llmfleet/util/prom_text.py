@@ -3,8 +3,8 @@ sample lines, several times faster.
 
 prometheus_client's `text_string_to_metric_families` parses character by character in Python and builds metric
 families: ~8-9.5 ms for the ~50 KB, 600-line /metrics page of one vLLM replica, where a regex per sample line and
-cached label sets take ~0.4 ms (benchmarks/router_scrape.py). The autoscaler reads every replica's page at each decision when no
-Prometheus is configured, and the router one page per replica every scrape interval.
+cached label sets take ~0.4 ms (benchmarks/router_scrape.py). The autoscaler reads every replica's page at each
+decision when no Prometheus is configured, and the router one page per replica every scrape interval.
 """
 
 from __future__ import annotations
