@@ -393,6 +393,10 @@ class _Snapshot:
     replicas: dict[str, dict[Sample, float]] = field(default_factory=dict)
 
 
+# Scrapes in flight at once (sockets the operator holds open during a decision): a fleet's replicas, up to this.
+SCRAPE_CONNECTIONS = 256
+
+
 class ScrapeSignals:
     """Collects PoolSignals by scraping the router's and replicas' /metrics (rates between two calls)."""
 
@@ -427,8 +431,12 @@ class ScrapeSignals:
 
         t = time.monotonic() if now is None else now
         urls_all = list(dict.fromkeys(u for pool in pools for u in replica_urls.get(pool.name, ())))
-        async with httpx.AsyncClient(timeout=self.timeout_s) as client:
-            # all at once: one slow replica costs the decision one timeout, not one per replica behind it
+        # All at once: one slow replica costs the decision one timeout, not one per replica behind it. Past
+        # SCRAPE_CONNECTIONS the rest wait for a connection without a deadline of their own (httpx's default pool
+        # wait is the request timeout, which failed every scrape queued behind two rounds of slow replicas, and
+        # with it the pool's signals); each request still has its connect and read timeouts.
+        limits = httpx.Limits(max_connections=SCRAPE_CONNECTIONS, max_keepalive_connections=0)
+        async with httpx.AsyncClient(timeout=httpx.Timeout(self.timeout_s, pool=None), limits=limits) as client:
             router, *pages = await asyncio.gather(self._scrape(client, self.router_url),
                                                   *(self._scrape(client, u) for u in urls_all))
         got = dict(zip(urls_all, pages, strict=True))

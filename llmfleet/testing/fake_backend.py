@@ -43,6 +43,7 @@ class FakeBackend:
     cancelled: int = 0
     record: bool = True
     api_key: str | None = None  # like vLLM's --api-key: /v1 requests without `Bearer <key>` get 401
+    guard_metrics: bool = False  # /metrics needs the key too (an authenticating proxy in front of the engine)
     # LoRA (vLLM's runtime adapter endpoints): loaded adapter name -> path, every load call, the load time, and
     # paths whose load fails (404, as vLLM answers for a missing adapter folder)
     adapters: dict[str, str] = field(default_factory=dict)
@@ -95,8 +96,10 @@ class FakeBackend:
 
     @web.middleware
     async def _require_key(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        """vLLM's --api-key: every /v1 path needs `Bearer <key>`; /health and /metrics stay open."""
-        if (self.api_key is not None and request.path.startswith("/v1")
+        """vLLM's --api-key: every /v1 path needs `Bearer <key>`; /health and /metrics stay open (/metrics unless
+        `guard_metrics`)."""
+        guarded = request.path.startswith("/v1") or (self.guard_metrics and request.path == "/metrics")
+        if (self.api_key is not None and guarded
                 and request.headers.get("Authorization") != f"Bearer {self.api_key}"):
             return web.json_response({"error": "Unauthorized"}, status=401)
         response: web.StreamResponse = await handler(request)

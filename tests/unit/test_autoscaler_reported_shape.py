@@ -356,3 +356,37 @@ async def test_the_drain_probe_counts_running_and_waiting() -> None:
     finally:
         await runner.cleanup()
     assert got == {"busy": 7, "idle": 0, "other": None, "broken": None, "down": None}
+
+
+@pytest.mark.timeout(30)
+async def test_scrapes_past_the_connection_bound_wait_for_a_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fleet larger than SCRAPE_CONNECTIONS with slow replicas: the scrapes in flight stay within the bound, and
+    those queued behind two rounds of slow answers still count (httpx's default pool wait, the request timeout,
+    failed them and marked the pool stale)."""
+    import llmfleet.autoscaler.signals as signals
+
+    monkeypatch.setattr(signals, "SCRAPE_CONNECTIONS", 8)
+    in_flight, most = 0, 0
+
+    async def slow(_: web.Request) -> web.Response:
+        nonlocal in_flight, most
+        in_flight += 1
+        most = max(most, in_flight)
+        await asyncio.sleep(0.3)
+        in_flight -= 1
+        return web.Response(text="vllm:num_requests_running 1\n", content_type="text/plain")
+
+    app = web.Application()
+    app.router.add_get("/metrics", slow)
+    app.router.add_get("/{replica}/metrics", slow)
+    runner, url = await serve_app(app)
+    try:
+        scrape = ScrapeSignals(url, timeout_s=0.7)  # four rounds of 0.3 s: the last waits past the timeout
+        pools = [PoolRef("primary", "primary", 1, 32)]
+        urls = {"primary": [f"{url}/r{i}" for i in range(31)]}
+        await scrape.collect(pools, urls)
+        (primary,) = await scrape.collect(pools, urls)
+    finally:
+        await runner.cleanup()
+    assert most == 8
+    assert not primary.stale and primary.running == 31

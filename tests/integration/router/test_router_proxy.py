@@ -300,6 +300,14 @@ async def test_router_sends_the_replicas_key_and_never_the_clients(fakes, router
     r = await routers(config({"primary": ("m", [replica.url])}, tenants=tenants, upstream_api_key_env="TEST_UPSTREAM_KEY"))
     async with http.post(r.url + "/v1/chat/completions", json=CHAT, headers={"Authorization": "Bearer client-key"}) as resp:
         assert resp.status == 200, await resp.text()
+    # Its load scrapes carry the key as well: behind a proxy that guards /metrics the replica's load still arrives.
+    guarded = await fakes(api_key="replica-secret", guard_metrics=True, metrics={"vllm:num_requests_running": 2})
+    async with http.get(guarded.url + "/metrics") as resp:
+        assert resp.status == 401
+    g = await routers(config({"primary": ("m", [guarded.url])}, upstream_api_key_env="TEST_UPSTREAM_KEY"))
+    state = g.router.pools["primary"].replicas.replicas[guarded.url]
+    await wait_for(lambda: not state.stale)
+    assert state.healthy and state.running == 2
     # The router's own calls to the replicas' /v1 (LoRA adapter loads) carry the key too.
     from llmfleet.router.config import AdapterConfig
 
