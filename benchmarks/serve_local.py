@@ -31,10 +31,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from llmfleet.api import InferenceService  # noqa: E402
-from llmfleet.local.dashboard import parse, total  # noqa: E402
+from llmfleet.local.dashboard import total  # noqa: E402
 from llmfleet.local.runtime import CPU_ENV_DEFAULTS  # noqa: E402
 from llmfleet.local.tinymodel import PRIMARY, build_tiny  # noqa: E402
 from llmfleet.util.net import free_port  # noqa: E402
+from llmfleet.util.prom_text import parse_samples  # noqa: E402
 from llmfleet.workers.serve.vllm_args import engine_env_defaults, serve_command  # noqa: E402
 
 
@@ -145,9 +146,9 @@ def bench_one(model: str, prefix_caching: bool, args: argparse.Namespace, items:
         start_s = time.perf_counter() - t_start
         warm = [f"Warm-up {i}: " + "x " * 50 for i in range(4)]
         asyncio.run(workload(url, warm, 2, 4))
-        before = parse(httpx.get(url + "/metrics", timeout=10).text)
+        before = parse_samples(httpx.get(url + "/metrics", timeout=10).text)
         res, wall = asyncio.run(workload(url, items, args.concurrency, args.max_tokens))
-        after = parse(httpx.get(url + "/metrics", timeout=10).text)
+        after = parse_samples(httpx.get(url + "/metrics", timeout=10).text)
 
         def d(name: str) -> float:
             return (total(after, name) or 0.0) - (total(before, name) or 0.0)

@@ -41,9 +41,10 @@ from llmfleet.autoscaler.controller import Burst, autoscale_step, wakes_on_burst
 from llmfleet.autoscaler.kube import KubernetesActuator, apply_arbitration, pending_gpus
 from llmfleet.autoscaler.live_metrics import live_metrics
 from llmfleet.autoscaler.policy import PolicyState, PoolSignals
-from llmfleet.autoscaler.signals import PoolRef, PrometheusSignals, ScrapeSignals, parse_metrics
+from llmfleet.autoscaler.signals import PoolRef, PrometheusSignals, ScrapeSignals
 from llmfleet.kube.client import ApiError, KubeClient, NoClusterConfig
 from llmfleet.router.burst import WINDOW_S as BURST_WINDOW_S
+from llmfleet.util.prom_text import parse_samples
 
 TICK = float(os.environ.get("LLMFLEET_AUTOSCALER_TICK") or 5.0)
 log = logging.getLogger("llmfleet.autoscaler")
@@ -122,7 +123,7 @@ async def _lost_blocks(router_url: str, pool_names: Sequence[str]) -> dict[str, 
         return None
     if resp.status_code != 200:
         return None
-    return lost_blocks_of_pools(parse_metrics(resp.text), pool_names)
+    return lost_blocks_of_pools(parse_samples(resp.text), pool_names)
 
 
 @kopf.on.cleanup()

@@ -54,7 +54,7 @@ def lost_blocks_from_index(index: PrefixIndex, replicas: Sequence[ObservedReplic
 
 
 def lost_blocks_from_metrics(samples: Mapping[tuple[str, tuple[tuple[str, str], ...]], float], pool: str) -> dict[str, int]:
-    """From parsed router metrics (llmfleet.autoscaler.signals.parse_metrics): replica -> exclusive blocks."""
+    """From parsed router metrics (llmfleet.util.prom_text.parse_samples): replica -> exclusive blocks."""
     out: dict[str, int] = {}
     for (name, labels), value in samples.items():
         if name != "llmfleet_router_replica_exclusive_blocks":

@@ -269,12 +269,6 @@ class PrometheusSignals:
 
 # -- direct scraping (no Prometheus configured) ------------------------------------------------------------------
 
-def parse_metrics(text: str) -> dict[Sample, float]:
-    """Prometheus text exposition -> {(sample name, sorted labels): value} (`llmfleet.util.prom_text`: what
-    prometheus_client's parser reads, ~20x faster on a vLLM page). Raises ValueError on a malformed page."""
-    return parse_samples(text)
-
-
 def _sum(snap: Mapping[Sample, float], name: str, match: Mapping[str, str] | None = None) -> float | None:
     vals = [v for (n, labels), v in snap.items() if n == name and _matches(labels, match)]
     return sum(vals) if vals else None
@@ -420,7 +414,7 @@ class ScrapeSignals:
         if resp.status_code != 200:
             return None
         try:
-            return parse_metrics(resp.text)
+            return parse_samples(resp.text)
         except ValueError:
             return None
 

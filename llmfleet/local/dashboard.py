@@ -16,7 +16,6 @@ from typing import Any
 from llmfleet.util.prom_text import Sample, parse_samples
 
 Samples = dict[Sample, float]
-parse = parse_samples  # a /metrics page -> {(name, sorted labels): value}
 
 
 def total(snap: Samples, name: str) -> float | None:
@@ -85,9 +84,9 @@ class Collector:
         now = time.time() if now is None else now
         merged: Samples = {}
         for i, text in enumerate(replica_texts):
-            for (name, labels), v in parse(text).items():
+            for (name, labels), v in parse_samples(text).items():
                 merged[(name, (*labels, ("_replica", str(i))))] = v
-        router = parse(router_text) if router_text else {}
+        router = parse_samples(router_text) if router_text else {}
         w = Window()
         w.running = total(merged, "vllm:num_requests_running")
         w.waiting = total(merged, "vllm:num_requests_waiting")

@@ -101,13 +101,14 @@ async def replica_counters(urls: list[str]) -> dict[str, dict[str, float]]:
     """Per replica: vLLM's finished requests and prefix-cache hit/query token counters."""
     import httpx
 
-    from llmfleet.local.dashboard import parse, total
+    from llmfleet.local.dashboard import total
+    from llmfleet.util.prom_text import parse_samples
 
     out: dict[str, dict[str, float]] = {}
     async with httpx.AsyncClient(timeout=3.0) as client:
         for u in urls:
             try:
-                snap = parse((await client.get(u + "/metrics")).text)
+                snap = parse_samples((await client.get(u + "/metrics")).text)
             except httpx.HTTPError:
                 continue
             out[u] = {k: total(snap, name) or 0.0 for k, name in (

@@ -14,7 +14,7 @@ import re
 
 # A sample line: name, label text without its braces, value (a timestamp may follow; it is not read). The labels
 # run to the line's last "}" (a label value may hold one).
-SAMPLE_LINE = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)[ \t]*(?:\{(.*)\})?[ \t]+(\S+)")
+_SAMPLE_LINE = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)[ \t]*(?:\{(.*)\})?[ \t]+(\S+)")
 _LABEL = re.compile(r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\]|\\.)*)"[ \t]*(?:,|$)')
 _ESCAPE = re.compile(r'\\[\\"n]')
 _UNESCAPE = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
@@ -55,7 +55,7 @@ def parse_samples(text: str) -> dict[Sample, float]:
     Comments and blank lines are skipped. Raises ValueError on a line that is not a sample or a value that is not
     a number."""
     out: dict[Sample, float] = {}
-    match = SAMPLE_LINE.match
+    match = _SAMPLE_LINE.match
     for line in text.split("\n"):
         line = line.strip()
         if not line or line[0] == "#":

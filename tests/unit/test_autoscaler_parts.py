@@ -33,10 +33,10 @@ from llmfleet.autoscaler.signals import (
     assemble,
     build_queries,
     histogram_quantile,
-    parse_metrics,
     values_from_scrapes,
 )
 from llmfleet.cli.main import app
+from llmfleet.util.prom_text import parse_samples
 
 ISVC_DOC = {
     "apiVersion": "llmfleet.io/v1alpha1", "kind": "InferenceService",
@@ -85,7 +85,7 @@ def test_lost_blocks_from_router_metrics() -> None:
     text = ('# TYPE llmfleet_router_replica_exclusive_blocks gauge\n'
             'llmfleet_router_replica_exclusive_blocks{pool="primary",replica="http://a:8000"} 12\n'
             'llmfleet_router_replica_exclusive_blocks{pool="small",replica="http://s:8000"} 3\n')
-    assert lost_blocks_from_metrics(parse_metrics(text), "primary") == {"http://a:8000": 12}
+    assert lost_blocks_from_metrics(parse_samples(text), "primary") == {"http://a:8000": 12}
 
 
 # --- arbitration -------------------------------------------------------------------------------------------------
@@ -201,8 +201,8 @@ def test_values_from_two_scrapes_and_staleness() -> None:
                'vllm:request_queue_time_seconds_bucket{le="+Inf"} 100\n'
                'vllm:request_queue_time_seconds_count 100\nvllm:request_queue_time_seconds_sum 8\n')
     pool = PoolRef("primary", "primary", 2, 2)
-    v = values_from_scrapes(pool, parse_metrics(router(100, 0)), parse_metrics(router(200, 10)),
-                            {}, parse_metrics(replica), 10.0)
+    v = values_from_scrapes(pool, parse_samples(router(100, 0)), parse_samples(router(200, 10)),
+                            {}, parse_samples(replica), 10.0)
     assert v["arrival_rate"] == pytest.approx(11.0)  # (100 + 10) / 10 s, the service's whole demand
     assert v["degraded_fraction"] == pytest.approx(10 / 110)
     assert v["error_rate"] == pytest.approx(30 / (100 + 30 + 10))  # this pool's failed tries / all its tries
@@ -218,7 +218,7 @@ def test_values_from_two_scrapes_and_staleness() -> None:
     assert fresh.queue_time_p95_ms == v["queue_time_p95_ms"]
     assert fresh.kv_full_sequences == pytest.approx(8.0)
     # an empty cache measures no footprint (never a division by zero)
-    idle = values_from_scrapes(pool, {}, {}, {}, parse_metrics(replica.replace("kv_cache_usage_perc 0.25",
+    idle = values_from_scrapes(pool, {}, {}, {}, parse_samples(replica.replace("kv_cache_usage_perc 0.25",
                                                                                "kv_cache_usage_perc 0")), 10.0)
     assert idle["kv_full_sequences"] is None
     # one power missing: no moments (the policy then assumes M/M/c's spread), never a partial tuple

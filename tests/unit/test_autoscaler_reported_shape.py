@@ -20,8 +20,9 @@ from llmfleet.autoscaler.capacity import DEFAULT_SEED
 from llmfleet.autoscaler.controller import autoscale_step
 from llmfleet.autoscaler.policy import PolicyState, PoolSignals
 from llmfleet.autoscaler.seeds import known_shapes, seed_for_pool, seeds_for_service
-from llmfleet.autoscaler.signals import PoolRef, ScrapeSignals, agreed_shape, parse_metrics, shape_samples
+from llmfleet.autoscaler.signals import PoolRef, ScrapeSignals, agreed_shape, shape_samples
 from llmfleet.plan.models import PRESETS, shape_dims, shape_from_dims, shape_from_hf_config
+from llmfleet.util.prom_text import parse_samples
 from llmfleet.workers.serve.worker import served_model_metrics
 from tests.local_http import serve_app
 
@@ -74,7 +75,7 @@ def test_a_sliding_window_and_bad_numbers() -> None:
 def test_the_wrapper_reports_the_served_models_shape(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(LLAMA_3_8B_CONFIG))
     text = served_model_metrics(["--model", str(tmp_path), "--dtype", "bfloat16"]).decode()
-    assert agreed_shape([shape_samples(parse_metrics(text))]) == PRESETS["llama-3-8b"]
+    assert agreed_shape([shape_samples(parse_samples(text))]) == PRESETS["llama-3-8b"]
     assert shape_from_hf_config(LLAMA_3_8B_CONFIG) == PRESETS["llama-3-8b"]
     # what the planner has no shape for adds nothing: a mixture-of-experts, a remote or missing model
     (tmp_path / "moe").mkdir()

@@ -9,9 +9,10 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from llmfleet.autoscaler.signals import agreed_shape, parse_metrics, shape_samples
+from llmfleet.autoscaler.signals import agreed_shape, shape_samples
 from llmfleet.plan.models import shape_from_hf_config
 from llmfleet.router.replicas import parse_vllm_metrics
+from llmfleet.util.prom_text import parse_samples
 from llmfleet.workers.serve.drain import DrainProxy
 from llmfleet.workers.serve.ray_metrics import RAY_METRICS_PORT_ENV, RAY_PROCESS_LABELS, vllm_series
 from llmfleet.workers.serve.worker import engine_env, served_model_metrics
@@ -59,7 +60,7 @@ def test_vllm_series_renames_rays_export_and_drops_the_rest() -> None:
     text = vllm_series(RAY_PAGE).decode()
     assert "ray_" not in text and "Ray" not in text.replace("ReplicaId", "")  # Ray's own series and labels went
     assert not any(f"{label}=" in text for label in RAY_PROCESS_LABELS)
-    samples = parse_metrics(text)
+    samples = parse_samples(text)
     assert samples[("vllm:num_requests_running",
                     (("ReplicaId", "14nz6hly"), ("engine", "0"), ("model_name", "tiny")))] == 3.0
     # the first label removed, or every label: still a valid line
@@ -121,7 +122,7 @@ async def test_the_wrapper_serves_rays_vllm_series_and_its_own(tmp_path: Path) -
         assert accepts == ["text/plain; version=0.0.4"]
         assert text.startswith("# HELP vllm:num_requests_running ") and "ray_" not in text
         assert parse_vllm_metrics(text)["running"] == 3.0
-        samples = parse_metrics(text)
+        samples = parse_samples(text)
         assert samples[("llmfleet:kv_cache_bytes_per_token", ())] == 4 * 2 * 64 * 2 * 2
         assert agreed_shape([shape_samples(samples)]) == shape_from_hf_config(config)
         async with aiohttp.ClientSession() as s, s.get(runners[3][1] + "/metrics") as r:

@@ -95,7 +95,8 @@ async def test_retry_on_another_replica_before_first_byte(fakes, routers, http) 
 async def test_upstream_failures_are_counted_per_pool_for_the_error_rate(fakes, routers, http) -> None:
     """Every try on a replica counts (ok / error / overloaded), retried ones included: one failing replica shows
     in its pool's error rate even while retries keep every client answer a 200."""
-    from llmfleet.autoscaler.signals import PoolRef, parse_metrics, values_from_scrapes
+    from llmfleet.autoscaler.signals import PoolRef, values_from_scrapes
+    from llmfleet.util.prom_text import parse_samples
 
     bad, good, student = await fakes(name="bad", fail="500"), await fakes(name="good"), await fakes(name="s")
     r = await routers(config({"primary": ("m", [bad.url, good.url]), "small": ("s", [student.url])},
@@ -105,7 +106,7 @@ async def test_upstream_failures_are_counted_per_pool_for_the_error_rate(fakes, 
             assert resp.status == 200, await resp.text()
     async with http.post(r.url + "/v1/chat/completions", json={**CHAT, "model": "s"}) as resp:
         assert resp.status == 200
-    samples = parse_metrics(await (await http.get(r.url + "/metrics")).text())
+    samples = parse_samples(await (await http.get(r.url + "/metrics")).text())
     attempts = {dict(labels)["pool"] + "/" + dict(labels)["outcome"]: v for (name, labels), v in samples.items()
                 if name == "llmfleet_router_upstream_attempts_total"}
     assert attempts["primary/ok"] == 6 and attempts["primary/error"] >= 1 and "small/error" not in attempts
@@ -117,14 +118,15 @@ async def test_upstream_failures_are_counted_per_pool_for_the_error_rate(fakes, 
 async def test_the_router_sums_powers_of_prompt_tokens_for_the_autoscaler(fakes, routers, http) -> None:
     """The autoscaler's spread of prefill times reads E[L^2..L^4] of the prompt lengths from the router's power sums
     over its input-token count: for identical requests they are the powers of the mean, exactly."""
-    from llmfleet.autoscaler.signals import PoolRef, assemble, parse_metrics, values_from_scrapes
+    from llmfleet.autoscaler.signals import PoolRef, assemble, values_from_scrapes
+    from llmfleet.util.prom_text import parse_samples
 
     up = await fakes(name="a")
     r = await routers(config({"primary": ("m", [up.url])}, limits={"scrape_interval_seconds": 30}))
     for _ in range(4):
         async with http.post(r.url + "/v1/chat/completions", json=CHAT) as resp:
             assert resp.status == 200, await resp.text()
-    samples = parse_metrics(await (await http.get(r.url + "/metrics")).text())
+    samples = parse_samples(await (await http.get(r.url + "/metrics")).text())
     v = values_from_scrapes(PoolRef("primary", "primary", 1, 1), {}, samples, {}, {}, 1.0)
     mean = v["mean_input_tokens"]
     assert mean is not None and mean > 0

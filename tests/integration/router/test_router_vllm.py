@@ -20,10 +20,11 @@ import httpx
 import pytest
 
 from llmfleet.api import InferenceService
-from llmfleet.autoscaler.signals import PoolRef, parse_metrics, values_from_scrapes
+from llmfleet.autoscaler.signals import PoolRef, values_from_scrapes
 from llmfleet.router.config import PoolConfig, RouterConfig, router_config_from_service
 from llmfleet.router.replicas import parse_vllm_metrics
 from llmfleet.util.net import free_port
+from llmfleet.util.prom_text import parse_samples
 from llmfleet.workers.serve.vllm_args import render_vllm_args
 
 from .conftest import start_router
@@ -190,7 +191,7 @@ async def _footprint_while_running(url: str, prompts: list[str]) -> tuple[float 
         await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), timeout=60)
         text = (await client.get(url + "/metrics")).text
         stop.set()
-    v = values_from_scrapes(PoolRef("primary", "primary", 1, 1), {}, {}, {}, parse_metrics(text), 1.0)
+    v = values_from_scrapes(PoolRef("primary", "primary", 1, 1), {}, {}, {}, parse_samples(text), 1.0)
     return v["running"], v["kv_full_sequences"]
 
 

@@ -18,11 +18,12 @@ import pytest
 import zmq
 from openai import OpenAI
 
-from llmfleet.autoscaler.signals import agreed_shape, parse_metrics, shape_samples
+from llmfleet.autoscaler.signals import agreed_shape, shape_samples
 from llmfleet.plan.models import shape_from_hf_config
 from llmfleet.router.kv_events import batch_events
 from llmfleet.router.replicas import parse_vllm_metrics
 from llmfleet.util.net import free_port
+from llmfleet.util.prom_text import parse_samples
 from tests.polling import poll
 
 from .conftest import stop, tiny_service, wait_healthy
@@ -83,9 +84,9 @@ def test_ray_serve_replica_serves_and_drains(tiny_primary: Path, tmp_path: Path)
 
         load, text = poll("Ray's export of vLLM's prefix-cache queries on /metrics", scraped, timeout=60, interval=1)
         assert {"running", "waiting", "kv_usage", "cache_capacity_blocks"} <= load.keys() and "ray_" not in text
-        assert any(name == "vllm:time_to_first_token_seconds_count" for name, _ in parse_metrics(text))
+        assert any(name == "vllm:time_to_first_token_seconds_count" for name, _ in parse_samples(text))
         config = json.loads((tiny_primary / "config.json").read_text())
-        assert agreed_shape([shape_samples(parse_metrics(text))]) == shape_from_hf_config(config)
+        assert agreed_shape([shape_samples(parse_samples(text))]) == shape_from_hf_config(config)
         stream = iter(c.completions.create(model="tiny", prompt="def f():", max_tokens=60, stream=True,
                                            extra_body={"ignore_eos": True}))
         next(stream)

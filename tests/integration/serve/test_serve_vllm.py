@@ -16,15 +16,10 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from llmfleet.autoscaler.signals import (
-    PoolRef,
-    agreed_shape,
-    parse_metrics,
-    shape_samples,
-    values_from_scrapes,
-)
-from llmfleet.local.dashboard import parse, total
+from llmfleet.autoscaler.signals import PoolRef, agreed_shape, shape_samples, values_from_scrapes
+from llmfleet.local.dashboard import total
 from llmfleet.plan.models import shape_from_hf_config
+from llmfleet.util.prom_text import parse_samples
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -74,23 +69,23 @@ def test_unknown_model_is_404(replica: dict[str, Any]) -> None:
 def test_metrics_carry_vllm_series_and_prefix_hits(replica: dict[str, Any], tiny_primary: Path) -> None:
     c = client(replica)
     before_text = httpx.get(replica["url"] + "/metrics", timeout=10).text
-    before = parse(before_text)
+    before = parse_samples(before_text)
     missing = [s for s in REQUIRED_SERIES if not any(name == s for name, _ in before)]
     assert not missing, f"/metrics lacks {missing}"
     # the wrapper's gauges from the model's config.json: the autoscaler's planner shape of the served model
     config = json.loads((tiny_primary / "config.json").read_text())
-    assert agreed_shape([shape_samples(parse_metrics(before_text))]) == shape_from_hf_config(config)
+    assert agreed_shape([shape_samples(parse_samples(before_text))]) == shape_from_hf_config(config)
     # A prompt of several 32-token blocks, sent twice: the second one must hit the prefix cache.
     prompt = "import collections, functools, itertools, operator\n" * 20
     for _ in range(2):
         c.completions.create(model="tiny", prompt=prompt, max_tokens=1)
     after_text = httpx.get(replica["url"] + "/metrics", timeout=10).text
-    after = parse(after_text)
+    after = parse_samples(after_text)
     hits = (total(after, "vllm:prefix_cache_hits_total") or 0) - (total(before, "vllm:prefix_cache_hits_total") or 0)
     assert hits >= 32
     # the autoscaler's scrape path reads the two requests' queue time (the wait before their prefill started)
-    v = values_from_scrapes(PoolRef("primary", "primary", 1, 1), {}, {}, parse_metrics(before_text),
-                            parse_metrics(after_text), 1.0)
+    v = values_from_scrapes(PoolRef("primary", "primary", 1, 1), {}, {}, parse_samples(before_text),
+                            parse_samples(after_text), 1.0)
     assert v["queue_time_p95_ms"] is not None and 0 <= v["queue_time_p95_ms"] < 60_000
 
 
