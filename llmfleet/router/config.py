@@ -10,9 +10,9 @@ router discovers replicas from Kubernetes EndpointSlices with the contract label
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -25,12 +25,13 @@ from llmfleet.api.inferenceservice import (
     DEFAULT_SOLE_HOLDER_DISCOUNT,
     SCORER_NAMES,
     InferenceService,
+    PoolView,
 )
 from llmfleet.api.loader import dump_yaml
 from llmfleet.api.outliers import OutlierEjection
 from llmfleet.api.storage import parse_uri
 from llmfleet.plan.pool_presets import pool_preset
-from llmfleet.router.prefill_price import pool_prefill_rate
+from llmfleet.router.prefill_price import pool_prefill_rate, pool_prefill_speedup
 
 # The router's ConfigMap key and where the operator mounts it (and the tenants Secret) in the router's pod.
 ROUTER_CONFIG_KEY = "router.yaml"
@@ -115,6 +116,11 @@ class PoolConfig(_Model):
         default=None, gt=0, description="The estimated-ttft scorer's price of the pool's prefill, tokens/s: the "
         "planner's for its model preset and GPU (llmfleet.router.prefill_price). Unset: the planner cannot "
         "price the pool (CPU replicas, no preset), and its rate is measured unless measurePrefillRate is false.",
+    )
+    prefill_speedup: float = Field(
+        default=1.0, ge=1.0, description="How much faster than prefill_tokens_per_s the pool's replicas prefill "
+        "at the planner's roofline (the price is capped at the H200-class default; 1 for an unpriced pool): the "
+        "fallback compares pools' prefill queues at their own speeds (llmfleet.router.prefill_price).",
     )
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         default="auto", description="The engine's model dtype; the KV dtype when its cache dtype is auto.",
@@ -365,6 +371,16 @@ def _scorers(isvc: InferenceService) -> dict[str, float]:
     return scorers
 
 
+_T = TypeVar("_T")
+
+
+def _priced(price: Callable[..., _T], isvc: InferenceService, view: PoolView) -> _T:
+    """`price` (pool_prefill_rate or pool_prefill_speedup) of a pool by the names in its spec."""
+    return price(pool_preset(isvc, view), view.resources.gpu_type, gpus=view.resources.gpus,
+                 mig_profile=view.resources.mig_profile, tensor_parallel=view.vllm.tensor_parallel_size,
+                 quantization=view.model.quantization)
+
+
 def router_config_from_service(
     isvc: InferenceService,
     endpoints: dict[str, list[str]] | None = None,
@@ -407,10 +423,8 @@ def router_config_from_service(
                 max_model_len=view.model.max_model_len,
                 kv_offload_gib=view.vllm.kv_offload_gib,
                 tensor_parallel_size=view.vllm.tensor_parallel_size,
-                prefill_tokens_per_s=pool_prefill_rate(
-                    pool_preset(isvc, view), view.resources.gpu_type, gpus=view.resources.gpus,
-                    mig_profile=view.resources.mig_profile, tensor_parallel=view.vllm.tensor_parallel_size,
-                    quantization=view.model.quantization),
+                prefill_tokens_per_s=_priced(pool_prefill_rate, isvc, view),
+                prefill_speedup=_priced(pool_prefill_speedup, isvc, view),
                 dtype=view.model.dtype,
                 kv_events_port=(kv_events_port or KV_EVENTS_PORT)
                 if isvc.publishes_kv_events(view) and view.name not in events_by_pool else None,

@@ -19,7 +19,8 @@ answers; which ones is free, and each one degraded takes its own prefill off the
 leaves the primary the least work for the share it must keep (taken in arrival order, the requests the cap
 holds back in a burst are as long as any).
 The student pool is the one with the lowest predicted queueing delay (config order breaks ties), each pool's
-delay from its own queue, prefill queue and recent end-to-end latency (`observe_student`). For the load rules
+delay from its own queue, prefill queue (at the pool's own speed: `pool_prefill_wait_ms`) and recent end-to-end
+latency (`observe_student`). For the load rules
 (SLO burn, queue delay) a request degrades only when that student's predicted delay is not above the primary's:
 a student whose own queue is longer would answer later, and worse (reason `student-busier:<why>`; equal
 delays degrade: an SLO burn with both queues empty is not a queueing problem the primary would solve).
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right, insort
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
@@ -50,7 +52,8 @@ class FallbackSignals:
     waiting: float = 0.0
     running: float = 0.0  # requests at the pool's replicas past their first token (sum of ReplicaState.generating)
     mean_e2e_ms: float | None = None  # recent mean end-to-end latency of the pool
-    # when the least-loaded replica is through the prefill work the router has sent it (ReplicaState.prefill_wait_s)
+    # when the least-loaded replica is through the prefill work the router has sent it, at the pool's own speed
+    # (`pool_prefill_wait_ms`)
     prefill_wait_ms: float = 0.0
     scales_from_zero: bool = False  # no routable replica means a cold start, not an outage
 
@@ -180,6 +183,13 @@ class TenantWindow:
         if not n:
             return 0, 1.0, 1.0
         return n, (w.load_rule + 1) / (n + 1), bisect_right(w.lengths, input_tokens) / n
+
+
+def pool_prefill_wait_ms(waits_s: Iterable[float], speedup: float = 1.0) -> float:
+    """`FallbackSignals.prefill_wait_ms` of a pool: its least-loaded replica's wait (`ReplicaState.prefill_wait_s`:
+    the prefill queued there at the pool's price, corrected by first bytes), over the pool's `prefill_speedup`, so
+    the primary's and a student's queues compare at their own speeds."""
+    return min(waits_s, default=0.0) * 1e3 / speedup
 
 
 def predicted_queue_delay_ms(p: FallbackSignals) -> float:

@@ -15,9 +15,10 @@ So a pool the planner knows (its model preset and GPU, MIG slice and tensor para
 below the reference's roofline (30,000 against its ~39,600) carries to every slower pool, and the reference and
 every faster pool keep exactly the default. Why not above: priced below the replicas' rate the fleet holds and
 only its tail grows (TTFT p99 0.26 s at 5,000 against 0.17 s at 30,000), priced well above it the fleet collapses,
-and the roofline's rate is an idle replica's: a burst's prompts share each step with the running decodes. Pricing
-a faster student pool above the default was measured in the autoscaler's simulation and cost the fallback its
-timing (docs/router.md, "Fallback"). A pool the
+and the roofline's rate is an idle replica's: a burst's prompts share each step with the running decodes. Charging
+a faster student pool's prefill above the default was measured in the autoscaler's simulation and cost the
+fallback its timing. How much faster than its price a pool runs (`planned_prefill_speedup`) enters only where two
+pools' queues are compared, the fallback's student-or-primary decision (docs/router.md, "Fallback"). A pool the
 planner cannot price (CPU replicas, no preset, a GPU it does not know) has its rate measured instead, unless
 `measurePrefillRate` says otherwise (docs/router.md).
 """
@@ -43,22 +44,52 @@ def _reference_rate() -> float:
     return StepCostModel.build(get_model(REFERENCE_MODEL), get_gpu(REFERENCE_GPU)).prefill_tokens_per_s
 
 
-def planned_prefill_rate(model: ModelShape, gpu: GPUProfile, *, tensor_parallel: int = 1,
-                         weight_dtype: str = "bf16") -> float:
-    """The price of one replica of `model` on `gpu` (a MIG slice's profile where it is one) with `weight_dtype`
-    weights (`plan.models.weight_dtype_for`): the default scaled by the roofline's prefill rate over the
-    reference's (bf16), at most the default."""
+def roofline_ratio(model: ModelShape, gpu: GPUProfile, *, tensor_parallel: int = 1, weight_dtype: str = "bf16") -> float:
+    """One replica's roofline prefill rate of `model` on `gpu` (a MIG slice's profile where it is one) with
+    `weight_dtype` weights (`plan.models.weight_dtype_for`) over the reference's (bf16)."""
     rate = StepCostModel.build(model, gpu, tensor_parallel=tensor_parallel,
                                weight_dtype=weight_dtype).prefill_tokens_per_s
-    return DEFAULT_PREFILL_TOKENS_PER_S * min(rate / _reference_rate(), 1.0)
+    return rate / _reference_rate()
 
 
-def pool_prefill_rate(model_preset: str | None, gpu_type: str | None, *, gpus: int = 1,
+def planned_prefill_rate(model: ModelShape, gpu: GPUProfile, *, tensor_parallel: int = 1,
+                         weight_dtype: str = "bf16") -> float:
+    """The price of one replica: the default scaled by `roofline_ratio`, at most the default."""
+    return DEFAULT_PREFILL_TOKENS_PER_S * min(roofline_ratio(model, gpu, tensor_parallel=tensor_parallel,
+                                                             weight_dtype=weight_dtype), 1.0)
+
+
+def planned_prefill_speedup(model: ModelShape, gpu: GPUProfile, *, tensor_parallel: int = 1,
+                            weight_dtype: str = "bf16") -> float:
+    """How much faster than its price a replica prefills at the roofline: `roofline_ratio` where the price is the
+    capped default, 1 for the reference and every slower replica. Routing within a pool never needs it (one pool's
+    replicas share their price); the fallback's comparison of two pools' prefill queues does
+    (`fallback.pool_prefill_wait_ms`): priced alike, a Llama-3.2-1B student's queue on an H200 read 6.1x as long
+    as the time its replicas take to work through it, beside an 8B primary's read at its own speed."""
+    return max(roofline_ratio(model, gpu, tensor_parallel=tensor_parallel, weight_dtype=weight_dtype), 1.0)
+
+
+def _pool_ratio(model_preset: str | None, gpu_type: str | None, gpus: int, mig_profile: str | None,
+                tensor_parallel: int, quantization: str | None) -> float | None:
+    planned = planned_pool(model_preset, gpu_type, gpus=gpus, mig_profile=mig_profile)
+    return None if planned is None else roofline_ratio(*planned, tensor_parallel=tensor_parallel,
+                                                       weight_dtype=weight_dtype_for(quantization))
+
+
+def pool_prefill_rate(model_preset: str | None, gpu_type: str | None = None, *, gpus: int = 1,
                       mig_profile: str | None = None, tensor_parallel: int = 1,
                       quantization: str | None = None) -> float | None:
     """`planned_prefill_rate` of a pool by the names in its spec (`quantization`: its model.quantization); None where
     the planner cannot price it (`plan.models.planned_pool`: no preset, CPU replicas, a preset, GPU or MIG profile
     it does not know)."""
-    planned = planned_pool(model_preset, gpu_type, gpus=gpus, mig_profile=mig_profile)
-    return None if planned is None else planned_prefill_rate(*planned, tensor_parallel=tensor_parallel,
-                                                             weight_dtype=weight_dtype_for(quantization))
+    ratio = _pool_ratio(model_preset, gpu_type, gpus, mig_profile, tensor_parallel, quantization)
+    return None if ratio is None else DEFAULT_PREFILL_TOKENS_PER_S * min(ratio, 1.0)
+
+
+def pool_prefill_speedup(model_preset: str | None, gpu_type: str | None = None, *, gpus: int = 1,
+                         mig_profile: str | None = None, tensor_parallel: int = 1,
+                         quantization: str | None = None) -> float:
+    """`planned_prefill_speedup` of a pool by the names in its spec; 1 where the planner cannot price it (its rate
+    is measured, or the default's)."""
+    ratio = _pool_ratio(model_preset, gpu_type, gpus, mig_profile, tensor_parallel, quantization)
+    return 1.0 if ratio is None else max(ratio, 1.0)

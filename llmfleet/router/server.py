@@ -28,7 +28,7 @@ from llmfleet.router.burst import ArrivalBurst
 from llmfleet.router.chat_template import ChatTemplate
 from llmfleet.router.config import RouterConfig
 from llmfleet.router.endpoints import SmallEndpoints, error_response
-from llmfleet.router.fallback import FallbackPolicy, FallbackSignals
+from llmfleet.router.fallback import FallbackPolicy, FallbackSignals, pool_prefill_wait_ms
 from llmfleet.router.held import HeldRequests, HoldRejected
 from llmfleet.router.kv_events import KVEventSubscribers
 from llmfleet.router.metrics import RouterMetrics
@@ -338,9 +338,9 @@ class Router(SmallEndpoints):
 
     def _signals(self, pool: PoolRuntime, now: float) -> FallbackSignals:
         routable = pool.replicas.routable()
-        wait = min((r.prefill_wait_s(now) for r in routable), default=0.0)
+        wait_ms = pool_prefill_wait_ms((r.prefill_wait_s(now) for r in routable), pool.replicas.pool.prefill_speedup)
         return FallbackSignals(pool.name, len(routable), waiting=sum(r.queued for r in routable),
-                           running=sum(r.generating for r in routable), prefill_wait_ms=wait * 1e3,
+                           running=sum(r.generating for r in routable), prefill_wait_ms=wait_ms,
                            scales_from_zero=pool.replicas.pool.scales_from_zero)
 
     async def _route_and_proxy(self, ctx: RequestContext, pool_name: str) -> None:

@@ -120,7 +120,8 @@ def simulate_service(w: Workload, isvc: InferenceService, *, seed: int = 0,
     router = LlmfleetRouter(weights=dict(isvc.spec.router.scorers), fallback=rc.fallback, seed=seed,
                             measure_prefill_rate=rc.measure_prefill_rate, sole_holder_discount=rc.sole_holder_discount,
                             eviction_cost=rc.eviction_cost,
-                            pool_prefill_rates={p.name: p.prefill_tokens_per_s for p in rc.pools if p.prefill_tokens_per_s})
+                            pool_prefill_rates={p.name: p.prefill_tokens_per_s for p in rc.pools if p.prefill_tokens_per_s},
+                            pool_prefill_speedups={p.name: p.prefill_speedup for p in rc.pools})
     return simulate(w, cfg, router=router, autoscaler=hook), hook
 
 

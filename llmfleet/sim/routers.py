@@ -256,6 +256,7 @@ class LlmfleetRouter(SimRouter):
                  fallback: Any = None, slo: Any = None, max_candidates: int | None = None,
                  prefill_tokens_per_s: float | None = None, measure_prefill_rate: bool | None = None,
                  pool_prefill_rates: Mapping[str, float] | None = None,
+                 pool_prefill_speedups: Mapping[str, float] | None = None,
                  sole_holder_discount: bool = DEFAULT_SOLE_HOLDER_DISCOUNT, ttft_objective_s: float | None = None,
                  work_externality: float | None = None, eviction_cost: bool = DEFAULT_EVICTION_COST) -> None:
         from llmfleet.api.inferenceservice import RouterSpec
@@ -271,6 +272,9 @@ class LlmfleetRouter(SimRouter):
         # the planner's price of each pool's prefill (RouterConfig's pools' prefill_tokens_per_s); None: priced as
         # production prices a pool of the simulated model and GPU (`pool_rates`); {}: no pool priced (CPU replicas)
         self.pool_prefill_rates = None if pool_prefill_rates is None else dict(pool_prefill_rates)
+        # how much faster than that price each pool prefills (RouterConfig's pools' prefill_speedup); None: as
+        # production gives a pool of the simulated model and GPU (`pool_speedups`); a pool not in it: 1
+        self.pool_prefill_speedups = None if pool_prefill_speedups is None else dict(pool_prefill_speedups)
         self.sole_holder_discount = sole_holder_discount  # RouterConfig.sole_holder_discount
         self.eviction_cost = eviction_cost  # RouterConfig.eviction_cost
         self.ttft_objective_s = ttft_objective_s  # None: the simulation's TTFT SLO, as the router gets spec.slo's
@@ -306,6 +310,7 @@ class LlmfleetRouter(SimRouter):
         slo = self.slo_cfg or SLOConfig(ttft_p95_ms=fleet.cfg.ttft_slo_s * 1e3, tpot_p95_ms=fleet.cfg.tpot_slo_s * 1e3)
         self.students = [p.name for p in fleet.cfg.pools if p.role == "student"]
         self.policy = FallbackPolicy(self.fallback_cfg or FallbackConfig(), slo) if self.students else None
+        self.speedups = self.pool_speedups(fleet)
         for pool in fleet.routable.values():
             for rep in pool:
                 self._on_fleet("add", rep)
@@ -320,6 +325,17 @@ class LlmfleetRouter(SimRouter):
 
         return {p.name: planned_prefill_rate(p.shape(), p.gpu_profile(), tensor_parallel=p.tensor_parallel,
                                              weight_dtype=p.weight_dtype)
+                for p in fleet.cfg.pools if p.cost is None}
+
+    def pool_speedups(self, fleet: Fleet) -> dict[str, float]:
+        """How much faster than its price each pool prefills: as given, else production's for a pool of the
+        simulated model and GPU (`pool_rates`)."""
+        if self.pool_prefill_speedups is not None:
+            return self.pool_prefill_speedups
+        from llmfleet.router.prefill_price import planned_prefill_speedup
+
+        return {p.name: planned_prefill_speedup(p.shape(), p.gpu_profile(), tensor_parallel=p.tensor_parallel,
+                                                weight_dtype=p.weight_dtype)
                 for p in fleet.cfg.pools if p.cost is None}
 
     def _on_fleet(self, what: str, rep: SimReplica) -> None:
@@ -354,12 +370,13 @@ class LlmfleetRouter(SimRouter):
                 st.adapters = set(rep.adapters)
 
     def _signals(self, fleet: Fleet, pool: str, now: float) -> Any:
-        from llmfleet.router.fallback import FallbackSignals
+        from llmfleet.router.fallback import FallbackSignals, pool_prefill_wait_ms
 
         states = [self.states[r.id] for r in fleet.routable[pool]]  # the production router's signals (server.py)
         return FallbackSignals(pool, len(states), float(sum(s.queued for s in states)),
                            float(sum(s.generating for s in states)),
-                           prefill_wait_ms=min((s.prefill_wait_s(now) for s in states), default=0.0) * 1e3)
+                           prefill_wait_ms=pool_prefill_wait_ms((s.prefill_wait_s(now) for s in states),
+                                                                self.speedups.get(pool, 1.0)))
 
     def on_arrival(self, req: Request, now: float) -> None:
         if self.burst.observe(now):  # the production router's burst wake-up (llmfleet.router.burst)

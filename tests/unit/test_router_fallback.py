@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from llmfleet.router.config import FallbackConfig, SLOConfig
-from llmfleet.router.fallback import FallbackPolicy, FallbackSignals, predicted_queue_delay_ms
+from llmfleet.router.fallback import (
+    FallbackPolicy,
+    FallbackSignals,
+    pool_prefill_wait_ms,
+    predicted_queue_delay_ms,
+)
+from llmfleet.router.prefill_price import pool_prefill_speedup
 
 P_OK = FallbackSignals("primary", routable_replicas=2, waiting=0, running=4, mean_e2e_ms=500)
 P_QUEUED = FallbackSignals("primary", routable_replicas=2, waiting=40, running=8, mean_e2e_ms=500)
@@ -174,6 +180,21 @@ def test_load_rules_degrade_only_to_a_student_predicted_sooner(primary: Fallback
     d = FallbackPolicy(CFG, SLOConfig()).decide(100.0, primary, [student], **kw)
     assert (d.pool, d.degraded, d.reason) == expected
 
+
+
+def test_a_students_prefill_queue_reads_at_its_own_speed() -> None:
+    """A Llama-3.2-1B student on an H200 is priced like its 8B primary (the capped default) but prefills ~6x as
+    fast: its least-loaded replica's queue, 6 s at that price, is about 1 s of its own time, sooner than the
+    primary's 2.5 s, so the load rule degrades instead of keeping the request on the busier primary."""
+    speedup = pool_prefill_speedup("llama-3.2-1b", "H200")
+    waits = [9.0, 6.0]  # its replicas' prefill_wait_s
+    assert pool_prefill_wait_ms(waits) == 6000.0 and pool_prefill_wait_ms([], speedup) == 0.0
+    assert pool_prefill_wait_ms(waits, speedup) == pytest.approx(6000.0 / speedup)
+    pol = FallbackPolicy(CFG, SLOConfig())
+    priced_alike = FallbackSignals("small", 2, prefill_wait_ms=pool_prefill_wait_ms(waits))
+    own_speed = FallbackSignals("small", 2, prefill_wait_ms=pool_prefill_wait_ms(waits, speedup))
+    assert pol.decide(100.0, P_QUEUED, [priced_alike]).reason == "student-busier:queue-delay"
+    assert pol.decide(100.0, P_QUEUED, [own_speed]).reason == "queue-delay"
 
 def test_slo_burn_compares_the_pools_too() -> None:
     pol = FallbackPolicy(FallbackConfig(slo_burn_rate=2.0, min_requests_for_burn=1, max_degraded_fraction=1.0),

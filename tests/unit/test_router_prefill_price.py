@@ -9,7 +9,11 @@ from llmfleet.api import InferenceService
 from llmfleet.api.contracts import MODEL_PRESET_ANNOTATION
 from llmfleet.router.config import PoolConfig, RouterConfig, router_config_from_service
 from llmfleet.router.plugins import EstimatedTTFTScorer, PrefixIndex, ReplicaState, RequestInfo
-from llmfleet.router.prefill_price import DEFAULT_PREFILL_TOKENS_PER_S, pool_prefill_rate
+from llmfleet.router.prefill_price import (
+    DEFAULT_PREFILL_TOKENS_PER_S,
+    pool_prefill_rate,
+    pool_prefill_speedup,
+)
 from llmfleet.router.server import Router
 from llmfleet.sim.engine import simulate
 from llmfleet.sim.production import make_service, simulate_service
@@ -38,6 +42,20 @@ def test_the_reference_keeps_the_default_and_other_hardware_scales_by_its_roofli
     assert pool_prefill_rate("mystery-9b", "H200") is None and pool_prefill_rate("llama-3-8b", "TPU") is None
 
 
+
+def test_a_pool_faster_than_its_capped_price_has_a_speedup_of_its_roofline_ratio() -> None:
+    """price x speedup = the default x the roofline's ratio to the reference, for every pool the planner knows: the
+    capped ones (a small student, a newer GPU) carry the rest of their speed in the speedup, the others none."""
+    assert pool_prefill_speedup("llama-3-8b", "H200") == 1.0 and pool_prefill_speedup("llama-3-70b", "H100") == 1.0
+    small = pool_prefill_speedup("llama-3.2-1b", "H200")
+    assert 5.0 < small < 7.0  # ~6.1: a sixth of the FLOPs per token on the same GPU
+    assert pool_prefill_speedup("llama-3.2-1b", "H200", mig_profile="3g.71gb") == pytest.approx(small * 3 / 7)
+    # not capped on an L4: all of its speed is in the price, relative to the 8B's there as on the H200
+    l4_small, l4_big = pool_prefill_rate("llama-3.2-1b", "L4"), pool_prefill_rate("llama-3-8b", "L4")
+    assert pool_prefill_speedup("llama-3.2-1b", "L4") == 1.0 and l4_small is not None and l4_big is not None
+    assert l4_small / l4_big == pytest.approx(small, rel=1e-6)
+    assert pool_prefill_speedup(None, "H200") == 1.0 and pool_prefill_speedup("llama-3-8b", "TPU") == 1.0
+
 def _isvc(gpu: dict[str, object] | None, annotations: dict[str, str]) -> InferenceService:
     spec: dict[str, object] = {"model": {"path": "/models/big"},
                                "fallback": {"pools": [{"name": "small", "model": {"path": "/models/small"},
@@ -54,6 +72,8 @@ def test_the_router_config_prices_the_pools_the_planner_knows() -> None:
     assert rates == {"primary": pool_prefill_rate("llama-3-70b", "H100"),
                      "small": pool_prefill_rate("llama-3.2-1b", "H100")}
     assert cfg.measure_prefill_rate is None  # unset: the priced pools keep their price
+    assert [p.prefill_speedup for p in cfg.pools] == [1.0, pool_prefill_speedup("llama-3.2-1b", "H100")]
+    assert cfg.pools[1].prefill_speedup > 5.0
     assert "prefillTokensPerS" in cfg.to_yaml()
     # CPU replicas, or no preset: no price, so the router measures them
     for isvc in (_isvc(None, presets), _isvc({"gpus": 1, "gpuType": "H100"}, {})):
@@ -108,6 +128,7 @@ def test_the_simulated_router_prices_pools_as_production_does(monkeypatch: pytes
 
     assert prices(router) == {"primary": pool_prefill_rate("llama-3-8b", "L4"),
                               "student": pool_prefill_rate("llama-3.2-1b", "H200")}
+    assert router.speedups == {"primary": 1.0, "student": pool_prefill_speedup("llama-3.2-1b", "H200")}
     # simulate_service hands over the router config's prices, which the production router reads
     made: list[LlmfleetRouter] = []
     given: list[object] = []
@@ -117,6 +138,7 @@ def test_the_simulated_router_prices_pools_as_production_does(monkeypatch: pytes
             super().__init__(**kw)  # type: ignore[arg-type]
             made.append(self)
             given.append(kw.get("pool_prefill_rates"))
+            given.append(kw.get("pool_prefill_speedups"))
 
     monkeypatch.setattr(production, "LlmfleetRouter", Recorded)
     isvc = make_service(policy="static", replicas=1, model="llama-3-8b", gpu="L4", student="llama-3.2-1b")
@@ -124,7 +146,9 @@ def test_the_simulated_router_prices_pools_as_production_does(monkeypatch: pytes
     rc = router_config_from_service(isvc, endpoints={})
     expected = {"primary": pool_prefill_rate("llama-3-8b", "L4"), "small": pool_prefill_rate("llama-3.2-1b", "L4")}
     assert {p.name: p.prefill_tokens_per_s for p in rc.pools} == expected
-    assert given == [expected] and [prices(r) for r in made] == [expected]  # the config's, not derived again
+    speedups = {p.name: p.prefill_speedup for p in rc.pools}
+    assert given == [expected, speedups] and [prices(r) for r in made] == [expected]  # the config's, not derived again
+    assert [r.speedups for r in made] == [speedups]
 
 
 def test_fp8_weights_double_a_slower_pools_price_and_its_seed() -> None:

@@ -204,3 +204,22 @@ async def test_a_diluted_burst_wake_up_brings_the_local_loops_next_step_forward(
     finally:
         stop.set()
         await asyncio.wait_for(loop, 10)
+
+
+async def test_the_fallback_signals_read_each_pools_prefill_queue_at_its_speed(fakes, routers) -> None:
+    """The server's fallback signals: the least-loaded replica's prefill wait at the pool's price, over the pool's
+    prefill_speedup from the router config (a small student on the primary's GPU)."""
+    from llmfleet.router.plugins import RequestInfo
+    from llmfleet.router.plugins.base import charge_prefill
+
+    a, b, s = await fakes(name="a"), await fakes(name="b"), await fakes(name="s")
+    cfg = config({"primary": ("m", [a.url, b.url]), "small": ("s", [s.url])})
+    cfg = cfg.model_copy(update={"pools": [cfg.pools[0], cfg.pools[1].model_copy(update={"prefill_speedup": 4.0})]})
+    r = await routers(cfg)
+    primary, small = r.router.pools["primary"], r.router.pools["small"]
+    await wait_for(lambda: len(primary.replicas.routable()) == 2 and len(small.replicas.routable()) == 1)
+    for rep, tokens in ((primary.replicas.replicas[a.url], 3000.0), (primary.replicas.replicas[b.url], 2000.0),
+                        (small.replicas.replicas[s.url], 2000.0)):
+        charge_prefill(RequestInfo(model="m", now=0.0), rep, tokens, 1000.0)
+    assert r.router._signals(primary, 0.0).prefill_wait_ms == pytest.approx(2000.0)  # the least-loaded replica's
+    assert r.router._signals(small, 0.0).prefill_wait_ms == pytest.approx(500.0)
