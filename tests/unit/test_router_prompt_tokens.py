@@ -206,7 +206,11 @@ def _longest_main_thread_stall(work: Any) -> float:
     t = threading.Thread(target=work)
     longest, last = 0.0, time.perf_counter()
     t.start()
-    while t.is_alive():
+    alive = True
+    while alive:
+        # the wait up to the check that finds the thread done counts too: where `work` holds the GIL from its
+        # start, this thread's first turn may come only after it ended
+        alive = t.is_alive()
         now = time.perf_counter()
         longest, last = max(longest, now - last), now
     t.join()
