@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -220,6 +221,19 @@ def test_sole_holder_discount_asks_the_cheapest_other_candidate_for_room(room: t
     assert sole_holder_discounted([1.0, 0.5, 0.6], [10.0, 40.0, 100.0], 0.0, has_room=has_room) == pytest.approx(
         expected)
     assert asked == [1]
+
+
+def test_sole_holder_discount_with_the_holder_first_and_every_other_candidate_at_infinite_cost() -> None:
+    # An infinite TTFT objective makes a candidate that cannot admit cost inf (the scorer adds the objective):
+    # with the holder first, the cheapest other candidate is found in the rest, not looked up in nothing.
+    asked: list[int] = []
+
+    def has_room(i: int) -> bool:
+        asked.append(i)
+        return False
+
+    out = sole_holder_discounted([1.0, math.inf, math.inf], [10.0, 40.0, 100.0], 0.0, has_room=has_room)
+    assert out == pytest.approx([0.25, math.inf, math.inf]) and asked == [1]
 
 
 def test_prefix_index_has_room_counts_the_blocks_held_against_the_capacity() -> None:

@@ -85,7 +85,8 @@ def sole_holder_discounted(costs: list[float], work: Sequence[float], floor: flo
     if has_room is not None:
         head, tail = costs[:i1], costs[i1 + 1:]
         c_head, c_tail = min(head, default=math.inf), min(tail, default=math.inf)
-        if has_room(head.index(c_head) if c_head <= c_tail else i1 + 1 + tail.index(c_tail)):
+        # (head is empty when the holder comes first: then every other candidate is in tail, inf costs included)
+        if has_room(head.index(c_head) if head and c_head <= c_tail else i1 + 1 + tail.index(c_tail)):
             return costs  # the alternative evicts nothing to take it (a replica just added): plain estimated TTFT
     out = list(costs)
     out[i1] = costs[i1] * min(1.0, max(w1, floor) / w2)
