@@ -25,6 +25,7 @@ planner cannot price (CPU replicas, no preset, a GPU it does not know) has its r
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import lru_cache
 
 from llmfleet.api.trainingjob import ModelShape
@@ -69,11 +70,13 @@ def planned_prefill_speedup(model: ModelShape, gpu: GPUProfile, *, tensor_parall
     return max(roofline_ratio(model, gpu, tensor_parallel=tensor_parallel, weight_dtype=weight_dtype), 1.0)
 
 
-def _pool_ratio(model_preset: str | None, gpu_type: str | None, gpus: int, mig_profile: str | None,
-                tensor_parallel: int, quantization: str | None) -> float | None:
+def _planned_pool_price(price: Callable[..., float], model_preset: str | None, gpu_type: str | None, gpus: int,
+                       mig_profile: str | None, tensor_parallel: int, quantization: str | None) -> float | None:
+    """`price` (planned_prefill_rate or planned_prefill_speedup) of the pool the planner resolves from these names;
+    None where it cannot (`plan.models.planned_pool`)."""
     planned = planned_pool(model_preset, gpu_type, gpus=gpus, mig_profile=mig_profile)
-    return None if planned is None else roofline_ratio(*planned, tensor_parallel=tensor_parallel,
-                                                       weight_dtype=weight_dtype_for(quantization))
+    return None if planned is None else price(*planned, tensor_parallel=tensor_parallel,
+                                              weight_dtype=weight_dtype_for(quantization))
 
 
 def pool_prefill_rate(model_preset: str | None, gpu_type: str | None = None, *, gpus: int = 1,
@@ -82,8 +85,8 @@ def pool_prefill_rate(model_preset: str | None, gpu_type: str | None = None, *, 
     """`planned_prefill_rate` of a pool by the names in its spec (`quantization`: its model.quantization); None where
     the planner cannot price it (`plan.models.planned_pool`: no preset, CPU replicas, a preset, GPU or MIG profile
     it does not know)."""
-    ratio = _pool_ratio(model_preset, gpu_type, gpus, mig_profile, tensor_parallel, quantization)
-    return None if ratio is None else DEFAULT_PREFILL_TOKENS_PER_S * min(ratio, 1.0)
+    return _planned_pool_price(planned_prefill_rate, model_preset, gpu_type, gpus, mig_profile, tensor_parallel,
+                               quantization)
 
 
 def pool_prefill_speedup(model_preset: str | None, gpu_type: str | None = None, *, gpus: int = 1,
@@ -91,5 +94,6 @@ def pool_prefill_speedup(model_preset: str | None, gpu_type: str | None = None, 
                          quantization: str | None = None) -> float:
     """`planned_prefill_speedup` of a pool by the names in its spec; 1 where the planner cannot price it (its rate
     is measured, or the default's)."""
-    ratio = _pool_ratio(model_preset, gpu_type, gpus, mig_profile, tensor_parallel, quantization)
-    return 1.0 if ratio is None else max(ratio, 1.0)
+    speedup = _planned_pool_price(planned_prefill_speedup, model_preset, gpu_type, gpus, mig_profile,
+                                  tensor_parallel, quantization)
+    return 1.0 if speedup is None else speedup

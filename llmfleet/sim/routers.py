@@ -25,7 +25,7 @@ llmfleet-eviction-cost: the same with its eviction cost on (`spec.router.evictio
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, TypedDict
 
 from llmfleet.api.inferenceservice import DEFAULT_EVICTION_COST, DEFAULT_SOLE_HOLDER_DISCOUNT
@@ -242,6 +242,13 @@ class LlmdWeighted(_ApproxTree):
         return pick
 
 
+def _planned(price: Callable[..., float], fleet: Fleet) -> dict[str, float]:
+    """`price` (prefill_price.planned_prefill_rate or planned_prefill_speedup) of each simulated pool the planner
+    prices (not one with a step-cost model of its own, `PoolSpec.cost`)."""
+    return {p.name: price(p.shape(), p.gpu_profile(), tensor_parallel=p.tensor_parallel, weight_dtype=p.weight_dtype)
+            for p in fleet.cfg.pools if p.cost is None}
+
+
 class LlmfleetRouter(SimRouter):
     """The production router's plugin pipeline and fallback policy, fed with the simulated replicas' state.
 
@@ -319,24 +326,17 @@ class LlmfleetRouter(SimRouter):
     def pool_rates(self, fleet: Fleet) -> dict[str, float]:
         """The planner's prefill price of each pool: as given, else what production's router config gives a pool of
         the simulated model and GPU (a step-cost model given as is, `PoolSpec.cost`, has no planner price)."""
-        if self.pool_prefill_rates is not None:
-            return self.pool_prefill_rates
         from llmfleet.router.prefill_price import planned_prefill_rate
 
-        return {p.name: planned_prefill_rate(p.shape(), p.gpu_profile(), tensor_parallel=p.tensor_parallel,
-                                             weight_dtype=p.weight_dtype)
-                for p in fleet.cfg.pools if p.cost is None}
+        return self.pool_prefill_rates if self.pool_prefill_rates is not None else _planned(planned_prefill_rate, fleet)
 
     def pool_speedups(self, fleet: Fleet) -> dict[str, float]:
         """How much faster than its price each pool prefills: as given, else production's for a pool of the
         simulated model and GPU (`pool_rates`)."""
-        if self.pool_prefill_speedups is not None:
-            return self.pool_prefill_speedups
         from llmfleet.router.prefill_price import planned_prefill_speedup
 
-        return {p.name: planned_prefill_speedup(p.shape(), p.gpu_profile(), tensor_parallel=p.tensor_parallel,
-                                                weight_dtype=p.weight_dtype)
-                for p in fleet.cfg.pools if p.cost is None}
+        return (self.pool_prefill_speedups if self.pool_prefill_speedups is not None
+                else _planned(planned_prefill_speedup, fleet))
 
     def _on_fleet(self, what: str, rep: SimReplica) -> None:
         if what == "add":
